@@ -1,0 +1,41 @@
+//! `minfer`: run GGUF language models locally.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Command-line interface of minfer.
+#[derive(Parser)]
+#[command(name = "minfer", version, about = "Fast local inference for GGUF models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a model's architecture, hyperparameters, tokenizer and tensor table.
+    Info(cmd::info::Args),
+    /// Download a catalog model or a GGUF URL into the model store, verified.
+    Pull(cmd::pull::Args),
+    /// Print the token ids of a text.
+    Tokenize(cmd::tokenize::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(a) => cmd::info::run(a),
+        Command::Pull(a) => cmd::pull::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line, with the cause chain, so scripts can grep it.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! The declarative compute graph (see ARCHITECTURE.md and the design of record).

@@ -1,0 +1,1 @@
+//! Tokenizer and chat templates from GGUF metadata.
