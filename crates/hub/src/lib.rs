@@ -19,3 +19,9 @@ pub fn resolve_model(spec: Option<&str>, progress: bool) -> Result<PathBuf, HubE
     let _ = (spec, progress);
     todo!()
 }
+
+/// Where the default catalog model lives once pulled (`$MINFER_HOME/models/...`); does not
+/// download. Tests use it to find the real model that the test script pulled.
+pub fn default_model_path() -> PathBuf {
+    todo!()
+}
