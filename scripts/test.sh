@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: builds minfer, pulls the default model through
+# minfer's own `pull` (verified by size and sha256), then runs every test in the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build --release --locked --bin minfer
+./target/release/minfer pull
+cargo test --release --locked --workspace
