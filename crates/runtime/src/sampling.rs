@@ -1,0 +1,418 @@
+//! The sampler chain, in llama.cpp's default order: penalties, top-k, top-p, min-p,
+//! temperature, then a seeded draw. A temperature of 0 means greedy (argmax after the
+//! penalties), as llama.cpp's temperature sampler does for `temp <= 0`.
+
+use std::collections::VecDeque;
+
+/// Sampling parameters; `validate` names any absurd value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 selects greedy decoding.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Nucleus threshold in (0, 1]; 1 disables.
+    pub top_p: f32,
+    /// Drop tokens below `min_p` times the top probability, in [0, 1]; 0 disables.
+    pub min_p: f32,
+    /// Divides positive logits and multiplies negative ones of recent tokens; 1 disables.
+    pub repeat_penalty: f32,
+    /// Subtracted once from the logit of every recent token.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of every recent token.
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at; 0 disables them.
+    pub penalty_last_n: usize,
+    /// Seed of the draw, for exact reproducibility.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    /// llama.cpp's defaults.
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0x5EED,
+        }
+    }
+}
+
+/// A parameter outside its domain.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplerError {
+    /// The named parameter has a value outside the stated range.
+    #[error("invalid {name} {value}: must be {range}")]
+    OutOfRange {
+        name: &'static str,
+        value: String,
+        range: &'static str,
+    },
+}
+
+fn check(name: &'static str, v: f32, ok: bool, range: &'static str) -> Result<(), SamplerError> {
+    if ok && v.is_finite() {
+        Ok(())
+    } else {
+        Err(SamplerError::OutOfRange {
+            name,
+            value: v.to_string(),
+            range,
+        })
+    }
+}
+
+impl SamplingParams {
+    /// Refuses NaN, infinities and values outside each parameter's range.
+    pub fn validate(&self) -> Result<(), SamplerError> {
+        let t = self.temperature;
+        check("temperature", t, t >= 0.0, "a finite number >= 0")?;
+        let p = self.top_p;
+        check("top-p", p, p > 0.0 && p <= 1.0, "in (0, 1]")?;
+        let m = self.min_p;
+        check("min-p", m, (0.0..=1.0).contains(&m), "in [0, 1]")?;
+        let r = self.repeat_penalty;
+        check("repeat-penalty", r, r > 0.0, "a finite number > 0")?;
+        check("presence-penalty", self.presence_penalty, true, "finite")?;
+        check("frequency-penalty", self.frequency_penalty, true, "finite")?;
+        Ok(())
+    }
+
+    /// True when sampling reduces to argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+}
+
+/// splitmix64: a small, well-mixed generator; the stream is fixed by the seed alone.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1) with 53 bits of precision.
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A stateful sampler: the parameters, the penalty window and the random stream.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    recent: VecDeque<u32>,
+    rng: Rng,
+    cand: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// A sampler after validating `params`.
+    pub fn new(params: SamplingParams) -> Result<Self, SamplerError> {
+        params.validate()?;
+        let rng = Rng(params.seed);
+        Ok(Sampler {
+            params,
+            recent: VecDeque::new(),
+            rng,
+            cand: Vec::new(),
+        })
+    }
+
+    /// The parameters in force.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Records a token (prompt or generated) in the penalty window.
+    pub fn accept(&mut self, token: u32) {
+        if self.params.penalty_last_n == 0 {
+            return;
+        }
+        if self.recent.len() == self.params.penalty_last_n {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(token);
+    }
+
+    fn penalties_active(&self) -> bool {
+        let p = &self.params;
+        p.penalty_last_n > 0
+            && !self.recent.is_empty()
+            && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        let mut counts: Vec<(u32, u32)> = Vec::with_capacity(self.recent.len());
+        for &t in &self.recent {
+            match counts.iter_mut().find(|(id, _)| *id == t) {
+                Some((_, c)) => *c += 1,
+                None => counts.push((t, 1)),
+            }
+        }
+        for (t, c) in counts {
+            let Some(l) = logits.get_mut(t as usize) else {
+                continue;
+            };
+            if *l <= 0.0 {
+                *l *= p.repeat_penalty;
+            } else {
+                *l /= p.repeat_penalty;
+            }
+            *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+        }
+    }
+
+    /// Picks the next token from one row of logits (modified in place by the penalties).
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        if self.penalties_active() {
+            self.apply_penalties(logits);
+        }
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        let p = self.params.clone();
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        // Stable descending order: ties keep the lower id first, as argmax does.
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, by_logit);
+            cand.truncate(p.top_k);
+        }
+        cand.sort_by(by_logit);
+        if p.top_p < 1.0 {
+            let probs = softmax(cand);
+            let mut cum = 0.0;
+            let mut keep = cand.len();
+            for (i, pr) in probs.iter().enumerate() {
+                cum += pr;
+                if cum >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            let max = cand[0].1;
+            let floor = max + p.min_p.ln();
+            let keep = cand.iter().take_while(|c| c.1 >= floor).count();
+            cand.truncate(keep.max(1));
+        }
+        for c in cand.iter_mut() {
+            c.1 /= p.temperature;
+        }
+        let probs = softmax(cand);
+        let r = self.rng.next_f64();
+        let mut cum = 0.0;
+        for (i, pr) in probs.iter().enumerate() {
+            cum += pr;
+            if r < cum {
+                return cand[i].0;
+            }
+        }
+        cand[cand.len() - 1].0
+    }
+}
+
+/// Index of the largest logit; the lowest index wins ties (NaN never wins).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best_v = v;
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Probabilities of sorted candidates, in f64 so the cumulative sums are stable.
+fn softmax(cand: &[(u32, f32)]) -> Vec<f64> {
+    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max) as f64;
+    let exps: Vec<f64> = cand.iter().map(|c| (c.1 as f64 - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.into_iter().map(|e| e / sum).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> SamplingParams {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..SamplingParams::default()
+        }
+    }
+
+    #[test]
+    fn validation_names_the_parameter() {
+        let bad = [
+            (
+                SamplingParams {
+                    temperature: -0.1,
+                    ..params()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    temperature: f32::NAN,
+                    ..params()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    top_p: 0.0,
+                    ..params()
+                },
+                "top-p",
+            ),
+            (
+                SamplingParams {
+                    top_p: 1.5,
+                    ..params()
+                },
+                "top-p",
+            ),
+            (
+                SamplingParams {
+                    min_p: -1.0,
+                    ..params()
+                },
+                "min-p",
+            ),
+            (
+                SamplingParams {
+                    repeat_penalty: 0.0,
+                    ..params()
+                },
+                "repeat-penalty",
+            ),
+        ];
+        for (p, name) in bad {
+            let e = Sampler::new(p).unwrap_err().to_string();
+            assert!(e.contains(name), "{e}");
+        }
+        assert!(Sampler::new(params()).is_ok());
+    }
+
+    #[test]
+    fn greedy_is_argmax_with_lowest_index_on_ties() {
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            ..params()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&mut [0.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0]), 1);
+    }
+
+    #[test]
+    fn penalties_follow_llama_cpp() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            repeat_penalty: 2.0,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..params()
+        };
+        let mut s = Sampler::new(p).unwrap();
+        for t in [0, 0, 1] {
+            s.accept(t);
+        }
+        let mut l = [4.0, -2.0, 1.0];
+        s.apply_penalties(&mut l);
+        assert_eq!(l, [4.0 / 2.0 - 0.5 - 0.5, -2.0 * 2.0 - 0.25 - 0.5, 1.0]);
+    }
+
+    #[test]
+    fn penalty_window_is_bounded() {
+        let mut s = Sampler::new(SamplingParams {
+            penalty_last_n: 2,
+            ..params()
+        })
+        .unwrap();
+        for t in [1, 2, 3] {
+            s.accept(t);
+        }
+        assert_eq!(s.recent.iter().copied().collect::<Vec<_>>(), vec![2, 3]);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_seed_reproduces() {
+        let mut s = Sampler::new(SamplingParams {
+            top_k: 1,
+            ..params()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&mut [0.1, 0.2, 5.0, 0.3]), 2);
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 7919) % 13) as f32 * 0.3).collect();
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplingParams { seed, ..params() }).unwrap();
+            (0..20)
+                .map(|_| s.sample(&mut logits.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
+    }
+
+    #[test]
+    fn top_p_and_min_p_cut_the_tail() {
+        // Probabilities about 0.64, 0.24, 0.09, 0.03: top-p 0.7 keeps two tokens.
+        let logits = [3.0f32, 2.0, 1.0, 0.0];
+        let mut s = Sampler::new(SamplingParams {
+            top_p: 0.7,
+            ..params()
+        })
+        .unwrap();
+        for _ in 0..200 {
+            assert!(s.sample(&mut logits.clone()) < 2);
+        }
+        // min-p 0.3 keeps tokens with p >= 0.3 * 0.64: again the first two.
+        let mut s = Sampler::new(SamplingParams {
+            min_p: 0.3,
+            ..params()
+        })
+        .unwrap();
+        let mut seen = [false; 4];
+        for _ in 0..400 {
+            seen[s.sample(&mut logits.clone()) as usize] = true;
+        }
+        assert_eq!(seen, [true, true, false, false]);
+    }
+
+    #[test]
+    fn draws_follow_the_distribution() {
+        let logits = [0.0f32, (3.0f32).ln()];
+        let mut s = Sampler::new(params()).unwrap();
+        let n = 4000;
+        let ones = (0..n)
+            .filter(|_| s.sample(&mut logits.clone()) == 1)
+            .count();
+        let frac = ones as f64 / n as f64;
+        assert!((frac - 0.75).abs() < 0.03, "{frac}");
+    }
+}
