@@ -1,0 +1,160 @@
+//! Quantize→dequantize error bounds.
+//!
+//! The first test reproduces ggml's `test-quantize-fns` "absolute quantization error" check:
+//! 4096 values `0.1 + 2*cos(i)`, error `sqrt(sum of squared differences) / n`, against
+//! ggml's constants. (That metric is the RMS error divided by `sqrt(n)`, so ggml's bounds
+//! are loose; the second test adds tighter per-type bounds on the relative RMS error.)
+
+use minfer_gguf::quant::{dequantize_to_vec, quantize_to_vec};
+use minfer_gguf::{GgmlType, ALL_TYPES};
+
+const MAX_QUANTIZATION_TOTAL_ERROR: f32 = 0.002;
+const MAX_QUANTIZATION_TOTAL_ERROR_2BITS: f32 = 0.0075;
+const MAX_QUANTIZATION_TOTAL_ERROR_3BITS: f32 = 0.0040;
+
+/// ggml's synthetic data: `0.1 + 2*cosf(i + offset)`, summed in double as its C does.
+fn generate_data(offset: f32, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (0.1f64 + 2.0 * ((i as f32 + offset).cos() as f64)) as f32)
+        .collect()
+}
+
+/// ggml's `array_rmse`: `sqrtf(sum of squared differences) / n`.
+fn ggml_array_rmse(a: &[f32], b: &[f32]) -> f32 {
+    let sum: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let d = (x - y) as f64;
+            d * d
+        })
+        .sum();
+    (sum as f32).sqrt() / a.len() as f32
+}
+
+fn round_trip(ty: GgmlType, x: &[f32]) -> Vec<f32> {
+    let q = quantize_to_vec(ty, x).expect("whole blocks");
+    assert_eq!(q.len(), x.len() / ty.block_size() * ty.type_size());
+    dequantize_to_vec(ty, &q, x.len()).expect("consistent lengths")
+}
+
+#[test]
+fn total_quantization_error_within_ggml_bounds() {
+    let test_size = 32 * 128;
+    let data = generate_data(0.0, test_size);
+    let mut failures = Vec::new();
+    for ty in ALL_TYPES {
+        let out = round_trip(ty, &data);
+        let err = ggml_array_rmse(&data, &out);
+        let bound = match ty {
+            GgmlType::Q2K => MAX_QUANTIZATION_TOTAL_ERROR_2BITS,
+            GgmlType::Q3K => MAX_QUANTIZATION_TOTAL_ERROR_3BITS,
+            _ => MAX_QUANTIZATION_TOTAL_ERROR,
+        };
+        // NaN fails too, as ggml's `!(error < max)` check does.
+        if err.is_nan() || err >= bound {
+            failures.push(format!("{ty}: {err} >= {bound}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// Deterministic xorshift32 stream.
+struct XorShift(u32);
+
+impl XorShift {
+    fn next_u32(&mut self) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 17;
+        self.0 ^= self.0 << 5;
+        self.0
+    }
+
+    /// Uniform in [-1, 1).
+    fn uniform(&mut self) -> f32 {
+        (self.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+    }
+
+    /// Roughly normal (sum of four uniforms, unit variance).
+    fn normalish(&mut self) -> f32 {
+        let s: f32 = (0..4).map(|_| self.uniform()).sum();
+        s * 0.866_025_4 // sqrt(3/4): each uniform has variance 1/3
+    }
+}
+
+fn relative_rms_error(x: &[f32], y: &[f32]) -> f64 {
+    let (mut err, mut pow) = (0.0f64, 0.0f64);
+    for (a, b) in x.iter().zip(y) {
+        err += ((a - b) as f64).powi(2);
+        pow += (*a as f64).powi(2);
+    }
+    (err / pow).sqrt()
+}
+
+/// Upper bounds on the relative RMS error for roughly Gaussian data. They sit about 15%
+/// above what the reference quantizers achieve, so a regression in a scale search or a
+/// packing mistake trips them.
+fn relative_bound(ty: GgmlType) -> f64 {
+    match ty {
+        GgmlType::F32 => 0.0,
+        GgmlType::F16 => 2.5e-4,
+        GgmlType::BF16 => 2.0e-3,
+        GgmlType::Q8_0 => 0.0059,
+        GgmlType::Q8K => 0.0072,
+        GgmlType::Q6K => 0.0196,
+        GgmlType::Q5_0 => 0.047,
+        GgmlType::Q5_1 => 0.043,
+        GgmlType::Q5K => 0.0405,
+        GgmlType::Q4_0 => 0.094,
+        GgmlType::Q4_1 => 0.088,
+        GgmlType::Q4K => 0.080,
+        GgmlType::Q3K => 0.168,
+        GgmlType::Q2K => 0.33,
+    }
+}
+
+#[test]
+fn relative_rms_error_within_per_type_bounds() {
+    let n = 64 * 256;
+    let mut rng = XorShift(0x9e37_79b9);
+    let gaussian: Vec<f32> = (0..n).map(|_| rng.normalish()).collect();
+    let uniform: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0 + 0.5).collect();
+    let smooth = generate_data(1.0, n);
+    let mut failures = Vec::new();
+    for ty in ALL_TYPES {
+        let bound = relative_bound(ty);
+        for (name, x) in [
+            ("gaussian", &gaussian),
+            ("uniform", &uniform),
+            ("cosine", &smooth),
+        ] {
+            let err = relative_rms_error(x, &round_trip(ty, x));
+            if err.is_nan() || err > bound {
+                failures.push(format!("{ty} on {name}: relative rms {err:.6} > {bound}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn more_bits_means_less_error() {
+    // A coarse sanity ordering on the same data: each family improves with bit depth.
+    let mut rng = XorShift(12345);
+    let x: Vec<f32> = (0..16 * 256).map(|_| rng.normalish()).collect();
+    let e = |ty| relative_rms_error(&x, &round_trip(ty, &x));
+    let ladder = [
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::Q8K,
+    ];
+    for w in ladder.windows(2) {
+        assert!(e(w[1]) < e(w[0]), "{} not better than {}", w[1], w[0]);
+    }
+    assert!(e(GgmlType::Q5_0) < e(GgmlType::Q4_0));
+    assert!(e(GgmlType::Q5_1) < e(GgmlType::Q4_1));
+    assert!(e(GgmlType::Q8_0) < e(GgmlType::Q5_0));
+}
