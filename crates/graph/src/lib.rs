@@ -1,1 +1,74 @@
-//! The declarative compute graph (see ARCHITECTURE.md and the design of record).
+//! minfer's declarative compute graph: one forward pass as data, assigned to
+//! backends by capability, allocated with build-order liveness, executed split by
+//! split, and reused across decode steps while its parameters stay equal.
+//!
+//! # Map from the design of record to modules
+//!
+//! | Design section | Module |
+//! |---|---|
+//! | §1.4 invariants, §3.1 IR (`ComputeGraph`, `CNode`, `Op`, `DType`, the `Backend` handle, `BufRef`, `PersistentBuf`) | [`ir`] |
+//! | §3.1 node metadata (`NodeMeta` and the metas) | [`meta`] (re-exported by [`ir`]) |
+//! | §3.2 builder | [`builder`] |
+//! | §3.3 allocator, liveness, KV regions, staging | [`alloc`] |
+//! | §3.4 scheduler, splits, two-phase boundary, trace | [`scheduler`] |
+//! | §3.5 backend trait, `KvProvider` | [`backend`] |
+//! | §3.6 registry and fence | [`registry`] |
+//! | §3.7 / §6 params and reuse cache | [`params`], [`cache`] |
+//! | §5 fusion | [`fusion`] |
+//! | §8.1 DOT, §8.2 JSON (+ import) | [`export::dot`], [`export::json`] |
+//! | test backend for CPU-only CI | [`testing`] |
+//!
+//! # Naming
+//!
+//! The design names both the handle and the trait `Backend`. Here the handle keeps
+//! the name ([`Backend`], a `u16` id: CPU 0, Metal 1, CUDA 2) and the trait is
+//! [`BackendImpl`], so both can be imported side by side.
+//!
+//! # Model independence
+//!
+//! Nothing here reads model files. Builders take [`WeightRef`] (name, ggml type id,
+//! GGUF shape `[in, out]`); nodes carry weight names only (invariant 3) and each
+//! backend resolves them in its own registry.
+//!
+//! # Decisions this crate makes where the design leaves room
+//!
+//! * `attn` takes an optional span node: sources are `[q, kv, pos]`, plus `span`
+//!   (I32 `[2, nt]`, per-token `[lo, hi)`) when present, which also sets
+//!   `Op::Attn::explicit_span`.
+//! * Fusion-orphaned nodes are recorded in `ComputeGraph::dead`.
+//! * Staging copies are keyed by (node, destination backend), so one value feeding
+//!   two other backends gets one staging buffer on each.
+//! * The reference backend in [`testing`] occupies real ids (CPU, and the Metal slot
+//!   as "test") rather than inventing ids outside the file-format id space.
+
+#![warn(missing_docs)]
+
+pub mod alloc;
+pub mod backend;
+pub mod builder;
+pub mod cache;
+pub mod error;
+pub mod export;
+pub mod fusion;
+pub mod ir;
+pub mod meta;
+pub mod params;
+pub mod registry;
+pub mod scheduler;
+pub mod testing;
+
+pub use alloc::{GraphAllocator, KvRegion};
+pub use backend::{BackendImpl, CrossCopy, KvProvider};
+pub use builder::GraphBuilder;
+pub use cache::{CacheCounters, GraphCache};
+pub use error::GraphError;
+pub use export::json::{export_graph_json, import_json, import_json_str};
+pub use fusion::{FusionPass, FusionRule, Rewrite, RULES};
+pub use ir::{
+    AttnMode, Backend, BufRef, CNode, ComputeGraph, DType, FusedOp, NodeId, Op, PersistentBuf,
+    RopeStyle, WeightRef, WeightType,
+};
+pub use meta::*;
+pub use params::{next_weights_version, CParams, GraphParams, GraphType};
+pub use registry::{BackendEntry, BackendRegistry, FenceError, KnownBackend, KNOWN_BACKENDS};
+pub use scheduler::{BackendScheduler, Placement, PlacementReason, Split};

@@ -1,0 +1,548 @@
+//! The allocator (§3.3): the single owner of every buffer (invariant 4).
+//!
+//! It holds the backends (registered at construction, keyed by their id), computes
+//! liveness in build order (deviation 22: never Kahn order), never frees inputs or
+//! outputs (deviation 23), aliases in-place ops onto a sole same-backend producer,
+//! keeps the per-layer persistent [K, V] regions across rebuilds, and stages
+//! cross-backend values in `cross` without touching canonical buffers.
+
+use std::collections::BTreeMap;
+
+use crate::backend::{BackendImpl, CrossCopy, KvProvider};
+use crate::error::GraphError;
+use crate::ir::*;
+
+/// One layer's persistent KV pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvRegion {
+    /// Backend that first used the layer.
+    pub backend: Backend,
+    /// K region id in that backend's pool.
+    pub k: usize,
+    /// V region id in that backend's pool.
+    pub v: usize,
+    /// Elements per region.
+    pub elems: usize,
+}
+
+/// A staging buffer holding a copy of one node's value on another backend.
+#[derive(Debug)]
+struct CrossEntry {
+    buf: BufRef,
+    pending: Option<CrossCopy>,
+    epoch: u64,
+}
+
+/// Owns the backends, the per-graph buffers, the staging copies and the KV regions.
+pub struct GraphAllocator {
+    backends: BTreeMap<Backend, Box<dyn BackendImpl>>,
+    fence: Option<Vec<Backend>>,
+    node_to_buf: Vec<Option<BufRef>>,
+    node_elems: Vec<usize>,
+    held: Vec<BufRef>,
+    cross: BTreeMap<(NodeId, Backend), CrossEntry>,
+    epoch: u64,
+    kv: BTreeMap<usize, KvRegion>,
+    /// Every buffer that outlives graph rebuilds, by name.
+    pub persistent: Vec<PersistentBuf>,
+}
+
+impl std::fmt::Debug for GraphAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphAllocator")
+            .field("backends", &self.backends.keys().collect::<Vec<_>>())
+            .field("kv", &self.kv)
+            .finish_non_exhaustive()
+    }
+}
+
+fn aliases_input(op: &Op) -> bool {
+    matches!(op, Op::Silu | Op::RoPE { .. } | Op::QkvBiasRopeStore { .. })
+}
+
+/// Elements each KV region needs for a node that touches KV.
+fn kv_elems(node: &CNode) -> Option<(usize, usize)> {
+    let layer = node.kv_layer()?;
+    let elems = match &node.meta {
+        NodeMeta::Kvcache(m) => m.n_embd * m.n_ctx,
+        NodeMeta::Attn(m) => m.nkt() * m.n_ctx,
+        NodeMeta::FusedQkv(m) => m.kv_elems,
+        NodeMeta::QkvBiasRopeStore(m) => m.kv_elems,
+        NodeMeta::FusedQkvNorm(m) => m.kv_elems,
+        _ => node.n_elements(),
+    };
+    Some((layer, elems))
+}
+
+impl GraphAllocator {
+    /// Takes ownership of the backends; each is keyed by its `id()`.
+    pub fn new(backends: Vec<Box<dyn BackendImpl>>) -> Result<Self, GraphError> {
+        let mut map = BTreeMap::new();
+        for b in backends {
+            let id = b.id();
+            if map.insert(id, b).is_some() {
+                return Err(GraphError::DuplicateBackend(id));
+            }
+        }
+        Ok(GraphAllocator {
+            backends: map,
+            fence: None,
+            node_to_buf: Vec::new(),
+            node_elems: Vec::new(),
+            held: Vec::new(),
+            cross: BTreeMap::new(),
+            epoch: 0,
+            kv: BTreeMap::new(),
+            persistent: Vec::new(),
+        })
+    }
+
+    /// Restricts assignment to `fence` (from `BackendRegistry::parse_fence`); `None` lifts it.
+    pub fn set_fence(&mut self, fence: Option<Vec<Backend>>) {
+        self.fence = fence;
+    }
+
+    /// Registered, fenced-in backends, highest registry priority first (ties by id).
+    pub fn priority_order(&self) -> Vec<Backend> {
+        let mut v: Vec<Backend> = self
+            .backends
+            .keys()
+            .copied()
+            .filter(|b| self.fence.as_ref().map_or(true, |f| f.contains(b)))
+            .collect();
+        v.sort_by_key(|&b| (std::cmp::Reverse(crate::registry::priority_of(b)), b));
+        v
+    }
+
+    /// The backend registered under `b`.
+    pub fn backend(&self, b: Backend) -> Option<&dyn BackendImpl> {
+        self.backends.get(&b).map(|x| x.as_ref())
+    }
+
+    /// Mutable access to the backend registered under `b`.
+    pub fn backend_mut(&mut self, b: Backend) -> Option<&mut dyn BackendImpl> {
+        match self.backends.get_mut(&b) {
+            Some(x) => Some(x.as_mut()),
+            None => None,
+        }
+    }
+
+    fn must(&mut self, b: Backend) -> Result<&mut dyn BackendImpl, GraphError> {
+        self.backend_mut(b).ok_or(GraphError::BackendMissing(b))
+    }
+
+    /// The backend's own name when registered, the registry name otherwise.
+    pub fn backend_name(&self, b: Backend) -> String {
+        self.backend(b)
+            .map_or_else(|| b.name(), |x| x.name().to_string())
+    }
+
+    /// Buffers ever created by backend `b`'s pool.
+    pub fn pool_len(&self, b: Backend) -> Option<usize> {
+        self.backend(b).map(|x| x.pool_len())
+    }
+
+    /// Allocates every live node of `graph` (see §3.3 for the steps). Inputs are
+    /// allocated first and, like outputs, never freed; an unassigned node lands on
+    /// the CPU, matching the scheduler's fallback.
+    pub fn alloc_graph(&mut self, graph: &ComputeGraph) -> Result<(), GraphError> {
+        self.release_graph_buffers();
+        graph.validate()?;
+        let n = graph.nodes.len();
+        let live = |i: usize| !graph.is_dead(i);
+
+        // Liveness in build order: the order the scheduler executes.
+        let mut last_use: Vec<usize> = (0..n).collect();
+        for node in graph.nodes.iter().filter(|x| live(x.id)) {
+            for &s in &node.src {
+                last_use[s] = last_use[s].max(node.id);
+            }
+        }
+        for &i in graph.inputs.iter().chain(&graph.outputs) {
+            last_use[i] = usize::MAX;
+        }
+        let pinned = |i: NodeId| graph.inputs.contains(&i) || graph.outputs.contains(&i);
+        let consumers = graph.consumer_counts();
+
+        self.node_to_buf = vec![None; n];
+        self.node_elems = graph.nodes.iter().map(CNode::n_elements).collect();
+        let mut refs: BTreeMap<BufRef, usize> = BTreeMap::new();
+        let mut expire: BTreeMap<usize, Vec<BufRef>> = BTreeMap::new();
+
+        // Inputs are host-filled before execution starts, so their lifetime spans the
+        // whole pass: give them buffers first, which nothing else can then receive.
+        for &i in &graph.inputs {
+            let node = &graph.nodes[i];
+            let backend = node.backend.unwrap_or(Backend::CPU);
+            if self.node_to_buf[i].is_some() || !live(i) {
+                continue;
+            }
+            let buf = BufRef {
+                backend,
+                id: self.must(backend)?.alloc_buffer(node.n_elements()),
+            };
+            refs.insert(buf, 1);
+            self.node_to_buf[i] = Some(buf);
+        }
+
+        for node in &graph.nodes {
+            let i = node.id;
+            if !live(i) || self.node_to_buf[i].is_some() {
+                continue;
+            }
+            // Sweep: return buffers whose last reader ran before this node.
+            while let Some((&at, _)) = expire.first_key_value() {
+                if at >= i {
+                    break;
+                }
+                let (_, bufs) = expire.pop_first().unwrap_or_default();
+                for buf in bufs {
+                    let left = refs.get_mut(&buf).map(|r| {
+                        *r -= 1;
+                        *r
+                    });
+                    if left == Some(0) {
+                        refs.remove(&buf);
+                        self.must(buf.backend)?.free_buffer(buf.id);
+                    }
+                }
+            }
+
+            let backend = node.backend.unwrap_or(Backend::CPU);
+            if !self.backends.contains_key(&backend) {
+                return Err(GraphError::BackendMissing(backend));
+            }
+            if let Some((layer, elems)) = kv_elems(node) {
+                let region = self.ensure_kv(layer, backend, elems)?;
+                if matches!(node.op, Op::KvcacheStore { .. } | Op::KvcacheLoad { .. }) {
+                    self.node_to_buf[i] = Some(BufRef {
+                        backend: region.backend,
+                        id: region.k,
+                    });
+                    continue;
+                }
+            }
+
+            let alias = node.src.first().copied().filter(|&s| {
+                aliases_input(&node.op)
+                    && consumers[s] == 1
+                    && !pinned(s)
+                    && graph.nodes[s].n_elements() == node.n_elements()
+                    && self.node_to_buf[s]
+                        .is_some_and(|b| b.backend == backend && refs.contains_key(&b))
+            });
+            let buf = match alias.and_then(|s| self.node_to_buf[s]) {
+                Some(b) => b,
+                None => BufRef {
+                    backend,
+                    id: self.must(backend)?.alloc_buffer(node.n_elements()),
+                },
+            };
+            *refs.entry(buf).or_insert(0) += 1;
+            expire.entry(last_use[i]).or_default().push(buf);
+            self.node_to_buf[i] = Some(buf);
+        }
+        self.held = refs.into_keys().collect();
+        Ok(())
+    }
+
+    /// Returns the previous graph's surviving buffers and staging copies to their pools.
+    fn release_graph_buffers(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        let staged: Vec<BufRef> = std::mem::take(&mut self.cross)
+            .into_values()
+            .map(|e| e.buf)
+            .collect();
+        for buf in held.into_iter().chain(staged) {
+            if let Some(b) = self.backend_mut(buf.backend) {
+                b.free_buffer(buf.id);
+            }
+        }
+        self.node_to_buf.clear();
+        self.node_elems.clear();
+    }
+
+    /// The layer's KV pair, created on `backend` at first use and never recycled.
+    pub fn ensure_kv(
+        &mut self,
+        layer: usize,
+        backend: Backend,
+        elems: usize,
+    ) -> Result<KvRegion, GraphError> {
+        if let Some(r) = self.kv.get(&layer) {
+            if r.elems < elems {
+                return Err(GraphError::Kv {
+                    layer,
+                    problem: format!("region holds {} elements, graph needs {elems}", r.elems),
+                });
+            }
+            return Ok(*r);
+        }
+        let b = self.must(backend)?;
+        let k = b.alloc_fresh(elems);
+        let v = b.alloc_fresh(elems);
+        let region = KvRegion {
+            backend,
+            k,
+            v,
+            elems,
+        };
+        for (half, id) in [("k", k), ("v", v)] {
+            self.persistent.push(PersistentBuf {
+                name: format!("kv.{layer}.{half}"),
+                backend,
+                id,
+            });
+        }
+        self.kv.insert(layer, region);
+        Ok(region)
+    }
+
+    /// The layer's KV region, if created.
+    pub fn kv_region(&self, layer: usize) -> Option<KvRegion> {
+        self.kv.get(&layer).copied()
+    }
+
+    /// Drops every KV region (a new conversation); the next graph recreates them.
+    pub fn reset_kv(&mut self) {
+        for (_, r) in std::mem::take(&mut self.kv) {
+            if let Some(b) = self.backend_mut(r.backend) {
+                b.free_buffer(r.k);
+                b.free_buffer(r.v);
+            }
+        }
+        self.persistent.retain(|p| !p.name.starts_with("kv."));
+    }
+
+    /// A named buffer outside liveness that survives rebuilds.
+    pub fn alloc_persistent(
+        &mut self,
+        name: &str,
+        backend: Backend,
+        size: usize,
+    ) -> Result<BufRef, GraphError> {
+        let id = self.must(backend)?.alloc_fresh(size);
+        self.persistent.push(PersistentBuf {
+            name: name.to_string(),
+            backend,
+            id,
+        });
+        Ok(BufRef { backend, id })
+    }
+
+    /// A staging buffer that bypasses the free list until the next `alloc_graph`.
+    pub fn alloc_fresh(&mut self, backend: Backend, size: usize) -> Result<BufRef, GraphError> {
+        let id = self.must(backend)?.alloc_fresh(size);
+        Ok(BufRef { backend, id })
+    }
+
+    /// The canonical buffer of `id` in the current graph.
+    pub fn node_buffer(&self, id: NodeId) -> Option<BufRef> {
+        self.node_to_buf.get(id).copied().flatten()
+    }
+
+    /// Fills the f32 input called `name`; `data` must match its element count.
+    pub fn fill_input(
+        &mut self,
+        graph: &ComputeGraph,
+        name: &str,
+        data: &[f32],
+    ) -> Result<(), GraphError> {
+        let id = graph
+            .input_by_name(name)
+            .ok_or_else(|| GraphError::UnknownInput(name.to_string()))?;
+        let expected = graph.nodes[id].n_elements();
+        if data.len() != expected {
+            return Err(GraphError::LengthMismatch {
+                name: name.to_string(),
+                expected,
+                got: data.len(),
+            });
+        }
+        let buf = self.node_buffer(id).ok_or_else(|| GraphError::NoBuffer {
+            id,
+            name: name.to_string(),
+        })?;
+        let b = self.must(buf.backend)?;
+        b.write_host(buf.id, data)
+            .map_err(|message| GraphError::Backend {
+                backend: b.name().to_string(),
+                context: format!("fill input '{name}'"),
+                message,
+            })
+    }
+
+    /// Fills an I32 input, storing each value as an f32 bit pattern (deviation 8).
+    pub fn fill_input_i32(
+        &mut self,
+        graph: &ComputeGraph,
+        name: &str,
+        data: &[i32],
+    ) -> Result<(), GraphError> {
+        let bits: Vec<f32> = data.iter().map(|&v| f32::from_bits(v as u32)).collect();
+        self.fill_input(graph, name, &bits)
+    }
+
+    /// `fill_input_i32` for unsigned ids (token ids, cells).
+    pub fn fill_input_u32(
+        &mut self,
+        graph: &ComputeGraph,
+        name: &str,
+        data: &[u32],
+    ) -> Result<(), GraphError> {
+        let bits: Vec<f32> = data.iter().map(|&v| f32::from_bits(v)).collect();
+        self.fill_input(graph, name, &bits)
+    }
+
+    /// A borrowed view of node `id`'s buffer where its backend is host-visible.
+    pub fn get_buffer(&self, id: NodeId) -> Option<&[f32]> {
+        let buf = self.node_buffer(id)?;
+        self.backend(buf.backend)?.read_host(buf.id)
+    }
+
+    /// A host copy of node `id`'s value, from any backend (synchronizes it).
+    pub fn copy_to_cpu(&mut self, id: NodeId) -> Option<Vec<f32>> {
+        let buf = self.node_buffer(id)?;
+        let mut v = self.backend_mut(buf.backend)?.copy_to_host(buf.id)?;
+        if let Some(&n) = self.node_elems.get(id) {
+            v.truncate(n);
+        }
+        Some(v)
+    }
+
+    /// Host copies of the layer's (K, V) regions.
+    pub fn copy_kv_to_cpu(&mut self, layer: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+        let r = self.kv_region(layer)?;
+        let b = self.backend_mut(r.backend)?;
+        Some((b.copy_to_host(r.k)?, b.copy_to_host(r.v)?))
+    }
+
+    /// Waits for all of backend `b`'s queued work.
+    pub fn sync_backend(&mut self, b: Backend) {
+        if let Some(x) = self.backend_mut(b) {
+            x.synchronize();
+        }
+    }
+
+    /// Starts an execution pass: staged copies become stale and are redone once each.
+    pub fn begin_pass(&mut self) {
+        self.epoch += 1;
+    }
+
+    /// Phase one: enqueue the copy of node `node` into a staging buffer on `dst`
+    /// (allocated once per graph). A no-op if this pass already enqueued it.
+    pub fn enqueue_cross(&mut self, node: NodeId, dst: Backend) -> Result<(), GraphError> {
+        self.enqueue_cross_inner(node, dst, false)
+    }
+
+    fn enqueue_cross_inner(
+        &mut self,
+        node: NodeId,
+        dst: Backend,
+        force: bool,
+    ) -> Result<(), GraphError> {
+        let src = self.node_buffer(node).ok_or_else(|| GraphError::NoBuffer {
+            id: node,
+            name: format!("#{node}"),
+        })?;
+        if src.backend == dst {
+            return Ok(());
+        }
+        let epoch = self.epoch;
+        let staging = match self.cross.get(&(node, dst)) {
+            Some(e) if e.epoch == epoch && !force => return Ok(()),
+            Some(e) => e.buf,
+            None => {
+                let n = self.node_elems.get(node).copied().unwrap_or(0);
+                self.alloc_fresh(dst, n)?
+            }
+        };
+        let sb = self.must(src.backend)?;
+        let copy = sb
+            .copy_cross(src.id)
+            .map_err(|message| GraphError::Backend {
+                backend: sb.name().to_string(),
+                context: format!("copy_cross of node {node}"),
+                message,
+            })?;
+        self.cross.insert(
+            (node, dst),
+            CrossEntry {
+                buf: staging,
+                pending: Some(copy),
+                epoch,
+            },
+        );
+        Ok(())
+    }
+
+    /// Phase two: wait for the staged copy of `node` on `dst` and land it in staging.
+    pub fn await_cross(&mut self, node: NodeId, dst: Backend) -> Result<(), GraphError> {
+        let Some(entry) = self.cross.get_mut(&(node, dst)) else {
+            return Ok(());
+        };
+        let Some(mut copy) = entry.pending.take() else {
+            return Ok(());
+        };
+        let staging = entry.buf;
+        let src = self.node_buffer(node).map_or(Backend::CPU, |b| b.backend);
+        let sb = self.must(src)?;
+        let data = sb
+            .await_cross(&mut copy)
+            .map_err(|message| GraphError::Backend {
+                backend: sb.name().to_string(),
+                context: format!("await_cross of node {node}"),
+                message,
+            })?;
+        let db = self.must(dst)?;
+        db.write_host(staging.id, &data)
+            .map_err(|message| GraphError::Backend {
+                backend: db.name().to_string(),
+                context: format!("staging write of node {node}"),
+                message,
+            })
+    }
+
+    /// Waits for every copy still in flight (after the last split).
+    pub fn drain_cross(&mut self) -> Result<(), GraphError> {
+        let pending: Vec<(NodeId, Backend)> = self
+            .cross
+            .iter()
+            .filter(|(_, e)| e.pending.is_some())
+            .map(|(&k, _)| k)
+            .collect();
+        for (node, dst) in pending {
+            self.await_cross(node, dst)?;
+        }
+        Ok(())
+    }
+
+    /// The checked staging read: refuses an entry whose wait has not been issued.
+    pub fn cross_input(&self, node: NodeId, dst: Backend) -> Result<Option<BufRef>, GraphError> {
+        match self.cross.get(&(node, dst)) {
+            None => Ok(None),
+            Some(e) if e.pending.is_some() => Err(GraphError::CrossNotAwaited {
+                node,
+                backend: self.backend_name(dst),
+            }),
+            Some(e) => Ok(Some(e.buf)),
+        }
+    }
+
+    /// The staging buffer holding `node`'s value on `dst`, if one exists.
+    pub fn cross_buffer(&self, node: NodeId, dst: Backend) -> Option<BufRef> {
+        self.cross.get(&(node, dst)).map(|e| e.buf)
+    }
+
+    /// Copies `node`'s value to `dst` now (both phases); the canonical buffer is untouched.
+    pub fn copy_across(&mut self, node: NodeId, dst: Backend) -> Result<(), GraphError> {
+        self.enqueue_cross_inner(node, dst, true)?;
+        self.await_cross(node, dst)
+    }
+}
+
+impl KvProvider for GraphAllocator {
+    fn kv_pair(&self, layer: usize) -> Option<(usize, usize)> {
+        self.kv.get(&layer).map(|r| (r.k, r.v))
+    }
+}

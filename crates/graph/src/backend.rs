@@ -1,0 +1,109 @@
+//! The backend trait (§3.5): capability matrix, buffer pool, node execution, host I/O
+//! and the two-phase split-boundary copy.
+//!
+//! The trait is named `BackendImpl` because the handle `crate::Backend` (a `u16` id)
+//! already owns the design's name; every concrete backend (CPU, Metal, CUDA, the
+//! test backend) implements this trait and is handed to `GraphAllocator::new`.
+//!
+//! Buffer contract: buffers are f32 arrays inside the backend's own pool, addressed
+//! by id. `execute_node` receives one `BufRef` per `node.src` entry, in order; each
+//! lives in this backend's pool (the allocator staged cross-backend values into it),
+//! except a source that is a `KvcacheLoad` view, which is a placeholder pointing at
+//! the layer's K region — kernels reach K and V only through `kv_pair`.
+//! Weights are resolved by name in the backend's own registry (invariant 3); how a
+//! backend registers them is its own API, not part of this trait.
+
+use crate::ir::{Backend, CNode, DType, FusedOp, Op};
+
+/// The only path from an executor to the persistent KV regions.
+pub trait KvProvider {
+    /// `(k_buf_id, v_buf_id)` of `layer` in the owning backend's pool.
+    fn kv_pair(&self, layer: usize) -> Option<(usize, usize)>;
+}
+
+/// A split-boundary transfer started by `copy_cross` and finished by `await_cross`.
+///
+/// A host backend fills `data` at once; a device backend may leave it empty and keep
+/// an event in `token`, filling the data when the wait is issued.
+#[derive(Debug, Default)]
+pub struct CrossCopy {
+    /// Source buffer id in the source backend's pool.
+    pub src_id: usize,
+    /// Host-visible contents once available.
+    pub data: Option<Vec<f32>>,
+    /// Backend-private handle of an in-flight transfer.
+    pub token: u64,
+}
+
+/// One execution backend: capabilities, pool, kernels and transfers.
+pub trait BackendImpl: Send {
+    /// The handle this backend occupies in the fixed id space.
+    fn id(&self) -> Backend;
+    /// Diagnostic name.
+    fn name(&self) -> &str;
+
+    /// Whether `op` producing `dtype` can run here.
+    fn supports_op(&self, op: &Op, dtype: DType) -> bool;
+    /// Whether a fusion rule may target this backend (invariant 6).
+    fn supports_fused(&self, fused: FusedOp) -> bool;
+    /// Whether attention with an explicit span input can run here.
+    fn supports_attn_span(&self) -> bool {
+        false
+    }
+    /// Whether this backend stores KV rows in a packed (non-f32) format.
+    fn reads_packed_kv(&self) -> bool {
+        false
+    }
+
+    /// A zero-filled buffer of `size` f32s, recycled from the free list when possible.
+    fn alloc_buffer(&mut self, size: usize) -> usize;
+    /// A zero-filled buffer that bypasses the free list (split-boundary staging).
+    fn alloc_fresh(&mut self, size: usize) -> usize;
+    /// Returns `id` to the free list; its memory stays owned by the pool.
+    fn free_buffer(&mut self, id: usize);
+    /// Buffers ever created (grows only when no free buffer fits).
+    fn pool_len(&self) -> usize;
+
+    /// Runs `node`, reading `in_bufs` (one per source) and writing `out_buf`.
+    /// Returns `Err` naming the problem on any violated kernel invariant (invariant 7).
+    fn execute_node(
+        &mut self,
+        node: &CNode,
+        in_bufs: &[crate::ir::BufRef],
+        out_buf: crate::ir::BufRef,
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String>;
+
+    /// A borrowed host view of buffer `id`; `None` where memory is not host-visible.
+    fn read_host(&self, id: usize) -> Option<&[f32]>;
+    /// A host copy of buffer `id` (device backends override with a real readback).
+    fn copy_to_host(&mut self, id: usize) -> Option<Vec<f32>> {
+        self.synchronize();
+        self.read_host(id).map(<[f32]>::to_vec)
+    }
+    /// Overwrites buffer `id`; `data.len()` must equal the buffer length.
+    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String>;
+    /// Overwrites `data.len()` elements of buffer `id` starting at `offset`.
+    fn write_host_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String>;
+    /// Waits for all queued work.
+    fn synchronize(&mut self);
+
+    /// Phase one of a split boundary: enqueue the transfer of `src_id` out of this pool.
+    fn copy_cross(&mut self, src_id: usize) -> Result<CrossCopy, String> {
+        let data = self
+            .read_host(src_id)
+            .ok_or_else(|| format!("buffer {src_id} is not host-readable"))?
+            .to_vec();
+        Ok(CrossCopy {
+            src_id,
+            data: Some(data),
+            token: 0,
+        })
+    }
+    /// Phase two: wait for `copy` and hand its contents over (once).
+    fn await_cross(&mut self, copy: &mut CrossCopy) -> Result<Vec<f32>, String> {
+        copy.data
+            .take()
+            .ok_or_else(|| format!("transfer of buffer {} already consumed", copy.src_id))
+    }
+}

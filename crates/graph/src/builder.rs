@@ -1,0 +1,536 @@
+//! The append-only graph factory (§3.2).
+//!
+//! The builder assigns ids, records shapes, dtypes and metadata, and wires sources.
+//! It never computes and never allocates. Because a node can only name nodes that
+//! already exist, node-id order is a valid topological order (invariant 5).
+//!
+//! Contract: passing a source id that was not returned by this builder is a
+//! programmer error in model code. Debug builds assert it at the call; release
+//! builds record the node anyway and `ComputeGraph::validate` (run by
+//! `GraphAllocator::alloc_graph`) rejects the graph with a typed error.
+
+use crate::ir::*;
+
+/// Builds one `ComputeGraph` in execution order.
+#[derive(Debug, Default)]
+pub struct GraphBuilder {
+    nodes: Vec<CNode>,
+    inputs: Vec<NodeId>,
+    outputs: Vec<NodeId>,
+}
+
+impl GraphBuilder {
+    /// An empty builder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of nodes so far.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether no node was added yet.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Output shape of an existing node.
+    pub fn shape(&self, id: NodeId) -> [usize; 4] {
+        debug_assert!(id < self.nodes.len(), "node {id} does not exist");
+        self.nodes.get(id).map_or([0; 4], |n| n.out_shape)
+    }
+
+    fn nt(&self, id: NodeId) -> usize {
+        self.shape(id)[1]
+    }
+
+    /// Renames a node (models name the nodes they want to find in exports and traces).
+    pub fn set_name(&mut self, id: NodeId, name: &str) {
+        if let Some(n) = self.nodes.get_mut(id) {
+            n.name = name.to_string();
+        }
+    }
+
+    /// Pins a node to a backend; the scheduler keeps explicit assignments.
+    pub fn set_backend(&mut self, id: NodeId, backend: Backend) {
+        if let Some(n) = self.nodes.get_mut(id) {
+            n.backend = Some(backend);
+        }
+    }
+
+    /// Appends a raw node; every other constructor goes through here.
+    pub fn node(
+        &mut self,
+        name: &str,
+        op: Op,
+        src: &[NodeId],
+        out_shape: [usize; 4],
+        out_dtype: DType,
+        meta: NodeMeta,
+    ) -> NodeId {
+        let id = self.nodes.len();
+        debug_assert!(
+            src.iter().all(|&s| s < id),
+            "node '{name}' reads a node that is not built yet: {src:?} (next id {id})"
+        );
+        let name = if name.is_empty() {
+            format!("{}_{id}", op.name())
+        } else {
+            name.to_string()
+        };
+        self.nodes.push(CNode {
+            id,
+            name,
+            op,
+            src: src.to_vec(),
+            out_shape,
+            out_dtype,
+            backend: None,
+            meta,
+        });
+        id
+    }
+
+    /// A host-filled leaf.
+    pub fn input(&mut self, name: &str, shape: [usize; 4], dtype: DType) -> NodeId {
+        let id = self.node(name, Op::Input, &[], shape, dtype, NodeMeta::None);
+        self.inputs.push(id);
+        id
+    }
+
+    /// Token lookup into the table `weight` (GGUF `[n_embd, n_vocab]`): `[n_embd, nt]`.
+    pub fn embedding(&mut self, ids: NodeId, weight: &WeightRef) -> NodeId {
+        let n_embd = weight.shape[0];
+        let nt = self.shape(ids)[0];
+        let meta = NodeMeta::Embed(EmbedMeta {
+            weight_name: weight.name.clone(),
+            wtype: weight.wtype,
+            n_embd,
+        });
+        self.node(
+            "",
+            Op::GetRows,
+            &[ids],
+            [n_embd, nt, 1, 1],
+            DType::F32,
+            meta,
+        )
+    }
+
+    /// RMS norm over dim 0, optionally scaled by `weight`.
+    pub fn rms_norm(&mut self, x: NodeId, weight: Option<&WeightRef>, eps: f32) -> NodeId {
+        let meta = NodeMeta::Norm(NormMeta {
+            weight_name: weight.map(|w| w.name.clone()),
+        });
+        let shape = self.shape(x);
+        self.node("", Op::RmsNorm { eps }, &[x], shape, DType::F32, meta)
+    }
+
+    /// Per-head RMS norm: `x` is treated as `[hd, nt*nh]`, `weight` has `hd` values.
+    pub fn qk_norm(
+        &mut self,
+        x: NodeId,
+        weight: Option<&WeightRef>,
+        hd: usize,
+        nh: usize,
+        eps: f32,
+    ) -> NodeId {
+        let meta = NodeMeta::Norm(NormMeta {
+            weight_name: weight.map(|w| w.name.clone()),
+        });
+        let shape = self.shape(x);
+        self.node(
+            "",
+            Op::QkNorm { hd, nh, eps },
+            &[x],
+            shape,
+            DType::F32,
+            meta,
+        )
+    }
+
+    /// `x @ w` (+ bias): `w` is GGUF `[in, out]`, the result `[out, nt]`.
+    pub fn matmul(&mut self, x: NodeId, w: &WeightRef, bias: Option<&WeightRef>) -> NodeId {
+        let meta = MatMulMeta {
+            weight_name: w.name.clone(),
+            in_dim: w.shape[0],
+            out_dim: w.shape[1],
+            wtype: w.wtype,
+            bias_name: bias.map(|b| b.name.clone()),
+        };
+        self.matmul_meta(x, meta)
+    }
+
+    /// `matmul` for a weight known only by name (e.g. a concat registered by a backend).
+    pub fn matmul_by_name(
+        &mut self,
+        x: NodeId,
+        weight_name: &str,
+        wtype: WeightType,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> NodeId {
+        let meta = MatMulMeta {
+            weight_name: weight_name.to_string(),
+            in_dim,
+            out_dim,
+            wtype,
+            bias_name: None,
+        };
+        self.matmul_meta(x, meta)
+    }
+
+    fn matmul_meta(&mut self, x: NodeId, meta: MatMulMeta) -> NodeId {
+        // A fused producer may hand over a wider buffer; the matmul reads rows 0..in_dim.
+        debug_assert!(
+            self.shape(x)[0] >= meta.in_dim,
+            "matmul '{}' needs {} input rows, node {x} has {}",
+            meta.weight_name,
+            meta.in_dim,
+            self.shape(x)[0]
+        );
+        let shape = [meta.out_dim, self.nt(x), 1, 1];
+        self.node(
+            "",
+            Op::MatMul { transpose_b: true },
+            &[x],
+            shape,
+            DType::F32,
+            NodeMeta::MatMul(meta),
+        )
+    }
+
+    /// Gathers rows (token columns) of `x` selected by the I32 node `ids`.
+    pub fn get_rows(&mut self, x: NodeId, ids: NodeId, out_shape: [usize; 4]) -> NodeId {
+        self.node(
+            "",
+            Op::GetRows,
+            &[x, ids],
+            out_shape,
+            DType::F32,
+            NodeMeta::None,
+        )
+    }
+
+    /// Rotary embedding of `x` at the I32 positions `pos`.
+    pub fn rope(&mut self, x: NodeId, pos: NodeId, style: RopeStyle, meta: RoPEMeta) -> NodeId {
+        let shape = self.shape(x);
+        self.node(
+            "",
+            Op::RoPE { style },
+            &[x, pos],
+            shape,
+            DType::F32,
+            NodeMeta::Rope(meta),
+        )
+    }
+
+    fn unary(&mut self, op: Op, x: NodeId) -> NodeId {
+        let shape = self.shape(x);
+        self.node("", op, &[x], shape, DType::F32, NodeMeta::None)
+    }
+
+    fn binary(&mut self, op: Op, a: NodeId, b: NodeId) -> NodeId {
+        let shape = self.shape(a);
+        self.node("", op, &[a, b], shape, DType::F32, NodeMeta::None)
+    }
+
+    /// `x * sigmoid(x)`.
+    pub fn silu(&mut self, x: NodeId) -> NodeId {
+        self.unary(Op::Silu, x)
+    }
+
+    /// `a + b` (b may be a single row broadcast over tokens); shape of `a`.
+    pub fn add(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        self.binary(Op::Add, a, b)
+    }
+
+    /// `a * b` (b may be a single row broadcast over tokens); shape of `a`.
+    pub fn mul(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        self.binary(Op::Mul, a, b)
+    }
+
+    /// `x * s`.
+    pub fn scale(&mut self, x: NodeId, s: f32) -> NodeId {
+        self.unary(Op::Scale(s), x)
+    }
+
+    /// Softmax along `dim`.
+    pub fn softmax(&mut self, x: NodeId, dim: usize) -> NodeId {
+        self.unary(Op::Softmax { dim }, x)
+    }
+
+    /// `silu(gate) * up`.
+    pub fn swiglu(&mut self, gate: NodeId, up: NodeId) -> NodeId {
+        self.binary(Op::SwiGLU, gate, up)
+    }
+
+    /// Attention of `q` over the KV of `meta.layer`, causal-bounded by `pos`.
+    ///
+    /// Sources are `[q, kv, pos]`, plus `span` when given: an I32 `[2, nt]` input of
+    /// per-token `[lo, hi)` key ranges for batches `pos` cannot bound. `span`'s
+    /// presence sets `explicit_span`. The output is `[n_head * hd, nt]`, taken from
+    /// `meta` because a fused q handle may point at a wider q|k|v buffer.
+    pub fn attn(
+        &mut self,
+        q: NodeId,
+        kv: NodeId,
+        pos: NodeId,
+        span: Option<NodeId>,
+        mode: AttnMode,
+        meta: AttnMeta,
+    ) -> NodeId {
+        let mut src = vec![q, kv, pos];
+        src.extend(span);
+        let shape = [meta.n_head * meta.hd, self.nt(q), 1, 1];
+        let op = Op::Attn {
+            mode,
+            explicit_span: span.is_some(),
+        };
+        self.node("", op, &src, shape, DType::F32, NodeMeta::Attn(meta))
+    }
+
+    /// Writes `k` and `v` (`[n_kv_embd, nt]`) into rows `cells` of the layer's regions.
+    /// The op carries only the layer (invariant 1); the output is the K region view.
+    pub fn kvcache_store(
+        &mut self,
+        layer: usize,
+        k: NodeId,
+        v: NodeId,
+        cells: NodeId,
+        n_ctx: usize,
+    ) -> NodeId {
+        let n_embd = self.shape(k)[0];
+        let meta = NodeMeta::Kvcache(KvcacheMeta {
+            layer,
+            n_embd,
+            n_ctx,
+            n_head_kv: None,
+        });
+        self.node(
+            "",
+            Op::KvcacheStore { layer },
+            &[k, v, cells],
+            [n_embd, n_ctx, 1, 1],
+            DType::F32,
+            meta,
+        )
+    }
+
+    /// A source-less view of the layer's K region (`[n_embd, n_ctx]`).
+    pub fn kvcache_load(
+        &mut self,
+        layer: usize,
+        n_embd: usize,
+        n_ctx: usize,
+        n_head_kv: usize,
+    ) -> NodeId {
+        let meta = NodeMeta::Kvcache(KvcacheMeta {
+            layer,
+            n_embd,
+            n_ctx,
+            n_head_kv: Some(n_head_kv),
+        });
+        self.node(
+            "",
+            Op::KvcacheLoad { layer },
+            &[],
+            [n_embd, n_ctx, 1, 1],
+            DType::F32,
+            meta,
+        )
+    }
+
+    /// Marks `node` as a graph output (never freed by liveness).
+    pub fn output(&mut self, node: NodeId) {
+        debug_assert!(node < self.nodes.len(), "output {node} does not exist");
+        if !self.outputs.contains(&node) {
+            self.outputs.push(node);
+        }
+    }
+
+    /// Decode QKV fusion: `[nqt + 2*nkt, nt]` (q rows first, then k, then v).
+    pub fn fused_qkv(
+        &mut self,
+        x: NodeId,
+        pos: NodeId,
+        layer: usize,
+        meta: FusedQkvMeta,
+    ) -> NodeId {
+        let shape = [meta.nqt + 2 * meta.nkt, self.nt(x), 1, 1];
+        self.node(
+            "",
+            Op::FusedQKV { layer },
+            &[x, pos],
+            shape,
+            DType::F32,
+            NodeMeta::FusedQkv(meta),
+        )
+    }
+
+    /// Mixed-quant epilogue over three matmul outputs; in place on `q` (shape of `q`).
+    pub fn qkv_bias_rope_store(
+        &mut self,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        pos: NodeId,
+        layer: usize,
+        meta: QkvBiasRopeStoreMeta,
+    ) -> NodeId {
+        let shape = self.shape(q);
+        self.node(
+            "",
+            Op::QkvBiasRopeStore { layer },
+            &[q, k, v, pos],
+            shape,
+            DType::F32,
+            NodeMeta::QkvBiasRopeStore(meta),
+        )
+    }
+
+    /// Decode FFN fusion: `[2*nf, nt]`; rows `0..nf` hold the SwiGLU result.
+    pub fn fused_ffn(&mut self, x: NodeId, meta: FusedFfnMeta) -> NodeId {
+        let shape = [2 * meta.nf, self.nt(x), 1, 1];
+        self.node(
+            "",
+            Op::FusedFFN,
+            &[x],
+            shape,
+            DType::F32,
+            NodeMeta::FusedFfn(meta),
+        )
+    }
+
+    /// Decode Qwen3 fusion: `[nqt + 2*nkt, nt]`.
+    pub fn fused_qkv_norm(
+        &mut self,
+        x: NodeId,
+        pos: NodeId,
+        layer: usize,
+        meta: FusedQkvNormMeta,
+    ) -> NodeId {
+        let shape = [meta.nqt + 2 * meta.nkt, self.nt(x), 1, 1];
+        self.node(
+            "",
+            Op::FusedQkvNorm { layer },
+            &[x, pos],
+            shape,
+            DType::F32,
+            NodeMeta::FusedQkvNorm(meta),
+        )
+    }
+
+    /// Finishes the graph (uid 0 until a `GraphCache` assigns one).
+    pub fn build(self) -> ComputeGraph {
+        let n = self.nodes.len();
+        ComputeGraph {
+            nodes: self.nodes,
+            inputs: self.inputs,
+            outputs: self.outputs,
+            uid: 0,
+            dead: vec![false; n],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rope_meta() -> RoPEMeta {
+        RoPEMeta {
+            n_dims: 4,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            n_head: 2,
+            hd: 4,
+            style: RopeStyle::NonInterleaved,
+        }
+    }
+
+    #[test]
+    fn shapes_follow_the_design_rules() {
+        let mut b = GraphBuilder::new();
+        let ids = b.input("token_ids", [3, 1, 1, 1], DType::I32);
+        let pos = b.input("positions", [3, 1, 1, 1], DType::I32);
+        let x = b.embedding(ids, &WeightRef::new("tok", WeightType::F32, [8, 100]));
+        assert_eq!(b.shape(x), [8, 3, 1, 1]);
+        let q = b.matmul(x, &WeightRef::new("wq", WeightType::Q4_K, [8, 16]), None);
+        assert_eq!(b.shape(q), [16, 3, 1, 1]);
+        let kv = b.kvcache_load(0, 8, 32, 2);
+        assert_eq!(b.shape(kv), [8, 32, 1, 1]);
+        let fq = b.fused_qkv(
+            x,
+            pos,
+            0,
+            FusedQkvMeta {
+                qkv_weight: "wqkv".into(),
+                wtype: WeightType::Q8_0,
+                n_embd: 8,
+                nqt: 8,
+                nkt: 4,
+                q_bias: None,
+                k_bias: None,
+                v_bias: None,
+                rope: rope_meta(),
+                n_ctx: 32,
+                kv_elems: 128,
+            },
+        );
+        assert_eq!(b.shape(fq), [16, 3, 1, 1]);
+        let meta = AttnMeta {
+            layer: 0,
+            n_head: 2,
+            n_head_kv: 1,
+            hd: 4,
+            scale: 0.5,
+            n_ctx: 32,
+        };
+        // Output width comes from the meta, not from the wider fused q buffer.
+        let a = b.attn(fq, kv, pos, None, AttnMode::Gqa, meta.clone());
+        assert_eq!(b.shape(a), [8, 3, 1, 1]);
+        let span = b.input("span", [2, 3, 1, 1], DType::I32);
+        let a2 = b.attn(fq, kv, pos, Some(span), AttnMode::Gqa, meta);
+        let ffn = b.fused_ffn(
+            x,
+            FusedFfnMeta {
+                gate_weight: "g".into(),
+                up_weight: "u".into(),
+                concat_weight: "gu".into(),
+                wtype: WeightType::F32,
+                n_embd: 8,
+                nf: 24,
+            },
+        );
+        assert_eq!(b.shape(ffn), [48, 3, 1, 1]);
+        b.output(a2);
+        let g = b.build();
+        assert_eq!(g.nodes[a].src, vec![fq, kv, pos]);
+        assert_eq!(
+            g.nodes[a2].op,
+            Op::Attn {
+                mode: AttnMode::Gqa,
+                explicit_span: true
+            }
+        );
+        assert_eq!(g.nodes[a2].src, vec![fq, kv, pos, span]);
+        assert_eq!(g.inputs, vec![ids, pos, span]);
+        assert_eq!(g.dead.len(), g.nodes.len());
+        g.validate().unwrap();
+    }
+
+    #[test]
+    fn kv_ops_carry_only_the_layer() {
+        let mut b = GraphBuilder::new();
+        let k = b.input("k", [4, 2, 1, 1], DType::F32);
+        let v = b.input("v", [4, 2, 1, 1], DType::F32);
+        let c = b.input("cells", [2, 1, 1, 1], DType::I32);
+        let s = b.kvcache_store(5, k, v, c, 64);
+        let g = b.build();
+        assert_eq!(g.nodes[s].op, Op::KvcacheStore { layer: 5 });
+        assert_eq!(g.nodes[s].out_shape, [4, 64, 1, 1]);
+        assert_eq!(g.nodes[s].kv_layer(), Some(5));
+    }
+}

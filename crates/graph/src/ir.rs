@@ -1,0 +1,578 @@
+//! The IR (§3.1): nodes, ops, dtypes, the backend handle and buffer references.
+//!
+//! Shapes follow the llama.cpp convention: activations are `[d, nt, 1, 1]` (feature
+//! fastest, tokens in dim 1); weights carry GGUF metadata `[in, out]` with memory
+//! `[out][in]` row-major.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::GraphError;
+pub use crate::meta::*;
+
+/// Index of a node in `ComputeGraph::nodes`; equal to its position (build order).
+pub type NodeId = usize;
+
+/// Element type of a node's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// 32-bit float; every activation.
+    F32,
+    /// 16-bit float (inputs only).
+    F16,
+    /// 32-bit integer, stored in f32 buffers as bit patterns.
+    I32,
+    /// ggml Q8_0 blocks (32 values + one f16 scale).
+    Q8_0,
+}
+
+impl DType {
+    /// Bytes of one storage unit: an element, or a whole 32-element block for Q8_0.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 => 2,
+            DType::Q8_0 => 34,
+        }
+    }
+
+    /// Elements per storage unit (32 for Q8_0, 1 otherwise).
+    pub fn block_elems(self) -> usize {
+        match self {
+            DType::Q8_0 => 32,
+            _ => 1,
+        }
+    }
+
+    /// Lower-case name used by the exporters.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::I32 => "i32",
+            DType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Inverse of [`DType::name`].
+    pub fn from_name(s: &str) -> Option<DType> {
+        [DType::F32, DType::F16, DType::I32, DType::Q8_0]
+            .into_iter()
+            .find(|d| d.name() == s)
+    }
+}
+
+/// Backend handle over a fixed id space (cpu = 0, metal = 1, cuda = 2).
+///
+/// The ids are a file-format contract (KV sessions): appended, never renumbered.
+/// Names, priorities and flags live in [`crate::registry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Backend(pub u16);
+
+impl Backend {
+    /// The host CPU.
+    pub const CPU: Backend = Backend(0);
+    /// Apple Metal.
+    pub const METAL: Backend = Backend(1);
+    /// NVIDIA CUDA.
+    pub const CUDA: Backend = Backend(2);
+
+    /// The raw id.
+    pub fn id(self) -> u16 {
+        self.0
+    }
+
+    /// Registry name for known ids, `backend#<id>` otherwise.
+    pub fn name(self) -> String {
+        match crate::registry::entry_for(self) {
+            Some(e) => e.name.to_string(),
+            None => format!("backend#{}", self.0),
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// A buffer inside one backend's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufRef {
+    /// Owning backend.
+    pub backend: Backend,
+    /// Id inside that backend's pool.
+    pub id: usize,
+}
+
+/// A named buffer that survives graph rebuilds (KV regions and the like).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistentBuf {
+    /// Diagnostic name, e.g. `kv.3.k`.
+    pub name: String,
+    /// Owning backend.
+    pub backend: Backend,
+    /// Id inside that backend's pool.
+    pub id: usize,
+}
+
+/// How rope pairs the rotated dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)` (ggml "normal", Llama).
+    Interleaved,
+    /// Split halves `(i, i + n_dims/2)` (ggml NEOX, Qwen2).
+    NonInterleaved,
+}
+
+/// Attention kernel family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttnMode {
+    /// Grouped-query attention.
+    Gqa,
+    /// Flash attention (same math, tiled kernel).
+    Flash,
+    /// Plain multi-head attention (vocabulary only).
+    Mha,
+}
+
+/// Fusion capability tags probed through `supports_fused` (§5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FusedOp {
+    /// `Mul(Silu(x), y) -> SwiGLU(x, y)`.
+    SwiGLU,
+}
+
+/// A ggml tensor type id (GGUF `ggml_type`), kept open so new quant types need no edit here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct WeightType(pub u32);
+
+impl WeightType {
+    /// f32.
+    pub const F32: WeightType = WeightType(0);
+    /// f16.
+    pub const F16: WeightType = WeightType(1);
+    /// Q4_0.
+    pub const Q4_0: WeightType = WeightType(2);
+    /// Q4_1.
+    pub const Q4_1: WeightType = WeightType(3);
+    /// Q5_0.
+    pub const Q5_0: WeightType = WeightType(6);
+    /// Q5_1.
+    pub const Q5_1: WeightType = WeightType(7);
+    /// Q8_0.
+    pub const Q8_0: WeightType = WeightType(8);
+    /// Q4_K.
+    pub const Q4_K: WeightType = WeightType(12);
+    /// Q5_K.
+    pub const Q5_K: WeightType = WeightType(13);
+    /// Q6_K.
+    pub const Q6_K: WeightType = WeightType(14);
+    /// bf16.
+    pub const BF16: WeightType = WeightType(30);
+}
+
+/// What the builder needs to know about a weight: its name, type and GGUF shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightRef {
+    /// Tensor name in the model file.
+    pub name: String,
+    /// Storage type.
+    pub wtype: WeightType,
+    /// GGUF shape `[in, out]` (a vector has `out == 1`).
+    pub shape: [usize; 2],
+}
+
+impl WeightRef {
+    /// Convenience constructor.
+    pub fn new(name: impl Into<String>, wtype: WeightType, shape: [usize; 2]) -> Self {
+        WeightRef {
+            name: name.into(),
+            wtype,
+            shape,
+        }
+    }
+}
+
+/// The op vocabulary (§3.1). Payloads include f32 values, so only `PartialEq`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Leaf, host-filled every step.
+    Input,
+    /// Element-wise add (b may broadcast over tokens).
+    Add,
+    /// Element-wise multiply (b may broadcast over tokens).
+    Mul,
+    /// Multiply by a constant (vocabulary only).
+    Scale(f32),
+    /// x * sigmoid(x).
+    Silu,
+    /// Softmax along `dim` (vocabulary only).
+    Softmax {
+        /// Reduced dimension.
+        dim: usize,
+    },
+    /// RMS normalization over dim 0.
+    RmsNorm {
+        /// Epsilon inside the root.
+        eps: f32,
+    },
+    /// Per-head RMS normalization (Qwen3 q/k norm).
+    QkNorm {
+        /// Head dimension.
+        hd: usize,
+        /// Heads.
+        nh: usize,
+        /// Epsilon.
+        eps: f32,
+    },
+    /// Linear layer against a named weight.
+    MatMul {
+        /// Whether b is transposed (the GGUF layout always is).
+        transpose_b: bool,
+    },
+    /// Row gather: embedding lookup or tail-row selection.
+    GetRows,
+    /// Rotary positional encoding.
+    RoPE {
+        /// Pairing of rotated dims.
+        style: RopeStyle,
+    },
+    /// Attention with the softmax fused inside the kernel.
+    Attn {
+        /// Kernel family.
+        mode: AttnMode,
+        /// `positions` cannot bound the node; only a backend reading the span input may take it.
+        explicit_span: bool,
+    },
+    /// Persistent KV write; the row comes from the `cells` input (invariant 1).
+    KvcacheStore {
+        /// Layer index, the only payload.
+        layer: usize,
+    },
+    /// View of the persistent KV region (no execution).
+    KvcacheLoad {
+        /// Layer index, the only payload.
+        layer: usize,
+    },
+    /// Strided view (vocabulary only).
+    View {
+        /// Element offset.
+        offset: usize,
+        /// View shape.
+        shape: [usize; 4],
+    },
+    /// Reshape (vocabulary only).
+    Reshape {
+        /// New shape.
+        shape: [usize; 4],
+    },
+    /// Axis permutation (vocabulary only).
+    Permute {
+        /// Destination axis of each source axis.
+        dims: [usize; 4],
+    },
+    /// silu(gate) * up, the FusionPass output.
+    SwiGLU,
+    /// Planned multi-output matmul (not emitted: the IR is single-output).
+    BatchMatMul,
+    /// Decode concat matmul + bias/rope/store.
+    FusedQKV {
+        /// Layer index.
+        layer: usize,
+    },
+    /// Decode mixed-quant: one bias/rope/store epilogue after three matmuls.
+    QkvBiasRopeStore {
+        /// Layer index.
+        layer: usize,
+    },
+    /// Decode gate|up concat matmul + in-place SwiGLU.
+    FusedFFN,
+    /// Decode Qwen3 concat matmul + qk-norm + rope/store.
+    FusedQkvNorm {
+        /// Layer index.
+        layer: usize,
+    },
+}
+
+impl Op {
+    /// Stable snake-case name (exporters, traces, capability tables).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input => "input",
+            Op::Add => "add",
+            Op::Mul => "mul",
+            Op::Scale(_) => "scale",
+            Op::Silu => "silu",
+            Op::Softmax { .. } => "softmax",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::QkNorm { .. } => "qk_norm",
+            Op::MatMul { .. } => "matmul",
+            Op::GetRows => "get_rows",
+            Op::RoPE { .. } => "rope",
+            Op::Attn { .. } => "attn",
+            Op::KvcacheStore { .. } => "kvcache_store",
+            Op::KvcacheLoad { .. } => "kvcache_load",
+            Op::View { .. } => "view",
+            Op::Reshape { .. } => "reshape",
+            Op::Permute { .. } => "permute",
+            Op::SwiGLU => "swiglu",
+            Op::BatchMatMul => "batch_matmul",
+            Op::FusedQKV { .. } => "fused_qkv",
+            Op::QkvBiasRopeStore { .. } => "qkv_bias_rope_store",
+            Op::FusedFFN => "fused_ffn",
+            Op::FusedQkvNorm { .. } => "fused_qkv_norm",
+        }
+    }
+
+    /// The KV layer this op writes or views directly through its payload.
+    pub fn kv_layer(&self) -> Option<usize> {
+        match self {
+            Op::KvcacheStore { layer }
+            | Op::KvcacheLoad { layer }
+            | Op::FusedQKV { layer }
+            | Op::QkvBiasRopeStore { layer }
+            | Op::FusedQkvNorm { layer } => Some(*layer),
+            _ => None,
+        }
+    }
+}
+
+/// One node of the graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CNode {
+    /// Position in `ComputeGraph::nodes`.
+    pub id: NodeId,
+    /// Diagnostic name; input names are how hosts fill them.
+    pub name: String,
+    /// What the node computes.
+    pub op: Op,
+    /// Sources, all with smaller ids (invariant 5).
+    pub src: Vec<NodeId>,
+    /// Output shape `[d, nt, 1, 1]`-style.
+    pub out_shape: [usize; 4],
+    /// Output element type.
+    pub out_dtype: DType,
+    /// Decided by the scheduler; `None` until then.
+    pub backend: Option<Backend>,
+    /// Op-specific metadata.
+    pub meta: NodeMeta,
+}
+
+impl CNode {
+    /// Number of output elements.
+    pub fn n_elements(&self) -> usize {
+        self.out_shape.iter().product()
+    }
+
+    /// The KV layer this node touches, including attention through `AttnMeta.layer`.
+    pub fn kv_layer(&self) -> Option<usize> {
+        match (&self.op, &self.meta) {
+            (Op::Attn { .. }, NodeMeta::Attn(m)) => Some(m.layer),
+            _ => self.op.kv_layer(),
+        }
+    }
+}
+
+/// A whole forward pass as data.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ComputeGraph {
+    /// Nodes in build order (a valid topological order).
+    pub nodes: Vec<CNode>,
+    /// Input node ids (all `Op::Input`).
+    pub inputs: Vec<NodeId>,
+    /// Output node ids, never freed by liveness.
+    pub outputs: Vec<NodeId>,
+    /// Reuse-cache key, assigned by `GraphCache::replace_graph` (0 = never cached).
+    pub uid: u64,
+    /// Nodes orphaned by fusion: no buffer, never executed. Missing entries mean live.
+    pub dead: Vec<bool>,
+}
+
+impl ComputeGraph {
+    /// Whether fusion orphaned `id`.
+    pub fn is_dead(&self, id: NodeId) -> bool {
+        self.dead.get(id).copied().unwrap_or(false)
+    }
+
+    /// Marks `id` dead (grows the dead set as needed).
+    pub fn mark_dead(&mut self, id: NodeId) {
+        if self.dead.len() < self.nodes.len() {
+            self.dead.resize(self.nodes.len(), false);
+        }
+        if let Some(d) = self.dead.get_mut(id) {
+            *d = true;
+        }
+    }
+
+    /// Number of live nodes.
+    pub fn live_count(&self) -> usize {
+        (0..self.nodes.len()).filter(|&i| !self.is_dead(i)).count()
+    }
+
+    /// The input node called `name`.
+    pub fn input_by_name(&self, name: &str) -> Option<NodeId> {
+        self.inputs
+            .iter()
+            .copied()
+            .find(|&i| self.nodes.get(i).is_some_and(|n| n.name == name))
+    }
+
+    /// Number of live consumers of every node.
+    pub fn consumer_counts(&self) -> Vec<usize> {
+        let mut c = vec![0usize; self.nodes.len()];
+        for n in self.nodes.iter().filter(|n| !self.is_dead(n.id)) {
+            for &s in &n.src {
+                if let Some(x) = c.get_mut(s) {
+                    *x += 1;
+                }
+            }
+        }
+        c
+    }
+
+    /// Output rows of the first matmul, a token-count hint for device capture.
+    pub fn capture_nt_hint(&self) -> Option<usize> {
+        self.nodes
+            .iter()
+            .find(|n| matches!(n.op, Op::MatMul { .. }))
+            .map(|n| n.out_shape[1])
+    }
+
+    /// Kahn topological order, for validation only: execution and liveness use build
+    /// order, because Kahn may hoist source-less nodes (deviation 22).
+    pub fn topo_order(&self) -> Result<Vec<NodeId>, GraphError> {
+        let n = self.nodes.len();
+        let mut indeg = vec![0usize; n];
+        let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); n];
+        for node in &self.nodes {
+            for &s in &node.src {
+                if s >= n {
+                    return Err(GraphError::BadSource {
+                        node: node.id,
+                        src: s,
+                    });
+                }
+                indeg[node.id] += 1;
+                users[s].push(node.id);
+            }
+        }
+        let mut q: VecDeque<NodeId> = (0..n).filter(|&i| indeg[i] == 0).collect();
+        let mut order = Vec::with_capacity(n);
+        while let Some(i) = q.pop_front() {
+            order.push(i);
+            for &u in &users[i] {
+                indeg[u] -= 1;
+                if indeg[u] == 0 {
+                    q.push_back(u);
+                }
+            }
+        }
+        if order.len() != n {
+            return Err(GraphError::Cycle);
+        }
+        Ok(order)
+    }
+
+    /// Checks the structural contract: ids equal positions, sources precede consumers
+    /// (invariant 5), inputs are `Op::Input`, outputs exist, and the graph is acyclic.
+    pub fn validate(&self) -> Result<(), GraphError> {
+        for (i, node) in self.nodes.iter().enumerate() {
+            if node.id != i {
+                return Err(GraphError::BadId {
+                    position: i,
+                    id: node.id,
+                });
+            }
+            if let Some(&s) = node.src.iter().find(|&&s| s >= i) {
+                return Err(GraphError::BadSource { node: i, src: s });
+            }
+        }
+        for &i in &self.inputs {
+            match self.nodes.get(i) {
+                Some(n) if n.op == Op::Input => {}
+                _ => return Err(GraphError::BadInput(i)),
+            }
+        }
+        if let Some(&o) = self.outputs.iter().find(|&&o| o >= self.nodes.len()) {
+            return Err(GraphError::BadOutput(o));
+        }
+        self.topo_order().map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: NodeId, op: Op, src: Vec<NodeId>) -> CNode {
+        CNode {
+            id,
+            name: format!("n{id}"),
+            op,
+            src,
+            out_shape: [4, 1, 1, 1],
+            out_dtype: DType::F32,
+            backend: None,
+            meta: NodeMeta::None,
+        }
+    }
+
+    #[test]
+    fn dtype_sizes() {
+        assert_eq!(DType::F32.size(), 4);
+        assert_eq!(DType::F16.size(), 2);
+        assert_eq!(DType::I32.size(), 4);
+        assert_eq!(DType::Q8_0.size(), 34);
+        assert_eq!(DType::Q8_0.block_elems(), 32);
+        assert_eq!(DType::from_name("q8_0"), Some(DType::Q8_0));
+    }
+
+    #[test]
+    fn kahn_hoists_sourceless_nodes_but_build_order_stays_valid() {
+        let g = ComputeGraph {
+            nodes: vec![
+                node(0, Op::Input, vec![]),
+                node(1, Op::Silu, vec![0]),
+                node(2, Op::KvcacheLoad { layer: 0 }, vec![]),
+                node(3, Op::Add, vec![1, 2]),
+            ],
+            inputs: vec![0],
+            outputs: vec![3],
+            ..Default::default()
+        };
+        g.validate().unwrap();
+        // Kahn puts the source-less load before the silu built ahead of it.
+        assert_eq!(g.topo_order().unwrap(), vec![0, 2, 1, 3]);
+    }
+
+    #[test]
+    fn validate_rejects_forward_sources_and_cycles() {
+        let mut g = ComputeGraph {
+            nodes: vec![node(0, Op::Input, vec![]), node(1, Op::Silu, vec![1])],
+            inputs: vec![0],
+            ..Default::default()
+        };
+        assert!(matches!(
+            g.validate(),
+            Err(GraphError::BadSource { node: 1, src: 1 })
+        ));
+        assert!(matches!(g.topo_order(), Err(GraphError::Cycle)));
+        g.nodes[1].src = vec![0];
+        g.outputs = vec![7];
+        assert!(matches!(g.validate(), Err(GraphError::BadOutput(7))));
+    }
+
+    #[test]
+    fn backend_handles_are_ordered_by_id_and_named_by_registry() {
+        assert!(Backend::CPU < Backend::METAL && Backend::METAL < Backend::CUDA);
+        assert_eq!(Backend::CUDA.to_string(), "cuda");
+        assert_eq!(Backend(9).to_string(), "backend#9");
+    }
+}

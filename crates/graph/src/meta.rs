@@ -1,0 +1,218 @@
+//! Node metadata (§3.1): a concrete enum rather than a type-erased box, so it is
+//! `PartialEq` for the structural check, cannot fail a downcast and keeps `CNode: Clone`.
+//!
+//! The metas carry everything a backend needs beyond the op payload: weight names
+//! (invariant 3 — weights are referenced by name and resolved by the backend),
+//! dimensions, and the rope / attention parameters of the fused decode nodes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ir::{RopeStyle, WeightType};
+
+/// Per-node metadata; `None` for ops whose payload says everything.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum NodeMeta {
+    /// No metadata.
+    #[default]
+    None,
+    /// A matmul's weight (and optional bias) by name.
+    MatMul(MatMulMeta),
+    /// A norm's optional scale weight.
+    Norm(NormMeta),
+    /// Rotary embedding parameters.
+    Rope(RoPEMeta),
+    /// Attention geometry and the KV layer it reads.
+    Attn(AttnMeta),
+    /// A KV store/load's region geometry.
+    Kvcache(KvcacheMeta),
+    /// The embedding table of a token-lookup `GetRows`.
+    Embed(EmbedMeta),
+    /// Decode QKV concat matmul + bias/rope/store.
+    FusedQkv(FusedQkvMeta),
+    /// Decode mixed-quant bias/rope/store epilogue.
+    QkvBiasRopeStore(QkvBiasRopeStoreMeta),
+    /// Decode gate|up concat matmul + in-place SwiGLU.
+    FusedFfn(FusedFfnMeta),
+    /// Decode Qwen3 concat matmul + per-head norm + rope/store.
+    FusedQkvNorm(FusedQkvNormMeta),
+}
+
+/// A matmul against a named weight of GGUF shape `[in_dim, out_dim]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MatMulMeta {
+    /// Weight name, resolved by the executing backend.
+    pub weight_name: String,
+    /// Input features (GGUF `shape[0]`).
+    pub in_dim: usize,
+    /// Output features (GGUF `shape[1]`).
+    pub out_dim: usize,
+    /// Storage type of the weight.
+    pub wtype: WeightType,
+    /// Optional bias vector of length `out_dim`, by name.
+    pub bias_name: Option<String>,
+}
+
+/// RMSNorm / QkNorm scale weight.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct NormMeta {
+    /// Scale vector name; `None` for an unscaled norm.
+    pub weight_name: Option<String>,
+}
+
+/// Rotary embedding parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoPEMeta {
+    /// Rotated dimensions per head (≤ `hd`).
+    pub n_dims: usize,
+    /// Frequency base (theta).
+    pub freq_base: f32,
+    /// Linear position scale.
+    pub freq_scale: f32,
+    /// Heads in the rotated tensor.
+    pub n_head: usize,
+    /// Head dimension.
+    pub hd: usize,
+    /// Pairing of rotated dimensions.
+    pub style: RopeStyle,
+}
+
+/// Attention geometry; `layer` selects the KV pair through `KvProvider::kv_pair`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttnMeta {
+    /// Layer index whose KV regions are read.
+    pub layer: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads (GQA groups = `n_head / n_head_kv`).
+    pub n_head_kv: usize,
+    /// Head dimension.
+    pub hd: usize,
+    /// Softmax scale, usually `1/sqrt(hd)`.
+    pub scale: f32,
+    /// KV region length in rows.
+    pub n_ctx: usize,
+}
+
+impl AttnMeta {
+    /// Width of one K (or V) row: `n_head_kv * hd`.
+    pub fn nkt(&self) -> usize {
+        self.n_head_kv * self.hd
+    }
+}
+
+/// KV region geometry of a store or load node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KvcacheMeta {
+    /// Layer index.
+    pub layer: usize,
+    /// Row width (`n_head_kv * hd`).
+    pub n_embd: usize,
+    /// Region length in rows.
+    pub n_ctx: usize,
+    /// KV heads when the builder knows them (loads record it; stores do not).
+    pub n_head_kv: Option<usize>,
+}
+
+/// Token-embedding table of a lookup `GetRows` node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbedMeta {
+    /// Table name (GGUF shape `[n_embd, n_vocab]`).
+    pub weight_name: String,
+    /// Storage type of the table.
+    pub wtype: WeightType,
+    /// Row width.
+    pub n_embd: usize,
+}
+
+/// Decode QKV fusion: one concat matmul plus bias, rope and KV store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FusedQkvMeta {
+    /// Concatenated q|k|v weight name.
+    pub qkv_weight: String,
+    /// Storage type of the concat weight.
+    pub wtype: WeightType,
+    /// Input features.
+    pub n_embd: usize,
+    /// Q rows (`n_head * hd`).
+    pub nqt: usize,
+    /// K (and V) rows (`n_head_kv * hd`).
+    pub nkt: usize,
+    /// Optional q/k/v bias names.
+    pub q_bias: Option<String>,
+    /// K bias name.
+    pub k_bias: Option<String>,
+    /// V bias name.
+    pub v_bias: Option<String>,
+    /// Rope applied to q and k.
+    pub rope: RoPEMeta,
+    /// KV region length in rows.
+    pub n_ctx: usize,
+    /// Elements of each KV region (`nkt * n_ctx`).
+    pub kv_elems: usize,
+}
+
+/// Mixed-quant decode epilogue: bias + rope + KV store over three matmul outputs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QkvBiasRopeStoreMeta {
+    /// Q bias name.
+    pub q_bias: String,
+    /// K bias name.
+    pub k_bias: String,
+    /// V bias name.
+    pub v_bias: String,
+    /// Rope applied to q and k.
+    pub rope: RoPEMeta,
+    /// Q rows.
+    pub nqt: usize,
+    /// K/V rows.
+    pub nkt: usize,
+    /// KV region length in rows.
+    pub n_ctx: usize,
+    /// Elements of each KV region.
+    pub kv_elems: usize,
+}
+
+/// Decode FFN fusion: gate|up concat matmul, then SwiGLU in place into rows `0..nf`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FusedFfnMeta {
+    /// Gate weight name (`[n_embd, nf]`).
+    pub gate_weight: String,
+    /// Up weight name (`[n_embd, nf]`).
+    pub up_weight: String,
+    /// Name of the concatenated gate|up weight where a backend registered one.
+    pub concat_weight: String,
+    /// Storage type.
+    pub wtype: WeightType,
+    /// Input features.
+    pub n_embd: usize,
+    /// FFN width.
+    pub nf: usize,
+}
+
+/// Decode Qwen3 fusion: concat matmul + per-head q/k norm + rope + KV store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FusedQkvNormMeta {
+    /// Concatenated q|k|v weight name.
+    pub qkv_weight: String,
+    /// Storage type.
+    pub wtype: WeightType,
+    /// Input features.
+    pub n_embd: usize,
+    /// Q rows.
+    pub nqt: usize,
+    /// K/V rows.
+    pub nkt: usize,
+    /// Per-head q norm weight.
+    pub q_norm: String,
+    /// Per-head k norm weight.
+    pub k_norm: String,
+    /// Norm epsilon.
+    pub eps: f32,
+    /// Rope applied after the norm.
+    pub rope: RoPEMeta,
+    /// KV region length in rows.
+    pub n_ctx: usize,
+    /// Elements of each KV region.
+    pub kv_elems: usize,
+}

@@ -1,0 +1,309 @@
+//! The scheduler (§3.4): capability-driven assignment, contiguous splits, and
+//! split-by-split execution with a two-phase boundary. It never allocates
+//! (invariant 4) and never falls back mid-run (invariant 7).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::alloc::GraphAllocator;
+use crate::error::GraphError;
+use crate::ir::*;
+
+/// A maximal run of consecutive live nodes on one backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Split {
+    /// Backend executing the run.
+    pub backend: Backend,
+    /// `[start, end)` in `graph.nodes` (dead nodes inside are skipped).
+    pub node_range: (usize, usize),
+    /// Values produced on another backend, staged into this one.
+    pub inputs: Vec<NodeId>,
+    /// Values consumed by another backend.
+    pub outputs: Vec<NodeId>,
+}
+
+/// Why a node landed on its backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlacementReason {
+    /// The node arrived with a backend and kept it.
+    Explicit,
+    /// The highest-priority backend claiming the op; `declined` ranked higher but refused.
+    Capability {
+        /// Higher-priority backends that refused the node.
+        declined: Vec<Backend>,
+    },
+    /// No registered backend claimed the node; it falls back to the CPU.
+    Fallback {
+        /// Every backend that refused it.
+        declined: Vec<Backend>,
+    },
+}
+
+/// One node's assignment and its reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The node.
+    pub node: NodeId,
+    /// Where it runs.
+    pub backend: Backend,
+    /// Why.
+    pub reason: PlacementReason,
+}
+
+/// Assigns, splits and executes graphs; remembers the last assignment for traces.
+#[derive(Debug, Default)]
+pub struct BackendScheduler {
+    placements: Vec<Placement>,
+}
+
+fn names(bs: &[Backend]) -> String {
+    bs.iter().map(|b| b.name()).collect::<Vec<_>>().join(", ")
+}
+
+impl BackendScheduler {
+    /// A scheduler with no recorded assignment.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The placements recorded by the last `assign_backends`.
+    pub fn placements(&self) -> &[Placement] {
+        &self.placements
+    }
+
+    /// Gives every unassigned node the highest-priority backend that claims it
+    /// (op, dtype, and the explicit-span capability for such attention nodes);
+    /// CPU when none does. Deterministic: priority order comes from the registry.
+    pub fn assign_backends(&mut self, graph: &mut ComputeGraph, alloc: &GraphAllocator) {
+        let order = alloc.priority_order();
+        self.placements.clear();
+        for node in &mut graph.nodes {
+            let (backend, reason) = match node.backend {
+                Some(b) => (b, PlacementReason::Explicit),
+                None => {
+                    let span = matches!(
+                        node.op,
+                        Op::Attn {
+                            explicit_span: true,
+                            ..
+                        }
+                    );
+                    let mut declined = Vec::new();
+                    let mut chosen = None;
+                    for &b in &order {
+                        let ok = alloc.backend(b).is_some_and(|x| {
+                            x.supports_op(&node.op, node.out_dtype)
+                                && (!span || x.supports_attn_span())
+                        });
+                        if ok {
+                            chosen = Some(b);
+                            break;
+                        }
+                        declined.push(b);
+                    }
+                    match chosen {
+                        Some(b) => (b, PlacementReason::Capability { declined }),
+                        None => (Backend::CPU, PlacementReason::Fallback { declined }),
+                    }
+                }
+            };
+            node.backend = Some(backend);
+            self.placements.push(Placement {
+                node: node.id,
+                backend,
+                reason,
+            });
+        }
+    }
+
+    /// Cuts the live nodes into contiguous per-backend runs and derives the
+    /// cross-backend edges. KV views are not staged: kernels reach KV via `kv_pair`.
+    pub fn split_graph(&self, graph: &ComputeGraph) -> Vec<Split> {
+        let mut splits: Vec<Split> = Vec::new();
+        let mut split_of = vec![usize::MAX; graph.nodes.len()];
+        for node in graph.nodes.iter().filter(|n| !graph.is_dead(n.id)) {
+            let b = node.backend.unwrap_or(Backend::CPU);
+            match splits.last_mut() {
+                Some(s) if s.backend == b => s.node_range.1 = node.id + 1,
+                _ => splits.push(Split {
+                    backend: b,
+                    node_range: (node.id, node.id + 1),
+                    inputs: Vec::new(),
+                    outputs: Vec::new(),
+                }),
+            }
+            split_of[node.id] = splits.len() - 1;
+        }
+        for node in graph.nodes.iter().filter(|n| !graph.is_dead(n.id)) {
+            let s = split_of[node.id];
+            for &x in &node.src {
+                let p = split_of.get(x).copied().unwrap_or(usize::MAX);
+                if p == usize::MAX
+                    || matches!(graph.nodes[x].op, Op::KvcacheLoad { .. })
+                    || splits[p].backend == splits[s].backend
+                {
+                    continue;
+                }
+                if !splits[s].inputs.contains(&x) {
+                    splits[s].inputs.push(x);
+                }
+                if !splits[p].outputs.contains(&x) {
+                    splits[p].outputs.push(x);
+                }
+            }
+        }
+        splits
+    }
+
+    /// Runs `graph` split by split in build order. At each boundary the staging
+    /// copies are enqueued first and each is awaited at its first read. Any node
+    /// whose buffer or KV region is on another backend than its split is an error.
+    pub fn execute(
+        &self,
+        graph: &ComputeGraph,
+        alloc: &mut GraphAllocator,
+    ) -> Result<(), GraphError> {
+        let splits = self.split_graph(graph);
+        if std::env::var("MINFER_GRAPH_TRACE").is_ok_and(|v| v == "1") {
+            eprintln!("{}", self.trace_report(graph, &splits));
+        }
+        alloc.begin_pass();
+        for split in &splits {
+            let bk = split.backend;
+            for &x in &split.inputs {
+                alloc.enqueue_cross(x, bk)?;
+            }
+            for node in &graph.nodes[split.node_range.0..split.node_range.1] {
+                if graph.is_dead(node.id) {
+                    continue;
+                }
+                let mismatch =
+                    |what, other: Backend, alloc: &GraphAllocator| GraphError::SplitMismatch {
+                        id: node.id,
+                        name: node.name.clone(),
+                        what,
+                        buffer_backend: alloc.backend_name(other),
+                        split_backend: alloc.backend_name(bk),
+                    };
+                let out = alloc
+                    .node_buffer(node.id)
+                    .ok_or_else(|| GraphError::NoBuffer {
+                        id: node.id,
+                        name: node.name.clone(),
+                    })?;
+                if out.backend != bk {
+                    return Err(mismatch("buffer", out.backend, alloc));
+                }
+                if matches!(node.op, Op::Input | Op::KvcacheLoad { .. }) {
+                    continue; // host-filled leaf or KV view: nothing to execute
+                }
+                let mut in_bufs = Vec::with_capacity(node.src.len());
+                for &s in &node.src {
+                    let buf = if split.inputs.contains(&s) {
+                        alloc.await_cross(s, bk)?;
+                        alloc.cross_input(s, bk)?
+                    } else {
+                        alloc.node_buffer(s)
+                    };
+                    let buf = buf.ok_or_else(|| GraphError::NoBuffer {
+                        id: s,
+                        name: graph.nodes[s].name.clone(),
+                    })?;
+                    let is_view = matches!(graph.nodes[s].op, Op::KvcacheLoad { .. });
+                    if buf.backend != bk && !is_view {
+                        return Err(mismatch("input buffer", buf.backend, alloc));
+                    }
+                    in_bufs.push(buf);
+                }
+                let kv = match node.kv_layer() {
+                    None => None,
+                    Some(layer) => {
+                        let r = alloc.kv_region(layer).ok_or_else(|| GraphError::Kv {
+                            layer,
+                            problem: format!("node {} '{}' needs a region", node.id, node.name),
+                        })?;
+                        if r.backend != bk {
+                            return Err(mismatch("KV region", r.backend, alloc));
+                        }
+                        Some((r.k, r.v))
+                    }
+                };
+                let b = alloc
+                    .backend_mut(bk)
+                    .ok_or(GraphError::BackendMissing(bk))?;
+                b.execute_node(node, &in_bufs, out, kv)
+                    .map_err(|message| GraphError::Backend {
+                        backend: b.name().to_string(),
+                        context: format!("node {} '{}' ({})", node.id, node.name, node.op.name()),
+                        message,
+                    })?;
+            }
+            alloc.sync_backend(bk);
+        }
+        alloc.drain_cross()
+    }
+
+    /// The `MINFER_GRAPH_TRACE=1` text: splits, per-op and per-backend counts, and
+    /// why each node landed where it did.
+    pub fn trace_report(&self, graph: &ComputeGraph, splits: &[Split]) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "graph uid {}: {} nodes ({} live), {} splits",
+            graph.uid,
+            graph.nodes.len(),
+            graph.live_count(),
+            splits.len()
+        );
+        for (i, sp) in splits.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "  split {i}: {} nodes [{}, {}) inputs {:?} outputs {:?}",
+                sp.backend, sp.node_range.0, sp.node_range.1, sp.inputs, sp.outputs
+            );
+        }
+        let mut per_op: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut per_backend: BTreeMap<Backend, usize> = BTreeMap::new();
+        for n in graph.nodes.iter().filter(|n| !graph.is_dead(n.id)) {
+            *per_op.entry(n.op.name()).or_default() += 1;
+            *per_backend
+                .entry(n.backend.unwrap_or(Backend::CPU))
+                .or_default() += 1;
+        }
+        let ops: Vec<String> = per_op.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(s, "  per-op: {}", ops.join(" "));
+        let bks: Vec<String> = per_backend
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(s, "  per-backend: {}", bks.join(" "));
+        let _ = writeln!(s, "  placement:");
+        for p in &self.placements {
+            let Some(n) = graph.nodes.get(p.node) else {
+                continue;
+            };
+            let why = match &p.reason {
+                PlacementReason::Explicit => "explicit".to_string(),
+                PlacementReason::Capability { declined } if declined.is_empty() => {
+                    "capability (highest priority)".to_string()
+                }
+                PlacementReason::Capability { declined } => {
+                    format!("capability (declined by {})", names(declined))
+                }
+                PlacementReason::Fallback { declined } => {
+                    format!("fallback to cpu (declined by {})", names(declined))
+                }
+            };
+            let dead = if graph.is_dead(p.node) { " [dead]" } else { "" };
+            let _ = writeln!(
+                s,
+                "    #{} {} ({}) -> {}: {why}{dead}",
+                n.id,
+                n.name,
+                n.op.name(),
+                p.backend
+            );
+        }
+        s
+    }
+}

@@ -1,0 +1,328 @@
+//! Scalar f32 reference kernels. Written for clarity and determinism, not speed:
+//! each output element is computed in a fixed order, so two backends running these
+//! kernels agree bit for bit. I32 inputs arrive as f32 bit patterns.
+
+use crate::ir::*;
+use crate::testing::WeightStore;
+
+fn ints(v: &[f32]) -> impl Iterator<Item = i64> + '_ {
+    v.iter().map(|x| i64::from(x.to_bits() as i32))
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn nt_of(node: &CNode) -> usize {
+    node.out_shape[1].max(1)
+}
+
+fn weight<'a>(w: &'a WeightStore, name: &str) -> Result<&'a crate::testing::RefWeight, String> {
+    w.get(name)
+        .ok_or_else(|| format!("weight '{name}' is not registered"))
+}
+
+fn input(inputs: &[Vec<f32>], i: usize) -> Result<&[f32], String> {
+    inputs
+        .get(i)
+        .map(Vec::as_slice)
+        .ok_or_else(|| format!("missing source {i}"))
+}
+
+fn broadcast(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> Result<Vec<f32>, String> {
+    if b.is_empty() || a.len() % b.len() != 0 {
+        return Err(format!(
+            "cannot broadcast {} values over {}",
+            b.len(),
+            a.len()
+        ));
+    }
+    Ok(a.iter()
+        .enumerate()
+        .map(|(i, &x)| f(x, b[i % b.len()]))
+        .collect())
+}
+
+fn rms_rows(x: &[f32], d: usize, eps: f32, w: Option<&[f32]>) -> Result<Vec<f32>, String> {
+    if d == 0 || x.len() % d != 0 || w.is_some_and(|w| w.len() != d) {
+        return Err(format!("rms norm of {} values in rows of {d}", x.len()));
+    }
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(d) {
+        let ss: f32 = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let s = 1.0 / (ss + eps).sqrt();
+        for (i, v) in row.iter().enumerate() {
+            out.push(v * s * w.map_or(1.0, |w| w[i]));
+        }
+    }
+    Ok(out)
+}
+
+/// `y[t][o] = sum_i w[o][i] * x[t][i]` with `x` rows of `stride >= in_dim`.
+fn matmul(
+    x: &[f32],
+    nt: usize,
+    w: &crate::testing::RefWeight,
+    in_dim: usize,
+) -> Result<Vec<f32>, String> {
+    let stride = x.len() / nt;
+    if w.in_dim != in_dim || stride < in_dim {
+        return Err(format!(
+            "matmul: weight in_dim {} vs meta {in_dim}, input row {stride}",
+            w.in_dim
+        ));
+    }
+    let mut y = vec![0.0; w.out_dim * nt];
+    for t in 0..nt {
+        let xr = &x[t * stride..t * stride + in_dim];
+        for o in 0..w.out_dim {
+            let wr = &w.data[o * in_dim..(o + 1) * in_dim];
+            y[t * w.out_dim + o] = wr.iter().zip(xr).map(|(a, b)| a * b).sum();
+        }
+    }
+    Ok(y)
+}
+
+fn rope(x: &[f32], pos: &[f32], m: &RoPEMeta, nt: usize) -> Result<Vec<f32>, String> {
+    let row = m.n_head * m.hd;
+    if x.len() < row * nt || pos.len() < nt || m.n_dims > m.hd || m.n_dims % 2 != 0 {
+        return Err(format!(
+            "rope: {} values, {} positions, meta {m:?}",
+            x.len(),
+            pos.len()
+        ));
+    }
+    let mut out = x.to_vec();
+    let half = m.n_dims / 2;
+    for (t, p) in ints(&pos[..nt]).enumerate() {
+        for h in 0..m.n_head {
+            let base = t * (x.len() / nt) + h * m.hd;
+            for i in 0..half {
+                let theta =
+                    p as f32 * m.freq_scale * m.freq_base.powf(-2.0 * i as f32 / m.n_dims as f32);
+                let (c, s) = (theta.cos(), theta.sin());
+                let (a, b) = match m.style {
+                    RopeStyle::NonInterleaved => (base + i, base + i + half),
+                    RopeStyle::Interleaved => (base + 2 * i, base + 2 * i + 1),
+                };
+                out[a] = x[a] * c - x[b] * s;
+                out[b] = x[a] * s + x[b] * c;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn permute(x: &[f32], out_shape: [usize; 4], dims: [usize; 4]) -> Result<Vec<f32>, String> {
+    let mut in_shape = [0; 4];
+    for i in 0..4 {
+        in_shape[i] = *out_shape.get(dims[i]).ok_or("permute: bad axis")?;
+    }
+    let mut out = vec![0.0; x.len()];
+    let os = [
+        1,
+        out_shape[0],
+        out_shape[0] * out_shape[1],
+        out_shape[0] * out_shape[1] * out_shape[2],
+    ];
+    for (idx, &v) in x.iter().enumerate() {
+        let mut r = idx;
+        let mut o = 0;
+        for i in 0..4 {
+            let c = r % in_shape[i].max(1);
+            r /= in_shape[i].max(1);
+            o += c * os[dims[i]];
+        }
+        *out.get_mut(o).ok_or("permute: shape mismatch")? = v;
+    }
+    Ok(out)
+}
+
+/// Every op without KV side effects.
+pub(super) fn compute(
+    node: &CNode,
+    inputs: &[Vec<f32>],
+    w: &WeightStore,
+) -> Result<Vec<f32>, String> {
+    let nt = nt_of(node);
+    let x = input(inputs, 0);
+    match (&node.op, &node.meta) {
+        (Op::Add, _) => broadcast(x?, input(inputs, 1)?, |a, b| a + b),
+        (Op::Mul, _) => broadcast(x?, input(inputs, 1)?, |a, b| a * b),
+        (Op::Scale(s), _) => Ok(x?.iter().map(|v| v * s).collect()),
+        (Op::Silu, _) => Ok(x?.iter().map(|&v| silu(v)).collect()),
+        (Op::SwiGLU, _) => {
+            let (g, u) = (x?, input(inputs, 1)?);
+            if g.len() != u.len() {
+                return Err(format!("swiglu: {} vs {} values", g.len(), u.len()));
+            }
+            Ok(g.iter().zip(u).map(|(&a, &b)| silu(a) * b).collect())
+        }
+        (Op::Softmax { dim: 0 }, _) => {
+            let (d, x) = (node.out_shape[0].max(1), x?);
+            let mut out = Vec::with_capacity(x.len());
+            for row in x.chunks(d) {
+                let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let e: Vec<f32> = row.iter().map(|v| (v - m).exp()).collect();
+                let sum: f32 = e.iter().sum();
+                out.extend(e.iter().map(|v| v / sum));
+            }
+            Ok(out)
+        }
+        (Op::RmsNorm { eps }, meta) | (Op::QkNorm { eps, .. }, meta) => {
+            let d = match node.op {
+                Op::QkNorm { hd, .. } => hd,
+                _ => node.out_shape[0],
+            };
+            let scale = match meta {
+                NodeMeta::Norm(NormMeta {
+                    weight_name: Some(n),
+                }) => Some(weight(w, n)?.data.as_slice()),
+                _ => None,
+            };
+            rms_rows(x?, d, *eps, scale)
+        }
+        (Op::MatMul { .. }, NodeMeta::MatMul(m)) => {
+            let mut y = matmul(x?, nt, weight(w, &m.weight_name)?, m.in_dim)?;
+            if let Some(b) = &m.bias_name {
+                y = broadcast(&y, &weight(w, b)?.data, |a, b| a + b)?;
+            }
+            Ok(y)
+        }
+        (Op::GetRows, NodeMeta::Embed(m)) => {
+            let table = weight(w, &m.weight_name)?;
+            gather(&table.data, m.n_embd, x?)
+        }
+        (Op::GetRows, _) => gather(x?, node.out_shape[0], input(inputs, 1)?),
+        (Op::RoPE { .. }, NodeMeta::Rope(m)) => rope(x?, input(inputs, 1)?, m, nt),
+        (Op::Reshape { .. }, _) => Ok(x?.to_vec()),
+        (Op::View { offset, .. }, _) => {
+            let n = node.n_elements();
+            x?.get(*offset..offset + n)
+                .map(<[f32]>::to_vec)
+                .ok_or_else(|| format!("view {offset}+{n} out of range"))
+        }
+        (Op::Permute { dims }, _) => permute(x?, node.out_shape, *dims),
+        (Op::FusedFFN, NodeMeta::FusedFfn(m)) => {
+            let x = x?;
+            let g = matmul(x, nt, weight(w, &m.gate_weight)?, m.n_embd)?;
+            let u = matmul(x, nt, weight(w, &m.up_weight)?, m.n_embd)?;
+            let mut out = Vec::with_capacity(2 * m.nf * nt);
+            for t in 0..nt {
+                let (gr, ur) = (&g[t * m.nf..(t + 1) * m.nf], &u[t * m.nf..(t + 1) * m.nf]);
+                out.extend(gr.iter().zip(ur).map(|(&a, &b)| silu(a) * b));
+                out.extend_from_slice(ur);
+            }
+            Ok(out)
+        }
+        (op, meta) => Err(format!(
+            "{} with meta {meta:?} is not implemented by the reference backend",
+            op.name()
+        )),
+    }
+}
+
+fn gather(table: &[f32], d: usize, ids: &[f32]) -> Result<Vec<f32>, String> {
+    let mut out = Vec::with_capacity(ids.len() * d);
+    for id in ints(ids) {
+        let start = usize::try_from(id).map_err(|_| format!("row id {id} is negative"))? * d;
+        let row = table
+            .get(start..start + d)
+            .ok_or_else(|| format!("row id {id} out of range ({} rows)", table.len() / d.max(1)))?;
+        out.extend_from_slice(row);
+    }
+    Ok(out)
+}
+
+fn kv_meta(node: &CNode) -> Result<&KvcacheMeta, String> {
+    match &node.meta {
+        NodeMeta::Kvcache(m) => Ok(m),
+        other => Err(format!("expected KV meta, got {other:?}")),
+    }
+}
+
+/// Writes `k`/`v` token rows into the K/V regions at rows `cells`.
+pub(super) fn kv_store(
+    node: &CNode,
+    inputs: &[Vec<f32>],
+    buffers: &mut [Vec<f32>],
+    k_id: usize,
+    v_id: usize,
+) -> Result<(), String> {
+    let m = kv_meta(node)?;
+    let cells = input(inputs, 2)?;
+    for (half, id) in [(input(inputs, 0)?, k_id), (input(inputs, 1)?, v_id)] {
+        let region = buffers.get_mut(id).ok_or("KV region does not exist")?;
+        for (t, cell) in ints(cells).enumerate() {
+            let c = usize::try_from(cell)
+                .ok()
+                .filter(|&c| c < m.n_ctx)
+                .ok_or_else(|| format!("cell {cell} outside the {}-row region", m.n_ctx))?;
+            let src = half
+                .get(t * m.n_embd..(t + 1) * m.n_embd)
+                .ok_or("KV store input shorter than its cells")?;
+            region[c * m.n_embd..(c + 1) * m.n_embd].copy_from_slice(src);
+        }
+    }
+    Ok(())
+}
+
+/// Causal (or explicit-span) GQA attention over the layer's K/V regions.
+pub(super) fn attn(
+    node: &CNode,
+    inputs: &[Vec<f32>],
+    k: &[f32],
+    v: &[f32],
+) -> Result<Vec<f32>, String> {
+    let NodeMeta::Attn(m) = &node.meta else {
+        return Err("attention without AttnMeta".into());
+    };
+    let nt = nt_of(node);
+    let (q, pos) = (input(inputs, 0)?, input(inputs, 2)?);
+    let span = inputs.get(3);
+    let nkt = m.nkt();
+    let group = m.n_head / m.n_head_kv.max(1);
+    let q_stride = q.len() / nt;
+    if group == 0 || q_stride < m.n_head * m.hd || k.len() < nkt * m.n_ctx {
+        return Err(format!("attention geometry {m:?} vs q row {q_stride}"));
+    }
+    let pos: Vec<i64> = ints(pos).collect();
+    let mut out = vec![0.0; m.n_head * m.hd * nt];
+    for t in 0..nt {
+        let (lo, hi) = match span {
+            Some(s) => {
+                let r: Vec<i64> = ints(s.get(2 * t..2 * t + 2).ok_or("short span")?).collect();
+                (r[0], r[1])
+            }
+            None => (0, pos.get(t).ok_or("short positions")? + 1),
+        };
+        let (lo, hi) = (lo.max(0) as usize, hi.max(0) as usize);
+        if hi > m.n_ctx || lo >= hi {
+            return Err(format!(
+                "token {t}: key range [{lo}, {hi}) vs n_ctx {}",
+                m.n_ctx
+            ));
+        }
+        for h in 0..m.n_head {
+            let qh = &q[t * q_stride + h * m.hd..t * q_stride + (h + 1) * m.hd];
+            let off = (h / group) * m.hd;
+            let scores: Vec<f32> = (lo..hi)
+                .map(|j| {
+                    let kr = &k[j * nkt + off..j * nkt + off + m.hd];
+                    qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * m.scale
+                })
+                .collect();
+            let mx = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let e: Vec<f32> = scores.iter().map(|s| (s - mx).exp()).collect();
+            let sum: f32 = e.iter().sum();
+            let o = &mut out[t * m.n_head * m.hd + h * m.hd..][..m.hd];
+            for (j, p) in (lo..hi).zip(&e) {
+                let vr = &v[j * nkt + off..j * nkt + off + m.hd];
+                for (d, val) in vr.iter().enumerate() {
+                    o[d] += p / sum * val;
+                }
+            }
+        }
+    }
+    Ok(out)
+}

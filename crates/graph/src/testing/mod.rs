@@ -1,0 +1,335 @@
+//! A reference backend for tests, here and in other crates.
+//!
+//! `RefBackend` runs scalar f32 kernels on the host with its own pool, and claims a
+//! configurable subset of ops, so CPU-only CI can exercise multi-backend splits,
+//! staging copies, reuse and error paths with real numbers. Two instances built from
+//! the same weights compute bit-identical results, which is what lets a split run be
+//! compared exactly with an all-CPU run.
+//!
+//! Id choice: the id space is a file-format contract, so the test backend invents no
+//! id. `RefBackend::cpu()` occupies `Backend::CPU`; `RefBackend::test_device()`
+//! occupies the `Backend::METAL` slot (priority 300, so it wins assignment for the
+//! ops it claims) under the name "test". A test allocator never also holds a real
+//! Metal backend, so the slot is free there.
+
+mod kernels;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::backend::BackendImpl;
+use crate::ir::{Backend, BufRef, CNode, DType, FusedOp, Op};
+
+/// A weight in memory order `[out][in]`; a vector is stored with `in_dim == len`, `out_dim == 1`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefWeight {
+    /// Row-major `[out_dim][in_dim]` values.
+    pub data: Vec<f32>,
+    /// Input features (GGUF `shape[0]`).
+    pub in_dim: usize,
+    /// Output features (GGUF `shape[1]`).
+    pub out_dim: usize,
+}
+
+/// Named f32 weights shared by every reference backend of a test.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WeightStore {
+    map: BTreeMap<String, RefWeight>,
+}
+
+impl WeightStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a matrix of GGUF shape `[in_dim, out_dim]`; `data.len()` must be their product.
+    pub fn insert(&mut self, name: &str, in_dim: usize, out_dim: usize, data: Vec<f32>) {
+        assert_eq!(data.len(), in_dim * out_dim, "weight '{name}' size");
+        self.map.insert(
+            name.to_string(),
+            RefWeight {
+                data,
+                in_dim,
+                out_dim,
+            },
+        );
+    }
+
+    /// Adds a vector (norm scale, bias).
+    pub fn insert_vec(&mut self, name: &str, data: Vec<f32>) {
+        let n = data.len();
+        self.insert(name, n, 1, data);
+    }
+
+    /// The weight called `name`.
+    pub fn get(&self, name: &str) -> Option<&RefWeight> {
+        self.map.get(name)
+    }
+}
+
+/// Op names the reference kernels implement.
+pub const IMPLEMENTED: &[&str] = &[
+    "input",
+    "add",
+    "mul",
+    "scale",
+    "silu",
+    "softmax",
+    "rms_norm",
+    "qk_norm",
+    "matmul",
+    "get_rows",
+    "rope",
+    "attn",
+    "kvcache_store",
+    "kvcache_load",
+    "view",
+    "reshape",
+    "permute",
+    "swiglu",
+    "fused_ffn",
+];
+
+/// A host backend with scalar kernels and a configurable claim set.
+#[derive(Debug)]
+pub struct RefBackend {
+    id: Backend,
+    name: String,
+    claims: BTreeSet<&'static str>,
+    fused: bool,
+    attn_span: bool,
+    fail_on: Option<String>,
+    buffers: Vec<Vec<f32>>,
+    free: Vec<usize>,
+    weights: Arc<WeightStore>,
+}
+
+impl RefBackend {
+    /// A backend on `id` called `name`, claiming every implemented op, fusing SwiGLU.
+    pub fn new(id: Backend, name: &str) -> Self {
+        RefBackend {
+            id,
+            name: name.to_string(),
+            claims: IMPLEMENTED.iter().copied().collect(),
+            fused: true,
+            attn_span: true,
+            fail_on: None,
+            buffers: Vec::new(),
+            free: Vec::new(),
+            weights: Arc::new(WeightStore::new()),
+        }
+    }
+
+    /// The stand-in CPU: `Backend::CPU`, every implemented op.
+    pub fn cpu() -> Self {
+        Self::new(Backend::CPU, "cpu-ref")
+    }
+
+    /// The stand-in device: the `Backend::METAL` slot, named "test".
+    pub fn test_device() -> Self {
+        Self::new(Backend::METAL, "test")
+    }
+
+    /// Claims only `ops` (by `Op::name`); unimplemented names are ignored.
+    pub fn claiming(mut self, ops: &[&str]) -> Self {
+        self.claims = IMPLEMENTED
+            .iter()
+            .copied()
+            .filter(|n| ops.contains(n))
+            .collect();
+        self
+    }
+
+    /// Uses `weights` for matmuls, norms, embeddings and biases.
+    pub fn with_weights(mut self, weights: Arc<WeightStore>) -> Self {
+        self.weights = weights;
+        self
+    }
+
+    /// Whether `supports_fused(SwiGLU)` answers yes.
+    pub fn with_fusion(mut self, on: bool) -> Self {
+        self.fused = on;
+        self
+    }
+
+    /// Whether explicit-span attention is claimed.
+    pub fn with_attn_span(mut self, on: bool) -> Self {
+        self.attn_span = on;
+        self
+    }
+
+    /// Makes every node of op `name` fail at execution (error-path tests).
+    pub fn failing_on(mut self, name: &str) -> Self {
+        self.fail_on = Some(name.to_string());
+        self
+    }
+
+    fn buf(&self, id: usize) -> Result<&Vec<f32>, String> {
+        self.buffers
+            .get(id)
+            .ok_or_else(|| format!("buffer {id} does not exist"))
+    }
+}
+
+impl BackendImpl for RefBackend {
+    fn id(&self) -> Backend {
+        self.id
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn supports_op(&self, op: &Op, dtype: DType) -> bool {
+        self.claims.contains(op.name()) && (*op == Op::Input || dtype == DType::F32)
+    }
+
+    fn supports_fused(&self, fused: FusedOp) -> bool {
+        self.fused && fused == FusedOp::SwiGLU && self.claims.contains("swiglu")
+    }
+
+    fn supports_attn_span(&self) -> bool {
+        self.attn_span
+    }
+
+    fn alloc_buffer(&mut self, size: usize) -> usize {
+        if let Some(pos) = self
+            .free
+            .iter()
+            .position(|&i| self.buffers[i].len() == size)
+        {
+            let id = self.free.remove(pos);
+            self.buffers[id].fill(0.0);
+            return id;
+        }
+        self.alloc_fresh(size)
+    }
+
+    fn alloc_fresh(&mut self, size: usize) -> usize {
+        self.buffers.push(vec![0.0; size]);
+        self.buffers.len() - 1
+    }
+
+    fn free_buffer(&mut self, id: usize) {
+        if id < self.buffers.len() && !self.free.contains(&id) {
+            self.free.push(id);
+        }
+    }
+
+    fn pool_len(&self) -> usize {
+        self.buffers.len()
+    }
+
+    fn execute_node(
+        &mut self,
+        node: &CNode,
+        in_bufs: &[BufRef],
+        out_buf: BufRef,
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        if self.fail_on.as_deref() == Some(node.op.name()) {
+            return Err(format!(
+                "{} refuses {} by configuration",
+                self.name,
+                node.op.name()
+            ));
+        }
+        if in_bufs.len() != node.src.len() {
+            return Err(format!(
+                "{} sources but {} input buffers",
+                node.src.len(),
+                in_bufs.len()
+            ));
+        }
+        // Snapshot inputs: an aliased in-place op reads and writes the same buffer.
+        let mut inputs = Vec::with_capacity(in_bufs.len());
+        for (b, &s) in in_bufs.iter().zip(&node.src) {
+            let is_view = matches!(node.op, Op::Attn { .. }) && inputs.len() == 1;
+            if is_view {
+                inputs.push(Vec::new()); // the KV view; attention reads kv_pair
+                continue;
+            }
+            if b.backend != self.id {
+                return Err(format!("input node {s} lives on {}, not here", b.backend));
+            }
+            inputs.push(self.buf(b.id)?.clone());
+        }
+        let weights = Arc::clone(&self.weights);
+        match &node.op {
+            Op::Input | Op::KvcacheLoad { .. } => Ok(()),
+            Op::KvcacheStore { .. } => {
+                let (k, v) = kv_pair.ok_or("no KV pair for the store")?;
+                kernels::kv_store(node, &inputs, &mut self.buffers, k, v)
+            }
+            Op::Attn { .. } => {
+                let (k, v) = kv_pair.ok_or("no KV pair for attention")?;
+                let out = kernels::attn(node, &inputs, self.buf(k)?, self.buf(v)?)?;
+                self.write_out(out_buf.id, out)
+            }
+            _ => {
+                let out = kernels::compute(node, &inputs, &weights)?;
+                self.write_out(out_buf.id, out)
+            }
+        }
+    }
+
+    fn read_host(&self, id: usize) -> Option<&[f32]> {
+        self.buffers.get(id).map(Vec::as_slice)
+    }
+
+    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
+        let b = self
+            .buffers
+            .get_mut(id)
+            .ok_or_else(|| format!("buffer {id} does not exist"))?;
+        if b.len() != data.len() {
+            return Err(format!(
+                "buffer {id} holds {} values, got {}",
+                b.len(),
+                data.len()
+            ));
+        }
+        b.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn write_host_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
+        let b = self
+            .buffers
+            .get_mut(id)
+            .ok_or_else(|| format!("buffer {id} does not exist"))?;
+        let end = offset
+            .checked_add(data.len())
+            .filter(|&e| e <= b.len())
+            .ok_or_else(|| {
+                format!(
+                    "window {offset}+{} exceeds buffer {id} ({})",
+                    data.len(),
+                    b.len()
+                )
+            })?;
+        b[offset..end].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn synchronize(&mut self) {}
+}
+
+impl RefBackend {
+    fn write_out(&mut self, id: usize, out: Vec<f32>) -> Result<(), String> {
+        let b = self
+            .buffers
+            .get_mut(id)
+            .ok_or_else(|| format!("output buffer {id} does not exist"))?;
+        if b.len() < out.len() {
+            return Err(format!(
+                "output buffer {id} holds {}, kernel wrote {}",
+                b.len(),
+                out.len()
+            ));
+        }
+        b[..out.len()].copy_from_slice(&out);
+        Ok(())
+    }
+}
