@@ -1,15 +1,46 @@
 //! `minfer pull`.
 
+use minfer_hub::{catalog, presence, Presence, Store};
+
 /// Arguments of `minfer pull`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a GGUF path, a catalog name or an http(s) URL (default: the catalog default).
-    #[arg(short = 'm', long = "model")]
-    pub model: Option<String>,
+    /// Catalog name or http(s) URL of a GGUF file (default: the catalog's default model).
+    pub name: Option<String>,
+    /// Print the catalog (name, size, whether present, description) instead of pulling.
+    #[arg(long, conflicts_with = "name")]
+    pub list: bool,
 }
 
-/// Runs the subcommand.
+/// Runs the subcommand: pulls (or verifies) the model and prints its path on stdout.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let _ = args;
-    anyhow::bail!("not implemented yet")
+    if args.list {
+        print_catalog();
+        return Ok(());
+    }
+    let path = minfer_hub::pull(args.name.as_deref(), true)?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+fn print_catalog() {
+    let store = Store::from_env();
+    println!(
+        "{:<20} {:>9}  {:<10}  DESCRIPTION",
+        "NAME", "SIZE", "STATUS"
+    );
+    for entry in catalog() {
+        let status = match presence(entry, &store) {
+            Presence::Verified => "present",
+            // Right size but not yet hashed: the next use verifies it.
+            Presence::Unverified => "unverified",
+            Presence::Absent => "absent",
+        };
+        let size = format!("{:.1} MB", entry.size as f64 / 1e6);
+        println!(
+            "{:<20} {size:>9}  {status:<10}  {}",
+            entry.name, entry.description
+        );
+    }
+    println!("store: {}", store.dir().display());
 }

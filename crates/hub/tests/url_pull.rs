@@ -1,0 +1,164 @@
+//! URL pulls against a local server: resume with Range, retries, atomicity, verification.
+
+mod common;
+
+use common::{gguf_bytes, Mode, Server, TempDir};
+use minfer_hub::http::{pull_url, url_file_name, RetryPolicy};
+use minfer_hub::{HubError, Store};
+use std::fs;
+use std::time::Duration;
+
+fn fast(attempts: u32) -> RetryPolicy {
+    RetryPolicy {
+        attempts,
+        first_delay: Duration::from_millis(10),
+    }
+}
+
+struct Fixture {
+    _tmp: TempDir,
+    store: Store,
+    server: Server,
+    body: Vec<u8>,
+}
+
+fn fixture(tag: &str, body: Vec<u8>) -> Fixture {
+    let tmp = TempDir::new(tag);
+    let store = Store::at(tmp.path().join("models"));
+    let server = Server::start(body.clone());
+    Fixture {
+        _tmp: tmp,
+        store,
+        server,
+        body,
+    }
+}
+
+impl Fixture {
+    fn name(&self) -> String {
+        url_file_name(&self.server.url()).unwrap()
+    }
+}
+
+#[test]
+fn dropped_connection_is_resumed_with_a_range_request() {
+    let f = fixture("resume", gguf_bytes(300_000));
+    f.server.script(&[Mode::DropAfter(100_000)]);
+    let path = pull_url(&f.server.url(), &f.store, false, &fast(3)).unwrap();
+    assert_eq!(path, f.store.model_path(&f.name()));
+    assert!(fs::read(&path).unwrap() == f.body, "content differs");
+    assert_eq!(
+        f.server.ranges(),
+        vec![None, Some("bytes=100000-".to_string())]
+    );
+    assert!(!f.store.partial_path(&f.name()).exists());
+    let stamp = fs::read_to_string(f.store.stamp_path(&f.name())).unwrap();
+    assert!(stamp.contains("size=300000"), "{stamp}");
+}
+
+#[test]
+fn a_server_ignoring_range_restarts_the_file_cleanly() {
+    let f = fixture("norange", gguf_bytes(50_000));
+    f.server
+        .script(&[Mode::DropAfter(1_000), Mode::IgnoreRange]);
+    let path = pull_url(&f.server.url(), &f.store, false, &fast(3)).unwrap();
+    assert!(fs::read(&path).unwrap() == f.body, "content differs");
+    assert_eq!(f.server.ranges()[1].as_deref(), Some("bytes=1000-"));
+}
+
+#[test]
+fn interrupted_pull_leaves_only_the_partial_and_the_next_one_resumes() {
+    let f = fixture("interrupt", gguf_bytes(20_000));
+    f.server
+        .script(&[Mode::DropAfter(5_000), Mode::Status(503), Mode::Status(503)]);
+    let err = pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap_err();
+    assert!(
+        matches!(err, HubError::Download { attempts: 2, .. }),
+        "{err:?}"
+    );
+    assert!(
+        !f.store.model_path(&f.name()).exists(),
+        "no final file after a failed pull"
+    );
+    assert!(!f.store.stamp_path(&f.name()).exists());
+    assert_eq!(
+        fs::metadata(f.store.partial_path(&f.name())).unwrap().len(),
+        5_000
+    );
+
+    let path = pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap();
+    assert!(fs::read(&path).unwrap() == f.body, "content differs");
+    assert_eq!(
+        f.server.ranges().last().unwrap().as_deref(),
+        Some("bytes=5000-")
+    );
+}
+
+#[test]
+fn non_gguf_content_is_rejected_and_not_renamed() {
+    let f = fixture("notgguf", b"<html>rate limited</html>".to_vec());
+    let err = pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap_err();
+    assert!(matches!(err, HubError::NotGguf { .. }), "{err:?}");
+    assert!(err.to_string().contains("<html>"), "{err}");
+    assert!(!f.store.model_path(&f.name()).exists());
+    assert!(!f.store.partial_path(&f.name()).exists());
+}
+
+#[test]
+fn wrong_size_is_rejected_and_not_renamed() {
+    let f = fixture("oversize", gguf_bytes(10_000));
+    f.server
+        .script(&[Mode::DropAfter(4_000), Mode::Overlong(7)]);
+    let err = pull_url(&f.server.url(), &f.store, false, &fast(3)).unwrap_err();
+    match err {
+        HubError::SizeMismatch {
+            expected, actual, ..
+        } => assert_eq!((expected, actual), (10_000, 10_007)),
+        other => panic!("expected a size mismatch, got {other:?}"),
+    }
+    assert!(!f.store.model_path(&f.name()).exists());
+    assert!(!f.store.partial_path(&f.name()).exists());
+}
+
+#[test]
+fn http_errors_are_reported_without_leaving_files() {
+    let f = fixture("404", gguf_bytes(100));
+    let url = f.server.missing_url();
+    let err = pull_url(&url, &f.store, false, &fast(2)).unwrap_err();
+    assert!(
+        matches!(err, HubError::HttpStatus { status: 404, .. }),
+        "{err:?}"
+    );
+    let name = url_file_name(&url).unwrap();
+    assert!(!f.store.partial_path(&name).exists() && !f.store.model_path(&name).exists());
+}
+
+#[test]
+fn a_verified_file_is_not_downloaded_again_but_a_tampered_one_is() {
+    let f = fixture("present", gguf_bytes(30_000));
+    let path = pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap();
+    let mtime = fs::metadata(&path).unwrap().modified().unwrap();
+    assert_eq!(
+        pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap(),
+        path
+    );
+    assert_eq!(
+        f.server.ranges().len(),
+        1,
+        "second pull must not touch the network"
+    );
+    assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), mtime);
+
+    let mut bad = f.body.clone();
+    bad.truncate(29_000);
+    fs::write(&path, &bad).unwrap();
+    assert_eq!(
+        pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap(),
+        path
+    );
+    assert_eq!(f.server.ranges().len(), 2);
+    assert!(
+        fs::read(&path).unwrap() == f.body,
+        "tampered file was replaced"
+    );
+}

