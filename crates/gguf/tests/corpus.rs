@@ -162,7 +162,7 @@ fn cases() -> Vec<Case> {
             name: "nesting_too_deep",
             bytes: nested.build(),
             expect: |e| matches!(e, E::NestingTooDeep { max: 16, .. }),
-            needles: &["metadata #0 `deep`", "element #0", "deeper than 16"],
+            needles: &["metadata #0 `deep`[0][0]", "deeper than 16"],
         },
         Case {
             name: "invalid_utf8_key",

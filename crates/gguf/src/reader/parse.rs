@@ -154,7 +154,7 @@ fn read_value(
             // Bounded by the check above: at most `remaining` elements.
             let mut items = Vec::with_capacity(count as usize);
             for j in 0..count {
-                let item_what = || format!("{} element #{j}", what());
+                let item_what = || format!("{}[{j}]", what());
                 items.push(read_value(cur, elem, depth + 1, &item_what)?);
             }
             MetaValue::Array(elem, items)
