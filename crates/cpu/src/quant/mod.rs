@@ -1,1 +1,174 @@
-//! See lib.rs.
+//! Activation quantizers and quantized dot products, each with a portable scalar reference
+//! beside an AVX2/FMA/F16C kernel.
+//!
+//! Pairing follows ggml: the 32-element types dot against Q8_0 activations, the k-quants
+//! against Q8_K. Q4_1 and Q5_1 also take Q8_0 (ggml uses Q8_1, whose extra per-block sum
+//! `d * Σq` is stored as f16); the kernels here recompute `Σq` exactly from the levels, so
+//! their results can differ from ggml's by that f16 rounding.
+//!
+//! Reduction order is part of each kernel's contract, so results never depend on the ISA:
+//! - k-quants: each super-block's integer dot is exact, then
+//!   `sum += (dy * dx) * sumi - (dy * dmin) * summ` in block order (bitwise equal across ISAs);
+//! - 32-element types: eight lane accumulators (lane `l` takes elements `4l..4l+4` of each
+//!   block, `acc[l] += d * s_l`) reduced as `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`, which the
+//!   scalar code replays (bitwise equal across ISAs);
+//! - float rows: the AVX2 kernel uses FMA and 32 accumulators, so it differs from the scalar
+//!   loop by float rounding only (see the bound in `float`'s tests).
+//!
+//! Activation levels must lie in `-127..=127`, as both quantizers produce: the AVX2 kernels
+//! use the sign trick (`|w| * sign(y, w)`), which is exact only in that range.
+
+mod act;
+mod float;
+mod legacy;
+mod q2_k;
+mod q3_k;
+mod q4_0;
+mod q4_1;
+mod q4_k;
+mod q5_0;
+mod q5_1;
+mod q5_k;
+mod q6_k;
+mod q8_0;
+#[cfg(target_arch = "x86_64")]
+mod simd;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+pub(crate) use act::{q8_0_into, q8_k_into};
+pub use act::{
+    quantize_row_q8_0, quantize_row_q8_0_with, quantize_row_q8_k, quantize_row_q8_k_with,
+    QuantizeError,
+};
+pub use float::{dot_bf16, dot_f16, dot_f32};
+pub(crate) use float::{dot_float, FloatWeight};
+
+use minfer_gguf::quant::Block;
+
+/// The instruction set a kernel runs with; an `Avx2` value exists only after detection
+/// confirmed AVX2, FMA and F16C, which is what makes the dispatch sound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Isa(IsaKind);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IsaKind {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    /// The portable scalar kernels (always available).
+    pub const SCALAR: Isa = Isa(IsaKind::Scalar);
+
+    /// The best instruction set this CPU supports, detected once and cached.
+    pub fn detect() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| Isa::avx2().unwrap_or(Isa::SCALAR))
+    }
+
+    /// The AVX2/FMA/F16C kernels, or `None` when this CPU lacks any of them.
+    pub fn avx2() -> Option<Isa> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                return Some(Isa(IsaKind::Avx2));
+            }
+        }
+        None
+    }
+
+    /// Whether this is the AVX2 instruction set.
+    pub fn is_avx2(self) -> bool {
+        self != Isa::SCALAR
+    }
+
+    /// A short name for logs and benchmarks.
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            IsaKind::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => "avx2",
+        }
+    }
+}
+
+/// A weight block type with a dot product against its activation block type.
+///
+/// Both kernels compute, for each of `NT` activation rows, the dot product of the weight
+/// row `w` with that activation row; slices have equal block counts (checked by [`dot`]).
+/// Processing several activation rows per call decodes each weight block once for all of
+/// them; every row's result is independent of `NT`.
+pub trait QuantDot: Block {
+    /// The activation block type: [`minfer_gguf::quant::BlockQ8_0`] or
+    /// [`minfer_gguf::quant::BlockQ8K`].
+    type Act: Block;
+
+    /// The scalar reference kernel.
+    fn dot_scalar<const NT: usize>(w: &[Self], x: [&[Self::Act]; NT]) -> [f32; NT];
+
+    /// The AVX2 kernel (the scalar one for types without a dedicated kernel).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dot_avx2<const NT: usize>(w: &[Self], x: [&[Self::Act]; NT]) -> [f32; NT] {
+        Self::dot_scalar(w, x)
+    }
+}
+
+/// Errors of the checked dot-product entry points.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DotError {
+    /// Weight and activation rows have different lengths.
+    #[error("dot product of rows with {weights} and {activations} blocks/elements")]
+    Length {
+        /// Weight blocks (or elements for float rows).
+        weights: usize,
+        /// Activation blocks (or elements).
+        activations: usize,
+    },
+}
+
+/// Dot products of one weight row with `NT` activation rows using `isa`.
+pub fn dot<B: QuantDot, const NT: usize>(
+    isa: Isa,
+    w: &[B],
+    x: [&[B::Act]; NT],
+) -> Result<[f32; NT], DotError> {
+    if let Some(bad) = x.iter().find(|a| a.len() != w.len()) {
+        return Err(DotError::Length {
+            weights: w.len(),
+            activations: bad.len(),
+        });
+    }
+    Ok(dot_unchecked(isa, w, x))
+}
+
+/// [`dot`] without the length check; callers guarantee equal block counts (a mismatch
+/// panics on a slice bound, it cannot read out of bounds).
+#[inline]
+pub(crate) fn dot_unchecked<B: QuantDot, const NT: usize>(
+    isa: Isa,
+    w: &[B],
+    x: [&[B::Act]; NT],
+) -> [f32; NT] {
+    match isa.0 {
+        IsaKind::Scalar => B::dot_scalar(w, x),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx2` value is only constructed after runtime detection of
+        // AVX2, FMA and F16C (see `Isa::avx2`).
+        IsaKind::Avx2 => unsafe { B::dot_avx2(w, x) },
+    }
+}
+
+/// Sums eight lane accumulators in the fixed order the AVX2 horizontal sum uses.
+#[inline]
+pub(crate) fn hsum8_fixed(a: [f32; 8]) -> f32 {
+    let b = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (b[0] + b[2]) + (b[1] + b[3])
+}

@@ -1,0 +1,143 @@
+//! Matmul throughput: weight-streaming GB/s for decode shapes (one token) and GOP/s for
+//! prefill shapes (512 tokens), per weight type, with 1 and 2 threads.
+//!
+//! Decode cycles through enough copies of each matrix to exceed the last-level cache, so
+//! the figure is memory streaming, not cache bandwidth. Run with
+//! `cargo bench -p minfer-cpu --bench matmul [-- filter]`; the filter matches the type name.
+
+use minfer_cpu::matmul::{matmul, MatmulScratch, QMatrix};
+use minfer_cpu::quant::Isa;
+use minfer_cpu::threadpool::ThreadPool;
+use minfer_gguf::quant::quantize_to_vec;
+use minfer_gguf::GgmlType;
+use std::time::{Duration, Instant};
+
+/// Bytes of weights cycled through in decode runs (well above a 32 MiB L3).
+const STREAM_BYTES: usize = 256 << 20;
+
+fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// A `rows x cols` matrix of `ty`: 64 distinct quantized rows repeated (quantizing
+/// 150k rows with the reference quantizers would dominate the run). Stored in u64s so
+/// every block type is aligned.
+fn matrix(ty: GgmlType, rows: usize, cols: usize) -> (Vec<u64>, usize) {
+    let distinct = 64.min(rows);
+    let seed = quantize_to_vec(ty, &rand_f32(distinct * cols, 7)).expect("block multiple");
+    let row_bytes = seed.len() / distinct;
+    let total = row_bytes * rows;
+    let mut store = vec![0u64; total.div_ceil(8)];
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut store);
+    for (r, chunk) in bytes[..total].chunks_exact_mut(row_bytes).enumerate() {
+        let k = r % distinct;
+        chunk.copy_from_slice(&seed[k * row_bytes..(k + 1) * row_bytes]);
+    }
+    (store, total)
+}
+
+/// Runs `f` repeatedly for at least `min` and returns the mean seconds per call.
+fn time(min: Duration, mut f: impl FnMut()) -> f64 {
+    f();
+    let start = Instant::now();
+    let mut n = 0u32;
+    while start.elapsed() < min || n < 3 {
+        f();
+        n += 1;
+    }
+    start.elapsed().as_secs_f64() / n as f64
+}
+
+fn decode(ty: GgmlType, rows: usize, cols: usize, pools: &[ThreadPool]) {
+    let (store, len) = matrix(ty, rows, cols);
+    let copies = (STREAM_BYTES / len).clamp(1, 64);
+    let stores: Vec<Vec<u64>> = (0..copies).map(|_| store.clone()).collect();
+    let x = rand_f32(cols, 3);
+    let mut y = vec![0.0; rows];
+    let mut scratch = MatmulScratch::new();
+    for pool in pools {
+        let mut i = 0;
+        let secs = time(Duration::from_millis(600), || {
+            let data = &bytemuck::cast_slice::<u64, u8>(&stores[i % copies])[..len];
+            i += 1;
+            let m = QMatrix {
+                ty,
+                data,
+                rows,
+                cols,
+            };
+            matmul(pool, &m, &x, 1, &mut y, &mut scratch).expect("valid shapes");
+        });
+        println!(
+            "decode  {:<5} {:>6}x{:<5} t={}  {:>8.1} us  {:>6.2} GB/s",
+            ty.name(),
+            rows,
+            cols,
+            pool.n_threads(),
+            secs * 1e6,
+            len as f64 / secs / 1e9
+        );
+    }
+}
+
+fn prefill(ty: GgmlType, rows: usize, cols: usize, nt: usize, pools: &[ThreadPool]) {
+    let (store, len) = matrix(ty, rows, cols);
+    let data = &bytemuck::cast_slice::<u64, u8>(&store)[..len];
+    let x = rand_f32(nt * cols, 5);
+    let mut y = vec![0.0; nt * rows];
+    let mut scratch = MatmulScratch::new();
+    let m = QMatrix {
+        ty,
+        data,
+        rows,
+        cols,
+    };
+    for pool in pools {
+        let secs = time(Duration::from_millis(800), || {
+            matmul(pool, &m, &x, nt, &mut y, &mut scratch).expect("valid shapes");
+        });
+        println!(
+            "prefill {:<5} {:>6}x{:<5} nt={nt} t={}  {:>8.2} ms  {:>7.1} GOP/s  {:>8.0} tok/s",
+            ty.name(),
+            rows,
+            cols,
+            pool.n_threads(),
+            secs * 1e3,
+            2.0 * (rows * cols * nt) as f64 / secs / 1e9,
+            nt as f64 / secs
+        );
+    }
+}
+
+fn main() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wanted = |ty: GgmlType| {
+        filter.is_empty() || filter.iter().any(|f| f.eq_ignore_ascii_case(ty.name()))
+    };
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    println!("isa: {}", Isa::detect().name());
+    use GgmlType::*;
+    let main_types = [Q5_0, Q8_0, Q4K, Q6K, Q4_0, Q5K, F16, F32];
+    for ty in main_types.into_iter().filter(|t| wanted(*t)) {
+        decode(ty, 4864, 896, &pools);
+        decode(ty, 896, 4864, &pools);
+    }
+    for ty in [Q8_0, Q6K].into_iter().filter(|t| wanted(*t)) {
+        decode(ty, 151936, 896, &pools);
+    }
+    for ty in main_types.into_iter().filter(|t| wanted(*t)) {
+        prefill(ty, 4864, 896, 512, &pools);
+        prefill(ty, 896, 4864, 512, &pools);
+    }
+}

@@ -1,0 +1,120 @@
+//! Test helpers: deterministic inputs and the generic kernel checks every type runs.
+
+use super::{dot, Isa, QuantDot};
+use minfer_gguf::quant::Block;
+
+/// Deterministic pseudo-random values in `-scale..scale` (xorshift; no dependency).
+pub(crate) fn rand_f32(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// Quantizes `x` block by block with the reference quantizer of `B`.
+pub(crate) fn quantize_blocks<B: Block>(x: &[f32]) -> Vec<B> {
+    x.chunks_exact(B::ELEMS).map(B::quantize).collect()
+}
+
+/// Dequantizes blocks with the reference dequantizer.
+pub(crate) fn dequantize_blocks<B: Block>(b: &[B]) -> Vec<f32> {
+    let mut out = vec![0.0; b.len() * B::ELEMS];
+    for (blk, o) in b.iter().zip(out.chunks_exact_mut(B::ELEMS)) {
+        blk.dequantize(o);
+    }
+    out
+}
+
+/// The ISAs this machine can run, scalar first.
+pub(crate) fn isas() -> Vec<Isa> {
+    std::iter::once(Isa::SCALAR).chain(Isa::avx2()).collect()
+}
+
+/// Checks `B`'s kernels on `n_blocks` random blocks against four activation rows:
+/// - scalar and AVX2 agree bitwise (the reduction order is fixed, see the module docs);
+/// - a batch of four rows gives the same bits as four single-row calls;
+/// - each result is within `1e-5 * Σ|w_i y_i|` of the f64 dot of the dequantized weights
+///   and dequantized activations (only f32 accumulation rounding separates them);
+/// - each result is within the activation quantization error of the dot with the original
+///   f32 activations: `Σ |w_i| * |y_i - ŷ_i|` plus the same rounding slack.
+pub(crate) fn check_kernel<B: QuantDot>(n_blocks: usize, seed: u64) {
+    let n = n_blocks * B::ELEMS;
+    let wf = rand_f32(n, seed, 1.5);
+    let w: Vec<B> = quantize_blocks(&wf);
+    let wd = dequantize_blocks(&w);
+    let xs: Vec<Vec<f32>> = (0..4).map(|t| rand_f32(n, seed + 100 + t, 3.0)).collect();
+    let xq: Vec<Vec<B::Act>> = xs.iter().map(|x| quantize_blocks(x)).collect();
+    let rows: [&[B::Act]; 4] = [&xq[0], &xq[1], &xq[2], &xq[3]];
+
+    let scalar4 = dot(Isa::SCALAR, &w, rows).unwrap();
+    for isa in isas() {
+        let batch = dot(isa, &w, rows).unwrap();
+        for t in 0..4 {
+            let single = dot(isa, &w, [rows[t]]).unwrap()[0];
+            assert_eq!(batch[t].to_bits(), single.to_bits(), "{isa:?} row {t}");
+            assert_eq!(
+                batch[t].to_bits(),
+                scalar4[t].to_bits(),
+                "{isa:?} vs scalar, row {t}: {} vs {}",
+                batch[t],
+                scalar4[t]
+            );
+        }
+        let pair = dot(isa, &w, [rows[2], rows[3]]).unwrap();
+        assert_eq!(
+            pair.map(f32::to_bits),
+            [batch[2], batch[3]].map(f32::to_bits)
+        );
+    }
+
+    for t in 0..4 {
+        let xd = dequantize_blocks(&xq[t]);
+        let exact: f64 = wd.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let mag: f64 = wd
+            .iter()
+            .zip(&xd)
+            .map(|(a, b)| (*a as f64 * *b as f64).abs())
+            .sum();
+        let got = scalar4[t] as f64;
+        assert!(
+            (got - exact).abs() <= 1e-5 * mag,
+            "row {t}: {got} vs {exact} (magnitude {mag})"
+        );
+        let vs_f32: f64 = wd
+            .iter()
+            .zip(&xs[t])
+            .map(|(a, b)| *a as f64 * *b as f64)
+            .sum();
+        let qerr: f64 = wd
+            .iter()
+            .zip(xs[t].iter().zip(&xd))
+            .map(|(a, (x, y))| (*a as f64).abs() * (*x as f64 - *y as f64).abs())
+            .sum();
+        assert!(
+            (got - vs_f32).abs() <= qerr + 1e-5 * mag,
+            "row {t}: {got} vs f32 {vs_f32} (activation error bound {qerr})"
+        );
+        assert!(
+            qerr < 0.02 * mag,
+            "activation quantization too coarse: {qerr} of {mag}"
+        );
+    }
+}
+
+/// Checks that mismatched row lengths are a typed error.
+pub(crate) fn check_length_error<B: QuantDot>() {
+    let w: Vec<B> = quantize_blocks(&rand_f32(2 * B::ELEMS, 1, 1.0));
+    let x: Vec<B::Act> = quantize_blocks(&rand_f32(B::ELEMS, 2, 1.0));
+    assert_eq!(
+        dot(Isa::detect(), &w, [&x[..]]),
+        Err(super::DotError::Length {
+            weights: 2,
+            activations: 1
+        })
+    );
+}
