@@ -1,1 +1,26 @@
 //! Tokenizer and chat templates from GGUF metadata.
+//!
+//! [`Tokenizer`] is a byte-level BPE (`tokenizer.ggml.model = "gpt2"`) built from
+//! `tokenizer.ggml.tokens`, `token_type` and `merges`, with the pre-tokenizer named by
+//! `tokenizer.ggml.pre` ([`PreKind`]). Unknown models and pre-tokenizers are refused by name.
+//! Encoding follows llama.cpp's rules for special tokens; decoding is byte-exact.
+//! [`StreamDecoder`] turns a token stream into whole UTF-8 characters, and [`ChatTemplate`]
+//! renders `tokenizer.chat_template` with minijinja.
+
+mod bpe;
+mod bytes;
+mod error;
+mod hash;
+mod pretok;
+mod stream;
+mod template;
+mod texts;
+mod tokenizer;
+mod vocab;
+
+pub use error::{TemplateError, TokenizerError};
+pub use pretok::{PreKind, PreTokenizer};
+pub use stream::StreamDecoder;
+pub use template::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
+pub use tokenizer::Tokenizer;
+pub use vocab::{TokenType, EOG_TEXTS};

@@ -1,0 +1,513 @@
+//! The tokenizer: special-token partition, pre-tokenizer split, byte-level BPE, and decoding.
+
+use crate::bpe::{encode_word, Merges, Scratch};
+use crate::bytes::BYTE_TO_CHAR;
+use crate::error::TokenizerError;
+use crate::pretok::{PreKind, PreTokenizer};
+use crate::vocab::{Meta, TokenType, Vocab};
+use minfer_gguf::GgufFile;
+
+/// A byte-level BPE tokenizer built from a GGUF vocabulary.
+pub struct Tokenizer {
+    vocab: Vocab,
+    merges: Merges,
+    byte_ids: [u32; 256],
+    pre: PreTokenizer,
+    pre_name: String,
+    /// Whole words found in the vocabulary skip merging (Llama 3 family).
+    ignore_merges: bool,
+    add_bos: bool,
+    add_eos: bool,
+    chat_template: Option<String>,
+}
+
+/// One piece of the input after special-token partitioning.
+#[derive(Clone, Copy)]
+enum Frag {
+    Text(usize, usize),
+    Token(u32),
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer of an opened GGUF file (a vocabulary-only file is enough).
+    pub fn from_gguf(file: &GgufFile) -> Result<Self, TokenizerError> {
+        Self::from_metadata(&|key| file.get(key))
+    }
+
+    /// Builds the tokenizer from any metadata lookup (`key` -> value).
+    pub fn from_metadata<'a>(get: &Meta<'a>) -> Result<Self, TokenizerError> {
+        let model = meta_str(get, "tokenizer.ggml.model")?.ok_or(TokenizerError::MissingKey {
+            key: "tokenizer.ggml.model",
+        })?;
+        if model != "gpt2" {
+            return Err(TokenizerError::UnsupportedModel(model.to_string()));
+        }
+        // llama.cpp refuses nothing here but falls back to a generic split with a loud
+        // warning; minfer prefers a clear refusal to silently different token ids.
+        let pre_name = meta_str(get, "tokenizer.ggml.pre")?.ok_or(TokenizerError::MissingKey {
+            key: "tokenizer.ggml.pre",
+        })?;
+        let kind = PreKind::from_name(pre_name)?;
+        let llama3 = matches!(pre_name, "llama-bpe" | "llama3" | "llama-v3" | "falcon3");
+
+        let vocab = Vocab::load(get)?;
+
+        let mut byte_ids = [0u32; 256];
+        for (b, slot) in byte_ids.iter_mut().enumerate() {
+            let mut buf = [0u8; 4];
+            let c = BYTE_TO_CHAR[b].encode_utf8(&mut buf);
+            *slot = vocab
+                .texts
+                .id(c)
+                .ok_or(TokenizerError::MissingByteToken(b as u8))?;
+        }
+
+        let merges = load_merges(get, &vocab)?;
+
+        let add_bos = meta_bool(get, "tokenizer.ggml.add_bos_token")?.unwrap_or(llama3);
+        let add_eos = meta_bool(get, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+        if add_bos && vocab.bos.is_none() {
+            return Err(TokenizerError::MissingSpecial { which: "bos" });
+        }
+        if add_eos && vocab.eos.is_none() {
+            return Err(TokenizerError::MissingSpecial { which: "eos" });
+        }
+        let chat_template = meta_str(get, "tokenizer.chat_template")?.map(str::to_string);
+
+        Ok(Tokenizer {
+            vocab,
+            merges,
+            byte_ids,
+            pre: PreTokenizer::new(kind),
+            pre_name: pre_name.to_string(),
+            ignore_merges: llama3,
+            add_bos,
+            add_eos,
+            chat_template,
+        })
+    }
+
+    /// Encodes `text`. `add_special` adds BOS/EOS where the model asks for them
+    /// (`tokenizer.ggml.add_bos_token` / `add_eos_token`). `parse_special` matches CONTROL
+    /// token texts such as `<|im_start|>` as single tokens; USER_DEFINED tokens are matched
+    /// always, and UNUSED ones never (llama.cpp's rules).
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if add_special && self.add_bos {
+            out.extend(self.vocab.bos);
+        }
+        let frags = self.partition(text, parse_special);
+        let mut words = Vec::new();
+        let mut scratch = Scratch::default();
+        let mut lookup = String::new();
+        for f in frags {
+            match f {
+                Frag::Token(id) => out.push(id),
+                Frag::Text(s, e) => {
+                    let part = &text[s..e];
+                    self.pre.split(part, &mut words);
+                    for &(ws, we) in &words {
+                        self.encode_word(
+                            &part.as_bytes()[ws..we],
+                            &mut scratch,
+                            &mut lookup,
+                            &mut out,
+                        );
+                    }
+                }
+            }
+        }
+        if add_special && self.add_eos {
+            out.extend(self.vocab.eos);
+        }
+        out
+    }
+
+    fn encode_word(
+        &self,
+        word: &[u8],
+        scratch: &mut Scratch,
+        lookup: &mut String,
+        out: &mut Vec<u32>,
+    ) {
+        if self.ignore_merges && word.len() > 1 {
+            lookup.clear();
+            lookup.extend(word.iter().map(|&b| BYTE_TO_CHAR[b as usize]));
+            if let Some(id) = self.vocab.texts.id(lookup) {
+                out.push(id);
+                return;
+            }
+        }
+        encode_word(&self.merges, &self.byte_ids, word, scratch, out);
+    }
+
+    /// Splits out special-token texts: each candidate in turn, longest text first, cuts
+    /// every remaining raw-text fragment at its occurrences.
+    fn partition(&self, text: &str, parse_special: bool) -> Vec<Frag> {
+        let mut frags = vec![Frag::Text(0, text.len())];
+        if text.is_empty() {
+            frags.clear();
+            return frags;
+        }
+        let mut next = Vec::new();
+        for &id in &self.vocab.specials {
+            if !parse_special && self.vocab.types[id as usize].is_special() {
+                continue;
+            }
+            let tok = self.vocab.texts.text(id).unwrap_or_default();
+            if !text.contains(tok) {
+                continue;
+            }
+            next.clear();
+            for &f in &frags {
+                let Frag::Text(mut s, e) = f else {
+                    next.push(f);
+                    continue;
+                };
+                while let Some(p) = text[s..e].find(tok) {
+                    if p > 0 {
+                        next.push(Frag::Text(s, s + p));
+                    }
+                    next.push(Frag::Token(id));
+                    s += p + tok.len();
+                }
+                if s < e {
+                    next.push(Frag::Text(s, e));
+                }
+            }
+            std::mem::swap(&mut frags, &mut next);
+        }
+        frags
+    }
+
+    /// Decodes ids to bytes; CONTROL/UNKNOWN tokens are rendered only when `special`.
+    /// The bytes of `encode(s, false, false)` decode back to exactly `s`.
+    pub fn decode_bytes(&self, ids: &[u32], special: bool) -> Result<Vec<u8>, TokenizerError> {
+        let mut out = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            out.extend_from_slice(self.token_bytes(id, special)?);
+        }
+        Ok(out)
+    }
+
+    /// Decodes ids to text; byte sequences that are not UTF-8 (a cut-off character)
+    /// become U+FFFD.
+    pub fn decode(&self, ids: &[u32], special: bool) -> Result<String, TokenizerError> {
+        let bytes = self.decode_bytes(ids, special)?;
+        Ok(match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+
+    /// The bytes one token renders to (empty for hidden special tokens and unused slots).
+    pub fn token_bytes(&self, id: u32, special: bool) -> Result<&[u8], TokenizerError> {
+        let ty = self.token_type(id)?;
+        if !special && ty.is_special() {
+            return Ok(&[]);
+        }
+        Ok(self.vocab.piece(id))
+    }
+
+    /// The token's text as stored in the vocabulary (byte-level alphabet for normal tokens).
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.vocab.texts.text(id)
+    }
+
+    /// The token's type (after llama.cpp's promotion of known end tokens to CONTROL).
+    pub fn token_type(&self, id: u32) -> Result<TokenType, TokenizerError> {
+        self.vocab
+            .types
+            .get(id as usize)
+            .copied()
+            .ok_or(TokenizerError::BadTokenId {
+                id,
+                n_vocab: self.n_vocab(),
+            })
+    }
+
+    /// The id of a vocabulary text, e.g. `"<|im_end|>"`.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.vocab.texts.id(text)
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn n_vocab(&self) -> usize {
+        self.vocab.texts.len()
+    }
+
+    /// Number of usable merge rules.
+    pub fn n_merges(&self) -> usize {
+        self.merges.len()
+    }
+
+    /// The `tokenizer.ggml.pre` name this tokenizer was built with.
+    pub fn pre_tokenizer(&self) -> &str {
+        &self.pre_name
+    }
+
+    /// Beginning-of-sequence id.
+    pub fn bos(&self) -> Option<u32> {
+        self.vocab.bos
+    }
+
+    /// End-of-sequence id.
+    pub fn eos(&self) -> Option<u32> {
+        self.vocab.eos
+    }
+
+    /// End-of-turn id (from metadata, or found by its text).
+    pub fn eot(&self) -> Option<u32> {
+        self.vocab.eot
+    }
+
+    /// End-of-message id (from metadata, or `<|eom_id|>`).
+    pub fn eom(&self) -> Option<u32> {
+        self.vocab.eom
+    }
+
+    /// Padding id.
+    pub fn pad(&self) -> Option<u32> {
+        self.vocab.pad
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` prepends BOS.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` appends EOS.
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
+    /// Whether generation must stop at `id`.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.vocab.eog.binary_search(&id).is_ok()
+    }
+
+    /// Every end-of-generation id, ascending.
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.vocab.eog
+    }
+
+    /// `tokenizer.chat_template`, if the model has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Text of a special id for templates (`bos_token`, `eos_token`); empty when absent.
+    pub(crate) fn special_text(&self, id: Option<u32>) -> String {
+        id.and_then(|i| self.token_text(i))
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+fn meta_str<'a>(get: &Meta<'a>, key: &'static str) -> Result<Option<&'a str>, TokenizerError> {
+    match get(key) {
+        None => Ok(None),
+        Some(v) => v.as_str().map(Some).ok_or(TokenizerError::WrongType {
+            key,
+            expected: "a string",
+        }),
+    }
+}
+
+fn meta_bool<'a>(get: &Meta<'a>, key: &'static str) -> Result<Option<bool>, TokenizerError> {
+    match get(key) {
+        None => Ok(None),
+        Some(v) => v.as_bool().map(Some).ok_or(TokenizerError::WrongType {
+            key,
+            expected: "a bool",
+        }),
+    }
+}
+
+/// Reads `tokenizer.ggml.merges` into the id-pair table. A rule whose pieces or result are
+/// not tokens can never fire on byte-level symbols, so it is skipped.
+fn load_merges<'a>(get: &Meta<'a>, vocab: &Vocab) -> Result<Merges, TokenizerError> {
+    let key = "tokenizer.ggml.merges";
+    let arr = get(key)
+        .ok_or(TokenizerError::MissingKey { key })?
+        .as_array()
+        .ok_or(TokenizerError::WrongType {
+            key,
+            expected: "an array of strings",
+        })?;
+    let mut merges = Merges::with_capacity(arr.len());
+    let mut joined = String::new();
+    for (rank, v) in arr.iter().enumerate() {
+        let text = v.as_str().ok_or(TokenizerError::WrongType {
+            key,
+            expected: "an array of strings",
+        })?;
+        // Split at the first space after the first character: a piece may itself be " ".
+        let split = text
+            .char_indices()
+            .skip(1)
+            .find(|&(_, c)| c == ' ')
+            .map(|(i, _)| i)
+            .ok_or_else(|| TokenizerError::BadMerge {
+                index: rank,
+                text: text.to_string(),
+            })?;
+        let (left, right) = (&text[..split], &text[split + 1..]);
+        joined.clear();
+        joined.push_str(left);
+        joined.push_str(right);
+        let (Some(l), Some(r), Some(m)) = (
+            vocab.texts.id(left),
+            vocab.texts.id(right),
+            vocab.texts.id(&joined),
+        ) else {
+            continue;
+        };
+        merges.insert(l, r, rank as u32, m);
+    }
+    Ok(merges)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::hash::FastMap;
+    use minfer_gguf::{MetaType, MetaValue};
+
+    /// Metadata of a tiny vocabulary: the 256 byte tokens, "Ġa" (merged from "Ġ a"),
+    /// `<|im_start|>` and `<|im_end|>` (control), `<x>` (user-defined); no chat template.
+    pub(crate) fn tiny_metadata() -> FastMap<String, MetaValue> {
+        let mut tokens: Vec<String> = BYTE_TO_CHAR.iter().map(|c| c.to_string()).collect();
+        let mut types = vec![1i32; 256];
+        for (t, ty) in [
+            ("Ġa", 1),
+            ("<|im_start|>", 3),
+            ("<|im_end|>", 3),
+            ("<x>", 4),
+        ] {
+            tokens.push(t.to_string());
+            types.push(ty);
+        }
+        let strings = |v: Vec<String>| {
+            MetaValue::Array(
+                MetaType::String,
+                v.into_iter().map(MetaValue::String).collect(),
+            )
+        };
+        let mut m = FastMap::default();
+        m.insert(
+            "tokenizer.ggml.model".into(),
+            MetaValue::String("gpt2".into()),
+        );
+        m.insert(
+            "tokenizer.ggml.pre".into(),
+            MetaValue::String("qwen2".into()),
+        );
+        m.insert("tokenizer.ggml.tokens".into(), strings(tokens));
+        m.insert(
+            "tokenizer.ggml.token_type".into(),
+            MetaValue::Array(
+                MetaType::I32,
+                types.into_iter().map(MetaValue::I32).collect(),
+            ),
+        );
+        m.insert("tokenizer.ggml.merges".into(), strings(vec!["Ġ a".into()]));
+        m.insert("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(258));
+        m
+    }
+
+    pub(crate) fn build(m: &FastMap<String, MetaValue>) -> Result<Tokenizer, TokenizerError> {
+        Tokenizer::from_metadata(&|k| m.get(k))
+    }
+
+    #[test]
+    fn tiny_vocabulary_encodes_and_decodes() {
+        let tok = build(&tiny_metadata()).unwrap();
+        assert_eq!(tok.n_vocab(), 260);
+        assert_eq!(tok.n_merges(), 1);
+        assert_eq!(tok.encode("b a", false, false), vec![u32::from(b'b'), 256]);
+        assert_eq!(tok.encode("<x>", false, false), vec![259]);
+        assert_eq!(tok.encode("<|im_end|>", true, true), vec![258]);
+        assert_eq!(tok.encode("<|im_end|>", false, false).len(), 10);
+        assert_eq!(tok.eog_ids(), &[258]);
+        assert_eq!(tok.eot(), Some(258));
+        assert!(tok.chat_template().is_none());
+        assert!(tok.encode("", true, true).is_empty());
+    }
+
+    #[test]
+    fn unknown_model_and_pre_tokenizer_are_refused_by_name() {
+        let mut m = tiny_metadata();
+        m.insert(
+            "tokenizer.ggml.model".into(),
+            MetaValue::String("llama".into()),
+        );
+        let err = build(&m).err().unwrap();
+        assert!(
+            matches!(err, TokenizerError::UnsupportedModel(ref n) if n == "llama"),
+            "{err}"
+        );
+
+        let mut m = tiny_metadata();
+        m.insert(
+            "tokenizer.ggml.pre".into(),
+            MetaValue::String("tekken".into()),
+        );
+        let err = build(&m).err().unwrap();
+        assert!(matches!(err, TokenizerError::UnsupportedPreTokenizer(ref n) if n == "tekken"));
+    }
+
+    #[test]
+    fn malformed_metadata_gives_typed_errors() {
+        let mut m = tiny_metadata();
+        m.remove("tokenizer.ggml.merges");
+        assert!(matches!(
+            build(&m).err().unwrap(),
+            TokenizerError::MissingKey { .. }
+        ));
+
+        let mut m = tiny_metadata();
+        m.insert(
+            "tokenizer.ggml.merges".into(),
+            MetaValue::Array(MetaType::String, vec![MetaValue::String("nospace".into())]),
+        );
+        assert!(matches!(
+            build(&m).err().unwrap(),
+            TokenizerError::BadMerge { index: 0, .. }
+        ));
+
+        let mut m = tiny_metadata();
+        m.insert("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(true));
+        assert!(matches!(
+            build(&m).err().unwrap(),
+            TokenizerError::MissingSpecial { which: "bos" }
+        ));
+
+        let mut m = tiny_metadata();
+        m.insert(
+            "tokenizer.ggml.token_type".into(),
+            MetaValue::Array(MetaType::I32, vec![]),
+        );
+        assert!(matches!(
+            build(&m).err().unwrap(),
+            TokenizerError::TokenTypeCount { .. }
+        ));
+
+        let mut m = tiny_metadata();
+        m.insert("tokenizer.ggml.pre".into(), MetaValue::U32(1));
+        assert!(matches!(
+            build(&m).err().unwrap(),
+            TokenizerError::WrongType { .. }
+        ));
+
+        let mut m = tiny_metadata();
+        let MetaValue::Array(_, toks) = m.get_mut("tokenizer.ggml.tokens").unwrap() else {
+            unreachable!()
+        };
+        toks[b'A' as usize] = MetaValue::String("AA".into());
+        assert!(matches!(
+            build(&m).err().unwrap(),
+            TokenizerError::MissingByteToken(b'A')
+        ));
+    }
+}
