@@ -1,6 +1,10 @@
 //! The minfer runtime: the engine that drives a model's graph through the reuse cache,
-//! the sampler chain, and the generation loop.
+//! the sampler chain, stop strings, perplexity and the generation loop.
 
+pub mod perplexity;
 pub mod sampling;
+pub mod stop;
 
+pub use perplexity::PplAccumulator;
 pub use sampling::{Sampler, SamplerError, SamplingParams};
+pub use stop::{StopEvent, StopScanner};

@@ -1,0 +1,85 @@
+//! Perplexity in the manner of llama-perplexity: non-overlapping chunks of `n_ctx`
+//! tokens, each evaluated from an empty KV cache, with only the second half scored.
+
+/// Running negative log-likelihood over scored tokens.
+#[derive(Debug, Clone, Default)]
+pub struct PplAccumulator {
+    nll: f64,
+    nll2: f64,
+    count: usize,
+}
+
+/// Index of the first scored logit row in a chunk of `n_ctx` tokens.
+pub fn first_scored(n_ctx: usize) -> usize {
+    n_ctx / 2
+}
+
+impl PplAccumulator {
+    /// An empty accumulator.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `-log softmax(logits)[target]`, computed in f64 as llama.cpp does.
+    pub fn add(&mut self, logits: &[f32], target: u32) {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+        let logit = logits
+            .get(target as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY);
+        let nll = sum.ln() - (logit - max) as f64;
+        self.nll += nll;
+        self.nll2 += nll * nll;
+        self.count += 1;
+    }
+
+    /// Tokens scored so far.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Perplexity so far.
+    pub fn ppl(&self) -> f64 {
+        (self.nll / self.count.max(1) as f64).exp()
+    }
+
+    /// Perplexity and its standard error, as llama-perplexity prints them.
+    pub fn estimate(&self) -> (f64, f64) {
+        let n = self.count.max(1) as f64;
+        let mean = self.nll / n;
+        let var = self.nll2 / n - mean * mean;
+        let ppl = mean.exp();
+        let err = if var > 0.0 && self.count > 1 {
+            (var / (n - 1.0)).sqrt() * ppl
+        } else {
+            0.0
+        };
+        (ppl, err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_logits_give_the_vocab_size() {
+        let mut acc = PplAccumulator::new();
+        for t in 0..10 {
+            acc.add(&[0.0; 8], t % 8);
+        }
+        let (ppl, err) = acc.estimate();
+        assert!((ppl - 8.0).abs() < 1e-9, "{ppl}");
+        assert_eq!(err, 0.0);
+    }
+
+    #[test]
+    fn confident_correct_predictions_approach_one() {
+        let mut acc = PplAccumulator::new();
+        acc.add(&[20.0, 0.0, 0.0], 0);
+        acc.add(&[0.0, 0.0, 20.0], 2);
+        assert!(acc.ppl() < 1.0001);
+        assert_eq!(first_scored(512), 256);
+    }
+}
