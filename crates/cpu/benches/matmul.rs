@@ -1,5 +1,6 @@
 //! Matmul throughput: weight-streaming GB/s for decode shapes (one token) and GOP/s for
-//! prefill shapes (512 tokens), per weight type, with 1 and 2 threads.
+//! prefill shapes (512 tokens), per weight type, with 1 and 2 threads. Shapes whose row
+//! length is not a whole number of blocks are skipped (896 columns take no k-quant).
 //!
 //! Decode cycles through enough copies of each matrix to exceed the last-level cache, so
 //! the figure is memory streaming, not cache bandwidth. Run with
@@ -57,6 +58,9 @@ fn time(min: Duration, mut f: impl FnMut()) -> f64 {
 }
 
 fn decode(ty: GgmlType, rows: usize, cols: usize, pools: &[ThreadPool]) {
+    if !cols.is_multiple_of(ty.block_size()) {
+        return;
+    }
     let (store, len) = matrix(ty, rows, cols);
     let copies = (STREAM_BYTES / len).clamp(1, 64);
     let stores: Vec<Vec<u64>> = (0..copies).map(|_| store.clone()).collect();
@@ -88,7 +92,38 @@ fn decode(ty: GgmlType, rows: usize, cols: usize, pools: &[ThreadPool]) {
     }
 }
 
+/// Cache-resident decode (64 rows, one thread): the kernels' compute ceiling.
+fn cached(ty: GgmlType, pool: &ThreadPool) {
+    let (rows, cols) = (64, 4864);
+    let (store, len) = matrix(ty, rows, cols);
+    let data = &bytemuck::cast_slice::<u64, u8>(&store)[..len];
+    let x = rand_f32(cols, 3);
+    let mut y = vec![0.0; rows];
+    let mut scratch = MatmulScratch::new();
+    let m = QMatrix {
+        ty,
+        data,
+        rows,
+        cols,
+    };
+    let secs = time(Duration::from_millis(300), || {
+        matmul(pool, &m, &x, 1, &mut y, &mut scratch).expect("valid shapes");
+    });
+    println!(
+        "cached  {:<5} {:>6}x{:<5} t=1  {:>8.1} us  {:>6.2} GB/s  {:>6.2} Gelem/s",
+        ty.name(),
+        rows,
+        cols,
+        secs * 1e6,
+        len as f64 / secs / 1e9,
+        (rows * cols) as f64 / secs / 1e9
+    );
+}
+
 fn prefill(ty: GgmlType, rows: usize, cols: usize, nt: usize, pools: &[ThreadPool]) {
+    if !cols.is_multiple_of(ty.block_size()) {
+        return;
+    }
     let (store, len) = matrix(ty, rows, cols);
     let data = &bytemuck::cast_slice::<u64, u8>(&store)[..len];
     let x = rand_f32(nt * cols, 5);
@@ -127,13 +162,34 @@ fn main() {
     };
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     println!("isa: {}", Isa::detect().name());
+    for pool in &pools {
+        let mut laps: Vec<f64> = (0..20_000)
+            .map(|_| {
+                let t = Instant::now();
+                pool.run(&|_, _| {});
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        laps.sort_by(f64::total_cmp);
+        let mean = laps.iter().sum::<f64>() / laps.len() as f64;
+        println!(
+            "pool    empty run t={}  median {:>6.2} us  p99 {:>8.2} us  mean {:>8.2} us",
+            pool.n_threads(),
+            laps[laps.len() / 2] * 1e6,
+            laps[laps.len() * 99 / 100] * 1e6,
+            mean * 1e6
+        );
+    }
     use GgmlType::*;
     let main_types = [Q5_0, Q8_0, Q4K, Q6K, Q4_0, Q5K, F16, F32];
+    for ty in main_types.into_iter().filter(|t| wanted(*t)) {
+        cached(ty, &pools[0]);
+    }
     for ty in main_types.into_iter().filter(|t| wanted(*t)) {
         decode(ty, 4864, 896, &pools);
         decode(ty, 896, 4864, &pools);
     }
-    for ty in [Q8_0, Q6K].into_iter().filter(|t| wanted(*t)) {
+    for ty in [Q8_0].into_iter().filter(|t| wanted(*t)) {
         decode(ty, 151936, 896, &pools);
     }
     for ty in main_types.into_iter().filter(|t| wanted(*t)) {

@@ -11,9 +11,28 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// Spin iterations before a waiting thread parks (roughly tens of microseconds).
-const SPIN_ITERS: u32 = 20_000;
+/// How long a waiting thread spins before it parks. Long enough to bridge the gap between
+/// back-to-back runs, short enough that a descheduled partner thread (oversubscribed
+/// machine) gets the core back soon.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Spins until `done()` holds or [`SPIN`] elapsed; returns whether it holds.
+fn spin_until(done: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        for _ in 0..32 {
+            if done() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= SPIN {
+            return done();
+        }
+    }
+}
 
 /// The job type workers run: a type-erased borrowed closure.
 type Job = *const (dyn Fn(usize, usize) + Sync);
@@ -152,11 +171,8 @@ impl Drop for ThreadPool {
 
 /// Spins, then parks, until every worker of the current run has finished.
 fn wait_for_workers(s: &Shared) {
-    for _ in 0..SPIN_ITERS {
-        if s.remaining.load(SeqCst) == 0 {
-            return;
-        }
-        std::hint::spin_loop();
+    if spin_until(|| s.remaining.load(SeqCst) == 0) {
+        return;
     }
     let mut guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
     s.caller_waiting.store(true, SeqCst);
@@ -170,15 +186,15 @@ fn wait_for_workers(s: &Shared) {
 fn worker_loop(s: &Shared, ith: usize, nth: usize) {
     let mut seen = 0u64;
     loop {
-        let mut spins = 0;
+        let mut spun = false;
         let epoch = loop {
             let e = s.epoch.load(SeqCst);
             if e != seen {
                 break e;
             }
-            if spins < SPIN_ITERS {
-                spins += 1;
-                std::hint::spin_loop();
+            if !spun {
+                spun = true;
+                spin_until(|| s.epoch.load(SeqCst) != seen);
                 continue;
             }
             let mut guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
