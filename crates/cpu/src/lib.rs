@@ -7,6 +7,10 @@
 //! - `ops`: norms, RoPE, attention and the element-wise ops.
 //! - `backend`: `CpuBackend`, the graph backend that executes nodes with the above.
 
+pub mod backend;
 pub mod matmul;
+pub mod ops;
 pub mod quant;
 pub mod threadpool;
+
+pub use backend::CpuBackend;

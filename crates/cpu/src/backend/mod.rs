@@ -1,0 +1,622 @@
+//! `CpuBackend`: the graph backend that executes nodes on the host with the kernels of
+//! [`crate::ops`] and [`crate::matmul`] over one persistent [`ThreadPool`].
+//!
+//! - Pool: `Vec<Vec<f32>>` plus a free list. `alloc_buffer` reuses a free id of exactly
+//!   the requested length (zero-filled), `alloc_fresh` always appends, `free_buffer` only
+//!   returns the id.
+//! - Weights: resolved by name in a [`WeightRegistry`] (zero-copy over the mapped GGUF).
+//! - Aliasing: Silu and RoPE run in place when the allocator gave them their input's
+//!   buffer; any other node whose input is its own output buffer reads a snapshot.
+//! - Scratch (activation quantization, packed rows, rope angles, attention scores) lives
+//!   in the backend and only grows, so steady-state decode allocates nothing per node.
+//! - Errors: every violated kernel invariant is an `Err` naming the node and the values.
+
+mod weights;
+
+use std::sync::Arc;
+
+use minfer_gguf::GgufFile;
+use minfer_graph::{Backend, BackendImpl, BufRef, CNode, DType, FusedOp, NodeMeta, Op};
+
+use crate::matmul::{self, MatmulScratch, QMatrix};
+use crate::ops::attn::{self, AttnArgs, AttnScratch};
+use crate::ops::elementwise::{self as ew, BinOp};
+use crate::ops::get_rows::{self, Table};
+use crate::ops::vec::VecIsa;
+use crate::ops::{kv, layout, norm, rope};
+use crate::threadpool::ThreadPool;
+
+pub use weights::{Weight, WeightError, WeightRegistry};
+
+/// Reusable per-node working memory.
+#[derive(Debug, Default)]
+struct Scratch {
+    matmul: MatmulScratch,
+    /// Copy of an output buffer that a non-in-place node also reads.
+    snap: Vec<f32>,
+    /// Matmul input rows repacked from a wider (fused) buffer.
+    packed: Vec<f32>,
+    rope: Vec<f32>,
+    attn: AttnScratch,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+/// The CPU graph backend (id [`Backend::CPU`], name "cpu").
+pub struct CpuBackend {
+    pool: ThreadPool,
+    isa: VecIsa,
+    buffers: Vec<Vec<f32>>,
+    free: Vec<usize>,
+    weights: WeightRegistry,
+    scratch: Scratch,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("threads", &self.pool.n_threads())
+            .field("isa", &self.isa)
+            .field("buffers", &self.buffers.len())
+            .field("free", &self.free.len())
+            .field("weights", &self.weights)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CpuBackend {
+    /// A backend running its kernels on `n_threads` threads (at least 1).
+    pub fn new(n_threads: usize) -> Self {
+        CpuBackend {
+            pool: ThreadPool::new(n_threads),
+            isa: VecIsa::detect(),
+            buffers: Vec::new(),
+            free: Vec::new(),
+            weights: WeightRegistry::default(),
+            scratch: Scratch::default(),
+        }
+    }
+
+    /// Threads per parallel kernel.
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// Forces the attention vector primitives' implementation (tests compare them).
+    pub fn set_vec_isa(&mut self, isa: VecIsa) {
+        self.isa = isa;
+    }
+
+    /// Registers every tensor of `file` under `namespace + name` without copying its data;
+    /// names already registered are skipped. Returns how many were added.
+    pub fn register_gguf(
+        &mut self,
+        file: Arc<GgufFile>,
+        namespace: &str,
+    ) -> Result<usize, WeightError> {
+        self.weights.register_gguf(&file, namespace)
+    }
+
+    /// Registers owned f32 values of GGUF dims `dims` (`[in, out]`, or `[n]` for a vector);
+    /// returns `false` when the name was already registered (the first one stays).
+    pub fn register_f32(
+        &mut self,
+        name: &str,
+        dims: &[usize],
+        data: Vec<f32>,
+    ) -> Result<bool, WeightError> {
+        self.weights.register_f32(name, dims, data)
+    }
+
+    /// The weight registry.
+    pub fn weights(&self) -> &WeightRegistry {
+        &self.weights
+    }
+
+    fn run(
+        &mut self,
+        node: &CNode,
+        in_bufs: &[BufRef],
+        out_buf: BufRef,
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        if in_bufs.len() != node.src.len() {
+            return Err(format!(
+                "{} sources but {} input buffers",
+                node.src.len(),
+                in_bufs.len()
+            ));
+        }
+        let is_attn = matches!(node.op, Op::Attn { .. });
+        for (i, b) in in_bufs.iter().enumerate() {
+            // Attention's second source is the KV view; the kernel reads `kv_pair` instead.
+            if is_attn && i == 1 {
+                continue;
+            }
+            if b.backend != Backend::CPU || b.id >= self.buffers.len() {
+                return Err(format!(
+                    "source {i} is buffer {} on {}, not in the cpu pool ({} buffers)",
+                    b.id,
+                    b.backend,
+                    self.buffers.len()
+                ));
+            }
+        }
+        if out_buf.backend != Backend::CPU || out_buf.id >= self.buffers.len() {
+            return Err(format!(
+                "output buffer {} on {} is not in the cpu pool",
+                out_buf.id, out_buf.backend
+            ));
+        }
+        match node.op {
+            Op::Input | Op::KvcacheLoad { .. } => return Ok(()),
+            Op::KvcacheStore { layer } => return self.kv_store(node, layer, in_bufs, kv_pair),
+            _ => {}
+        }
+        let out_id = out_buf.id;
+        let mut out = std::mem::take(&mut self.buffers[out_id]);
+        let r = self.compute(node, in_bufs, out_id, &mut out, kv_pair);
+        self.buffers[out_id] = out;
+        r
+    }
+
+    fn kv_store(
+        &mut self,
+        node: &CNode,
+        layer: usize,
+        in_bufs: &[BufRef],
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        let NodeMeta::Kvcache(m) = &node.meta else {
+            return Err(format!("KV store without KV metadata: {:?}", node.meta));
+        };
+        if m.layer != layer {
+            return Err(format!("op layer {layer} but metadata layer {}", m.layer));
+        }
+        let (k_id, v_id) = kv_pair.ok_or_else(|| format!("no KV region for layer {layer}"))?;
+        let n = self.buffers.len();
+        if k_id == v_id || k_id >= n || v_id >= n {
+            return Err(format!(
+                "layer {layer}: bad KV pair ({k_id}, {v_id}) in a pool of {n}"
+            ));
+        }
+        let [k_in, v_in, cells] = match in_bufs {
+            [a, b, c] => [a.id, b.id, c.id],
+            _ => return Err(format!("KV store takes 3 sources, got {}", in_bufs.len())),
+        };
+        if [k_in, v_in, cells].iter().any(|&i| i == k_id || i == v_id) {
+            return Err(format!(
+                "layer {layer}: a store input aliases the KV region"
+            ));
+        }
+        let mut kr = std::mem::take(&mut self.buffers[k_id]);
+        let mut vr = std::mem::take(&mut self.buffers[v_id]);
+        let b = &self.buffers;
+        let r = kv::store(
+            layer, m.n_embd, m.n_ctx, &b[k_in], &b[v_in], &b[cells], &mut kr, &mut vr,
+        );
+        self.buffers[k_id] = kr;
+        self.buffers[v_id] = vr;
+        r
+    }
+
+    fn compute(
+        &mut self,
+        node: &CNode,
+        in_bufs: &[BufRef],
+        out_id: usize,
+        out: &mut [f32],
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        let n = node.n_elements();
+        if out.len() < n {
+            return Err(format!("output buffer holds {}, node needs {n}", out.len()));
+        }
+        let CpuBackend {
+            pool,
+            isa,
+            buffers,
+            weights,
+            scratch,
+            ..
+        } = self;
+        let Scratch {
+            matmul: mm,
+            snap,
+            packed,
+            rope: rope_cache,
+            attn: attn_scratch,
+            gate,
+            up,
+        } = scratch;
+        let is_attn = matches!(node.op, Op::Attn { .. });
+        let in_place = matches!(node.op, Op::Silu | Op::RoPE { .. })
+            && in_bufs.first().is_some_and(|b| b.id == out_id);
+        let aliased = in_bufs
+            .iter()
+            .enumerate()
+            .any(|(i, b)| b.id == out_id && !(is_attn && i == 1));
+        if aliased && !in_place {
+            snap.clear();
+            snap.extend_from_slice(out);
+        }
+        let snap: &[f32] = snap;
+        let buffers: &[Vec<f32>] = buffers;
+        let src = |i: usize| -> Result<&[f32], String> {
+            let b = in_bufs
+                .get(i)
+                .ok_or_else(|| format!("missing source {i}"))?;
+            Ok(if b.id == out_id { snap } else { &buffers[b.id] })
+        };
+        let nt = node.out_shape[1].max(1);
+        let out = &mut out[..n];
+        let pool: &ThreadPool = pool;
+        match (&node.op, &node.meta) {
+            (Op::Add, _) => ew::binary(pool, BinOp::Add, src(0)?, src(1)?, out),
+            (Op::Mul, _) => ew::binary(pool, BinOp::Mul, src(0)?, src(1)?, out),
+            (Op::Scale(s), _) => {
+                let s = *s;
+                ew::map(pool, src(0)?, out, &|v| v * s)
+            }
+            (Op::Silu, _) if in_place => {
+                ew::map_inplace(pool, out, &ew::silu);
+                Ok(())
+            }
+            (Op::Silu, _) => ew::map(pool, src(0)?, out, &ew::silu),
+            (Op::SwiGLU, _) => ew::swiglu(pool, src(0)?, src(1)?, out),
+            (Op::Softmax { dim: 0 }, _) => ew::softmax_rows(pool, src(0)?, out, node.out_shape[0]),
+            (Op::RmsNorm { eps }, meta) => {
+                let w = norm_weight(weights, meta)?;
+                norm::rms_norm(pool, src(0)?, out, node.out_shape[0], *eps, w)
+            }
+            (Op::QkNorm { hd, eps, .. }, meta) => {
+                let w = norm_weight(weights, meta)?;
+                norm::rms_norm(pool, src(0)?, out, *hd, *eps, w)
+            }
+            (Op::MatMul { .. }, NodeMeta::MatMul(m)) => {
+                let x = src(0)?;
+                if m.out_dim * nt != n {
+                    return Err(format!(
+                        "output [{}, {nt}] does not match weight '{}' out_dim {}",
+                        node.out_shape[0], m.weight_name, m.out_dim
+                    ));
+                }
+                let y = out;
+                let mmx = MatIn { x, nt, packed };
+                matmul_named(
+                    pool,
+                    weights,
+                    &m.weight_name,
+                    m.in_dim,
+                    m.out_dim,
+                    mmx,
+                    mm,
+                    y,
+                )?;
+                if let Some(b) = &m.bias_name {
+                    let bias = vector(weights, b)?;
+                    ew::add_inplace(pool, y, bias)?;
+                }
+                Ok(())
+            }
+            (Op::GetRows, NodeMeta::Embed(m)) => {
+                let w = weights
+                    .get(&m.weight_name)
+                    .ok_or_else(|| format!("weight '{}' is not registered", m.weight_name))?;
+                if w.in_dim != m.n_embd || node.out_shape[0] != m.n_embd {
+                    return Err(format!(
+                        "table '{}' rows hold {}, node expects {} (output rows {})",
+                        m.weight_name, w.in_dim, m.n_embd, node.out_shape[0]
+                    ));
+                }
+                let ids = src(0)?;
+                let ids = ids
+                    .get(..nt)
+                    .ok_or_else(|| format!("{} token ids for {nt} rows", ids.len()))?;
+                let table = Table {
+                    ty: w.ty,
+                    data: w.bytes(),
+                    row_len: w.in_dim,
+                    rows: w.out_dim,
+                };
+                get_rows::embed(pool, &table, ids, out)
+            }
+            (Op::GetRows, _) => {
+                let ids = src(1)?;
+                let ids = ids
+                    .get(..nt)
+                    .ok_or_else(|| format!("{} row ids for {nt} rows", ids.len()))?;
+                get_rows::gather(src(0)?, node.out_shape[0], ids, out)
+            }
+            (Op::RoPE { style }, NodeMeta::Rope(m)) => {
+                if *style != m.style {
+                    return Err(format!(
+                        "op style {style:?} but metadata style {:?}",
+                        m.style
+                    ));
+                }
+                if !in_place {
+                    let x = src(0)?;
+                    let x = x
+                        .get(..n)
+                        .ok_or_else(|| format!("rope input holds {}, node needs {n}", x.len()))?;
+                    out.copy_from_slice(x);
+                }
+                rope::rope_inplace(pool, out, n / nt, nt, src(1)?, m, rope_cache)
+            }
+            (Op::Attn { explicit_span, .. }, NodeMeta::Attn(m)) => {
+                let (k_id, v_id) =
+                    kv_pair.ok_or_else(|| format!("no KV region for layer {}", m.layer))?;
+                let (k, v) = match (buffers.get(k_id), buffers.get(v_id)) {
+                    (Some(k), Some(v)) if k_id != out_id && v_id != out_id => (k, v),
+                    _ => {
+                        return Err(format!(
+                            "layer {}: KV pair ({k_id}, {v_id}) unusable (output buffer {out_id})",
+                            m.layer
+                        ))
+                    }
+                };
+                if n != nt * m.n_head * m.hd {
+                    return Err(format!(
+                        "output {:?} is not [{} x {}, {nt}]",
+                        node.out_shape, m.n_head, m.hd
+                    ));
+                }
+                let q = src(0)?;
+                let args = AttnArgs {
+                    meta: m,
+                    q,
+                    q_stride: q.len() / nt,
+                    nt,
+                    pos: src(2)?,
+                    span: if *explicit_span { Some(src(3)?) } else { None },
+                    k,
+                    v,
+                };
+                attn::attention(pool, *isa, &args, out, attn_scratch)
+            }
+            (Op::Reshape { .. }, _) => layout::view(src(0)?, 0, out),
+            (Op::View { offset, .. }, _) => layout::view(src(0)?, *offset, out),
+            (Op::Permute { dims }, _) => layout::permute(src(0)?, node.out_shape, *dims, out),
+            (Op::FusedFFN, NodeMeta::FusedFfn(m)) => {
+                let nf = m.nf;
+                if n != 2 * nf * nt {
+                    return Err(format!(
+                        "output {:?} is not [2 x {nf}, {nt}]",
+                        node.out_shape
+                    ));
+                }
+                let x = src(0)?;
+                for (buf, name) in [(&mut *gate, &m.gate_weight), (&mut *up, &m.up_weight)] {
+                    buf.resize(nt * nf, 0.0);
+                    let mmx = MatIn {
+                        x,
+                        nt,
+                        packed: &mut *packed,
+                    };
+                    matmul_named(pool, weights, name, m.n_embd, nf, mmx, mm, buf)?;
+                }
+                for ((row, g), u) in out
+                    .chunks_exact_mut(2 * nf)
+                    .zip(gate.chunks_exact(nf))
+                    .zip(up.chunks_exact(nf))
+                {
+                    let (s, rest) = row.split_at_mut(nf);
+                    ew::swiglu_slice(g, u, s);
+                    rest.copy_from_slice(u);
+                }
+                Ok(())
+            }
+            (op, meta) => Err(format!(
+                "{} with metadata {meta:?} is not implemented by the cpu backend",
+                op.name()
+            )),
+        }
+    }
+}
+
+/// The activations of a matmul: `nt` rows spread evenly over `x` (a row may be wider than
+/// the weight's input when the producer is a fused node).
+struct MatIn<'a> {
+    x: &'a [f32],
+    nt: usize,
+    packed: &'a mut Vec<f32>,
+}
+
+/// `y = x · W^T` for the weight called `name`, checked against the node's dims.
+#[allow(clippy::too_many_arguments)]
+fn matmul_named(
+    pool: &ThreadPool,
+    weights: &WeightRegistry,
+    name: &str,
+    in_dim: usize,
+    out_dim: usize,
+    a: MatIn,
+    mm: &mut MatmulScratch,
+    y: &mut [f32],
+) -> Result<(), String> {
+    let w = weights
+        .get(name)
+        .ok_or_else(|| format!("weight '{name}' is not registered"))?;
+    if w.in_dim != in_dim || w.out_dim != out_dim {
+        return Err(format!(
+            "weight '{name}' is [{}, {}], the node expects [{in_dim}, {out_dim}]",
+            w.in_dim, w.out_dim
+        ));
+    }
+    let nt = a.nt;
+    let stride = a.x.len() / nt.max(1);
+    if stride < in_dim || y.len() != nt * out_dim {
+        return Err(format!(
+            "matmul with '{name}': input {} values for {nt} rows of {in_dim}, output {}",
+            a.x.len(),
+            y.len()
+        ));
+    }
+    let x: &[f32] = if stride == in_dim {
+        &a.x[..nt * in_dim]
+    } else {
+        a.packed.clear();
+        for t in 0..nt {
+            a.packed
+                .extend_from_slice(&a.x[t * stride..t * stride + in_dim]);
+        }
+        a.packed
+    };
+    let q = QMatrix {
+        ty: w.ty,
+        data: w.bytes(),
+        rows: out_dim,
+        cols: in_dim,
+    };
+    matmul::matmul(pool, &q, x, nt, y, mm).map_err(|e| format!("matmul with '{name}': {e}"))
+}
+
+/// A vector weight read as f32.
+fn vector<'a>(weights: &'a WeightRegistry, name: &str) -> Result<&'a [f32], String> {
+    let w = weights
+        .get(name)
+        .ok_or_else(|| format!("weight '{name}' is not registered"))?;
+    w.as_f32()
+        .ok_or_else(|| format!("weight '{name}' ({}) cannot be read as f32", w.ty))
+}
+
+/// The optional scale vector of a norm node.
+fn norm_weight<'a>(
+    weights: &'a WeightRegistry,
+    meta: &NodeMeta,
+) -> Result<Option<&'a [f32]>, String> {
+    match meta {
+        NodeMeta::Norm(m) => m
+            .weight_name
+            .as_deref()
+            .map(|n| vector(weights, n))
+            .transpose(),
+        NodeMeta::None => Ok(None),
+        other => Err(format!("norm with foreign metadata {other:?}")),
+    }
+}
+
+impl BackendImpl for CpuBackend {
+    fn id(&self) -> Backend {
+        Backend::CPU
+    }
+
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn supports_op(&self, op: &Op, dtype: DType) -> bool {
+        dtype == DType::F32
+            && matches!(
+                op,
+                Op::Input
+                    | Op::Add
+                    | Op::Mul
+                    | Op::Scale(_)
+                    | Op::Silu
+                    | Op::Softmax { dim: 0 }
+                    | Op::RmsNorm { .. }
+                    | Op::QkNorm { .. }
+                    | Op::MatMul { .. }
+                    | Op::GetRows
+                    | Op::RoPE { .. }
+                    | Op::Attn { .. }
+                    | Op::KvcacheStore { .. }
+                    | Op::KvcacheLoad { .. }
+                    | Op::View { .. }
+                    | Op::Reshape { .. }
+                    | Op::Permute { .. }
+                    | Op::SwiGLU
+                    | Op::FusedFFN
+            )
+    }
+
+    fn supports_fused(&self, fused: FusedOp) -> bool {
+        fused == FusedOp::SwiGLU
+    }
+
+    fn supports_attn_span(&self) -> bool {
+        true
+    }
+
+    fn alloc_buffer(&mut self, size: usize) -> usize {
+        if let Some(pos) = self
+            .free
+            .iter()
+            .position(|&i| self.buffers[i].len() == size)
+        {
+            let id = self.free.swap_remove(pos);
+            self.buffers[id].fill(0.0);
+            return id;
+        }
+        self.alloc_fresh(size)
+    }
+
+    fn alloc_fresh(&mut self, size: usize) -> usize {
+        self.buffers.push(vec![0.0; size]);
+        self.buffers.len() - 1
+    }
+
+    fn free_buffer(&mut self, id: usize) {
+        if id < self.buffers.len() && !self.free.contains(&id) {
+            self.free.push(id);
+        }
+    }
+
+    fn pool_len(&self) -> usize {
+        self.buffers.len()
+    }
+
+    fn execute_node(
+        &mut self,
+        node: &CNode,
+        in_bufs: &[BufRef],
+        out_buf: BufRef,
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        self.run(node, in_bufs, out_buf, kv_pair)
+            .map_err(|e| format!("node {} '{}' ({}): {e}", node.id, node.name, node.op.name()))
+    }
+
+    fn read_host(&self, id: usize) -> Option<&[f32]> {
+        self.buffers.get(id).map(Vec::as_slice)
+    }
+
+    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
+        let b = self
+            .buffers
+            .get_mut(id)
+            .ok_or_else(|| format!("cpu buffer {id} does not exist"))?;
+        if b.len() != data.len() {
+            return Err(format!(
+                "cpu buffer {id} holds {} values, got {}",
+                b.len(),
+                data.len()
+            ));
+        }
+        b.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn write_host_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
+        let b = self
+            .buffers
+            .get_mut(id)
+            .ok_or_else(|| format!("cpu buffer {id} does not exist"))?;
+        let len = b.len();
+        let dst = offset
+            .checked_add(data.len())
+            .and_then(|end| b.get_mut(offset..end))
+            .ok_or_else(|| {
+                format!(
+                    "window {offset}+{} exceeds cpu buffer {id} ({len})",
+                    data.len()
+                )
+            })?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn synchronize(&mut self) {}
+}

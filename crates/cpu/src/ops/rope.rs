@@ -1,0 +1,196 @@
+//! Rotary position embedding, in place.
+//!
+//! The angles follow ggml's cache construction: `theta_scale = base^(-2 / n_dims)` once,
+//! then per token `theta_0 = pos` and `theta_{i+1} = theta_i * theta_scale` (an f32
+//! running product), each pair rotated by `freq_scale * theta_i` with `cos`/`sin` in f32.
+//! Pairs are `(2i, 2i+1)` for [`RopeStyle::Interleaved`] (ggml "normal") and
+//! `(i, i + n_dims/2)` for [`RopeStyle::NonInterleaved`] (NEOX); dimensions from `n_dims`
+//! to `hd` pass through unchanged.
+
+use minfer_graph::{RoPEMeta, RopeStyle};
+
+use super::{as_i32, par_rows, PAR_MIN_ELEMS};
+use crate::threadpool::ThreadPool;
+
+/// Writes the `(cos, sin)` pairs of position `pos` into `cache` (`n_dims` values).
+pub fn rope_cache(pos: i32, n_dims: usize, freq_base: f32, freq_scale: f32, cache: &mut [f32]) {
+    let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
+    let mut theta = pos as f32;
+    for pair in cache[..n_dims].chunks_exact_mut(2) {
+        let t = freq_scale * theta;
+        pair[0] = t.cos();
+        pair[1] = t.sin();
+        theta *= theta_scale;
+    }
+}
+
+/// Rotates one head (`hd` values) with the `(cos, sin)` pairs of `cache`.
+pub fn rotate_head(head: &mut [f32], cache: &[f32], n_dims: usize, style: RopeStyle) {
+    let half = n_dims / 2;
+    for i in 0..half {
+        let (c, s) = (cache[2 * i], cache[2 * i + 1]);
+        let (a, b) = match style {
+            RopeStyle::NonInterleaved => (i, i + half),
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+        };
+        let (x0, x1) = (head[a], head[b]);
+        head[a] = x0 * c - x1 * s;
+        head[b] = x0 * s + x1 * c;
+    }
+}
+
+/// Rotates `nt` token rows of `stride` values (heads at the start of each row) in place,
+/// at the I32 positions `pos`. `cache` is scratch (grown to `nt * n_dims`, then reused).
+pub fn rope_inplace(
+    pool: &ThreadPool,
+    x: &mut [f32],
+    stride: usize,
+    nt: usize,
+    pos: &[f32],
+    m: &RoPEMeta,
+    cache: &mut Vec<f32>,
+) -> Result<(), String> {
+    let row = m.n_head * m.hd;
+    if m.n_dims == 0 || !m.n_dims.is_multiple_of(2) || m.n_dims > m.hd {
+        return Err(format!(
+            "rope: n_dims {} must be even, positive and at most hd {}",
+            m.n_dims, m.hd
+        ));
+    }
+    if stride < row || x.len() < stride * nt || pos.len() < nt {
+        return Err(format!(
+            "rope: {} values for {nt} rows of {stride} (heads need {row}), {} positions",
+            x.len(),
+            pos.len()
+        ));
+    }
+    if nt == 0 {
+        return Ok(());
+    }
+    let nd = m.n_dims;
+    if cache.len() < nt * nd {
+        cache.resize(nt * nd, 0.0);
+    }
+    let cache = &mut cache[..nt * nd];
+    par_rows(
+        pool,
+        cache,
+        nd,
+        nt * nd >= PAR_MIN_ELEMS / 8,
+        &|t0, rows| {
+            for (i, c) in rows.chunks_exact_mut(nd).enumerate() {
+                rope_cache(as_i32(pos[t0 + i]), nd, m.freq_base, m.freq_scale, c);
+            }
+        },
+    );
+    let cache: &[f32] = cache;
+    par_rows(
+        pool,
+        &mut x[..nt * stride],
+        stride,
+        nt * row >= PAR_MIN_ELEMS,
+        &|t0, rows| {
+            for (i, r) in rows.chunks_exact_mut(stride).enumerate() {
+                let c = &cache[(t0 + i) * nd..(t0 + i + 1) * nd];
+                for head in r[..row].chunks_exact_mut(m.hd) {
+                    rotate_head(head, c, nd, m.style);
+                }
+            }
+        },
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::Rng;
+
+    fn meta(style: RopeStyle, n_dims: usize) -> RoPEMeta {
+        RoPEMeta {
+            n_dims,
+            freq_base: 1_000_000.0,
+            freq_scale: 1.0,
+            n_head: 3,
+            hd: 8,
+            style,
+        }
+    }
+
+    /// Closed-form f64 rotation: theta = pos * freq_scale * base^(-2i/n_dims).
+    fn closed_form(x: &[f32], pos: i32, m: &RoPEMeta) -> Vec<f64> {
+        let mut out: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        let half = m.n_dims / 2;
+        for h in 0..m.n_head {
+            for i in 0..half {
+                let th = pos as f64
+                    * m.freq_scale as f64
+                    * (m.freq_base as f64).powf(-2.0 * i as f64 / m.n_dims as f64);
+                let (a, b) = match m.style {
+                    RopeStyle::NonInterleaved => (h * m.hd + i, h * m.hd + i + half),
+                    RopeStyle::Interleaved => (h * m.hd + 2 * i, h * m.hd + 2 * i + 1),
+                };
+                let (x0, x1) = (x[a] as f64, x[b] as f64);
+                out[a] = x0 * th.cos() - x1 * th.sin();
+                out[b] = x0 * th.sin() + x1 * th.cos();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn both_styles_match_the_closed_form_and_keep_tail_dims() {
+        let mut r = Rng::new(11);
+        let pool = ThreadPool::new(2);
+        for style in [RopeStyle::Interleaved, RopeStyle::NonInterleaved] {
+            let m = meta(style, 6);
+            let positions = [0i32, 1, 5, 37];
+            let nt = positions.len();
+            let x = r.vec(nt * 24);
+            let pos: Vec<f32> = positions
+                .iter()
+                .map(|&p| f32::from_bits(p as u32))
+                .collect();
+            let mut y = x.clone();
+            let mut cache = Vec::new();
+            rope_inplace(&pool, &mut y, 24, nt, &pos, &m, &mut cache).unwrap();
+            for t in 0..nt {
+                let want = closed_form(&x[t * 24..(t + 1) * 24], positions[t], &m);
+                for (i, (a, b)) in y[t * 24..(t + 1) * 24].iter().zip(&want).enumerate() {
+                    assert!(
+                        (*a as f64 - b).abs() < 1e-5,
+                        "{style:?} t{t} i{i}: {a} vs {b}"
+                    );
+                    if i % 8 >= 6 {
+                        assert_eq!(*a, x[t * 24 + i], "dims past n_dims are untouched");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn angles_are_the_running_product() {
+        let mut c = [0.0f32; 8];
+        rope_cache(3, 8, 10000.0, 0.5, &mut c);
+        let ts = 10000f32.powf(-2.0 / 8.0);
+        let mut th = 3.0f32;
+        for i in 0..4 {
+            assert_eq!(c[2 * i].to_bits(), (0.5 * th).cos().to_bits());
+            assert_eq!(c[2 * i + 1].to_bits(), (0.5 * th).sin().to_bits());
+            th *= ts;
+        }
+    }
+
+    #[test]
+    fn invalid_geometry_is_an_error() {
+        let pool = ThreadPool::new(1);
+        let mut x = vec![0.0; 24];
+        let mut cache = Vec::new();
+        let bad = meta(RopeStyle::Interleaved, 5);
+        assert!(rope_inplace(&pool, &mut x, 24, 1, &[0.0], &bad, &mut cache).is_err());
+        let m = meta(RopeStyle::Interleaved, 4);
+        assert!(rope_inplace(&pool, &mut x, 20, 1, &[0.0], &m, &mut cache).is_err());
+        assert!(rope_inplace(&pool, &mut x, 24, 1, &[], &m, &mut cache).is_err());
+    }
+}
