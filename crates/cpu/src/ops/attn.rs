@@ -6,7 +6,7 @@
 //! start to finish by one thread in a fixed order, so results do not depend on `-t`.
 //!
 //! Per item: `s_j = (q · k_j) * scale`, `p_j = exp(s_j - max s)`, `o = (Σ p_j v_j) / Σ p_j`,
-//! all accumulated in f32.
+//! all accumulated in f32 (scores eight keys per reduction, the V sum held in registers).
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -135,23 +135,19 @@ fn head(
     scores: &mut [f32],
     o: &mut [f32],
 ) {
-    let hd = o.len();
     let scores = &mut scores[..hi - lo];
-    for (j, s) in (lo..hi).zip(scores.iter_mut()) {
-        let base = j * nkt + off;
-        *s = isa.dot(qh, &k[base..base + hd]) * scale;
+    isa.dot_rows(qh, k, nkt, lo * nkt + off, scores);
+    let mut mx = f32::NEG_INFINITY;
+    for s in scores.iter_mut() {
+        *s *= scale;
+        mx = mx.max(*s);
     }
-    let mx = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let mut sum = 0.0f32;
     for s in scores.iter_mut() {
         *s = (*s - mx).exp();
         sum += *s;
     }
-    o.fill(0.0);
-    for (j, &p) in (lo..hi).zip(scores.iter()) {
-        let base = j * nkt + off;
-        isa.axpy(o, p, &v[base..base + hd]);
-    }
+    isa.weighted_rows(scores, v, nkt, lo * nkt + off, o);
     isa.scale(o, 1.0 / sum);
 }
 

@@ -56,6 +56,32 @@ impl VecIsa {
         }
     }
 
+    /// `out[i] = q · k[first + i*stride ..][..q.len()]` for every `i` (attention scores).
+    /// `k` must hold every row read.
+    #[inline]
+    pub fn dot_rows(self, q: &[f32], k: &[f32], stride: usize, first: usize, out: &mut [f32]) {
+        check_rows(q.len(), k.len(), stride, first, out.len());
+        match self {
+            VecIsa::Scalar => dot_rows_scalar(q, k, stride, first, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` exists only after AVX2 and FMA were detected; rows are in bounds.
+            VecIsa::Avx2 => unsafe { avx2::dot_rows(q, k, stride, first, out) },
+        }
+    }
+
+    /// `o = Σ_i p[i] * v[first + i*stride ..][..o.len()]`, summed in `i` order from zero.
+    /// `v` must hold every row read.
+    #[inline]
+    pub fn weighted_rows(self, p: &[f32], v: &[f32], stride: usize, first: usize, o: &mut [f32]) {
+        check_rows(o.len(), v.len(), stride, first, p.len());
+        match self {
+            VecIsa::Scalar => weighted_rows_scalar(p, v, stride, first, o),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` exists only after AVX2 and FMA were detected; rows are in bounds.
+            VecIsa::Avx2 => unsafe { avx2::weighted_rows(p, v, stride, first, o) },
+        }
+    }
+
     /// `y[i] *= a`.
     #[inline]
     pub fn scale(self, y: &mut [f32], a: f32) {
@@ -83,6 +109,36 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
         sum += x * y;
     }
     sum
+}
+
+/// Panics unless rows `first + i*stride .. + width` for `i < n` lie inside `len`; callers
+/// validate shapes first, so a failure here is a bug in the caller, not bad input.
+#[inline]
+fn check_rows(width: usize, len: usize, stride: usize, first: usize, n: usize) {
+    let end = n.checked_sub(1).map_or(Some(0), |last| {
+        last.checked_mul(stride)?
+            .checked_add(first)?
+            .checked_add(width)
+    });
+    assert!(end.is_some_and(|e| e <= len), "vector rows out of bounds");
+}
+
+/// Reference scores: one [`dot_scalar`] per row.
+pub fn dot_rows_scalar(q: &[f32], k: &[f32], stride: usize, first: usize, out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        let b = first + i * stride;
+        *o = dot_scalar(q, &k[b..b + q.len()]);
+    }
+}
+
+/// Reference weighted sum: zero, then one [`axpy_scalar`] per row in order.
+pub fn weighted_rows_scalar(p: &[f32], v: &[f32], stride: usize, first: usize, o: &mut [f32]) {
+    o.fill(0.0);
+    let hd = o.len();
+    for (i, &w) in p.iter().enumerate() {
+        let b = first + i * stride;
+        axpy_scalar(o, w, &v[b..b + hd]);
+    }
 }
 
 /// Reference `y += a * x`.
@@ -129,6 +185,80 @@ mod avx2 {
             i += 1;
         }
         sum
+    }
+
+    /// Eight rows at a time: eight accumulators, reduced together by a horizontal-add tree.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; every row read lies inside `k`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_rows(q: &[f32], k: &[f32], stride: usize, first: usize, out: &mut [f32]) {
+        let (hd, n) = (q.len(), out.len());
+        let (pq, pk) = (q.as_ptr(), k.as_ptr());
+        let mut i = 0;
+        if hd.is_multiple_of(8) {
+            while i + 8 <= n {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut d = 0;
+                while d < hd {
+                    let qv = _mm256_loadu_ps(pq.add(d));
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: row i + r is inside `k` (caller), d + 8 <= hd.
+                        let kv = _mm256_loadu_ps(pk.add(first + (i + r) * stride + d));
+                        *a = _mm256_fmadd_ps(qv, kv, *a);
+                    }
+                    d += 8;
+                }
+                // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]: two
+                // levels leave rows 0-3 (and 4-7) as partial sums split across the 128-bit lanes.
+                let s01 = _mm256_hadd_ps(acc[0], acc[1]);
+                let s23 = _mm256_hadd_ps(acc[2], acc[3]);
+                let s45 = _mm256_hadd_ps(acc[4], acc[5]);
+                let s67 = _mm256_hadd_ps(acc[6], acc[7]);
+                let s0123 = _mm256_hadd_ps(s01, s23);
+                let s4567 = _mm256_hadd_ps(s45, s67);
+                let lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
+                let hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_add_ps(lo, hi));
+                i += 8;
+            }
+        }
+        while i < n {
+            let b = first + i * stride;
+            out[i] = dot(q, &k[b..b + hd]);
+            i += 1;
+        }
+    }
+
+    /// The output in chunks of up to 64 values held in registers across all rows.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; every row read lies inside `v`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weighted_rows(p: &[f32], v: &[f32], stride: usize, first: usize, o: &mut [f32]) {
+        let hd = o.len();
+        if !hd.is_multiple_of(8) {
+            super::weighted_rows_scalar(p, v, stride, first, o);
+            return;
+        }
+        let pv = v.as_ptr();
+        let mut c0 = 0;
+        while c0 < hd {
+            let w = (hd - c0).min(64) / 8;
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (i, &pi) in p.iter().enumerate() {
+                let s = _mm256_set1_ps(pi);
+                let row = pv.add(first + i * stride + c0);
+                for (j, a) in acc[..w].iter_mut().enumerate() {
+                    // SAFETY: row i is inside `v` (caller), c0 + 8j + 8 <= hd.
+                    *a = _mm256_fmadd_ps(s, _mm256_loadu_ps(row.add(8 * j)), *a);
+                }
+            }
+            for (j, a) in acc[..w].iter().enumerate() {
+                _mm256_storeu_ps(o.as_mut_ptr().add(c0 + 8 * j), *a);
+            }
+            c0 += 8 * w;
+        }
     }
 
     /// # Safety
@@ -187,6 +317,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn row_primitives_match_their_references() {
+        let mut r = Rng::new(4);
+        for (hd, n) in [(64, 19), (128, 8), (16, 3), (12, 9), (64, 0)] {
+            let stride = hd * 2 + 5;
+            let k = r.vec(stride * n + hd);
+            let q = r.vec(hd);
+            let p = r.vec(n);
+            let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+            dot_rows_scalar(&q, &k, stride, 3, &mut a);
+            VecIsa::detect().dot_rows(&q, &k, stride, 3, &mut b);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-5 * hd as f32, "hd {hd}: {x} vs {y}");
+            }
+            let (mut oa, mut ob) = (vec![9.0; hd], vec![9.0; hd]);
+            weighted_rows_scalar(&p, &k, stride, 3, &mut oa);
+            VecIsa::detect().weighted_rows(&p, &k, stride, 3, &mut ob);
+            for (x, y) in oa.iter().zip(&ob) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * n.max(1) as f32,
+                    "hd {hd}: {x} vs {y}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "out of bounds")]
+    fn rows_past_the_end_are_caught() {
+        let mut out = [0.0; 2];
+        VecIsa::detect().dot_rows(&[0.0; 8], &[0.0; 15], 8, 0, &mut out);
     }
 
     #[test]
