@@ -108,7 +108,7 @@ impl GraphAllocator {
             .backends
             .keys()
             .copied()
-            .filter(|b| self.fence.as_ref().map_or(true, |f| f.contains(b)))
+            .filter(|b| self.fence.as_ref().is_none_or(|f| f.contains(b)))
             .collect();
         v.sort_by_key(|&b| (std::cmp::Reverse(crate::registry::priority_of(b)), b));
         v

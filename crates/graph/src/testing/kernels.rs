@@ -30,7 +30,7 @@ fn input(inputs: &[Vec<f32>], i: usize) -> Result<&[f32], String> {
 }
 
 fn broadcast(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> Result<Vec<f32>, String> {
-    if b.is_empty() || a.len() % b.len() != 0 {
+    if b.is_empty() || !a.len().is_multiple_of(b.len()) {
         return Err(format!(
             "cannot broadcast {} values over {}",
             b.len(),
@@ -44,7 +44,7 @@ fn broadcast(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> Result<Vec<f3
 }
 
 fn rms_rows(x: &[f32], d: usize, eps: f32, w: Option<&[f32]>) -> Result<Vec<f32>, String> {
-    if d == 0 || x.len() % d != 0 || w.is_some_and(|w| w.len() != d) {
+    if d == 0 || !x.len().is_multiple_of(d) || w.is_some_and(|w| w.len() != d) {
         return Err(format!("rms norm of {} values in rows of {d}", x.len()));
     }
     let mut out = Vec::with_capacity(x.len());
@@ -85,7 +85,7 @@ fn matmul(
 
 fn rope(x: &[f32], pos: &[f32], m: &RoPEMeta, nt: usize) -> Result<Vec<f32>, String> {
     let row = m.n_head * m.hd;
-    if x.len() < row * nt || pos.len() < nt || m.n_dims > m.hd || m.n_dims % 2 != 0 {
+    if x.len() < row * nt || pos.len() < nt || m.n_dims > m.hd || !m.n_dims.is_multiple_of(2) {
         return Err(format!(
             "rope: {} values, {} positions, meta {m:?}",
             x.len(),
