@@ -1,0 +1,64 @@
+//! Writes the golden set of tiny random-weight models into a directory, with a
+//! `manifest.json` describing each (stem, file, spec), for the reference script:
+//!
+//! ```text
+//! cargo run -p minfer-models --example write_tiny_models -- DIR
+//! python3 scripts/gen_tiny_reference.py DIR
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use minfer_models::testing::{golden_models, write_tiny_model, TinySpec};
+
+fn spec_json(s: &TinySpec) -> String {
+    format!(
+        "{{\"arch\":\"{}\",\"n_layer\":{},\"n_embd\":{},\"n_head\":{},\"n_head_kv\":{},\
+         \"head_dim\":{},\"n_ff\":{},\"n_vocab\":{},\"n_ctx\":{},\"wtype\":\"{}\",\
+         \"tied\":{},\"seed\":{}}}",
+        s.arch,
+        s.n_layer,
+        s.n_embd,
+        s.n_head,
+        s.n_head_kv,
+        s.head_dim,
+        s.n_ff,
+        s.n_vocab,
+        s.n_ctx,
+        s.wtype,
+        s.tied,
+        s.seed
+    )
+}
+
+fn main() -> ExitCode {
+    let Some(dir) = std::env::args_os().nth(1).map(PathBuf::from) else {
+        eprintln!("usage: write_tiny_models DIR");
+        return ExitCode::from(2);
+    };
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("cannot create {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    let mut entries = Vec::new();
+    for (stem, spec) in golden_models() {
+        let file = format!("{stem}.gguf");
+        let path = dir.join(&file);
+        if let Err(e) = write_tiny_model(&path, &spec) {
+            eprintln!("{stem}: {e}");
+            return ExitCode::FAILURE;
+        }
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        println!("{file}: {size} bytes");
+        entries.push(format!(
+            "{{\"name\":\"{stem}\",\"file\":\"{file}\",\"spec\":{}}}",
+            spec_json(&spec)
+        ));
+    }
+    let manifest = format!("[{}]\n", entries.join(","));
+    if let Err(e) = std::fs::write(dir.join("manifest.json"), manifest) {
+        eprintln!("cannot write the manifest: {e}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

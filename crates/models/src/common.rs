@@ -1,0 +1,223 @@
+//! The decoder skeleton Qwen2 and Qwen3 share (design §4.1): inputs at the head,
+//! embedding, per-layer attention and FFN with residuals, the G3 tail reduction on the
+//! last layer, and the lm head. An architecture supplies only its Q/K/V block.
+//!
+//! Node names follow llama.cpp's callback names with a `-{layer}` suffix
+//! (`attn_norm-0`, `Qcur-0`, `ffn_out-5`, ...) so exports and traces can address them;
+//! names llama.cpp reuses for successive values of one variable get a distinguishing
+//! suffix here (`Qcur_rope-0`), because a trace needs one node per name.
+
+use minfer_graph::{
+    AttnMeta, AttnMode, ComputeGraph, DType, FusedFfnMeta, GraphBuilder, GraphParams, NodeId,
+    RoPEMeta,
+};
+
+use crate::hparams::HParams;
+use crate::weights::{LayerWeights, Weights};
+
+/// Name of the token-id input (`[nt]` I32).
+pub const INPUT_TOKEN_IDS: &str = "token_ids";
+/// Name of the position input (`[nt]` I32): RoPE angle, causal bound and KV row.
+pub const INPUT_POSITIONS: &str = "positions";
+/// Name of the tail-row input (`[n_out]` I32), present only when `n_out < nt`.
+pub const INPUT_TAIL_IDS: &str = "tail_ids";
+/// Name of the per-token key-span input (`[2, nt]` I32), present only with `explicit_span`.
+pub const INPUT_SPAN: &str = "span";
+
+/// Widest FFN for which the decode gate|up concat pays off (design §4.2, measured).
+pub const FUSED_FFN_MAX_NF: usize = 16384;
+
+/// Name under which a backend registers layer `il`'s q|k|v concatenation.
+pub fn qkv_concat_name(il: usize) -> String {
+    format!("blk.{il}.attn_qkv.weight")
+}
+
+/// Name under which a backend registers layer `il`'s gate|up concatenation.
+pub fn gate_up_concat_name(il: usize) -> String {
+    format!("blk.{il}.ffn_gate_up.weight")
+}
+
+/// What an architecture's Q/K/V block sees of the layer being built.
+pub(crate) struct LayerCx<'a> {
+    pub il: usize,
+    pub hp: &'a HParams,
+    pub lw: &'a LayerWeights,
+    pub pos: NodeId,
+    pub n_ctx: usize,
+    /// Decode QKV fusion is allowed by the params (GPU, nt == 1, flag on); the
+    /// architecture still checks that its weights can be concatenated.
+    pub fuse_qkv: bool,
+}
+
+impl LayerCx<'_> {
+    /// `{name}-{il}`.
+    pub fn name(&self, name: &str) -> String {
+        format!("{name}-{}", self.il)
+    }
+
+    /// Rope parameters for a tensor of `n_head` heads.
+    pub fn rope_meta(&self, n_head: usize) -> RoPEMeta {
+        RoPEMeta {
+            n_dims: self.hp.head_dim,
+            freq_base: self.hp.rope_freq_base,
+            freq_scale: self.hp.rope_freq_scale,
+            n_head,
+            hd: self.hp.head_dim,
+            style: self.hp.rope_style,
+        }
+    }
+
+    /// Elements of one KV region: `n_kv_embd * n_ctx`.
+    pub fn kv_elems(&self) -> usize {
+        self.hp.n_kv_embd() * self.n_ctx
+    }
+}
+
+/// An architecture's Q/K/V block: from the normed input to the q node attention reads,
+/// with K and V stored into the layer's KV regions along the way.
+pub(crate) type QkvBlock = fn(&mut GraphBuilder, &LayerCx<'_>, NodeId) -> NodeId;
+
+/// The unfused tail of every Q/K/V block: rope q and k, then store k and v at `positions`.
+pub(crate) fn rope_and_store(
+    b: &mut GraphBuilder,
+    cx: &LayerCx<'_>,
+    q: NodeId,
+    k: NodeId,
+    v: NodeId,
+) -> NodeId {
+    let style = cx.hp.rope_style;
+    let q = b.rope(q, cx.pos, style, cx.rope_meta(cx.hp.n_head));
+    b.set_name(q, &cx.name("Qcur_rope"));
+    let k = b.rope(k, cx.pos, style, cx.rope_meta(cx.hp.n_head_kv));
+    b.set_name(k, &cx.name("Kcur_rope"));
+    let st = b.kvcache_store(cx.il, k, v, cx.pos, cx.n_ctx);
+    b.set_name(st, &cx.name("kv_store"));
+    q
+}
+
+/// A matmul named `{name}-{il}`.
+pub(crate) fn named_matmul(
+    b: &mut GraphBuilder,
+    cx: &LayerCx<'_>,
+    name: &str,
+    x: NodeId,
+    w: &minfer_graph::WeightRef,
+    bias: Option<&minfer_graph::WeightRef>,
+) -> NodeId {
+    let id = b.matmul(x, w, bias);
+    b.set_name(id, &cx.name(name));
+    id
+}
+
+/// Builds the whole graph for `p` (design §4.1). Callers validate params with
+/// [`crate::params::check`]; here `n_tokens` is taken as at least 1 and `n_out` is
+/// clamped into `1..=n_tokens` so a bad value cannot produce an inconsistent graph.
+pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -> ComputeGraph {
+    debug_assert!(
+        crate::params::check(p).is_ok(),
+        "invalid graph params {p:?}"
+    );
+    let nt = p.n_tokens.max(1);
+    let n_out = p.n_out.clamp(1, nt);
+    let cp = &p.cparams;
+    let decode_fusion = cp.gpu && nt == 1;
+    let mode = if cp.flash_attn {
+        AttnMode::Flash
+    } else {
+        AttnMode::Gqa
+    };
+
+    let mut b = GraphBuilder::new();
+    // Every input sits at the head: an input in mid-graph would cut a device run in two.
+    let ids = b.input(INPUT_TOKEN_IDS, [nt, 1, 1, 1], DType::I32);
+    let pos = b.input(INPUT_POSITIONS, [nt, 1, 1, 1], DType::I32);
+    let tail = (n_out < nt).then(|| b.input(INPUT_TAIL_IDS, [n_out, 1, 1, 1], DType::I32));
+    let span = cp
+        .explicit_span
+        .then(|| b.input(INPUT_SPAN, [2, nt, 1, 1], DType::I32));
+
+    let mut h = b.embedding(ids, &w.tok_embd);
+    b.set_name(h, "inp_embd");
+
+    for (il, lw) in w.layers.iter().enumerate() {
+        let cx = LayerCx {
+            il,
+            hp,
+            lw,
+            pos,
+            n_ctx: cp.n_ctx,
+            fuse_qkv: decode_fusion && cp.fuse_qkv,
+        };
+        let normed = b.rms_norm(h, Some(&lw.attn_norm), hp.rms_eps);
+        b.set_name(normed, &cx.name("attn_norm"));
+        let q = qkv(&mut b, &cx, normed);
+        let kv = b.kvcache_load(il, hp.n_kv_embd(), cp.n_ctx, hp.n_head_kv);
+        b.set_name(kv, &cx.name("kv_load"));
+        let meta = AttnMeta {
+            layer: il,
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            hd: hp.head_dim,
+            scale: 1.0 / (hp.head_dim as f32).sqrt(),
+            n_ctx: cp.n_ctx,
+        };
+        let attn = b.attn(q, kv, pos, span, mode, meta);
+        b.set_name(attn, &cx.name("kqv_out"));
+        let wo = named_matmul(&mut b, &cx, "attn_out", attn, &lw.wo, None);
+
+        // G3: from the last layer's residual on, only the n_out tail rows are computed.
+        let last = il + 1 == w.layers.len();
+        h = match tail.filter(|_| last) {
+            Some(t) => {
+                let shape = [hp.n_embd, n_out, 1, 1];
+                let cur = b.get_rows(wo, t, shape);
+                b.set_name(cur, &cx.name("attn_out_rows"));
+                let res = b.get_rows(h, t, shape);
+                b.set_name(res, &cx.name("inp_sa_rows"));
+                b.add(res, cur)
+            }
+            None => b.add(h, wo),
+        };
+        b.set_name(h, &cx.name("ffn_inp"));
+
+        let normed = b.rms_norm(h, Some(&lw.ffn_norm), hp.rms_eps);
+        b.set_name(normed, &cx.name("ffn_norm"));
+        let fuse_ffn = decode_fusion
+            && cp.fuse_ffn
+            && lw.gate_up_concat_feasible()
+            && hp.n_ff <= FUSED_FFN_MAX_NF;
+        let ffn = if fuse_ffn {
+            let meta = FusedFfnMeta {
+                gate_weight: lw.gate.name.clone(),
+                up_weight: lw.up.name.clone(),
+                concat_weight: gate_up_concat_name(il),
+                wtype: lw.gate.wtype,
+                n_embd: hp.n_embd,
+                nf: hp.n_ff,
+            };
+            let f = b.fused_ffn(normed, meta);
+            b.set_name(f, &cx.name("ffn_fused"));
+            f
+        } else {
+            let g = named_matmul(&mut b, &cx, "ffn_gate", normed, &lw.gate, None);
+            let u = named_matmul(&mut b, &cx, "ffn_up", normed, &lw.up, None);
+            let s = b.silu(g);
+            b.set_name(s, &cx.name("ffn_silu"));
+            // Mul(Silu(gate), up): the FusionPass folds it into SwiGLU.
+            let m = b.mul(s, u);
+            b.set_name(m, &cx.name("ffn_gate_par"));
+            m
+        };
+        // The fused buffer is [2*nf, nt]; the down matmul reads its first nf rows.
+        let down = named_matmul(&mut b, &cx, "ffn_out", ffn, &lw.down, None);
+        h = b.add(h, down);
+        b.set_name(h, &cx.name("l_out"));
+    }
+
+    let normed = b.rms_norm(h, Some(&w.output_norm), hp.rms_eps);
+    b.set_name(normed, "result_norm");
+    let logits = b.matmul(normed, &w.output, None);
+    b.set_name(logits, "result_output");
+    b.output(logits);
+    b.build()
+}

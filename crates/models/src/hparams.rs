@@ -1,0 +1,211 @@
+//! Hyperparameters shared by the decoder-only architectures, read from `{arch}.*` keys.
+//!
+//! Defaults follow what llama.cpp assumes when a key is absent, so a file both engines
+//! accept means the same model to both: `head_count_kv` defaults to `head_count`,
+//! `key_length` to `embedding_length / head_count`, `rope.freq_base` to 10000.
+
+use minfer_gguf::GgufFile;
+use minfer_graph::RopeStyle;
+
+use crate::error::ModelError;
+
+/// Default rope theta when `{arch}.rope.freq_base` is absent.
+pub const DEFAULT_ROPE_FREQ_BASE: f32 = 10000.0;
+
+/// The hyperparameters a graph builder needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HParams {
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Residual stream width.
+    pub n_embd: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (grouped-query attention).
+    pub n_head_kv: usize,
+    /// Head dimension (`attention.key_length`); Qwen3 decouples it from `n_embd / n_head`.
+    pub head_dim: usize,
+    /// FFN width.
+    pub n_ff: usize,
+    /// Rows of the token embedding (and of the logits).
+    pub n_vocab: usize,
+    /// Context length the model was trained with.
+    pub n_ctx_train: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Rope theta.
+    pub rope_freq_base: f32,
+    /// Linear position scale (`1 / rope.scaling.factor`, 1 without scaling).
+    pub rope_freq_scale: f32,
+    /// Rope pairing of the architecture.
+    pub rope_style: RopeStyle,
+}
+
+impl HParams {
+    /// Width of the query projection: `n_head * head_dim`.
+    pub fn n_q_embd(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of one K (or V) row: `n_head_kv * head_dim`.
+    pub fn n_kv_embd(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Reads the shared keys of `arch`; `n_vocab` comes from the embedding table.
+    pub(crate) fn read(
+        file: &GgufFile,
+        arch: &str,
+        rope_style: RopeStyle,
+    ) -> Result<Self, ModelError> {
+        let key = |name: &str| format!("{arch}.{name}");
+        let req = |name: &str| -> Result<usize, ModelError> {
+            let k = key(name);
+            let v = file.get_u32(&k)? as usize;
+            positive(&k, v)
+        };
+        let opt = |name: &str| -> Result<Option<usize>, ModelError> {
+            let k = key(name);
+            match file.get(&k) {
+                None => Ok(None),
+                Some(_) => positive(&k, file.get_u32(&k)? as usize).map(Some),
+            }
+        };
+
+        let n_layer = req("block_count")?;
+        let n_embd = req("embedding_length")?;
+        let n_vocab = crate::weights::vocab_rows(file, n_embd)?;
+        let n_ff = req("feed_forward_length")?;
+        let n_head = req("attention.head_count")?;
+        let n_ctx_train = req("context_length")?;
+        let n_head_kv = opt("attention.head_count_kv")?.unwrap_or(n_head);
+        if n_head % n_head_kv != 0 {
+            return Err(bad(
+                &key("attention.head_count_kv"),
+                n_head_kv,
+                format!("must divide attention.head_count = {n_head}"),
+            ));
+        }
+        let head_dim = match opt("attention.key_length")? {
+            Some(d) => d,
+            None if n_embd % n_head == 0 => n_embd / n_head,
+            None => {
+                return Err(bad(
+                    &key("attention.head_count"),
+                    n_head,
+                    format!(
+                        "does not divide embedding_length = {n_embd} and attention.key_length is absent"
+                    ),
+                ))
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(bad(
+                &key("attention.key_length"),
+                head_dim,
+                "rope needs an even head dimension".into(),
+            ));
+        }
+        if let Some(v) = opt("attention.value_length")? {
+            if v != head_dim {
+                return Err(bad(
+                    &key("attention.value_length"),
+                    v,
+                    format!("must equal the key length {head_dim}"),
+                ));
+            }
+        }
+        if let Some(v) = opt("vocab_size")? {
+            if v != n_vocab {
+                return Err(bad(
+                    &key("vocab_size"),
+                    v,
+                    format!("token_embd.weight has {n_vocab} rows"),
+                ));
+            }
+        }
+
+        let eps_key = key("attention.layer_norm_rms_epsilon");
+        let rms_eps = file.get_f32(&eps_key)?;
+        if !(rms_eps.is_finite() && rms_eps > 0.0) {
+            return Err(bad(&eps_key, rms_eps, "must be a positive number".into()));
+        }
+        let base_key = key("rope.freq_base");
+        let rope_freq_base = match file.get(&base_key) {
+            None => DEFAULT_ROPE_FREQ_BASE,
+            Some(_) => file.get_f32(&base_key)?,
+        };
+        if !(rope_freq_base.is_finite() && rope_freq_base > 0.0) {
+            return Err(bad(
+                &base_key,
+                rope_freq_base,
+                "must be a positive number".into(),
+            ));
+        }
+        let rope_freq_scale = read_rope_scale(file, arch)?;
+
+        Ok(HParams {
+            n_layer,
+            n_embd,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_vocab,
+            n_ctx_train,
+            rms_eps,
+            rope_freq_base,
+            rope_freq_scale,
+            rope_style,
+        })
+    }
+}
+
+/// `1 / factor` from `rope.scaling.factor` (or the older `rope.scale_linear`), as llama.cpp
+/// reads it; scaling type `none` means no scaling. Types that need more than a linear
+/// position scale (yarn, longrope) are refused: the graph has no term for them.
+fn read_rope_scale(file: &GgufFile, arch: &str) -> Result<f32, ModelError> {
+    let type_key = format!("{arch}.rope.scaling.type");
+    let ty = match file.get(&type_key) {
+        None => "linear",
+        Some(_) => file.get_str(&type_key)?,
+    };
+    match ty {
+        "none" => return Ok(1.0),
+        "linear" => {}
+        other => {
+            return Err(bad(
+                &type_key,
+                other,
+                "only linear rope scaling is supported".into(),
+            ))
+        }
+    }
+    let mut factor = 0.0;
+    for name in ["rope.scaling.factor", "rope.scale_linear"] {
+        let k = format!("{arch}.{name}");
+        if file.get(&k).is_some() {
+            factor = file.get_f32(&k)?;
+            if !(factor.is_finite() && factor >= 0.0) {
+                return Err(bad(&k, factor, "must be a non-negative number".into()));
+            }
+            break;
+        }
+    }
+    Ok(if factor == 0.0 { 1.0 } else { 1.0 / factor })
+}
+
+fn positive(key: &str, v: usize) -> Result<usize, ModelError> {
+    if v == 0 {
+        return Err(bad(key, v, "must be at least 1".into()));
+    }
+    Ok(v)
+}
+
+fn bad(key: &str, value: impl std::fmt::Display, reason: String) -> ModelError {
+    ModelError::BadHparam {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason,
+    }
+}

@@ -1,0 +1,66 @@
+//! Model definitions for minfer: hyperparameters, load-time weight validation and
+//! compute-graph construction for the supported architectures (design §4, §10).
+//!
+//! [`load_model`] reads `general.architecture` and dispatches through [`REGISTRY`], one
+//! line per architecture. Loading checks every tensor the graph will reference, so a
+//! model that loads builds graphs whose weight names all resolve.
+//!
+//! Graph contract (what a runtime fills and reads, design §4.5, §11.1):
+//!
+//! * inputs, all at the head: `token_ids` `[nt]` I32, `positions` `[nt]` I32 (each
+//!   token's index in its sequence: rope angle, causal bound and KV row), `tail_ids`
+//!   `[n_out]` I32 only when `n_out < nt` (fill with [`params::tail_ids`]), and `span`
+//!   `[2, nt]` I32 only with `CParams::explicit_span`;
+//! * one output: logits `[n_vocab, n_out]`, token-major (row `i` is the `i`-th tail token);
+//! * weights referenced by GGUF name ([`ModelDef::weight_names`]), plus the concatenated
+//!   weights of the GPU decode fusions ([`ModelDef::concat_weights`]).
+//!
+//! [`testing`] writes tiny random-weight models with the project's own GGUF writer; the
+//! llama.cpp reference outputs for the committed set live in `tests/golden/` (format in
+//! `tests/golden/README.md`).
+
+#![warn(missing_docs)]
+
+mod common;
+pub mod error;
+pub mod hparams;
+mod model;
+pub mod params;
+pub mod qwen2;
+pub mod qwen3;
+pub mod testing;
+pub mod weights;
+
+pub use common::{
+    gate_up_concat_name, qkv_concat_name, FUSED_FFN_MAX_NF, INPUT_POSITIONS, INPUT_SPAN,
+    INPUT_TAIL_IDS, INPUT_TOKEN_IDS,
+};
+pub use error::ModelError;
+pub use hparams::HParams;
+pub use model::{ConcatWeight, ModelDef};
+
+use minfer_gguf::GgufFile;
+
+/// A loader: validates a file of its architecture and returns the model.
+pub type LoadFn = fn(&GgufFile) -> Result<Box<dyn ModelDef>, ModelError>;
+
+/// Supported architectures, one line each: `general.architecture` value and loader.
+pub const REGISTRY: &[(&str, LoadFn)] = &[(qwen2::ARCH, qwen2::load), (qwen3::ARCH, qwen3::load)];
+
+/// Names of the supported architectures, in registry order.
+pub fn supported_architectures() -> Vec<&'static str> {
+    REGISTRY.iter().map(|(name, _)| *name).collect()
+}
+
+/// Loads the model `file` describes, refusing unsupported architectures, missing or
+/// malformed hyperparameters, and missing or mis-shaped tensors with errors naming them.
+pub fn load_model(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
+    let arch = file.get_str("general.architecture")?;
+    match REGISTRY.iter().find(|(name, _)| *name == arch) {
+        Some((_, load)) => load(file),
+        None => Err(ModelError::UnsupportedArch {
+            arch: arch.to_string(),
+            supported: supported_architectures(),
+        }),
+    }
+}

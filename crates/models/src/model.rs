@@ -1,0 +1,142 @@
+//! The model trait and the one implementation both architectures share: validated
+//! hyperparameters and weights plus the architecture's Q/K/V block.
+
+use minfer_graph::{ComputeGraph, GraphParams, RopeStyle, WeightRef};
+
+use crate::common::{self, gate_up_concat_name, qkv_concat_name, QkvBlock, FUSED_FFN_MAX_NF};
+use crate::hparams::HParams;
+use crate::weights::Weights;
+
+/// A weight a GPU backend builds by concatenating GGUF tensors along the output axis,
+/// for the decode fusions; the fused nodes reference it by `name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConcatWeight {
+    /// Registry name the fused node uses, e.g. `blk.0.attn_qkv.weight`.
+    pub name: String,
+    /// GGUF tensors, in row order of the concatenation.
+    pub parts: Vec<String>,
+}
+
+/// A loaded model: its hyperparameters, its weights by name, and its graph.
+///
+/// `build_graph` is a pure function of `params` (design invariant 2): equal params give
+/// node-for-node identical graphs, so a cached graph may be reused.
+pub trait ModelDef: Send + Sync {
+    /// The `general.architecture` this model was loaded as.
+    fn arch(&self) -> &'static str;
+
+    /// Hyperparameters read from the file.
+    fn hparams(&self) -> &HParams;
+
+    /// The graph for `params` (validate them with [`crate::params::check`]; the params
+    /// constructors in [`crate::params`] do). Its inputs are `token_ids`, `positions`,
+    /// and `tail_ids` when `n_out < n_tokens`; its one output is `[n_vocab, n_out]` logits.
+    fn build_graph(&self, params: &GraphParams) -> ComputeGraph;
+
+    /// Every GGUF tensor the graph references, with type and GGUF shape, each once.
+    fn weights(&self) -> Vec<WeightRef>;
+
+    /// Names of every GGUF tensor the graph references, each once.
+    fn weight_names(&self) -> Vec<String> {
+        self.weights().into_iter().map(|w| w.name).collect()
+    }
+
+    /// Concatenated weights the decode fusions may reference (built by GPU backends).
+    fn concat_weights(&self) -> Vec<ConcatWeight> {
+        Vec::new()
+    }
+
+    /// Whether the lm head is the token embedding (`output.weight` absent).
+    fn tied_output(&self) -> bool;
+
+    /// Transformer blocks.
+    fn n_layer(&self) -> usize {
+        self.hparams().n_layer
+    }
+
+    /// Key/value heads.
+    fn n_head_kv(&self) -> usize {
+        self.hparams().n_head_kv
+    }
+
+    /// Head dimension.
+    fn n_embd_head(&self) -> usize {
+        self.hparams().head_dim
+    }
+
+    /// Width of one KV row (`n_head_kv * head_dim`), the KV region's row stride.
+    fn n_kv_embd(&self) -> usize {
+        self.hparams().n_kv_embd()
+    }
+
+    /// Vocabulary rows of the logits.
+    fn n_vocab(&self) -> usize {
+        self.hparams().n_vocab
+    }
+
+    /// Training context length.
+    fn n_ctx_train(&self) -> usize {
+        self.hparams().n_ctx_train
+    }
+
+    /// Rope pairing.
+    fn rope_style(&self) -> RopeStyle {
+        self.hparams().rope_style
+    }
+}
+
+/// A decoder-only model: the shared skeleton with an architecture's Q/K/V block.
+pub(crate) struct Decoder {
+    arch: &'static str,
+    hp: HParams,
+    w: Weights,
+    qkv: QkvBlock,
+}
+
+impl Decoder {
+    /// Wraps validated hyperparameters and weights.
+    pub fn new(arch: &'static str, hp: HParams, w: Weights, qkv: QkvBlock) -> Self {
+        Decoder { arch, hp, w, qkv }
+    }
+}
+
+impl ModelDef for Decoder {
+    fn arch(&self) -> &'static str {
+        self.arch
+    }
+
+    fn hparams(&self) -> &HParams {
+        &self.hp
+    }
+
+    fn build_graph(&self, params: &GraphParams) -> ComputeGraph {
+        common::build(&self.hp, &self.w, params, self.qkv)
+    }
+
+    fn weights(&self) -> Vec<WeightRef> {
+        self.w.all()
+    }
+
+    fn concat_weights(&self) -> Vec<ConcatWeight> {
+        let mut out = Vec::new();
+        for (il, l) in self.w.layers.iter().enumerate() {
+            if l.qkv_concat_feasible() {
+                out.push(ConcatWeight {
+                    name: qkv_concat_name(il),
+                    parts: vec![l.wq.name.clone(), l.wk.name.clone(), l.wv.name.clone()],
+                });
+            }
+            if l.gate_up_concat_feasible() && self.hp.n_ff <= FUSED_FFN_MAX_NF {
+                out.push(ConcatWeight {
+                    name: gate_up_concat_name(il),
+                    parts: vec![l.gate.name.clone(), l.up.name.clone()],
+                });
+            }
+        }
+        out
+    }
+
+    fn tied_output(&self) -> bool {
+        self.w.tied
+    }
+}

@@ -1,0 +1,94 @@
+//! Qwen2 (and Qwen2.5): biased Q/K/V projections, NEOX rope, SwiGLU FFN.
+//!
+//! Tensors per layer `il` (GGUF `[in, out]`, `nq = n_head * hd`, `nkv = n_head_kv * hd`):
+//! `attn_norm [n_embd]`, `attn_q [n_embd, nq]` + bias `[nq]`, `attn_k`/`attn_v
+//! [n_embd, nkv]` + biases `[nkv]`, `attn_output [nq, n_embd]`, `ffn_norm [n_embd]`,
+//! `ffn_gate`/`ffn_up [n_embd, n_ff]`, `ffn_down [n_ff, n_embd]`. The biases are
+//! required, as llama.cpp requires them for this architecture.
+
+use minfer_gguf::GgufFile;
+use minfer_graph::{FusedQkvMeta, GraphBuilder, NodeId, RopeStyle};
+
+use crate::common::{named_matmul, qkv_concat_name, rope_and_store, LayerCx};
+use crate::error::ModelError;
+use crate::hparams::HParams;
+use crate::model::Decoder;
+use crate::weights::{blk, blk_bias, matrix, vector, LayerWeights, Weights};
+use crate::ModelDef;
+
+/// The `general.architecture` value.
+pub const ARCH: &str = "qwen2";
+
+/// Reads and validates a Qwen2 model's hyperparameters and tensors.
+pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
+    let hp = HParams::read(file, ARCH, RopeStyle::NonInterleaved)?;
+    let (tok_embd, output_norm, output, tied) = Weights::globals(file, hp.n_embd, hp.n_vocab)?;
+    let (nq, nkv, ne) = (hp.n_q_embd(), hp.n_kv_embd(), hp.n_embd);
+    let layers = (0..hp.n_layer)
+        .map(|il| {
+            Ok(LayerWeights {
+                attn_norm: vector(file, &blk(il, "attn_norm"), ne)?,
+                wq: matrix(file, &blk(il, "attn_q"), ne, nq)?,
+                wk: matrix(file, &blk(il, "attn_k"), ne, nkv)?,
+                wv: matrix(file, &blk(il, "attn_v"), ne, nkv)?,
+                wo: matrix(file, &blk(il, "attn_output"), nq, ne)?,
+                bias: Some([
+                    vector(file, &blk_bias(il, "attn_q"), nq)?,
+                    vector(file, &blk_bias(il, "attn_k"), nkv)?,
+                    vector(file, &blk_bias(il, "attn_v"), nkv)?,
+                ]),
+                qk_norm: None,
+                ffn_norm: vector(file, &blk(il, "ffn_norm"), ne)?,
+                gate: matrix(file, &blk(il, "ffn_gate"), ne, hp.n_ff)?,
+                up: matrix(file, &blk(il, "ffn_up"), ne, hp.n_ff)?,
+                down: matrix(file, &blk(il, "ffn_down"), hp.n_ff, ne)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    let weights = Weights {
+        tok_embd,
+        output_norm,
+        output,
+        tied,
+        layers,
+    };
+    Ok(Box::new(Decoder::new(ARCH, hp, weights, qkv_block)))
+}
+
+/// Q/K/V for one layer (design §4.2). Decode with QKV fusion allowed and a concatenable
+/// q|k|v becomes one `fused_qkv` (concat matmul, biases, rope and KV store in one op);
+/// everything else is three biased matmuls, rope on q and k, and the KV store.
+///
+/// Mixed-type q/k/v (the mixed-quant epilogue class) keeps the unfused chain: that
+/// epilogue is CUDA-only in the design and no graph parameter says CUDA is present.
+fn qkv_block(b: &mut GraphBuilder, cx: &LayerCx<'_>, normed: NodeId) -> NodeId {
+    let lw = cx.lw;
+    let hp = cx.hp;
+    let bias = lw.bias.as_ref();
+    if let Some([bq, bk, bv]) = bias.filter(|_| cx.fuse_qkv && lw.qkv_concat_feasible()) {
+        let meta = FusedQkvMeta {
+            qkv_weight: qkv_concat_name(cx.il),
+            wtype: lw.wq.wtype,
+            n_embd: hp.n_embd,
+            nqt: hp.n_q_embd(),
+            nkt: hp.n_kv_embd(),
+            q_bias: Some(bq.name.clone()),
+            k_bias: Some(bk.name.clone()),
+            v_bias: Some(bv.name.clone()),
+            rope: cx.rope_meta(hp.n_head),
+            n_ctx: cx.n_ctx,
+            kv_elems: cx.kv_elems(),
+        };
+        let f = b.fused_qkv(normed, cx.pos, cx.il, meta);
+        b.set_name(f, &cx.name("qkv_fused"));
+        return f;
+    }
+    let [bq, bk, bv] = match bias {
+        Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+        None => [None; 3],
+    };
+    let q = named_matmul(b, cx, "Qcur", normed, &lw.wq, bq);
+    let k = named_matmul(b, cx, "Kcur", normed, &lw.wk, bk);
+    let v = named_matmul(b, cx, "Vcur", normed, &lw.wv, bv);
+    rope_and_store(b, cx, q, k, v)
+}

@@ -1,0 +1,395 @@
+//! Tiny random-weight models for tests, written with the project's own GGUF writer.
+//!
+//! The files are complete enough for llama.cpp to load: every `{arch}.*` key it reads,
+//! and a byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2", pre "qwen2") whose
+//! tokens are the 256 byte symbols, two-letter filler tokens with their merges, then
+//! `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` as control tokens at the end.
+//!
+//! Weights come from a fixed PRNG using only correctly rounded IEEE operations (adds,
+//! multiplies, `sqrt`), so the same [`TinySpec`] gives the same bytes on every platform
+//! — which is what lets golden outputs be committed for files regenerated in CI.
+//! Matrices are normal with std `1/sqrt(fan_in)` so activations stay O(1); norm scales
+//! are `1 + 0.1·N(0, 1)`, biases `0.1·N(0, 1)`. The embedding has std 0.1 so that a tied lm head does not just
+//! echo the last input token, and the output norm is scaled by [`TINY_OUTPUT_GAIN`] to
+//! spread the logits, so greedy picks are rarely near-ties that float noise could flip.
+
+use std::path::Path;
+
+use minfer_gguf::{GgmlType, GgufError, GgufWriter, MetaType, MetaValue};
+
+use crate::weights::{blk, blk_bias, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+
+/// Control tokens appended at the end of the vocabulary, in this order.
+pub const CONTROL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// Rope theta written into tiny models.
+pub const TINY_ROPE_FREQ_BASE: f32 = 10000.0;
+
+/// Scale of the final norm, which sets the spread of the logits (std about this value).
+pub const TINY_OUTPUT_GAIN: f64 = 4.0;
+
+/// Standard deviation of the embedding table.
+const EMBD_STD: f64 = 0.1;
+
+/// RMSNorm epsilon written into tiny models.
+pub const TINY_RMS_EPS: f32 = 1e-6;
+
+/// Geometry, storage type and seed of a tiny model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TinySpec {
+    /// `"qwen2"` or `"qwen3"`.
+    pub arch: &'static str,
+    /// Blocks.
+    pub n_layer: usize,
+    /// Residual width.
+    pub n_embd: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads.
+    pub n_head_kv: usize,
+    /// Head dimension (Qwen2 requires `n_embd / n_head`).
+    pub head_dim: usize,
+    /// FFN width.
+    pub n_ff: usize,
+    /// Vocabulary size (at least 259: bytes plus the control tokens).
+    pub n_vocab: usize,
+    /// `context_length`.
+    pub n_ctx: usize,
+    /// Type of the matrices (norms and biases stay F32); their input widths must be
+    /// whole blocks of it.
+    pub wtype: GgmlType,
+    /// Omit `output.weight` so the lm head is the embedding.
+    pub tied: bool,
+    /// PRNG seed.
+    pub seed: u64,
+}
+
+impl TinySpec {
+    /// A small Qwen2: 2 layers, width 128, 4 heads over 2 KV heads, untied head.
+    pub fn qwen2(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "qwen2",
+            n_layer: 2,
+            n_embd: 128,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 32,
+            n_ff: 256,
+            n_vocab: 512,
+            n_ctx: 256,
+            wtype,
+            tied: false,
+            seed,
+        }
+    }
+
+    /// A small Qwen3 with a decoupled head dim (64 vs 128/4): 2 layers, tied head.
+    pub fn qwen3(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "qwen3",
+            n_layer: 2,
+            n_embd: 128,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_ff: 256,
+            n_vocab: 512,
+            n_ctx: 256,
+            wtype,
+            tied: true,
+            seed,
+        }
+    }
+
+    /// A Qwen3 whose every matrix row is a whole k-quant super-block (256): width 256,
+    /// 8 heads of 64 (decoupled: 256/8 = 32) over 2 KV heads, 2 layers, tied head.
+    pub fn qwen3_kquant(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            n_embd: 256,
+            n_head: 8,
+            n_head_kv: 2,
+            head_dim: 64,
+            ..Self::qwen3(wtype, seed)
+        }
+    }
+}
+
+// Seeds picked among the first 150 for wide top-1 margins along the 32-token greedy path
+// of every type in the family, preferring continuations that do not repeat one token.
+const QWEN2_SEED: u64 = 75;
+const QWEN3_SEED: u64 = 147;
+const KQUANT_SEED: u64 = 57;
+
+/// The committed golden set: file stem and spec. Golden outputs in `tests/golden/`
+/// are keyed by the stem; regenerate them whenever this list changes.
+pub fn golden_models() -> Vec<(&'static str, TinySpec)> {
+    vec![
+        ("qwen2-f32", TinySpec::qwen2(GgmlType::F32, QWEN2_SEED)),
+        ("qwen2-q8_0", TinySpec::qwen2(GgmlType::Q8_0, QWEN2_SEED)),
+        ("qwen3-f32", TinySpec::qwen3(GgmlType::F32, QWEN3_SEED)),
+        ("qwen3-f16", TinySpec::qwen3(GgmlType::F16, QWEN3_SEED)),
+        ("qwen3-q8_0", TinySpec::qwen3(GgmlType::Q8_0, QWEN3_SEED)),
+        (
+            "qwen3-q4_k",
+            TinySpec::qwen3_kquant(GgmlType::Q4K, KQUANT_SEED),
+        ),
+        (
+            "qwen3-q6_k",
+            TinySpec::qwen3_kquant(GgmlType::Q6K, KQUANT_SEED),
+        ),
+    ]
+}
+
+/// Writes the model `spec` describes to `path` (atomically, via the GGUF writer).
+pub fn write_tiny_model(path: &Path, spec: &TinySpec) -> Result<(), GgufError> {
+    tiny_model_writer(spec)?.write_to(path)
+}
+
+/// The file `spec` describes, as bytes.
+pub fn tiny_model_bytes(spec: &TinySpec) -> Result<Vec<u8>, GgufError> {
+    tiny_model_writer(spec)?.to_bytes()
+}
+
+fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError> {
+    let mut w = GgufWriter::new();
+    metadata(&mut w, spec)?;
+    tokenizer(&mut w, spec.n_vocab)?;
+    let mut rng = Rng::new(spec.seed);
+    let (ne, nq, nkv, nf) = (
+        spec.n_embd,
+        spec.n_head * spec.head_dim,
+        spec.n_head_kv * spec.head_dim,
+        spec.n_ff,
+    );
+    let embd = rng.normal_vec(ne * spec.n_vocab, EMBD_STD);
+    w.add_tensor_f32(
+        TOKEN_EMBD,
+        &[ne as u64, spec.n_vocab as u64],
+        spec.wtype,
+        &embd,
+    )?;
+    for il in 0..spec.n_layer {
+        let mut mat = |w: &mut GgufWriter, name: String, i: usize, o: usize| {
+            let v = rng.normal_vec(i * o, 1.0 / (i as f64).sqrt());
+            w.add_tensor_f32(&name, &[i as u64, o as u64], spec.wtype, &v)
+                .map(|_| ())
+        };
+        mat(&mut w, blk(il, "attn_q"), ne, nq)?;
+        mat(&mut w, blk(il, "attn_k"), ne, nkv)?;
+        mat(&mut w, blk(il, "attn_v"), ne, nkv)?;
+        mat(&mut w, blk(il, "attn_output"), nq, ne)?;
+        mat(&mut w, blk(il, "ffn_gate"), ne, nf)?;
+        mat(&mut w, blk(il, "ffn_up"), ne, nf)?;
+        mat(&mut w, blk(il, "ffn_down"), nf, ne)?;
+        let mut vec = |w: &mut GgufWriter, name: String, n: usize, center: f64| {
+            let v: Vec<f32> = rng
+                .normal_vec(n, 0.1)
+                .into_iter()
+                .map(|x| (center + f64::from(x)) as f32)
+                .collect();
+            w.add_tensor_f32(&name, &[n as u64], GgmlType::F32, &v)
+                .map(|_| ())
+        };
+        vec(&mut w, blk(il, "attn_norm"), ne, 1.0)?;
+        vec(&mut w, blk(il, "ffn_norm"), ne, 1.0)?;
+        if spec.arch == "qwen3" {
+            vec(&mut w, blk(il, "attn_q_norm"), spec.head_dim, 1.0)?;
+            vec(&mut w, blk(il, "attn_k_norm"), spec.head_dim, 1.0)?;
+        } else {
+            vec(&mut w, blk_bias(il, "attn_q"), nq, 0.0)?;
+            vec(&mut w, blk_bias(il, "attn_k"), nkv, 0.0)?;
+            vec(&mut w, blk_bias(il, "attn_v"), nkv, 0.0)?;
+        }
+    }
+    let norm: Vec<f32> = rng
+        .normal_vec(ne, 0.1)
+        .into_iter()
+        .map(|x| ((1.0 + f64::from(x)) * TINY_OUTPUT_GAIN) as f32)
+        .collect();
+    w.add_tensor_f32(OUTPUT_NORM, &[ne as u64], GgmlType::F32, &norm)?;
+    if !spec.tied {
+        // The same logit spread as a tied head over the embedding would give.
+        let out = rng.normal_vec(ne * spec.n_vocab, EMBD_STD);
+        w.add_tensor_f32(OUTPUT, &[ne as u64, spec.n_vocab as u64], spec.wtype, &out)?;
+    }
+    Ok(w)
+}
+
+fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
+    let a = spec.arch;
+    let u32_of = |key: &str, v: usize| {
+        u32::try_from(v)
+            .map(MetaValue::U32)
+            .map_err(|_| GgufError::InvalidMeta {
+                key: key.to_string(),
+                reason: format!("{v} does not fit in u32"),
+            })
+    };
+    w.add_meta("general.architecture", MetaValue::String(a.into()))
+        .add_meta(
+            "general.name",
+            MetaValue::String(format!("minfer tiny {a} {}", spec.wtype)),
+        );
+    for (name, v) in [
+        ("context_length", spec.n_ctx),
+        ("embedding_length", spec.n_embd),
+        ("block_count", spec.n_layer),
+        ("feed_forward_length", spec.n_ff),
+        ("attention.head_count", spec.n_head),
+        ("attention.head_count_kv", spec.n_head_kv),
+    ] {
+        let key = format!("{a}.{name}");
+        let v = u32_of(&key, v)?;
+        w.add_meta(&key, v);
+    }
+    if a == "qwen3" {
+        for name in ["attention.key_length", "attention.value_length"] {
+            let key = format!("{a}.{name}");
+            let v = u32_of(&key, spec.head_dim)?;
+            w.add_meta(&key, v);
+        }
+    }
+    w.add_meta(
+        &format!("{a}.attention.layer_norm_rms_epsilon"),
+        MetaValue::F32(TINY_RMS_EPS),
+    )
+    .add_meta(
+        &format!("{a}.rope.freq_base"),
+        MetaValue::F32(TINY_ROPE_FREQ_BASE),
+    );
+    Ok(())
+}
+
+/// GPT-2's byte-to-symbol map: printable bytes stand for themselves, the others are
+/// shifted to code points 256.. in byte order.
+fn byte_symbol(b: u8) -> char {
+    let printable = |c: u8| (b'!'..=b'~').contains(&c) || (0xA1..=0xAC).contains(&c) || c >= 0xAE;
+    if printable(b) {
+        return char::from(b);
+    }
+    let shifted = (0..b).filter(|&c| !printable(c)).count() as u32;
+    char::from_u32(256 + shifted).unwrap_or('?')
+}
+
+fn tokenizer(w: &mut GgufWriter, n_vocab: usize) -> Result<(), GgufError> {
+    let n_fill = n_vocab
+        .checked_sub(256 + CONTROL_TOKENS.len())
+        .ok_or_else(|| GgufError::InvalidMeta {
+            key: "tokenizer.ggml.tokens".into(),
+            reason: format!("n_vocab {n_vocab} is below the 259 byte and control tokens"),
+        })?;
+    let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_symbol(b).to_string()).collect();
+    let mut merges = Vec::new();
+    let letters: Vec<char> = ('a'..='z').collect();
+    for i in 0..n_fill {
+        // Two-letter tokens reachable through their merge; past 26*26 the fillers are
+        // unreachable but still valid vocabulary entries.
+        if i < letters.len() * letters.len() {
+            let (x, y) = (letters[i / letters.len()], letters[i % letters.len()]);
+            tokens.push(format!("{x}{y}"));
+            merges.push(format!("{x} {y}"));
+        } else {
+            tokens.push(format!("[fill{i}]"));
+        }
+    }
+    let mut types = vec![1i32; tokens.len()];
+    tokens.extend(CONTROL_TOKENS.iter().map(|s| s.to_string()));
+    types.extend([3i32; CONTROL_TOKENS.len()]);
+    let id = |k: usize| (n_vocab - CONTROL_TOKENS.len() + k) as u32;
+    let strings = |v: Vec<String>| {
+        MetaValue::Array(
+            MetaType::String,
+            v.into_iter().map(MetaValue::String).collect(),
+        )
+    };
+    w.add_meta("tokenizer.ggml.model", MetaValue::String("gpt2".into()))
+        .add_meta("tokenizer.ggml.pre", MetaValue::String("qwen2".into()))
+        .add_meta("tokenizer.ggml.tokens", strings(tokens))
+        .add_meta(
+            "tokenizer.ggml.token_type",
+            MetaValue::Array(
+                MetaType::I32,
+                types.into_iter().map(MetaValue::I32).collect(),
+            ),
+        )
+        .add_meta("tokenizer.ggml.merges", strings(merges))
+        .add_meta("tokenizer.ggml.bos_token_id", MetaValue::U32(id(0)))
+        .add_meta("tokenizer.ggml.eos_token_id", MetaValue::U32(id(2)))
+        .add_meta("tokenizer.ggml.padding_token_id", MetaValue::U32(id(0)))
+        .add_meta("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
+    Ok(())
+}
+
+/// splitmix64 with an Irwin–Hall normal (sum of four uniforms): only adds, multiplies
+/// and `sqrt`, all correctly rounded, so results are identical on every platform.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1) with 53 bits.
+    fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Approximately N(0, 1): four uniforms have variance 1/3 around 2.
+    fn normal(&mut self) -> f64 {
+        let s: f64 = (0..4).map(|_| self.uniform()).sum();
+        (s - 2.0) * 3f64.sqrt()
+    }
+
+    fn normal_vec(&mut self, n: usize, std: f64) -> Vec<f32> {
+        (0..n).map(|_| (self.normal() * std) as f32).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_symbols_are_the_gpt2_map() {
+        assert_eq!(byte_symbol(b'a'), 'a');
+        assert_eq!(byte_symbol(b' '), 'Ġ');
+        assert_eq!(byte_symbol(b'\n'), 'Ċ');
+        assert_eq!(byte_symbol(0), 'Ā');
+        assert_eq!(byte_symbol(0xAD), 'Ń');
+        let distinct: std::collections::BTreeSet<char> = (0..=255u8).map(byte_symbol).collect();
+        assert_eq!(distinct.len(), 256);
+    }
+
+    #[test]
+    fn normals_have_unit_variance_and_repeat_per_seed() {
+        let v = Rng::new(3).normal_vec(20000, 1.0);
+        let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / v.len() as f64;
+        assert!(mean.abs() < 0.03, "{mean}");
+        assert!((var - 1.0).abs() < 0.05, "{var}");
+        assert_eq!(v, Rng::new(3).normal_vec(20000, 1.0));
+        assert_ne!(v, Rng::new(4).normal_vec(20000, 1.0));
+    }
+
+    #[test]
+    fn tiny_vocab_below_the_fixed_tokens_is_refused() {
+        let spec = TinySpec {
+            n_vocab: 200,
+            ..TinySpec::qwen2(GgmlType::F32, 1)
+        };
+        let e = tiny_model_bytes(&spec).unwrap_err().to_string();
+        assert!(e.contains("n_vocab 200"), "{e}");
+    }
+}

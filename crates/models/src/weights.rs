@@ -1,0 +1,173 @@
+//! The tensors a graph references, validated at load time: present, of the shape the
+//! hyperparameters imply (GGUF `[in, out]` order), and of a type their role can use.
+//!
+//! Matrices may be stored in any type the GGUF reader knows (the CPU backend runs all of
+//! them). Vectors — norm scales and biases — must be F32: the kernels read them as plain
+//! floats, and every converter stores one-dimensional tensors that way.
+
+use minfer_gguf::{GgmlType, GgufFile};
+use minfer_graph::{WeightRef, WeightType};
+
+use crate::error::ModelError;
+
+/// GGUF name of the token embedding table.
+pub const TOKEN_EMBD: &str = "token_embd.weight";
+/// GGUF name of the final norm scale.
+pub const OUTPUT_NORM: &str = "output_norm.weight";
+/// GGUF name of the lm head; absent when tied to [`TOKEN_EMBD`].
+pub const OUTPUT: &str = "output.weight";
+
+/// `blk.{il}.{name}.weight`.
+pub fn blk(il: usize, name: &str) -> String {
+    format!("blk.{il}.{name}.weight")
+}
+
+/// `blk.{il}.{name}.bias`.
+pub fn blk_bias(il: usize, name: &str) -> String {
+    format!("blk.{il}.{name}.bias")
+}
+
+/// A matrix `name` of GGUF shape `[in_dim, out_dim]`, any known type.
+pub(crate) fn matrix(
+    file: &GgufFile,
+    name: &str,
+    in_dim: usize,
+    out_dim: usize,
+) -> Result<WeightRef, ModelError> {
+    let ty = checked(file, name, &[in_dim as u64, out_dim as u64])?;
+    Ok(WeightRef::new(name, WeightType(ty.id()), [in_dim, out_dim]))
+}
+
+/// A vector `name` of length `len`, stored as F32.
+pub(crate) fn vector(file: &GgufFile, name: &str, len: usize) -> Result<WeightRef, ModelError> {
+    let ty = checked(file, name, &[len as u64])?;
+    if ty != GgmlType::F32 {
+        return Err(ModelError::TensorType {
+            name: name.to_string(),
+            ty,
+            reason: "norm scales and biases must be F32",
+        });
+    }
+    Ok(WeightRef::new(name, WeightType::F32, [len, 1]))
+}
+
+/// Presence and shape; ggml pads shapes with trailing 1s, so `[n]` equals `[n, 1]`.
+fn checked(file: &GgufFile, name: &str, expected: &[u64]) -> Result<GgmlType, ModelError> {
+    let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor {
+        name: name.to_string(),
+    })?;
+    let pad = |d: &[u64]| {
+        let mut p = [1u64; 4];
+        for (slot, &v) in p.iter_mut().zip(d) {
+            *slot = v;
+        }
+        p
+    };
+    if info.dims.len() > 4 || pad(&info.dims) != pad(expected) {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            expected: format!("{expected:?}"),
+            actual: info.dims.clone(),
+        });
+    }
+    Ok(info.ggml_type)
+}
+
+/// Per-layer tensors; `bias` is Qwen2's, `qk_norm` is Qwen3's.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LayerWeights {
+    pub attn_norm: WeightRef,
+    pub wq: WeightRef,
+    pub wk: WeightRef,
+    pub wv: WeightRef,
+    pub wo: WeightRef,
+    /// q, k, v biases.
+    pub bias: Option<[WeightRef; 3]>,
+    /// Per-head q and k norm scales.
+    pub qk_norm: Option<[WeightRef; 2]>,
+    pub ffn_norm: WeightRef,
+    pub gate: WeightRef,
+    pub up: WeightRef,
+    pub down: WeightRef,
+}
+
+impl LayerWeights {
+    /// Every tensor of the layer, in a fixed order.
+    pub fn all(&self) -> Vec<&WeightRef> {
+        let mut v = vec![&self.attn_norm, &self.wq, &self.wk, &self.wv];
+        v.extend(self.bias.iter().flatten());
+        v.extend(self.qk_norm.iter().flatten());
+        v.extend([&self.wo, &self.ffn_norm, &self.gate, &self.up, &self.down]);
+        v
+    }
+
+    /// Whether q, k and v share a type, so a backend can build their concatenation.
+    pub fn qkv_concat_feasible(&self) -> bool {
+        self.wq.wtype == self.wk.wtype && self.wk.wtype == self.wv.wtype
+    }
+
+    /// Whether gate and up share type and shape, so a backend can concatenate them.
+    pub fn gate_up_concat_feasible(&self) -> bool {
+        self.gate.wtype == self.up.wtype && self.gate.shape == self.up.shape
+    }
+}
+
+/// All tensors of a model.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Weights {
+    pub tok_embd: WeightRef,
+    pub output_norm: WeightRef,
+    /// The lm head: `output.weight`, or the embedding table when tied.
+    pub output: WeightRef,
+    pub tied: bool,
+    pub layers: Vec<LayerWeights>,
+}
+
+impl Weights {
+    /// Every distinct tensor the graph references, embedding first.
+    pub fn all(&self) -> Vec<WeightRef> {
+        let mut v = vec![self.tok_embd.clone()];
+        for l in &self.layers {
+            v.extend(l.all().into_iter().cloned());
+        }
+        v.push(self.output_norm.clone());
+        if !self.tied {
+            v.push(self.output.clone());
+        }
+        v
+    }
+
+    /// Embedding, output norm and lm head (tied when `output.weight` is absent).
+    pub fn globals(
+        file: &GgufFile,
+        n_embd: usize,
+        n_vocab: usize,
+    ) -> Result<(WeightRef, WeightRef, WeightRef, bool), ModelError> {
+        let tok_embd = matrix(file, TOKEN_EMBD, n_embd, n_vocab)?;
+        let output_norm = vector(file, OUTPUT_NORM, n_embd)?;
+        let tied = file.tensor(OUTPUT).is_none();
+        let output = if tied {
+            tok_embd.clone()
+        } else {
+            matrix(file, OUTPUT, n_embd, n_vocab)?
+        };
+        Ok((tok_embd, output_norm, output, tied))
+    }
+}
+
+/// Rows of the embedding table (`dims[1]`), which fixes `n_vocab`.
+pub(crate) fn vocab_rows(file: &GgufFile, n_embd: usize) -> Result<usize, ModelError> {
+    let info = file
+        .tensor(TOKEN_EMBD)
+        .ok_or_else(|| ModelError::MissingTensor {
+            name: TOKEN_EMBD.to_string(),
+        })?;
+    match info.dims.as_slice() {
+        [_, rows] if *rows > 0 => Ok(*rows as usize),
+        _ => Err(ModelError::TensorShape {
+            name: TOKEN_EMBD.to_string(),
+            expected: format!("[{n_embd}, n_vocab]"),
+            actual: info.dims.clone(),
+        }),
+    }
+}

@@ -1,0 +1,258 @@
+//! load_model: dispatch, hyperparameters, and refusals that name what is wrong.
+
+mod common;
+
+use minfer_gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
+use minfer_graph::RopeStyle;
+use minfer_models::testing::{tiny_model_bytes, TinySpec};
+use minfer_models::{load_model, supported_architectures, ModelError};
+
+type TensorEdit = Option<(Vec<u64>, GgmlType, Vec<u8>)>;
+
+/// A tiny model rewritten: `meta` sets (Some) or drops (None) keys; `tensor` returns
+/// `Some(None)` to drop a tensor and `Some(Some(..))` to replace it.
+fn edited(
+    spec: &TinySpec,
+    meta: &[(&str, Option<MetaValue>)],
+    tensor: impl Fn(&str) -> Option<TensorEdit>,
+) -> GgufFile {
+    let src = GgufFile::from_bytes(tiny_model_bytes(spec).unwrap()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata() {
+        if !meta.iter().any(|(key, edit)| key == k && edit.is_none()) {
+            w.add_meta(k, v.clone());
+        }
+    }
+    for (k, v) in meta {
+        if let Some(v) = v {
+            w.add_meta(k, v.clone());
+        }
+    }
+    for t in src.tensors() {
+        match tensor(&t.name) {
+            None => {
+                w.add_tensor_bytes(&t.name, &t.dims, t.ggml_type, src.tensor_data(t).to_vec())
+                    .unwrap();
+            }
+            Some(Some((dims, ty, bytes))) => {
+                w.add_tensor_bytes(&t.name, &dims, ty, bytes).unwrap();
+            }
+            Some(None) => {}
+        }
+    }
+    GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
+}
+
+fn with_meta(spec: &TinySpec, key: &str, value: Option<MetaValue>) -> GgufFile {
+    edited(spec, &[(key, value)], |_| None)
+}
+
+fn with_tensor(spec: &TinySpec, name: &str, edit: TensorEdit) -> GgufFile {
+    edited(spec, &[], |n| (n == name).then(|| edit.clone()))
+}
+
+fn err(f: &GgufFile) -> String {
+    match load_model(f) {
+        Ok(m) => panic!("loaded as {}", m.arch()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn q2() -> TinySpec {
+    TinySpec::qwen2(GgmlType::F32, 3)
+}
+
+#[test]
+fn tiny_models_load_with_their_hyperparameters() {
+    let f = GgufFile::from_bytes(tiny_model_bytes(&q2()).unwrap()).unwrap();
+    let m = load_model(&f).unwrap();
+    assert_eq!(m.arch(), "qwen2");
+    let hp = m.hparams();
+    assert_eq!(
+        (
+            hp.n_layer,
+            hp.n_embd,
+            hp.n_head,
+            hp.n_head_kv,
+            hp.head_dim,
+            hp.n_ff
+        ),
+        (2, 128, 4, 2, 32, 256)
+    );
+    assert_eq!((hp.n_vocab, hp.n_ctx_train), (512, 256));
+    assert_eq!(
+        (hp.rms_eps, hp.rope_freq_base, hp.rope_freq_scale),
+        (1e-6, 10000.0, 1.0)
+    );
+    assert_eq!(m.rope_style(), RopeStyle::NonInterleaved);
+    assert_eq!((m.n_kv_embd(), m.n_embd_head(), m.n_vocab()), (64, 32, 512));
+    assert!(!m.tied_output());
+    // 3 globals + 12 per layer.
+    assert_eq!(m.weight_names().len(), 3 + 12 * 2);
+
+    let f = GgufFile::from_bytes(tiny_model_bytes(&TinySpec::qwen3(GgmlType::F16, 3)).unwrap())
+        .unwrap();
+    let m = load_model(&f).unwrap();
+    assert_eq!(m.arch(), "qwen3");
+    assert_eq!(
+        (m.n_embd_head(), m.hparams().n_q_embd(), m.n_kv_embd()),
+        (64, 256, 128)
+    );
+    assert!(m.tied_output());
+    // 2 globals (tied head) + 11 per layer.
+    assert_eq!(m.weight_names().len(), 2 + 11 * 2);
+}
+
+#[test]
+fn unsupported_architectures_are_refused_with_the_supported_list() {
+    let f = with_meta(
+        &q2(),
+        "general.architecture",
+        Some(MetaValue::String("llama".into())),
+    );
+    assert_eq!(
+        err(&f),
+        "unsupported architecture `llama`; supported: qwen2, qwen3"
+    );
+    assert_eq!(supported_architectures(), ["qwen2", "qwen3"]);
+    let f = with_meta(&q2(), "general.architecture", None);
+    assert!(err(&f).contains("`general.architecture`"), "{}", err(&f));
+}
+
+#[test]
+fn missing_hyperparameters_name_the_key() {
+    for key in [
+        "qwen2.block_count",
+        "qwen2.embedding_length",
+        "qwen2.feed_forward_length",
+        "qwen2.attention.head_count",
+        "qwen2.context_length",
+        "qwen2.attention.layer_norm_rms_epsilon",
+    ] {
+        let e = err(&with_meta(&q2(), key, None));
+        assert!(e.contains(&format!("missing metadata key `{key}`")), "{e}");
+    }
+    // Optional keys fall back to llama.cpp's defaults: without head_count_kv every head
+    // has its own K/V, which these tensors contradict.
+    let f = with_meta(&q2(), "qwen2.attention.head_count_kv", None);
+    assert_eq!(
+        err(&f),
+        "tensor `blk.0.attn_k.weight` has shape [128, 64], expected [128, 128] (GGUF [in, out] order)"
+    );
+    let f = with_meta(&q2(), "qwen2.rope.freq_base", None);
+    assert_eq!(load_model(&f).unwrap().hparams().rope_freq_base, 10000.0);
+}
+
+#[test]
+fn unusable_hyperparameters_name_the_key_and_reason() {
+    let f = with_meta(
+        &q2(),
+        "qwen2.attention.head_count_kv",
+        Some(MetaValue::U32(3)),
+    );
+    let e = err(&f);
+    assert!(
+        e.contains("`qwen2.attention.head_count_kv` = 3") && e.contains("divide"),
+        "{e}"
+    );
+    let f = with_meta(&q2(), "qwen2.block_count", Some(MetaValue::U32(0)));
+    assert!(err(&f).contains("`qwen2.block_count` = 0"), "{}", err(&f));
+    let f = with_meta(
+        &q2(),
+        "qwen2.block_count",
+        Some(MetaValue::String("2".into())),
+    );
+    assert!(
+        err(&f).contains("`qwen2.block_count` has type string"),
+        "{}",
+        err(&f)
+    );
+    let f = with_meta(&q2(), "qwen2.vocab_size", Some(MetaValue::U32(1000)));
+    assert!(
+        err(&f).contains("token_embd.weight has 512 rows"),
+        "{}",
+        err(&f)
+    );
+}
+
+#[test]
+fn rope_scaling_is_linear_or_refused() {
+    let f = with_meta(
+        &q2(),
+        "qwen2.rope.scaling.factor",
+        Some(MetaValue::F32(4.0)),
+    );
+    assert_eq!(load_model(&f).unwrap().hparams().rope_freq_scale, 0.25);
+    let f = with_meta(
+        &q2(),
+        "qwen2.rope.scaling.type",
+        Some(MetaValue::String("yarn".into())),
+    );
+    let e = err(&f);
+    assert!(e.contains("`qwen2.rope.scaling.type` = yarn"), "{e}");
+}
+
+#[test]
+fn missing_tensors_are_named() {
+    let f = with_tensor(&q2(), "blk.1.attn_k.weight", None);
+    assert_eq!(err(&f), "missing tensor `blk.1.attn_k.weight`");
+    let f = with_tensor(&q2(), "blk.0.attn_q.bias", None);
+    assert_eq!(err(&f), "missing tensor `blk.0.attn_q.bias`");
+    let q3 = TinySpec::qwen3(GgmlType::F32, 3);
+    let f = with_tensor(&q3, "blk.1.attn_k_norm.weight", None);
+    assert_eq!(err(&f), "missing tensor `blk.1.attn_k_norm.weight`");
+}
+
+#[test]
+fn a_missing_output_weight_ties_the_head() {
+    let f = with_tensor(&q2(), "output.weight", None);
+    let m = load_model(&f).unwrap();
+    assert!(m.tied_output());
+    assert!(!m.weight_names().iter().any(|n| n == "output.weight"));
+}
+
+#[test]
+fn wrong_shapes_and_types_are_named() {
+    let square = Some((vec![128, 128], GgmlType::F32, vec![0; 128 * 128 * 4]));
+    let f = with_tensor(&q2(), "blk.0.ffn_up.weight", square.clone());
+    assert_eq!(
+        err(&f),
+        "tensor `blk.0.ffn_up.weight` has shape [128, 128], expected [128, 256] (GGUF [in, out] order)"
+    );
+    // The transposed layout is refused too.
+    let f = with_tensor(
+        &q2(),
+        "blk.0.attn_k.weight",
+        Some((vec![64, 128], GgmlType::F32, vec![0; 64 * 128 * 4])),
+    );
+    assert!(
+        err(&f).contains("`blk.0.attn_k.weight` has shape [64, 128], expected [128, 64]"),
+        "{}",
+        err(&f)
+    );
+    let f = with_tensor(
+        &q2(),
+        "blk.0.ffn_norm.weight",
+        Some((vec![128], GgmlType::F16, vec![0; 256])),
+    );
+    assert_eq!(
+        err(&f),
+        "tensor `blk.0.ffn_norm.weight` is stored as F16; norm scales and biases must be F32"
+    );
+    // Matrices may be any type the reader knows.
+    let f = with_tensor(
+        &q2(),
+        "blk.0.attn_v.weight",
+        Some((vec![128, 64], GgmlType::Q8_0, vec![0; 64 * 4 * 34])),
+    );
+    assert!(load_model(&f).is_ok());
+}
+
+#[test]
+fn errors_are_typed() {
+    let f = with_tensor(&q2(), "token_embd.weight", None);
+    assert!(matches!(
+        load_model(&f),
+        Err(ModelError::MissingTensor { .. })
+    ));
+}
