@@ -21,10 +21,10 @@ pub fn write_and_open(dir: &Path, stem: &str, spec: &TinySpec) -> (PathBuf, Gguf
     (path, file)
 }
 
-/// Loads a tiny model straight from its spec (in memory).
+/// Writes a tiny model into a temporary directory, opens it from disk and loads it.
 pub fn tiny(spec: &TinySpec) -> Box<dyn ModelDef> {
-    let bytes = minfer_models::testing::tiny_model_bytes(spec).expect("tiny model bytes");
-    let file = GgufFile::from_bytes(bytes).expect("parse tiny model");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, file) = write_and_open(dir.path(), spec.arch, spec);
     load_model(&file).expect("load tiny model")
 }
 
