@@ -2,11 +2,12 @@
 //! prefill shapes (512 tokens), per weight type, with 1 and 2 threads. Shapes whose row
 //! length is not a whole number of blocks are skipped (896 columns take no k-quant).
 //!
+//! Types with a repacked layout are measured both ways (`x8`: [`RepackedMatrix`]).
 //! Decode cycles through enough copies of each matrix to exceed the last-level cache, so
 //! the figure is memory streaming, not cache bandwidth. Run with
 //! `cargo bench -p minfer-cpu --bench matmul [-- filter]`; the filter matches the type name.
 
-use minfer_cpu::matmul::{matmul, MatmulScratch, QMatrix};
+use minfer_cpu::matmul::{matmul, matmul_repacked, MatmulScratch, QMatrix, RepackedMatrix};
 use minfer_cpu::quant::Isa;
 use minfer_cpu::threadpool::ThreadPool;
 use minfer_gguf::quant::quantize_to_vec;
@@ -57,32 +58,53 @@ fn time(min: Duration, mut f: impl FnMut()) -> f64 {
     start.elapsed().as_secs_f64() / n as f64
 }
 
-fn decode(ty: GgmlType, rows: usize, cols: usize, pools: &[ThreadPool]) {
-    if !cols.is_multiple_of(ty.block_size()) {
+fn decode(ty: GgmlType, rows: usize, cols: usize, pools: &[ThreadPool], repacked: bool) {
+    if !cols.is_multiple_of(ty.block_size()) || (repacked && !RepackedMatrix::supports(ty)) {
         return;
     }
     let (store, len) = matrix(ty, rows, cols);
     let copies = (STREAM_BYTES / len).clamp(1, 64);
+    fn q(ty: GgmlType, s: &[u64], len: usize, rows: usize, cols: usize) -> QMatrix<'_> {
+        QMatrix {
+            ty,
+            data: &bytemuck::cast_slice::<u64, u8>(s)[..len],
+            rows,
+            cols,
+        }
+    }
     let stores: Vec<Vec<u64>> = (0..copies).map(|_| store.clone()).collect();
+    let packed: Vec<RepackedMatrix> = if repacked {
+        let one =
+            RepackedMatrix::from_qmatrix(&q(ty, &store, len, rows, cols)).expect("valid shapes");
+        (0..copies).map(|_| one.clone()).collect()
+    } else {
+        Vec::new()
+    };
     let x = rand_f32(cols, 3);
     let mut y = vec![0.0; rows];
     let mut scratch = MatmulScratch::new();
     for pool in pools {
         let mut i = 0;
         let secs = time(Duration::from_millis(600), || {
-            let data = &bytemuck::cast_slice::<u64, u8>(&stores[i % copies])[..len];
+            if repacked {
+                matmul_repacked(pool, &packed[i % copies], &x, 1, &mut y, &mut scratch)
+            } else {
+                matmul(
+                    pool,
+                    &q(ty, &stores[i % copies], len, rows, cols),
+                    &x,
+                    1,
+                    &mut y,
+                    &mut scratch,
+                )
+            }
+            .expect("valid shapes");
             i += 1;
-            let m = QMatrix {
-                ty,
-                data,
-                rows,
-                cols,
-            };
-            matmul(pool, &m, &x, 1, &mut y, &mut scratch).expect("valid shapes");
         });
         println!(
-            "decode  {:<5} {:>6}x{:<5} t={}  {:>8.1} us  {:>6.2} GB/s",
+            "decode  {:<5}{} {:>6}x{:<5} t={}  {:>8.1} us  {:>6.2} GB/s",
             ty.name(),
+            if repacked { "x8" } else { "  " },
             rows,
             cols,
             pool.n_threads(),
@@ -120,8 +142,15 @@ fn cached(ty: GgmlType, pool: &ThreadPool) {
     );
 }
 
-fn prefill(ty: GgmlType, rows: usize, cols: usize, nt: usize, pools: &[ThreadPool]) {
-    if !cols.is_multiple_of(ty.block_size()) {
+fn prefill(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    nt: usize,
+    pools: &[ThreadPool],
+    repacked: bool,
+) {
+    if !cols.is_multiple_of(ty.block_size()) || (repacked && !RepackedMatrix::supports(ty)) {
         return;
     }
     let (store, len) = matrix(ty, rows, cols);
@@ -135,13 +164,19 @@ fn prefill(ty: GgmlType, rows: usize, cols: usize, nt: usize, pools: &[ThreadPoo
         rows,
         cols,
     };
+    let packed = repacked.then(|| RepackedMatrix::from_qmatrix(&m).expect("valid shapes"));
     for pool in pools {
         let secs = time(Duration::from_millis(800), || {
-            matmul(pool, &m, &x, nt, &mut y, &mut scratch).expect("valid shapes");
+            match &packed {
+                Some(p) => matmul_repacked(pool, p, &x, nt, &mut y, &mut scratch),
+                None => matmul(pool, &m, &x, nt, &mut y, &mut scratch),
+            }
+            .expect("valid shapes");
         });
         println!(
-            "prefill {:<5} {:>6}x{:<5} nt={nt} t={}  {:>8.2} ms  {:>7.1} GOP/s  {:>8.0} tok/s",
+            "prefill {:<5}{} {:>6}x{:<5} nt={nt} t={}  {:>8.2} ms  {:>7.1} GOP/s  {:>8.0} tok/s",
             ty.name(),
+            if repacked { "x8" } else { "  " },
             rows,
             cols,
             pool.n_threads(),
@@ -185,15 +220,24 @@ fn main() {
     for ty in main_types.into_iter().filter(|t| wanted(*t)) {
         cached(ty, &pools[0]);
     }
+    let decode_shapes = [(4864, 896), (896, 4864), (896, 896), (128, 896)];
     for ty in main_types.into_iter().filter(|t| wanted(*t)) {
-        decode(ty, 4864, 896, &pools);
-        decode(ty, 896, 4864, &pools);
+        for repacked in [false, true] {
+            for (rows, cols) in decode_shapes {
+                decode(ty, rows, cols, &pools, repacked);
+            }
+        }
     }
     for ty in [Q8_0].into_iter().filter(|t| wanted(*t)) {
-        decode(ty, 151936, 896, &pools);
+        for repacked in [false, true] {
+            decode(ty, 151936, 896, &pools, repacked);
+        }
     }
     for ty in main_types.into_iter().filter(|t| wanted(*t)) {
-        prefill(ty, 4864, 896, 512, &pools);
-        prefill(ty, 896, 4864, 512, &pools);
+        for repacked in [false, true] {
+            for (rows, cols) in decode_shapes {
+                prefill(ty, rows, cols, 512, &pools, repacked);
+            }
+        }
     }
 }

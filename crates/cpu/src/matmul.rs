@@ -21,6 +21,9 @@ use minfer_gguf::GgmlType;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+mod repacked;
+pub use repacked::{matmul_repacked, matmul_repacked_with, RepackedMatrix};
+
 /// Tokens per kernel call in prefill.
 const TOKEN_GROUP: usize = 4;
 /// Rows per tile when decoding one token (small, for load balance).
@@ -108,6 +111,10 @@ pub enum MatmulError {
 pub struct MatmulScratch {
     q8_0: Vec<BlockQ8_0>,
     q8k: Vec<BlockQ8K>,
+    /// Q8_0 scales widened to f32 (repacked kernels).
+    yd: Vec<f32>,
+    /// Q8_0 level sums per block (repacked kernels).
+    ys: Vec<i32>,
 }
 
 impl MatmulScratch {

@@ -1,9 +1,9 @@
 //! A persistent thread pool: `n - 1` spawned workers plus the calling thread, one barrier
 //! per [`ThreadPool::run`], no allocation per call.
 //!
-//! Workers spin briefly on an epoch counter after each run (a decode step issues hundreds of
-//! short parallel regions back to back, and waking a parked thread costs microseconds),
-//! then park on a condition variable so an idle pool costs no CPU.
+//! Workers poll an epoch counter for a few milliseconds after each run (a decode step issues
+//! hundreds of short parallel regions back to back, and waking a parked thread costs about
+//! 100 µs), then park on a condition variable so an idle pool costs no CPU.
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
@@ -13,23 +13,31 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long a waiting thread spins before it parks. Long enough to bridge the gap between
-/// back-to-back runs, short enough that a descheduled partner thread (oversubscribed
-/// machine) gets the core back soon.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long a waiting thread busy-spins before it starts yielding: covers the gap between
+/// back-to-back runs of one forward pass (a decode step issues ~150 regions a few µs apart).
+const SPIN_HOT: Duration = Duration::from_micros(100);
+/// How long it keeps polling (yielding the core between polls) before it parks. Waking a
+/// parked thread costs ~100 µs, more than many whole regions, so the pool stays awake
+/// across the serial gaps inside a forward pass and between decoded tokens; yielding lets
+/// an oversubscribed machine run other work on the core meanwhile.
+const SPIN_TOTAL: Duration = Duration::from_millis(4);
 
-/// Spins until `done()` holds or [`SPIN`] elapsed; returns whether it holds.
+/// Polls until `done()` holds or [`SPIN_TOTAL`] elapsed; returns whether it holds.
 fn spin_until(done: impl Fn() -> bool) -> bool {
     let start = Instant::now();
     loop {
-        for _ in 0..32 {
+        for _ in 0..64 {
             if done() {
                 return true;
             }
             std::hint::spin_loop();
         }
-        if start.elapsed() >= SPIN {
+        let waited = start.elapsed();
+        if waited >= SPIN_TOTAL {
             return done();
+        }
+        if waited >= SPIN_HOT {
+            std::thread::yield_now();
         }
     }
 }

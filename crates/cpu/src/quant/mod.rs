@@ -31,6 +31,7 @@ mod q5_1;
 mod q5_k;
 mod q6_k;
 mod q8_0;
+pub(crate) mod repack;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(test)]
