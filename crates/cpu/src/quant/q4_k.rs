@@ -95,7 +95,25 @@ pub(super) fn dot_k4_scalar<W: K4Like, const NT: usize>(
     acc
 }
 
-/// AVX2 version of [`dot_k4_scalar`].
+/// The eight 6-bit scales and mins as little-endian byte lanes of two u64s, unpacked with
+/// word operations: bytes 0-3 hold scales 0-3 (low 6 bits) and the top bits of scales 4-7,
+/// bytes 4-7 the same for the mins, bytes 8-11 the low nibbles of scales 4-7 (low half)
+/// and of mins 4-7 (high half).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn scales_mins_u64(p: &[u8; 12]) -> (u64, u64) {
+    let w = |k: usize| u32::from_le_bytes([p[4 * k], p[4 * k + 1], p[4 * k + 2], p[4 * k + 3]]);
+    let (a0, a1, a2) = (w(0), w(1), w(2));
+    let lo6 = 0x3f3f_3f3f;
+    let sc_hi = (a2 & 0x0f0f_0f0f) | ((a0 >> 2) & 0x3030_3030);
+    let m_hi = ((a2 >> 4) & 0x0f0f_0f0f) | ((a1 >> 2) & 0x3030_3030);
+    (
+        (a0 & lo6) as u64 | (sc_hi as u64) << 32,
+        (a1 & lo6) as u64 | (m_hi as u64) << 32,
+    )
+}
+
+/// AVX2 version of [`dot_k4_scalar`]: same exact integers, same float formula.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
@@ -105,16 +123,29 @@ pub(super) unsafe fn dot_k4_avx2<W: K4Like, const NT: usize>(
     w: &[W],
     x: [&[BlockQ8K]; NT],
 ) -> [f32; NT] {
-    use super::simd::{f16_to_f32, hsum_epi32};
     use std::arch::x86_64::*;
     let x = x.map(|a| &a[..w.len()]);
     let mut acc = [0.0f32; NT];
     let nib = _mm256_set1_epi8(0x0f);
     let one = _mm256_set1_epi8(1);
+    // Control j broadcasts i16 lane j of a 128-bit half to all its lanes.
+    let bcast: [__m256i; 8] = [
+        _mm256_set1_epi16(0x0100),
+        _mm256_set1_epi16(0x0302),
+        _mm256_set1_epi16(0x0504),
+        _mm256_set1_epi16(0x0706),
+        _mm256_set1_epi16(0x0908),
+        _mm256_set1_epi16(0x0b0a),
+        _mm256_set1_epi16(0x0d0c),
+        _mm256_set1_epi16(0x0f0e),
+    ];
     for (i, wb) in w.iter().enumerate() {
         let (d, dmin, packed, qs, qh) = wb.parts();
-        let (d, dmin) = (f16_to_f32(d), f16_to_f32(dmin));
-        let (sc, m) = scales_mins(packed);
+        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128((d as u32 | (dmin as u32) << 16) as i32));
+        let (d, dmin) = (_mm_cvtss_f32(dd), _mm_cvtss_f32(_mm_movehdup_ps(dd)));
+        let (sc, m) = scales_mins_u64(packed);
+        let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        let m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(m as i64));
         let hbits = if W::HIGH {
             _mm256_loadu_si256(qh.as_ptr().cast())
         } else {
@@ -133,8 +164,8 @@ pub(super) unsafe fn dot_k4_avx2<W: K4Like, const NT: usize>(
                 let h = _mm256_srli_epi16(h, 1);
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(h, one), 4));
             }
-            let s_lo = _mm256_set1_epi16(sc[2 * c] as i16);
-            let s_hi = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+            let s_lo = _mm256_shuffle_epi8(sc16, bcast[2 * c]);
+            let s_hi = _mm256_shuffle_epi8(sc16, bcast[2 * c + 1]);
             for t in 0..NT {
                 let yq = x[t][i].qs.as_ptr();
                 // SAFETY: offsets 64c and 64c + 32 plus 32 bytes stay within the 256 levels.
@@ -147,8 +178,18 @@ pub(super) unsafe fn dot_k4_avx2<W: K4Like, const NT: usize>(
         }
         for t in 0..NT {
             let y = &x[t][i];
-            let summ = min_sum(&m, &y.bsums);
-            let si = hsum_epi32(sumi[t]);
+            // SAFETY: 16 i16 group sums.
+            let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+            // Pair sums of two 16-level groups stay within ±4064.
+            let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            let mm = _mm_madd_epi16(pairs, m16);
+            let v = _mm_add_epi32(
+                _mm256_castsi256_si128(sumi[t]),
+                _mm256_extracti128_si256(sumi[t], 1),
+            );
+            let h = _mm_hadd_epi32(v, mm);
+            let h = _mm_hadd_epi32(h, h);
+            let (si, summ) = (_mm_cvtsi128_si32(h), _mm_extract_epi32(h, 1));
             acc[t] += (y.d * d) * si as f32 - (y.d * dmin) * summ as f32;
         }
     }
@@ -180,5 +221,20 @@ mod tests {
             check_kernel::<BlockQ4K>(n, seed);
         }
         check_length_error::<BlockQ4K>();
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn word_unpacking_matches_scale_min_k4() {
+        let mut p = [0u8; 12];
+        for seed in 0..200u32 {
+            for (k, b) in p.iter_mut().enumerate() {
+                *b = (seed.wrapping_mul(2_654_435_761).rotate_left(k as u32 * 3) >> 7) as u8;
+            }
+            let (sc, m) = scales_mins(&p);
+            let (sc64, m64) = scales_mins_u64(&p);
+            assert_eq!(sc64.to_le_bytes(), sc, "{p:?}");
+            assert_eq!(m64.to_le_bytes(), m, "{p:?}");
+        }
     }
 }

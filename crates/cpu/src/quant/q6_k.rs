@@ -59,10 +59,22 @@ unsafe fn dot_avx2_impl<const NT: usize>(w: &[BlockQ6K], x: [&[BlockQ8K]; NT]) -
     let mut acc = [0.0f32; NT];
     let m4 = _mm256_set1_epi8(0x0f);
     let m2 = _mm256_set1_epi8(0x03);
+    // Control k broadcasts i16 lane 2k to the low half and lane 2k + 1 to the high half.
+    let pair: [__m256i; 4] = [
+        _mm256_set_m128i(_mm_set1_epi16(0x0302), _mm_set1_epi16(0x0100)),
+        _mm256_set_m128i(_mm_set1_epi16(0x0706), _mm_set1_epi16(0x0504)),
+        _mm256_set_m128i(_mm_set1_epi16(0x0b0a), _mm_set1_epi16(0x0908)),
+        _mm256_set_m128i(_mm_set1_epi16(0x0f0e), _mm_set1_epi16(0x0d0c)),
+    ];
     for (i, wb) in w.iter().enumerate() {
         let d = f16_to_f32(wb.d.to_bits());
         // SAFETY: 16 scale bytes.
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.scales.as_ptr().cast()));
+        // Scales 8n..8n+8 in both 128-bit halves, for the per-group broadcasts below.
+        let halves = [
+            _mm256_permute4x64_epi64(sc16, 0b01_00_01_00),
+            _mm256_permute4x64_epi64(sc16, 0b11_10_11_10),
+        ];
         let mut sumi = [_mm256_setzero_si256(); NT];
         for n in 0..2 {
             // SAFETY: offsets 64n, 64n + 32 (+32 bytes) lie within ql; 32n (+32) within qh.
@@ -88,11 +100,8 @@ unsafe fn dot_avx2_impl<const NT: usize>(w: &[BlockQ6K], x: [&[BlockQ8K]; NT]) -
                 ),
             ];
             for (k, &qk) in q.iter().enumerate() {
-                let g = 8 * n + 2 * k;
-                let s = _mm256_set_m128i(
-                    _mm_set1_epi16(wb.scales[g + 1] as i16),
-                    _mm_set1_epi16(wb.scales[g] as i16),
-                );
+                // Group 8n + 2k scales the low half, group 8n + 2k + 1 the high half.
+                let s = _mm256_shuffle_epi8(halves[n], pair[k]);
                 for t in 0..NT {
                     // SAFETY: 128n + 32k + 32 <= 256 levels.
                     let y = _mm256_loadu_si256(x[t][i].qs.as_ptr().add(128 * n + 32 * k).cast());
