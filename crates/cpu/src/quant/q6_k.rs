@@ -76,7 +76,7 @@ unsafe fn dot_avx2_impl<const NT: usize>(w: &[BlockQ6K], x: [&[BlockQ8K]; NT]) -
             _mm256_permute4x64_epi64(sc16, 0b11_10_11_10),
         ];
         let mut sumi = [_mm256_setzero_si256(); NT];
-        for n in 0..2 {
+        for (n, &half) in halves.iter().enumerate() {
             // SAFETY: offsets 64n, 64n + 32 (+32 bytes) lie within ql; 32n (+32) within qh.
             let qa = _mm256_loadu_si256(wb.ql.as_ptr().add(64 * n).cast());
             let qb = _mm256_loadu_si256(wb.ql.as_ptr().add(64 * n + 32).cast());
@@ -101,7 +101,7 @@ unsafe fn dot_avx2_impl<const NT: usize>(w: &[BlockQ6K], x: [&[BlockQ8K]; NT]) -
             ];
             for (k, &qk) in q.iter().enumerate() {
                 // Group 8n + 2k scales the low half, group 8n + 2k + 1 the high half.
-                let s = _mm256_shuffle_epi8(halves[n], pair[k]);
+                let s = _mm256_shuffle_epi8(half, pair[k]);
                 for t in 0..NT {
                     // SAFETY: 128n + 32k + 32 <= 256 levels.
                     let y = _mm256_loadu_si256(x[t][i].qs.as_ptr().add(128 * n + 32 * k).cast());
