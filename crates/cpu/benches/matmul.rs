@@ -74,8 +74,18 @@ fn decode(ty: GgmlType, rows: usize, cols: usize, pools: &[ThreadPool], repacked
     }
     let stores: Vec<Vec<u64>> = (0..copies).map(|_| store.clone()).collect();
     let packed: Vec<RepackedMatrix> = if repacked {
+        let start = Instant::now();
         let one =
             RepackedMatrix::from_qmatrix(&q(ty, &store, len, rows, cols)).expect("valid shapes");
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "repack  {:<5}   {:>6}x{:<5} t=1  {:>8.1} us  {:>6.2} GB/s",
+            ty.name(),
+            rows,
+            cols,
+            secs * 1e6,
+            len as f64 / secs / 1e9
+        );
         (0..copies).map(|_| one.clone()).collect()
     } else {
         Vec::new()

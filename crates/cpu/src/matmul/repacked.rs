@@ -46,16 +46,21 @@ impl RepackedMatrix {
         matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0)
     }
 
-    /// Repacks `w`; errors on unsupported types, shapes that are not whole blocks, wrong
-    /// byte counts and misaligned data (as [`super::matmul`] would).
+    /// Repacks `w` on the calling thread; errors on unsupported types, shapes that are not
+    /// whole blocks, wrong byte counts and misaligned data (as [`super::matmul`] would).
     pub fn from_qmatrix(w: &QMatrix) -> Result<Self, MatmulError> {
+        Self::from_qmatrix_in(&ThreadPool::new(1), w)
+    }
+
+    /// [`Self::from_qmatrix`] with the row groups split over `pool`'s threads.
+    pub fn from_qmatrix_in(pool: &ThreadPool, w: &QMatrix) -> Result<Self, MatmulError> {
         if !Self::supports(w.ty) {
             return Err(MatmulError::UnsupportedType(w.ty));
         }
         check_shapes(w, 0, 0, 0)?;
         let tiles = match w.ty {
-            GgmlType::Q8_0 => Tiles::Q8_0(pack::<TileQ8>(w)?),
-            _ => Tiles::Q5_0(pack::<TileQ5>(w)?),
+            GgmlType::Q8_0 => Tiles::Q8_0(pack::<TileQ8>(pool, w)?),
+            _ => Tiles::Q5_0(pack::<TileQ5>(pool, w)?),
         };
         Ok(RepackedMatrix {
             ty: w.ty,
@@ -90,21 +95,28 @@ impl RepackedMatrix {
 }
 
 /// Tiles in group-major order: `tiles[g * blocks_per_row + b]`.
-fn pack<T: Tile>(w: &QMatrix) -> Result<Vec<T>, MatmulError> {
+fn pack<T: Tile>(pool: &ThreadPool, w: &QMatrix) -> Result<Vec<T>, MatmulError> {
     let blocks: &[T::Src] = cast_blocks(w.data).ok_or(MatmulError::Misaligned {
         ty: w.ty,
         align: std::mem::align_of::<T::Src>(),
     })?;
     let nb = w.cols / 32;
     let groups = w.rows.div_ceil(ROWS);
-    let mut tiles = Vec::with_capacity(groups * nb);
-    for g in 0..groups {
-        let rows: [Option<&[T::Src]>; ROWS] = std::array::from_fn(|r| {
-            let row = g * ROWS + r;
-            (row < w.rows).then(|| &blocks[row * nb..(row + 1) * nb])
-        });
-        tiles.extend((0..nb).map(|b| T::pack(rows, b)));
-    }
+    let mut tiles = vec![T::zeroed(); groups * nb];
+    let out = Disjoint::new(&mut tiles);
+    pool.run(&|ith, nth| {
+        for g in chunk_range(groups, ith, nth) {
+            let rows: [Option<&[T::Src]>; ROWS] = std::array::from_fn(|r| {
+                let row = g * ROWS + r;
+                (row < w.rows).then(|| &blocks[row * nb..(row + 1) * nb])
+            });
+            // SAFETY: group ranges of different threads are disjoint.
+            let dst = unsafe { out.slice(g * nb..(g + 1) * nb) };
+            for (b, t) in dst.iter_mut().enumerate() {
+                *t = T::pack(rows, b);
+            }
+        }
+    });
     Ok(tiles)
 }
 
@@ -362,6 +374,37 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Long rows cut prefill into several token chunks; the split must not change a bit.
+    #[test]
+    fn token_chunks_do_not_change_results() {
+        let (rows, cols, nt) = (16, 32 * 200, 30);
+        let bytes = quantize_to_vec(GgmlType::Q5_0, &rand_f32(rows * cols, 5, 1.0)).unwrap();
+        let store = aligned(&bytes);
+        let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
+        let q = QMatrix {
+            ty: GgmlType::Q5_0,
+            data,
+            rows,
+            cols,
+        };
+        let rp = RepackedMatrix::from_qmatrix_in(&ThreadPool::new(3), &q).unwrap();
+        let x = rand_f32(nt * cols, 6, 1.0);
+        let all = run_repacked(Isa::detect(), 2, &rp, &x, nt);
+        for isa in isas() {
+            for t in [0, 13, 29] {
+                let one = run_repacked(isa, 1, &rp, &x[t * cols..(t + 1) * cols], 1);
+                assert_eq!(
+                    one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    all[t * rows..(t + 1) * rows]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect::<Vec<_>>(),
+                    "{isa:?} token {t}"
+                );
             }
         }
     }

@@ -44,7 +44,7 @@ pub(crate) struct TileQ5 {
 /// A tile type: built from eight source rows' blocks, with a scalar and an AVX2 kernel.
 pub(crate) trait Tile: bytemuck::Pod + Send + Sync {
     /// The source block type.
-    type Src: SignedLevels + minfer_gguf::quant::Block;
+    type Src: SignedLevels + minfer_gguf::quant::Block + Sync;
 
     /// Interleaves block `b` of the given rows (`None`: a padding row of zeros).
     fn pack(rows: [Option<&[Self::Src]>; 8], b: usize) -> Self;
@@ -107,8 +107,9 @@ impl Tile for TileQ8 {
             if let Some(row) = row {
                 let blk = &row[b];
                 t.d[r] = blk.d.to_bits();
-                for e in 0..32 {
-                    t.qs[32 * (e / 4) + 4 * r + e % 4] = blk.qs[e];
+                for k in 0..8 {
+                    t.qs[32 * k + 4 * r..32 * k + 4 * r + 4]
+                        .copy_from_slice(&blk.qs[4 * k..4 * k + 4]);
                 }
             }
         }
@@ -136,16 +137,27 @@ impl Tile for TileQ5 {
 
     fn pack(rows: [Option<&[BlockQ5_0]>; 8], b: usize) -> Self {
         let mut t: TileQ5 = bytemuck::Zeroable::zeroed();
+        // u[r][e]: the stored five bits, which already are `q + 16` (element e < 16 takes
+        // the low nibble of qs[e], element e + 16 the high one; bit e of qh is the fifth).
+        let mut u = [[0u8; 32]; 8];
         for (r, row) in rows.iter().enumerate() {
             let Some(row) = row else { continue };
             let blk = &row[b];
             t.d[r] = blk.d.to_bits();
-            let q = blk.levels();
-            for (e, &v) in q.iter().enumerate() {
-                let u = (v as i32 + 16) as u8;
-                let (k, j) = (e / 4, 4 * r + e % 4);
-                t.nib[32 * (k / 2) + j] |= (u & 0x0f) << (4 * (k % 2));
-                t.hb[j] |= ((u >> 4) & 1) << k;
+            let h = u32::from_le_bytes(blk.qh);
+            for e in 0..16 {
+                u[r][e] = (blk.qs[e] & 0x0f) | ((((h >> e) & 1) as u8) << 4);
+                u[r][e + 16] = (blk.qs[e] >> 4) | ((((h >> (e + 16)) & 1) as u8) << 4);
+            }
+        }
+        for (r, ur) in u.iter().enumerate() {
+            for i in 0..4 {
+                let j = 4 * r + i;
+                for m in 0..4 {
+                    let (a, c) = (ur[8 * m + i], ur[8 * m + 4 + i]);
+                    t.nib[32 * m + j] = (a & 0x0f) | (c << 4);
+                }
+                t.hb[j] = (0..8).fold(0, |acc, k| acc | ((ur[4 * k + i] >> 4) << k));
             }
         }
         t
