@@ -98,19 +98,21 @@ pub(super) unsafe fn dot_signed_avx2<W: SignedLevels, const NT: usize>(
     w: &[W],
     x: [&[BlockQ8_0]; NT],
 ) -> [f32; NT] {
-    use super::simd::{dot_u8i8_epi32, f16_to_f32, hsum_ps, load32};
+    use super::simd::{dot_u8i8_epi32, hsum_ps, load32};
     use std::arch::x86_64::*;
     let x = x.map(|a| &a[..w.len()]);
     let mut acc = [_mm256_setzero_ps(); NT];
     for (i, wb) in w.iter().enumerate() {
         let q = wb.levels_avx2();
         let aq = _mm256_sign_epi8(q, q);
-        let dw = f16_to_f32(wb.scale().to_bits());
+        let dw = _mm_cvtsi32_si128(wb.scale().to_bits() as i32);
         for t in 0..NT {
             let xb = &x[t][i];
             let y = _mm256_sign_epi8(load32(&xb.qs), q);
             let s = _mm256_cvtepi32_ps(dot_u8i8_epi32(aq, y));
-            let d = _mm256_set1_ps(dw * f16_to_f32(xb.d.to_bits()));
+            // Both scales widened by one conversion, then multiplied in f32.
+            let dd = _mm_cvtph_ps(_mm_insert_epi16(dw, xb.d.to_bits() as i32, 1));
+            let d = _mm256_broadcastss_ps(_mm_mul_ss(dd, _mm_movehdup_ps(dd)));
             acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(d, s));
         }
     }

@@ -15,6 +15,10 @@
 //! - float rows: the AVX2 kernel uses FMA and 32 accumulators, so it differs from the scalar
 //!   loop by float rounding only (see the bound in `float`'s tests).
 //!
+//! `repack` holds the row-interleaved Q5_0/Q8_0 tiles behind
+//! [`crate::matmul::RepackedMatrix`], whose kernels keep eight output rows in the lanes of
+//! one accumulator (their own reduction order is documented there).
+//!
 //! Activation levels must lie in `-127..=127`, as both quantizers produce: the AVX2 kernels
 //! use the sign trick (`|w| * sign(y, w)`), which is exact only in that range.
 
