@@ -18,9 +18,12 @@ The sdist's Python bindings then run against that build without another compile:
 
 It writes crates/runtime/tests/golden/llama_reference.json:
   - teacher_forced: per prompt, the token ids and, per position, llama.cpp's top-32 token ids
-    with their logits (enough to check minfer's top-1 and to bound the logit difference);
+    with their logits (enough to check minfer's top-1 and to bound the logit difference),
+    both evaluated token by token (top_ids, top_logits) and as one batch (batch_*);
   - greedy: per prompt, the prompt ids and llama.cpp's 64-token greedy continuation;
   - perplexity: llama-perplexity's PPL on ppl_text.txt with -c 512.
+
+Every run uses an f32 KV cache and no flash attention, the configuration minfer computes.
 """
 import json
 import os
@@ -64,28 +67,46 @@ GREEDY_PROMPTS = [
 ]
 
 TOP = 32
+GGML_TYPE_F32 = 0
 N_GREEDY = 64
 
 
 def main():
     model_path, bin_dir = sys.argv[1], sys.argv[2]
+    # minfer keeps its KV cache in f32, so the reference does too (llama.cpp's default is
+    # f16, which alone flips near-tied greedy choices); flash attention stays off.
     llm = llama_cpp.Llama(model_path, n_ctx=1024, logits_all=True, verbose=False,
-                          n_threads=2, n_batch=512)
+                          n_threads=2, n_batch=512, flash_attn=False,
+                          type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
+
+    def top_of(scores):
+        top_ids = np.argsort(-scores, axis=1, kind="stable")[:, :TOP]
+        top_logits = np.take_along_axis(scores, top_ids, axis=1)
+        return top_ids.astype(int).tolist(), [[float(x) for x in r] for r in top_logits]
 
     teacher = []
     for p in TEACHER_PROMPTS:
         ids = llm.tokenize(p.encode(), add_bos=False, special=True)
         assert len(ids) >= 64, (len(ids), p)
+        # Token by token: the path llama.cpp generates with.
+        llm.reset()
+        rows = []
+        for t in ids:
+            llm.eval([t])
+            rows.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32))
+        top_ids, top_logits = top_of(np.array(rows))
+        # One batched prefill: llama.cpp switches to other matmul kernels for batches,
+        # which moves logits by about 0.1 and flips some near-ties against the above.
         llm.reset()
         llm.eval(ids)
-        scores = np.array(llm.scores[: len(ids)], dtype=np.float32)
-        top_ids = np.argsort(-scores, axis=1, kind="stable")[:, :TOP]
-        top_logits = np.take_along_axis(scores, top_ids, axis=1)
+        batch_ids, batch_logits = top_of(np.array(llm.scores[: len(ids)], dtype=np.float32))
         teacher.append({
             "prompt": p,
             "ids": [int(t) for t in ids],
-            "top_ids": top_ids.astype(int).tolist(),
-            "top_logits": [[float(x) for x in row] for row in top_logits],
+            "top_ids": top_ids,
+            "top_logits": top_logits,
+            "batch_top_ids": batch_ids,
+            "batch_top_logits": batch_logits,
         })
 
     greedy = []
@@ -104,14 +125,15 @@ def main():
     text = os.path.join(GOLDEN, "ppl_text.txt")
     res = subprocess.run(
         [os.path.join(bin_dir, "llama-perplexity"), "-m", model_path, "-f", text, "-c", "512",
-         "-t", "2", "-b", "512"],
+         "-t", "2", "-b", "512", "-ctk", "f32", "-ctv", "f32", "-fa", "off"],
         capture_output=True, text=True, check=True)
     m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", res.stdout + res.stderr)
     chunks = re.search(r"calculating perplexity over (\d+) chunks", res.stdout + res.stderr)
     perplexity = {"text": "ppl_text.txt", "ctx": 512, "ppl": float(m.group(1)),
                   "stderr": float(m.group(2)), "chunks": int(chunks.group(1))}
 
-    out = {"source": "llama.cpp 0c1e570 (llama-cpp-python 0.3.36 sdist), CPU, 2 threads",
+    out = {"source": "llama.cpp 0c1e570 (llama-cpp-python 0.3.36 sdist), CPU, 2 threads, "
+                     "f32 KV cache, flash attention off",
            "model_sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
            "teacher_forced": teacher, "greedy": greedy, "perplexity": perplexity}
     with open(os.path.join(GOLDEN, "llama_reference.json"), "w") as f:

@@ -7,7 +7,11 @@ use std::process::ExitCode;
 
 /// Command-line interface of minfer.
 #[derive(Parser)]
-#[command(name = "minfer", version, about = "Fast local inference for GGUF models")]
+#[command(
+    name = "minfer",
+    version,
+    about = "Fast local inference for GGUF models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -21,6 +25,10 @@ enum Command {
     Pull(cmd::pull::Args),
     /// Print the token ids of a text.
     Tokenize(cmd::tokenize::Args),
+    /// Generate text from a prompt, streaming it to stdout.
+    Run(cmd::run::Args),
+    /// Measure perplexity over a text file, as llama-perplexity does.
+    Perplexity(cmd::perplexity::Args),
 }
 
 fn main() -> ExitCode {
@@ -29,6 +37,8 @@ fn main() -> ExitCode {
         Command::Info(a) => cmd::info::run(a),
         Command::Pull(a) => cmd::pull::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,10 +1,14 @@
 //! The minfer runtime: the engine that drives a model's graph through the reuse cache,
 //! the sampler chain, stop strings, perplexity and the generation loop.
 
+pub mod engine;
+pub mod generate;
 pub mod perplexity;
 pub mod sampling;
 pub mod stop;
 
+pub use engine::{Engine, EngineError, EngineOptions};
+pub use generate::{generate, greedy_tokens, FinishReason, GenerateOptions, GenerationStats};
 pub use perplexity::PplAccumulator;
 pub use sampling::{Sampler, SamplerError, SamplingParams};
 pub use stop::{StopEvent, StopScanner};

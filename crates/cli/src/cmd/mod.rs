@@ -1,5 +1,8 @@
 //! One module per subcommand; each is a thin layer over the library crates.
 
+pub mod common;
 pub mod info;
+pub mod perplexity;
 pub mod pull;
+pub mod run;
 pub mod tokenize;

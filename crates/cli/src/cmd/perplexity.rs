@@ -1,0 +1,91 @@
+//! `minfer perplexity`: llama-perplexity's method — non-overlapping chunks of `-c`
+//! tokens, each from an empty KV cache, scoring only the second half of each chunk.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use minfer_runtime::perplexity::{first_scored, PplAccumulator};
+use minfer_tokenizer::Tokenizer;
+
+use super::common::ModelArgs;
+
+/// Arguments of `minfer perplexity`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The text to score.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Score at most this many chunks.
+    #[arg(long = "chunks")]
+    pub chunks: Option<usize>,
+}
+
+/// Runs `minfer perplexity`.
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    let n_ctx = *args.model.ctx.get_or_insert(512);
+    if n_ctx < 4 {
+        bail!("invalid context size (-c) {n_ctx}: perplexity needs at least 4 tokens per chunk");
+    }
+    let bytes =
+        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("{} is not UTF-8: {e}", args.file.display()))?;
+    let mut engine = args.model.load()?;
+    let tok = Tokenizer::from_gguf(engine.file())?;
+    let tokens = tok.encode(&text, true, false);
+    let mut n_chunk = tokens.len() / n_ctx;
+    if let Some(c) = args.chunks {
+        n_chunk = n_chunk.min(c);
+    }
+    if n_chunk == 0 {
+        bail!(
+            "{} holds {} tokens, fewer than one chunk of {n_ctx} (lower -c)",
+            args.file.display(),
+            tokens.len()
+        );
+    }
+    eprintln!(
+        "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}",
+        tokens.len()
+    );
+    let bar = ProgressBar::new(n_chunk as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} chunks  {msg}  [{elapsed_precise}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let first = first_scored(n_ctx);
+    let n_vocab = engine.n_vocab();
+    let mut acc = PplAccumulator::new();
+    for c in 0..n_chunk {
+        let chunk = &tokens[c * n_ctx..(c + 1) * n_ctx];
+        engine.reset();
+        // Logits of rows first..n_ctx (the scored half) only: the G3 tail rows.
+        let n_out = n_ctx - first;
+        let mut logits = Vec::new();
+        let mut pos = 0;
+        let batch = 512.min(n_ctx);
+        for piece in chunk.chunks(batch) {
+            let end = pos + piece.len();
+            let tail = end.saturating_sub(first).min(piece.len()).max(1);
+            let l = engine.forward(piece, pos, tail)?;
+            if end > first {
+                logits.extend_from_slice(&l);
+            }
+            pos = end;
+        }
+        debug_assert_eq!(logits.len(), n_out * n_vocab);
+        for j in first..n_ctx - 1 {
+            let row = &logits[(j - first) * n_vocab..(j - first + 1) * n_vocab];
+            acc.add(row, chunk[j + 1]);
+        }
+        bar.set_message(format!("PPL {:.4}", acc.ppl()));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let (ppl, err) = acc.estimate();
+    println!("PPL = {ppl:.4} +/- {err:.5}");
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! `minfer run`: generate text from a prompt, streaming only the generated text to stdout.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use minfer_runtime::{generate, GenerateOptions, SamplingParams};
+use minfer_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+
+use super::common::ModelArgs;
+
+/// Arguments of `minfer run`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt (or use -p / -f).
+    pub prompt_arg: Option<String>,
+    /// The prompt.
+    #[arg(short = 'p', long = "prompt", conflicts_with = "prompt_arg")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long = "file", conflicts_with_all = ["prompt_arg", "prompt"])]
+    pub file: Option<PathBuf>,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n_predict: usize,
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
+    pub temp: f32,
+    /// Top-k; 0 disables.
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p in (0, 1].
+    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Min-p in [0, 1].
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
+    pub min_p: f32,
+    /// Repetition penalty; 1 disables.
+    #[arg(
+        long = "repeat-penalty",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Presence penalty.
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub presence_penalty: f32,
+    /// Frequency penalty.
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub frequency_penalty: f32,
+    /// Seed of the sampler (default: random).
+    #[arg(long = "seed")]
+    pub seed: Option<u64>,
+    /// Stop before this string (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Render the prompt through the model's chat template as a user message.
+    #[arg(long = "chat")]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long = "system", requires = "chat")]
+    pub system: Option<String>,
+    /// Write the graph of this run as DOT to FILE and exit.
+    #[arg(long = "dump-graph")]
+    pub dump_graph: Option<PathBuf>,
+    /// Write the graph of this run as JSON to FILE and exit.
+    #[arg(long = "dump-graph-json")]
+    pub dump_graph_json: Option<PathBuf>,
+    /// Which graph to dump: prefill or decode.
+    #[arg(long = "dump-kind", default_value = "prefill", value_parser = ["prefill", "decode"])]
+    pub dump_kind: String,
+}
+
+impl Args {
+    fn sampling(&self) -> SamplingParams {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: self.repeat_last_n,
+            seed,
+        }
+    }
+
+    fn prompt_text(&self) -> anyhow::Result<String> {
+        if let Some(p) = self.prompt.as_ref().or(self.prompt_arg.as_ref()) {
+            return Ok(p.clone());
+        }
+        if let Some(f) = &self.file {
+            let bytes =
+                std::fs::read(f).with_context(|| format!("reading prompt file {}", f.display()))?;
+            return String::from_utf8(bytes)
+                .map_err(|e| anyhow::anyhow!("prompt file {} is not UTF-8: {e}", f.display()));
+        }
+        bail!("no prompt: give one as an argument, with -p PROMPT or with -f FILE")
+    }
+}
+
+/// Renders the prompt (optionally through the chat template) and tokenizes it.
+fn prompt_tokens(args: &Args, tok: &Tokenizer, text: &str) -> anyhow::Result<Vec<u32>> {
+    if args.chat {
+        let tpl = ChatTemplate::from_tokenizer(tok)?;
+        if tpl.is_fallback() {
+            eprintln!("note: the model has no chat template; using ChatML");
+        }
+        let mut msgs = Vec::new();
+        if let Some(s) = &args.system {
+            msgs.push(ChatMessage::new("system", s.as_str()));
+        }
+        msgs.push(ChatMessage::new("user", text));
+        let rendered = tpl.render(&msgs, true)?;
+        Ok(tok.encode(&rendered, true, true))
+    } else {
+        // As llama.cpp's completion tool: special-token text in a prompt is parsed.
+        Ok(tok.encode(text, true, true))
+    }
+}
+
+/// Runs `minfer run`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let sampling = args.sampling();
+    sampling.validate()?;
+    let dumping = args.dump_graph.is_some() || args.dump_graph_json.is_some();
+    let text = if dumping {
+        args.prompt_text().unwrap_or_default()
+    } else {
+        args.prompt_text()?
+    };
+    let mut engine = args.model.load()?;
+    let tok = Tokenizer::from_gguf(engine.file())?;
+    let prompt = prompt_tokens(&args, &tok, &text)?;
+
+    if dumping {
+        let nt = if args.dump_kind == "decode" {
+            1
+        } else {
+            prompt.len().clamp(2, 512)
+        };
+        let graph = engine.preview_graph(nt, 1)?;
+        let name = engine
+            .file()
+            .get_str("general.name")
+            .unwrap_or(engine.arch());
+        if let Some(p) = &args.dump_graph {
+            std::fs::write(p, graph.to_dot())
+                .with_context(|| format!("writing {}", p.display()))?;
+            eprintln!("wrote {} ({} nodes)", p.display(), graph.nodes.len());
+        }
+        if let Some(p) = &args.dump_graph_json {
+            let json = graph.export_json(name, &args.dump_kind);
+            std::fs::write(p, json).with_context(|| format!("writing {}", p.display()))?;
+            eprintln!("wrote {} ({} nodes)", p.display(), graph.nodes.len());
+        }
+        return Ok(());
+    }
+
+    let opts = GenerateOptions {
+        max_tokens: args.n_predict,
+        stop: args.stop.clone(),
+        sampling,
+    };
+    let mut out = std::io::stdout().lock();
+    let mut write_err = None;
+    let stats = generate(&mut engine, &tok, &prompt, &opts, |piece| {
+        if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+            write_err = Some(e);
+            return false;
+        }
+        true
+    })?;
+    if let Some(e) = write_err {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e).context("writing to stdout");
+        }
+    }
+    let _ = writeln!(out);
+    let rate = |n: usize, d: std::time::Duration| {
+        if d.as_secs_f64() > 0.0 {
+            n as f64 / d.as_secs_f64()
+        } else {
+            0.0
+        }
+    };
+    eprintln!(
+        "load {:.2} s | prompt {} tokens, {:.1} t/s | generated {} tokens, {:.1} t/s",
+        engine.load_time().as_secs_f64(),
+        stats.prompt_tokens,
+        rate(stats.prompt_tokens, stats.prompt_time),
+        stats.gen_tokens,
+        rate(stats.gen_tokens, stats.gen_time),
+    );
+    Ok(())
+}

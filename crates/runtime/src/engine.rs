@@ -1,0 +1,311 @@
+//! The engine: one model, its backends and its `GraphCache`, driven through
+//! `forward_graph_cached` (design §10–§11). A graph is rebuilt only when the
+//! `GraphParams` change (prefill → decode); positions and KV length are inputs.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use minfer_cpu::CpuBackend;
+use minfer_gguf::GgufFile;
+use minfer_graph::{
+    BackendImpl, BackendRegistry, BackendScheduler, CParams, CacheCounters, ComputeGraph,
+    FusionPass, GraphAllocator, GraphCache, GraphParams, GraphType,
+};
+use minfer_models::{HParams, ModelDef};
+
+/// Errors of loading a model into an engine and running it.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The GGUF file could not be read.
+    #[error(transparent)]
+    Gguf(#[from] minfer_gguf::GgufError),
+    /// The model's architecture or tensors were refused.
+    #[error(transparent)]
+    Model(#[from] minfer_models::ModelError),
+    /// The graph layer refused or failed a step.
+    #[error("graph: {0}")]
+    Graph(#[from] minfer_graph::GraphError),
+    /// A `--backend` / `MINFER_BACKENDS` fence was refused.
+    #[error(transparent)]
+    Fence(#[from] minfer_graph::FenceError),
+    /// A parameter outside its domain, named.
+    #[error("invalid {name}: {message}")]
+    Param { name: &'static str, message: String },
+    /// The request does not fit the context window.
+    #[error("{what} needs {needed} positions but the context holds {n_ctx} (raise -c)")]
+    ContextOverflow {
+        what: &'static str,
+        needed: usize,
+        n_ctx: usize,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken { id: u32, n_vocab: usize },
+}
+
+/// How to build an engine.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Worker threads of the CPU backend.
+    pub n_threads: usize,
+    /// Context length; `None` means the smaller of the model's and 4096.
+    pub n_ctx: Option<usize>,
+    /// Backend fence by name (`--backend`), e.g. `cpu`; `None` reads `MINFER_BACKENDS`.
+    pub backend: Option<String>,
+    /// Largest prefill chunk, in tokens.
+    pub n_batch: usize,
+}
+
+impl Default for EngineOptions {
+    /// Physical cores, default context, no fence, 512-token prefill chunks.
+    fn default() -> Self {
+        EngineOptions {
+            n_threads: minfer_cpu::threadpool::physical_cores(),
+            n_ctx: None,
+            backend: None,
+            n_batch: 512,
+        }
+    }
+}
+
+/// The default context: the model's own, capped at 4096.
+pub const DEFAULT_CTX_CAP: usize = 4096;
+
+/// A loaded model ready to run.
+pub struct Engine {
+    file: Arc<GgufFile>,
+    model: Box<dyn ModelDef>,
+    cache: GraphCache,
+    scheduler: BackendScheduler,
+    fusion: FusionPass,
+    n_ctx: usize,
+    n_batch: usize,
+    load_time: Duration,
+    rebuild_every_step: bool,
+}
+
+impl Engine {
+    /// Opens `path`, checks the architecture and tensors, registers the weights once
+    /// and prepares an empty graph cache.
+    pub fn load(path: &Path, opts: &EngineOptions) -> Result<Self, EngineError> {
+        let t0 = Instant::now();
+        let file = Arc::new(GgufFile::open(path)?);
+        Self::from_file(file, opts, t0)
+    }
+
+    /// An engine over an already opened file (tests build models in memory).
+    pub fn from_gguf(file: GgufFile, opts: &EngineOptions) -> Result<Self, EngineError> {
+        Self::from_file(Arc::new(file), opts, Instant::now())
+    }
+
+    fn from_file(
+        file: Arc<GgufFile>,
+        opts: &EngineOptions,
+        t0: Instant,
+    ) -> Result<Self, EngineError> {
+        if opts.n_threads == 0 || opts.n_threads > 1024 {
+            return Err(EngineError::Param {
+                name: "threads (-t)",
+                message: format!("{} is not in 1..=1024", opts.n_threads),
+            });
+        }
+        if opts.n_batch == 0 {
+            return Err(EngineError::Param {
+                name: "batch size",
+                message: "must be at least 1".into(),
+            });
+        }
+        let registry = BackendRegistry::new();
+        let fence = match &opts.backend {
+            Some(spec) => Some(registry.parse_fence(spec)?),
+            None => registry.fence_from_env()?,
+        };
+        let model = minfer_models::load_model(&file)?;
+        let hp = model.hparams();
+        let n_ctx = match opts.n_ctx {
+            Some(0) => {
+                return Err(EngineError::Param {
+                    name: "context size (-c)",
+                    message: "must be at least 1".into(),
+                })
+            }
+            Some(c) if c > (1 << 24) => {
+                return Err(EngineError::Param {
+                    name: "context size (-c)",
+                    message: format!("{c} exceeds the supported maximum of {}", 1 << 24),
+                })
+            }
+            Some(c) => c,
+            None => hp.n_ctx_train.clamp(1, DEFAULT_CTX_CAP),
+        };
+        let mut cpu = CpuBackend::new(opts.n_threads);
+        cpu.register_gguf(Arc::clone(&file), "")
+            .map_err(|e| EngineError::Param {
+                name: "weights",
+                message: e.to_string(),
+            })?;
+        let backends: Vec<Box<dyn BackendImpl>> = vec![Box::new(cpu)];
+        let mut alloc = GraphAllocator::new(backends)?;
+        alloc.set_fence(fence);
+        Ok(Engine {
+            file,
+            model,
+            cache: GraphCache::new(alloc),
+            scheduler: BackendScheduler::new(),
+            fusion: FusionPass::new(),
+            n_ctx,
+            n_batch: opts.n_batch,
+            load_time: t0.elapsed(),
+            rebuild_every_step: false,
+        })
+    }
+
+    /// The opened GGUF file.
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// The model's hyperparameters.
+    pub fn hparams(&self) -> &HParams {
+        self.model.hparams()
+    }
+
+    /// The model's architecture name.
+    pub fn arch(&self) -> &'static str {
+        self.model.arch()
+    }
+
+    /// Context length in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Vocabulary size (width of one logits row).
+    pub fn n_vocab(&self) -> usize {
+        self.model.hparams().n_vocab
+    }
+
+    /// Time spent opening the file and preparing the engine.
+    pub fn load_time(&self) -> Duration {
+        self.load_time
+    }
+
+    /// Graph builds and reuses so far.
+    pub fn counters(&self) -> CacheCounters {
+        self.cache.counters()
+    }
+
+    /// Forces a fresh graph at every step (the reference side of the reuse identity).
+    pub fn set_rebuild_every_step(&mut self, on: bool) {
+        self.rebuild_every_step = on;
+    }
+
+    /// Forgets the KV contents (a new, unrelated sequence follows).
+    pub fn reset(&mut self) {
+        self.cache.reset();
+    }
+
+    /// The parameters of a step of `nt` tokens with `n_out` logits rows.
+    pub fn params(&self, nt: usize, n_out: usize) -> GraphParams {
+        GraphParams {
+            n_tokens: nt,
+            n_out,
+            gtype: if nt > 1 {
+                GraphType::Prefill
+            } else {
+                GraphType::Decode
+            },
+            cparams: CParams {
+                n_ctx: self.n_ctx,
+                flash_attn: false,
+                gpu: false,
+                fuse_qkv: false,
+                fuse_ffn: false,
+                explicit_span: false,
+            },
+            weights_version: 1,
+        }
+    }
+
+    /// The graph a live step of this shape runs (after assignment and fusion), for export.
+    pub fn preview_graph(&mut self, nt: usize, n_out: usize) -> Result<ComputeGraph, EngineError> {
+        let params = self.params(nt, n_out);
+        let mut graph = self.model.build_graph(&params);
+        let mut scheduler = BackendScheduler::new();
+        scheduler.assign_backends(&mut graph, self.cache.alloc());
+        self.fusion.run(&mut graph, self.cache.alloc());
+        Ok(graph)
+    }
+
+    /// `forward_graph_cached`: runs `tokens` at positions `pos0..pos0+nt` and returns the
+    /// logits of the last `n_out` tokens, row by row (`n_out * n_vocab` floats).
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        n_out: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let nt = tokens.len();
+        if nt == 0 || n_out == 0 || n_out > nt {
+            return Err(EngineError::Param {
+                name: "batch",
+                message: format!("{nt} tokens with {n_out} output rows"),
+            });
+        }
+        if pos0 + nt > self.n_ctx {
+            return Err(EngineError::ContextOverflow {
+                what: "this step",
+                needed: pos0 + nt,
+                n_ctx: self.n_ctx,
+            });
+        }
+        let n_vocab = self.n_vocab();
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(EngineError::BadToken { id, n_vocab });
+        }
+        let params = self.params(nt, n_out);
+        if self.rebuild_every_step || !self.cache.try_reuse(&params) {
+            let graph = self.model.build_graph(&params);
+            self.cache
+                .install(graph, params, &mut self.scheduler, &self.fusion)?;
+        }
+        let positions: Vec<u32> = (pos0..pos0 + nt).map(|p| p as u32).collect();
+        let (graph, alloc) = self.cache.current().ok_or_else(|| EngineError::Param {
+            name: "graph",
+            message: "no graph installed".into(),
+        })?;
+        alloc.fill_input_u32(graph, "token_ids", tokens)?;
+        alloc.fill_input_u32(graph, "positions", &positions)?;
+        if n_out < nt {
+            let tail: Vec<u32> = ((nt - n_out) as u32..nt as u32).collect();
+            alloc.fill_input_u32(graph, "tail_ids", &tail)?;
+        }
+        self.scheduler.execute(graph, alloc)?;
+        let out = graph.outputs[0];
+        let logits = alloc.copy_to_cpu(out).ok_or_else(|| EngineError::Param {
+            name: "logits",
+            message: "output buffer is not readable".into(),
+        })?;
+        Ok(logits)
+    }
+
+    /// Prefills `tokens` from position `pos0` in chunks of at most `n_batch` and returns
+    /// the logits of the last token.
+    pub fn prefill(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
+        if pos0 + tokens.len() > self.n_ctx {
+            return Err(EngineError::ContextOverflow {
+                what: "the prompt",
+                needed: pos0 + tokens.len(),
+                n_ctx: self.n_ctx,
+            });
+        }
+        let mut logits = Vec::new();
+        let mut pos = pos0;
+        for chunk in tokens.chunks(self.n_batch) {
+            logits = self.forward(chunk, pos, 1)?;
+            pos += chunk.len();
+        }
+        Ok(logits)
+    }
+}

@@ -1,0 +1,162 @@
+//! The generation loop: prefill, then sample and decode one token at a time, streaming
+//! complete UTF-8 text and stopping at end-of-generation tokens, stop strings or a limit.
+
+use std::time::{Duration, Instant};
+
+use minfer_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::engine::{Engine, EngineError};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::stop::{StopEvent, StopScanner};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Generation ends before the first occurrence of any of these strings.
+    pub stop: Vec<String>,
+    /// The sampler chain's parameters.
+    pub sampling: SamplingParams,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The text callback asked to stop (e.g. the client went away).
+    Cancelled,
+}
+
+/// Counts and timings of one generation.
+#[derive(Debug, Clone)]
+pub struct GenerationStats {
+    /// Prompt tokens prefilled.
+    pub prompt_tokens: usize,
+    /// Wall time of the prefill.
+    pub prompt_time: Duration,
+    /// Tokens generated (sampled), end-of-generation token excluded.
+    pub gen_tokens: usize,
+    /// Wall time from the first sample to the end.
+    pub gen_time: Duration,
+    /// Why generation ended.
+    pub finish: FinishReason,
+    /// The generated token ids.
+    pub tokens: Vec<u32>,
+}
+
+/// Generates a continuation of `prompt` from an empty KV cache, calling `on_text` with
+/// each piece of complete UTF-8 text; `on_text` returns `false` to cancel.
+pub fn generate(
+    engine: &mut Engine,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats, EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::Param {
+            name: "prompt",
+            message: "is empty".into(),
+        });
+    }
+    let needed = prompt.len() + opts.max_tokens;
+    if needed > engine.n_ctx() {
+        return Err(EngineError::ContextOverflow {
+            what: "the prompt plus -n",
+            needed,
+            n_ctx: engine.n_ctx(),
+        });
+    }
+    let mut sampler = Sampler::new(opts.sampling.clone()).map_err(|e| EngineError::Param {
+        name: "sampling",
+        message: e.to_string(),
+    })?;
+    engine.reset();
+    let t0 = Instant::now();
+    let mut logits = engine.prefill(prompt, 0)?;
+    let prompt_time = t0.elapsed();
+    for &t in prompt {
+        sampler.accept(t);
+    }
+
+    let t1 = Instant::now();
+    let mut stream = StreamDecoder::new(false);
+    let mut stops = StopScanner::new(&opts.stop);
+    let mut tokens = Vec::new();
+    let mut pos = prompt.len();
+    let mut finish = FinishReason::Length;
+    while tokens.len() < opts.max_tokens {
+        let tok = sampler.sample(&mut logits);
+        if tokenizer.is_eog(tok) {
+            finish = FinishReason::Stop;
+            break;
+        }
+        sampler.accept(tok);
+        tokens.push(tok);
+        let piece = stream
+            .push(tokenizer, tok)
+            .map_err(|e| EngineError::Param {
+                name: "token",
+                message: e.to_string(),
+            })?;
+        match stops.push(&piece) {
+            StopEvent::Text(t) => {
+                if !t.is_empty() && !on_text(&t) {
+                    finish = FinishReason::Cancelled;
+                    break;
+                }
+            }
+            StopEvent::Stopped(t) => {
+                if !t.is_empty() {
+                    on_text(&t);
+                }
+                finish = FinishReason::Stop;
+                break;
+            }
+        }
+        if tokens.len() == opts.max_tokens {
+            break;
+        }
+        logits = engine.forward(&[tok], pos, 1)?;
+        pos += 1;
+    }
+    if finish != FinishReason::Stop || opts.stop.is_empty() {
+        let mut rest = stops.finish();
+        rest.push_str(&stream.flush());
+        if !rest.is_empty() && finish != FinishReason::Cancelled {
+            on_text(&rest);
+        }
+    }
+    Ok(GenerationStats {
+        prompt_tokens: prompt.len(),
+        prompt_time,
+        gen_tokens: tokens.len(),
+        gen_time: t1.elapsed(),
+        finish,
+        tokens,
+    })
+}
+
+/// Greedy continuation of `prompt` by `n` tokens, ignoring end-of-generation tokens
+/// (the reference comparisons generate a fixed length).
+pub fn greedy_tokens(
+    engine: &mut Engine,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<u32>, EngineError> {
+    engine.reset();
+    let mut logits = engine.prefill(prompt, 0)?;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = crate::sampling::argmax(&logits);
+        out.push(t);
+        if i + 1 < n {
+            logits = engine.forward(&[t], prompt.len() + i, 1)?;
+        }
+    }
+    Ok(out)
+}
