@@ -1,0 +1,205 @@
+//! `minfer run` and `minfer perplexity` as a user runs them: the real binary on a tiny
+//! model written by the project's writer, and on bad parameters.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use minfer_gguf::{GgmlType, GgufWriter, MetaValue};
+use minfer_models::testing::{write_tiny_model, TinySpec};
+
+fn minfer(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_minfer"))
+        .args(args)
+        .env(
+            "MINFER_HOME",
+            std::env::temp_dir().join("minfer-run-test-home"),
+        )
+        .env_remove("MINFER_BACKENDS")
+        .output()
+        .expect("run minfer")
+}
+
+fn tiny(dir: &Path) -> PathBuf {
+    let p = dir.join("tiny-qwen2.gguf");
+    write_tiny_model(&p, &TinySpec::qwen2(GgmlType::Q8_0, 7)).expect("write tiny model");
+    p
+}
+
+/// A refused invocation: non-zero exit, one `error:` line naming `needle`, no panic.
+fn assert_refused(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(
+        err.contains(needle),
+        "stderr does not name `{needle}`: {err}"
+    );
+}
+
+#[test]
+fn greedy_run_streams_text_and_prints_a_timing_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    let a = minfer(&[
+        "run", "-m", m, "--temp", "0", "-n", "12", "-t", "2", "Hello",
+    ]);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let err = String::from_utf8_lossy(&a.stderr);
+    assert!(
+        err.contains("prompt") && err.contains("generated") && err.contains("t/s"),
+        "{err}"
+    );
+    let b = minfer(&[
+        "run", "-m", m, "--temp", "0", "-n", "12", "-t", "1", "-p", "Hello",
+    ]);
+    assert_eq!(
+        a.stdout, b.stdout,
+        "greedy output depends on -t or on how the prompt is given"
+    );
+    assert!(!a.stdout.is_empty());
+    // Seeded sampling is reproducible.
+    let s1 = minfer(&[
+        "run", "-m", m, "--seed", "5", "--temp", "1.5", "-n", "16", "Hi",
+    ]);
+    let s2 = minfer(&[
+        "run", "-m", m, "--seed", "5", "--temp", "1.5", "-n", "16", "Hi",
+    ]);
+    assert!(s1.status.success());
+    assert_eq!(s1.stdout, s2.stdout);
+}
+
+#[test]
+fn graph_dumps_write_dot_and_json_and_exit_before_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let dot = dir.path().join("g.dot");
+    let json = dir.path().join("g.json");
+    let out = minfer(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "--dump-graph",
+        dot.to_str().unwrap(),
+        "--dump-graph-json",
+        json.to_str().unwrap(),
+        "--dump-kind",
+        "decode",
+        "hi",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty(), "no decoding happens");
+    let d = std::fs::read_to_string(&dot).unwrap();
+    assert!(d.starts_with("digraph") && d.contains("lightyellow"), "{d}");
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(j["format"], "minfer-graph");
+    assert_eq!(j["kind"], "decode");
+    let ops: Vec<&str> = j["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["op"].as_str())
+        .collect();
+    assert!(ops.contains(&"swiglu"), "the dump is after fusion: {ops:?}");
+    let g = minfer_graph::import_json_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(g.inputs.len(), 2, "decode has token_ids and positions only");
+}
+
+#[test]
+fn bad_parameters_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    assert_refused(
+        &minfer(&["run", "-m", m, "--temp", "-1", "hi"]),
+        "temperature",
+    );
+    assert_refused(
+        &minfer(&["run", "-m", m, "--temp", "nan", "hi"]),
+        "temperature",
+    );
+    assert_refused(&minfer(&["run", "-m", m, "--top-p", "0", "hi"]), "top-p");
+    assert_refused(&minfer(&["run", "-m", m, "--top-p", "1.5", "hi"]), "top-p");
+    assert_refused(
+        &minfer(&["run", "-m", m, "-c", "0", "hi"]),
+        "context size (-c)",
+    );
+    assert_refused(
+        &minfer(&["run", "-m", m, "-c", "16", "-n", "100", "hi"]),
+        "-n",
+    );
+    assert_refused(
+        &minfer(&["run", "-m", m, "--backend", "warp", "hi"]),
+        "unknown backend 'warp'",
+    );
+    assert_refused(
+        &minfer(&["run", "-m", m, "--backend", "cuda", "hi"]),
+        "not compiled",
+    );
+    assert_refused(&minfer(&["run", "-m", m, "-t", "0", "hi"]), "threads");
+    let missing = dir.path().join("nope.gguf");
+    assert_refused(
+        &minfer(&["run", "-m", missing.to_str().unwrap(), "hi"]),
+        "not found",
+    );
+    // A well-formed GGUF of an architecture minfer does not run.
+    let other = dir.path().join("mamba.gguf");
+    let mut w = GgufWriter::new();
+    w.add_meta("general.architecture", MetaValue::String("mamba".into()));
+    w.write_to(&other).unwrap();
+    assert_refused(
+        &minfer(&["run", "-m", other.to_str().unwrap(), "hi"]),
+        "unsupported architecture `mamba`; supported: qwen2, qwen3",
+    );
+}
+
+#[test]
+fn perplexity_reports_a_ppl_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let text = dir.path().join("t.txt");
+    std::fs::write(
+        &text,
+        "the quick brown fox jumps over the lazy dog. ".repeat(40),
+    )
+    .unwrap();
+    let out = minfer(&[
+        "perplexity",
+        "-m",
+        m.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "64",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = String::from_utf8_lossy(&out.stdout);
+    let ppl: f64 = s
+        .trim()
+        .strip_prefix("PPL = ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no PPL line: {s}"));
+    assert!(ppl.is_finite() && ppl > 1.0, "{ppl}");
+    assert_refused(
+        &minfer(&[
+            "perplexity",
+            "-m",
+            m.to_str().unwrap(),
+            "-f",
+            text.to_str().unwrap(),
+            "-c",
+            "0",
+        ]),
+        "context size (-c)",
+    );
+}
