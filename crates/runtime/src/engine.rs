@@ -99,6 +99,11 @@ impl Engine {
         Self::from_file(Arc::new(file), opts, Instant::now())
     }
 
+    /// An engine over a file shared with other engines (weights stay mapped once).
+    pub fn from_arc(file: Arc<GgufFile>, opts: &EngineOptions) -> Result<Self, EngineError> {
+        Self::from_file(file, opts, Instant::now())
+    }
+
     fn from_file(
         file: Arc<GgufFile>,
         opts: &EngineOptions,

@@ -3,12 +3,14 @@
 
 pub mod engine;
 pub mod generate;
+pub mod multi;
 pub mod perplexity;
 pub mod sampling;
 pub mod stop;
 
 pub use engine::{Engine, EngineError, EngineOptions};
 pub use generate::{generate, greedy_tokens, FinishReason, GenerateOptions, GenerationStats};
+pub use multi::{MultiEngine, SeqStep};
 pub use perplexity::PplAccumulator;
 pub use sampling::{Sampler, SamplerError, SamplingParams};
 pub use stop::{StopEvent, StopScanner};
