@@ -51,8 +51,11 @@ struct Shared {
     epoch: AtomicU64,
     /// The current job; written only while every worker is idle (see `run`).
     job: UnsafeCell<Option<Job>>,
-    /// Workers that have not finished the current run.
+    /// Shares (`ith >= 1`) of the current run not finished yet.
     remaining: AtomicUsize,
+    /// Per share `ith >= 1`: the last epoch whose share `ith` was claimed, by its worker or
+    /// by the caller (`fetch_max` makes exactly one of them win, and a stale claim lose).
+    claimed: Vec<AtomicU64>,
     /// Workers parked (or about to park) on `wake`.
     sleepers: AtomicUsize,
     /// Whether the caller is parked (or about to park) on `done`.
@@ -94,6 +97,7 @@ impl ThreadPool {
             epoch: AtomicU64::new(0),
             job: UnsafeCell::new(None),
             remaining: AtomicUsize::new(0),
+            claimed: (0..n_threads).map(|_| AtomicU64::new(0)).collect(),
             sleepers: AtomicUsize::new(0),
             caller_waiting: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
@@ -127,7 +131,9 @@ impl ThreadPool {
     /// Calls `f(ith, nth)` once for every `ith` in `0..nth` (`nth == n_threads()`), in
     /// parallel, and returns when all calls have finished. A panic in any call is re-raised
     /// here after every thread has finished. Nested or concurrent calls run serially on the
-    /// calling thread.
+    /// calling thread. Which thread runs a given `ith` is unspecified: when the caller
+    /// finishes its own share before a worker has started (a worker descheduled on a busy
+    /// machine), the caller runs that share itself instead of waiting for the worker.
     pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
         let nth = self.n_threads;
         if nth == 1 || self.busy.swap(true, SeqCst) {
@@ -143,13 +149,21 @@ impl ThreadPool {
         unsafe { *s.job.get() = Some(job) };
         s.panicked.store(false, SeqCst);
         s.remaining.store(nth - 1, SeqCst);
-        s.epoch.fetch_add(1, SeqCst);
+        let epoch = s.epoch.fetch_add(1, SeqCst) + 1;
         if s.sleepers.load(SeqCst) > 0 {
             // Taking the lock orders this notify after any worker's last epoch check.
             drop(s.lock.lock().unwrap_or_else(|e| e.into_inner()));
             s.wake.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0, nth)));
+        for ith in 1..nth {
+            if s.claimed[ith].fetch_max(epoch, SeqCst) < epoch {
+                if catch_unwind(AssertUnwindSafe(|| f(ith, nth))).is_err() {
+                    s.panicked.store(true, SeqCst);
+                }
+                s.remaining.fetch_sub(1, SeqCst);
+            }
+        }
         wait_for_workers(s);
         // SAFETY: every worker is idle again (remaining == 0).
         unsafe { *s.job.get() = None };
@@ -216,8 +230,13 @@ fn worker_loop(s: &Shared, ith: usize, nth: usize) {
         if s.shutdown.load(SeqCst) {
             return;
         }
+        if s.claimed[ith].fetch_max(epoch, SeqCst) >= epoch {
+            // The caller ran this share already (or a newer run's, if this epoch is stale).
+            continue;
+        }
         // SAFETY: the caller wrote the job before bumping the epoch we just observed and
-        // keeps it alive until we decrement `remaining` below.
+        // keeps it alive until we decrement `remaining` below (our claim succeeded, so the
+        // run of `epoch` is still waiting for this share).
         let job = unsafe { *s.job.get() };
         if let Some(job) = job {
             // SAFETY: see above; the pointee is a live `Sync` closure for this run.
@@ -308,6 +327,26 @@ mod tests {
             sum.fetch_add(ith + 1, SeqCst);
         });
         assert_eq!(sum.load(SeqCst), 6);
+    }
+
+    /// Shares of late workers are taken over by the caller; every share still runs exactly
+    /// once per call, whichever thread wins it, including right after workers parked.
+    #[test]
+    fn every_share_runs_once_when_workers_are_late() {
+        let pool = ThreadPool::new(3);
+        for round in 0..300 {
+            if round % 100 == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|ith, _| {
+                if ith == round % 3 {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                hits[ith].fetch_add(1, SeqCst);
+            });
+            assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "round {round}");
+        }
     }
 
     #[test]

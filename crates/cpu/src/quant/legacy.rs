@@ -10,7 +10,7 @@ use half::f16;
 use minfer_gguf::quant::BlockQ8_0;
 
 /// A block that decodes to 32 signed levels with `x = d * q`.
-pub(crate) trait SignedLevels: Copy {
+pub(super) trait SignedLevels: Copy {
     /// The block scale.
     fn scale(&self) -> f16;
     /// The 32 signed levels, element order.

@@ -16,8 +16,7 @@
 //! kernel needs no sign trick: `Σ (u - 16) y = Σ u y - 16 Σ y` with `Σ y` precomputed per
 //! activation block. Tiles are exactly as large as the eight source blocks.
 
-use super::legacy::SignedLevels;
-use minfer_gguf::quant::{BlockQ5_0, BlockQ8_0};
+use minfer_gguf::quant::{Block, BlockQ5_0, BlockQ8_0};
 
 /// Eight rows' Q8_0 blocks, interleaved by groups of four elements.
 #[repr(C)]
@@ -44,7 +43,7 @@ pub(crate) struct TileQ5 {
 /// A tile type: built from eight source rows' blocks, with a scalar and an AVX2 kernel.
 pub(crate) trait Tile: bytemuck::Pod + Send + Sync {
     /// The source block type.
-    type Src: SignedLevels + minfer_gguf::quant::Block + Sync;
+    type Src: Block + Sync;
 
     /// Interleaves block `b` of the given rows (`None`: a padding row of zeros).
     fn pack(rows: [Option<&[Self::Src]>; 8], b: usize) -> Self;
