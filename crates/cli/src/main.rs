@@ -29,6 +29,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Measure perplexity over a text file, as llama-perplexity does.
     Perplexity(cmd::perplexity::Args),
+    /// Measure prompt and generation throughput, as llama-bench does.
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +41,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! One module per subcommand; each is a thin layer over the library crates.
 
+pub mod bench;
 pub mod common;
 pub mod info;
 pub mod perplexity;
