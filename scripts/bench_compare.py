@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Side-by-side throughput of minfer and llama.cpp on the same GGUF with the same threads.
+
+The two programs alternate A B B A over several rounds (these machines drift by +-15% from
+one run to the next, so only paired ratios are meaningful); the script prints, per test,
+each program's median t/s and the median minfer/llama.cpp ratio with its interquartile range.
+
+llama-bench comes from the sdist that pins llama.cpp (see gen_llama_reference.py for the
+build); pass its path with --llama-bench or set LLAMA_BENCH. If neither is given, the script
+builds it under ./target/llama.cpp from the sdist fetched with pip.
+
+    python3 scripts/bench_compare.py [--model PATH] [--threads 2] [--rounds 10] \
+        [--pp 512] [--tg 128] [--reps 1] [--llama-bench PATH]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SDIST = "llama-cpp-python==0.3.36"
+
+
+def build_llama_bench():
+    """Builds llama-bench from the pinned sdist, reusing an earlier build."""
+    work = os.path.join(ROOT, "target", "llama.cpp")
+    binary = os.path.join(work, "build", "bin", "llama-bench")
+    if os.path.exists(binary):
+        return binary
+    os.makedirs(work, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                    "llama-cpp-python", "-d", work, SDIST], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "cmake", "ninja"], check=True)
+    tarball = [f for f in os.listdir(work) if f.endswith(".tar.gz")][0]
+    subprocess.run(["tar", "xzf", tarball], cwd=work, check=True)
+    src = os.path.join(work, tarball[: -len(".tar.gz")], "vendor", "llama.cpp")
+    build = os.path.join(work, "build")
+    subprocess.run(["cmake", "-S", src, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF"], check=True)
+    subprocess.run(["cmake", "--build", build, "-j2", "--target", "llama-bench"], check=True)
+    return binary
+
+
+def run_llama(binary, model, threads, test, n, reps):
+    p, g = (n, 0) if test == "pp" else (0, n)
+    out = subprocess.run([binary, "-m", model, "-t", str(threads), "-p", str(p), "-n", str(g),
+                          "-r", str(reps), "-o", "json"], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)[0]["avg_ts"]
+
+
+def run_minfer(binary, model, threads, test, n, reps):
+    p, g = (n, 0) if test == "pp" else (0, n)
+    out = subprocess.run([binary, "bench", "-m", model, "-t", str(threads), "-p", str(p),
+                          "-n", str(g), "-r", str(reps), "-o", "json"], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)[0]["avg_ts"]
+
+
+def quartiles(xs):
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return q[0], q[1], q[2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"))
+    ap.add_argument("--minfer", default=os.path.join(ROOT, "target", "release", "minfer"))
+    a = ap.parse_args()
+    if a.model is None:
+        a.model = subprocess.run([a.minfer, "pull"], capture_output=True, text=True,
+                                 check=True).stdout.strip()
+    llama = a.llama_bench or build_llama_bench()
+    tests = [(t, n) for t, n in (("pp", a.pp), ("tg", a.tg)) if n > 0]
+    for test, n in tests:
+        ratios, ms, ls = [], [], []
+        for r in range(a.rounds):
+            # A B B A: alternate which program goes first so drift cancels.
+            if r % 2 == 0:
+                m = run_minfer(a.minfer, a.model, a.threads, test, n, a.reps)
+                l = run_llama(llama, a.model, a.threads, test, n, a.reps)
+            else:
+                l = run_llama(llama, a.model, a.threads, test, n, a.reps)
+                m = run_minfer(a.minfer, a.model, a.threads, test, n, a.reps)
+            ms.append(m)
+            ls.append(l)
+            ratios.append(m / l)
+            print(f"  round {r + 1:2d} {test}{n}: minfer {m:8.2f}  llama.cpp {l:8.2f}  "
+                  f"ratio {m / l:.3f}", file=sys.stderr)
+        q1, med, q3 = quartiles(ratios)
+        print(f"{test}{n}: minfer {statistics.median(ms):.2f} t/s, llama.cpp "
+              f"{statistics.median(ls):.2f} t/s, ratio {med:.3f} (IQR {q1:.3f}-{q3:.3f}, "
+              f"{a.rounds} rounds, -t {a.threads})")
+
+
+if __name__ == "__main__":
+    main()
