@@ -208,22 +208,29 @@ fn main() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     println!("isa: {}", Isa::detect().name());
     for pool in &pools {
-        let mut laps: Vec<f64> = (0..20_000)
-            .map(|_| {
-                let t = Instant::now();
-                pool.run(&|_, _| {});
-                t.elapsed().as_secs_f64()
-            })
-            .collect();
-        laps.sort_by(f64::total_cmp);
-        let mean = laps.iter().sum::<f64>() / laps.len() as f64;
-        println!(
-            "pool    empty run t={}  median {:>6.2} us  p99 {:>8.2} us  mean {:>8.2} us",
-            pool.n_threads(),
-            laps[laps.len() / 2] * 1e6,
-            laps[laps.len() * 99 / 100] * 1e6,
-            mean * 1e6
-        );
+        for share_us in [0.0, 2.0] {
+            let mut laps: Vec<f64> = (0..20_000)
+                .map(|_| {
+                    let t = Instant::now();
+                    pool.run(&|_, _| {
+                        let s = Instant::now();
+                        while s.elapsed().as_secs_f64() * 1e6 < share_us {
+                            std::hint::spin_loop();
+                        }
+                    });
+                    t.elapsed().as_secs_f64()
+                })
+                .collect();
+            laps.sort_by(f64::total_cmp);
+            let mean = laps.iter().sum::<f64>() / laps.len() as f64;
+            println!(
+                "pool    {share_us} us shares t={}  median {:>6.2} us  p99 {:>8.2} us  mean {:>8.2} us",
+                pool.n_threads(),
+                laps[laps.len() / 2] * 1e6,
+                laps[laps.len() * 99 / 100] * 1e6,
+                mean * 1e6
+            );
+        }
     }
     use GgmlType::*;
     let main_types = [Q5_0, Q8_0, Q4K, Q6K, Q4_0, Q5K, F16, F32];
