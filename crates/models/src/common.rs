@@ -17,12 +17,16 @@ use crate::weights::{LayerWeights, Weights};
 
 /// Name of the token-id input (`[nt]` I32).
 pub const INPUT_TOKEN_IDS: &str = "token_ids";
-/// Name of the position input (`[nt]` I32): RoPE angle, causal bound and KV row.
+/// Name of the position input (`[nt]` I32): each token's index within its own sequence,
+/// which drives RoPE; without `explicit_span` it is also the causal bound and the KV row.
 pub const INPUT_POSITIONS: &str = "positions";
 /// Name of the tail-row input (`[n_out]` I32), present only when `n_out < nt`.
 pub const INPUT_TAIL_IDS: &str = "tail_ids";
 /// Name of the per-token key-span input (`[2, nt]` I32), present only with `explicit_span`.
 pub const INPUT_SPAN: &str = "span";
+/// Name of the KV-row input (`[nt]` I32): the arena row each token's K and V are written
+/// to, present only with `explicit_span` (invariant 1: KV rows are data).
+pub const INPUT_CELLS: &str = "cells";
 
 /// Widest FFN for which the decode gate|up concat pays off (design §4.2, measured).
 pub const FUSED_FFN_MAX_NF: usize = 16384;
@@ -43,6 +47,8 @@ pub(crate) struct LayerCx<'a> {
     pub hp: &'a HParams,
     pub lw: &'a LayerWeights,
     pub pos: NodeId,
+    /// KV rows the layer's store writes: `cells` with explicit spans, else `pos`.
+    pub cells: NodeId,
     pub n_ctx: usize,
     /// Decode QKV fusion is allowed by the params (GPU, nt == 1, flag on); the
     /// architecture still checks that its weights can be concatenated.
@@ -77,7 +83,8 @@ impl LayerCx<'_> {
 /// with K and V stored into the layer's KV regions along the way.
 pub(crate) type QkvBlock = fn(&mut GraphBuilder, &LayerCx<'_>, NodeId) -> NodeId;
 
-/// The unfused tail of every Q/K/V block: rope q and k, then store k and v at `positions`.
+/// The unfused tail of every Q/K/V block: rope q and k at `positions`, then store k and v
+/// at the layer's KV rows (`cx.cells`).
 pub(crate) fn rope_and_store(
     b: &mut GraphBuilder,
     cx: &LayerCx<'_>,
@@ -90,7 +97,7 @@ pub(crate) fn rope_and_store(
     b.set_name(q, &cx.name("Qcur_rope"));
     let k = b.rope(k, cx.pos, style, cx.rope_meta(cx.hp.n_head_kv));
     b.set_name(k, &cx.name("Kcur_rope"));
-    let st = b.kvcache_store(cx.il, k, v, cx.pos, cx.n_ctx);
+    let st = b.kvcache_store(cx.il, k, v, cx.cells, cx.n_ctx);
     b.set_name(st, &cx.name("kv_store"));
     q
 }
@@ -135,6 +142,9 @@ pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -
     let span = cp
         .explicit_span
         .then(|| b.input(INPUT_SPAN, [2, nt, 1, 1], DType::I32));
+    let cells = cp
+        .explicit_span
+        .then(|| b.input(INPUT_CELLS, [nt, 1, 1, 1], DType::I32));
 
     let mut h = b.embedding(ids, &w.tok_embd);
     b.set_name(h, "inp_embd");
@@ -145,8 +155,10 @@ pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -
             hp,
             lw,
             pos,
+            cells: cells.unwrap_or(pos),
             n_ctx: cp.n_ctx,
-            fuse_qkv: decode_fusion && cp.fuse_qkv,
+            // The fused QKV kernels store K/V at `positions`, so explicit KV rows keep them off.
+            fuse_qkv: decode_fusion && cp.fuse_qkv && !cp.explicit_span,
         };
         let normed = b.rms_norm(h, Some(&lw.attn_norm), hp.rms_eps);
         b.set_name(normed, &cx.name("attn_norm"));

@@ -8,9 +8,14 @@
 //! Graph contract (what a runtime fills and reads, design §4.5, §11.1):
 //!
 //! * inputs, all at the head: `token_ids` `[nt]` I32, `positions` `[nt]` I32 (each
-//!   token's index in its sequence: rope angle, causal bound and KV row), `tail_ids`
-//!   `[n_out]` I32 only when `n_out < nt` (fill with [`params::tail_ids`]), and `span`
-//!   `[2, nt]` I32 only with `CParams::explicit_span`;
+//!   token's index in its sequence: rope angle, and — without explicit spans — causal
+//!   bound and KV row), `tail_ids` `[n_out]` I32 only when `n_out < nt` (the batch rows
+//!   whose logits are wanted, increasing; [`params::tail_ids`] for one sequence), then,
+//!   only with `CParams::explicit_span`, `span` `[2, nt]` I32 (each token's `[lo, hi)` KV
+//!   rows attended) and `cells` `[nt]` I32 (the KV row each token writes);
+//! * several sequences share one step through explicit spans: each owns a range of the
+//!   KV arena, its tokens write rows of that range and attend only inside it. The number
+//!   of sequences is data, so batches of one shape share one graph whatever their mix;
 //! * one output: logits `[n_vocab, n_out]`, token-major (row `i` is the `i`-th tail token);
 //! * weights referenced by GGUF name ([`ModelDef::weight_names`]), plus the concatenated
 //!   weights of the GPU decode fusions ([`ModelDef::concat_weights`]).
@@ -32,8 +37,8 @@ pub mod testing;
 pub mod weights;
 
 pub use common::{
-    gate_up_concat_name, qkv_concat_name, FUSED_FFN_MAX_NF, INPUT_POSITIONS, INPUT_SPAN,
-    INPUT_TAIL_IDS, INPUT_TOKEN_IDS,
+    gate_up_concat_name, qkv_concat_name, FUSED_FFN_MAX_NF, INPUT_CELLS, INPUT_POSITIONS,
+    INPUT_SPAN, INPUT_TAIL_IDS, INPUT_TOKEN_IDS,
 };
 pub use error::ModelError;
 pub use hparams::HParams;

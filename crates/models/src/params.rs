@@ -21,6 +21,15 @@ pub fn cpu_cparams(n_ctx: usize) -> CParams {
     }
 }
 
+/// CParams for an all-CPU multi-sequence run over a KV arena of `n_ctx` rows: as
+/// [`cpu_cparams`], plus the `span` and `cells` inputs that place each token's KV.
+pub fn cpu_batch_cparams(n_ctx: usize) -> CParams {
+    CParams {
+        explicit_span: true,
+        ..cpu_cparams(n_ctx)
+    }
+}
+
 /// Params for `n_tokens` tokens producing logits for the last `n_out` of them.
 pub fn graph_params(
     n_tokens: usize,
@@ -114,6 +123,19 @@ mod tests {
         assert!(e.contains("n_tokens is 0"), "{e}");
         let e = prefill(32, 1, cpu_cparams(16)).unwrap_err().to_string();
         assert!(e.contains("exceeds the KV length n_ctx 16"), "{e}");
+    }
+
+    #[test]
+    fn batch_cparams_differ_only_in_explicit_spans() {
+        let b = cpu_batch_cparams(32);
+        assert!(b.explicit_span);
+        assert_eq!(
+            CParams {
+                explicit_span: false,
+                ..b
+            },
+            cpu_cparams(32)
+        );
     }
 
     #[test]

@@ -220,8 +220,13 @@ fn attention_options_follow_cparams() {
     };
     let g = m.build_graph(&graph_params(4, 1, cp).unwrap());
     let span = g.input_by_name("span").expect("span input");
-    assert_eq!(g.inputs, vec![0, 1, 2, span]);
+    let cells = g.input_by_name("cells").expect("cells input");
+    assert_eq!(g.inputs, vec![0, 1, 2, span, cells]);
     assert_eq!(g.nodes[span].out_shape, [2, 4, 1, 1]);
+    assert_eq!(g.nodes[cells].out_shape, [4, 1, 1, 1]);
+    // Explicit spans move the KV rows to `cells`; RoPE still reads `positions`.
+    assert_eq!(node(&g, "kv_store-0").src[2], cells);
+    assert_eq!(node(&g, "Qcur_rope-0").src[1], 1);
     let attn = node(&g, "kqv_out-0");
     assert_eq!(
         attn.op,

@@ -69,6 +69,22 @@ impl Default for EngineOptions {
     }
 }
 
+/// Per-token inputs of one explicit-span step ([`Engine::forward_rows`]): the tokens of
+/// one or more sequences, each placed in the KV arena by the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRows<'a> {
+    /// Token ids.
+    pub tokens: &'a [u32],
+    /// Each token's index within its own sequence (drives RoPE).
+    pub positions: &'a [u32],
+    /// The KV arena row each token writes.
+    pub cells: &'a [u32],
+    /// The KV arena rows `[lo, hi)` each token attends.
+    pub spans: &'a [[u32; 2]],
+    /// Batch rows whose logits are returned, strictly increasing.
+    pub out_rows: &'a [u32],
+}
+
 /// The default context: the model's own, capped at 4096.
 pub const DEFAULT_CTX_CAP: usize = 4096;
 
@@ -83,6 +99,7 @@ pub struct Engine {
     n_batch: usize,
     load_time: Duration,
     rebuild_every_step: bool,
+    explicit_span: bool,
 }
 
 impl Engine {
@@ -163,6 +180,7 @@ impl Engine {
             n_batch: opts.n_batch,
             load_time: t0.elapsed(),
             rebuild_every_step: false,
+            explicit_span: false,
         })
     }
 
@@ -206,6 +224,13 @@ impl Engine {
         self.rebuild_every_step = on;
     }
 
+    /// Builds graphs with the `cells` and `span` inputs, so a step may hold tokens of
+    /// several sequences placed anywhere in the KV arena ([`Self::forward_rows`]). Plain
+    /// [`Self::forward`] keeps working: it fills cells and spans of one sequence at row 0.
+    pub fn set_explicit_span(&mut self, on: bool) {
+        self.explicit_span = on;
+    }
+
     /// Forgets the KV contents (a new, unrelated sequence follows).
     pub fn reset(&mut self) {
         self.cache.reset();
@@ -227,7 +252,7 @@ impl Engine {
                 gpu: false,
                 fuse_qkv: false,
                 fuse_ffn: false,
-                explicit_span: false,
+                explicit_span: self.explicit_span,
             },
             weights_version: 1,
         }
@@ -269,22 +294,95 @@ impl Engine {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::BadToken { id, n_vocab });
         }
+        let positions: Vec<u32> = (pos0..pos0 + nt).map(|p| p as u32).collect();
+        let spans: Vec<[u32; 2]> = positions.iter().map(|&p| [0, p + 1]).collect();
+        let out_rows: Vec<u32> = ((nt - n_out) as u32..nt as u32).collect();
+        self.run(&TokenRows {
+            tokens,
+            positions: &positions,
+            cells: &positions,
+            spans: &spans,
+            out_rows: &out_rows,
+        })
+    }
+
+    /// Runs one explicit-span step (see [`Self::set_explicit_span`], which must be on)
+    /// and returns the logits of `rows.out_rows`, row by row. Every row is checked
+    /// against the vocabulary and the KV arena before anything runs.
+    pub fn forward_rows(&mut self, rows: &TokenRows) -> Result<Vec<f32>, EngineError> {
+        let bad = |message: String| {
+            Err(EngineError::Param {
+                name: "batch",
+                message,
+            })
+        };
+        if !self.explicit_span {
+            return bad("rows with explicit KV cells need set_explicit_span(true)".into());
+        }
+        let nt = rows.tokens.len();
+        if nt == 0 || rows.out_rows.is_empty() {
+            return bad(format!(
+                "{nt} tokens with {} output rows",
+                rows.out_rows.len()
+            ));
+        }
+        if [rows.positions.len(), rows.cells.len(), rows.spans.len()] != [nt; 3] {
+            return bad(format!(
+                "{nt} tokens but {} positions, {} cells and {} spans",
+                rows.positions.len(),
+                rows.cells.len(),
+                rows.spans.len()
+            ));
+        }
+        if rows.out_rows.windows(2).any(|w| w[0] >= w[1])
+            || rows.out_rows.iter().any(|&r| r as usize >= nt)
+        {
+            return bad(format!(
+                "output rows {:?} are not increasing rows of {nt} tokens",
+                rows.out_rows
+            ));
+        }
+        let n_vocab = self.n_vocab();
+        if let Some(&id) = rows.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(EngineError::BadToken { id, n_vocab });
+        }
+        let n_ctx = self.n_ctx;
+        for t in 0..nt {
+            let (c, [lo, hi]) = (rows.cells[t] as usize, rows.spans[t]);
+            if c >= n_ctx || lo >= hi || hi as usize > n_ctx || rows.positions[t] as usize >= n_ctx
+            {
+                return bad(format!(
+                    "token {t}: cell {c}, span [{lo}, {hi}), position {} do not fit a KV arena of {n_ctx} rows",
+                    rows.positions[t]
+                ));
+            }
+        }
+        self.run(rows)
+    }
+
+    /// Installs (or reuses) the graph for `rows`, fills its inputs, runs it and reads
+    /// the logits; the caller has validated `rows`.
+    fn run(&mut self, rows: &TokenRows) -> Result<Vec<f32>, EngineError> {
+        let (nt, n_out) = (rows.tokens.len(), rows.out_rows.len());
         let params = self.params(nt, n_out);
         if self.rebuild_every_step || !self.cache.try_reuse(&params) {
             let graph = self.model.build_graph(&params);
             self.cache
                 .install(graph, params, &mut self.scheduler, &self.fusion)?;
         }
-        let positions: Vec<u32> = (pos0..pos0 + nt).map(|p| p as u32).collect();
         let (graph, alloc) = self.cache.current().ok_or_else(|| EngineError::Param {
             name: "graph",
             message: "no graph installed".into(),
         })?;
-        alloc.fill_input_u32(graph, "token_ids", tokens)?;
-        alloc.fill_input_u32(graph, "positions", &positions)?;
+        alloc.fill_input_u32(graph, minfer_models::INPUT_TOKEN_IDS, rows.tokens)?;
+        alloc.fill_input_u32(graph, minfer_models::INPUT_POSITIONS, rows.positions)?;
         if n_out < nt {
-            let tail: Vec<u32> = ((nt - n_out) as u32..nt as u32).collect();
-            alloc.fill_input_u32(graph, "tail_ids", &tail)?;
+            alloc.fill_input_u32(graph, minfer_models::INPUT_TAIL_IDS, rows.out_rows)?;
+        }
+        if self.explicit_span {
+            let spans: Vec<u32> = rows.spans.iter().flatten().copied().collect();
+            alloc.fill_input_u32(graph, minfer_models::INPUT_SPAN, &spans)?;
+            alloc.fill_input_u32(graph, minfer_models::INPUT_CELLS, rows.cells)?;
         }
         self.scheduler.execute(graph, alloc)?;
         let out = graph.outputs[0];
