@@ -29,6 +29,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Measure perplexity over a text file, as llama-perplexity does.
     Perplexity(cmd::perplexity::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(cmd::serve::Args),
     /// Measure prompt and generation throughput, as llama-bench does.
     Bench(cmd::bench::Args),
 }
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     };
     match result {

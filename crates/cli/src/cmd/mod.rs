@@ -6,4 +6,5 @@ pub mod info;
 pub mod perplexity;
 pub mod pull;
 pub mod run;
+pub mod serve;
 pub mod tokenize;

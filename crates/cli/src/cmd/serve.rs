@@ -1,0 +1,60 @@
+//! `minfer serve`: the OpenAI-compatible HTTP server over one loaded model.
+
+use std::time::Duration;
+
+use anyhow::Context;
+
+/// Arguments of `minfer serve`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Model: a GGUF path, a catalog name or an http(s) URL (default: the catalog default).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<String>,
+    /// Address to listen on.
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long = "port", default_value_t = 8080)]
+    pub port: u16,
+    /// Concurrent sequences; each gets ctx-size / slots positions.
+    #[arg(long = "slots", default_value_t = 4)]
+    pub slots: usize,
+    /// Total context in tokens, shared by the slots (default: the smaller of the model's and 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx: Option<usize>,
+    /// Inference threads (default: the number of physical cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Restrict execution to these backends (comma-separated names, e.g. `cpu`).
+    #[arg(long = "backend")]
+    pub backend: Option<String>,
+    /// Require this key as `Authorization: Bearer KEY` on every request but /health.
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Requests that may wait for a free slot; beyond it clients get 503.
+    #[arg(long = "queue", default_value_t = 64)]
+    pub queue: usize,
+    /// Seconds a request may take before it is abandoned with 504.
+    #[arg(long = "timeout", default_value_t = 600)]
+    pub timeout: u64,
+}
+
+/// Runs `minfer serve` until Ctrl-C.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(spec) = &args.backend {
+        // Refuse a bad fence before any download or mapping.
+        minfer_graph::BackendRegistry::new().parse_fence(spec)?;
+    }
+    let path = minfer_hub::resolve_model(args.model.as_deref(), true)?;
+    let mut config = minfer_server::Config::new(&path);
+    config.host = args.host;
+    config.port = args.port;
+    config.slots = args.slots;
+    config.ctx = args.ctx;
+    config.threads = args.threads;
+    config.backend = args.backend;
+    config.api_key = args.api_key;
+    config.queue = args.queue;
+    config.request_timeout = Duration::from_secs(args.timeout.max(1));
+    minfer_server::serve(config).with_context(|| format!("serving {}", path.display()))
+}

@@ -1,0 +1,242 @@
+//! Server counters, gauges and latency histograms, rendered as Prometheus text.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// A cumulative histogram with fixed upper bounds, in seconds.
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    /// An empty histogram over `bounds` (ascending).
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&mut self, secs: f64) {
+        if let Some(i) = self.bounds.iter().position(|&b| secs <= b) {
+            self.counts[i] += 1;
+        }
+        self.sum += secs;
+        self.count += 1;
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            cum += c;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+const TTFT_BOUNDS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const ITL_BOUNDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Everything `/metrics` reports; shared by the HTTP side and the inference worker.
+#[derive(Debug)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<u16, u64>>,
+    prompt_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    busy_nanos: AtomicU64,
+    busy_slots: AtomicUsize,
+    queue_len: AtomicUsize,
+    ttft: Mutex<Histogram>,
+    itl: Mutex<Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Mutex::new(BTreeMap::new()),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            busy_nanos: AtomicU64::new(0),
+            busy_slots: AtomicUsize::new(0),
+            queue_len: AtomicUsize::new(0),
+            ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
+            itl: Mutex::new(Histogram::new(ITL_BOUNDS)),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding a metrics lock leaves plain numbers behind: keep using them.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Metrics {
+    /// Counts a finished HTTP request by status.
+    pub fn request(&self, status: u16) {
+        *lock(&self.requests).entry(status).or_insert(0) += 1;
+    }
+
+    /// Adds prompt tokens prefilled (or reused) for a request.
+    pub fn add_prompt_tokens(&self, n: usize) {
+        self.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Adds one generated token.
+    pub fn add_generated(&self, n: usize) {
+        self.generated_tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Adds time during which at least one slot was busy.
+    pub fn add_busy(&self, d: Duration) {
+        self.busy_nanos
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Sets the number of slots serving a request.
+    pub fn set_busy_slots(&self, n: usize) {
+        self.busy_slots.store(n, Ordering::Relaxed);
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queue_len(&self) -> usize {
+        self.queue_len.load(Ordering::Relaxed)
+    }
+
+    /// One more (`+1`) or one fewer (`-1`) request waiting.
+    pub fn queue_delta(&self, up: bool) {
+        if up {
+            self.queue_len.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.queue_len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a time to first token.
+    pub fn observe_ttft(&self, d: Duration) {
+        lock(&self.ttft).observe(d.as_secs_f64());
+    }
+
+    /// Records the gap between two tokens of one request.
+    pub fn observe_itl(&self, d: Duration) {
+        lock(&self.itl).observe(d.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        s.push_str("# HELP minfer_requests_total HTTP requests answered, by status.\n");
+        s.push_str("# TYPE minfer_requests_total counter\n");
+        for (status, n) in lock(&self.requests).iter() {
+            let _ = writeln!(s, "minfer_requests_total{{status=\"{status}\"}} {n}");
+        }
+        let gen = self.generated_tokens.load(Ordering::Relaxed);
+        let busy = self.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let rate = if busy > 0.0 { gen as f64 / busy } else { 0.0 };
+        let scalars: [(&str, &str, &str, String); 5] = [
+            (
+                "minfer_prompt_tokens_total",
+                "counter",
+                "Prompt tokens of admitted requests.",
+                self.prompt_tokens.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "minfer_generated_tokens_total",
+                "counter",
+                "Tokens generated.",
+                gen.to_string(),
+            ),
+            (
+                "minfer_tokens_per_second",
+                "gauge",
+                "Generated tokens per second of time with at least one busy slot.",
+                format!("{rate:.3}"),
+            ),
+            (
+                "minfer_busy_slots",
+                "gauge",
+                "Slots serving a request.",
+                self.busy_slots.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "minfer_queue_length",
+                "gauge",
+                "Requests waiting for a free slot.",
+                self.queue_len().to_string(),
+            ),
+        ];
+        for (name, kind, help, value) in scalars {
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        }
+        lock(&self.ttft).render(
+            &mut s,
+            "minfer_time_to_first_token_seconds",
+            "Time from arrival to the first generated token.",
+        );
+        lock(&self.itl).render(
+            &mut s,
+            "minfer_inter_token_latency_seconds",
+            "Time between consecutive generated tokens of a request.",
+        );
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut h = Histogram::new(&[0.1, 1.0]);
+        h.observe(0.05);
+        h.observe(0.5);
+        h.observe(7.0);
+        let mut s = String::new();
+        h.render(&mut s, "x", "help");
+        assert!(s.contains("x_bucket{le=\"0.1\"} 1\n"));
+        assert!(s.contains("x_bucket{le=\"1\"} 2\n"));
+        assert!(s.contains("x_bucket{le=\"+Inf\"} 3\n"));
+        assert!(s.contains("x_count 3\n"));
+    }
+
+    #[test]
+    fn render_reports_counters_and_rate() {
+        let m = Metrics::default();
+        m.request(200);
+        m.request(200);
+        m.add_generated(10);
+        m.add_busy(Duration::from_secs(2));
+        let s = m.render();
+        assert!(
+            s.contains("minfer_requests_total{status=\"200\"} 2\n"),
+            "{s}"
+        );
+        assert!(s.contains("minfer_tokens_per_second 5.000\n"), "{s}");
+    }
+}

@@ -1,0 +1,757 @@
+//! The inference worker: one thread owns the `MultiEngine` and every slot. Each turn it
+//! admits queued requests into free slots (prefilling only what follows the longest
+//! prefix the slot already holds), samples one token for every decoding slot, and runs
+//! all of their next tokens through a single `step`.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use minfer_runtime::{
+    EngineError, MultiEngine, Sampler, SamplingParams, SeqStep, StopEvent, StopScanner,
+};
+use minfer_tokenizer::{StreamDecoder, Tokenizer};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// Events a request receives; capacity of its channel.
+pub const EVENT_CAPACITY: usize = 64;
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// End-of-generation token or stop string.
+    Stop,
+    /// `max_tokens` (or the slot's context) reached.
+    Length,
+}
+
+impl Finish {
+    /// OpenAI's `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// Log-probability of one candidate token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// The token's text (lossy UTF-8).
+    pub text: String,
+    /// The token's raw bytes.
+    pub bytes: Vec<u8>,
+    /// Natural-log probability under the model.
+    pub logprob: f32,
+}
+
+/// The sampled token's log-probability and the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The sampled token.
+    pub chosen: Candidate,
+    /// The `top_logprobs` most likely tokens, best first.
+    pub top: Vec<Candidate>,
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Why it ended.
+    pub finish: Finish,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the slot's kept prefix.
+    pub cached_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+}
+
+/// What the worker tells a request.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// New text (possibly empty when only log-probabilities are new).
+    Chunk {
+        /// Text safe to show (never part of a stop string).
+        text: String,
+        /// Log-probabilities of the tokens sampled since the last chunk, when asked.
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// The generation ended normally.
+    Done(Summary),
+    /// The generation failed.
+    Error(ApiError),
+}
+
+/// Faults a test can inject into one request's inference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Panic during the prefill.
+    Panic,
+    /// Sleep 10 ms before each of the request's decode steps (a slow model).
+    Slow,
+}
+
+/// One admitted request as the worker sees it.
+#[derive(Debug)]
+pub struct Job {
+    /// Prompt tokens (non-empty, inside the vocabulary).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampler parameters.
+    pub sampling: SamplingParams,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Alternatives per token when log-probabilities are wanted.
+    pub logprobs: Option<usize>,
+    /// When the request arrived (for TTFT).
+    pub arrived: Instant,
+    /// When the request is abandoned with a 504.
+    pub deadline: Instant,
+    /// A fault to inject (tests only).
+    pub fault: Option<Fault>,
+    /// Where events go; closing it cancels the generation.
+    pub tx: mpsc::Sender<Event>,
+}
+
+/// A slot as `/slots` reports it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SlotInfo {
+    /// Slot index.
+    pub id: usize,
+    /// Positions the slot holds.
+    pub n_ctx: usize,
+    /// Whether a request is using it.
+    pub is_processing: bool,
+    /// Tokens whose KV the slot keeps for prefix reuse.
+    pub cached_tokens: usize,
+    /// Prompt tokens of the current (or last) request.
+    pub prompt_tokens: usize,
+    /// Tokens generated for the current (or last) request.
+    pub generated_tokens: usize,
+}
+
+/// The HTTP side's handle: a bounded queue into the worker.
+#[derive(Clone)]
+pub struct WorkerHandle {
+    queue: SyncSender<Job>,
+    /// Shared counters.
+    pub metrics: Arc<Metrics>,
+    /// Latest per-slot snapshot.
+    pub slots: Arc<Mutex<Vec<SlotInfo>>>,
+}
+
+impl WorkerHandle {
+    /// Queues a job; a full queue is a 503 with Retry-After.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        // Counted before the send so the worker's decrement can never run first.
+        self.metrics.queue_delta(true);
+        match self.queue.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.metrics.queue_delta(false);
+                Err(match e {
+                    TrySendError::Full(_) => ApiError::unavailable(
+                        "all slots are busy and the request queue is full; retry later",
+                        1,
+                    ),
+                    TrySendError::Disconnected(_) => {
+                        ApiError::internal("the inference worker has stopped")
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// Facts about the loaded model that the HTTP side needs.
+pub struct Loaded {
+    /// The model's tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Positions per slot.
+    pub slot_ctx: usize,
+    /// `general.name`, if any.
+    pub name: Option<String>,
+}
+
+/// Starts the worker thread: it loads the model with `load`, reports the result, then
+/// serves the queue until every handle is dropped.
+pub fn spawn(
+    load: impl FnOnce() -> Result<MultiEngine, EngineError> + Send + 'static,
+    queue_capacity: usize,
+) -> Result<(WorkerHandle, Loaded, std::thread::JoinHandle<()>), String> {
+    let (qtx, qrx) = std::sync::mpsc::sync_channel::<Job>(queue_capacity);
+    let metrics = Arc::new(Metrics::default());
+    let slots = Arc::new(Mutex::new(Vec::new()));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (m2, s2) = (Arc::clone(&metrics), Arc::clone(&slots));
+    let thread = std::thread::Builder::new()
+        .name("minfer-infer".into())
+        .spawn(move || {
+            // The engine is built on this thread and never leaves it.
+            let engine = match load() {
+                Ok(e) => e,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("loading the model: {e}")));
+                    return;
+                }
+            };
+            let tokenizer = match Tokenizer::from_gguf(engine.file()) {
+                Ok(t) => Arc::new(t),
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("reading the tokenizer: {e}")));
+                    return;
+                }
+            };
+            let loaded = Loaded {
+                tokenizer: Arc::clone(&tokenizer),
+                slot_ctx: engine.slot_ctx(),
+                name: engine
+                    .file()
+                    .get_str("general.name")
+                    .ok()
+                    .map(str::to_string),
+            };
+            let _ = ready_tx.send(Ok(loaded));
+            Worker::new(engine, tokenizer, m2, s2).run(qrx);
+        })
+        .map_err(|e| format!("starting the inference thread: {e}"))?;
+    let loaded = ready_rx
+        .recv()
+        .map_err(|_| "the inference thread ended while loading".to_string())??;
+    let handle = WorkerHandle {
+        queue: qtx,
+        metrics,
+        slots,
+    };
+    Ok((handle, loaded, thread))
+}
+
+struct Active {
+    job: Job,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    stops: StopScanner,
+    generated: usize,
+    cached_tokens: usize,
+    logits: Option<Vec<f32>>,
+    outbox: VecDeque<Event>,
+    logprobs: Vec<TokenLogprob>,
+    last_token: Option<Instant>,
+    done: bool,
+}
+
+struct Slot {
+    /// Tokens whose KV sits at positions `0..cached.len()`.
+    cached: Vec<u32>,
+    active: Option<Active>,
+    last_used: u64,
+    last_prompt: usize,
+    last_generated: usize,
+}
+
+struct Worker {
+    engine: MultiEngine,
+    tok: Arc<Tokenizer>,
+    metrics: Arc<Metrics>,
+    info: Arc<Mutex<Vec<SlotInfo>>>,
+    slots: Vec<Slot>,
+    clock: u64,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+impl Worker {
+    fn new(
+        engine: MultiEngine,
+        tok: Arc<Tokenizer>,
+        metrics: Arc<Metrics>,
+        info: Arc<Mutex<Vec<SlotInfo>>>,
+    ) -> Self {
+        let slots = (0..engine.n_slots())
+            .map(|_| Slot {
+                cached: Vec::new(),
+                active: None,
+                last_used: 0,
+                last_prompt: 0,
+                last_generated: 0,
+            })
+            .collect();
+        let w = Worker {
+            engine,
+            tok,
+            metrics,
+            info,
+            slots,
+            clock: 0,
+        };
+        w.publish();
+        w
+    }
+
+    fn run(mut self, queue: Receiver<Job>) {
+        let mut closed = false;
+        loop {
+            let busy = self.slots.iter().any(|s| s.active.is_some());
+            if closed && !busy {
+                return;
+            }
+            let t0 = Instant::now();
+            let mut progressed = false;
+            // Admit while a slot is free; block briefly only when there is nothing to run.
+            while !closed && self.slots.iter().any(|s| s.active.is_none()) {
+                let idle = !self.slots.iter().any(|s| s.active.is_some());
+                let job = if idle {
+                    match queue.recv_timeout(Duration::from_millis(100)) {
+                        Ok(j) => j,
+                        Err(RecvTimeoutError::Timeout) => break,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            closed = true;
+                            break;
+                        }
+                    }
+                } else {
+                    match queue.try_recv() {
+                        Ok(j) => j,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            closed = true;
+                            break;
+                        }
+                    }
+                };
+                self.metrics.queue_delta(false);
+                progressed = true;
+                self.admit(job);
+            }
+            progressed |= self.decode_turn();
+            progressed |= self.flush();
+            if busy {
+                self.metrics.add_busy(t0.elapsed());
+            }
+            self.publish();
+            if !progressed && self.slots.iter().any(|s| s.active.is_some()) {
+                // Every busy slot waits on a slow reader: do not spin.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Puts a job into the free slot holding the longest prefix of its prompt and
+    /// prefills the rest.
+    fn admit(&mut self, job: Job) {
+        if job.tx.is_closed() {
+            return;
+        }
+        if Instant::now() >= job.deadline {
+            let _ = job.tx.try_send(Event::Error(timed_out()));
+            return;
+        }
+        let Some(idx) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.active.is_none())
+            .max_by_key(|(_, s)| {
+                (
+                    common_prefix(&s.cached, &job.prompt),
+                    u64::MAX - s.last_used,
+                )
+            })
+            .map(|(i, _)| i)
+        else {
+            return;
+        };
+        self.clock += 1;
+        let slot = &mut self.slots[idx];
+        slot.last_used = self.clock;
+        // At least the last prompt token runs again: its logits start the generation.
+        let keep = common_prefix(&slot.cached, &job.prompt).min(job.prompt.len() - 1);
+        slot.cached.truncate(keep);
+        self.metrics.add_prompt_tokens(job.prompt.len());
+        let sampler = match Sampler::new(job.sampling.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = job
+                    .tx
+                    .try_send(Event::Error(ApiError::bad_request(e.to_string())));
+                return;
+            }
+        };
+        let engine = &mut self.engine;
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            if job.fault == Some(Fault::Panic) {
+                panic!("injected fault");
+            }
+            let mut logits = Vec::new();
+            let mut pos = keep;
+            for chunk in job.prompt[keep..].chunks(512) {
+                let step = SeqStep {
+                    slot: idx,
+                    tokens: chunk.to_vec(),
+                    pos0: pos,
+                    n_out: 1,
+                };
+                logits = engine.step(&[step])?.pop().unwrap_or_default();
+                pos += chunk.len();
+            }
+            Ok::<_, EngineError>(logits)
+        }));
+        let logits = match result {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                self.fail_slot(idx, &job.tx, engine_error(e));
+                return;
+            }
+            Err(p) => {
+                let msg = format!("inference panicked: {}", panic_text(&*p));
+                self.fail_slot(idx, &job.tx, ApiError::internal(msg));
+                return;
+            }
+        };
+        let mut sampler = sampler;
+        for &t in &job.prompt {
+            sampler.accept(t);
+        }
+        let slot = &mut self.slots[idx];
+        slot.cached = job.prompt.clone();
+        slot.last_prompt = job.prompt.len();
+        slot.last_generated = 0;
+        let stops = StopScanner::new(&job.stop);
+        slot.active = Some(Active {
+            sampler,
+            decoder: StreamDecoder::new(false),
+            stops,
+            generated: 0,
+            cached_tokens: keep,
+            logits: Some(logits),
+            outbox: VecDeque::new(),
+            logprobs: Vec::new(),
+            last_token: None,
+            done: false,
+            job,
+        });
+    }
+
+    /// A failed slot's KV is suspect: forget it, and tell the request.
+    fn fail_slot(&mut self, idx: usize, tx: &mpsc::Sender<Event>, err: ApiError) {
+        let _ = tx.try_send(Event::Error(err));
+        let slot = &mut self.slots[idx];
+        slot.cached.clear();
+        slot.active = None;
+        let _ = catch_unwind(AssertUnwindSafe(|| self.engine.reset_slot(idx)));
+    }
+
+    /// Samples one token for every ready slot, then runs all continuing slots together.
+    fn decode_turn(&mut self) -> bool {
+        let mut steps = Vec::new();
+        for idx in 0..self.slots.len() {
+            let tok = Arc::clone(&self.tok);
+            let metrics = Arc::clone(&self.metrics);
+            let slot = &mut self.slots[idx];
+            let Some(a) = slot.active.as_mut() else {
+                continue;
+            };
+            if a.done || !a.outbox.is_empty() || a.logits.is_none() {
+                continue;
+            }
+            if a.job.tx.is_closed() {
+                // The client went away: free the slot now; its KV stays valid for reuse.
+                slot.active = None;
+                continue;
+            }
+            if Instant::now() >= a.job.deadline {
+                a.outbox.push_back(Event::Error(timed_out()));
+                a.done = true;
+                continue;
+            }
+            let pos = slot.cached.len();
+            let ctx = self.engine.slot_ctx();
+            let r = catch_unwind(AssertUnwindSafe(|| sample_one(a, &tok, &metrics, pos, ctx)));
+            match r {
+                Ok(Some(t)) => {
+                    slot.cached.push(t);
+                    steps.push(SeqStep {
+                        slot: idx,
+                        tokens: vec![t],
+                        pos0: pos,
+                        n_out: 1,
+                    });
+                }
+                Ok(None) => {}
+                Err(p) => {
+                    let tx = a.job.tx.clone();
+                    let msg = format!("inference panicked: {}", panic_text(&*p));
+                    self.fail_slot(idx, &tx, ApiError::internal(msg));
+                }
+            }
+            if let Some(a) = self.slots[idx].active.as_ref() {
+                self.slots[idx].last_generated = a.generated;
+            }
+        }
+        if steps.is_empty() {
+            return false;
+        }
+        let slow = steps.iter().any(|s| {
+            self.slots[s.slot]
+                .active
+                .as_ref()
+                .is_some_and(|a| a.job.fault == Some(Fault::Slow))
+        });
+        if slow {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let engine = &mut self.engine;
+        match catch_unwind(AssertUnwindSafe(|| engine.step(&steps))) {
+            Ok(Ok(rows)) => {
+                for (s, row) in steps.iter().zip(rows) {
+                    if let Some(a) = self.slots[s.slot].active.as_mut() {
+                        a.logits = Some(row);
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                let err = engine_error(e);
+                self.fail_steps(&steps, err);
+            }
+            Err(p) => {
+                let err = ApiError::internal(format!("inference panicked: {}", panic_text(&*p)));
+                self.fail_steps(&steps, err);
+            }
+        }
+        true
+    }
+
+    fn fail_steps(&mut self, steps: &[SeqStep], err: ApiError) {
+        for s in steps {
+            if let Some(tx) = self.slots[s.slot].active.as_ref().map(|a| a.job.tx.clone()) {
+                self.fail_slot(s.slot, &tx, err.clone());
+            }
+        }
+    }
+
+    /// Hands queued events to their requests; frees slots whose request is over.
+    fn flush(&mut self) -> bool {
+        let mut progressed = false;
+        for idx in 0..self.slots.len() {
+            let slot = &mut self.slots[idx];
+            let Some(a) = slot.active.as_mut() else {
+                continue;
+            };
+            while a.outbox.len() > 1 || (!a.done && !a.outbox.is_empty()) {
+                let Some(ev) = a.outbox.pop_front() else {
+                    break;
+                };
+                match a.job.tx.try_send(ev) {
+                    Ok(()) => progressed = true,
+                    Err(mpsc::error::TrySendError::Full(ev)) => {
+                        a.outbox.push_front(ev);
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        a.outbox.clear();
+                        a.done = true;
+                    }
+                }
+            }
+            // The last event goes out only after the slot is released and published, so
+            // a client that has its answer sees the slot free in /slots and /metrics.
+            if a.done && a.outbox.len() <= 1 && (a.outbox.is_empty() || a.job.tx.capacity() > 0) {
+                let last = a.outbox.pop_front();
+                slot.last_generated = a.generated;
+                let Some(a) = slot.active.take() else {
+                    continue;
+                };
+                self.publish();
+                if let Some(ev) = last {
+                    // Sole sender with free capacity: this cannot be Full.
+                    let _ = a.job.tx.try_send(ev);
+                }
+                progressed = true;
+            }
+        }
+        progressed
+    }
+
+    fn publish(&self) {
+        let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
+        self.metrics.set_busy_slots(busy);
+        let info = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(id, s)| SlotInfo {
+                id,
+                n_ctx: self.engine.slot_ctx(),
+                is_processing: s.active.is_some(),
+                cached_tokens: s.cached.len(),
+                prompt_tokens: s.last_prompt,
+                generated_tokens: s.last_generated,
+            })
+            .collect();
+        *self.info.lock().unwrap_or_else(|e| e.into_inner()) = info;
+    }
+}
+
+fn timed_out() -> ApiError {
+    ApiError::new(StatusCode::GATEWAY_TIMEOUT, "the request timed out")
+}
+
+fn engine_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::ContextOverflow { .. } | EngineError::BadToken { .. } => {
+            ApiError::bad_request(e.to_string())
+        }
+        other => ApiError::internal(format!("inference failed: {other}")),
+    }
+}
+
+/// Samples the next token of `a` from its pending logits; returns the token when the
+/// generation continues (it must then run at position `pos`).
+fn sample_one(
+    a: &mut Active,
+    tok: &Tokenizer,
+    metrics: &Metrics,
+    pos: usize,
+    slot_ctx: usize,
+) -> Option<u32> {
+    let mut logits = a.logits.take()?;
+    let raw = a.job.logprobs.map(|_| logits.clone());
+    let t = a.sampler.sample(&mut logits);
+    let now = Instant::now();
+    match a.last_token {
+        None => metrics.observe_ttft(now - a.job.arrived),
+        Some(prev) => metrics.observe_itl(now - prev),
+    }
+    a.last_token = Some(now);
+    if tok.is_eog(t) {
+        finish(a, Finish::Stop, true);
+        return None;
+    }
+    if let (Some(k), Some(raw)) = (a.job.logprobs, raw) {
+        a.logprobs.push(logprob_of(tok, &raw, t, k));
+    }
+    a.sampler.accept(t);
+    a.generated += 1;
+    metrics.add_generated(1);
+    let piece = match a.decoder.push(tok, t) {
+        Ok(p) => p,
+        Err(_) => char::REPLACEMENT_CHARACTER.to_string(),
+    };
+    match a.stops.push(&piece) {
+        StopEvent::Text(text) => {
+            if !text.is_empty() || !a.logprobs.is_empty() {
+                let logprobs = std::mem::take(&mut a.logprobs);
+                a.outbox.push_back(Event::Chunk { text, logprobs });
+            }
+        }
+        StopEvent::Stopped(text) => {
+            let logprobs = std::mem::take(&mut a.logprobs);
+            a.outbox.push_back(Event::Chunk { text, logprobs });
+            finish(a, Finish::Stop, false);
+            return None;
+        }
+    }
+    if a.generated >= a.job.max_tokens || pos + 1 > slot_ctx {
+        finish(a, Finish::Length, true);
+        return None;
+    }
+    Some(t)
+}
+
+/// Ends a generation; held-back text is released unless a stop string matched.
+fn finish(a: &mut Active, reason: Finish, release: bool) {
+    let mut rest = String::new();
+    if release {
+        rest = a.stops.finish();
+        rest.push_str(&a.decoder.flush());
+    }
+    if !rest.is_empty() || !a.logprobs.is_empty() {
+        let logprobs = std::mem::take(&mut a.logprobs);
+        a.outbox.push_back(Event::Chunk {
+            text: rest,
+            logprobs,
+        });
+    }
+    a.outbox.push_back(Event::Done(Summary {
+        finish: reason,
+        prompt_tokens: a.job.prompt.len(),
+        cached_tokens: a.cached_tokens,
+        completion_tokens: a.generated,
+    }));
+    a.done = true;
+}
+
+fn candidate(tok: &Tokenizer, id: u32, logprob: f32) -> Candidate {
+    let bytes = tok
+        .token_bytes(id, false)
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default();
+    Candidate {
+        text: String::from_utf8_lossy(&bytes).into_owned(),
+        bytes,
+        logprob,
+    }
+}
+
+/// Log-softmax of the raw logits at `chosen`, and the `k` best alternatives.
+fn logprob_of(tok: &Tokenizer, raw: &[f32], chosen: u32, k: usize) -> TokenLogprob {
+    let max = raw.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max
+        + raw
+            .iter()
+            .map(|&x| ((x - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
+    let lp = |i: usize| raw.get(i).map_or(f32::NEG_INFINITY, |&x| x - lse);
+    let mut top: Vec<usize> = (0..raw.len()).collect();
+    let k = k.min(raw.len());
+    if k > 0 {
+        top.select_nth_unstable_by(k - 1, |&a, &b| raw[b].total_cmp(&raw[a]));
+    }
+    top.truncate(k);
+    top.sort_by(|&a, &b| raw[b].total_cmp(&raw[a]));
+    TokenLogprob {
+        chosen: candidate(tok, chosen, lp(chosen as usize)),
+        top: top
+            .into_iter()
+            .map(|i| candidate(tok, i as u32, lp(i)))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefix_counts_equal_leading_tokens() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
+    }
+
+    #[test]
+    fn finish_reasons_use_openai_names() {
+        assert_eq!(Finish::Stop.as_str(), "stop");
+        assert_eq!(Finish::Length.as_str(), "length");
+    }
+}

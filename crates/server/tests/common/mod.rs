@@ -1,0 +1,159 @@
+//! Shared helpers: a tiny model on disk, a server on a loopback port, SSE parsing.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use minfer_gguf::GgmlType;
+use minfer_models::testing::{write_tiny_model, TinySpec};
+use minfer_server::{start, Config, Running};
+use serde_json::Value;
+
+/// A tiny Qwen2 written to a temporary directory (kept alive by the returned guard).
+pub fn tiny_model() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("tiny-qwen2.gguf");
+    write_tiny_model(&path, &TinySpec::qwen2(GgmlType::Q8_0, 7)).expect("writing the tiny model");
+    (dir, path)
+}
+
+/// A config for the tiny model on an ephemeral loopback port: `slots` slots of 256
+/// positions, one inference thread.
+pub fn tiny_config(path: &std::path::Path, slots: usize) -> Config {
+    let mut c = Config::new(path);
+    c.port = 0;
+    c.slots = slots;
+    c.ctx = Some(256 * slots);
+    c.threads = Some(1);
+    c
+}
+
+/// A started server and the model directory it reads.
+pub struct TestServer {
+    pub running: Running,
+    pub base: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// Starts a tiny-model server, letting `edit` adjust the config first.
+pub fn tiny_server(slots: usize, edit: impl FnOnce(&mut Config)) -> TestServer {
+    let (dir, path) = tiny_model();
+    let mut c = tiny_config(&path, slots);
+    edit(&mut c);
+    let running = start(c).expect("starting the server");
+    let base = format!("http://{}", running.addr());
+    TestServer {
+        running,
+        base,
+        _dir: Some(dir),
+    }
+}
+
+/// The real default model, or a loud failure telling how to get it.
+pub fn real_model() -> PathBuf {
+    let p = minfer_hub::default_model_path();
+    assert!(
+        p.exists(),
+        "the default model is missing at {}: run `minfer pull` first",
+        p.display()
+    );
+    p
+}
+
+/// A client without connection reuse surprises.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(120))
+        .build()
+        .expect("HTTP client")
+}
+
+/// POSTs JSON and returns (status, parsed body).
+pub async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, v)
+}
+
+/// GETs and returns (status, body text).
+pub async fn get(base: &str, path: &str) -> (u16, String) {
+    let r = client()
+        .get(format!("{base}{path}"))
+        .send()
+        .await
+        .expect("request");
+    (r.status().as_u16(), r.text().await.expect("body"))
+}
+
+/// The `data:` payloads of an SSE body, in order.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|frame| {
+            let lines: Vec<&str> = frame
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|l| l.strip_prefix(' ').unwrap_or(l))
+                .collect();
+            (!lines.is_empty()).then(|| lines.join("\n"))
+        })
+        .collect()
+}
+
+/// POSTs a streaming request and returns (status, data payloads).
+pub async fn post_stream(base: &str, path: &str, body: Value) -> (u16, Vec<String>) {
+    let r = client()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    (status, sse_data(&text))
+}
+
+/// Text of a streamed chat or completion, its finish reason and its usage (if sent).
+pub fn stream_summary(frames: &[String]) -> (String, Option<String>, Option<Value>) {
+    assert_eq!(
+        frames.last().map(String::as_str),
+        Some("[DONE]"),
+        "{frames:?}"
+    );
+    let mut text = String::new();
+    let mut finish = None;
+    let mut usage = None;
+    for f in &frames[..frames.len() - 1] {
+        let v: Value = serde_json::from_str(f).expect("frame is JSON");
+        assert!(v.get("error").is_none(), "error frame: {f}");
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            usage = Some(u.clone());
+        }
+        for c in v["choices"].as_array().expect("choices") {
+            if let Some(t) = c["delta"]["content"].as_str() {
+                text.push_str(t);
+            }
+            if let Some(t) = c["text"].as_str() {
+                text.push_str(t);
+            }
+            if let Some(r) = c["finish_reason"].as_str() {
+                finish = Some(r.to_string());
+            }
+        }
+    }
+    (text, finish, usage)
+}
+
+/// Resident set size of this process, in kB.
+pub fn rss_kb() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS line")
+}

@@ -1,0 +1,91 @@
+//! Saturation and cancellation: a full queue answers 503 with Retry-After, and a client
+//! that disconnects mid-stream frees its slot for the next request.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+async fn metric(base: &str, name: &str) -> f64 {
+    let (_, m) = get(base, "/metrics").await;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing in\n{m}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_queue_is_503_and_disconnect_frees_the_slot() {
+    let s = tiny_server(1, |c| {
+        c.queue = 1;
+        c.fault_injection = true;
+    });
+    let slow = format!("a {}", minfer_server::openai::SLOW_MARKER);
+    // A: a slow stream that holds the only slot.
+    let a = client()
+        .post(format!("{}/v1/completions", s.base))
+        .json(&json!({"prompt": slow, "max_tokens": 200, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(a.status().as_u16(), 200);
+    let mut a_body = a.bytes_stream();
+    let first = a_body.next().await.expect("a first frame").unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("data:"));
+
+    // B waits in the queue (of one).
+    let base = s.base.clone();
+    let b = tokio::spawn(async move {
+        post(
+            &base,
+            "/v1/completions",
+            json!({"prompt": "b", "max_tokens": 8}),
+        )
+        .await
+    });
+    let t0 = Instant::now();
+    while metric(&s.base, "minfer_queue_length").await < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "B never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(metric(&s.base, "minfer_busy_slots").await, 1.0);
+
+    // C finds the queue full.
+    let r = client()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&json!({"messages": [{"role": "user", "content": "c"}], "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], 503);
+
+    // A disconnects: B gets the slot long before A's 200 tokens (2 s at 10 ms) are done.
+    let gone = Instant::now();
+    drop(a_body);
+    let (st, v) = tokio::time::timeout(Duration::from_secs(30), b)
+        .await
+        .expect("B finished")
+        .unwrap();
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        gone.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        gone.elapsed()
+    );
+    let generated = metric(&s.base, "minfer_generated_tokens_total").await;
+    assert!(
+        generated < 150.0,
+        "A was cancelled early: {generated} tokens in all"
+    );
+    assert_eq!(metric(&s.base, "minfer_busy_slots").await, 0.0);
+    assert_eq!(
+        metric(&s.base, "minfer_requests_total{status=\"503\"}").await,
+        1.0
+    );
+}
