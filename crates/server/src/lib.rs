@@ -147,6 +147,7 @@ pub struct RequestLog {
     pub start: Instant,
     status: u16,
     summary: Option<Summary>,
+    /// Set on the copy a stream owns: it logs when the stream ends or is dropped.
     emit_on_drop: bool,
 }
 

@@ -341,6 +341,7 @@ async fn stream_reply(
         return Err(e);
     }
     log.status = 200;
+    log.emit_on_drop = true;
     let mut head = Vec::new();
     if reply.kind == Kind::Chat {
         head.push(data(&json!({
