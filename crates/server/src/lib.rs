@@ -10,6 +10,7 @@
 //! min_p 0.05, no penalties, a random seed, and `max_tokens` filling the slot's context.
 
 pub mod error;
+pub mod job;
 pub mod metrics;
 pub mod openai;
 pub mod params;

@@ -10,135 +10,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use minfer_runtime::{
-    EngineError, MultiEngine, Sampler, SamplingParams, SeqStep, StopEvent, StopScanner,
-};
+use minfer_runtime::{EngineError, MultiEngine, Sampler, SeqStep, StopEvent, StopScanner};
 use minfer_tokenizer::{StreamDecoder, Tokenizer};
-use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::job::logprob_of;
+pub use crate::job::{
+    Candidate, Event, Fault, Finish, Job, SlotInfo, Summary, TokenLogprob, EVENT_CAPACITY,
+};
 use crate::metrics::Metrics;
-
-/// Events a request receives; capacity of its channel.
-pub const EVENT_CAPACITY: usize = 64;
-
-/// Why a generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// End-of-generation token or stop string.
-    Stop,
-    /// `max_tokens` (or the slot's context) reached.
-    Length,
-}
-
-impl Finish {
-    /// OpenAI's `finish_reason` string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-        }
-    }
-}
-
-/// Log-probability of one candidate token.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
-    /// The token's text (lossy UTF-8).
-    pub text: String,
-    /// The token's raw bytes.
-    pub bytes: Vec<u8>,
-    /// Natural-log probability under the model.
-    pub logprob: f32,
-}
-
-/// The sampled token's log-probability and the most likely alternatives.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprob {
-    /// The sampled token.
-    pub chosen: Candidate,
-    /// The `top_logprobs` most likely tokens, best first.
-    pub top: Vec<Candidate>,
-}
-
-/// Token counts of a finished request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Summary {
-    /// Why it ended.
-    pub finish: Finish,
-    /// Prompt tokens.
-    pub prompt_tokens: usize,
-    /// Prompt tokens served from the slot's kept prefix.
-    pub cached_tokens: usize,
-    /// Generated tokens.
-    pub completion_tokens: usize,
-}
-
-/// What the worker tells a request.
-#[derive(Debug, Clone)]
-pub enum Event {
-    /// New text (possibly empty when only log-probabilities are new).
-    Chunk {
-        /// Text safe to show (never part of a stop string).
-        text: String,
-        /// Log-probabilities of the tokens sampled since the last chunk, when asked.
-        logprobs: Vec<TokenLogprob>,
-    },
-    /// The generation ended normally.
-    Done(Summary),
-    /// The generation failed.
-    Error(ApiError),
-}
-
-/// Faults a test can inject into one request's inference.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// Panic during the prefill.
-    Panic,
-    /// Sleep 10 ms before each of the request's decode steps (a slow model).
-    Slow,
-}
-
-/// One admitted request as the worker sees it.
-#[derive(Debug)]
-pub struct Job {
-    /// Prompt tokens (non-empty, inside the vocabulary).
-    pub prompt: Vec<u32>,
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// Sampler parameters.
-    pub sampling: SamplingParams,
-    /// Stop strings.
-    pub stop: Vec<String>,
-    /// Alternatives per token when log-probabilities are wanted.
-    pub logprobs: Option<usize>,
-    /// When the request arrived (for TTFT).
-    pub arrived: Instant,
-    /// When the request is abandoned with a 504.
-    pub deadline: Instant,
-    /// A fault to inject (tests only).
-    pub fault: Option<Fault>,
-    /// Where events go; closing it cancels the generation.
-    pub tx: mpsc::Sender<Event>,
-}
-
-/// A slot as `/slots` reports it.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct SlotInfo {
-    /// Slot index.
-    pub id: usize,
-    /// Positions the slot holds.
-    pub n_ctx: usize,
-    /// Whether a request is using it.
-    pub is_processing: bool,
-    /// Tokens whose KV the slot keeps for prefix reuse.
-    pub cached_tokens: usize,
-    /// Prompt tokens of the current (or last) request.
-    pub prompt_tokens: usize,
-    /// Tokens generated for the current (or last) request.
-    pub generated_tokens: usize,
-}
 
 /// The HTTP side's handle: a bounded queue into the worker.
 #[derive(Clone)]
@@ -700,44 +581,6 @@ fn finish(a: &mut Active, reason: Finish, release: bool) {
     a.done = true;
 }
 
-fn candidate(tok: &Tokenizer, id: u32, logprob: f32) -> Candidate {
-    let bytes = tok
-        .token_bytes(id, false)
-        .map(<[u8]>::to_vec)
-        .unwrap_or_default();
-    Candidate {
-        text: String::from_utf8_lossy(&bytes).into_owned(),
-        bytes,
-        logprob,
-    }
-}
-
-/// Log-softmax of the raw logits at `chosen`, and the `k` best alternatives.
-fn logprob_of(tok: &Tokenizer, raw: &[f32], chosen: u32, k: usize) -> TokenLogprob {
-    let max = raw.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max
-        + raw
-            .iter()
-            .map(|&x| ((x - max) as f64).exp())
-            .sum::<f64>()
-            .ln() as f32;
-    let lp = |i: usize| raw.get(i).map_or(f32::NEG_INFINITY, |&x| x - lse);
-    let mut top: Vec<usize> = (0..raw.len()).collect();
-    let k = k.min(raw.len());
-    if k > 0 {
-        top.select_nth_unstable_by(k - 1, |&a, &b| raw[b].total_cmp(&raw[a]));
-    }
-    top.truncate(k);
-    top.sort_by(|&a, &b| raw[b].total_cmp(&raw[a]));
-    TokenLogprob {
-        chosen: candidate(tok, chosen, lp(chosen as usize)),
-        top: top
-            .into_iter()
-            .map(|i| candidate(tok, i as u32, lp(i)))
-            .collect(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -747,11 +590,5 @@ mod tests {
         assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
         assert_eq!(common_prefix(&[], &[1]), 0);
         assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
-    }
-
-    #[test]
-    fn finish_reasons_use_openai_names() {
-        assert_eq!(Finish::Stop.as_str(), "stop");
-        assert_eq!(Finish::Length.as_str(), "length");
     }
 }

@@ -24,10 +24,10 @@ async fn full_queue_is_503_and_disconnect_frees_the_slot() {
         c.fault_injection = true;
     });
     let slow = format!("a {}", minfer_server::openai::SLOW_MARKER);
-    // A: a slow stream that holds the only slot.
+    // A: a slow stream that holds the only slot (greedy, so it cannot end early by chance).
     let a = client()
         .post(format!("{}/v1/completions", s.base))
-        .json(&json!({"prompt": slow, "max_tokens": 200, "stream": true}))
+        .json(&json!({"prompt": slow, "max_tokens": 200, "stream": true, "temperature": 0}))
         .send()
         .await
         .unwrap();
