@@ -221,6 +221,29 @@ impl GgufFile {
         &self.bytes[start..start + info.n_bytes as usize]
     }
 
+    /// Tells the kernel that this process no longer needs the resident pages of a
+    /// tensor's data (a backend that keeps a repacked copy calls it). Best effort: the
+    /// bytes stay readable (the map is read-only and file-backed, so a later read faults
+    /// them back in from the file); a no-op for in-memory images.
+    pub fn release_pages(&self, info: &TensorInfo) {
+        let Bytes::Mapped(map) = &self.bytes else {
+            return;
+        };
+        const PAGE: usize = 4096;
+        let start = self.parsed.data_offset as usize + info.offset as usize;
+        let end = start + info.n_bytes as usize;
+        // Only whole pages inside the tensor: neighbours keep theirs.
+        let (lo, hi) = (start.div_ceil(PAGE) * PAGE, end / PAGE * PAGE);
+        if hi > lo {
+            // SAFETY: the range lies inside the map; MADV_DONTNEED on a private, read-only,
+            // file-backed mapping only drops clean pages, which are re-read from the file
+            // on the next access, so no reader can observe changed bytes.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo)
+            };
+        }
+    }
+
     /// `general.alignment` (default 32).
     pub fn alignment(&self) -> u64 {
         self.parsed.alignment

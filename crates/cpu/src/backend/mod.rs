@@ -50,6 +50,8 @@ pub struct CpuBackend {
     free: Vec<usize>,
     weights: WeightRegistry,
     scratch: Scratch,
+    /// Use the repacked matmul layout where a weight type has one (`MINFER_REPACK=0` off).
+    repack: bool,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -74,7 +76,13 @@ impl CpuBackend {
             free: Vec::new(),
             weights: WeightRegistry::default(),
             scratch: Scratch::default(),
+            repack: std::env::var("MINFER_REPACK").map_or(true, |v| v != "0"),
         }
+    }
+
+    /// Turns the repacked matmul layout on or off (it is on unless `MINFER_REPACK=0`).
+    pub fn set_repack(&mut self, on: bool) {
+        self.repack = on;
     }
 
     /// Threads per parallel kernel.
@@ -218,8 +226,10 @@ impl CpuBackend {
             buffers,
             weights,
             scratch,
+            repack,
             ..
         } = self;
+        let repack = *repack;
         let Scratch {
             matmul: mm,
             snap,
@@ -292,6 +302,7 @@ impl CpuBackend {
                     mmx,
                     mm,
                     y,
+                    repack,
                 )?;
                 if let Some(b) = &m.bias_name {
                     let bias = vector(weights, b)?;
@@ -394,7 +405,7 @@ impl CpuBackend {
                         nt,
                         packed: &mut *packed,
                     };
-                    matmul_named(pool, weights, name, m.n_embd, nf, mmx, mm, buf)?;
+                    matmul_named(pool, weights, name, m.n_embd, nf, mmx, mm, buf, repack)?;
                 }
                 for ((row, g), u) in out
                     .chunks_exact_mut(2 * nf)
@@ -434,6 +445,7 @@ fn matmul_named(
     a: MatIn,
     mm: &mut MatmulScratch,
     y: &mut [f32],
+    repack: bool,
 ) -> Result<(), String> {
     let w = weights
         .get(name)
@@ -463,6 +475,10 @@ fn matmul_named(
         }
         a.packed
     };
+    if let Some(r) = w.repacked(pool, repack) {
+        return matmul::matmul_repacked(pool, r, x, nt, y, mm)
+            .map_err(|e| format!("matmul with '{name}': {e}"));
+    }
     let q = QMatrix {
         ty: w.ty,
         data: w.bytes(),

@@ -3,7 +3,10 @@
 //! derived weights. Registered weights never move and are never replaced.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use crate::matmul::{QMatrix, RepackedMatrix};
+use crate::threadpool::ThreadPool;
 
 use minfer_gguf::quant::dequantize_to_vec;
 use minfer_gguf::{GgmlType, GgufFile};
@@ -55,6 +58,8 @@ pub struct Weight {
     storage: Storage,
     /// An f32 copy of a vector whose stored form is not directly readable as f32.
     vec_f32: Option<Vec<f32>>,
+    /// The matmul layout, built on first use as a matmul weight (`None`: not repackable).
+    repacked: OnceLock<Option<RepackedMatrix>>,
 }
 
 impl std::fmt::Debug for Weight {
@@ -94,6 +99,32 @@ impl Weight {
     /// Elements.
     pub fn n_elements(&self) -> usize {
         self.in_dim * self.out_dim
+    }
+
+    /// The repacked matmul layout of this weight, built on the first call (in parallel on
+    /// `pool`) when `enabled` and the type has one. Once a mapped tensor is repacked, its
+    /// original pages are released so the copy does not double the resident weights.
+    pub fn repacked(&self, pool: &ThreadPool, enabled: bool) -> Option<&RepackedMatrix> {
+        if !enabled || !RepackedMatrix::supports(self.ty) {
+            return None;
+        }
+        self.repacked
+            .get_or_init(|| {
+                let q = QMatrix {
+                    ty: self.ty,
+                    data: self.bytes(),
+                    rows: self.out_dim,
+                    cols: self.in_dim,
+                };
+                let r = RepackedMatrix::from_qmatrix_in(pool, &q).ok()?;
+                if let Storage::Mapped { file, index } = &self.storage {
+                    if let Some(info) = file.tensors().get(*index) {
+                        file.release_pages(info);
+                    }
+                }
+                Some(r)
+            })
+            .as_ref()
     }
 }
 
@@ -164,6 +195,7 @@ impl WeightRegistry {
                     index,
                 },
                 vec_f32: None,
+                repacked: OnceLock::new(),
             };
             // Vectors (norm scales, biases) are read as f32 by the kernels; keep a small
             // converted copy where the stored form cannot be viewed as f32 directly.
@@ -213,6 +245,7 @@ impl WeightRegistry {
                 out_dim,
                 storage: Storage::Owned(data),
                 vec_f32: None,
+                repacked: OnceLock::new(),
             },
         );
         Ok(true)
