@@ -124,6 +124,8 @@ struct Active {
     stops: StopScanner,
     generated: usize,
     cached_tokens: usize,
+    /// Prompt tokens still to run (after the kept prefix); they join the next step.
+    prefill: Option<Vec<u32>>,
     logits: Option<Vec<f32>>,
     outbox: VecDeque<Event>,
     logprobs: Vec<TokenLogprob>,
@@ -236,8 +238,8 @@ impl Worker {
         }
     }
 
-    /// Puts a job into the free slot holding the longest prefix of its prompt and
-    /// prefills the rest.
+    /// Puts a job into the free slot holding the longest prefix of its prompt; the rest
+    /// of the prompt is prefilled by the next step.
     fn admit(&mut self, job: Job) {
         if job.tx.is_closed() {
             return;
@@ -277,43 +279,11 @@ impl Worker {
                 return;
             }
         };
-        let engine = &mut self.engine;
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            if job.fault == Some(Fault::Panic) {
-                panic!("injected fault");
-            }
-            let mut logits = Vec::new();
-            let mut pos = keep;
-            for chunk in job.prompt[keep..].chunks(512) {
-                let step = SeqStep {
-                    slot: idx,
-                    tokens: chunk.to_vec(),
-                    pos0: pos,
-                    n_out: 1,
-                };
-                logits = engine.step(&[step])?.pop().unwrap_or_default();
-                pos += chunk.len();
-            }
-            Ok::<_, EngineError>(logits)
-        }));
-        let logits = match result {
-            Ok(Ok(l)) => l,
-            Ok(Err(e)) => {
-                self.fail_slot(idx, &job.tx, engine_error(e));
-                return;
-            }
-            Err(p) => {
-                let msg = format!("inference panicked: {}", panic_text(&*p));
-                self.fail_slot(idx, &job.tx, ApiError::internal(msg));
-                return;
-            }
-        };
         let mut sampler = sampler;
         for &t in &job.prompt {
             sampler.accept(t);
         }
         let slot = &mut self.slots[idx];
-        slot.cached = job.prompt.clone();
         slot.last_prompt = job.prompt.len();
         slot.last_generated = 0;
         let stops = StopScanner::new(&job.stop);
@@ -323,7 +293,8 @@ impl Worker {
             stops,
             generated: 0,
             cached_tokens: keep,
-            logits: Some(logits),
+            prefill: Some(job.prompt[keep..].to_vec()),
+            logits: None,
             outbox: VecDeque::new(),
             logprobs: Vec::new(),
             last_token: None,
@@ -341,7 +312,8 @@ impl Worker {
         let _ = catch_unwind(AssertUnwindSafe(|| self.engine.reset_slot(idx)));
     }
 
-    /// Samples one token for every ready slot, then runs all continuing slots together.
+    /// Samples one token for every ready slot, then runs all continuing slots and the
+    /// prompts of newly admitted ones together in one step.
     fn decode_turn(&mut self) -> bool {
         let mut steps = Vec::new();
         for idx in 0..self.slots.len() {
@@ -351,12 +323,35 @@ impl Worker {
             let Some(a) = slot.active.as_mut() else {
                 continue;
             };
-            if a.done || !a.outbox.is_empty() || a.logits.is_none() {
-                continue;
-            }
-            if a.job.tx.is_closed() {
+            if a.job.tx.is_closed() && a.outbox.is_empty() {
                 // The client went away: free the slot now; its KV stays valid for reuse.
                 slot.active = None;
+                continue;
+            }
+            if let Some(tokens) = a.prefill.take() {
+                let fault = a.job.fault;
+                let tx = a.job.tx.clone();
+                // A fault attributed to one request fails only that request.
+                if let Err(p) = catch_unwind(|| {
+                    if fault == Some(Fault::Panic) {
+                        panic!("injected fault");
+                    }
+                }) {
+                    let msg = format!("inference panicked: {}", panic_text(&*p));
+                    self.fail_slot(idx, &tx, ApiError::internal(msg));
+                    continue;
+                }
+                let pos0 = slot.cached.len();
+                slot.cached.extend_from_slice(&tokens);
+                steps.push(SeqStep {
+                    slot: idx,
+                    tokens,
+                    pos0,
+                    n_out: 1,
+                });
+                continue;
+            }
+            if a.done || !a.outbox.is_empty() || a.logits.is_none() {
                 continue;
             }
             if Instant::now() >= a.job.deadline {
