@@ -410,6 +410,25 @@ impl GraphAllocator {
         Some(v)
     }
 
+    /// Node `id`'s value into `out` (replacing its contents), reusing `out`'s capacity
+    /// where the backend is host-visible; `false` when the node has no readable buffer.
+    pub fn read_into(&mut self, id: NodeId, out: &mut Vec<f32>) -> bool {
+        let n = self.node_elems.get(id).copied();
+        if let Some(v) = self.get_buffer(id) {
+            let v = &v[..n.unwrap_or(v.len()).min(v.len())];
+            out.clear();
+            out.extend_from_slice(v);
+            return true;
+        }
+        match self.copy_to_cpu(id) {
+            Some(v) => {
+                *out = v;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Host copies of the layer's (K, V) regions.
     pub fn copy_kv_to_cpu(&mut self, layer: usize) -> Option<(Vec<f32>, Vec<f32>)> {
         let r = self.kv_region(layer)?;

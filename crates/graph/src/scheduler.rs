@@ -2,8 +2,10 @@
 //! split-by-split execution with a two-phase boundary. It never allocates
 //! (invariant 4) and never falls back mid-run (invariant 7).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 
 use crate::alloc::GraphAllocator;
 use crate::error::GraphError;
@@ -51,9 +53,20 @@ pub struct Placement {
 }
 
 /// Assigns, splits and executes graphs; remembers the last assignment for traces.
+///
+/// A reused graph executes without heap allocation: the split list is kept per graph uid
+/// and the per-node input list is a reused buffer.
 #[derive(Debug, Default)]
 pub struct BackendScheduler {
     placements: Vec<Placement>,
+    splits: RefCell<Option<(u64, Vec<Split>)>>,
+    in_bufs: RefCell<Vec<BufRef>>,
+}
+
+/// `MINFER_GRAPH_TRACE=1`, read once per process.
+fn trace_enabled() -> bool {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var("MINFER_GRAPH_TRACE").is_ok_and(|v| v == "1"))
 }
 
 fn names(bs: &[Backend]) -> String {
@@ -163,12 +176,22 @@ impl BackendScheduler {
         graph: &ComputeGraph,
         alloc: &mut GraphAllocator,
     ) -> Result<(), GraphError> {
-        let splits = self.split_graph(graph);
-        if std::env::var("MINFER_GRAPH_TRACE").is_ok_and(|v| v == "1") {
-            eprintln!("{}", self.trace_report(graph, &splits));
+        // Graphs installed by a cache have a unique non-zero uid; others are split afresh.
+        let mut cached = self.splits.borrow_mut();
+        if graph.uid == 0 || cached.as_ref().is_none_or(|(uid, _)| *uid != graph.uid) {
+            let splits = self.split_graph(graph);
+            if trace_enabled() {
+                eprintln!("{}", self.trace_report(graph, &splits));
+            }
+            *cached = Some((graph.uid, splits));
         }
+        let splits = match cached.as_ref() {
+            Some((_, s)) => s,
+            None => return Ok(()),
+        };
+        let mut in_bufs = self.in_bufs.borrow_mut();
         alloc.begin_pass();
-        for split in &splits {
+        for split in splits {
             let bk = split.backend;
             for &x in &split.inputs {
                 alloc.enqueue_cross(x, bk)?;
@@ -197,7 +220,7 @@ impl BackendScheduler {
                 if matches!(node.op, Op::Input | Op::KvcacheLoad { .. }) {
                     continue; // host-filled leaf or KV view: nothing to execute
                 }
-                let mut in_bufs = Vec::with_capacity(node.src.len());
+                in_bufs.clear();
                 for &s in &node.src {
                     let buf = if split.inputs.contains(&s) {
                         alloc.await_cross(s, bk)?;
@@ -231,7 +254,7 @@ impl BackendScheduler {
                 let b = alloc
                     .backend_mut(bk)
                     .ok_or(GraphError::BackendMissing(bk))?;
-                b.execute_node(node, &in_bufs, out, kv)
+                b.execute_node(node, &in_bufs[..], out, kv)
                     .map_err(|message| GraphError::Backend {
                         backend: b.name().to_string(),
                         context: format!("node {} '{}' ({})", node.id, node.name, node.op.name()),
