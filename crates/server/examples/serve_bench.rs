@@ -64,6 +64,7 @@ async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let model = args
         .first()
+        .filter(|a| !a.is_empty())
         .map(std::path::PathBuf::from)
         .unwrap_or_else(minfer_hub::default_model_path);
     let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3);

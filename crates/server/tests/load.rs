@@ -105,10 +105,11 @@ async fn eight_clients_two_hundred_requests() {
         "answers should tell prompts apart: {reference:?}"
     );
 
-    // Warm-up: a mixed concurrent round of every mode, so that one-time allocations
-    // (every slot's buffers, per-thread arenas, pooled connections) precede the baseline.
+    // Warm-up: the same mixed load once, so that one-time allocations (every slot's
+    // buffers and graphs for each batch shape, per-thread arenas, pooled connections)
+    // precede the baseline; growth after it would be a leak.
     let reference = Arc::new(reference);
-    run_load(&c, &base, &reference, CLIENTS * 5).await;
+    run_load(&c, &base, &reference, REQUESTS).await;
     let rss0 = rss_kb();
     let t0 = Instant::now();
     run_load(&c, &base, &reference, REQUESTS).await;
