@@ -379,8 +379,7 @@ impl GraphAllocator {
         name: &str,
         data: &[i32],
     ) -> Result<(), GraphError> {
-        let bits: Vec<f32> = data.iter().map(|&v| f32::from_bits(v as u32)).collect();
-        self.fill_input(graph, name, &bits)
+        self.fill_input_bits(graph, name, data.len(), data.iter().map(|&v| v as u32))
     }
 
     /// `fill_input_i32` for unsigned ids (token ids, cells).
@@ -390,8 +389,58 @@ impl GraphAllocator {
         name: &str,
         data: &[u32],
     ) -> Result<(), GraphError> {
-        let bits: Vec<f32> = data.iter().map(|&v| f32::from_bits(v)).collect();
-        self.fill_input(graph, name, &bits)
+        self.fill_input_bits(graph, name, data.len(), data.iter().copied())
+    }
+
+    /// Writes `len` I32 values as f32 bit patterns through a stack buffer, window by
+    /// window, so filling the inputs of a reused graph does not allocate.
+    fn fill_input_bits(
+        &mut self,
+        graph: &ComputeGraph,
+        name: &str,
+        len: usize,
+        values: impl Iterator<Item = u32>,
+    ) -> Result<(), GraphError> {
+        let id = graph
+            .input_by_name(name)
+            .ok_or_else(|| GraphError::UnknownInput(name.to_string()))?;
+        let expected = graph.nodes[id].n_elements();
+        if len != expected {
+            return Err(GraphError::LengthMismatch {
+                name: name.to_string(),
+                expected,
+                got: len,
+            });
+        }
+        let buf = self.node_buffer(id).ok_or_else(|| GraphError::NoBuffer {
+            id,
+            name: name.to_string(),
+        })?;
+        let b = self.must(buf.backend)?;
+        let mut chunk = [0f32; 256];
+        let mut n = 0;
+        let mut offset = 0;
+        let flush = |b: &mut dyn BackendImpl, chunk: &[f32], offset: usize| {
+            b.write_host_window(buf.id, offset, chunk)
+                .map_err(|message| GraphError::Backend {
+                    backend: b.name().to_string(),
+                    context: format!("fill input '{name}'"),
+                    message,
+                })
+        };
+        for v in values {
+            chunk[n] = f32::from_bits(v);
+            n += 1;
+            if n == chunk.len() {
+                flush(&mut *b, &chunk, offset)?;
+                offset += n;
+                n = 0;
+            }
+        }
+        if n > 0 {
+            flush(&mut *b, &chunk[..n], offset)?;
+        }
+        Ok(())
     }
 
     /// A borrowed view of node `id`'s buffer where its backend is host-visible.

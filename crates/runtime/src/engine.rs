@@ -100,6 +100,16 @@ pub struct Engine {
     load_time: Duration,
     rebuild_every_step: bool,
     explicit_span: bool,
+    /// Reused per-step buffers, so a decode step of a reused graph allocates nothing.
+    scratch: StepScratch,
+}
+
+/// The row buffers `forward_into` fills for a plain (single-sequence) step.
+#[derive(Debug, Default)]
+struct StepScratch {
+    positions: Vec<u32>,
+    spans: Vec<[u32; 2]>,
+    out_rows: Vec<u32>,
 }
 
 impl Engine {
@@ -181,6 +191,7 @@ impl Engine {
             load_time: t0.elapsed(),
             rebuild_every_step: false,
             explicit_span: false,
+            scratch: StepScratch::default(),
         })
     }
 
@@ -276,6 +287,20 @@ impl Engine {
         pos0: usize,
         n_out: usize,
     ) -> Result<Vec<f32>, EngineError> {
+        let mut out = Vec::new();
+        self.forward_into(tokens, pos0, n_out, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Engine::forward`] into a caller-owned buffer: once the graph is built and `out`
+    /// has grown to size, a decode step allocates nothing.
+    pub fn forward_into(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        n_out: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
         let nt = tokens.len();
         if nt == 0 || n_out == 0 || n_out > nt {
             return Err(EngineError::Param {
@@ -294,16 +319,25 @@ impl Engine {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::BadToken { id, n_vocab });
         }
-        let positions: Vec<u32> = (pos0..pos0 + nt).map(|p| p as u32).collect();
-        let spans: Vec<[u32; 2]> = positions.iter().map(|&p| [0, p + 1]).collect();
-        let out_rows: Vec<u32> = ((nt - n_out) as u32..nt as u32).collect();
-        self.run(&TokenRows {
-            tokens,
-            positions: &positions,
-            cells: &positions,
-            spans: &spans,
-            out_rows: &out_rows,
-        })
+        let mut sc = std::mem::take(&mut self.scratch);
+        sc.positions.clear();
+        sc.positions.extend((pos0..pos0 + nt).map(|p| p as u32));
+        sc.spans.clear();
+        sc.spans.extend(sc.positions.iter().map(|&p| [0, p + 1]));
+        sc.out_rows.clear();
+        sc.out_rows.extend((nt - n_out) as u32..nt as u32);
+        let r = self.run(
+            &TokenRows {
+                tokens,
+                positions: &sc.positions,
+                cells: &sc.positions,
+                spans: &sc.spans,
+                out_rows: &sc.out_rows,
+            },
+            out,
+        );
+        self.scratch = sc;
+        r
     }
 
     /// Runs one explicit-span step (see [`Self::set_explicit_span`], which must be on)
@@ -357,12 +391,14 @@ impl Engine {
                 ));
             }
         }
-        self.run(rows)
+        let mut out = Vec::new();
+        self.run(rows, &mut out)?;
+        Ok(out)
     }
 
     /// Installs (or reuses) the graph for `rows`, fills its inputs, runs it and reads
     /// the logits; the caller has validated `rows`.
-    fn run(&mut self, rows: &TokenRows) -> Result<Vec<f32>, EngineError> {
+    fn run(&mut self, rows: &TokenRows, out: &mut Vec<f32>) -> Result<(), EngineError> {
         let (nt, n_out) = (rows.tokens.len(), rows.out_rows.len());
         let params = self.params(nt, n_out);
         if self.rebuild_every_step || !self.cache.try_reuse(&params) {
@@ -380,17 +416,18 @@ impl Engine {
             alloc.fill_input_u32(graph, minfer_models::INPUT_TAIL_IDS, rows.out_rows)?;
         }
         if self.explicit_span {
-            let spans: Vec<u32> = rows.spans.iter().flatten().copied().collect();
-            alloc.fill_input_u32(graph, minfer_models::INPUT_SPAN, &spans)?;
+            let spans: &[u32] = rows.spans.as_flattened();
+            alloc.fill_input_u32(graph, minfer_models::INPUT_SPAN, spans)?;
             alloc.fill_input_u32(graph, minfer_models::INPUT_CELLS, rows.cells)?;
         }
         self.scheduler.execute(graph, alloc)?;
-        let out = graph.outputs[0];
-        let logits = alloc.copy_to_cpu(out).ok_or_else(|| EngineError::Param {
-            name: "logits",
-            message: "output buffer is not readable".into(),
-        })?;
-        Ok(logits)
+        if !alloc.read_into(graph.outputs[0], out) {
+            return Err(EngineError::Param {
+                name: "logits",
+                message: "output buffer is not readable".into(),
+            });
+        }
+        Ok(())
     }
 
     /// Prefills `tokens` from position `pos0` in chunks of at most `n_batch` and returns

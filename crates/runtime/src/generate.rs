@@ -121,7 +121,7 @@ pub fn generate(
         if tokens.len() == opts.max_tokens {
             break;
         }
-        logits = engine.forward(&[tok], pos, 1)?;
+        engine.forward_into(&[tok], pos, 1, &mut logits)?;
         pos += 1;
     }
     if finish != FinishReason::Stop || opts.stop.is_empty() {
@@ -155,7 +155,7 @@ pub fn greedy_tokens(
         let t = crate::sampling::argmax(&logits);
         out.push(t);
         if i + 1 < n {
-            logits = engine.forward(&[t], prompt.len() + i, 1)?;
+            engine.forward_into(&[t], prompt.len() + i, 1, &mut logits)?;
         }
     }
     Ok(out)

@@ -116,6 +116,9 @@ pub struct Sampler {
     recent: VecDeque<u32>,
     rng: Rng,
     cand: Vec<(u32, f32)>,
+    /// Reused buffers: the draw allocates nothing once they reach size.
+    probs: Vec<f64>,
+    counts: Vec<(u32, u32)>,
 }
 
 impl Sampler {
@@ -123,11 +126,15 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self, SamplerError> {
         params.validate()?;
         let rng = Rng(params.seed);
+        // The window is full-size from the start, so accepting tokens never reallocates.
+        let window = params.penalty_last_n.min(1 << 16);
         Ok(Sampler {
             params,
-            recent: VecDeque::new(),
+            recent: VecDeque::with_capacity(window),
             rng,
             cand: Vec::new(),
+            probs: Vec::new(),
+            counts: Vec::with_capacity(window),
         })
     }
 
@@ -154,16 +161,17 @@ impl Sampler {
             && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
     }
 
-    fn apply_penalties(&self, logits: &mut [f32]) {
+    fn apply_penalties(&mut self, logits: &mut [f32]) {
         let p = &self.params;
-        let mut counts: Vec<(u32, u32)> = Vec::with_capacity(self.recent.len());
+        let counts = &mut self.counts;
+        counts.clear();
         for &t in &self.recent {
             match counts.iter_mut().find(|(id, _)| *id == t) {
                 Some((_, c)) => *c += 1,
                 None => counts.push((t, 1)),
             }
         }
-        for (t, c) in counts {
+        for &(t, c) in counts.iter() {
             let Some(l) = logits.get_mut(t as usize) else {
                 continue;
             };
@@ -184,8 +192,9 @@ impl Sampler {
         if self.params.is_greedy() {
             return argmax(logits);
         }
-        let p = self.params.clone();
+        let p = &self.params;
         let cand = &mut self.cand;
+        let probs = &mut self.probs;
         cand.clear();
         cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         // Stable descending order: ties keep the lower id first, as argmax does.
@@ -196,7 +205,7 @@ impl Sampler {
         }
         cand.sort_by(by_logit);
         if p.top_p < 1.0 {
-            let probs = softmax(cand);
+            softmax(cand, probs);
             let mut cum = 0.0;
             let mut keep = cand.len();
             for (i, pr) in probs.iter().enumerate() {
@@ -217,7 +226,7 @@ impl Sampler {
         for c in cand.iter_mut() {
             c.1 /= p.temperature;
         }
-        let probs = softmax(cand);
+        softmax(cand, probs);
         let r = self.rng.next_f64();
         let mut cum = 0.0;
         for (i, pr) in probs.iter().enumerate() {
@@ -243,12 +252,15 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Probabilities of sorted candidates, in f64 so the cumulative sums are stable.
-fn softmax(cand: &[(u32, f32)]) -> Vec<f64> {
+/// Probabilities of sorted candidates into `out`, in f64 so the cumulative sums are stable.
+fn softmax(cand: &[(u32, f32)], out: &mut Vec<f64>) {
     let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max) as f64;
-    let exps: Vec<f64> = cand.iter().map(|c| (c.1 as f64 - max).exp()).collect();
-    let sum: f64 = exps.iter().sum();
-    exps.into_iter().map(|e| e / sum).collect()
+    out.clear();
+    out.extend(cand.iter().map(|c| (c.1 as f64 - max).exp()));
+    let sum: f64 = out.iter().sum();
+    for e in out.iter_mut() {
+        *e /= sum;
+    }
 }
 
 #[cfg(test)]

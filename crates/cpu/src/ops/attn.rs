@@ -172,7 +172,9 @@ pub fn attention(
         pool.n_threads()
     };
     if scratch.scores.len() < nth * max_len {
-        scratch.scores.resize(nth * max_len, 0.0);
+        // Size for the whole region at once: growing with the sequence would reallocate
+        // during decode.
+        scratch.scores.resize(nth * max_len.max(m.n_ctx), 0.0);
     }
     let items = a.nt * m.n_head;
     let qrow = m.n_head * hd;
