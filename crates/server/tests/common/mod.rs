@@ -1,6 +1,8 @@
 //! Shared helpers: a tiny model on disk, a server on a loopback port, SSE parsing.
 #![allow(dead_code)]
 
+pub mod mixed;
+
 use std::path::PathBuf;
 
 use minfer_gguf::GgmlType;
