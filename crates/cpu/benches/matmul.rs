@@ -257,4 +257,16 @@ fn main() {
             }
         }
     }
+    // The 1.5B model's projections (q/o, k/v, gate/up, down), all k-quant.
+    let large_shapes = [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960)];
+    for ty in [Q4K, Q6K].into_iter().filter(|t| wanted(*t)) {
+        for repacked in [false, true] {
+            for (rows, cols) in large_shapes {
+                decode(ty, rows, cols, &pools, repacked);
+            }
+            for (rows, cols) in large_shapes {
+                prefill(ty, rows, cols, 512, &pools, repacked);
+            }
+        }
+    }
 }

@@ -2,17 +2,18 @@
 //! `quant::repack`): eight output rows per SIMD accumulator, so one activation load serves
 //! eight rows and decode streams weights instead of shuffling them.
 //!
-//! Results differ from [`super::matmul`] by float rounding only (the per-block integer dots
-//! are the same; the float accumulation order differs): within `1e-5 · Σ|w·x|` relative to
-//! the magnitude of the terms. They are identical across thread counts and ISAs: every
+//! Q5_0/Q8_0 results differ from [`super::matmul`] by float rounding only (the per-block
+//! integer dots are the same; the float accumulation order differs): within `1e-5 · Σ|w·x|`
+//! relative to the magnitude of the terms. Q4_K results equal [`super::matmul`]'s bitwise. They are identical across thread counts and ISAs: every
 //! output element is one kernel call by one thread, each token's result does not depend on
 //! which tokens share the call, and the scalar kernel replays the AVX2 one exactly.
 
 use super::{check_shapes, Disjoint, MatmulError, MatmulScratch, QMatrix};
 use crate::quant::repack::{act_sidecar, gemv, Act, Tile, TileQ5, TileQ8};
-use crate::quant::{q8_0_into, Isa};
+use crate::quant::repack_k::{gemv_q4k, TileQ4K};
+use crate::quant::{q8_0_into, q8_k_into, Isa};
 use crate::threadpool::{chunk_range, ThreadPool};
-use minfer_gguf::quant::{cast_blocks, BlockQ8_0};
+use minfer_gguf::quant::{cast_blocks, Block, BlockQ8K, BlockQ8_0};
 use minfer_gguf::GgmlType;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -28,6 +29,7 @@ const CHUNK_ACT_BYTES: usize = 96 * 1024;
 enum Tiles {
     Q8_0(Vec<TileQ8>),
     Q5_0(Vec<TileQ5>),
+    Q4K(Vec<TileQ4K>),
 }
 
 /// A weight matrix repacked for [`matmul_repacked`]: same bytes per block as the GGUF
@@ -41,9 +43,9 @@ pub struct RepackedMatrix {
 }
 
 impl RepackedMatrix {
-    /// Whether weights of `ty` can be repacked (Q5_0 and Q8_0).
+    /// Whether weights of `ty` can be repacked (Q5_0, Q8_0 and Q4_K).
     pub fn supports(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0)
+        matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K)
     }
 
     /// Repacks `w` on the calling thread; errors on unsupported types, shapes that are not
@@ -60,6 +62,7 @@ impl RepackedMatrix {
         check_shapes(w, 0, 0, 0)?;
         let tiles = match w.ty {
             GgmlType::Q8_0 => Tiles::Q8_0(pack::<TileQ8>(pool, w)?),
+            GgmlType::Q4K => Tiles::Q4K(pack_blocks(pool, w, TileQ4K::pack)?),
             _ => Tiles::Q5_0(pack::<TileQ5>(pool, w)?),
         };
         Ok(RepackedMatrix {
@@ -90,30 +93,40 @@ impl RepackedMatrix {
         match &self.tiles {
             Tiles::Q8_0(t) => std::mem::size_of_val(t.as_slice()),
             Tiles::Q5_0(t) => std::mem::size_of_val(t.as_slice()),
+            Tiles::Q4K(t) => std::mem::size_of_val(t.as_slice()),
         }
     }
 }
 
 /// Tiles in group-major order: `tiles[g * blocks_per_row + b]`.
 fn pack<T: Tile>(pool: &ThreadPool, w: &QMatrix) -> Result<Vec<T>, MatmulError> {
-    let blocks: &[T::Src] = cast_blocks(w.data).ok_or(MatmulError::Misaligned {
+    pack_blocks(pool, w, T::pack)
+}
+
+/// [`pack`] with an explicit tile builder `f(rows, b)` over source blocks `S`.
+fn pack_blocks<S: Block + Sync, T: bytemuck::Pod + Send>(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    f: fn([Option<&[S]>; ROWS], usize) -> T,
+) -> Result<Vec<T>, MatmulError> {
+    let blocks: &[S] = cast_blocks(w.data).ok_or(MatmulError::Misaligned {
         ty: w.ty,
-        align: std::mem::align_of::<T::Src>(),
+        align: std::mem::align_of::<S>(),
     })?;
-    let nb = w.cols / 32;
+    let nb = w.cols / S::ELEMS;
     let groups = w.rows.div_ceil(ROWS);
     let mut tiles = vec![T::zeroed(); groups * nb];
     let out = Disjoint::new(&mut tiles);
     pool.run(&|ith, nth| {
         for g in chunk_range(groups, ith, nth) {
-            let rows: [Option<&[T::Src]>; ROWS] = std::array::from_fn(|r| {
+            let rows: [Option<&[S]>; ROWS] = std::array::from_fn(|r| {
                 let row = g * ROWS + r;
                 (row < w.rows).then(|| &blocks[row * nb..(row + 1) * nb])
             });
             // SAFETY: group ranges of different threads are disjoint.
             let dst = unsafe { out.slice(g * nb..(g + 1) * nb) };
             for (b, t) in dst.iter_mut().enumerate() {
-                *t = T::pack(rows, b);
+                *t = f(rows, b);
             }
         }
     });
@@ -161,11 +174,19 @@ pub fn matmul_repacked_with(
     if rows == 0 || nt == 0 {
         return Ok(());
     }
-    let nb = cols / 32;
-    let acts = quantize(isa, pool, x, nt, nb, scratch);
     match &w.tiles {
-        Tiles::Q8_0(t) => run(isa, pool, t, rows, nb, nt, acts, y),
-        Tiles::Q5_0(t) => run(isa, pool, t, rows, nb, nt, acts, y),
+        Tiles::Q8_0(t) => {
+            let acts = quantize(isa, pool, x, nt, cols / 32, scratch);
+            run_q8(isa, pool, t, rows, cols / 32, nt, acts, y)
+        }
+        Tiles::Q5_0(t) => {
+            let acts = quantize(isa, pool, x, nt, cols / 32, scratch);
+            run_q8(isa, pool, t, rows, cols / 32, nt, acts, y)
+        }
+        Tiles::Q4K(t) => {
+            let acts = quantize_k(isa, pool, x, nt, cols / 256, scratch);
+            run_q4k(isa, pool, t, rows, cols / 256, nt, acts, y)
+        }
     }
     Ok(())
 }
@@ -208,35 +229,82 @@ fn quantize<'s>(
     (&s.q8_0[..n], &s.yd[..n], &s.ys[..n])
 }
 
-/// Runs the kernels over 2-D tiles (token chunk x row groups), claimed dynamically.
-#[allow(clippy::too_many_arguments)]
-fn run<T: Tile>(
+/// Quantizes the activations to Q8_K in scratch (tokens split over the pool).
+fn quantize_k<'s>(
     isa: Isa,
     pool: &ThreadPool,
-    tiles: &[T],
-    rows: usize,
-    nb: usize,
+    x: &[f32],
     nt: usize,
-    (q, d, s): (&[BlockQ8_0], &[f32], &[i32]),
+    nb: usize,
+    s: &'s mut MatmulScratch,
+) -> &'s [BlockQ8K] {
+    let n = nt * nb;
+    if s.q8k.len() < n {
+        s.q8k.resize(n, bytemuck::Zeroable::zeroed());
+    }
+    let q = &mut s.q8k[..n];
+    if nt == 1 {
+        q8_k_into(isa, x, q);
+    } else {
+        let cols = nb * 256;
+        let sq = Disjoint::new(q);
+        pool.run(&|ith, nth| {
+            let t = chunk_range(nt, ith, nth);
+            // SAFETY: token ranges of different threads are disjoint.
+            let q = unsafe { sq.slice(t.start * nb..t.end * nb) };
+            q8_k_into(isa, &x[t.start * cols..t.end * cols], q);
+        });
+    }
+    &s.q8k[..n]
+}
+
+/// The kernel results of one row group for up to [`TOKEN_GROUP`] tokens from `t`.
+type GroupKernel<'a> = dyn Fn(usize, usize, usize) -> [[f32; ROWS]; TOKEN_GROUP] + Sync + 'a;
+
+/// Calls `f` with `n` (1 to [`TOKEN_GROUP`]) consecutive tokens from `t` as a const-size
+/// array, padding the result to [`TOKEN_GROUP`].
+#[inline]
+fn by_count<A: Copy>(
+    n: usize,
+    t: usize,
+    act: impl Fn(usize) -> A,
+    f1: impl Fn([A; 1]) -> [[f32; ROWS]; 1],
+    f2: impl Fn([A; 2]) -> [[f32; ROWS]; 2],
+    f3: impl Fn([A; 3]) -> [[f32; ROWS]; 3],
+    f4: impl Fn([A; 4]) -> [[f32; ROWS]; 4],
+) -> [[f32; ROWS]; TOKEN_GROUP] {
+    let mut res = [[0.0f32; ROWS]; TOKEN_GROUP];
+    match n {
+        4 => res = f4([act(t), act(t + 1), act(t + 2), act(t + 3)]),
+        3 => res[..3].copy_from_slice(&f3([act(t), act(t + 1), act(t + 2)])),
+        2 => res[..2].copy_from_slice(&f2([act(t), act(t + 1)])),
+        _ => res[0] = f1([act(t)])[0],
+    }
+    res
+}
+
+/// Runs `kern` over 2-D tiles (token chunk x row groups), claimed dynamically;
+/// `act_bytes` is one token's quantized activation size (sets the chunk length).
+fn run(
+    pool: &ThreadPool,
+    rows: usize,
+    nt: usize,
+    act_bytes: usize,
     y: &mut [f32],
+    kern: &GroupKernel<'_>,
 ) {
     let groups = rows.div_ceil(ROWS);
     let nth = pool.n_threads();
     let chunk = if nt <= TOKEN_GROUP {
         nt
     } else {
-        (CHUNK_ACT_BYTES / (nb * 34).max(1) / TOKEN_GROUP * TOKEN_GROUP).clamp(TOKEN_GROUP, 64)
+        (CHUNK_ACT_BYTES / act_bytes.max(1) / TOKEN_GROUP * TOKEN_GROUP).clamp(TOKEN_GROUP, 64)
     };
     let n_chunks = nt.div_ceil(chunk);
     // At least ~4 tiles per thread so a slow thread cannot stall the rest.
     let per_tile = (groups * n_chunks / (4 * nth)).clamp(1, 16).min(groups);
     let n_gtiles = groups.div_ceil(per_tile);
     let n_tiles = n_chunks * n_gtiles;
-    let act = |t: usize| Act {
-        q: &q[t * nb..(t + 1) * nb],
-        d: &d[t * nb..(t + 1) * nb],
-        s: &s[t * nb..(t + 1) * nb],
-    };
     let out = Disjoint::new(y);
     let next = AtomicUsize::new(0);
     pool.run(&|_, _| loop {
@@ -247,18 +315,11 @@ fn run<T: Tile>(
         let (c, gt) = (i / n_gtiles, i % n_gtiles);
         let tokens = c * chunk..((c + 1) * chunk).min(nt);
         for g in gt * per_tile..((gt + 1) * per_tile).min(groups) {
-            let w = &tiles[g * nb..(g + 1) * nb];
             let valid = (rows - g * ROWS).min(ROWS);
             let mut t = tokens.start;
             while t < tokens.end {
                 let n = (tokens.end - t).min(TOKEN_GROUP);
-                let mut res = [[0.0f32; ROWS]; TOKEN_GROUP];
-                match n {
-                    4 => res = gemv(isa, w, [act(t), act(t + 1), act(t + 2), act(t + 3)]),
-                    3 => res[..3].copy_from_slice(&gemv(isa, w, [act(t), act(t + 1), act(t + 2)])),
-                    2 => res[..2].copy_from_slice(&gemv(isa, w, [act(t), act(t + 1)])),
-                    _ => res[0] = gemv(isa, w, [act(t)])[0],
-                }
+                let res = kern(g, t, n);
                 for (k, r8) in res[..n].iter().enumerate() {
                     for (r, &v) in r8[..valid].iter().enumerate() {
                         // SAFETY: (token, row) pairs of this tile belong to it alone, and
@@ -272,12 +333,79 @@ fn run<T: Tile>(
     });
 }
 
+/// Runs a 32-element tile type against Q8_0 activations.
+#[allow(clippy::too_many_arguments)]
+fn run_q8<T: Tile>(
+    isa: Isa,
+    pool: &ThreadPool,
+    tiles: &[T],
+    rows: usize,
+    nb: usize,
+    nt: usize,
+    (q, d, s): (&[BlockQ8_0], &[f32], &[i32]),
+    y: &mut [f32],
+) {
+    let act = |t: usize| Act {
+        q: &q[t * nb..(t + 1) * nb],
+        d: &d[t * nb..(t + 1) * nb],
+        s: &s[t * nb..(t + 1) * nb],
+    };
+    let kern = |g: usize, t: usize, n: usize| {
+        let w = &tiles[g * nb..(g + 1) * nb];
+        by_count(
+            n,
+            t,
+            act,
+            |a| gemv(isa, w, a),
+            |a| gemv(isa, w, a),
+            |a| gemv(isa, w, a),
+            |a| gemv(isa, w, a),
+        )
+    };
+    run(pool, rows, nt, nb * 34, y, &kern);
+}
+
+/// Runs Q4_K tiles against Q8_K activations (`nb` super-blocks per row).
+#[allow(clippy::too_many_arguments)]
+fn run_q4k(
+    isa: Isa,
+    pool: &ThreadPool,
+    tiles: &[TileQ4K],
+    rows: usize,
+    nb: usize,
+    nt: usize,
+    q: &[BlockQ8K],
+    y: &mut [f32],
+) {
+    let act = |t: usize| &q[t * nb..(t + 1) * nb];
+    let kern = |g: usize, t: usize, n: usize| {
+        let w = &tiles[g * nb..(g + 1) * nb];
+        by_count(
+            n,
+            t,
+            act,
+            |a| gemv_q4k(isa, w, a),
+            |a| gemv_q4k(isa, w, a),
+            |a| gemv_q4k(isa, w, a),
+            |a| gemv_q4k(isa, w, a),
+        )
+    };
+    run(
+        pool,
+        rows,
+        nt,
+        nb * std::mem::size_of::<BlockQ8K>(),
+        y,
+        &kern,
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::matmul::matmul_with;
     use crate::quant::testutil::{isas, rand_f32};
-    use minfer_gguf::quant::{dequantize, quantize_to_vec, Block};
+    use minfer_gguf::quant::{dequantize, quantize_to_vec};
 
     fn aligned(bytes: &[u8]) -> Vec<u64> {
         let mut v = vec![0u64; bytes.len().div_ceil(8)];
@@ -298,13 +426,35 @@ mod tests {
         y
     }
 
+    /// The activations as the kernels see them: quantized to Q8_K for Q4_K weights, to
+    /// Q8_0 otherwise, and widened back to f32.
+    fn act_roundtrip(ty: GgmlType, x: &[f32]) -> Vec<f32> {
+        fn rt<B: Block>(x: &[f32]) -> Vec<f32> {
+            let mut out = vec![0.0; x.len()];
+            for (c, o) in x.chunks_exact(B::ELEMS).zip(out.chunks_exact_mut(B::ELEMS)) {
+                B::quantize(c).dequantize(o);
+            }
+            out
+        }
+        if ty == GgmlType::Q4K {
+            rt::<BlockQ8K>(x)
+        } else {
+            rt::<BlockQ8_0>(x)
+        }
+    }
+
     /// Bitwise identical across ISAs and thread counts; within float rounding
     /// (`1e-5 · Σ|w·x̂|`, x̂ the quantized activations) of both the exact product of the
     /// dequantized operands and the unpacked [`matmul_with`].
     #[test]
     fn repacked_matches_unpacked_and_is_deterministic() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q8_0] {
-            for (rows, cols) in [(37, 512), (64, 96), (8, 32)] {
+        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K] {
+            let shapes = if ty == GgmlType::Q4K {
+                [(37, 512), (64, 256), (8, 768)]
+            } else {
+                [(37, 512), (64, 96), (8, 32)]
+            };
+            for (rows, cols) in shapes {
                 let wf = rand_f32(rows * cols, rows as u64 + ty.id() as u64, 1.0);
                 let bytes = quantize_to_vec(ty, &wf).unwrap();
                 let store = aligned(&bytes);
@@ -316,7 +466,16 @@ mod tests {
                     cols,
                 };
                 let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
-                assert_eq!(rp.bytes(), rows.div_ceil(8) * 8 * bytes.len() / rows);
+                // Q4_K tiles add 32 bytes per eight super-blocks (unpacked scales and mins).
+                let extra = if ty == GgmlType::Q4K {
+                    32 * cols / 256
+                } else {
+                    0
+                };
+                assert_eq!(
+                    rp.bytes(),
+                    rows.div_ceil(8) * (8 * bytes.len() / rows + extra)
+                );
                 let mut wd = vec![0.0; rows * cols];
                 dequantize(ty, data, &mut wd).unwrap();
                 for nt in [1, 2, 3, 5, 9] {
@@ -343,15 +502,18 @@ mod tests {
                         &mut MatmulScratch::new(),
                     )
                     .unwrap();
+                    if ty == GgmlType::Q4K {
+                        // Same integer dots and float steps as the unpacked kernel.
+                        assert!(
+                            unpacked
+                                .iter()
+                                .zip(&base)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{ty} {rows}x{cols} nt={nt}: differs from unpacked"
+                        );
+                    }
                     for t in 0..nt {
-                        let xq: Vec<BlockQ8_0> = x[t * cols..(t + 1) * cols]
-                            .chunks_exact(32)
-                            .map(BlockQ8_0::quantize)
-                            .collect();
-                        let mut xd = vec![0.0; cols];
-                        for (b, o) in xq.iter().zip(xd.chunks_exact_mut(32)) {
-                            b.dequantize(o);
-                        }
+                        let xd = act_roundtrip(ty, &x[t * cols..(t + 1) * cols]);
                         for r in 0..rows {
                             let wr = &wd[r * cols..(r + 1) * cols];
                             let exact: f64 =
@@ -381,31 +543,63 @@ mod tests {
     /// Long rows cut prefill into several token chunks; the split must not change a bit.
     #[test]
     fn token_chunks_do_not_change_results() {
-        let (rows, cols, nt) = (16, 32 * 200, 30);
-        let bytes = quantize_to_vec(GgmlType::Q5_0, &rand_f32(rows * cols, 5, 1.0)).unwrap();
-        let store = aligned(&bytes);
+        for ty in [GgmlType::Q5_0, GgmlType::Q4K] {
+            let (rows, cols, nt) = (16, 32 * 200, 30);
+            let bytes = quantize_to_vec(ty, &rand_f32(rows * cols, 5, 1.0)).unwrap();
+            let store = aligned(&bytes);
+            let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
+            let q = QMatrix {
+                ty,
+                data,
+                rows,
+                cols,
+            };
+            let rp = RepackedMatrix::from_qmatrix_in(&ThreadPool::new(3), &q).unwrap();
+            let x = rand_f32(nt * cols, 6, 1.0);
+            let all = run_repacked(Isa::detect(), 2, &rp, &x, nt);
+            for isa in isas() {
+                for t in [0, 13, 29] {
+                    let one = run_repacked(isa, 1, &rp, &x[t * cols..(t + 1) * cols], 1);
+                    assert_eq!(
+                        one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        all[t * rows..(t + 1) * rows]
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect::<Vec<_>>(),
+                        "{ty} {isa:?} token {t}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q4k_extreme_levels_are_exact() {
+        // All levels 15, scales and mins 63 (0xff packing), activations quantized to -127
+        // with d = -1: eight maddubs pair sums reach 30480, the i16 ceiling of the kernel.
+        let blk = minfer_gguf::quant::BlockQ4K {
+            d: half::f16::ONE,
+            dmin: half::f16::ONE,
+            scales: [0xff; 12],
+            qs: [0xff; 128],
+        };
+        let blocks = vec![blk; 8 * 2];
+        let bytes = bytemuck::cast_slice::<_, u8>(&blocks);
+        let store = aligned(bytes);
         let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
         let q = QMatrix {
-            ty: GgmlType::Q5_0,
+            ty: GgmlType::Q4K,
             data,
-            rows,
-            cols,
+            rows: 8,
+            cols: 512,
         };
-        let rp = RepackedMatrix::from_qmatrix_in(&ThreadPool::new(3), &q).unwrap();
-        let x = rand_f32(nt * cols, 6, 1.0);
-        let all = run_repacked(Isa::detect(), 2, &rp, &x, nt);
+        let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
+        let x = vec![127.0f32; 512];
+        // Each element is 63 * 15 - 63 = 882 against 127; every partial sum is exact in f32.
+        let want = (512 * 882 * 127) as f32;
         for isa in isas() {
-            for t in [0, 13, 29] {
-                let one = run_repacked(isa, 1, &rp, &x[t * cols..(t + 1) * cols], 1);
-                assert_eq!(
-                    one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    all[t * rows..(t + 1) * rows]
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect::<Vec<_>>(),
-                    "{isa:?} token {t}"
-                );
-            }
+            let y = run_repacked(isa, 1, &rp, &x, 1);
+            assert!(y.iter().all(|&v| v == want), "{isa:?}: {y:?} vs {want}");
         }
     }
 
@@ -477,12 +671,12 @@ mod tests {
             })
         );
         let k = QMatrix {
-            ty: GgmlType::Q4K,
+            ty: GgmlType::Q2K,
             ..m
         };
         assert_eq!(
             RepackedMatrix::from_qmatrix(&k).unwrap_err(),
-            MatmulError::UnsupportedType(GgmlType::Q4K)
+            MatmulError::UnsupportedType(GgmlType::Q2K)
         );
         let short = QMatrix {
             data: &data[..80],

@@ -15,7 +15,7 @@
 //! - float rows: the AVX2 kernel uses FMA and 32 accumulators, so it differs from the scalar
 //!   loop by float rounding only (see the bound in `float`'s tests).
 //!
-//! `repack` holds the row-interleaved Q5_0/Q8_0 tiles behind
+//! `repack` and `repack_k` hold the row-interleaved Q5_0/Q8_0 and Q4_K tiles behind
 //! [`crate::matmul::RepackedMatrix`], whose kernels keep eight output rows in the lanes of
 //! one accumulator (their own reduction order is documented there).
 //!
@@ -36,6 +36,7 @@ mod q5_k;
 mod q6_k;
 mod q8_0;
 pub(crate) mod repack;
+pub(crate) mod repack_k;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(test)]
