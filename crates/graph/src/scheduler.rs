@@ -61,6 +61,14 @@ pub struct BackendScheduler {
     placements: Vec<Placement>,
     splits: RefCell<Option<(u64, Vec<Split>)>>,
     in_bufs: RefCell<Vec<BufRef>>,
+    /// Per-op wall time and count while `MINFER_PROFILE=1` (see [`Self::take_profile`]).
+    profile: RefCell<BTreeMap<&'static str, (std::time::Duration, usize)>>,
+}
+
+/// `MINFER_PROFILE=1`, read once per process.
+fn profile_enabled() -> bool {
+    static PROFILE: OnceLock<bool> = OnceLock::new();
+    *PROFILE.get_or_init(|| std::env::var("MINFER_PROFILE").is_ok_and(|v| v == "1"))
 }
 
 /// `MINFER_GRAPH_TRACE=1`, read once per process.
@@ -77,6 +85,17 @@ impl BackendScheduler {
     /// A scheduler with no recorded assignment.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Per-op (name, total wall time, executions) accumulated since the last call while
+    /// `MINFER_PROFILE=1`, slowest first; empty otherwise.
+    pub fn take_profile(&self) -> Vec<(&'static str, std::time::Duration, usize)> {
+        let mut v: Vec<_> = std::mem::take(&mut *self.profile.borrow_mut())
+            .into_iter()
+            .map(|(k, (d, n))| (k, d, n))
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1));
+        v
     }
 
     /// The placements recorded by the last `assign_backends`.
@@ -254,12 +273,19 @@ impl BackendScheduler {
                 let b = alloc
                     .backend_mut(bk)
                     .ok_or(GraphError::BackendMissing(bk))?;
+                let t0 = profile_enabled().then(std::time::Instant::now);
                 b.execute_node(node, &in_bufs[..], out, kv)
                     .map_err(|message| GraphError::Backend {
                         backend: b.name().to_string(),
                         context: format!("node {} '{}' ({})", node.id, node.name, node.op.name()),
                         message,
                     })?;
+                if let Some(t0) = t0 {
+                    let mut p = self.profile.borrow_mut();
+                    let e = p.entry(node.op.name()).or_default();
+                    e.0 += t0.elapsed();
+                    e.1 += 1;
+                }
             }
             alloc.sync_backend(bk);
         }

@@ -242,6 +242,11 @@ impl Engine {
         self.explicit_span = on;
     }
 
+    /// Per-op wall time since the last call, with `MINFER_PROFILE=1` (empty otherwise).
+    pub fn take_profile(&self) -> Vec<(&'static str, Duration, usize)> {
+        self.scheduler.take_profile()
+    }
+
     /// Forgets the KV contents (a new, unrelated sequence follows).
     pub fn reset(&mut self) {
         self.cache.reset();

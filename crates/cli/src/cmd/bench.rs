@@ -64,6 +64,24 @@ fn random_tokens(n: usize, n_vocab: usize, seed: &mut u64) -> Vec<u32> {
         .collect()
 }
 
+/// With `MINFER_PROFILE=1`, prints where the last test's time went, per op, to stderr.
+fn print_profile(engine: &minfer_runtime::Engine, test: &str) {
+    let p = engine.take_profile();
+    let total: f64 = p.iter().map(|x| x.1.as_secs_f64()).sum();
+    if total == 0.0 {
+        return;
+    }
+    eprintln!("{test}: time per op (all repetitions, warm-up included)");
+    for (op, d, n) in p {
+        let s = d.as_secs_f64();
+        eprintln!(
+            "  {op:<16} {:>9.1} ms {:>5.1}%  {n} runs",
+            s * 1e3,
+            100.0 * s / total
+        );
+    }
+}
+
 /// Runs `minfer bench`.
 pub fn run(mut args: Args) -> anyhow::Result<()> {
     if args.reps == 0 {
@@ -100,6 +118,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             samples,
         });
     }
+    print_profile(&engine, "pp");
     if args.n_gen > 0 {
         let mut samples = Vec::new();
         for rep in 0..=args.reps {
@@ -122,6 +141,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         });
     }
 
+    print_profile(&engine, "tg");
     let file = engine.file();
     let model_name = file
         .get_str("general.name")
