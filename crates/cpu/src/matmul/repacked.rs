@@ -11,6 +11,7 @@
 use super::{check_shapes, Disjoint, MatmulError, MatmulScratch, QMatrix};
 use crate::quant::repack::{act_sidecar, gemv, Act, Tile, TileQ5, TileQ8};
 use crate::quant::repack_k::{gemv_q4k, TileQ4K};
+use crate::quant::repack_k6::{gemv_q6k, TileQ6K};
 use crate::quant::{q8_0_into, q8_k_into, Isa};
 use crate::threadpool::{chunk_range, ThreadPool};
 use minfer_gguf::quant::{cast_blocks, Block, BlockQ8K, BlockQ8_0};
@@ -30,6 +31,7 @@ enum Tiles {
     Q8_0(Vec<TileQ8>),
     Q5_0(Vec<TileQ5>),
     Q4K(Vec<TileQ4K>),
+    Q6K(Vec<TileQ6K>),
 }
 
 /// A weight matrix repacked for [`matmul_repacked`]: same bytes per block as the GGUF
@@ -43,9 +45,12 @@ pub struct RepackedMatrix {
 }
 
 impl RepackedMatrix {
-    /// Whether weights of `ty` can be repacked (Q5_0, Q8_0 and Q4_K).
+    /// Whether weights of `ty` can be repacked (Q5_0, Q8_0, Q4_K and Q6_K).
     pub fn supports(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K)
+        matches!(
+            ty,
+            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K
+        )
     }
 
     /// Repacks `w` on the calling thread; errors on unsupported types, shapes that are not
@@ -63,6 +68,7 @@ impl RepackedMatrix {
         let tiles = match w.ty {
             GgmlType::Q8_0 => Tiles::Q8_0(pack::<TileQ8>(pool, w)?),
             GgmlType::Q4K => Tiles::Q4K(pack_blocks(pool, w, TileQ4K::pack)?),
+            GgmlType::Q6K => Tiles::Q6K(pack_blocks(pool, w, TileQ6K::pack)?),
             _ => Tiles::Q5_0(pack::<TileQ5>(pool, w)?),
         };
         Ok(RepackedMatrix {
@@ -94,6 +100,7 @@ impl RepackedMatrix {
             Tiles::Q8_0(t) => std::mem::size_of_val(t.as_slice()),
             Tiles::Q5_0(t) => std::mem::size_of_val(t.as_slice()),
             Tiles::Q4K(t) => std::mem::size_of_val(t.as_slice()),
+            Tiles::Q6K(t) => std::mem::size_of_val(t.as_slice()),
         }
     }
 }
@@ -186,6 +193,10 @@ pub fn matmul_repacked_with(
         Tiles::Q4K(t) => {
             let acts = quantize_k(isa, pool, x, nt, cols / 256, scratch);
             run_q4k(isa, pool, t, rows, cols / 256, nt, acts, y)
+        }
+        Tiles::Q6K(t) => {
+            let acts = quantize_k(isa, pool, x, nt, cols / 256, scratch);
+            run_q6k(isa, pool, t, rows, cols / 256, nt, acts, y)
         }
     }
     Ok(())
@@ -365,6 +376,41 @@ fn run_q8<T: Tile>(
     run(pool, rows, nt, nb * 34, y, &kern);
 }
 
+/// Runs Q6_K tiles against Q8_K activations (`nb` super-blocks per row).
+#[allow(clippy::too_many_arguments)]
+fn run_q6k(
+    isa: Isa,
+    pool: &ThreadPool,
+    tiles: &[TileQ6K],
+    rows: usize,
+    nb: usize,
+    nt: usize,
+    q: &[BlockQ8K],
+    y: &mut [f32],
+) {
+    let act = |t: usize| &q[t * nb..(t + 1) * nb];
+    let kern = |g: usize, t: usize, n: usize| {
+        let w = &tiles[g * nb..(g + 1) * nb];
+        by_count(
+            n,
+            t,
+            act,
+            |a| gemv_q6k(isa, w, a),
+            |a| gemv_q6k(isa, w, a),
+            |a| gemv_q6k(isa, w, a),
+            |a| gemv_q6k(isa, w, a),
+        )
+    };
+    run(
+        pool,
+        rows,
+        nt,
+        nb * std::mem::size_of::<BlockQ8K>(),
+        y,
+        &kern,
+    );
+}
+
 /// Runs Q4_K tiles against Q8_K activations (`nb` super-blocks per row).
 #[allow(clippy::too_many_arguments)]
 fn run_q4k(
@@ -426,7 +472,7 @@ mod tests {
         y
     }
 
-    /// The activations as the kernels see them: quantized to Q8_K for Q4_K weights, to
+    /// The activations as the kernels see them: quantized to Q8_K for k-quant weights, to
     /// Q8_0 otherwise, and widened back to f32.
     fn act_roundtrip(ty: GgmlType, x: &[f32]) -> Vec<f32> {
         fn rt<B: Block>(x: &[f32]) -> Vec<f32> {
@@ -436,7 +482,7 @@ mod tests {
             }
             out
         }
-        if ty == GgmlType::Q4K {
+        if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
             rt::<BlockQ8K>(x)
         } else {
             rt::<BlockQ8_0>(x)
@@ -448,8 +494,9 @@ mod tests {
     /// dequantized operands and the unpacked [`matmul_with`].
     #[test]
     fn repacked_matches_unpacked_and_is_deterministic() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K] {
-            let shapes = if ty == GgmlType::Q4K {
+        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+            let kquant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
+            let shapes = if kquant {
                 [(37, 512), (64, 256), (8, 768)]
             } else {
                 [(37, 512), (64, 96), (8, 32)]
@@ -502,7 +549,7 @@ mod tests {
                         &mut MatmulScratch::new(),
                     )
                     .unwrap();
-                    if ty == GgmlType::Q4K {
+                    if kquant {
                         // Same integer dots and float steps as the unpacked kernel.
                         assert!(
                             unpacked
@@ -543,7 +590,7 @@ mod tests {
     /// Long rows cut prefill into several token chunks; the split must not change a bit.
     #[test]
     fn token_chunks_do_not_change_results() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q4K] {
+        for ty in [GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
             let (rows, cols, nt) = (16, 32 * 200, 30);
             let bytes = quantize_to_vec(ty, &rand_f32(rows * cols, 5, 1.0)).unwrap();
             let store = aligned(&bytes);
@@ -570,6 +617,36 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn q6k_extreme_levels_are_exact() {
+        // Levels 63 (weight 31) with scale -128 against activations quantized to -127
+        // (d = 1): two maddubs pair sums reach -32004, the i16 floor of the kernel.
+        let blk = minfer_gguf::quant::BlockQ6K {
+            ql: [0xff; 128],
+            qh: [0xff; 64],
+            scales: [-128; 16],
+            d: half::f16::ONE,
+        };
+        let blocks = vec![blk; 8];
+        let bytes = bytemuck::cast_slice::<_, u8>(&blocks);
+        let store = aligned(bytes);
+        let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
+        let q = QMatrix {
+            ty: GgmlType::Q6K,
+            data,
+            rows: 8,
+            cols: 256,
+        };
+        let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
+        let x = vec![-127.0f32; 256];
+        // Each element is -128 * 31 against -127; the integer total is exact in f32.
+        let want = (256 * 128 * 31 * 127) as f32;
+        for isa in isas() {
+            let y = run_repacked(isa, 1, &rp, &x, 1);
+            assert!(y.iter().all(|&v| v == want), "{isa:?}: {y:?} vs {want}");
         }
     }
 

@@ -15,7 +15,8 @@
 //! - float rows: the AVX2 kernel uses FMA and 32 accumulators, so it differs from the scalar
 //!   loop by float rounding only (see the bound in `float`'s tests).
 //!
-//! `repack` and `repack_k` hold the row-interleaved Q5_0/Q8_0 and Q4_K tiles behind
+//! `repack`, `repack_k` and `repack_k6` hold the row-interleaved Q5_0/Q8_0, Q4_K and Q6_K
+//! tiles behind
 //! [`crate::matmul::RepackedMatrix`], whose kernels keep eight output rows in the lanes of
 //! one accumulator (their own reduction order is documented there).
 //!
@@ -37,6 +38,7 @@ mod q6_k;
 mod q8_0;
 pub(crate) mod repack;
 pub(crate) mod repack_k;
+pub(crate) mod repack_k6;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(test)]
