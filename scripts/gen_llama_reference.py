@@ -64,6 +64,13 @@ GREEDY_PROMPTS = [
     "Write a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
     "import numpy as np\n\n# Compute the mean of each column\n",
     "Once upon a time, in a small village,",
+    "SELECT name, COUNT(*) FROM orders",
+    "# Binary search in Python\ndef binary_search(items, target):",
+    "<|im_start|>user\nWhat is the difference between a process and a thread?<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    "fn main() {\n    let v = vec![3, 1, 2];",
+    "The three primary colors are",
+    "#include <iostream>\n\nint main() {",
 ]
 
 TOP = 32
