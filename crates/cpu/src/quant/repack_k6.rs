@@ -150,16 +150,13 @@ pub(crate) unsafe fn gemv_q6k_avx2<const NT: usize>(
                 let q = _mm256_loadu_si256(tile.qh.as_ptr().add(64 * j + 32 * h).cast());
                 // Bits 2i'..2i'+2 moved to bits 4..6 (16-bit shifts by at most 4 only
                 // carry bits the mask removes).
-                let hs = [
-                    _mm256_slli_epi16(q, 4),
-                    _mm256_slli_epi16(q, 2),
-                    q,
-                    _mm256_srli_epi16(q, 2),
-                ];
-                for (i, &v) in hs.iter().enumerate() {
-                    let k = 4 * h + i;
-                    u[k] = _mm256_or_si256(u[k], _mm256_and_si256(v, m30));
-                }
+                let k = 4 * h;
+                u[k] = _mm256_or_si256(u[k], _mm256_and_si256(_mm256_slli_epi16(q, 4), m30));
+                u[k + 1] =
+                    _mm256_or_si256(u[k + 1], _mm256_and_si256(_mm256_slli_epi16(q, 2), m30));
+                u[k + 2] = _mm256_or_si256(u[k + 2], _mm256_and_si256(q, m30));
+                u[k + 3] =
+                    _mm256_or_si256(u[k + 3], _mm256_and_si256(_mm256_srli_epi16(q, 2), m30));
             }
             for t in 0..NT {
                 let qs = y[t][b].qs.as_ptr().add(32 * j);
