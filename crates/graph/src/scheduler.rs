@@ -94,7 +94,7 @@ impl BackendScheduler {
             .into_iter()
             .map(|(k, (d, n))| (k, d, n))
             .collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1));
+        v.sort_by_key(|x| std::cmp::Reverse(x.1));
         v
     }
 
