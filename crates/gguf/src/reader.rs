@@ -226,12 +226,19 @@ impl GgufFile {
     /// bytes stay readable (the map is read-only and file-backed, so a later read faults
     /// them back in from the file); a no-op for in-memory images.
     pub fn release_pages(&self, info: &TensorInfo) {
+        self.release_tensor_range(info, 0..info.n_bytes as usize);
+    }
+
+    /// [`Self::release_pages`] for the bytes `range` of a tensor's data only (clamped to
+    /// the tensor).
+    pub fn release_tensor_range(&self, info: &TensorInfo, range: std::ops::Range<usize>) {
         let Bytes::Mapped(map) = &self.bytes else {
             return;
         };
         const PAGE: usize = 4096;
-        let start = self.parsed.data_offset as usize + info.offset as usize;
-        let end = start + info.n_bytes as usize;
+        let base = self.parsed.data_offset as usize + info.offset as usize;
+        let n = info.n_bytes as usize;
+        let (start, end) = (base + range.start.min(n), base + range.end.min(n));
         // Only whole pages inside the tensor: neighbours keep theirs.
         let (lo, hi) = (start.div_ceil(PAGE) * PAGE, end / PAGE * PAGE);
         if hi > lo {

@@ -116,12 +116,18 @@ impl Weight {
                     rows: self.out_dim,
                     cols: self.in_dim,
                 };
-                let r = RepackedMatrix::from_qmatrix_in(pool, &q).ok()?;
-                if let Storage::Mapped { file, index } = &self.storage {
-                    if let Some(info) = file.tensors().get(*index) {
-                        file.release_pages(info);
+                // Slice by slice, releasing each mapped slice once copied, so the copy and
+                // the original are never both resident (the lm head alone is ~145 MB).
+                let r = match &self.storage {
+                    Storage::Mapped { file, index } => {
+                        let info = file.tensors().get(*index)?;
+                        RepackedMatrix::from_qmatrix_chunked(pool, &q, 8 << 20, &mut |r| {
+                            file.release_tensor_range(info, r)
+                        })
+                        .ok()?
                     }
-                }
+                    Storage::Owned(_) => RepackedMatrix::from_qmatrix_in(pool, &q).ok()?,
+                };
                 Some(r)
             })
             .as_ref()

@@ -34,6 +34,29 @@ enum Tiles {
     Q6K(Vec<TileQ6K>),
 }
 
+impl Tiles {
+    /// Reserves room for `groups` more row groups of a `cols`-wide matrix.
+    fn reserve_groups(&mut self, groups: usize, cols: usize) {
+        match self {
+            Tiles::Q8_0(t) => t.reserve_exact(groups * cols / 32),
+            Tiles::Q5_0(t) => t.reserve_exact(groups * cols / 32),
+            Tiles::Q4K(t) => t.reserve_exact(groups * cols / 256),
+            Tiles::Q6K(t) => t.reserve_exact(groups * cols / 256),
+        }
+    }
+
+    /// Appends the row groups of `other` (same type) after these.
+    fn append(&mut self, other: Tiles) {
+        match (self, other) {
+            (Tiles::Q8_0(a), Tiles::Q8_0(b)) => a.extend(b),
+            (Tiles::Q5_0(a), Tiles::Q5_0(b)) => a.extend(b),
+            (Tiles::Q4K(a), Tiles::Q4K(b)) => a.extend(b),
+            (Tiles::Q6K(a), Tiles::Q6K(b)) => a.extend(b),
+            _ => unreachable!("slices of one matrix share its type"),
+        }
+    }
+}
+
 /// A weight matrix repacked for [`matmul_repacked`]: same bytes per block as the GGUF
 /// tensor (plus zero padding up to a multiple of eight rows), owned, built once at load.
 #[derive(Debug, Clone)]
@@ -81,6 +104,53 @@ impl RepackedMatrix {
             cols: w.cols,
             tiles,
         })
+    }
+
+    /// [`Self::from_qmatrix_in`] in slices of about `chunk_bytes` of source, calling
+    /// `done(byte_range)` after each slice so the caller can drop the source pages it no
+    /// longer needs: the copy and the whole original are then never resident together.
+    /// The result equals the whole-matrix repack (row groups are contiguous in both).
+    pub fn from_qmatrix_chunked(
+        pool: &ThreadPool,
+        w: &QMatrix,
+        chunk_bytes: usize,
+        done: &mut dyn FnMut(std::ops::Range<usize>),
+    ) -> Result<Self, MatmulError> {
+        if !Self::packable(w.ty) {
+            return Err(MatmulError::UnsupportedType(w.ty));
+        }
+        check_shapes(w, 0, 0, 0)?;
+        let row_bytes = w.data.len() / w.rows.max(1);
+        let chunk_rows = (chunk_bytes / row_bytes.max(1)).max(ROWS) / ROWS * ROWS;
+        let groups = w.rows.div_ceil(ROWS);
+        let mut out: Option<RepackedMatrix> = None;
+        let mut r0 = 0;
+        while r0 < w.rows {
+            let r1 = (r0 + chunk_rows).min(w.rows);
+            let bytes = r0 * row_bytes..r1 * row_bytes;
+            let part = QMatrix {
+                ty: w.ty,
+                data: &w.data[bytes.clone()],
+                rows: r1 - r0,
+                cols: w.cols,
+            };
+            let p = Self::from_qmatrix_in(pool, &part)?;
+            match &mut out {
+                None => {
+                    let mut p = p;
+                    // One allocation for the whole matrix: growing would copy the tiles.
+                    p.tiles
+                        .reserve_groups(groups - (r1 - r0).div_ceil(ROWS), w.cols);
+                    out = Some(p);
+                }
+                Some(o) => o.tiles.append(p.tiles),
+            }
+            done(bytes);
+            r0 = r1;
+        }
+        let mut o = out.ok_or(MatmulError::UnsupportedType(w.ty))?;
+        o.rows = w.rows;
+        Ok(o)
     }
 
     /// The source weight type.
@@ -718,6 +788,47 @@ mod tests {
                 };
                 assert_eq!(v, want as f32, "{isa:?} row {r}");
             }
+        }
+    }
+
+    /// Repacking slice by slice gives the whole-matrix result and reports every source
+    /// byte exactly once, in order.
+    #[test]
+    fn chunked_repack_equals_whole_repack() {
+        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+            let (rows, cols) = (61, 512);
+            let wf = rand_f32(rows * cols, 99 + ty.id() as u64, 1.0);
+            let bytes = quantize_to_vec(ty, &wf).unwrap();
+            let store = aligned(&bytes);
+            let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
+            let q = QMatrix {
+                ty,
+                data,
+                rows,
+                cols,
+            };
+            let whole = RepackedMatrix::from_qmatrix(&q).unwrap();
+            let pool = ThreadPool::new(2);
+            let mut seen = Vec::new();
+            let row_bytes = bytes.len() / rows;
+            let chunked =
+                RepackedMatrix::from_qmatrix_chunked(&pool, &q, 17 * row_bytes, &mut |r| {
+                    seen.push(r)
+                })
+                .unwrap();
+            assert_eq!(seen.first().map(|r| r.start), Some(0));
+            assert_eq!(seen.last().map(|r| r.end), Some(bytes.len()));
+            assert!(seen.windows(2).all(|w| w[0].end == w[1].start));
+            assert!(seen.len() > 1, "{ty}: the test needs several slices");
+            assert_eq!(chunked.rows(), rows);
+            assert_eq!(chunked.bytes(), whole.bytes());
+            let x = rand_f32(3 * cols, 5, 1.0);
+            let isa = Isa::detect();
+            assert_eq!(
+                run_repacked(isa, 1, &chunked, &x, 3),
+                run_repacked(isa, 1, &whole, &x, 3),
+                "{ty}"
+            );
         }
     }
 
