@@ -53,6 +53,7 @@ pub mod fusion;
 pub mod ir;
 pub mod meta;
 pub mod params;
+pub mod pool;
 pub mod registry;
 pub mod scheduler;
 pub mod testing;
@@ -70,5 +71,6 @@ pub use ir::{
 };
 pub use meta::*;
 pub use params::{next_weights_version, CParams, GraphParams, GraphType};
+pub use pool::HostPool;
 pub use registry::{BackendEntry, BackendRegistry, FenceError, KnownBackend, KNOWN_BACKENDS};
 pub use scheduler::{BackendScheduler, Placement, PlacementReason, Split};

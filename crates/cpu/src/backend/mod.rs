@@ -13,6 +13,7 @@
 
 mod weights;
 
+use minfer_graph::HostPool;
 use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
@@ -46,8 +47,7 @@ struct Scratch {
 pub struct CpuBackend {
     pool: ThreadPool,
     isa: VecIsa,
-    buffers: Vec<Vec<f32>>,
-    free: Vec<usize>,
+    mem: HostPool,
     weights: WeightRegistry,
     scratch: Scratch,
     /// Use the repacked matmul layout where a weight type has one (`MINFER_REPACK=0` off).
@@ -59,8 +59,8 @@ impl std::fmt::Debug for CpuBackend {
         f.debug_struct("CpuBackend")
             .field("threads", &self.pool.n_threads())
             .field("isa", &self.isa)
-            .field("buffers", &self.buffers.len())
-            .field("free", &self.free.len())
+            .field("buffers", &self.mem.buffers.len())
+            .field("free", &self.mem.free_len())
             .field("weights", &self.weights)
             .finish_non_exhaustive()
     }
@@ -72,8 +72,7 @@ impl CpuBackend {
         CpuBackend {
             pool: ThreadPool::new(n_threads),
             isa: VecIsa::detect(),
-            buffers: Vec::new(),
-            free: Vec::new(),
+            mem: HostPool::new(),
             weights: WeightRegistry::default(),
             scratch: Scratch::default(),
             repack: std::env::var("MINFER_REPACK").map_or(true, |v| v != "0"),
@@ -141,16 +140,16 @@ impl CpuBackend {
             if is_attn && i == 1 {
                 continue;
             }
-            if b.backend != Backend::CPU || b.id >= self.buffers.len() {
+            if b.backend != Backend::CPU || b.id >= self.mem.buffers.len() {
                 return Err(format!(
                     "source {i} is buffer {} on {}, not in the cpu pool ({} buffers)",
                     b.id,
                     b.backend,
-                    self.buffers.len()
+                    self.mem.buffers.len()
                 ));
             }
         }
-        if out_buf.backend != Backend::CPU || out_buf.id >= self.buffers.len() {
+        if out_buf.backend != Backend::CPU || out_buf.id >= self.mem.buffers.len() {
             return Err(format!(
                 "output buffer {} on {} is not in the cpu pool",
                 out_buf.id, out_buf.backend
@@ -162,9 +161,9 @@ impl CpuBackend {
             _ => {}
         }
         let out_id = out_buf.id;
-        let mut out = std::mem::take(&mut self.buffers[out_id]);
+        let mut out = std::mem::take(&mut self.mem.buffers[out_id]);
         let r = self.compute(node, in_bufs, out_id, &mut out, kv_pair);
-        self.buffers[out_id] = out;
+        self.mem.buffers[out_id] = out;
         r
     }
 
@@ -182,7 +181,7 @@ impl CpuBackend {
             return Err(format!("op layer {layer} but metadata layer {}", m.layer));
         }
         let (k_id, v_id) = kv_pair.ok_or_else(|| format!("no KV region for layer {layer}"))?;
-        let n = self.buffers.len();
+        let n = self.mem.buffers.len();
         if k_id == v_id || k_id >= n || v_id >= n {
             return Err(format!(
                 "layer {layer}: bad KV pair ({k_id}, {v_id}) in a pool of {n}"
@@ -197,14 +196,14 @@ impl CpuBackend {
                 "layer {layer}: a store input aliases the KV region"
             ));
         }
-        let mut kr = std::mem::take(&mut self.buffers[k_id]);
-        let mut vr = std::mem::take(&mut self.buffers[v_id]);
-        let b = &self.buffers;
+        let mut kr = std::mem::take(&mut self.mem.buffers[k_id]);
+        let mut vr = std::mem::take(&mut self.mem.buffers[v_id]);
+        let b = &self.mem.buffers;
         let r = kv::store(
             layer, m.n_embd, m.n_ctx, &b[k_in], &b[v_in], &b[cells], &mut kr, &mut vr,
         );
-        self.buffers[k_id] = kr;
-        self.buffers[v_id] = vr;
+        self.mem.buffers[k_id] = kr;
+        self.mem.buffers[v_id] = vr;
         r
     }
 
@@ -223,13 +222,14 @@ impl CpuBackend {
         let CpuBackend {
             pool,
             isa,
-            buffers,
+            mem,
             weights,
             scratch,
             repack,
             ..
         } = self;
         let repack = *repack;
+        let buffers = &mem.buffers;
         let Scratch {
             matmul: mm,
             snap,
@@ -557,31 +557,19 @@ impl BackendImpl for CpuBackend {
     }
 
     fn alloc_buffer(&mut self, size: usize) -> usize {
-        if let Some(pos) = self
-            .free
-            .iter()
-            .position(|&i| self.buffers[i].len() == size)
-        {
-            let id = self.free.swap_remove(pos);
-            self.buffers[id].fill(0.0);
-            return id;
-        }
-        self.alloc_fresh(size)
+        self.mem.alloc(size)
     }
 
     fn alloc_fresh(&mut self, size: usize) -> usize {
-        self.buffers.push(vec![0.0; size]);
-        self.buffers.len() - 1
+        self.mem.alloc_fresh(size)
     }
 
     fn free_buffer(&mut self, id: usize) {
-        if id < self.buffers.len() && !self.free.contains(&id) {
-            self.free.push(id);
-        }
+        self.mem.free(id)
     }
 
     fn pool_len(&self) -> usize {
-        self.buffers.len()
+        self.mem.len()
     }
 
     fn execute_node(
@@ -596,42 +584,15 @@ impl BackendImpl for CpuBackend {
     }
 
     fn read_host(&self, id: usize) -> Option<&[f32]> {
-        self.buffers.get(id).map(Vec::as_slice)
+        self.mem.read(id)
     }
 
     fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
-        let b = self
-            .buffers
-            .get_mut(id)
-            .ok_or_else(|| format!("cpu buffer {id} does not exist"))?;
-        if b.len() != data.len() {
-            return Err(format!(
-                "cpu buffer {id} holds {} values, got {}",
-                b.len(),
-                data.len()
-            ));
-        }
-        b.copy_from_slice(data);
-        Ok(())
+        self.mem.write(id, data)
     }
 
     fn write_host_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
-        let b = self
-            .buffers
-            .get_mut(id)
-            .ok_or_else(|| format!("cpu buffer {id} does not exist"))?;
-        let len = b.len();
-        let dst = offset
-            .checked_add(data.len())
-            .and_then(|end| b.get_mut(offset..end))
-            .ok_or_else(|| {
-                format!(
-                    "window {offset}+{} exceeds cpu buffer {id} ({len})",
-                    data.len()
-                )
-            })?;
-        dst.copy_from_slice(data);
-        Ok(())
+        self.mem.write_window(id, offset, data)
     }
 
     fn synchronize(&mut self) {}

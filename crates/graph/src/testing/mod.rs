@@ -14,6 +14,7 @@
 
 mod kernels;
 
+use crate::pool::HostPool;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -100,8 +101,7 @@ pub struct RefBackend {
     fused: bool,
     attn_span: bool,
     fail_on: Option<String>,
-    buffers: Vec<Vec<f32>>,
-    free: Vec<usize>,
+    mem: HostPool,
     weights: Arc<WeightStore>,
 }
 
@@ -115,8 +115,7 @@ impl RefBackend {
             fused: true,
             attn_span: true,
             fail_on: None,
-            buffers: Vec::new(),
-            free: Vec::new(),
+            mem: HostPool::new(),
             weights: Arc::new(WeightStore::new()),
         }
     }
@@ -166,7 +165,8 @@ impl RefBackend {
     }
 
     fn buf(&self, id: usize) -> Result<&Vec<f32>, String> {
-        self.buffers
+        self.mem
+            .buffers
             .get(id)
             .ok_or_else(|| format!("buffer {id} does not exist"))
     }
@@ -194,31 +194,19 @@ impl BackendImpl for RefBackend {
     }
 
     fn alloc_buffer(&mut self, size: usize) -> usize {
-        if let Some(pos) = self
-            .free
-            .iter()
-            .position(|&i| self.buffers[i].len() == size)
-        {
-            let id = self.free.remove(pos);
-            self.buffers[id].fill(0.0);
-            return id;
-        }
-        self.alloc_fresh(size)
+        self.mem.alloc(size)
     }
 
     fn alloc_fresh(&mut self, size: usize) -> usize {
-        self.buffers.push(vec![0.0; size]);
-        self.buffers.len() - 1
+        self.mem.alloc_fresh(size)
     }
 
     fn free_buffer(&mut self, id: usize) {
-        if id < self.buffers.len() && !self.free.contains(&id) {
-            self.free.push(id);
-        }
+        self.mem.free(id)
     }
 
     fn pool_len(&self) -> usize {
-        self.buffers.len()
+        self.mem.len()
     }
 
     fn execute_node(
@@ -260,7 +248,7 @@ impl BackendImpl for RefBackend {
             Op::Input | Op::KvcacheLoad { .. } => Ok(()),
             Op::KvcacheStore { .. } => {
                 let (k, v) = kv_pair.ok_or("no KV pair for the store")?;
-                kernels::kv_store(node, &inputs, &mut self.buffers, k, v)
+                kernels::kv_store(node, &inputs, &mut self.mem.buffers, k, v)
             }
             Op::Attn { .. } => {
                 let (k, v) = kv_pair.ok_or("no KV pair for attention")?;
@@ -275,42 +263,15 @@ impl BackendImpl for RefBackend {
     }
 
     fn read_host(&self, id: usize) -> Option<&[f32]> {
-        self.buffers.get(id).map(Vec::as_slice)
+        self.mem.read(id)
     }
 
     fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
-        let b = self
-            .buffers
-            .get_mut(id)
-            .ok_or_else(|| format!("buffer {id} does not exist"))?;
-        if b.len() != data.len() {
-            return Err(format!(
-                "buffer {id} holds {} values, got {}",
-                b.len(),
-                data.len()
-            ));
-        }
-        b.copy_from_slice(data);
-        Ok(())
+        self.mem.write(id, data)
     }
 
     fn write_host_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
-        let b = self
-            .buffers
-            .get_mut(id)
-            .ok_or_else(|| format!("buffer {id} does not exist"))?;
-        let end = offset
-            .checked_add(data.len())
-            .filter(|&e| e <= b.len())
-            .ok_or_else(|| {
-                format!(
-                    "window {offset}+{} exceeds buffer {id} ({})",
-                    data.len(),
-                    b.len()
-                )
-            })?;
-        b[offset..end].copy_from_slice(data);
-        Ok(())
+        self.mem.write_window(id, offset, data)
     }
 
     fn synchronize(&mut self) {}
@@ -319,6 +280,7 @@ impl BackendImpl for RefBackend {
 impl RefBackend {
     fn write_out(&mut self, id: usize, out: Vec<f32>) -> Result<(), String> {
         let b = self
+            .mem
             .buffers
             .get_mut(id)
             .ok_or_else(|| format!("output buffer {id} does not exist"))?;
