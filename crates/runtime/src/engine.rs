@@ -215,6 +215,11 @@ impl Engine {
         self.n_ctx
     }
 
+    /// Largest prefill chunk, in tokens.
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
     /// Vocabulary size (width of one logits row).
     pub fn n_vocab(&self) -> usize {
         self.model.hparams().n_vocab

@@ -1,6 +1,64 @@
 //! Perplexity in the manner of llama-perplexity: non-overlapping chunks of `n_ctx`
 //! tokens, each evaluated from an empty KV cache, with only the second half scored.
 
+use crate::engine::{Engine, EngineError};
+
+/// Scores `tokens` in non-overlapping chunks of `n_ctx`, each from an empty KV cache, over
+/// at most `max_chunks` chunks, calling `on_chunk(chunks_done, ppl_so_far)` after each.
+/// Only the scored half of each chunk asks for logits (G3 tail rows).
+pub fn perplexity(
+    engine: &mut Engine,
+    tokens: &[u32],
+    n_ctx: usize,
+    max_chunks: Option<usize>,
+    mut on_chunk: impl FnMut(usize, f64),
+) -> Result<PplAccumulator, EngineError> {
+    if n_ctx < 4 {
+        return Err(EngineError::Param {
+            name: "context size (-c)",
+            message: format!("{n_ctx}: perplexity needs at least 4 tokens per chunk"),
+        });
+    }
+    let n_chunk = (tokens.len() / n_ctx).min(max_chunks.unwrap_or(usize::MAX));
+    if n_chunk == 0 {
+        return Err(EngineError::Param {
+            name: "text",
+            message: format!(
+                "{} tokens are fewer than one chunk of {n_ctx} (lower -c)",
+                tokens.len()
+            ),
+        });
+    }
+    let first = first_scored(n_ctx);
+    let n_vocab = engine.n_vocab();
+    let batch = engine.n_batch();
+    let mut acc = PplAccumulator::new();
+    let mut logits = Vec::new();
+    let mut piece_logits = Vec::new();
+    for c in 0..n_chunk {
+        let chunk = &tokens[c * n_ctx..(c + 1) * n_ctx];
+        engine.reset();
+        logits.clear();
+        let mut pos = 0;
+        for piece in chunk.chunks(batch) {
+            let end = pos + piece.len();
+            // Rows of this piece at or past `first`; one row when none is scored.
+            let tail = end.saturating_sub(first).min(piece.len()).max(1);
+            engine.forward_into(piece, pos, tail, &mut piece_logits)?;
+            if end > first {
+                logits.extend_from_slice(&piece_logits);
+            }
+            pos = end;
+        }
+        for j in first..n_ctx - 1 {
+            let row = &logits[(j - first) * n_vocab..(j - first + 1) * n_vocab];
+            acc.add(row, chunk[j + 1]);
+        }
+        on_chunk(c + 1, acc.ppl());
+    }
+    Ok(acc)
+}
+
 /// Running negative log-likelihood over scored tokens.
 #[derive(Debug, Clone, Default)]
 pub struct PplAccumulator {

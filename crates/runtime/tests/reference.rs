@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use minfer_runtime::perplexity::{first_scored, PplAccumulator};
+use minfer_runtime::perplexity::perplexity;
 use minfer_runtime::{greedy_tokens, sampling::argmax, Engine, EngineOptions};
 use minfer_tokenizer::Tokenizer;
 use serde_json::Value;
@@ -160,18 +160,7 @@ fn perplexity_is_within_half_a_percent_of_llama_cpp() {
     let tokens = tok.encode(text, true, false);
     let n_chunk = tokens.len() / n_ctx;
     assert_eq!(n_chunk, want_chunks, "chunk count (tokenization) differs");
-    let first = first_scored(n_ctx);
-    let n_vocab = e.n_vocab();
-    let mut acc = PplAccumulator::new();
-    for c in 0..n_chunk {
-        let chunk = &tokens[c * n_ctx..(c + 1) * n_ctx];
-        e.reset();
-        let logits = e.forward(chunk, 0, n_ctx - first).expect("forward");
-        for j in first..n_ctx - 1 {
-            let row = &logits[(j - first) * n_vocab..(j - first + 1) * n_vocab];
-            acc.add(row, chunk[j + 1]);
-        }
-    }
+    let acc = perplexity(&mut e, &tokens, n_ctx, None, |_, _| {}).expect("perplexity");
     let (ppl, _) = acc.estimate();
     let rel = (ppl - want).abs() / want;
     eprintln!(

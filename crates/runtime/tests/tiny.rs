@@ -112,3 +112,31 @@ fn tiny_qwen2_greedy_decode_matches_the_committed_32_tokens() {
         }
     }
 }
+
+#[test]
+fn perplexity_does_not_depend_on_the_prefill_batch() {
+    let tokens: Vec<u32> = (0..200).map(|i| (i * 37 % 500) as u32).collect();
+    let run = |n_batch: usize| {
+        let spec = golden_models()
+            .into_iter()
+            .find(|(n, _)| *n == "qwen2-q8_0")
+            .map(|(_, s)| s)
+            .expect("qwen2-q8_0");
+        let file = GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader");
+        let opts = EngineOptions {
+            n_threads: 2,
+            n_ctx: Some(64),
+            backend: None,
+            n_batch,
+        };
+        let mut e = Engine::from_gguf(file, &opts).expect("engine");
+        let mut seen = Vec::new();
+        let acc =
+            minfer_runtime::perplexity::perplexity(&mut e, &tokens, 48, None, |c, _| seen.push(c))
+                .expect("perplexity");
+        assert_eq!(seen, [1, 2, 3, 4], "progress after every chunk of 48");
+        acc.estimate().0
+    };
+    // One piece per chunk against pieces of 7 that straddle the scored half.
+    assert_eq!(run(512).to_bits(), run(7).to_bits());
+}

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use minfer_runtime::perplexity::{first_scored, PplAccumulator};
+use minfer_runtime::perplexity::perplexity;
 use minfer_tokenizer::Tokenizer;
 
 use super::common::ModelArgs;
@@ -56,34 +56,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} chunks  {msg}  [{elapsed_precise}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let first = first_scored(n_ctx);
-    let n_vocab = engine.n_vocab();
-    let mut acc = PplAccumulator::new();
-    for c in 0..n_chunk {
-        let chunk = &tokens[c * n_ctx..(c + 1) * n_ctx];
-        engine.reset();
-        // Logits of rows first..n_ctx (the scored half) only: the G3 tail rows.
-        let n_out = n_ctx - first;
-        let mut logits = Vec::new();
-        let mut pos = 0;
-        let batch = 512.min(n_ctx);
-        for piece in chunk.chunks(batch) {
-            let end = pos + piece.len();
-            let tail = end.saturating_sub(first).min(piece.len()).max(1);
-            let l = engine.forward(piece, pos, tail)?;
-            if end > first {
-                logits.extend_from_slice(&l);
-            }
-            pos = end;
-        }
-        debug_assert_eq!(logits.len(), n_out * n_vocab);
-        for j in first..n_ctx - 1 {
-            let row = &logits[(j - first) * n_vocab..(j - first + 1) * n_vocab];
-            acc.add(row, chunk[j + 1]);
-        }
-        bar.set_message(format!("PPL {:.4}", acc.ppl()));
-        bar.inc(1);
-    }
+    let acc = perplexity(&mut engine, &tokens, n_ctx, Some(n_chunk), |done, ppl| {
+        bar.set_message(format!("PPL {ppl:.4}"));
+        bar.set_position(done as u64);
+    })?;
     bar.finish_and_clear();
     let (ppl, err) = acc.estimate();
     println!("PPL = {ppl:.4} +/- {err:.5}");
