@@ -296,6 +296,22 @@ impl Problem {
     /// Runs `body(tile_rows_range)` over all tiles, claimed dynamically.
     fn for_tiles(&self, pool: &ThreadPool, tile_rows: usize, body: &(dyn Fn(Range<usize>) + Sync)) {
         let n_tiles = self.rows.div_ceil(tile_rows);
+        if self.nt == 1 {
+            // Decode streams the weights once: each thread takes one contiguous run of
+            // rows. Interleaved tiles made each core's prefetcher fetch lines the other
+            // core reads, and two threads streamed slower than one (Q6_K 8960x1536:
+            // 16 GB/s against 33 GB/s contiguous, `cargo bench --bench matmul`).
+            pool.run(&|ith, nth| {
+                let r = chunk_range(self.rows, ith, nth);
+                let mut r0 = r.start;
+                while r0 < r.end {
+                    let r1 = (r0 + tile_rows).min(r.end);
+                    body(r0..r1);
+                    r0 = r1;
+                }
+            });
+            return;
+        }
         let next = AtomicUsize::new(0);
         pool.run(&|_, _| loop {
             let tile = next.fetch_add(1, Relaxed);

@@ -368,7 +368,8 @@ fn by_count<A: Copy>(
     res
 }
 
-/// Runs `kern` over 2-D tiles (token chunk x row groups), claimed dynamically;
+/// Runs `kern` over 2-D tiles (token chunk x row groups), claimed dynamically when the
+/// tokens take several chunks and split contiguously by thread otherwise;
 /// `act_bytes` is one token's quantized activation size (sets the chunk length).
 fn run(
     pool: &ThreadPool,
@@ -391,15 +392,8 @@ fn run(
     let n_gtiles = groups.div_ceil(per_tile);
     let n_tiles = n_chunks * n_gtiles;
     let out = Disjoint::new(y);
-    let next = AtomicUsize::new(0);
-    pool.run(&|_, _| loop {
-        let i = next.fetch_add(1, Relaxed);
-        if i >= n_tiles {
-            break;
-        }
-        let (c, gt) = (i / n_gtiles, i % n_gtiles);
-        let tokens = c * chunk..((c + 1) * chunk).min(nt);
-        for g in gt * per_tile..((gt + 1) * per_tile).min(groups) {
+    let tile = |tokens: std::ops::Range<usize>, gs: std::ops::Range<usize>| {
+        for g in gs {
             let valid = (rows - g * ROWS).min(ROWS);
             let mut t = tokens.start;
             while t < tokens.end {
@@ -415,6 +409,23 @@ fn run(
                 t += n;
             }
         }
+    };
+    if n_chunks == 1 {
+        // Decode streams the weights once: each thread takes one contiguous run of row
+        // groups, so no core's prefetcher fetches lines another core reads (interleaved
+        // tiles streamed slower with two threads than with one).
+        pool.run(&|ith, nth| tile(0..nt, chunk_range(groups, ith, nth)));
+        return;
+    }
+    let next = AtomicUsize::new(0);
+    pool.run(&|_, _| loop {
+        let i = next.fetch_add(1, Relaxed);
+        if i >= n_tiles {
+            break;
+        }
+        let (c, gt) = (i / n_gtiles, i % n_gtiles);
+        let tokens = c * chunk..((c + 1) * chunk).min(nt);
+        tile(tokens, gt * per_tile..((gt + 1) * per_tile).min(groups));
     });
 }
 
