@@ -64,8 +64,8 @@ pub(crate) fn q8_0_into(isa: Isa, x: &[f32], out: &mut [BlockQ8_0]) {
         *o = match isa.0 {
             IsaKind::Scalar => BlockQ8_0::quantize(xb),
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` exists only after runtime detection; `xb` has 32 elements.
-            IsaKind::Avx2 => unsafe { avx2::q8_0_block(xb) },
+            // SAFETY: `Avx2`/`Vnni` exist only after runtime detection; `xb` has 32 elements.
+            IsaKind::Avx2 | IsaKind::Vnni => unsafe { avx2::q8_0_block(xb) },
         };
     }
 }
@@ -87,8 +87,8 @@ pub(crate) fn q8_k_into(isa: Isa, x: &[f32], out: &mut [BlockQ8K]) {
         match isa.0 {
             IsaKind::Scalar => *o = BlockQ8K::quantize(xb),
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` exists only after runtime detection; `xb` has 256 elements.
-            IsaKind::Avx2 => unsafe { avx2::q8_k_block(xb, o) },
+            // SAFETY: `Avx2`/`Vnni` exist only after runtime detection; `xb` has 256 elements.
+            IsaKind::Avx2 | IsaKind::Vnni => unsafe { avx2::q8_k_block(xb, o) },
         }
     }
 }

@@ -103,8 +103,8 @@ pub(crate) fn dot_float<W: FloatWeight>(isa: Isa, w: &[W], x: &[f32]) -> f32 {
     match isa.0 {
         IsaKind::Scalar => dot_float_scalar(w, x),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Avx2` value exists only after runtime detection (see `Isa::avx2`).
-        IsaKind::Avx2 => unsafe { dot_float_avx2(w, x) },
+        // SAFETY: `Avx2`/`Vnni` values exist only after runtime detection (`Isa::avx2`).
+        IsaKind::Avx2 | IsaKind::Vnni => unsafe { dot_float_avx2(w, x) },
     }
 }
 

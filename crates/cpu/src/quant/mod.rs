@@ -18,7 +18,9 @@
 //! `repack`, `repack_k` and `repack_k6` hold the row-interleaved Q5_0/Q8_0, Q4_K and Q6_K
 //! tiles behind
 //! [`crate::matmul::RepackedMatrix`], whose kernels keep eight output rows in the lanes of
-//! one accumulator (their own reduction order is documented there).
+//! one accumulator (their own reduction order is documented there). `vnni` holds their
+//! AVX-512 VNNI versions, chosen at run time where the CPU has them and bitwise equal to
+//! the AVX2 and scalar ones.
 //!
 //! Activation levels must lie in `-127..=127`, as both quantizers produce: the AVX2 kernels
 //! use the sign trick (`|w| * sign(y, w)`), which is exact only in that range.
@@ -43,6 +45,8 @@ pub(crate) mod repack_k6;
 mod simd;
 #[cfg(test)]
 pub(crate) mod testutil;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 pub(crate) use act::{q8_0_into, q8_k_into};
 pub use act::{
@@ -55,7 +59,8 @@ pub(crate) use float::{dot_float, FloatWeight};
 use minfer_gguf::quant::Block;
 
 /// The instruction set a kernel runs with; an `Avx2` value exists only after detection
-/// confirmed AVX2, FMA and F16C, which is what makes the dispatch sound.
+/// confirmed AVX2, FMA and F16C, and a `Vnni` value only after detection confirmed those
+/// plus AVX-512 F/BW/VL/VNNI, which is what makes the dispatch sound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Isa(IsaKind);
 
@@ -64,6 +69,10 @@ enum IsaKind {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX2 plus the 256-bit forms of AVX-512 VNNI (`vpdpbusd` on ymm registers). Only the
+    /// repacked tile kernels have VNNI versions; every other kernel runs its AVX2 code.
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
 }
 
 impl Isa {
@@ -73,7 +82,32 @@ impl Isa {
     /// The best instruction set this CPU supports, detected once and cached.
     pub fn detect() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| Isa::avx2().unwrap_or(Isa::SCALAR))
+        *BEST.get_or_init(|| {
+            let best = Isa::vnni().or_else(Isa::avx2).unwrap_or(Isa::SCALAR);
+            // `MINFER_ISA=avx2|scalar` caps the choice, to compare kernels on one machine.
+            match std::env::var("MINFER_ISA").as_deref() {
+                Ok("scalar") => Isa::SCALAR,
+                Ok("avx2") => Isa::avx2().unwrap_or(Isa::SCALAR),
+                _ => best,
+            }
+        })
+    }
+
+    /// The AVX2 kernels with VNNI tile kernels, or `None` when this CPU lacks AVX2, FMA,
+    /// F16C or any of AVX-512 F/BW/VL/VNNI.
+    pub fn vnni() -> Option<Isa> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Isa::avx2().is_some()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                return Some(Isa(IsaKind::Vnni));
+            }
+        }
+        None
     }
 
     /// The AVX2/FMA/F16C kernels, or `None` when this CPU lacks any of them.
@@ -90,7 +124,7 @@ impl Isa {
         None
     }
 
-    /// Whether this is the AVX2 instruction set.
+    /// Whether the AVX2 kernels run (true for [`Isa::vnni`] too, a superset).
     pub fn is_avx2(self) -> bool {
         self != Isa::SCALAR
     }
@@ -101,6 +135,8 @@ impl Isa {
             IsaKind::Scalar => "scalar",
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Vnni => "avx2+vnni",
         }
     }
 }
@@ -168,9 +204,9 @@ pub(crate) fn dot_unchecked<B: QuantDot, const NT: usize>(
     match isa.0 {
         IsaKind::Scalar => B::dot_scalar(w, x),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Avx2` value is only constructed after runtime detection of
-        // AVX2, FMA and F16C (see `Isa::avx2`).
-        IsaKind::Avx2 => unsafe { B::dot_avx2(w, x) },
+        // SAFETY: `Avx2` and `Vnni` values are only constructed after runtime detection
+        // of (at least) AVX2, FMA and F16C (see `Isa::avx2`, `Isa::vnni`).
+        IsaKind::Avx2 | IsaKind::Vnni => unsafe { B::dot_avx2(w, x) },
     }
 }
 

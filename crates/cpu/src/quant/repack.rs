@@ -65,6 +65,13 @@ pub(crate) trait Tile: bytemuck::Pod + Send + Sync {
     /// The CPU must support AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
     unsafe fn gemv_avx2<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT];
+
+    /// The VNNI kernel (bitwise equal to the AVX2 one).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn gemv_vnni<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT];
 }
 
 /// One activation row: Q8_0 blocks with their scales widened to f32 and their level sums.
@@ -129,6 +136,13 @@ impl Tile for TileQ8 {
     unsafe fn gemv_avx2<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT] {
         avx2::gemv_q8(w, y)
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    unsafe fn gemv_vnni<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT] {
+        // SAFETY: the caller guarantees the features.
+        unsafe { super::vnni::gemv_q8(w, y) }
+    }
 }
 
 impl Tile for TileQ5 {
@@ -178,6 +192,13 @@ impl Tile for TileQ5 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn gemv_avx2<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT] {
         avx2::gemv_q5(w, y)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    unsafe fn gemv_vnni<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT] {
+        // SAFETY: the caller guarantees the features.
+        unsafe { super::vnni::gemv_q5(w, y) }
     }
 }
 
@@ -314,7 +335,7 @@ mod avx2 {
     }
 }
 
-/// Dispatches to the scalar or AVX2 kernel of `T`.
+/// Dispatches to the scalar, AVX2 or VNNI kernel of `T`.
 #[inline]
 pub(crate) fn gemv<T: Tile, const NT: usize>(
     isa: super::Isa,
@@ -326,5 +347,8 @@ pub(crate) fn gemv<T: Tile, const NT: usize>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: an `Avx2` value exists only after runtime detection of AVX2, FMA, F16C.
         super::IsaKind::Avx2 => unsafe { T::gemv_avx2(w, y) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `Vnni` value exists only after runtime detection of its features.
+        super::IsaKind::Vnni => unsafe { T::gemv_vnni(w, y) },
     }
 }

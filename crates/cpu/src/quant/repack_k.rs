@@ -184,7 +184,7 @@ pub(crate) unsafe fn gemv_q4k_avx2<const NT: usize>(
     out
 }
 
-/// Dispatches to the scalar or AVX2 Q4_K tile kernel.
+/// Dispatches to the scalar, AVX2 or VNNI Q4_K tile kernel.
 #[inline]
 pub(crate) fn gemv_q4k<const NT: usize>(
     isa: super::Isa,
@@ -196,6 +196,9 @@ pub(crate) fn gemv_q4k<const NT: usize>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: an `Avx2` value exists only after runtime detection of AVX2, FMA, F16C.
         super::IsaKind::Avx2 => unsafe { gemv_q4k_avx2(w, y) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `Vnni` value exists only after runtime detection of its features.
+        super::IsaKind::Vnni => unsafe { super::vnni::gemv_q4k(w, y) },
     }
 }
 

@@ -32,7 +32,10 @@ pub(crate) fn dequantize_blocks<B: Block>(b: &[B]) -> Vec<f32> {
 
 /// The ISAs this machine can run, scalar first.
 pub(crate) fn isas() -> Vec<Isa> {
-    std::iter::once(Isa::SCALAR).chain(Isa::avx2()).collect()
+    std::iter::once(Isa::SCALAR)
+        .chain(Isa::avx2())
+        .chain(Isa::vnni())
+        .collect()
 }
 
 /// Checks `B`'s kernels on `n_blocks` random blocks against four activation rows:
