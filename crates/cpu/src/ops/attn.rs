@@ -5,8 +5,9 @@
 //! (token, head) pairs claimed dynamically by the pool's threads; each item is computed
 //! start to finish by one thread in a fixed order, so results do not depend on `-t`.
 //!
-//! Per item: `s_j = (q · k_j) * scale`, `p_j = exp(s_j - max s)`, `o = (Σ p_j v_j) / Σ p_j`,
-//! all accumulated in f32 (scores eight keys per reduction, the V sum held in registers).
+//! Per item: `s_j = (q · k_j) * scale`, `p_j = exp(s_j - max s)` (vectorised, with the C
+//! library's bits: see `exp`), `o = (Σ p_j v_j) / Σ p_j`, all accumulated in f32 (scores
+//! eight keys per reduction, the V sum held in registers).
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -142,11 +143,7 @@ fn head(
         *s *= scale;
         mx = mx.max(*s);
     }
-    let mut sum = 0.0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - mx).exp();
-        sum += *s;
-    }
+    let sum = isa.exp_sum(scores, mx);
     isa.weighted_rows(scores, v, nkt, lo * nkt + off, o);
     isa.scale(o, 1.0 / sum);
 }

@@ -5,11 +5,9 @@
 use super::{par_rows, ELEM_ROW, PAR_MIN_ELEMS};
 use crate::threadpool::ThreadPool;
 
-/// `x * sigmoid(x)` as ggml's scalar kernel computes it: `x / (1 + exp(-x))` in f32.
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
+use super::exp::expf;
+pub use super::exp::silu;
+use super::vec::VecIsa;
 
 /// A binary element-wise operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,14 +129,13 @@ pub fn swiglu(pool: &ThreadPool, gate: &[f32], up: &[f32], out: &mut [f32]) -> R
     Ok(())
 }
 
-/// Serial SwiGLU over equal-length slices.
+/// Serial SwiGLU over equal-length slices (vectorised; the same bits as [`silu`] then
+/// multiply).
 pub fn swiglu_slice(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    for ((y, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *y = silu(g) * u;
-    }
+    VecIsa::detect().swiglu(gate, up, out);
 }
 
-/// Softmax over rows of `d` values: `exp(x - max)` in f32, summed in f64 in order, then
+/// Softmax over rows of `d` values: `exp(x - max)` in f32 ([`expf`]), summed in f64 in order, then
 /// each value times `1 / sum` (as ggml's soft_max does).
 pub fn softmax_rows(pool: &ThreadPool, x: &[f32], out: &mut [f32], d: usize) -> Result<(), String> {
     let n = out.len();
@@ -154,7 +151,7 @@ pub fn softmax_rows(pool: &ThreadPool, x: &[f32], out: &mut [f32], d: usize) -> 
             let mx = xr.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let mut sum = 0.0f64;
             for (y, &v) in yr.iter_mut().zip(xr) {
-                *y = (v - mx).exp();
+                *y = expf(v - mx);
                 sum += f64::from(*y);
             }
             let inv = (1.0 / sum) as f32;

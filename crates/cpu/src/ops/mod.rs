@@ -7,6 +7,7 @@
 
 pub mod attn;
 pub mod elementwise;
+pub mod exp;
 pub mod get_rows;
 pub mod kv;
 pub mod layout;

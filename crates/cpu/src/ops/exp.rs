@@ -1,0 +1,333 @@
+//! The single-precision exponential of softmax and SiLU, vectorised, giving the bits of
+//! the C library's `expf` on x86-64 glibc (which `f32::exp` calls there).
+//!
+//! That `expf` (from Arm's optimized routines, FMA build) works in double precision:
+//! `z = x · 32/ln 2`, `k = round(z)` (by adding and subtracting `1.5 · 2^52`),
+//! `r = z - k`, `s = 2^(k/32)` from a 32-entry table plus `k`'s high bits in the exponent,
+//! and `exp(x) = s · (1 + c2 r + r² (c1 + c0 r))` with two fused multiply-adds, rounded
+//! once to f32. [`expf`] replays those steps exactly, and the AVX2 kernel does them four
+//! doubles at a time; inputs with `|x| >= 88` or NaN (the library's special-case branch)
+//! go to `f32::exp` itself. So the vectorised softmax and SwiGLU give the same bits as the
+//! scalar loops they replaced, and the outputs of the model do not move. (llama.cpp's own
+//! vectorised exponential differs from the library's in the last bit often enough that,
+//! used here, it moved near-tied top-1 choices against llama.cpp's reference logits.)
+
+use super::vec::VecIsa;
+
+/// `asuint64(2^(i/32)) - (i << 47)`: adding `k << 47` to entry `k % 32` gives `2^(k/32)`.
+const TAB: [u64; 32] = [
+    0x3ff0000000000000,
+    0x3fefd9b0d3158574,
+    0x3fefb5586cf9890f,
+    0x3fef9301d0125b51,
+    0x3fef72b83c7d517b,
+    0x3fef54873168b9aa,
+    0x3fef387a6e756238,
+    0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715,
+    0x3feef1a7373aa9cb,
+    0x3feedea64c123422,
+    0x3feece086061892d,
+    0x3feebfdad5362a27,
+    0x3feeb42b569d4f82,
+    0x3feeab07dd485429,
+    0x3feea47eb03a5585,
+    0x3feea09e667f3bcd,
+    0x3fee9f75e8ec5f74,
+    0x3feea11473eb0187,
+    0x3feea589994cce13,
+    0x3feeace5422aa0db,
+    0x3feeb737b0cdc5e5,
+    0x3feec49182a3f090,
+    0x3feed503b23e255d,
+    0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47,
+    0x3fef199bdd85529c,
+    0x3fef3720dcef9069,
+    0x3fef5818dcfba487,
+    0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da,
+    0x3fefd0765b6e4540,
+];
+/// `32 / ln 2`.
+const INV_LN2_N: f64 = f64::from_bits(0x4047_1547_652b_82fe);
+/// `1.5 · 2^52`: adding it rounds to an integer held in the low mantissa bits.
+const SHIFT: f64 = f64::from_bits(0x4338_0000_0000_0000);
+/// Polynomial coefficients for `2^(r/32)`, highest degree first.
+const C0: f64 = f64::from_bits(0x3fac_6af8_4b91_2394) / 32768.0;
+const C1: f64 = f64::from_bits(0x3fce_bfce_50fa_c4f3) / 1024.0;
+const C2: f64 = f64::from_bits(0x3fe6_2e42_ff0c_52d6) / 32.0;
+
+/// Whether `x` takes the library's special-case branch (`|x| >= 88`, infinities, NaN).
+#[inline]
+fn special(x: f32) -> bool {
+    (x.to_bits() >> 20) & 0x7ff >= 88f32.to_bits() >> 20
+}
+
+/// `exp(x)` in f32 by the algorithm of the module docs (the reference for the SIMD
+/// kernel; equal to `f32::exp` on x86-64 glibc).
+#[inline]
+pub fn expf(x: f32) -> f32 {
+    if special(x) {
+        return x.exp();
+    }
+    let z = INV_LN2_N * f64::from(x);
+    let kd = z + SHIFT;
+    let ki = kd.to_bits();
+    let kd = kd - SHIFT;
+    let r = z - kd;
+    let t = TAB[(ki % 32) as usize].wrapping_add(ki << 47);
+    let s = f64::from_bits(t);
+    let p = C0.mul_add(r, C1);
+    let y = C2.mul_add(r, 1.0);
+    let y = p.mul_add(r * r, y);
+    (y * s) as f32
+}
+
+/// `x · sigmoid(x)` as `x / (1 + exp(-x))` with [`expf`].
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + expf(-x))
+}
+
+impl VecIsa {
+    /// `s[i] = exp(s[i] - mx)` with [`expf`]; returns `Σ s[i]` summed in f32 in index
+    /// order (the order of the loop this replaced, so attention keeps its bits). The same
+    /// bits on every ISA.
+    pub fn exp_sum(self, s: &mut [f32], mx: f32) -> f32 {
+        match self {
+            VecIsa::Scalar => exp_sum_scalar(s, mx),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` exists only after AVX2 and FMA were detected.
+            VecIsa::Avx2 => unsafe { avx2::exp_sum(s, mx) },
+        }
+    }
+
+    /// `out[i] = silu(gate[i]) * up[i]` over the common length, with [`silu`].
+    pub fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        let n = out.len().min(gate.len()).min(up.len());
+        match self {
+            VecIsa::Scalar => swiglu_scalar(&gate[..n], &up[..n], &mut out[..n]),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` exists only after AVX2 and FMA were detected.
+            VecIsa::Avx2 => unsafe { avx2::swiglu(&gate[..n], &up[..n], &mut out[..n]) },
+        }
+    }
+}
+
+/// Scalar [`VecIsa::exp_sum`].
+pub fn exp_sum_scalar(s: &mut [f32], mx: f32) -> f32 {
+    let mut sum = 0.0f32;
+    for v in s.iter_mut() {
+        *v = expf(*v - mx);
+        sum += *v;
+    }
+    sum
+}
+
+/// Scalar [`VecIsa::swiglu`] over equal-length slices.
+pub fn swiglu_scalar(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((y, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *y = silu(g) * u;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// Four lanes of [`expf`] in double precision (no special-case inputs).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn exp4(x: __m128) -> __m128 {
+        let shift = _mm256_set1_pd(SHIFT);
+        let z = _mm256_mul_pd(_mm256_set1_pd(INV_LN2_N), _mm256_cvtps_pd(x));
+        let kd = _mm256_add_pd(z, shift);
+        let ki = _mm256_castpd_si256(kd);
+        let r = _mm256_sub_pd(z, _mm256_sub_pd(kd, shift));
+        let idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+        // SAFETY: every index is below 32, the table's length.
+        let tab = unsafe { _mm256_i64gather_epi64::<8>(TAB.as_ptr().cast(), idx) };
+        let s = _mm256_castsi256_pd(_mm256_add_epi64(tab, _mm256_slli_epi64::<47>(ki)));
+        let p = _mm256_fmadd_pd(_mm256_set1_pd(C0), r, _mm256_set1_pd(C1));
+        let y = _mm256_fmadd_pd(_mm256_set1_pd(C2), r, _mm256_set1_pd(1.0));
+        let y = _mm256_fmadd_pd(p, _mm256_mul_pd(r, r), y);
+        _mm256_cvtpd_ps(_mm256_mul_pd(y, s))
+    }
+
+    /// Eight lanes of [`expf`]; lanes with special inputs go to `f32::exp`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn exp8(x: __m256) -> __m256 {
+        // |x| >= 88, infinities and NaN: the top 12 bits without the sign at or above 88's.
+        let top = _mm256_and_si256(
+            _mm256_srli_epi32::<20>(_mm256_castps_si256(x)),
+            _mm256_set1_epi32(0x7ff),
+        );
+        let big = _mm256_cmpgt_epi32(top, _mm256_set1_epi32((88f32.to_bits() >> 20) as i32 - 1));
+        let lo = exp4(_mm256_castps256_ps128(x));
+        let hi = exp4(_mm256_extractf128_ps::<1>(x));
+        let e = _mm256_set_m128(hi, lo);
+        if _mm256_testz_si256(big, big) == 1 {
+            return e;
+        }
+        let (mut v, mut xs) = ([0.0f32; 8], [0.0f32; 8]);
+        // SAFETY: both arrays hold eight f32.
+        unsafe {
+            _mm256_storeu_ps(v.as_mut_ptr(), e);
+            _mm256_storeu_ps(xs.as_mut_ptr(), x);
+        }
+        for (v, &x) in v.iter_mut().zip(&xs) {
+            if special(x) {
+                *v = x.exp();
+            }
+        }
+        // SAFETY: as above.
+        unsafe { _mm256_loadu_ps(v.as_ptr()) }
+    }
+
+    /// # Safety
+    /// AVX2 and FMA must be available.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exp_sum(s: &mut [f32], mx: f32) -> f32 {
+        let n = s.len();
+        let p = s.as_mut_ptr();
+        let m = _mm256_set1_ps(mx);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n values of `s`.
+            unsafe {
+                _mm256_storeu_ps(p.add(i), exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m)))
+            };
+            i += 8;
+        }
+        for v in &mut s[i..] {
+            *v = expf(*v - mx);
+        }
+        // In index order, as the scalar loop sums.
+        s.iter().fold(0.0f32, |a, &v| a + v)
+    }
+
+    /// # Safety
+    /// AVX2 and FMA must be available; the slices have equal lengths.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        let n = out.len();
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n values of each slice.
+            unsafe {
+                let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+                let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+                let s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+                let y = _mm256_mul_ps(s, _mm256_loadu_ps(up.as_ptr().add(i)));
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), y);
+            }
+            i += 8;
+        }
+        swiglu_scalar(&gate[i..n], &up[i..n], &mut out[i..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::Rng;
+
+    fn ulps(a: f32, b: f64) -> f64 {
+        let ulp = f64::from(f32::EPSILON) * b.abs().max(f64::from(f32::MIN_POSITIVE));
+        (f64::from(a) - b).abs() / ulp
+    }
+
+    /// Within one ulp of the exact exponential over the finite range; the edges saturate.
+    #[test]
+    fn expf_is_accurate_and_saturates() {
+        let mut x = -103.0f32;
+        let mut worst = 0.0f64;
+        while x < 88.7 {
+            worst = worst.max(ulps(expf(x), f64::from(x).exp()));
+            x += 0.000_97;
+        }
+        assert!(worst <= 1.0, "worst error {worst} ulp");
+        assert_eq!(expf(0.0), 1.0);
+        assert_eq!(expf(-200.0), 0.0);
+        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf(200.0), f32::INFINITY);
+        assert_eq!(expf(f32::INFINITY), f32::INFINITY);
+        assert!(expf(f32::NAN).is_nan());
+        let sub = expf(-100.0);
+        assert!(sub > 0.0 && sub < f32::MIN_POSITIVE);
+    }
+
+    /// On x86-64 glibc with FMA (the library `f32::exp` calls there), [`expf`] is that
+    /// function bit for bit: sampled over every 61st f32 below 88 in magnitude.
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+    fn expf_equals_the_c_library() {
+        if !is_x86_feature_detected!("fma") {
+            return;
+        }
+        let limit = 88f32.to_bits();
+        let mut checked = 0u64;
+        for sign in [0u32, 0x8000_0000] {
+            for bits in (0..limit).step_by(61) {
+                let x = f32::from_bits(bits | sign);
+                assert_eq!(expf(x).to_bits(), x.exp().to_bits(), "x = {x:e}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 30_000_000);
+    }
+
+    /// The SIMD kernels give the scalar bits, on the fast path and on lanes that leave it.
+    #[test]
+    fn simd_matches_scalar_bitwise() {
+        let mut r = Rng::new(17);
+        let mut xs: Vec<f32> = (0..1003).map(|_| r.f32() * 40.0).collect();
+        xs.extend([
+            -87.9,
+            -88.0,
+            -103.9,
+            -150.0,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            90.0,
+            0.0,
+            -0.0,
+            88.5,
+            87.9,
+        ]);
+        let isa = VecIsa::detect();
+        for mx in [0.0f32, 3.5, -2.0] {
+            let mut a = xs.clone();
+            let mut b = xs.clone();
+            let sa = exp_sum_scalar(&mut a, mx);
+            let sb = isa.exp_sum(&mut b, mx);
+            assert_eq!(sa.to_bits(), sb.to_bits(), "sum, mx {mx}");
+            for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                assert_eq!(p.to_bits(), q.to_bits(), "x = {} mx {mx}", xs[i]);
+                assert_eq!(p.to_bits(), (xs[i] - mx).exp().to_bits());
+            }
+        }
+        let up: Vec<f32> = (0..xs.len()).map(|_| r.f32()).collect();
+        let gate: Vec<f32> = xs.iter().map(|x| x.clamp(-100.0, 100.0)).collect();
+        let mut a = vec![0.0; xs.len()];
+        let mut b = vec![0.0; xs.len()];
+        swiglu_scalar(&gate, &up, &mut a);
+        isa.swiglu(&gate, &up, &mut b);
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn silu_values() {
+        assert_eq!(silu(0.0), 0.0);
+        assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
+        assert!((silu(-20.0) + 20.0 * (-20f32).exp() / (1.0 + (-20f32).exp())).abs() < 1e-12);
+        assert_eq!(silu(100.0), 100.0);
+    }
+}
