@@ -2,8 +2,10 @@
 //!
 //! Query head `h` reads KV head `h / (n_head / n_head_kv)`. Token `t` attends to KV rows
 //! `0..=pos[t]` (causal), or to its explicit `[lo, hi)` span. Work items are
-//! (token, head) pairs claimed dynamically by the pool's threads; each item is computed
-//! start to finish by one thread in a fixed order, so results do not depend on `-t`.
+//! (token, KV head) pairs claimed dynamically by the pool's threads: the query heads that
+//! share a KV head read its K and V rows together, a block of keys at a time, so each
+//! block is loaded once per group. Each item is computed start to finish by one thread in
+//! a fixed order, so results do not depend on `-t`.
 //!
 //! Per item: `s_j = (q · k_j) * scale`, `p_j = exp(s_j - max s)` (vectorised, with the C
 //! library's bits: see `exp`), `o = (Σ p_j v_j) / Σ p_j`, all accumulated in f32 (scores
@@ -85,9 +87,14 @@ fn key_ranges(a: &AttnArgs, ranges: &mut Vec<(usize, usize)>) -> Result<(), Stri
 /// Checks every length the kernel indexes.
 fn validate(a: &AttnArgs, out_len: usize) -> Result<(), String> {
     let m = a.meta;
-    if m.hd == 0 || m.n_head == 0 || m.n_head_kv == 0 || !m.n_head.is_multiple_of(m.n_head_kv) {
+    if m.hd == 0
+        || m.n_head == 0
+        || m.n_head_kv == 0
+        || !m.n_head.is_multiple_of(m.n_head_kv)
+        || m.n_head / m.n_head_kv > MAX_GROUP
+    {
         return Err(format!(
-            "attention geometry: n_head {} n_head_kv {} hd {} (n_head must be a positive multiple of n_head_kv)",
+            "attention geometry: n_head {} n_head_kv {} hd {} (n_head must be a positive multiple of n_head_kv, at most {MAX_GROUP} times it)",
             m.n_head, m.n_head_kv, m.hd
         ));
     }
@@ -121,31 +128,97 @@ fn validate(a: &AttnArgs, out_len: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// One (token, head) item: scores into `scores`, the result into `o` (`hd` values).
+/// Query heads per KV head accepted (validated), so per-head sums live on the stack.
+const MAX_GROUP: usize = 64;
+
+/// `s[i] *= scale` and the largest result (eight lanes; the maximum is exact in any
+/// order, and NaN scores give NaN outputs either way).
+#[inline]
+fn scale_max(s: &mut [f32], scale: f32) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = s.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for (x, l) in c.iter_mut().zip(&mut lanes) {
+            *x *= scale;
+            *l = l.max(*x);
+        }
+    }
+    let mut mx = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for x in chunks.into_remainder() {
+        *x *= scale;
+        mx = mx.max(*x);
+    }
+    mx
+}
+
+/// Keys per block: one block of K (or V) rows for one KV head stays in L1 while every
+/// query head of the group reads it.
+const KEY_BLOCK: usize = 64;
+
+/// One (token, KV head) item: the scores of the group's query heads into `scores`
+/// (`group` rows of the key range's length), the results into `out`.
+///
+/// Each head's arithmetic is that of one head on its own (scores eight keys per
+/// reduction from the start of the range, the V sums continued block to block in key
+/// order), so grouping the heads and blocking the keys change no bits.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn head(
+fn group_item(
     isa: VecIsa,
-    qh: &[f32],
-    k: &[f32],
-    v: &[f32],
-    nkt: usize,
-    off: usize,
+    a: &AttnArgs,
+    t: usize,
+    g: usize,
     (lo, hi): (usize, usize),
-    scale: f32,
     scores: &mut [f32],
-    o: &mut [f32],
+    out: &SharedMut<f32>,
 ) {
-    let scores = &mut scores[..hi - lo];
-    isa.dot_rows(qh, k, nkt, lo * nkt + off, scores);
-    let mut mx = f32::NEG_INFINITY;
-    for s in scores.iter_mut() {
-        *s *= scale;
-        mx = mx.max(*s);
+    let m = a.meta;
+    let (hd, nkt, group) = (m.hd, m.nkt(), m.n_head / m.n_head_kv);
+    let len = hi - lo;
+    let off = g * hd;
+    let heads = g * group..(g + 1) * group;
+    let q = |h: usize| &a.q[t * a.q_stride + h * hd..][..hd];
+    let mut j0 = lo;
+    while j0 < hi {
+        let j1 = (j0 + KEY_BLOCK).min(hi);
+        for (i, h) in heads.clone().enumerate() {
+            let row = &mut scores[i * len + (j0 - lo)..i * len + (j1 - lo)];
+            isa.dot_rows(q(h), a.k, nkt, j0 * nkt + off, row);
+        }
+        j0 = j1;
     }
-    let sum = isa.exp_sum(scores, mx);
-    isa.weighted_rows(scores, v, nkt, lo * nkt + off, o);
-    isa.scale(o, 1.0 / sum);
+    for i in 0..group {
+        let row = &mut scores[i * len..(i + 1) * len];
+        let mx = scale_max(row, m.scale);
+        isa.exp_sub(row, mx);
+    }
+    // Each head's sum in key order (as one head alone sums), the heads interleaved so
+    // their addition chains overlap.
+    let mut sums = [0.0f32; MAX_GROUP];
+    let sums = &mut sums[..group];
+    for j in 0..len {
+        for (i, s) in sums.iter_mut().enumerate() {
+            *s += scores[i * len + j];
+        }
+    }
+    let qrow = m.n_head * hd;
+    let ob = t * qrow + heads.start * hd;
+    // SAFETY: item (t, g) owns the outputs of its heads, [ob, ob + group * hd); items are
+    // claimed once.
+    let o = unsafe { out.slice(ob..ob + group * hd) };
+    o.fill(0.0);
+    let mut j0 = lo;
+    while j0 < hi {
+        let j1 = (j0 + KEY_BLOCK).min(hi);
+        for (i, oh) in o.chunks_exact_mut(hd).enumerate() {
+            let p = &scores[i * len + (j0 - lo)..i * len + (j1 - lo)];
+            isa.weighted_rows_acc(p, a.v, nkt, j0 * nkt + off, oh);
+        }
+        j0 = j1;
+    }
+    for (oh, &sum) in o.chunks_exact_mut(hd).zip(sums.iter()) {
+        isa.scale(oh, 1.0 / sum);
+    }
 }
 
 /// Runs attention for every token and head into `out` (`nt` rows of `n_head * hd`).
@@ -159,7 +232,7 @@ pub fn attention(
     validate(a, out.len())?;
     key_ranges(a, &mut scratch.ranges)?;
     let m = a.meta;
-    let (hd, nkt, group) = (m.hd, m.nkt(), m.n_head / m.n_head_kv);
+    let (hd, group) = (m.hd, m.n_head / m.n_head_kv);
     let ranges = &scratch.ranges;
     let max_len = ranges.iter().map(|r| r.1 - r.0).max().unwrap_or(0);
     let work: usize = ranges.iter().map(|r| r.1 - r.0).sum::<usize>() * m.n_head * hd;
@@ -168,46 +241,33 @@ pub fn attention(
     } else {
         pool.n_threads()
     };
-    if scratch.scores.len() < nth * max_len {
+    // One score row per head of a group, per thread.
+    let per_thread = group * max_len;
+    if scratch.scores.len() < nth * per_thread {
         // Size for the whole region at once: growing with the sequence would reallocate
         // during decode.
-        scratch.scores.resize(nth * max_len.max(m.n_ctx), 0.0);
+        scratch
+            .scores
+            .resize(nth * group * max_len.max(m.n_ctx), 0.0);
     }
-    let items = a.nt * m.n_head;
-    let qrow = m.n_head * hd;
+    let items = a.nt * m.n_head_kv;
     let run_item = |item: usize, scores: &mut [f32], out: &SharedMut<f32>| {
-        let (t, h) = (item / m.n_head, item % m.n_head);
-        let qb = t * a.q_stride + h * hd;
-        let ob = t * qrow + h * hd;
-        // SAFETY: item (t, h) owns output values [ob, ob + hd); items are claimed once.
-        let o = unsafe { out.slice(ob..ob + hd) };
-        let off = (h / group) * hd;
-        head(
-            isa,
-            &a.q[qb..qb + hd],
-            a.k,
-            a.v,
-            nkt,
-            off,
-            ranges[t],
-            m.scale,
-            scores,
-            o,
-        );
+        let (t, g) = (item / m.n_head_kv, item % m.n_head_kv);
+        group_item(isa, a, t, g, ranges[t], scores, out);
     };
-    let shared_out = SharedMut::new(&mut out[..items * hd]);
+    let shared_out = SharedMut::new(&mut out[..a.nt * m.n_head * hd]);
     if nth == 1 {
-        let scores = &mut scratch.scores[..max_len];
+        let scores = &mut scratch.scores[..per_thread];
         for item in 0..items {
             run_item(item, scores, &shared_out);
         }
         return Ok(());
     }
-    let shared_scores = SharedMut::new(&mut scratch.scores[..nth * max_len]);
+    let shared_scores = SharedMut::new(&mut scratch.scores[..nth * per_thread]);
     let next = AtomicUsize::new(0);
     pool.run(&|ith, _| {
-        // SAFETY: thread `ith` alone uses score row `ith`.
-        let scores = unsafe { shared_scores.slice(ith * max_len..(ith + 1) * max_len) };
+        // SAFETY: thread `ith` alone uses score block `ith`.
+        let scores = unsafe { shared_scores.slice(ith * per_thread..(ith + 1) * per_thread) };
         loop {
             let item = next.fetch_add(1, Relaxed);
             if item >= items {
@@ -310,6 +370,76 @@ mod tests {
         for w in results.windows(2) {
             if w[0].0 == w[1].0 {
                 assert_eq!(w[0].1, w[1].1, "thread count changed the result");
+            }
+        }
+    }
+
+    /// Grouping heads and blocking keys give the bits of one head at a time over the
+    /// whole key range (ranges longer than a block and not a multiple of eight).
+    #[test]
+    fn grouped_blocks_equal_one_head_at_a_time() {
+        let m = AttnMeta {
+            layer: 0,
+            n_head: 6,
+            n_head_kv: 2,
+            hd: 32,
+            scale: 0.18,
+            n_ctx: 300,
+        };
+        let mut r = Rng::new(9);
+        let positions = [0i32, 7, 64, 130, 299];
+        let nt = positions.len();
+        let q = r.vec(nt * m.n_head * m.hd);
+        let k = r.vec(m.nkt() * m.n_ctx);
+        let v = r.vec(m.nkt() * m.n_ctx);
+        let pos: Vec<f32> = positions
+            .iter()
+            .map(|&p| f32::from_bits(p as u32))
+            .collect();
+        let a = AttnArgs {
+            meta: &m,
+            q: &q,
+            q_stride: m.n_head * m.hd,
+            nt,
+            pos: &pos,
+            span: None,
+            k: &k,
+            v: &v,
+        };
+        for isa in [VecIsa::Scalar, VecIsa::detect()] {
+            let mut out = vec![f32::NAN; nt * m.n_head * m.hd];
+            attention(
+                &ThreadPool::new(2),
+                isa,
+                &a,
+                &mut out,
+                &mut AttnScratch::default(),
+            )
+            .unwrap();
+            for (t, &p) in positions.iter().enumerate() {
+                let len = p as usize + 1;
+                for h in 0..m.n_head {
+                    let qh = &q[(t * m.n_head + h) * m.hd..][..m.hd];
+                    let off = (h / 3) * m.hd;
+                    let mut s = vec![0.0; len];
+                    isa.dot_rows(qh, &k, m.nkt(), off, &mut s);
+                    let mut mx = f32::NEG_INFINITY;
+                    for x in s.iter_mut() {
+                        *x *= m.scale;
+                        mx = mx.max(*x);
+                    }
+                    isa.exp_sub(&mut s, mx);
+                    let sum = s.iter().fold(0.0f32, |a, &b| a + b);
+                    let mut o = vec![0.0; m.hd];
+                    isa.weighted_rows(&s, &v, m.nkt(), off, &mut o);
+                    isa.scale(&mut o, 1.0 / sum);
+                    let got = &out[(t * m.n_head + h) * m.hd..][..m.hd];
+                    assert_eq!(
+                        got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        o.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        "{isa:?} token {t} head {h}"
+                    );
+                }
             }
         }
     }

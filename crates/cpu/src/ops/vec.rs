@@ -73,12 +73,28 @@ impl VecIsa {
     /// `v` must hold every row read.
     #[inline]
     pub fn weighted_rows(self, p: &[f32], v: &[f32], stride: usize, first: usize, o: &mut [f32]) {
+        o.fill(0.0);
+        self.weighted_rows_acc(p, v, stride, first, o);
+    }
+
+    /// `o += Σ_i p[i] * v[first + i*stride ..][..o.len()]`, continuing each element's sum
+    /// in `i` order: splitting the rows over consecutive calls gives the bits of one call.
+    /// `v` must hold every row read.
+    #[inline]
+    pub fn weighted_rows_acc(
+        self,
+        p: &[f32],
+        v: &[f32],
+        stride: usize,
+        first: usize,
+        o: &mut [f32],
+    ) {
         check_rows(o.len(), v.len(), stride, first, p.len());
         match self {
-            VecIsa::Scalar => weighted_rows_scalar(p, v, stride, first, o),
+            VecIsa::Scalar => weighted_rows_acc_scalar(p, v, stride, first, o),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` exists only after AVX2 and FMA were detected; rows are in bounds.
-            VecIsa::Avx2 => unsafe { avx2::weighted_rows(p, v, stride, first, o) },
+            VecIsa::Avx2 => unsafe { avx2::weighted_rows_acc(p, v, stride, first, o) },
         }
     }
 
@@ -134,6 +150,11 @@ pub fn dot_rows_scalar(q: &[f32], k: &[f32], stride: usize, first: usize, out: &
 /// Reference weighted sum: zero, then one [`axpy_scalar`] per row in order.
 pub fn weighted_rows_scalar(p: &[f32], v: &[f32], stride: usize, first: usize, o: &mut [f32]) {
     o.fill(0.0);
+    weighted_rows_acc_scalar(p, v, stride, first, o);
+}
+
+/// Reference accumulating weighted sum: one [`axpy_scalar`] per row in order.
+pub fn weighted_rows_acc_scalar(p: &[f32], v: &[f32], stride: usize, first: usize, o: &mut [f32]) {
     let hd = o.len();
     for (i, &w) in p.iter().enumerate() {
         let b = first + i * stride;
@@ -230,15 +251,22 @@ mod avx2 {
         }
     }
 
-    /// The output in chunks of up to 64 values held in registers across all rows.
+    /// The output in chunks of up to 64 values held in registers across all rows, loaded
+    /// from `o` and stored back.
     ///
     /// # Safety
     /// AVX2 and FMA must be available; every row read lies inside `v`.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn weighted_rows(p: &[f32], v: &[f32], stride: usize, first: usize, o: &mut [f32]) {
+    pub unsafe fn weighted_rows_acc(
+        p: &[f32],
+        v: &[f32],
+        stride: usize,
+        first: usize,
+        o: &mut [f32],
+    ) {
         let hd = o.len();
         if !hd.is_multiple_of(8) {
-            super::weighted_rows_scalar(p, v, stride, first, o);
+            super::weighted_rows_acc_scalar(p, v, stride, first, o);
             return;
         }
         let pv = v.as_ptr();
@@ -246,6 +274,9 @@ mod avx2 {
         while c0 < hd {
             let w = (hd - c0).min(64) / 8;
             let mut acc = [_mm256_setzero_ps(); 8];
+            for (j, a) in acc[..w].iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(o.as_ptr().add(c0 + 8 * j));
+            }
             for (i, &pi) in p.iter().enumerate() {
                 let s = _mm256_set1_ps(pi);
                 let row = pv.add(first + i * stride + c0);
