@@ -29,6 +29,12 @@ pub(super) trait AffineLevels: Copy {
     fn scale_min(&self) -> (f16, f16);
     /// The 32 unsigned levels, element order.
     fn levels(&self) -> [u8; 32];
+    /// The 32 unsigned levels in one register.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn levels_avx2(&self) -> std::arch::x86_64::__m256i;
 }
 
 /// Scalar replay of the lane-structured signed kernel.
@@ -119,6 +125,44 @@ pub(super) unsafe fn dot_signed_avx2<W: SignedLevels, const NT: usize>(
     let mut out = [0.0; NT];
     for t in 0..NT {
         out[t] = hsum_ps(acc[t]);
+    }
+    out
+}
+
+/// AVX2 version of [`dot_affine_scalar`]: the same exact integers and float steps.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_affine_avx2<W: AffineLevels, const NT: usize>(
+    w: &[W],
+    x: [&[BlockQ8_0]; NT],
+) -> [f32; NT] {
+    use super::simd::{dot_u8i8_epi32, f16_to_f32, hsum_epi32, hsum_ps, load32};
+    use std::arch::x86_64::*;
+    let x = x.map(|a| &a[..w.len()]);
+    let ones = _mm256_set1_epi8(1);
+    let mut acc = [_mm256_setzero_ps(); NT];
+    let mut mins = [0.0f32; NT];
+    for (i, wb) in w.iter().enumerate() {
+        // Levels <= 31 against |y| <= 127: pair sums stay far inside i16.
+        let q = wb.levels_avx2();
+        let (dw, mw) = wb.scale_min();
+        let (dw, mw) = (f16_to_f32(dw.to_bits()), f16_to_f32(mw.to_bits()));
+        for t in 0..NT {
+            let xb = &x[t][i];
+            let y = load32(&xb.qs);
+            let dy = f16_to_f32(xb.d.to_bits());
+            let s = _mm256_cvtepi32_ps(dot_u8i8_epi32(q, y));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(dw * dy), s));
+            let sy = hsum_epi32(dot_u8i8_epi32(ones, y));
+            mins[t] += (mw * dy) * sy as f32;
+        }
+    }
+    let mut out = [0.0; NT];
+    for t in 0..NT {
+        out[t] = hsum_ps(acc[t]) + mins[t];
     }
     out
 }

@@ -1,4 +1,4 @@
-//! Q4_1 weights · Q8_0 activations (scalar kernel on every ISA).
+//! Q4_1 weights · Q8_0 activations.
 
 use super::legacy::{dot_affine_scalar, AffineLevels};
 use super::QuantDot;
@@ -18,6 +18,13 @@ impl AffineLevels for BlockQ4_1 {
         }
         q
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn levels_avx2(&self) -> std::arch::x86_64::__m256i {
+        super::simd::nibbles_16(&self.qs)
+    }
 }
 
 impl QuantDot for BlockQ4_1 {
@@ -25,6 +32,12 @@ impl QuantDot for BlockQ4_1 {
 
     fn dot_scalar<const NT: usize>(w: &[Self], x: [&[BlockQ8_0]; NT]) -> [f32; NT] {
         dot_affine_scalar(w, x)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_avx2<const NT: usize>(w: &[Self], x: [&[BlockQ8_0]; NT]) -> [f32; NT] {
+        super::legacy::dot_affine_avx2(w, x)
     }
 }
 

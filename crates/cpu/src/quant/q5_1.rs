@@ -1,4 +1,4 @@
-//! Q5_1 weights · Q8_0 activations (scalar kernel on every ISA).
+//! Q5_1 weights · Q8_0 activations.
 
 use super::legacy::{dot_affine_scalar, AffineLevels};
 use super::QuantDot;
@@ -19,6 +19,20 @@ impl AffineLevels for BlockQ5_1 {
         }
         q
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn levels_avx2(&self) -> std::arch::x86_64::__m256i {
+        use super::simd::{bytes_from_bits_32, nibbles_16};
+        use std::arch::x86_64::*;
+        // The fifth bit of element j is bit j of `qh`.
+        let hi = _mm256_and_si256(
+            bytes_from_bits_32(u32::from_le_bytes(self.qh)),
+            _mm256_set1_epi8(0x10),
+        );
+        _mm256_or_si256(nibbles_16(&self.qs), hi)
+    }
 }
 
 impl QuantDot for BlockQ5_1 {
@@ -26,6 +40,12 @@ impl QuantDot for BlockQ5_1 {
 
     fn dot_scalar<const NT: usize>(w: &[Self], x: [&[BlockQ8_0]; NT]) -> [f32; NT] {
         dot_affine_scalar(w, x)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_avx2<const NT: usize>(w: &[Self], x: [&[BlockQ8_0]; NT]) -> [f32; NT] {
+        super::legacy::dot_affine_avx2(w, x)
     }
 }
 
