@@ -220,8 +220,8 @@ pub(crate) unsafe fn gemv_q6k<const NT: usize>(
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
         // SAFETY (all loads below): offsets stay inside the tile's and the activation
-        // block's arrays (16 bytes of `d` and of `sc` at 16j < 128, 32 of `ql` at
-        // 128j + 32m < 1024 and of `qh` at 64j + 32h < 512, 32 activation levels at
+        // block's arrays (16 bytes of `d` and of `sc` at 16j < 128, 32 of `q` at
+        // 192j + 32m + 32 <= 1536 and at 192j + 128 + 32h + 32 <= 1536, 32 activation levels at
         // 32j < 256, 32 of bsums).
         let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(tile.d.as_ptr().cast()) });
         let mut sumi = [_mm256_setzero_si256(); NT];
@@ -236,13 +236,14 @@ pub(crate) unsafe fn gemv_q6k<const NT: usize>(
             let s_od = _mm256_srai_epi32(sc, 16);
             let mut u = [_mm256_setzero_si256(); 8];
             for m in 0..4 {
-                let n =
-                    unsafe { _mm256_loadu_si256(tile.ql.as_ptr().add(128 * j + 32 * m).cast()) };
+                let n = unsafe { _mm256_loadu_si256(tile.q.as_ptr().add(192 * j + 32 * m).cast()) };
                 u[2 * m] = _mm256_and_si256(n, m4);
                 u[2 * m + 1] = _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
             }
             for h in 0..2 {
-                let q = unsafe { _mm256_loadu_si256(tile.qh.as_ptr().add(64 * j + 32 * h).cast()) };
+                let q = unsafe {
+                    _mm256_loadu_si256(tile.q.as_ptr().add(192 * j + 128 + 32 * h).cast())
+                };
                 // Bits 2i'..2i'+2 moved to bits 4..6, as in the AVX2 kernel.
                 let k = 4 * h;
                 u[k] = _mm256_or_si256(u[k], _mm256_and_si256(_mm256_slli_epi16(q, 4), m30));
