@@ -113,6 +113,7 @@ pub(crate) unsafe fn gemv_q5<const NT: usize>(w: &[TileQ5], y: [Act<'_>; NT]) ->
         let h = unsafe { _mm256_loadu_si256(tile.hb.as_ptr().cast()) };
         let mut u = [_mm256_setzero_si256(); 8];
         for m in 0..4 {
+            // SAFETY: the tile's 128 nibble bytes hold 32m + 32.
             let nib = unsafe { _mm256_loadu_si256(tile.nib.as_ptr().add(32 * m).cast()) };
             // Bit k of each `hb` byte moved to bit 4 (16-bit shifts by at most 4 keep the
             // moved bit inside its byte), as in the AVX2 kernel.
@@ -160,11 +161,13 @@ pub(crate) unsafe fn gemv_q4k<const NT: usize>(
         let dm = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(tile.dmin.as_ptr().cast()) });
         let mut sumi = [_mm256_setzero_si256(); NT];
         for j in 0..8 {
+            // SAFETY: 8 scale bytes at 8j < 64.
             let s = _mm256_cvtepu8_epi32(unsafe {
                 _mm_loadl_epi64(tile.sc.as_ptr().add(8 * j).cast())
             });
             let mut u = [_mm256_setzero_si256(); 8];
             for m in 0..4 {
+                // SAFETY: 32 bytes at 128j + 32m < 1024.
                 let n =
                     unsafe { _mm256_loadu_si256(tile.qs.as_ptr().add(128 * j + 32 * m).cast()) };
                 u[2 * m] = _mm256_and_si256(n, m4);
@@ -173,13 +176,16 @@ pub(crate) unsafe fn gemv_q4k<const NT: usize>(
             for t in 0..NT {
                 // Row sums over the sub-block's 32 elements (|sum| <= 60960), times the
                 // row's 6-bit scale.
+                // SAFETY: 32j + 32 <= 256 activation levels.
                 let qs = unsafe { y[t][b].qs.as_ptr().add(32 * j) };
+                // SAFETY: `qs` points at 32 readable levels.
                 let v = unsafe { dot_regs(&u, qs, 0..8) };
                 sumi[t] = _mm256_add_epi32(sumi[t], _mm256_mullo_epi32(v, s));
             }
         }
         for t in 0..NT {
             let yb = &y[t][b];
+            // SAFETY: the block's 16 bsums are 32 bytes.
             let bs = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr().cast()) };
             // i16 lane j: bsum 2j + bsum 2j+1 (within ±4064); i32 lane q: pairs 2q, 2q+1.
             let pairs = _mm256_castsi128_si256(_mm_hadd_epi16(
@@ -188,6 +194,7 @@ pub(crate) unsafe fn gemv_q4k<const NT: usize>(
             ));
             let mut summ = _mm256_setzero_si256();
             for q in 0..4 {
+                // SAFETY: 16 min bytes at 16q < 64.
                 let mq = _mm256_cvtepu8_epi16(unsafe {
                     _mm_loadu_si128(tile.mins.as_ptr().add(16 * q).cast())
                 });
@@ -229,6 +236,7 @@ pub(crate) unsafe fn gemv_q6k<const NT: usize>(
         for j in 0..8 {
             // i16 lanes (2r, 2r+1): row r's scales of groups 2j and 2j+1; as i32 lanes,
             // the even group's scale in the low half and the odd group's in the high.
+            // SAFETY: 16 scale bytes at 16j < 128.
             let sc = _mm256_cvtepi8_epi16(unsafe {
                 _mm_loadu_si128(tile.sc.as_ptr().add(16 * j).cast())
             });
@@ -236,11 +244,13 @@ pub(crate) unsafe fn gemv_q6k<const NT: usize>(
             let s_od = _mm256_srai_epi32(sc, 16);
             let mut u = [_mm256_setzero_si256(); 8];
             for m in 0..4 {
+                // SAFETY: 32 bytes at 192j + 32m, inside the 1536.
                 let n = unsafe { _mm256_loadu_si256(tile.q.as_ptr().add(192 * j + 32 * m).cast()) };
                 u[2 * m] = _mm256_and_si256(n, m4);
                 u[2 * m + 1] = _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
             }
             for h in 0..2 {
+                // SAFETY: 32 bytes at 192j + 128 + 32h, inside the 1536.
                 let q = unsafe {
                     _mm256_loadu_si256(tile.q.as_ptr().add(192 * j + 128 + 32 * h).cast())
                 };
@@ -254,14 +264,18 @@ pub(crate) unsafe fn gemv_q6k<const NT: usize>(
                     _mm256_or_si256(u[k + 3], _mm256_and_si256(_mm256_srli_epi16(q, 2), m30));
             }
             for t in 0..NT {
+                // SAFETY: 32j + 32 <= 256 activation levels.
                 let qs = unsafe { y[t][b].qs.as_ptr().add(32 * j) };
                 // Group sums over 16 elements (|sum| <= 129024), times the signed scales.
+                // SAFETY: `qs` points at 32 readable levels.
                 let ev = unsafe { dot_regs(&u, qs, 0..4) };
+                // SAFETY: `qs` points at 32 readable levels.
                 let od = unsafe { dot_regs(&u, qs, 4..8) };
                 let v =
                     _mm256_add_epi32(_mm256_mullo_epi32(ev, s_ev), _mm256_mullo_epi32(od, s_od));
                 sumi[t] = _mm256_add_epi32(sumi[t], v);
                 // i32 lane j of the bsums: groups 2j and 2j+1.
+                // SAFETY: the block's 16 bsums are 32 bytes.
                 let bs = unsafe { _mm256_loadu_si256(y[t][b].bsums.as_ptr().cast()) };
                 let bj = _mm256_permutevar8x32_epi32(bs, _mm256_set1_epi32(j as i32));
                 corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(sc, bj));
