@@ -145,6 +145,41 @@ impl Tile for TileQ8 {
     }
 }
 
+impl TileQ5 {
+    /// The block as eight registers of unsigned levels `q + 16`: register `k`, byte
+    /// `4r + i` is row `r`, element `4k + i` (the AVX2 and VNNI kernels' operand).
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn unpack_avx2(&self) -> [std::arch::x86_64::__m256i; 8] {
+        use std::arch::x86_64::*;
+        let (m4, b4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+        // SAFETY: `hb` is 32 bytes.
+        let h = unsafe { _mm256_loadu_si256(self.hb.as_ptr().cast()) };
+        // Bit k of each byte moved to bit 4 (16-bit shifts by at most 4 keep the moved bit
+        // inside its byte).
+        let hi = [
+            _mm256_and_si256(_mm256_slli_epi16(h, 4), b4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 3), b4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 2), b4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 1), b4),
+            _mm256_and_si256(h, b4),
+            _mm256_and_si256(_mm256_srli_epi16(h, 1), b4),
+            _mm256_and_si256(_mm256_srli_epi16(h, 2), b4),
+            _mm256_and_si256(_mm256_srli_epi16(h, 3), b4),
+        ];
+        let mut u = [_mm256_setzero_si256(); 8];
+        for m in 0..4 {
+            // SAFETY: 32 bytes at 32m + 32 <= 128 of `nib`.
+            let n = unsafe { _mm256_loadu_si256(self.nib.as_ptr().add(32 * m).cast()) };
+            u[2 * m] = _mm256_or_si256(_mm256_and_si256(n, m4), hi[2 * m]);
+            u[2 * m + 1] =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n, 4), m4), hi[2 * m + 1]);
+        }
+        u
+    }
+}
+
 impl Tile for TileQ5 {
     type Src = BlockQ5_0;
 
@@ -287,32 +322,11 @@ mod avx2 {
     ) -> [[f32; 8]; NT] {
         let y = y.map(|a| a.take(w.len()));
         let ones = _mm256_set1_epi16(1);
-        let m4 = _mm256_set1_epi8(0x0f);
-        let b4 = _mm256_set1_epi8(0x10);
         let mut acc = [_mm256_setzero_ps(); NT];
         for (b, tile) in w.iter().enumerate() {
             // SAFETY: 16 bytes of scales, 32 of fifth bits, 4 x 32 of nibbles.
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(tile.d.as_ptr().cast()));
-            let h = _mm256_loadu_si256(tile.hb.as_ptr().cast());
-            // Bit k of each byte moved to bit 4 (16-bit shifts by at most 4 keep the moved
-            // bit inside its byte).
-            let hi = [
-                _mm256_and_si256(_mm256_slli_epi16(h, 4), b4),
-                _mm256_and_si256(_mm256_slli_epi16(h, 3), b4),
-                _mm256_and_si256(_mm256_slli_epi16(h, 2), b4),
-                _mm256_and_si256(_mm256_slli_epi16(h, 1), b4),
-                _mm256_and_si256(h, b4),
-                _mm256_and_si256(_mm256_srli_epi16(h, 1), b4),
-                _mm256_and_si256(_mm256_srli_epi16(h, 2), b4),
-                _mm256_and_si256(_mm256_srli_epi16(h, 3), b4),
-            ];
-            let mut u = [_mm256_setzero_si256(); 8];
-            for m in 0..4 {
-                let n = _mm256_loadu_si256(tile.nib.as_ptr().add(32 * m).cast());
-                u[2 * m] = _mm256_or_si256(_mm256_and_si256(n, m4), hi[2 * m]);
-                u[2 * m + 1] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n, 4), m4), hi[2 * m + 1]);
-            }
+            let u = tile.unpack_avx2();
             for t in 0..NT {
                 let qs = &y[t].q[b].qs;
                 // (A loop, not `array::from_fn`: closures do not inherit target features.)

@@ -68,6 +68,25 @@ impl TileQ4K {
         ((byte >> (4 * (k % 2))) & 0x0f) as i32
     }
 
+    /// Sub-block `j` (`0..8`) as eight registers of levels: register `k`, byte `4r + i`
+    /// is row `r`, element `32j + 4k + i` (the AVX2 and VNNI kernels' operand).
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn unpack_avx2(&self, j: usize) -> [std::arch::x86_64::__m256i; 8] {
+        use std::arch::x86_64::*;
+        let q = &self.qs[128 * j..128 * j + 128];
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut u = [_mm256_setzero_si256(); 8];
+        for m in 0..4 {
+            // SAFETY: 32 bytes at 32m + 32 <= 128.
+            let n = unsafe { _mm256_loadu_si256(q.as_ptr().add(32 * m).cast()) };
+            u[2 * m] = _mm256_and_si256(n, m4);
+            u[2 * m + 1] = _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
+        }
+        u
+    }
+
     /// The 6-bit (scale, min) of row `r`, sub-block `j`.
     pub(crate) fn scale_min(&self, r: usize, j: usize) -> (i32, i32) {
         (
@@ -120,7 +139,6 @@ pub(crate) unsafe fn gemv_q4k_avx2<const NT: usize>(
 ) -> [[f32; 8]; NT] {
     use std::arch::x86_64::*;
     let y = y.map(|a| &a[..w.len()]);
-    let m4 = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
         // SAFETY (all loads below): offsets stay inside the tile's and the activation
@@ -133,12 +151,7 @@ pub(crate) unsafe fn gemv_q4k_avx2<const NT: usize>(
             // Row r's scale in both i16 lanes of i32 lane r, to `madd` with pair sums.
             let s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(tile.sc.as_ptr().add(8 * j).cast()));
             let s = _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
-            let mut u = [_mm256_setzero_si256(); 8];
-            for m in 0..4 {
-                let n = _mm256_loadu_si256(tile.qs.as_ptr().add(128 * j + 32 * m).cast());
-                u[2 * m] = _mm256_and_si256(n, m4);
-                u[2 * m + 1] = _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
-            }
+            let u = tile.unpack_avx2(j);
             for t in 0..NT {
                 let qs = y[t][b].qs.as_ptr().add(32 * j);
                 let mut p = [_mm256_setzero_si256(); 8];

@@ -80,6 +80,36 @@ impl TileQ6K {
     pub(crate) fn scale(&self, r: usize, g: usize) -> i32 {
         self.sc[16 * (g / 2) + 2 * r + g % 2] as i32
     }
+
+    /// Sub-block `j` (`0..8`) as eight registers of unsigned levels: register `k`, byte
+    /// `4r + i` is row `r`, element `32j + 4k + i` (the AVX2 and VNNI kernels' operand).
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn unpack_avx2(&self, j: usize) -> [std::arch::x86_64::__m256i; 8] {
+        use std::arch::x86_64::*;
+        let q = &self.q[192 * j..192 * j + 192];
+        let (m4, m30) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+        let mut u = [_mm256_setzero_si256(); 8];
+        for m in 0..4 {
+            // SAFETY: 32 bytes at 32m + 32 <= 128 of the sub-block's 192.
+            let n = unsafe { _mm256_loadu_si256(q.as_ptr().add(32 * m).cast()) };
+            u[2 * m] = _mm256_and_si256(n, m4);
+            u[2 * m + 1] = _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
+        }
+        for h in 0..2 {
+            // SAFETY: 32 bytes at 128 + 32h + 32 <= 192.
+            let t = unsafe { _mm256_loadu_si256(q.as_ptr().add(128 + 32 * h).cast()) };
+            // Bits 2i'..2i'+2 moved to bits 4..6 (16-bit shifts by at most 4 only carry
+            // bits the mask removes).
+            let k = 4 * h;
+            u[k] = _mm256_or_si256(u[k], _mm256_and_si256(_mm256_slli_epi16(t, 4), m30));
+            u[k + 1] = _mm256_or_si256(u[k + 1], _mm256_and_si256(_mm256_slli_epi16(t, 2), m30));
+            u[k + 2] = _mm256_or_si256(u[k + 2], _mm256_and_si256(t, m30));
+            u[k + 3] = _mm256_or_si256(u[k + 3], _mm256_and_si256(_mm256_srli_epi16(t, 2), m30));
+        }
+        u
+    }
 }
 
 /// Scalar reference: for each of `NT` activation rows, the eight row results of the tile
@@ -123,8 +153,6 @@ pub(crate) unsafe fn gemv_q6k_avx2<const NT: usize>(
 ) -> [[f32; 8]; NT] {
     use std::arch::x86_64::*;
     let y = y.map(|a| &a[..w.len()]);
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m30 = _mm256_set1_epi8(0x30);
     // Duplicate the even (odd) i16 lane of each i32 lane into both of its halves.
     let even = _mm256_setr_epi8(
         0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12,
@@ -144,24 +172,7 @@ pub(crate) unsafe fn gemv_q6k_avx2<const NT: usize>(
             // i16 lanes (2r, 2r+1): row r's scales of groups 2j and 2j+1.
             let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(tile.sc.as_ptr().add(16 * j).cast()));
             let (s_ev, s_od) = (_mm256_shuffle_epi8(sc, even), _mm256_shuffle_epi8(sc, odd));
-            let mut u = [_mm256_setzero_si256(); 8];
-            for m in 0..4 {
-                let n = _mm256_loadu_si256(tile.q.as_ptr().add(192 * j + 32 * m).cast());
-                u[2 * m] = _mm256_and_si256(n, m4);
-                u[2 * m + 1] = _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
-            }
-            for h in 0..2 {
-                let q = _mm256_loadu_si256(tile.q.as_ptr().add(192 * j + 128 + 32 * h).cast());
-                // Bits 2i'..2i'+2 moved to bits 4..6 (16-bit shifts by at most 4 only
-                // carry bits the mask removes).
-                let k = 4 * h;
-                u[k] = _mm256_or_si256(u[k], _mm256_and_si256(_mm256_slli_epi16(q, 4), m30));
-                u[k + 1] =
-                    _mm256_or_si256(u[k + 1], _mm256_and_si256(_mm256_slli_epi16(q, 2), m30));
-                u[k + 2] = _mm256_or_si256(u[k + 2], _mm256_and_si256(q, m30));
-                u[k + 3] =
-                    _mm256_or_si256(u[k + 3], _mm256_and_si256(_mm256_srli_epi16(q, 2), m30));
-            }
+            let u = tile.unpack_avx2(j);
             for t in 0..NT {
                 let qs = y[t][b].qs.as_ptr().add(32 * j);
                 let mut p = [_mm256_setzero_si256(); 8];

@@ -104,31 +104,11 @@ pub(crate) unsafe fn gemv_q8<const NT: usize>(w: &[TileQ8], y: [Act<'_>; NT]) ->
 pub(crate) unsafe fn gemv_q5<const NT: usize>(w: &[TileQ5], y: [Act<'_>; NT]) -> [[f32; 8]; NT] {
     let n = w.len();
     let y = y.map(|a| (&a.q[..n], &a.d[..n], &a.s[..n]));
-    let m4 = _mm256_set1_epi8(0x0f);
-    let b4 = _mm256_set1_epi8(0x10);
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
-        // SAFETY (loads): 16 bytes of scales, 32 of fifth bits, 4 x 32 of nibbles.
+        // SAFETY: 16 bytes of scales.
         let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(tile.d.as_ptr().cast()) });
-        let h = unsafe { _mm256_loadu_si256(tile.hb.as_ptr().cast()) };
-        let mut u = [_mm256_setzero_si256(); 8];
-        for m in 0..4 {
-            // SAFETY: the tile's 128 nibble bytes hold 32m + 32.
-            let nib = unsafe { _mm256_loadu_si256(tile.nib.as_ptr().add(32 * m).cast()) };
-            // Bit k of each `hb` byte moved to bit 4 (16-bit shifts by at most 4 keep the
-            // moved bit inside its byte), as in the AVX2 kernel.
-            let (h0, h1) = match m {
-                0 => (_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 3)),
-                1 => (_mm256_slli_epi16(h, 2), _mm256_slli_epi16(h, 1)),
-                2 => (h, _mm256_srli_epi16(h, 1)),
-                _ => (_mm256_srli_epi16(h, 2), _mm256_srli_epi16(h, 3)),
-            };
-            u[2 * m] = _mm256_or_si256(_mm256_and_si256(nib, m4), _mm256_and_si256(h0, b4));
-            u[2 * m + 1] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(nib, 4), m4),
-                _mm256_and_si256(h1, b4),
-            );
-        }
+        let u = tile.unpack_avx2();
         for t in 0..NT {
             // SAFETY: the block's 32 levels.
             let s = unsafe { dot_regs(&u, y[t].0[b].qs.as_ptr(), 0..8) };
@@ -151,7 +131,6 @@ pub(crate) unsafe fn gemv_q4k<const NT: usize>(
     y: [&[BlockQ8K]; NT],
 ) -> [[f32; 8]; NT] {
     let y = y.map(|a| &a[..w.len()]);
-    let m4 = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
         // SAFETY (all loads below): offsets stay inside the tile's and the activation
@@ -165,14 +144,7 @@ pub(crate) unsafe fn gemv_q4k<const NT: usize>(
             let s = _mm256_cvtepu8_epi32(unsafe {
                 _mm_loadl_epi64(tile.sc.as_ptr().add(8 * j).cast())
             });
-            let mut u = [_mm256_setzero_si256(); 8];
-            for m in 0..4 {
-                // SAFETY: 32 bytes at 128j + 32m < 1024.
-                let n =
-                    unsafe { _mm256_loadu_si256(tile.qs.as_ptr().add(128 * j + 32 * m).cast()) };
-                u[2 * m] = _mm256_and_si256(n, m4);
-                u[2 * m + 1] = _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
-            }
+            let u = tile.unpack_avx2(j);
             for t in 0..NT {
                 // Row sums over the sub-block's 32 elements (|sum| <= 60960), times the
                 // row's 6-bit scale.
@@ -222,8 +194,6 @@ pub(crate) unsafe fn gemv_q6k<const NT: usize>(
     y: [&[BlockQ8K]; NT],
 ) -> [[f32; 8]; NT] {
     let y = y.map(|a| &a[..w.len()]);
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m30 = _mm256_set1_epi8(0x30);
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
         // SAFETY (all loads below): offsets stay inside the tile's and the activation
@@ -242,27 +212,7 @@ pub(crate) unsafe fn gemv_q6k<const NT: usize>(
             });
             let s_ev = _mm256_srai_epi32(_mm256_slli_epi32(sc, 16), 16);
             let s_od = _mm256_srai_epi32(sc, 16);
-            let mut u = [_mm256_setzero_si256(); 8];
-            for m in 0..4 {
-                // SAFETY: 32 bytes at 192j + 32m, inside the 1536.
-                let n = unsafe { _mm256_loadu_si256(tile.q.as_ptr().add(192 * j + 32 * m).cast()) };
-                u[2 * m] = _mm256_and_si256(n, m4);
-                u[2 * m + 1] = _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
-            }
-            for h in 0..2 {
-                // SAFETY: 32 bytes at 192j + 128 + 32h, inside the 1536.
-                let q = unsafe {
-                    _mm256_loadu_si256(tile.q.as_ptr().add(192 * j + 128 + 32 * h).cast())
-                };
-                // Bits 2i'..2i'+2 moved to bits 4..6, as in the AVX2 kernel.
-                let k = 4 * h;
-                u[k] = _mm256_or_si256(u[k], _mm256_and_si256(_mm256_slli_epi16(q, 4), m30));
-                u[k + 1] =
-                    _mm256_or_si256(u[k + 1], _mm256_and_si256(_mm256_slli_epi16(q, 2), m30));
-                u[k + 2] = _mm256_or_si256(u[k + 2], _mm256_and_si256(q, m30));
-                u[k + 3] =
-                    _mm256_or_si256(u[k + 3], _mm256_and_si256(_mm256_srli_epi16(q, 2), m30));
-            }
+            let u = tile.unpack_avx2(j);
             for t in 0..NT {
                 // SAFETY: 32j + 32 <= 256 activation levels.
                 let qs = unsafe { y[t][b].qs.as_ptr().add(32 * j) };
