@@ -87,6 +87,44 @@ impl TileQ4K {
         u
     }
 
+    /// `acc + (dy·d)·sumi - (dy·dmin)·summ` per row, the step that ends one super-block
+    /// for one token (`dw`, `dm`: the row scales widened; `sumi`: the rows' exact scaled
+    /// level dots), shared by the AVX2 and VNNI kernels. No FMA: the roundings of the
+    /// scalar reference.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn accumulate_avx2(
+        &self,
+        acc: std::arch::x86_64::__m256,
+        yb: &BlockQ8K,
+        sumi: std::arch::x86_64::__m256i,
+        dw: std::arch::x86_64::__m256,
+        dm: std::arch::x86_64::__m256,
+    ) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the 16 bsums are 32 bytes.
+        let bs = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr().cast()) };
+        // i16 lane j: bsum 2j + bsum 2j+1 (within ±4064); i32 lane q: pairs 2q, 2q+1.
+        let pairs = _mm256_castsi128_si256(_mm_hadd_epi16(
+            _mm256_castsi256_si128(bs),
+            _mm256_extracti128_si256(bs, 1),
+        ));
+        let mut summ = _mm256_setzero_si256();
+        for q in 0..4 {
+            // SAFETY: 16 bytes at 16q + 16 <= 64 of `mins`.
+            let mq = _mm256_cvtepu8_epi16(unsafe {
+                _mm_loadu_si128(self.mins.as_ptr().add(16 * q).cast())
+            });
+            let bq = _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(q as i32));
+            summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mq, bq));
+        }
+        let dy = _mm256_set1_ps(yb.d);
+        let a = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(sumi));
+        let m = _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(summ));
+        _mm256_add_ps(acc, _mm256_sub_ps(a, m))
+    }
+
     /// The 6-bit (scale, min) of row `r`, sub-block `j`.
     pub(crate) fn scale_min(&self, r: usize, j: usize) -> (i32, i32) {
         (
@@ -169,25 +207,7 @@ pub(crate) unsafe fn gemv_q4k_avx2<const NT: usize>(
             }
         }
         for t in 0..NT {
-            let yb = &y[t][b];
-            let bs = _mm256_loadu_si256(yb.bsums.as_ptr().cast());
-            // i16 lane j: bsum 2j + bsum 2j+1 (within ±4064); i32 lane q: pairs 2q, 2q+1.
-            let pairs = _mm256_castsi128_si256(_mm_hadd_epi16(
-                _mm256_castsi256_si128(bs),
-                _mm256_extracti128_si256(bs, 1),
-            ));
-            let mut summ = _mm256_setzero_si256();
-            for q in 0..4 {
-                let mq =
-                    _mm256_cvtepu8_epi16(_mm_loadu_si128(tile.mins.as_ptr().add(16 * q).cast()));
-                let bq = _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(q as i32));
-                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mq, bq));
-            }
-            let dy = _mm256_set1_ps(yb.d);
-            // No FMA: the same roundings as the unpacked kernel (see the module docs).
-            let a = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(sumi[t]));
-            let m = _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(summ));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, m));
+            acc[t] = tile.accumulate_avx2(acc[t], &y[t][b], sumi[t], dw, dm);
         }
     }
     let mut out = [[0.0f32; 8]; NT];

@@ -156,28 +156,7 @@ pub(crate) unsafe fn gemv_q4k<const NT: usize>(
             }
         }
         for t in 0..NT {
-            let yb = &y[t][b];
-            // SAFETY: the block's 16 bsums are 32 bytes.
-            let bs = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr().cast()) };
-            // i16 lane j: bsum 2j + bsum 2j+1 (within ±4064); i32 lane q: pairs 2q, 2q+1.
-            let pairs = _mm256_castsi128_si256(_mm_hadd_epi16(
-                _mm256_castsi256_si128(bs),
-                _mm256_extracti128_si256(bs, 1),
-            ));
-            let mut summ = _mm256_setzero_si256();
-            for q in 0..4 {
-                // SAFETY: 16 min bytes at 16q < 64.
-                let mq = _mm256_cvtepu8_epi16(unsafe {
-                    _mm_loadu_si128(tile.mins.as_ptr().add(16 * q).cast())
-                });
-                let bq = _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(q as i32));
-                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mq, bq));
-            }
-            let dy = _mm256_set1_ps(yb.d);
-            // No FMA: the same roundings as the scalar reference.
-            let a = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(sumi[t]));
-            let m = _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(summ));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, m));
+            acc[t] = tile.accumulate_avx2(acc[t], &y[t][b], sumi[t], dw, dm);
         }
     }
     store(acc)
