@@ -273,11 +273,11 @@ pub fn matmul_repacked_with(
         }
         Tiles::Q4K(t) => {
             let acts = quantize_k(isa, pool, x, nt, cols / 256, scratch);
-            run_q4k(isa, pool, t, rows, cols / 256, nt, acts, y)
+            run_k(isa, pool, t, rows, cols / 256, nt, acts, y)
         }
         Tiles::Q6K(t) => {
             let acts = quantize_k(isa, pool, x, nt, cols / 256, scratch);
-            run_q6k(isa, pool, t, rows, cols / 256, nt, acts, y)
+            run_k(isa, pool, t, rows, cols / 256, nt, acts, y)
         }
     }
     Ok(())
@@ -468,47 +468,30 @@ fn run_q8<T: Tile>(
     run(pool, rows, nt, nb * 34, y, &kern);
 }
 
-/// Runs Q6_K tiles against Q8_K activations (`nb` super-blocks per row).
-#[allow(clippy::too_many_arguments)]
-fn run_q6k(
-    isa: Isa,
-    pool: &ThreadPool,
-    tiles: &[TileQ6K],
-    rows: usize,
-    nb: usize,
-    nt: usize,
-    q: &[BlockQ8K],
-    y: &mut [f32],
-) {
-    let act = |t: usize| &q[t * nb..(t + 1) * nb];
-    let kern = |g: usize, t: usize, n: usize| {
-        let w = &tiles[g * nb..(g + 1) * nb];
-        by_count(
-            n,
-            t,
-            act,
-            |a| gemv_q6k(isa, w, a),
-            |a| gemv_q6k(isa, w, a),
-            |a| gemv_q6k(isa, w, a),
-            |a| gemv_q6k(isa, w, a),
-        )
-    };
-    run(
-        pool,
-        rows,
-        nt,
-        nb * std::mem::size_of::<BlockQ8K>(),
-        y,
-        &kern,
-    );
+/// A k-quant tile type with its dispatching kernel against Q8_K activations.
+trait KTile: Sized + Sync {
+    /// [`gemv_q4k`] or [`gemv_q6k`].
+    fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT];
 }
 
-/// Runs Q4_K tiles against Q8_K activations (`nb` super-blocks per row).
+impl KTile for TileQ4K {
+    fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT] {
+        gemv_q4k(isa, w, y)
+    }
+}
+
+impl KTile for TileQ6K {
+    fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT] {
+        gemv_q6k(isa, w, y)
+    }
+}
+
+/// Runs k-quant tiles against Q8_K activations (`nb` super-blocks per row).
 #[allow(clippy::too_many_arguments)]
-fn run_q4k(
+fn run_k<T: KTile>(
     isa: Isa,
     pool: &ThreadPool,
-    tiles: &[TileQ4K],
+    tiles: &[T],
     rows: usize,
     nb: usize,
     nt: usize,
@@ -522,10 +505,10 @@ fn run_q4k(
             n,
             t,
             act,
-            |a| gemv_q4k(isa, w, a),
-            |a| gemv_q4k(isa, w, a),
-            |a| gemv_q4k(isa, w, a),
-            |a| gemv_q4k(isa, w, a),
+            |a| T::gemv(isa, w, a),
+            |a| T::gemv(isa, w, a),
+            |a| T::gemv(isa, w, a),
+            |a| T::gemv(isa, w, a),
         )
     };
     run(
