@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh clone: installs the `openai` Python client (the server's
-# end-to-end test uses it), builds minfer, pulls the default model through minfer's own
-# `pull` (verified by size and sha256), then runs every test in the workspace.
+# The whole test suite, from a fresh clone: checks formatting and lints, installs the
+# `openai` Python client (the server's end-to-end test uses it), builds minfer, pulls the
+# default model through minfer's own `pull` (verified by size and sha256), runs every test
+# in the workspace, then runs the graph, models and runtime tests again under the `checked`
+# profile (optimised, with debug assertions and overflow checks, so the graph invariant
+# checks and integer overflow traps run too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
 python3 -m pip install -q --disable-pip-version-check openai
 cargo build --release --locked --bin minfer
 ./target/release/minfer pull
 cargo test --release --locked --workspace
+cargo test --profile checked --locked -p minfer-graph -p minfer-models -p minfer-runtime

@@ -1,5 +1,8 @@
 //! After warm-up, a decode step (graph reuse, input fill, execution on the CPU backend,
 //! logits read-back, the sampler chain) performs no heap allocation on any thread.
+//!
+//! Runs with `harness = false` (see Cargo.toml): the process holds only this thread and the
+//! engine's pool, so every counted allocation is the engine's.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -71,18 +74,33 @@ fn decode_allocations(spec: TinySpec) -> usize {
     ALLOCS.load(Relaxed) - before
 }
 
-#[test]
-fn decode_steps_do_not_allocate_after_warm_up() {
-    for spec in [
+fn main() {
+    // Debug assertions add checks that allocate by design (the structural check of a
+    // reused graph against a rebuild), so the property is a release-build property.
+    if cfg!(debug_assertions) {
+        println!("no_alloc: skipped under debug assertions");
+        println!("0 passed, 0 failed, 1 skipped");
+        return;
+    }
+    let specs = [
         TinySpec::qwen2(GgmlType::Q8_0, 7),
         TinySpec::qwen2(GgmlType::Q5_0, 7),
         TinySpec::qwen3_kquant(GgmlType::Q4K, 7),
-    ] {
+    ];
+    let total = specs.len();
+    let mut failed = 0;
+    for spec in specs {
         let name = format!("{} {}", spec.arch, spec.wtype);
-        assert_eq!(
-            decode_allocations(spec),
-            0,
-            "{name}: allocations in 8 decode steps"
-        );
+        let n = decode_allocations(spec);
+        if n == 0 {
+            println!("no_alloc {name}: ok");
+        } else {
+            println!("no_alloc {name}: FAILED, {n} allocations in 8 decode steps");
+            failed += 1;
+        }
+    }
+    println!("{} passed, {failed} failed", total - failed);
+    if failed > 0 {
+        std::process::exit(1);
     }
 }
