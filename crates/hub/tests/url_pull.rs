@@ -122,7 +122,7 @@ fn wrong_size_is_rejected_and_not_renamed() {
 
 #[test]
 fn http_errors_are_reported_without_leaving_files() {
-    let f = fixture("404", gguf_bytes(100));
+    let f = fixture("404", gguf_bytes(1000));
     let url = f.server.missing_url();
     let err = pull_url(&url, &f.store, false, &fast(2)).unwrap_err();
     assert!(

