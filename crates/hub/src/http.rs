@@ -1,7 +1,8 @@
 //! Pulling a GGUF file from an `http(s)://` URL, resumable with Range requests.
 //!
 //! No digest is known in advance, so the download is verified by its length (Content-Length,
-//! or the total in Content-Range) and the GGUF magic; its sha256 is then recorded in the stamp
+//! or the total in Content-Range) and by parsing it as GGUF with all tensor data inside the
+//! file (which also catches a body cut short without a Content-Length); its sha256 is then recorded in the stamp
 //! so later runs can trust the file without the network.
 
 use crate::progress::Progress;
@@ -110,6 +111,10 @@ pub fn pull_url(
         });
     }
     check_magic(url, &partial)?;
+    if let Err(e) = store::check_gguf(url, &partial) {
+        store::remove_file_if_present(&partial)?;
+        return Err(e);
+    }
     let bar = progress.bytes(Some(actual), format!("{file_name} verifying"));
     let digest = store::sha256_file(&partial, &bar);
     bar.finish_and_clear();
@@ -301,6 +306,13 @@ fn attempt(
     let len = file_len(partial);
     match total {
         Some(t) if len < t => Err(retry(format!("connection ended at byte {len} of {t}"))),
+        // Without a length, the end of the connection is the only end of the body, so a cut
+        // transfer looks complete; the GGUF header says how long the file must be.
+        None => match store::check_gguf(url, partial) {
+            Err(e @ HubError::Truncated { .. }) => Err(Failure::Retry(Box::new(e))),
+            // Anything else is judged once the download is over, with the right error.
+            _ => Ok(None),
+        },
         _ => Ok(total),
     }
 }

@@ -78,6 +78,7 @@ pub fn pull_catalog(
             bar.finish_and_clear();
             let digest = digest?;
             if digest.eq_ignore_ascii_case(entry.sha256) {
+                store::check_gguf(entry.name, &target)?;
                 store.write_stamp(entry.file_name, &target, &digest)?;
                 return Ok(target);
             }

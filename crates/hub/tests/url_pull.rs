@@ -2,9 +2,10 @@
 
 mod common;
 
-use common::{gguf_bytes, Mode, Server, TempDir};
+use common::{gguf_bytes, Mode, Server, TempDir, Version};
 use minfer_hub::http::{pull_url, url_file_name, RetryPolicy};
 use minfer_hub::{HubError, Store};
+use std::error::Error;
 use std::fs;
 use std::time::Duration;
 
@@ -23,9 +24,14 @@ struct Fixture {
 }
 
 fn fixture(tag: &str, body: Vec<u8>) -> Fixture {
+    fixture_version(tag, Version::tagged(body, "v1"))
+}
+
+fn fixture_version(tag: &str, version: Version) -> Fixture {
     let tmp = TempDir::new(tag);
     let store = Store::at(tmp.path().join("models"));
-    let server = Server::start(body.clone());
+    let body = version.body.clone();
+    let server = Server::start_version(version);
     Fixture {
         _tmp: tmp,
         store,
@@ -161,4 +167,65 @@ fn a_verified_file_is_not_downloaded_again_but_a_tampered_one_is() {
         fs::read(&path).unwrap() == f.body,
         "tampered file was replaced"
     );
+}
+
+/// The text of an error and all its causes.
+fn chain(err: &HubError) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+#[test]
+fn a_body_cut_short_without_content_length_is_resumed_not_stored() {
+    let f = fixture("nolength", gguf_bytes(150_000));
+    f.server.script(&[Mode::NoLength(50_000)]);
+    let path = pull_url(&f.server.url(), &f.store, false, &fast(3)).unwrap();
+    assert!(
+        fs::read(&path).unwrap() == f.body,
+        "a cut body was stored as complete"
+    );
+    assert_eq!(f.server.ranges()[1].as_deref(), Some("bytes=50000-"));
+}
+
+#[test]
+fn a_body_cut_without_content_length_fails_naming_the_truncation_once_retries_run_out() {
+    let f = fixture("cutnolength", gguf_bytes(150_000));
+    f.server.script(&[Mode::NoLength(50_000)]);
+    let err = pull_url(&f.server.url(), &f.store, false, &fast(1)).unwrap_err();
+    let text = chain(&err);
+    assert!(matches!(err, HubError::Download { .. }), "{err:?}");
+    assert!(
+        text.contains("downloaded file is truncated")
+            && text.contains("needs at least")
+            && text.contains("the file has 50000"),
+        "{text}"
+    );
+    assert!(!f.store.model_path(&f.name()).exists());
+    assert!(!f.store.stamp_path(&f.name()).exists());
+}
+
+#[test]
+fn a_cut_file_served_with_its_own_length_is_rejected_and_discarded() {
+    let whole = gguf_bytes(40_000);
+    let f = fixture("cutfile", whole[..25_000].to_vec());
+    let err = pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap_err();
+    match &err {
+        HubError::Truncated { needed, actual, .. } => {
+            assert_eq!(*actual, 25_000);
+            assert!(*needed > 25_000, "{err}");
+        }
+        other => panic!("expected a truncation error, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains("downloaded file is truncated"),
+        "{err}"
+    );
+    assert!(!f.store.model_path(&f.name()).exists());
+    assert!(!f.store.partial_path(&f.name()).exists());
 }

@@ -222,3 +222,22 @@ fn an_unstamped_copy_is_hashed_once_and_a_corrupt_one_is_replaced() {
     assert_eq!(fs::read(&target).unwrap(), f.whole);
     assert!(f.tmp.path().exists());
 }
+
+#[test]
+fn a_catalog_entry_describing_a_cut_file_is_rejected() {
+    // The digest and size match what is served, but the GGUF itself is cut short.
+    let whole = gguf_bytes(4_000);
+    let f = fixture_of("cutentry", whole[..3_000].to_vec());
+    let e = entry(f.whole.len() as u64, hex_sha256(&f.whole));
+    let err = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap_err();
+    assert!(
+        matches!(err, HubError::Truncated { actual: 3_000, .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("downloaded file is truncated"),
+        "{err}"
+    );
+    assert!(!f.store.model_path(e.file_name).exists());
+    assert!(!f.store.parts_dir(e.file_name).exists());
+}
