@@ -71,6 +71,12 @@ impl Store {
         self.dir.join(format!("{file_name}.sha256"))
     }
 
+    /// What a resumable URL download was fetched against (ETag, Last-Modified, size), kept
+    /// beside its partial so that a later pull resumes only the same file.
+    pub fn validator_path(&self, file_name: &str) -> PathBuf {
+        self.dir.join(format!("{file_name}.partial.validator"))
+    }
+
     /// Creates the store directory if needed.
     pub(crate) fn ensure_dir(&self) -> Result<(), HubError> {
         fs::create_dir_all(&self.dir).map_err(|e| HubError::io("create directory", &self.dir, e))

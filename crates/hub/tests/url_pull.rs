@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{gguf_bytes, Mode, Server, TempDir, Version};
+use common::{gguf_bytes, gguf_bytes_seeded, Mode, Seen, Server, TempDir, Version};
 use minfer_hub::http::{pull_url, url_file_name, RetryPolicy};
 use minfer_hub::{HubError, Store};
 use std::error::Error;
@@ -54,10 +54,16 @@ fn dropped_connection_is_resumed_with_a_range_request() {
     assert_eq!(path, f.store.model_path(&f.name()));
     assert!(fs::read(&path).unwrap() == f.body, "content differs");
     assert_eq!(
-        f.server.ranges(),
-        vec![None, Some("bytes=100000-".to_string())]
+        f.server.seen()[1],
+        Seen {
+            range: Some("bytes=100000-".into()),
+            if_range: Some("\"v1\"".into()),
+        },
+        "the resume names the version it continues"
     );
+    assert_eq!(f.server.ranges()[0], None);
     assert!(!f.store.partial_path(&f.name()).exists());
+    assert!(!f.store.validator_path(&f.name()).exists());
     let stamp = fs::read_to_string(f.store.stamp_path(&f.name())).unwrap();
     assert!(stamp.contains("size=300000"), "{stamp}");
 }
@@ -181,6 +187,103 @@ fn chain(err: &HubError) -> String {
     text
 }
 
+/// Interrupts a first pull after `cut` bytes (one attempt, so it gives up with the partial).
+fn interrupted_pull(f: &Fixture, cut: usize) {
+    f.server.script(&[Mode::DropAfter(cut)]);
+    let err = pull_url(&f.server.url(), &f.store, false, &fast(1)).unwrap_err();
+    assert!(matches!(err, HubError::Download { .. }), "{err:?}");
+    assert_eq!(
+        fs::metadata(f.store.partial_path(&f.name())).unwrap().len(),
+        cut as u64
+    );
+}
+
+#[test]
+fn a_file_replaced_between_pulls_is_fetched_whole_not_spliced() {
+    let old = gguf_bytes_seeded(200_000, 1);
+    let f = fixture_version("changed", Version::tagged(old, "old"));
+    interrupted_pull(&f, 80_000);
+    // Same size, new content: only the validator tells the versions apart.
+    let new = gguf_bytes_seeded(200_000, 2);
+    f.server.publish(Version {
+        last_modified: Some("Wed, 02 Dec 2026 09:00:00 GMT".into()),
+        ..Version::tagged(new.clone(), "new")
+    });
+    let path = pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap();
+    assert!(
+        fs::read(&path).unwrap() == new,
+        "the old partial was spliced onto the new file"
+    );
+    let seen = f.server.seen();
+    assert_eq!(seen.len(), 2, "the If-Range answer is the whole new file");
+    assert_eq!(seen[1].if_range.as_deref(), Some("\"old\""));
+}
+
+#[test]
+fn without_a_validator_an_interrupted_download_restarts_from_zero() {
+    let unlabelled = |body| Version {
+        body,
+        etag: None,
+        last_modified: None,
+    };
+    let f = fixture_version("novalidator", unlabelled(gguf_bytes_seeded(100_000, 3)));
+    interrupted_pull(&f, 30_000);
+    let new = gguf_bytes_seeded(100_000, 4);
+    f.server.publish(unlabelled(new.clone()));
+    let path = pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap();
+    assert!(fs::read(&path).unwrap() == new, "content was spliced");
+    assert_eq!(
+        f.server.seen()[1],
+        Seen {
+            range: None,
+            if_range: None
+        },
+        "nothing proves the partial is still current, so it is not resumed"
+    );
+}
+
+#[test]
+fn last_modified_is_the_validator_when_the_etag_is_weak_or_absent() {
+    let date = "Tue, 01 Dec 2026 09:00:00 GMT";
+    for etag in [None, Some("W/\"weak\"".to_string())] {
+        let f = fixture_version(
+            "lastmod",
+            Version {
+                body: gguf_bytes(60_000),
+                etag: etag.clone(),
+                last_modified: Some(date.into()),
+            },
+        );
+        f.server.script(&[Mode::DropAfter(20_000)]);
+        let path = pull_url(&f.server.url(), &f.store, false, &fast(3)).unwrap();
+        assert!(fs::read(&path).unwrap() == f.body, "content differs");
+        assert_eq!(
+            f.server.seen()[1],
+            Seen {
+                range: Some("bytes=20000-".into()),
+                if_range: Some(date.into()),
+            },
+            "etag {etag:?}"
+        );
+    }
+}
+
+#[test]
+fn a_server_that_ignores_if_range_is_caught_by_the_etag_it_answers_with() {
+    let f = fixture_version(
+        "ignoreifrange",
+        Version::tagged(gguf_bytes_seeded(90_000, 5), "old"),
+    );
+    interrupted_pull(&f, 40_000);
+    let new = gguf_bytes_seeded(90_000, 6);
+    f.server.publish(Version::tagged(new.clone(), "new"));
+    f.server.script(&[Mode::IgnoreIfRange]);
+    let path = pull_url(&f.server.url(), &f.store, false, &fast(3)).unwrap();
+    assert!(fs::read(&path).unwrap() == new, "content was spliced");
+    let seen = f.server.seen();
+    assert_eq!(seen.last().unwrap().range, None, "restarted from zero");
+}
+
 #[test]
 fn a_body_cut_short_without_content_length_is_resumed_not_stored() {
     let f = fixture("nolength", gguf_bytes(150_000));
@@ -228,4 +331,5 @@ fn a_cut_file_served_with_its_own_length_is_rejected_and_discarded() {
     );
     assert!(!f.store.model_path(&f.name()).exists());
     assert!(!f.store.partial_path(&f.name()).exists());
+    assert!(!f.store.validator_path(&f.name()).exists());
 }
