@@ -87,8 +87,9 @@ pub fn url_file_name(url: &str) -> Result<String, HubError> {
 
 /// Pulls `url` into `store` unless a verified copy is there; returns the local path.
 ///
-/// A partial left by an interrupted pull is resumed only when the server confirms, through
-/// If-Range, that the file is unchanged; otherwise the download starts over.
+/// One pull of a URL runs at a time (a second one waits for the first); leftovers of
+/// interrupted pulls are resumed from when the server confirms the file is unchanged, and
+/// removed once the file is verified.
 pub fn pull_url(
     url: &str,
     store: &Store,
@@ -97,12 +98,17 @@ pub fn pull_url(
 ) -> Result<PathBuf, HubError> {
     let file_name = url_file_name(url)?;
     let target = store.model_path(&file_name);
-    if store.stamped_digest(&file_name, None).is_some() {
+    if store.stamped_digest(&file_name, None).is_some() && !store.has_temporaries(&file_name) {
         return Ok(target);
     }
     let progress = Progress { enabled: progress };
+    let _lock = store.lock(&file_name, progress)?;
+    // Checked again under the lock: a concurrent pull may have finished meanwhile.
+    if store.stamped_digest(&file_name, None).is_some() {
+        store.remove_temporaries(&file_name)?;
+        return Ok(target);
+    }
     progress.note(&format!("pulling {url} into {}", target.display()));
-    store.ensure_dir()?;
     let partial = store.partial_path(&file_name);
     let validator = store.validator_path(&file_name);
     let total = download(url, &partial, &validator, progress, retry)?;

