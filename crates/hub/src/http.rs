@@ -319,13 +319,16 @@ fn attempt(
     bar: &indicatif::ProgressBar,
 ) -> Result<Option<u64>, Failure> {
     let mut have = file_len(partial);
-    let stored = Validator::load(validator_path).filter(|_| have > 0);
-    let if_range = stored.as_ref().and_then(Validator::if_range);
+    let mut stored = Validator::load(validator_path).filter(|_| have > 0);
+    let if_range = stored
+        .as_ref()
+        .and_then(Validator::if_range)
+        .map(str::to_owned);
     if have > 0 && if_range.is_none() {
         // Without a validator nothing proves the server still has the file these bytes came
         // from; appending its current tail could splice two versions into one file.
         start_over(partial, validator_path).map_err(Failure::Fatal)?;
-        have = 0;
+        (have, stored) = (0, None);
     }
     if known_total.is_none() {
         *known_total = stored.as_ref().and_then(|v| v.size);
