@@ -35,8 +35,8 @@ fn minfer(home: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// Serves `body` with Range support; the first response is cut off after `cut` bytes.
-/// Returns the URL and a counter of requests served.
+/// Serves `body` with Range support and a fixed ETag; the first response is cut off after
+/// `cut` bytes. Returns the URL and a counter of requests served.
 fn serve(body: Vec<u8>, cut: usize) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!(
@@ -71,7 +71,7 @@ fn serve(body: Vec<u8>, cut: usize) -> (String, Arc<AtomicUsize>) {
                 "200 OK".to_string()
             };
             let head = format!(
-                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nETag: \"v1\"\r\nConnection: close\r\n\r\n",
                 rest.len()
             );
             let send = if n == 0 { &rest[..cut] } else { rest };
@@ -87,8 +87,12 @@ fn serve(body: Vec<u8>, cut: usize) -> (String, Arc<AtomicUsize>) {
 #[test]
 fn pulls_a_url_resuming_after_a_dropped_connection() {
     let home = Home::new("url");
-    let mut body = b"GGUF\x03\0\0\0".to_vec();
-    body.extend((0..200_000u32).map(|i| (i * 7 % 251) as u8));
+    // A real (if meaningless) GGUF: a pull is only declared good once the file parses.
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut w = minfer_gguf::GgufWriter::new();
+    w.add_tensor_bytes("blob", &[50_000], minfer_gguf::GgmlType::F32, data)
+        .unwrap();
+    let body = w.to_bytes().unwrap();
     let (url, requests) = serve(body.clone(), 64_000);
 
     let out = minfer(&home.0, &["pull", &url]);

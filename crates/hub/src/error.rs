@@ -90,6 +90,25 @@ pub enum HubError {
         /// The digest of what was downloaded.
         actual: String,
     },
+    /// The downloaded file ends before the data its GGUF header describes.
+    #[error("{name}: downloaded file is truncated: its GGUF data needs at least {needed} bytes, the file has {actual}")]
+    Truncated {
+        /// The model or URL.
+        name: String,
+        /// Where the header says data reaches (a lower bound on the whole file's length).
+        needed: u64,
+        /// The length the file has.
+        actual: u64,
+    },
+    /// The downloaded file is not a well-formed GGUF file (the cause says where and why).
+    #[error("{name}: downloaded file is not a valid GGUF file; the download was discarded")]
+    BadGguf {
+        /// The model or URL.
+        name: String,
+        /// What the GGUF reader refused.
+        #[source]
+        source: minfer_gguf::GgufError,
+    },
     /// The downloaded file does not start with the GGUF magic.
     #[error(
         "{url} did not return a GGUF file (it starts with {head:?}); the download was discarded"

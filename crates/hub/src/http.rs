@@ -1,8 +1,13 @@
 //! Pulling a GGUF file from an `http(s)://` URL, resumable with Range requests.
 //!
+//! An interrupted download resumes with `Range` plus `If-Range` (the ETag, or Last-Modified),
+//! so a file replaced on the server in between is fetched whole instead of spliced onto the
+//! old one's start; without a validator it is never resumed.
+//!
 //! No digest is known in advance, so the download is verified by its length (Content-Length,
-//! or the total in Content-Range) and the GGUF magic; its sha256 is then recorded in the stamp
-//! so later runs can trust the file without the network.
+//! or the total in Content-Range) and by parsing it as GGUF with all tensor data inside the
+//! file (which also catches a body cut short without a Content-Length); its sha256 is then
+//! recorded in the stamp so later runs can trust the file without the network.
 
 use crate::progress::Progress;
 use crate::store::{self, hex, Store};
@@ -81,6 +86,10 @@ pub fn url_file_name(url: &str) -> Result<String, HubError> {
 }
 
 /// Pulls `url` into `store` unless a verified copy is there; returns the local path.
+///
+/// One pull of a URL runs at a time (a second one waits for the first); leftovers of
+/// interrupted pulls are resumed from when the server confirms the file is unchanged, and
+/// removed once the file is verified.
 pub fn pull_url(
     url: &str,
     store: &Store,
@@ -89,32 +98,46 @@ pub fn pull_url(
 ) -> Result<PathBuf, HubError> {
     let file_name = url_file_name(url)?;
     let target = store.model_path(&file_name);
-    if store.stamped_digest(&file_name, None).is_some() {
+    if store.stamped_digest(&file_name, None).is_some() && !store.has_temporaries(&file_name) {
         return Ok(target);
     }
     let progress = Progress { enabled: progress };
+    let _lock = store.lock(&file_name, progress)?;
+    // Checked again under the lock: a concurrent pull may have finished meanwhile.
+    if store.stamped_digest(&file_name, None).is_some() {
+        store.remove_temporaries(&file_name)?;
+        return Ok(target);
+    }
     progress.note(&format!("pulling {url} into {}", target.display()));
-    store.ensure_dir()?;
     let partial = store.partial_path(&file_name);
-    let total = download(url, &partial, progress, retry)?;
+    let validator = store.validator_path(&file_name);
+    let total = download(url, &partial, &validator, progress, retry)?;
+    let discard = || -> Result<(), HubError> {
+        store::remove_file_if_present(&partial)?;
+        store::remove_file_if_present(&validator)
+    };
     let actual = fs::metadata(&partial)
         .map_err(|e| HubError::io("inspect", &partial, e))?
         .len();
-    if total.is_some_and(|t| t != actual) {
-        store::remove_file_if_present(&partial)?;
-        let expected = total.unwrap_or_default();
+    if let Some(expected) = total.filter(|&t| t != actual) {
+        discard()?;
         return Err(HubError::SizeMismatch {
             name: url.into(),
             expected,
             actual,
         });
     }
-    check_magic(url, &partial)?;
+    if let Err(e) = check_magic(url, &partial).and_then(|()| store::check_gguf(url, &partial)) {
+        discard()?;
+        return Err(e);
+    }
     let bar = progress.bytes(Some(actual), format!("{file_name} verifying"));
     let digest = store::sha256_file(&partial, &bar);
     bar.finish_and_clear();
     store.write_stamp(&file_name, &partial, &digest?)?;
-    store.commit(&partial, &file_name)
+    let path = store.commit(&partial, &file_name)?;
+    store::remove_file_if_present(&validator)?;
+    Ok(path)
 }
 
 fn check_magic(url: &str, partial: &Path) -> Result<(), HubError> {
@@ -126,11 +149,94 @@ fn check_magic(url: &str, partial: &Path) -> Result<(), HubError> {
     if head.starts_with(b"GGUF") {
         return Ok(());
     }
-    store::remove_file_if_present(partial)?;
     Err(HubError::NotGguf {
         url: url.into(),
         head: head.escape_ascii().to_string(),
     })
+}
+
+/// What identifies the version of the file a partial holds, as the server described it.
+///
+/// Kept beside the partial so a later attempt (or a later pull) resumes only that version:
+/// the resume request carries it in `If-Range`, so a server whose file changed answers with
+/// the whole new file instead of the tail of a different one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Validator {
+    etag: Option<String>,
+    last_modified: Option<String>,
+    size: Option<u64>,
+}
+
+impl Validator {
+    fn from_headers(headers: &ureq::http::HeaderMap, size: Option<u64>) -> Self {
+        let get = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        Validator {
+            etag: get("etag"),
+            last_modified: get("last-modified"),
+            size,
+        }
+    }
+
+    /// The `If-Range` value: a strong ETag, else Last-Modified. A weak ETag may not be sent
+    /// in If-Range (RFC 9110, 13.1.5), and without either there is nothing to resume safely.
+    fn if_range(&self) -> Option<&str> {
+        self.etag
+            .as_deref()
+            .filter(|e| !e.starts_with("W/"))
+            .or(self.last_modified.as_deref())
+    }
+
+    /// Whether `answer` (a response's validators) shows a different version of the file.
+    /// A server that honours Range but ignores If-Range is caught here.
+    fn contradicts(&self, answer: &Validator) -> bool {
+        fn differ<T: PartialEq>(a: &Option<T>, b: &Option<T>) -> bool {
+            matches!((a, b), (Some(a), Some(b)) if a != b)
+        }
+        differ(&self.etag, &answer.etag)
+            || differ(&self.last_modified, &answer.last_modified)
+            || differ(&self.size, &answer.size)
+    }
+
+    /// The validator saved at `path`; `None` if there is none or it is unreadable.
+    fn load(path: &Path) -> Option<Validator> {
+        let text = fs::read_to_string(path).ok()?;
+        let mut v = Validator::default();
+        for line in text.lines() {
+            let (key, value) = line.split_once('=')?;
+            match key {
+                "etag" => v.etag = Some(value.to_string()),
+                "last-modified" => v.last_modified = Some(value.to_string()),
+                "size" => v.size = Some(value.parse().ok()?),
+                _ => return None,
+            }
+        }
+        Some(v)
+    }
+
+    /// Saves the validator at `path`, or removes the file when there is nothing to save.
+    fn save(&self, path: &Path) -> Result<(), HubError> {
+        if self.etag.is_none() && self.last_modified.is_none() {
+            return store::remove_file_if_present(path);
+        }
+        let mut text = String::new();
+        if let Some(e) = &self.etag {
+            text.push_str(&format!("etag={e}\n"));
+        }
+        if let Some(m) = &self.last_modified {
+            text.push_str(&format!("last-modified={m}\n"));
+        }
+        if let Some(s) = self.size {
+            text.push_str(&format!("size={s}\n"));
+        }
+        fs::write(path, text).map_err(|e| HubError::io("write", path, e))
+    }
 }
 
 /// Why one attempt ended without the whole file.
@@ -149,6 +255,7 @@ fn retry(msg: impl Into<String>) -> Failure {
 fn download(
     url: &str,
     partial: &Path,
+    validator: &Path,
     progress: Progress,
     policy: &RetryPolicy,
 ) -> Result<Option<u64>, HubError> {
@@ -165,7 +272,7 @@ fn download(
     let (mut failures, mut delay) = (0u32, policy.first_delay);
     let outcome = loop {
         let before = file_len(partial);
-        match attempt(&agent, url, partial, &mut known_total, &bar) {
+        match attempt(&agent, url, partial, validator, &mut known_total, &bar) {
             Ok(total) => break Ok(total),
             Err(Failure::Fatal(e)) => break Err(e),
             Err(Failure::Retry(cause)) => {
@@ -196,18 +303,41 @@ fn file_len(path: &Path) -> u64 {
     fs::metadata(path).map_or(0, |m| m.len())
 }
 
-/// One request: resumes from the partial's length when there is one.
+/// Empties the partial and forgets its validator: what follows starts from byte 0.
+fn start_over(partial: &Path, validator: &Path) -> Result<(), HubError> {
+    File::create(partial).map_err(|e| HubError::io("truncate", partial, e))?;
+    store::remove_file_if_present(validator)
+}
+
+/// One request: resumes from the partial's length when its validator allows, else restarts.
 fn attempt(
     agent: &ureq::Agent,
     url: &str,
     partial: &Path,
+    validator_path: &Path,
     known_total: &mut Option<u64>,
     bar: &indicatif::ProgressBar,
 ) -> Result<Option<u64>, Failure> {
-    let have = file_len(partial);
+    let mut have = file_len(partial);
+    let mut stored = Validator::load(validator_path).filter(|_| have > 0);
+    let if_range = stored
+        .as_ref()
+        .and_then(Validator::if_range)
+        .map(str::to_owned);
+    if have > 0 && if_range.is_none() {
+        // Without a validator nothing proves the server still has the file these bytes came
+        // from; appending its current tail could splice two versions into one file.
+        start_over(partial, validator_path).map_err(Failure::Fatal)?;
+        (have, stored) = (0, None);
+    }
+    if known_total.is_none() {
+        *known_total = stored.as_ref().and_then(|v| v.size);
+    }
     let mut request = agent.get(url);
-    if have > 0 {
-        request = request.header("Range", format!("bytes={have}-"));
+    if let Some(value) = if_range.filter(|_| have > 0) {
+        request = request
+            .header("Range", format!("bytes={have}-"))
+            .header("If-Range", value);
     }
     let response = match request.call() {
         Ok(r) => r,
@@ -226,11 +356,12 @@ fn attempt(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let restart = |why: String| -> Failure {
-        match File::create(partial) {
-            Ok(_) => retry(why),
-            Err(e) => Failure::Fatal(HubError::io("truncate", partial, e)),
+        match start_over(partial, validator_path) {
+            Ok(()) => retry(why),
+            Err(e) => Failure::Fatal(e),
         }
     };
+    let changed = |answer: &Validator| stored.as_ref().is_some_and(|s| s.contradicts(answer));
     let (append, total) = match status {
         206 => {
             let Some((start, total)) = content_range.as_deref().and_then(parse_content_range)
@@ -241,17 +372,25 @@ fn attempt(
                     reason,
                 }));
             };
+            if changed(&Validator::from_headers(response.headers(), total)) {
+                return Err(restart(
+                    "the file changed on the server since the partial download; restarting".into(),
+                ));
+            }
             if start != have {
                 return Err(restart(format!(
                     "server resumed at byte {start}, not {have}; restarting"
                 )));
             }
-            (true, total)
+            (have > 0, total)
         }
+        // Also the answer to a resume whose If-Range no longer matches: the file changed, and
+        // this is the whole new one.
         200 => (false, response.body().content_length()),
         416 => {
             let total = content_range.as_deref().and_then(parse_unsatisfied_range);
-            if have > 0 && total == Some(have) && known_total.is_none_or(|t| t == have) {
+            let same = !changed(&Validator::from_headers(response.headers(), total));
+            if have > 0 && same && total == Some(have) && known_total.is_none_or(|t| t == have) {
                 return Ok(total);
             }
             return Err(restart(
@@ -278,11 +417,18 @@ fn attempt(
         *known_total = total;
     }
     let mut file = if append {
-        OpenOptions::new().append(true).create(true).open(partial)
+        OpenOptions::new().append(true).open(partial)
     } else {
         File::create(partial)
     }
     .map_err(|e| Failure::Fatal(HubError::io("write", partial, e)))?;
+    if !append {
+        // Saved before any byte arrives, so a partial on disk always has the validator of
+        // the version it holds (or none, and then it is never resumed).
+        Validator::from_headers(response.headers(), total)
+            .save(validator_path)
+            .map_err(Failure::Fatal)?;
+    }
     bar.set_length(total.unwrap_or(0));
     bar.set_position(if append { have } else { 0 });
     let mut reader = response.into_body().into_reader();
@@ -301,6 +447,13 @@ fn attempt(
     let len = file_len(partial);
     match total {
         Some(t) if len < t => Err(retry(format!("connection ended at byte {len} of {t}"))),
+        // Without a length, the end of the connection is the only end of the body, so a cut
+        // transfer looks complete; the GGUF header says how long the file must be.
+        None => match store::check_gguf(url, partial) {
+            Err(e @ HubError::Truncated { .. }) => Err(Failure::Retry(Box::new(e))),
+            // Anything else is judged once the download is over, with the right error.
+            _ => Ok(None),
+        },
         _ => Ok(total),
     }
 }

@@ -8,6 +8,7 @@
 pub mod catalog;
 mod error;
 pub mod http;
+mod lock;
 mod progress;
 mod resolve;
 pub mod store;

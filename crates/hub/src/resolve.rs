@@ -60,7 +60,8 @@ pub fn pull(name: Option<&str>, progress: bool) -> Result<PathBuf, HubError> {
 ///
 /// A file with a current stamp is trusted; one of the right size without it is hashed once
 /// (and stamped if it matches); anything else is pulled again, replacing the file only once
-/// the new copy has been verified.
+/// the new copy has been verified. Pulls of one model run one at a time (a second waits), and
+/// what interrupted pulls left in the store is resumed from or removed.
 pub fn pull_catalog(
     entry: &CatalogEntry,
     store: &Store,
@@ -69,8 +70,17 @@ pub fn pull_catalog(
 ) -> Result<PathBuf, HubError> {
     let progress = Progress { enabled: progress };
     let target = store.model_path(entry.file_name);
+    if presence(entry, store) == Presence::Verified && !store.has_temporaries(entry.file_name) {
+        return Ok(target);
+    }
+    let _lock = store.lock(entry.file_name, progress)?;
+    // Judged again under the lock: a concurrent pull may have finished meanwhile. A verified
+    // file makes whatever interrupted pulls left behind useless, so it is removed.
     match presence(entry, store) {
-        Presence::Verified => return Ok(target),
+        Presence::Verified => {
+            store.remove_temporaries(entry.file_name)?;
+            return Ok(target);
+        }
         Presence::Unverified => {
             progress.note(&format!("verifying {}", target.display()));
             let bar = progress.bytes(Some(entry.size), format!("{} verifying", entry.name));
@@ -78,7 +88,9 @@ pub fn pull_catalog(
             bar.finish_and_clear();
             let digest = digest?;
             if digest.eq_ignore_ascii_case(entry.sha256) {
+                store::check_gguf(entry.name, &target)?;
                 store.write_stamp(entry.file_name, &target, &digest)?;
+                store.remove_temporaries(entry.file_name)?;
                 return Ok(target);
             }
             progress.note(&format!(

@@ -8,7 +8,10 @@
 //! run trusts a file whose size and mtime still match its stamp instead of rehashing hundreds
 //! of megabytes on every start; a file touched since (or one without a stamp) is rehashed once.
 
+use crate::lock::PullLock;
+use crate::progress::Progress;
 use crate::HubError;
+use minfer_gguf::{GgufError, GgufFile};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -68,6 +71,51 @@ impl Store {
     /// The verification stamp of a model file.
     pub fn stamp_path(&self, file_name: &str) -> PathBuf {
         self.dir.join(format!("{file_name}.sha256"))
+    }
+
+    /// What a resumable URL download was fetched against (ETag, Last-Modified, size), kept
+    /// beside its partial so that a later pull resumes only the same file.
+    pub fn validator_path(&self, file_name: &str) -> PathBuf {
+        self.dir.join(format!("{file_name}.partial.validator"))
+    }
+
+    /// The lock file held while a pull of `file_name` runs.
+    pub fn lock_path(&self, file_name: &str) -> PathBuf {
+        self.dir.join(format!("{file_name}.lock"))
+    }
+
+    /// Takes the pull lock of `file_name` (creating the store directory), waiting while
+    /// another pull of the same file runs.
+    pub(crate) fn lock(&self, file_name: &str, progress: Progress) -> Result<PullLock, HubError> {
+        self.ensure_dir()?;
+        PullLock::acquire(&self.lock_path(file_name), file_name, progress)
+    }
+
+    /// Temporaries of `file_name`'s pulls: its partial, the partial's validator, the parts
+    /// directory and the lock file.
+    fn temporaries(&self, file_name: &str) -> [PathBuf; 4] {
+        [
+            self.partial_path(file_name),
+            self.validator_path(file_name),
+            self.parts_dir(file_name),
+            self.lock_path(file_name),
+        ]
+    }
+
+    /// Whether any temporary of a pull of `file_name` is in the store.
+    pub(crate) fn has_temporaries(&self, file_name: &str) -> bool {
+        self.temporaries(file_name)
+            .iter()
+            .any(|p| fs::symlink_metadata(p).is_ok())
+    }
+
+    /// Removes what earlier (interrupted) pulls of `file_name` left behind, once the file
+    /// itself is verified; the caller holds the pull lock, whose file goes when it is dropped.
+    pub(crate) fn remove_temporaries(&self, file_name: &str) -> Result<(), HubError> {
+        let [partial, validator, parts, _lock] = self.temporaries(file_name);
+        remove_file_if_present(&partial)?;
+        remove_file_if_present(&validator)?;
+        remove_dir_if_present(&parts)
     }
 
     /// Creates the store directory if needed.
@@ -163,6 +211,31 @@ fn mtime_ns(meta: &fs::Metadata) -> Option<u128> {
         .duration_since(UNIX_EPOCH)
         .ok()
         .map(|d| d.as_nanos())
+}
+
+/// Checks that a downloaded `file` is a whole GGUF: it parses, and every tensor's data lies
+/// inside it. A download cut short without the transfer noticing (no Content-Length, or a
+/// catalog entry describing a cut file) fails here, not later as a broken model.
+pub(crate) fn check_gguf(name: &str, file: &Path) -> Result<(), HubError> {
+    let actual = fs::metadata(file)
+        .map_err(|e| HubError::io("inspect", file, e))?
+        .len();
+    let truncated = |needed: u128| HubError::Truncated {
+        name: name.to_string(),
+        needed: u64::try_from(needed).unwrap_or(u64::MAX),
+        actual,
+    };
+    match GgufFile::open(file) {
+        Ok(_) => Ok(()),
+        Err(GgufError::TensorOutOfBounds { end, .. }) => Err(truncated(end)),
+        Err(GgufError::Truncated { offset, needed, .. }) => {
+            Err(truncated(u128::from(offset) + u128::from(needed)))
+        }
+        Err(source) => Err(HubError::BadGguf {
+            name: name.to_string(),
+            source,
+        }),
+    }
 }
 
 /// Lower-case hex of a byte string.

