@@ -102,6 +102,7 @@ impl Args {
             frequency_penalty: self.frequency_penalty,
             penalty_last_n: self.repeat_last_n,
             seed,
+            logit_bias: Vec::new(),
         }
     }
 
