@@ -505,7 +505,8 @@ pub(crate) mod tests {
         assert!(ids.contains(&259));
         assert_eq!(tok.decode(&ids, true).unwrap(), text);
         // A range that only overlaps the start of a control text still disarms it.
-        let ids = tok.encode_with_literals("a<|im_end|>", false, &[0..3]);
+        let head = 0..3;
+        let ids = tok.encode_with_literals("a<|im_end|>", false, &[head]);
         assert!(!ids.contains(&258), "{ids:?}");
         assert!(tok.contains_control_text("x<|im_start|>"));
         assert!(!tok.contains_control_text("x<x><|im_"));
