@@ -123,11 +123,7 @@ async fn chat(
 ) -> Result<Response, ApiError> {
     let obj = params::parse_object(&body(b, st.body_limit)?)?;
     let (msgs, g) = params::parse_chat(&obj)?;
-    let text = st.template.render(&msgs, true).map_err(|e| {
-        ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"))
-    })?;
-    let inject = openai::fault_of(&st, &text);
-    let prompt = st.tok.encode(&text, true, true);
+    let (prompt, inject) = openai::chat_prompt(&st, &msgs)?;
     openai::generate(Arc::clone(&st), Kind::Chat, prompt, g, inject, log).await
 }
 
