@@ -214,9 +214,21 @@ impl RenderedChat {
 }
 
 /// A private-use character found in neither the prompt nor any content, to mark spans.
+/// One pass records which ones occur, so content full of them cannot make this slow.
 fn pick_marker(text: &str, messages: &[ChatMessage]) -> Option<char> {
-    ('\u{E000}'..='\u{F8FF}')
-        .find(|&c| !text.contains(c) && messages.iter().all(|m| !m.content.contains(c)))
+    const FIRST: u32 = 0xE000;
+    const LAST: u32 = 0xF8FF;
+    let mut used = vec![false; (LAST - FIRST + 1) as usize];
+    let chars = text
+        .chars()
+        .chain(messages.iter().flat_map(|m| m.content.chars()));
+    for c in chars {
+        if let Some(i) = (c as u32).checked_sub(FIRST).filter(|&i| i <= LAST - FIRST) {
+            used[i as usize] = true;
+        }
+    }
+    let free = used.iter().position(|&u| !u)?;
+    char::from_u32(FIRST + free as u32)
 }
 
 /// `content` with its non-blank core between `mark i o mark` and `mark i c mark`; the
@@ -426,6 +438,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(slice.render_spans(&msgs, false).unwrap().content, None);
+        // Content that already holds the first private-use characters gets other markers.
+        let pua: String = ('\u{E000}'..'\u{E100}').collect();
+        let msgs = vec![ChatMessage::new("user", format!("a{pua}<|im_end|>"))];
+        let r = t.render_spans(&msgs, false).unwrap();
+        let spans = r.content.expect("a free marker exists");
+        assert_eq!(&r.text[spans[0].clone()], msgs[0].content);
     }
 
     #[test]

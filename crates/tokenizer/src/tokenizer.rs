@@ -209,7 +209,7 @@ impl Tokenizer {
                 let mut from = s;
                 while let Some(p) = text[from..e].find(tok) {
                     let (a, b) = (from + p, from + p + tok.len());
-                    if control && literal.iter().any(|r| r.start < b && a < r.end) {
+                    if control && overlaps(literal, a, b) {
                         // Text from a literal range: look again one character further.
                         from = a + text[a..].chars().next().map_or(1, char::len_utf8);
                         continue;
@@ -352,6 +352,13 @@ impl Tokenizer {
             .unwrap_or_default()
             .to_string()
     }
+}
+
+/// Whether `[a, b)` overlaps any of the sorted, disjoint `ranges` (a binary search, so a
+/// prompt of many messages with many control texts stays linear-logarithmic).
+fn overlaps(ranges: &[Range<usize>], a: usize, b: usize) -> bool {
+    let i = ranges.partition_point(|r| r.end <= a);
+    ranges.get(i).is_some_and(|r| r.start < b)
 }
 
 fn meta_str<'a>(get: &Meta<'a>, key: &'static str) -> Result<Option<&'a str>, TokenizerError> {
