@@ -230,6 +230,17 @@ pub const COMPLETION_FIELDS: &[&str] = &[
 /// `user`, `metadata` and `store` (client bookkeeping; nothing is stored).
 pub const NO_EFFECT_FIELDS: &[&str] = &["model", "user", "metadata", "store"];
 
+/// Fields of a `/tokenize` request (llama-server's).
+pub const TOKENIZE_FIELDS: &[&str] = &["content", "add_special", "parse_special", "with_pieces"];
+
+/// Fields of a `/detokenize` request.
+pub const DETOKENIZE_FIELDS: &[&str] = &["tokens"];
+
+/// Refuses any non-null field of a request body missing from `known`, naming it.
+pub fn check_fields(obj: &Object, known: &[&str]) -> Result<(), ApiError> {
+    only_known(obj, known, "")
+}
+
 /// Fields of one chat message.
 const MESSAGE_FIELDS: &[&str] = &["role", "content"];
 

@@ -140,11 +140,13 @@ async fn completions(
 
 async fn tokenize(State(st): St, b: Body) -> Result<Json<Value>, ApiError> {
     let obj = params::parse_object(&body(b, st.body_limit)?)?;
+    params::check_fields(&obj, params::TOKENIZE_FIELDS)?;
     let content = opt_str(&obj, "content")?
         .ok_or_else(|| ApiError::bad_request("field `content` is required"))?;
     let add_special = opt_bool(&obj, "add_special")?.unwrap_or(false);
+    let parse_special = opt_bool(&obj, "parse_special")?.unwrap_or(true);
     let with_pieces = opt_bool(&obj, "with_pieces")?.unwrap_or(false);
-    let ids = st.tok.encode(content, add_special, true);
+    let ids = st.tok.encode(content, add_special, parse_special);
     let tokens: Vec<Value> = if with_pieces {
         ids.iter()
             .map(|&id| {
@@ -164,6 +166,7 @@ async fn tokenize(State(st): St, b: Body) -> Result<Json<Value>, ApiError> {
 
 async fn detokenize(State(st): St, b: Body) -> Result<Json<Value>, ApiError> {
     let obj = params::parse_object(&body(b, st.body_limit)?)?;
+    params::check_fields(&obj, params::DETOKENIZE_FIELDS)?;
     let ids = match obj.get("tokens") {
         None | Some(Value::Null) => {
             return Err(ApiError::bad_request("field `tokens` is required"))

@@ -134,6 +134,34 @@ async fn logit_bias_steers_and_bans_tokens() {
     running.stop().expect("server stops");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_reads_parse_special_and_refuses_unknown_fields() {
+    let s = tiny_server(1, |_| {});
+    let ids = |v: &Value| v["tokens"].as_array().map_or(0, Vec::len);
+    let (st, v) = post(&s.base, "/tokenize", json!({"content": "<|im_end|>"})).await;
+    assert_eq!((st, ids(&v)), (200, 1), "{v}");
+    let body = json!({"content": "<|im_end|>", "parse_special": false});
+    let (st, v) = post(&s.base, "/tokenize", body).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(ids(&v) > 1, "{v}");
+    let (st, v) = post(
+        &s.base,
+        "/tokenize",
+        json!({"content": "a", "add_bos": true}),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(message(&v).contains("`add_bos`"), "{v}");
+    let (st, v) = post(
+        &s.base,
+        "/detokenize",
+        json!({"tokens": [1], "special": true}),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(message(&v).contains("`special`"), "{v}");
+}
+
 async fn prompt_tokens(base: &str, path: &str, body: Value) -> usize {
     let (st, v) = post(base, path, body).await;
     assert_eq!(st, 200, "{v}");
