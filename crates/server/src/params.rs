@@ -52,9 +52,9 @@ pub fn opt_f32(obj: &Object, name: &str) -> Result<Option<f32>, ApiError> {
     match field(obj, name) {
         None => Ok(None),
         Some(v) => match v.as_f64() {
-            // Beyond f32's range the value would become infinite: refuse it as a number
-            // the field cannot hold rather than let an infinity into the sampler.
             Some(x) if x.is_finite() && (x as f32).is_finite() => Ok(Some(x as f32)),
+            // Beyond f32's range the value would become an infinity in the sampler.
+            Some(x) if x.is_finite() => Err(out_of_range(name, x, "a 32-bit float")),
             _ => Err(wrong(name, "a number")),
         },
     }
@@ -721,7 +721,12 @@ mod tests {
     fn numbers_outside_their_range_name_the_field_and_the_range() {
         for (field, range, extra) in [
             ("temperature", "[0, 100]", json!({"temperature": 300})),
-            ("temperature", "a number", json!({"temperature": 1e300})),
+            (
+                "temperature",
+                "a 32-bit float",
+                json!({"temperature": 1e300}),
+            ),
+            ("temperature", "a number", json!({"temperature": "hot"})),
             (
                 "presence_penalty",
                 "[-2, 2]",
