@@ -106,3 +106,64 @@ fn openai_python_client_against_the_minfer_serve_binary() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Runs `minfer serve` on a tiny model with `args`, which must make it exit on its own
+/// with an error (a server that starts instead is killed and the test fails).
+fn serve_refused(model: &std::path::Path, args: &[&str]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
+        .arg("serve")
+        .arg("-m")
+        .arg(model)
+        .args(args)
+        .args(["--host", "127.0.0.1", "--port", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start minfer serve");
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for minfer serve") {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("minfer serve {args:?} kept running instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    assert!(!status.success(), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    err
+}
+
+#[test]
+fn numeric_flags_outside_their_range_are_refused_by_name() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let model = dir.path().join("tiny-qwen2.gguf");
+    minfer_models::testing::write_tiny_model(
+        &model,
+        &minfer_models::testing::TinySpec::qwen2(minfer_gguf::GgmlType::Q8_0, 7),
+    )
+    .expect("write tiny model");
+    for (flag, args) in [
+        ("--queue", ["--queue", "18446744073709551615"]),
+        ("--queue", ["--queue", "1000000000"]),
+        ("--timeout", ["--timeout", "18446744073709551615"]),
+        ("--timeout", ["--timeout", "0"]),
+        ("--slots", ["--slots", "0"]),
+        ("-c", ["-c", "100000000"]),
+        ("-t", ["-t", "0"]),
+    ] {
+        let err = serve_refused(&model, &args);
+        assert!(err.contains(flag), "{args:?} does not name {flag}: {err}");
+    }
+}

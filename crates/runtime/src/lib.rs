@@ -12,5 +12,5 @@ pub use engine::{Engine, EngineError, EngineOptions};
 pub use generate::{generate, greedy_tokens, FinishReason, GenerateOptions, GenerationStats};
 pub use multi::{MultiEngine, SeqStep};
 pub use perplexity::PplAccumulator;
-pub use sampling::{Sampler, SamplerError, SamplingParams};
+pub use sampling::{Sampler, SamplerError, SamplingParams, LOGIT_BIAS_BAN, LOGIT_BIAS_MAX};
 pub use stop::{StopEvent, StopScanner};

@@ -1,5 +1,5 @@
-//! The sampler chain, in llama.cpp's default order: penalties, top-k, top-p, min-p,
-//! temperature, then a seeded draw. A temperature of 0 means greedy (argmax after the
+//! The sampler chain, in llama.cpp's default order: logit bias, penalties, top-k, top-p,
+//! min-p, temperature, then a seeded draw. A temperature of 0 means greedy (argmax after the
 //! penalties), as llama.cpp's temperature sampler does for `temp <= 0`.
 
 use std::collections::VecDeque;
@@ -25,7 +25,17 @@ pub struct SamplingParams {
     pub penalty_last_n: usize,
     /// Seed of the draw, for exact reproducibility.
     pub seed: u64,
+    /// `(token, bias)` pairs added to the logits before every other stage, greedy
+    /// included; a bias of [`LOGIT_BIAS_BAN`] removes the token. Each bias lies in
+    /// [-100, 100] and each token appears once.
+    pub logit_bias: Vec<(u32, f32)>,
 }
+
+/// The logit bias that bans a token outright (OpenAI's "-100 should result in a ban").
+pub const LOGIT_BIAS_BAN: f32 = -100.0;
+
+/// The largest magnitude of a logit bias (OpenAI's range is [-100, 100]).
+pub const LOGIT_BIAS_MAX: f32 = 100.0;
 
 impl Default for SamplingParams {
     /// llama.cpp's defaults.
@@ -40,6 +50,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             penalty_last_n: 64,
             seed: 0x5EED,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -81,6 +92,54 @@ impl SamplingParams {
         check("repeat-penalty", r, r > 0.0, "a finite number > 0")?;
         check("presence-penalty", self.presence_penalty, true, "finite")?;
         check("frequency-penalty", self.frequency_penalty, true, "finite")?;
+        self.validate_logit_bias()
+    }
+
+    /// Refuses a logit bias outside [-100, 100] (NaN included) and a token biased twice.
+    fn validate_logit_bias(&self) -> Result<(), SamplerError> {
+        let mut seen = std::collections::HashSet::with_capacity(self.logit_bias.len());
+        for &(t, b) in &self.logit_bias {
+            check(
+                "logit-bias",
+                b,
+                (-LOGIT_BIAS_MAX..=LOGIT_BIAS_MAX).contains(&b),
+                "in [-100, 100]",
+            )?;
+            if !seen.insert(t) {
+                return Err(SamplerError::OutOfRange {
+                    name: "logit-bias",
+                    value: format!("token {t} twice"),
+                    range: "each token at most once",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the parameters that depend on the vocabulary: every logit-bias token must
+    /// exist, and the bias must leave at least one token that can be sampled.
+    pub fn validate_for_vocab(&self, n_vocab: usize) -> Result<(), SamplerError> {
+        if let Some(&(t, _)) = self.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
+            return Err(SamplerError::OutOfRange {
+                name: "logit-bias",
+                value: format!("token {t}"),
+                range: "a token id below the vocabulary size",
+            });
+        }
+        let banned = self
+            .logit_bias
+            .iter()
+            .filter(|(_, b)| *b <= LOGIT_BIAS_BAN)
+            .count();
+        // Ids are distinct and inside the vocabulary (checked above and in `validate`),
+        // so this count equals the vocabulary only when every token is banned.
+        if n_vocab > 0 && banned >= n_vocab {
+            return Err(SamplerError::OutOfRange {
+                name: "logit-bias",
+                value: format!("a ban on all {n_vocab} tokens"),
+                range: "leaving at least one token that can be sampled",
+            });
+        }
         Ok(())
     }
 
@@ -184,8 +243,27 @@ impl Sampler {
         }
     }
 
-    /// Picks the next token from one row of logits (modified in place by the penalties).
+    /// Adds each token's bias to its logit; a ban makes the logit -inf so that no later
+    /// stage (and no draw) can pick it. Tokens past the row are skipped: the vocabulary
+    /// check belongs to `validate_for_vocab`, before sampling starts.
+    fn apply_logit_bias(&self, logits: &mut [f32]) {
+        for &(t, b) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if b <= LOGIT_BIAS_BAN {
+                    f32::NEG_INFINITY
+                } else {
+                    *l + b
+                };
+            }
+        }
+    }
+
+    /// Picks the next token from one row of logits (modified in place by the logit bias
+    /// and the penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        if !self.params.logit_bias.is_empty() {
+            self.apply_logit_bias(logits);
+        }
         if self.penalties_active() {
             self.apply_penalties(logits);
         }
@@ -426,5 +504,68 @@ mod tests {
             .count();
         let frac = ones as f64 / n as f64;
         assert!((frac - 0.75).abs() < 0.03, "{frac}");
+    }
+
+    #[test]
+    fn logit_bias_applies_before_greedy_and_bans_at_minus_100() {
+        let greedy = |bias: Vec<(u32, f32)>| {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 0.0,
+                logit_bias: bias,
+                ..params()
+            })
+            .unwrap();
+            s.sample(&mut [1.0, 5.0, 3.0, 4.9])
+        };
+        assert_eq!(greedy(vec![]), 1);
+        // A positive bias lifts a token past the best one; a small negative one demotes.
+        assert_eq!(greedy(vec![(2, 2.5)]), 2);
+        assert_eq!(greedy(vec![(1, -0.2)]), 3);
+        // -100 is a ban, even for a logit far above every other.
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            logit_bias: vec![(0, LOGIT_BIAS_BAN)],
+            ..params()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&mut [1000.0, 5.0, 3.0]), 1);
+    }
+
+    #[test]
+    fn banned_tokens_are_never_drawn() {
+        let logits = [2.0f32, 2.0, 2.0, 2.0];
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(1, LOGIT_BIAS_BAN), (3, LOGIT_BIAS_BAN)],
+            ..params()
+        })
+        .unwrap();
+        let mut seen = [false; 4];
+        for _ in 0..400 {
+            seen[s.sample(&mut logits.clone()) as usize] = true;
+        }
+        assert_eq!(seen, [true, false, true, false]);
+    }
+
+    #[test]
+    fn logit_bias_is_validated() {
+        let with = |bias: Vec<(u32, f32)>| SamplingParams {
+            logit_bias: bias,
+            ..params()
+        };
+        for bad in [
+            vec![(1, 100.5)],
+            vec![(1, f32::NAN)],
+            vec![(1, 1.0), (1, 2.0)],
+        ] {
+            let e = Sampler::new(with(bad)).unwrap_err().to_string();
+            assert!(e.contains("logit-bias"), "{e}");
+        }
+        assert!(Sampler::new(with(vec![(1, -100.0), (2, 100.0)])).is_ok());
+        let e = with(vec![(4, 1.0)]).validate_for_vocab(4).unwrap_err();
+        assert!(e.to_string().contains("token 4"), "{e}");
+        let all = with((0..4).map(|t| (t, LOGIT_BIAS_BAN)).collect());
+        let e = all.validate_for_vocab(4).unwrap_err();
+        assert!(e.to_string().contains("all 4 tokens"), "{e}");
+        assert!(all.validate_for_vocab(5).is_ok());
     }
 }

@@ -54,6 +54,10 @@ pub struct Config {
     pub body_limit: usize,
     /// Longest a request may take from arrival to its last token (then 504).
     pub request_timeout: Duration,
+    /// Parse special-token text (`<|im_end|>`) inside chat message content as control
+    /// tokens, as before content was isolated; off by default, since it lets a user
+    /// forge turns of the conversation.
+    pub allow_special_in_content: bool,
     /// Makes a prompt containing `openai::PANIC_MARKER` panic inside inference (or
     /// `openai::SLOW_MARKER` decode slowly), to test that a panic becomes a 500 and the
     /// worker keeps serving, and to hold a slot busy. Never on in the CLI.
@@ -76,10 +80,67 @@ impl Config {
             queue: 64,
             body_limit: 1 << 20,
             request_timeout: Duration::from_secs(600),
+            allow_special_in_content: false,
             fault_injection: false,
         }
     }
+
+    /// Checks every numeric setting against its stated range (see the `MAX_*`
+    /// constants), so that no user number reaches an allocation or a time computation
+    /// unchecked.
+    pub fn validate(&self) -> Result<(), ServerError> {
+        let range = |name: &'static str, v: usize, lo: usize, hi: usize| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(ServerError::Param {
+                    name,
+                    message: format!("{v} is not in {lo}..={hi}"),
+                })
+            }
+        };
+        range("slots (--slots)", self.slots, 1, MAX_SLOTS)?;
+        if let Some(c) = self.ctx {
+            // Every slot needs at least one position.
+            range("context size (-c)", c, self.slots, MAX_CTX)?;
+        }
+        if let Some(t) = self.threads {
+            range("threads (-t)", t, 1, MAX_THREADS)?;
+        }
+        range("queue (--queue)", self.queue, 1, MAX_QUEUE)?;
+        let (lo, hi) = BODY_LIMIT_RANGE;
+        range("body limit", self.body_limit, lo, hi)?;
+        if self.request_timeout > MAX_REQUEST_TIMEOUT {
+            return Err(ServerError::Param {
+                name: "request timeout (--timeout)",
+                message: format!(
+                    "{} s is not in 0..={} s",
+                    self.request_timeout.as_secs(),
+                    MAX_REQUEST_TIMEOUT.as_secs()
+                ),
+            });
+        }
+        Ok(())
+    }
 }
+
+/// Most slots (the engine's limit).
+pub const MAX_SLOTS: usize = 256;
+
+/// Largest total context, in tokens (the engine's limit).
+pub const MAX_CTX: usize = 1 << 24;
+
+/// Most inference threads (the engine's limit).
+pub const MAX_THREADS: usize = 1024;
+
+/// Longest request queue; the queue grows with use and never reserves this up front.
+pub const MAX_QUEUE: usize = 65_536;
+
+/// Smallest and largest request body limit, in bytes.
+pub const BODY_LIMIT_RANGE: (usize, usize) = (256, 1 << 30);
+
+/// Longest request timeout: a week, far beyond any generation a slot can hold.
+pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +179,7 @@ pub struct AppState {
     model_id: String,
     api_key: Option<String>,
     timeout: Duration,
+    allow_special_in_content: bool,
     fault_injection: bool,
     body_limit: usize,
     created: u64,
@@ -258,12 +320,7 @@ pub fn serve(config: Config) -> Result<(), ServerError> {
 }
 
 fn start_inner(config: Config, until_ctrl_c: bool) -> Result<Running, ServerError> {
-    if config.queue == 0 {
-        return Err(ServerError::Param {
-            name: "queue",
-            message: "must be at least 1".into(),
-        });
-    }
+    config.validate()?;
     let mut opts = EngineOptions::default();
     if let Some(t) = config.threads {
         opts.n_threads = t;
@@ -302,6 +359,7 @@ fn start_inner(config: Config, until_ctrl_c: bool) -> Result<Running, ServerErro
         model_id,
         api_key: config.api_key.clone(),
         timeout: config.request_timeout,
+        allow_special_in_content: config.allow_special_in_content,
         fault_injection: config.fault_injection,
         body_limit: config.body_limit,
         created: std::time::SystemTime::now()
@@ -346,4 +404,41 @@ fn start_inner(config: Config, until_ctrl_c: bool) -> Result<Running, ServerErro
         http: Some(http),
         worker: Some(worker_thread),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Edit = fn(&mut Config);
+
+    #[test]
+    fn numeric_settings_outside_their_range_are_named() {
+        let bad: [(&str, Edit); 10] = [
+            ("queue", |c| c.queue = 1_000_000_000),
+            ("queue", |c| c.queue = usize::MAX),
+            ("queue", |c| c.queue = 0),
+            ("slots", |c| c.slots = 0),
+            ("slots", |c| c.slots = 257),
+            ("context size", |c| c.ctx = Some(2)),
+            ("context size", |c| c.ctx = Some(usize::MAX)),
+            ("threads", |c| c.threads = Some(0)),
+            ("body limit", |c| c.body_limit = 10),
+            ("request timeout", |c| {
+                c.request_timeout = Duration::from_secs(u64::MAX)
+            }),
+        ];
+        for (name, edit) in bad {
+            let mut c = Config::new("m.gguf");
+            edit(&mut c);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(name), "{name}: {e}");
+        }
+        let mut c = Config::new("m.gguf");
+        assert!(c.validate().is_ok());
+        c.queue = MAX_QUEUE;
+        c.request_timeout = MAX_REQUEST_TIMEOUT;
+        c.ctx = Some(4);
+        assert!(c.validate().is_ok());
+    }
 }

@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::params::{GenRequest, Prompt};
 use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
 use crate::{AppState, RequestLog, StreamLogged};
+use minfer_tokenizer::ChatMessage;
 
 /// Text in a prompt that makes inference panic when fault injection is on (tests only).
 pub const PANIC_MARKER: &str = "__minfer_inject_panic__";
@@ -52,7 +53,9 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// Prompt tokens of a completion request, checked against the vocabulary.
+/// Prompt tokens of a completion request, checked against the vocabulary. A text prompt
+/// is the caller's whole prompt, template markers included, so special-token text in it
+/// is parsed (as llama-server and `minfer run` do); chat content never is.
 pub fn completion_prompt(st: &AppState, p: Prompt) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
     match p {
         Prompt::Text(s) => Ok((st.tok.encode(&s, true, true), fault_of(st, &s))),
@@ -66,6 +69,24 @@ pub fn completion_prompt(st: &AppState, p: Prompt) -> Result<(Vec<u32>, Option<F
             Ok((t, None))
         }
     }
+}
+
+/// Prompt tokens of a chat request: the template's markers as special tokens, message
+/// contents as plain text (unless `--allow-special-in-content` restores the old parsing
+/// of specials everywhere).
+pub fn chat_prompt(
+    st: &AppState,
+    msgs: &[ChatMessage],
+) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
+    let bad =
+        |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
+    let rendered = st.template.render_spans(msgs, true).map_err(bad)?;
+    let ids = if st.allow_special_in_content {
+        st.tok.encode(&rendered.text, true, true)
+    } else {
+        rendered.encode(&st.tok, msgs, true).map_err(bad)?
+    };
+    Ok((ids, fault_of(st, &rendered.text)))
 }
 
 /// Checks the prompt against the slot's context, queues the job and answers.
@@ -88,17 +109,27 @@ pub async fn generate(
              leave room for at least one generated token"
         )));
     }
+    // n < ctx (checked above), so `room` cannot wrap; comparing max_tokens with it
+    // instead of adding it to n keeps any client number from overflowing.
+    let room = ctx - n;
     let max_tokens = match g.max_tokens {
-        Some(m) if n + m > ctx => {
+        Some(m) if m > room => {
             return Err(ApiError::bad_request(format!(
-                "the prompt ({n} tokens) plus max_tokens ({m}) is {} tokens, \
-                 more than a slot's context of {ctx}",
-                n + m
+                "the prompt ({n} tokens) plus max_tokens ({m}) exceeds a slot's context \
+                 of {ctx}: max_tokens must be in [1, {room}] for this prompt"
             )))
         }
         Some(m) => m,
-        None => ctx - n,
+        None => room,
     };
+    let n_vocab = st.tok.n_vocab();
+    g.sampling
+        .validate_for_vocab(n_vocab)
+        .map_err(|e| match e {
+            minfer_runtime::SamplerError::OutOfRange { value, range, .. } => ApiError::bad_request(
+                format!("field `logit_bias` has {value}: must be {range} ({n_vocab} tokens)"),
+            ),
+        })?;
     let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
     let arrived = log.start;
     st.worker.submit(Job {
@@ -108,7 +139,7 @@ pub async fn generate(
         stop: g.stop.clone(),
         logprobs: g.logprobs,
         arrived,
-        deadline: arrived + st.timeout,
+        deadline: deadline(arrived, st.timeout),
         fault,
         tx,
     })?;
@@ -125,6 +156,16 @@ pub async fn generate(
     }
 }
 
+/// When a request that arrived at `arrived` is abandoned. `Config::validate` bounds the
+/// timeout, but the sum is still checked: an `Instant` overflow would panic inside the
+/// handler and leave the client without any answer.
+fn deadline(arrived: Instant, timeout: Duration) -> Instant {
+    arrived
+        .checked_add(timeout)
+        .or_else(|| arrived.checked_add(crate::MAX_REQUEST_TIMEOUT))
+        .unwrap_or(arrived)
+}
+
 /// Fixed parts of every object of one response.
 #[derive(Clone)]
 struct Reply {
@@ -137,7 +178,7 @@ struct Reply {
 /// Waits for an event, giving up a little after the request's own deadline (the
 /// worker enforces the deadline; this only guards against a stuck worker).
 async fn next_event(rx: &mut mpsc::Receiver<Event>, timeout: Duration) -> Event {
-    match tokio::time::timeout(timeout + Duration::from_secs(5), rx.recv()).await {
+    match tokio::time::timeout(timeout.saturating_add(Duration::from_secs(5)), rx.recv()).await {
         Ok(Some(ev)) => ev,
         Ok(None) => Event::Error(ApiError::internal(
             "the inference worker dropped the request",
@@ -386,4 +427,20 @@ fn events(state: StreamState) -> impl Stream<Item = Sse> + Send {
 /// Elapsed wall time as seconds with millisecond precision, for the log.
 pub fn secs(start: Instant) -> f64 {
     (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_never_overflow() {
+        let now = Instant::now();
+        assert_eq!(
+            deadline(now, Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        // Duration::MAX would panic as `now + timeout`.
+        assert!(deadline(now, Duration::MAX) >= now);
+    }
 }

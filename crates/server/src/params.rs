@@ -1,8 +1,16 @@
-//! Request bodies read field by field, so that a wrong type is refused with a 400 that
-//! names the field. Sampling defaults are llama-server's: temperature 0.8, top_k 40,
-//! top_p 0.95, min_p 0.05, no penalties, a random seed.
+//! Request bodies read field by field, so that a wrong type or a value outside its
+//! range is refused with a 400 that names the field and the range. Sampling defaults are
+//! llama-server's: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, no penalties, a
+//! random seed.
+//!
+//! Every field a request may carry is on an accept list ([`CHAT_FIELDS`],
+//! [`COMPLETION_FIELDS`]); any other field that is not `null` is refused by name, so a
+//! typo (`temprature`) or a feature this server does not have (`tools`,
+//! `response_format: json_object`) is an error instead of a silent no-op. A few fields
+//! are accepted without effect by design ([`NO_EFFECT_FIELDS`]): they carry client
+//! metadata that changes nothing in OpenAI's own answer either.
 
-use minfer_runtime::SamplingParams;
+use minfer_runtime::{SamplerError, SamplingParams, LOGIT_BIAS_MAX};
 use minfer_tokenizer::ChatMessage;
 use serde_json::{Map, Value};
 
@@ -24,19 +32,45 @@ fn wrong(field: &str, what: &str) -> ApiError {
     ApiError::bad_request(format!("field `{field}` must be {what}"))
 }
 
+/// A value outside the field's stated range.
+fn out_of_range(field: &str, value: impl std::fmt::Display, range: &str) -> ApiError {
+    ApiError::bad_request(format!("field `{field}` is {value}: must be {range}"))
+}
+
+/// A field this server does not implement.
+fn unsupported(field: &str, why: &str) -> ApiError {
+    ApiError::bad_request(format!("field `{field}` is not supported: {why}"))
+}
+
 /// An optional field, `null` counting as absent.
 fn field<'a>(obj: &'a Object, name: &str) -> Option<&'a Value> {
     obj.get(name).filter(|v| !v.is_null())
 }
 
-/// An optional finite number.
+/// An optional finite number (kept finite as an `f32`).
 pub fn opt_f32(obj: &Object, name: &str) -> Result<Option<f32>, ApiError> {
     match field(obj, name) {
         None => Ok(None),
         Some(v) => match v.as_f64() {
-            Some(x) if x.is_finite() => Ok(Some(x as f32)),
+            Some(x) if x.is_finite() && (x as f32).is_finite() => Ok(Some(x as f32)),
+            // Beyond f32's range the value would become an infinity in the sampler.
+            Some(x) if x.is_finite() => Err(out_of_range(name, x, "a 32-bit float")),
             _ => Err(wrong(name, "a number")),
         },
+    }
+}
+
+/// An optional number inside `[lo, hi]`; `range` states the interval in the error.
+fn opt_f32_in(
+    obj: &Object,
+    name: &str,
+    lo: f32,
+    hi: f32,
+    range: &str,
+) -> Result<Option<f32>, ApiError> {
+    match opt_f32(obj, name)? {
+        Some(v) if !(lo..=hi).contains(&v) => Err(out_of_range(name, v, range)),
+        v => Ok(v),
     }
 }
 
@@ -49,6 +83,17 @@ pub fn opt_usize(obj: &Object, name: &str) -> Result<Option<usize>, ApiError> {
             .and_then(|x| usize::try_from(x).ok())
             .map(Some)
             .ok_or_else(|| wrong(name, "a non-negative integer")),
+    }
+}
+
+/// An optional integer (signed), refusing fractions and values past 64 bits.
+fn opt_i64(obj: &Object, name: &str) -> Result<Option<i64>, ApiError> {
+    match field(obj, name) {
+        None => Ok(None),
+        Some(v) => v
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| wrong(name, "an integer")),
     }
 }
 
@@ -105,6 +150,168 @@ pub struct GenRequest {
 /// Most alternatives per token that `top_logprobs` may ask for.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
+/// Highest `temperature` accepted; far above it the distribution is already uniform.
+pub const MAX_TEMPERATURE: f32 = 100.0;
+
+/// Magnitude bound of `presence_penalty` and `frequency_penalty` (OpenAI's range).
+pub const MAX_PENALTY: f32 = 2.0;
+
+/// Range of `repeat_penalty`: it divides logits, so it must stay away from zero.
+pub const REPEAT_PENALTY_RANGE: (f32, f32) = (0.01, 10.0);
+
+/// Most stop strings per request.
+pub const MAX_STOP: usize = 16;
+
+/// Longest stop string, in bytes (the scanner holds back up to this much text).
+pub const MAX_STOP_BYTES: usize = 256;
+
+/// Fields of a chat completion request.
+pub const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "model",
+    "max_completion_tokens",
+    "max_tokens",
+    "n_predict",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "seed",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "stop",
+    "stream",
+    "stream_options",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "cache_prompt",
+    "user",
+    "metadata",
+    "store",
+];
+
+/// Fields of a text completion request.
+pub const COMPLETION_FIELDS: &[&str] = &[
+    "prompt",
+    "model",
+    "max_tokens",
+    "n_predict",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "seed",
+    "logit_bias",
+    "logprobs",
+    "n",
+    "best_of",
+    "echo",
+    "suffix",
+    "stop",
+    "stream",
+    "stream_options",
+    "cache_prompt",
+    "user",
+    "metadata",
+    "store",
+];
+
+/// Fields accepted without effect: `model` (one model is served, whatever the name),
+/// `user`, `metadata` and `store` (client bookkeeping; nothing is stored).
+pub const NO_EFFECT_FIELDS: &[&str] = &["model", "user", "metadata", "store"];
+
+/// Fields of a `/tokenize` request (llama-server's).
+pub const TOKENIZE_FIELDS: &[&str] = &["content", "add_special", "parse_special", "with_pieces"];
+
+/// Fields of a `/detokenize` request.
+pub const DETOKENIZE_FIELDS: &[&str] = &["tokens"];
+
+/// Refuses any non-null field of a request body missing from `known`, naming it.
+pub fn check_fields(obj: &Object, known: &[&str]) -> Result<(), ApiError> {
+    only_known(obj, known, "")
+}
+
+/// Fields of one chat message.
+const MESSAGE_FIELDS: &[&str] = &["role", "content"];
+
+/// Refuses every non-null field of `obj` missing from `known`, naming it (`prefix`
+/// places it, e.g. `messages[2].`).
+fn only_known(obj: &Object, known: &[&str], prefix: &str) -> Result<(), ApiError> {
+    for (k, v) in obj {
+        if !v.is_null() && !known.contains(&k.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "field `{prefix}{k}` is not supported by this server"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Type checks of the fields accepted without effect, and refusal of the values of
+/// feature fields that would need a feature this server does not have.
+fn check_no_effect_and_features(obj: &Object) -> Result<(), ApiError> {
+    opt_str(obj, "model")?;
+    opt_str(obj, "user")?;
+    opt_bool(obj, "store")?;
+    if let Some(m) = field(obj, "metadata") {
+        if !m.is_object() {
+            return Err(wrong("metadata", "an object"));
+        }
+    }
+    if let Some(rf) = field(obj, "response_format") {
+        let ty = rf
+            .as_object()
+            .and_then(|o| o.get("type"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| wrong("response_format", "an object with a string `type`"))?;
+        if ty != "text" {
+            return Err(unsupported(
+                "response_format",
+                &format!("type `{ty}` needs constrained decoding; only `text` is available"),
+            ));
+        }
+    }
+    match field(obj, "tools") {
+        None => {}
+        Some(Value::Array(a)) if a.is_empty() => {}
+        Some(Value::Array(_)) => {
+            return Err(unsupported("tools", "tool calls are not implemented"))
+        }
+        Some(_) => return Err(wrong("tools", "an array")),
+    }
+    match field(obj, "tool_choice") {
+        // Without tools, "auto" and "none" both mean plain text.
+        None => {}
+        Some(Value::String(s)) if s == "none" || s == "auto" => {}
+        Some(_) => {
+            return Err(unsupported(
+                "tool_choice",
+                "tool calls are not implemented; only `none` or `auto` without tools",
+            ))
+        }
+    }
+    // Meaningless without tools, and there are none.
+    opt_bool(obj, "parallel_tool_calls")?;
+    // The slot's prefix is always reused; turning that off is not offered.
+    if opt_bool(obj, "cache_prompt")? == Some(false) {
+        return Err(unsupported(
+            "cache_prompt",
+            "prompt prefixes are always reused; only `true` is accepted",
+        ));
+    }
+    Ok(())
+}
+
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -117,64 +324,87 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
-fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
-    let mut s = SamplingParams {
-        seed: random_seed(),
-        ..SamplingParams::default()
+/// The sampler's own verdict, with its parameter name turned into the field's.
+fn sampler_error(e: SamplerError) -> ApiError {
+    match e {
+        SamplerError::OutOfRange { name, value, range } => {
+            out_of_range(&name.replace('-', "_"), value, range)
+        }
+    }
+}
+
+/// `logit_bias`: an object from token ids (decimal strings) to biases in [-100, 100].
+fn logit_bias(obj: &Object) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(v) = field(obj, "logit_bias") else {
+        return Ok(Vec::new());
     };
-    if let Some(v) = opt_f32(obj, "temperature")? {
-        s.temperature = v;
-    }
-    if let Some(v) = opt_f32(obj, "top_p")? {
-        s.top_p = v;
-    }
-    if let Some(v) = opt_usize(obj, "top_k")? {
-        s.top_k = v;
-    }
-    if let Some(v) = opt_f32(obj, "min_p")? {
-        s.min_p = v;
-    }
-    if let Some(v) = opt_f32(obj, "presence_penalty")? {
-        s.presence_penalty = v;
-    }
-    if let Some(v) = opt_f32(obj, "frequency_penalty")? {
-        s.frequency_penalty = v;
-    }
-    if let Some(v) = opt_f32(obj, "repeat_penalty")? {
-        s.repeat_penalty = v;
-    }
-    if let Some(v) = field(obj, "seed") {
-        // OpenAI clients send signed seeds; the sampler's stream is keyed by the bits.
-        s.seed = v
-            .as_u64()
-            .or_else(|| v.as_i64().map(|x| x as u64))
-            .ok_or_else(|| wrong("seed", "an integer"))?;
-    }
-    s.validate().map_err(|e| match e {
-        minfer_runtime::SamplerError::OutOfRange { name, value, range } => {
-            ApiError::bad_request(format!(
-                "field `{}` is {value}: must be {range}",
-                name.replace('-', "_")
-            ))
+    let map = v
+        .as_object()
+        .ok_or_else(|| wrong("logit_bias", "an object from token ids to biases"))?;
+    let mut out = Vec::with_capacity(map.len());
+    for (k, b) in map {
+        // Only plain decimal digits: "+5", " 5" or "5.0" are not token ids.
+        let id = k
+            .bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| k.parse::<u32>().ok())
+            .flatten()
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "field `logit_bias` has key `{k}`: keys must be token ids"
+                ))
+            })?;
+        let name = format!("logit_bias.{k}");
+        let bias = b
+            .as_f64()
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| wrong(&name, "a number"))? as f32;
+        if !(-LOGIT_BIAS_MAX..=LOGIT_BIAS_MAX).contains(&bias) {
+            return Err(out_of_range(&name, bias, "in [-100, 100]"));
         }
-    })?;
-    let mut max_tokens = None;
-    for name in max_names {
-        if let Some(v) = opt_usize(obj, name)? {
-            max_tokens = Some(v);
-            break;
-        }
-    }
-    if max_tokens == Some(0) {
-        return Err(wrong(max_names[0], "at least 1"));
-    }
-    if let Some(n) = opt_usize(obj, "n")? {
-        if n != 1 {
+        if out.iter().any(|&(t, _)| t == id) {
             return Err(ApiError::bad_request(format!(
-                "field `n` is {n}: only one choice per request is supported"
+                "field `logit_bias` names token {id} twice"
             )));
         }
+        out.push((id, bias));
     }
+    Ok(out)
+}
+
+/// The most tokens to generate: the first of `names` present, or `n_predict`
+/// (llama-server's name, where -1 means "until the context is full").
+fn max_tokens(obj: &Object, names: &[&str]) -> Result<Option<usize>, ApiError> {
+    for name in names {
+        match field(obj, name) {
+            None => continue,
+            Some(v) => {
+                return match v.as_u64() {
+                    Some(0) => Err(out_of_range(name, 0, "an integer >= 1")),
+                    // Past usize the value cannot fit any context; the slot check in
+                    // `openai::generate` names it either way.
+                    Some(m) => Ok(Some(usize::try_from(m).unwrap_or(usize::MAX))),
+                    None => Err(wrong(name, "an integer >= 1")),
+                };
+            }
+        }
+    }
+    match opt_i64(obj, "n_predict").map_err(|_| wrong("n_predict", "-1 or an integer >= 1"))? {
+        None | Some(-1) => Ok(None),
+        Some(m) if m >= 1 => Ok(Some(usize::try_from(m).unwrap_or(usize::MAX))),
+        Some(m) => Err(out_of_range("n_predict", m, "-1 or an integer >= 1")),
+    }
+}
+
+/// A count that only has one supported value.
+fn only_one(obj: &Object, name: &str, what: &str) -> Result<(), ApiError> {
+    match opt_usize(obj, name).map_err(|_| wrong(name, "1"))? {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(out_of_range(name, n, &format!("1 ({what})"))),
+    }
+}
+
+fn stop_strings(obj: &Object) -> Result<Vec<String>, ApiError> {
     let stop = match field(obj, "stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
@@ -188,12 +418,93 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(wrong("stop", "a string or an array of strings")),
     };
+    if stop.len() > MAX_STOP {
+        return Err(out_of_range(
+            "stop",
+            format!("{} strings", stop.len()),
+            &format!("at most {MAX_STOP} strings"),
+        ));
+    }
+    for (i, s) in stop.iter().enumerate() {
+        if s.is_empty() || s.len() > MAX_STOP_BYTES {
+            return Err(out_of_range(
+                &format!("stop[{i}]"),
+                format!("{} bytes long", s.len()),
+                &format!("1 to {MAX_STOP_BYTES} bytes long"),
+            ));
+        }
+    }
+    Ok(stop)
+}
+
+fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
+    check_no_effect_and_features(obj)?;
+    let mut s = SamplingParams {
+        seed: random_seed(),
+        ..SamplingParams::default()
+    };
+    if let Some(v) = opt_f32_in(obj, "temperature", 0.0, MAX_TEMPERATURE, "in [0, 100]")? {
+        s.temperature = v;
+    }
+    if let Some(v) = opt_f32(obj, "top_p")? {
+        if v <= 0.0 || v > 1.0 {
+            return Err(out_of_range("top_p", v, "in (0, 1]"));
+        }
+        s.top_p = v;
+    }
+    match opt_i64(obj, "top_k").map_err(|_| wrong("top_k", "an integer >= -1"))? {
+        None => {}
+        // -1 (vLLM's spelling) and 0 (llama.cpp's) both switch top-k off.
+        Some(-1) | Some(0) => s.top_k = 0,
+        Some(k) if k > 0 => s.top_k = usize::try_from(k).unwrap_or(usize::MAX),
+        Some(k) => {
+            return Err(out_of_range(
+                "top_k",
+                k,
+                "-1, 0 (off) or a positive integer",
+            ))
+        }
+    }
+    if let Some(v) = opt_f32_in(obj, "min_p", 0.0, 1.0, "in [0, 1]")? {
+        s.min_p = v;
+    }
+    let pen = "in [-2, 2]";
+    if let Some(v) = opt_f32_in(obj, "presence_penalty", -MAX_PENALTY, MAX_PENALTY, pen)? {
+        s.presence_penalty = v;
+    }
+    if let Some(v) = opt_f32_in(obj, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY, pen)? {
+        s.frequency_penalty = v;
+    }
+    let (lo, hi) = REPEAT_PENALTY_RANGE;
+    if let Some(v) = opt_f32_in(obj, "repeat_penalty", lo, hi, "in [0.01, 10]")? {
+        s.repeat_penalty = v;
+    }
+    if let Some(v) = field(obj, "seed") {
+        // OpenAI clients send signed seeds; the sampler's stream is keyed by the bits.
+        s.seed = v
+            .as_u64()
+            .or_else(|| v.as_i64().map(|x| x as u64))
+            .ok_or_else(|| wrong("seed", "an integer in [-2^63, 2^64)"))?;
+    }
+    s.logit_bias = logit_bias(obj)?;
+    s.validate().map_err(sampler_error)?;
+    let max_tokens = max_tokens(obj, max_names)?;
+    only_one(obj, "n", "one choice per request is supported")?;
+    let stop = stop_strings(obj)?;
     let stream = opt_bool(obj, "stream")?.unwrap_or(false);
     let include_usage = match field(obj, "stream_options") {
         None => false,
-        Some(Value::Object(o)) => opt_bool(o, "include_usage")
-            .map_err(|_| wrong("stream_options.include_usage", "a boolean"))?
-            .unwrap_or(false),
+        Some(_) if !stream => {
+            return Err(ApiError::bad_request(
+                "field `stream_options` is only allowed when `stream` is true",
+            ))
+        }
+        Some(Value::Object(o)) => {
+            only_known(o, &["include_usage"], "stream_options.")?;
+            opt_bool(o, "include_usage")
+                .map_err(|_| wrong("stream_options.include_usage", "a boolean"))?
+                .unwrap_or(false)
+        }
         Some(_) => return Err(wrong("stream_options", "an object")),
     };
     Ok(GenRequest {
@@ -208,13 +519,14 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
 
 fn check_top(name: &str, k: usize) -> Result<usize, ApiError> {
     if k > MAX_TOP_LOGPROBS {
-        return Err(wrong(name, "at most 20"));
+        return Err(out_of_range(name, k, "an integer in [0, 20]"));
     }
     Ok(k)
 }
 
 /// Reads a chat completion request: its messages and generation settings.
 pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiError> {
+    only_known(obj, CHAT_FIELDS, "")?;
     let msgs = field(obj, "messages")
         .ok_or_else(|| ApiError::bad_request("field `messages` is required"))?
         .as_array()
@@ -227,6 +539,7 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
         let m = m
             .as_object()
             .ok_or_else(|| wrong(&format!("messages[{i}]"), "an object"))?;
+        only_known(m, MESSAGE_FIELDS, &format!("messages[{i}]."))?;
         let role = opt_str(m, "role")
             .map_err(|_| wrong(&format!("messages[{i}].role"), "a string"))?
             .ok_or_else(|| {
@@ -246,11 +559,13 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
         out.push(ChatMessage::new(role, content));
     }
     let mut g = common(obj, &["max_completion_tokens", "max_tokens"])?;
+    let top = opt_usize(obj, "top_logprobs")?;
     if opt_bool(obj, "logprobs")?.unwrap_or(false) {
-        g.logprobs = Some(check_top(
-            "top_logprobs",
-            opt_usize(obj, "top_logprobs")?.unwrap_or(0),
-        )?);
+        g.logprobs = Some(check_top("top_logprobs", top.unwrap_or(0))?);
+    } else if top.is_some() {
+        return Err(ApiError::bad_request(
+            "field `top_logprobs` needs `logprobs` set to true",
+        ));
     }
     Ok((out, g))
 }
@@ -287,6 +602,7 @@ pub enum Prompt {
 
 /// Reads a text completion request: its prompt and generation settings.
 pub fn parse_completion(obj: &Object) -> Result<(Prompt, GenRequest), ApiError> {
+    only_known(obj, COMPLETION_FIELDS, "")?;
     let bad = || {
         wrong(
             "prompt",
@@ -312,6 +628,16 @@ pub fn parse_completion(obj: &Object) -> Result<(Prompt, GenRequest), ApiError> 
         Some(_) => return Err(bad()),
     };
     let mut g = common(obj, &["max_tokens"])?;
+    only_one(obj, "best_of", "one candidate per request is generated")?;
+    if opt_bool(obj, "echo")? == Some(true) {
+        return Err(unsupported("echo", "the prompt is not echoed back"));
+    }
+    if opt_str(obj, "suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(unsupported(
+            "suffix",
+            "insertion after a suffix is not implemented",
+        ));
+    }
     if let Some(k) = opt_usize(obj, "logprobs")? {
         g.logprobs = Some(check_top("logprobs", k)?);
     }
@@ -383,5 +709,205 @@ mod tests {
             .unwrap_err()
             .message
             .contains("invalid JSON"));
+    }
+
+    fn chat(extra: Value) -> Object {
+        let mut o = obj(json!({"messages": [{"role": "user", "content": "x"}]}));
+        o.extend(obj(extra));
+        o
+    }
+
+    #[test]
+    fn numbers_outside_their_range_name_the_field_and_the_range() {
+        for (field, range, extra) in [
+            ("temperature", "[0, 100]", json!({"temperature": 300})),
+            (
+                "temperature",
+                "a 32-bit float",
+                json!({"temperature": 1e300}),
+            ),
+            ("temperature", "a number", json!({"temperature": "hot"})),
+            (
+                "presence_penalty",
+                "[-2, 2]",
+                json!({"presence_penalty": 1e30}),
+            ),
+            (
+                "frequency_penalty",
+                "[-2, 2]",
+                json!({"frequency_penalty": -5}),
+            ),
+            (
+                "repeat_penalty",
+                "[0.01, 10]",
+                json!({"repeat_penalty": 1e-30}),
+            ),
+            ("min_p", "[0, 1]", json!({"min_p": 2})),
+            ("top_p", "(0, 1]", json!({"top_p": 0})),
+            ("top_k", "positive integer", json!({"top_k": -5})),
+            ("top_k", "integer", json!({"top_k": 1.5})),
+            (
+                "top_logprobs",
+                "[0, 20]",
+                json!({"logprobs": true, "top_logprobs": 21}),
+            ),
+            (
+                "max_completion_tokens",
+                ">= 1",
+                json!({"max_completion_tokens": 0}),
+            ),
+            ("max_tokens", ">= 1", json!({"max_tokens": -3})),
+            (
+                "n_predict",
+                "-1 or an integer >= 1",
+                json!({"n_predict": -2}),
+            ),
+            ("seed", "integer", json!({"seed": 1.5})),
+            ("seed", "integer", json!({"seed": 1e20})),
+            ("stop", "at most 16", json!({"stop": vec!["s"; 17]})),
+            ("stop[1]", "1 to 256 bytes", json!({"stop": ["a", ""]})),
+            (
+                "stop[0]",
+                "1 to 256 bytes",
+                json!({"stop": "x".repeat(300)}),
+            ),
+            (
+                "logit_bias.5",
+                "[-100, 100]",
+                json!({"logit_bias": {"5": 200}}),
+            ),
+            (
+                "logit_bias.5",
+                "a number",
+                json!({"logit_bias": {"5": "ban"}}),
+            ),
+            ("logit_bias", "token ids", json!({"logit_bias": {"-5": 1}})),
+            (
+                "logit_bias",
+                "token ids",
+                json!({"logit_bias": {"99999999999": 1}}),
+            ),
+            ("logit_bias", "an object", json!({"logit_bias": [[5, 1]]})),
+            ("n", "1 (one choice", json!({"n": 3})),
+        ] {
+            let e = parse_chat(&chat(extra.clone())).unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(
+                e.message.contains(&format!("`{field}`")) && e.message.contains(range),
+                "{extra}: {}",
+                e.message
+            );
+        }
+        let e = parse_completion(&obj(json!({"prompt": "a", "logprobs": 21}))).unwrap_err();
+        assert!(e.message.contains("`logprobs`") && e.message.contains("[0, 20]"));
+        let e = parse_completion(&obj(json!({"prompt": "a", "best_of": 2}))).unwrap_err();
+        assert!(e.message.contains("`best_of`"), "{}", e.message);
+    }
+
+    #[test]
+    fn limits_inside_the_ranges_are_accepted() {
+        let (_, g) = parse_chat(&chat(json!({
+            "temperature": 100, "presence_penalty": -2, "frequency_penalty": 2,
+            "repeat_penalty": 0.01, "min_p": 1, "top_p": 1, "top_k": -1,
+            "seed": u64::MAX, "stop": vec!["x".repeat(256); 16],
+            "max_tokens": u64::MAX,
+            "logit_bias": {"5": -100, "7": 100, "0": 0.5},
+        })))
+        .unwrap();
+        assert_eq!(g.sampling.top_k, 0);
+        assert_eq!(g.sampling.seed, u64::MAX);
+        // Past any context, but refused only against the slot (openai::generate).
+        assert_eq!(g.max_tokens, Some(usize::MAX));
+        let mut bias = g.sampling.logit_bias.clone();
+        bias.sort_by_key(|b| b.0);
+        assert_eq!(bias, vec![(0, 0.5), (5, -100.0), (7, 100.0)]);
+        // n_predict is llama-server's max_tokens; -1 fills the context.
+        let (_, g) = parse_completion(&obj(json!({"prompt": "a", "n_predict": 9}))).unwrap();
+        assert_eq!(g.max_tokens, Some(9));
+        let (_, g) = parse_completion(&obj(json!({"prompt": "a", "n_predict": -1}))).unwrap();
+        assert_eq!(g.max_tokens, None);
+        let (_, g) = parse_completion(&obj(json!({"prompt": "a", "max_tokens": 3,
+            "n_predict": 9})))
+        .unwrap();
+        assert_eq!(g.max_tokens, Some(3));
+    }
+
+    #[test]
+    fn fields_without_an_effect_here_are_refused_by_name() {
+        for (field, extra) in [
+            ("temprature", json!({"temprature": 0.5})),
+            (
+                "tools",
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+            ),
+            ("tool_choice", json!({"tool_choice": "required"})),
+            (
+                "response_format",
+                json!({"response_format": {"type": "json_object"}}),
+            ),
+            ("functions", json!({"functions": [{"name": "f"}]})),
+            (
+                "stream_options",
+                json!({"stream_options": {"include_usage": true}}),
+            ),
+            (
+                "stream_options.include_obfuscation",
+                json!({"stream": true, "stream_options": {"include_obfuscation": true}}),
+            ),
+            ("top_logprobs", json!({"top_logprobs": 2})),
+            ("cache_prompt", json!({"cache_prompt": false})),
+            ("mirostat", json!({"mirostat": 2})),
+            ("echo", json!({"echo": true})),
+        ] {
+            let e = parse_chat(&chat(extra.clone())).unwrap_err();
+            assert!(
+                e.message.contains(&format!("`{field}`")),
+                "{extra}: {}",
+                e.message
+            );
+        }
+        let e = parse_chat(&obj(json!({"messages": [
+            {"role": "user", "content": "x", "name": "bob"}]})))
+        .unwrap_err();
+        assert!(e.message.contains("`messages[0].name`"), "{}", e.message);
+        for (field, extra) in [
+            ("echo", json!({"echo": true})),
+            ("suffix", json!({"suffix": "}"})),
+            ("messages", json!({"messages": []})),
+        ] {
+            let mut o = obj(json!({"prompt": "a"}));
+            o.extend(obj(extra.clone()));
+            let e = parse_completion(&o).unwrap_err();
+            assert!(
+                e.message.contains(&format!("`{field}`")),
+                "{extra}: {}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn metadata_fields_and_neutral_values_are_accepted() {
+        let (_, g) = parse_chat(&chat(json!({
+            "model": "gpt-4o", "user": "u-1", "metadata": {"k": "v"}, "store": false,
+            "tools": [], "tool_choice": "none", "parallel_tool_calls": false,
+            "response_format": {"type": "text"}, "cache_prompt": true,
+            "no_such_field": null,
+        })))
+        .unwrap();
+        assert_eq!(g.sampling.temperature, 0.8);
+        assert!(
+            parse_completion(&obj(json!({"prompt": "a", "echo": false, "suffix": "",
+            "best_of": 1, "n": 1})))
+            .is_ok()
+        );
+        for (field, extra) in [
+            ("model", json!({"model": 5})),
+            ("metadata", json!({"metadata": "x"})),
+            ("store", json!({"store": "yes"})),
+        ] {
+            let e = parse_chat(&chat(extra)).unwrap_err();
+            assert!(e.message.contains(&format!("`{field}`")), "{}", e.message);
+        }
     }
 }

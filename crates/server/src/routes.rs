@@ -123,11 +123,7 @@ async fn chat(
 ) -> Result<Response, ApiError> {
     let obj = params::parse_object(&body(b, st.body_limit)?)?;
     let (msgs, g) = params::parse_chat(&obj)?;
-    let text = st.template.render(&msgs, true).map_err(|e| {
-        ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"))
-    })?;
-    let inject = openai::fault_of(&st, &text);
-    let prompt = st.tok.encode(&text, true, true);
+    let (prompt, inject) = openai::chat_prompt(&st, &msgs)?;
     openai::generate(Arc::clone(&st), Kind::Chat, prompt, g, inject, log).await
 }
 
@@ -144,11 +140,13 @@ async fn completions(
 
 async fn tokenize(State(st): St, b: Body) -> Result<Json<Value>, ApiError> {
     let obj = params::parse_object(&body(b, st.body_limit)?)?;
+    params::check_fields(&obj, params::TOKENIZE_FIELDS)?;
     let content = opt_str(&obj, "content")?
         .ok_or_else(|| ApiError::bad_request("field `content` is required"))?;
     let add_special = opt_bool(&obj, "add_special")?.unwrap_or(false);
+    let parse_special = opt_bool(&obj, "parse_special")?.unwrap_or(true);
     let with_pieces = opt_bool(&obj, "with_pieces")?.unwrap_or(false);
-    let ids = st.tok.encode(content, add_special, true);
+    let ids = st.tok.encode(content, add_special, parse_special);
     let tokens: Vec<Value> = if with_pieces {
         ids.iter()
             .map(|&id| {
@@ -168,6 +166,7 @@ async fn tokenize(State(st): St, b: Body) -> Result<Json<Value>, ApiError> {
 
 async fn detokenize(State(st): St, b: Body) -> Result<Json<Value>, ApiError> {
     let obj = params::parse_object(&body(b, st.body_limit)?)?;
+    params::check_fields(&obj, params::DETOKENIZE_FIELDS)?;
     let ids = match obj.get("tokens") {
         None | Some(Value::Null) => {
             return Err(ApiError::bad_request("field `tokens` is required"))

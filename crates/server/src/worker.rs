@@ -5,7 +5,8 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,14 @@ use crate::metrics::Metrics;
 /// The HTTP side's handle: a bounded queue into the worker.
 #[derive(Clone)]
 pub struct WorkerHandle {
-    queue: SyncSender<Job>,
+    /// Unbounded underneath so that nothing is reserved for the configured capacity up
+    /// front (a bounded std channel allocates every slot at creation); `pending` and
+    /// `capacity` bound it instead.
+    queue: Sender<Job>,
+    /// Jobs sent but not yet received by the worker.
+    pending: Arc<AtomicUsize>,
+    /// Most jobs that may wait at once.
+    capacity: usize,
     /// Shared counters.
     pub metrics: Arc<Metrics>,
     /// Latest per-slot snapshot.
@@ -34,21 +42,22 @@ pub struct WorkerHandle {
 impl WorkerHandle {
     /// Queues a job; a full queue is a 503 with Retry-After.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        // A place is taken before the send, so concurrent submits never exceed capacity.
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= self.capacity {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            return Err(ApiError::unavailable(
+                "all slots are busy and the request queue is full; retry later",
+                1,
+            ));
+        }
         // Counted before the send so the worker's decrement can never run first.
         self.metrics.queue_delta(true);
-        match self.queue.try_send(job) {
+        match self.queue.send(job) {
             Ok(()) => Ok(()),
-            Err(e) => {
+            Err(_) => {
+                self.pending.fetch_sub(1, Ordering::AcqRel);
                 self.metrics.queue_delta(false);
-                Err(match e {
-                    TrySendError::Full(_) => ApiError::unavailable(
-                        "all slots are busy and the request queue is full; retry later",
-                        1,
-                    ),
-                    TrySendError::Disconnected(_) => {
-                        ApiError::internal("the inference worker has stopped")
-                    }
-                })
+                Err(ApiError::internal("the inference worker has stopped"))
             }
         }
     }
@@ -70,7 +79,9 @@ pub fn spawn(
     load: impl FnOnce() -> Result<MultiEngine, EngineError> + Send + 'static,
     queue_capacity: usize,
 ) -> Result<(WorkerHandle, Loaded, std::thread::JoinHandle<()>), String> {
-    let (qtx, qrx) = std::sync::mpsc::sync_channel::<Job>(queue_capacity);
+    let (qtx, qrx) = std::sync::mpsc::channel::<Job>();
+    let pending = Arc::new(AtomicUsize::new(0));
+    let pending2 = Arc::clone(&pending);
     let metrics = Arc::new(Metrics::default());
     let slots = Arc::new(Mutex::new(Vec::new()));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -102,8 +113,11 @@ pub fn spawn(
                     .ok()
                     .map(str::to_string),
             };
+            // The slots are published before the server is reported ready, so /slots
+            // never shows an empty list to the first client.
+            let worker = Worker::new(engine, tokenizer, m2, s2);
             let _ = ready_tx.send(Ok(loaded));
-            Worker::new(engine, tokenizer, m2, s2).run(qrx);
+            worker.run(qrx, &pending2);
         })
         .map_err(|e| format!("starting the inference thread: {e}"))?;
     let loaded = ready_rx
@@ -111,6 +125,8 @@ pub fn spawn(
         .map_err(|_| "the inference thread ended while loading".to_string())??;
     let handle = WorkerHandle {
         queue: qtx,
+        pending,
+        capacity: queue_capacity,
         metrics,
         slots,
     };
@@ -190,7 +206,7 @@ impl Worker {
         w
     }
 
-    fn run(mut self, queue: Receiver<Job>) {
+    fn run(mut self, queue: Receiver<Job>, pending: &AtomicUsize) {
         let mut closed = false;
         loop {
             let busy = self.slots.iter().any(|s| s.active.is_some());
@@ -221,6 +237,7 @@ impl Worker {
                         }
                     }
                 };
+                pending.fetch_sub(1, Ordering::AcqRel);
                 self.metrics.queue_delta(false);
                 progressed = true;
                 self.admit(job);

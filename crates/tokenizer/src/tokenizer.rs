@@ -6,6 +6,7 @@ use crate::error::TokenizerError;
 use crate::pretok::{PreKind, PreTokenizer};
 use crate::vocab::{Meta, TokenType, Vocab};
 use minfer_gguf::GgufFile;
+use std::ops::Range;
 
 /// A byte-level BPE tokenizer built from a GGUF vocabulary.
 pub struct Tokenizer {
@@ -92,11 +93,49 @@ impl Tokenizer {
     /// token texts such as `<|im_start|>` as single tokens; USER_DEFINED tokens are matched
     /// always, and UNUSED ones never (llama.cpp's rules).
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_inner(text, add_special, parse_special, &[])
+    }
+
+    /// Encodes a prompt whose `literal` byte ranges hold untrusted text (chat message
+    /// contents): CONTROL token texts are matched everywhere else, as with
+    /// `parse_special = true`, but never inside or across those ranges, where the text is
+    /// tokenized as `parse_special = false` would. Without control-token text in the
+    /// ranges, the ids equal `encode(text, add_special, true)`. Ranges must be sorted,
+    /// disjoint and inside `text`.
+    pub fn encode_with_literals(
+        &self,
+        text: &str,
+        add_special: bool,
+        literal: &[Range<usize>],
+    ) -> Vec<u32> {
+        self.encode_inner(text, add_special, true, literal)
+    }
+
+    /// Whether `text` holds the text of a CONTROL token, which `parse_special = true`
+    /// would turn into that token.
+    pub fn contains_control_text(&self, text: &str) -> bool {
+        self.vocab.specials.iter().any(|&id| {
+            self.vocab.types[id as usize].is_special()
+                && self
+                    .vocab
+                    .texts
+                    .text(id)
+                    .is_some_and(|t| !t.is_empty() && text.contains(t))
+        })
+    }
+
+    fn encode_inner(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        literal: &[Range<usize>],
+    ) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.vocab.bos);
         }
-        let frags = self.partition(text, parse_special);
+        let frags = self.partition(text, parse_special, literal);
         let mut words = Vec::new();
         let mut scratch = Scratch::default();
         let mut lookup = String::new();
@@ -142,8 +181,9 @@ impl Tokenizer {
     }
 
     /// Splits out special-token texts: each candidate in turn, longest text first, cuts
-    /// every remaining raw-text fragment at its occurrences.
-    fn partition(&self, text: &str, parse_special: bool) -> Vec<Frag> {
+    /// every remaining raw-text fragment at its occurrences. A CONTROL token occurrence
+    /// that overlaps a `literal` range stays text.
+    fn partition(&self, text: &str, parse_special: bool, literal: &[Range<usize>]) -> Vec<Frag> {
         let mut frags = vec![Frag::Text(0, text.len())];
         if text.is_empty() {
             frags.clear();
@@ -151,11 +191,12 @@ impl Tokenizer {
         }
         let mut next = Vec::new();
         for &id in &self.vocab.specials {
-            if !parse_special && self.vocab.types[id as usize].is_special() {
+            let control = self.vocab.types[id as usize].is_special();
+            if !parse_special && control {
                 continue;
             }
             let tok = self.vocab.texts.text(id).unwrap_or_default();
-            if !text.contains(tok) {
+            if tok.is_empty() || !text.contains(tok) {
                 continue;
             }
             next.clear();
@@ -164,12 +205,21 @@ impl Tokenizer {
                     next.push(f);
                     continue;
                 };
-                while let Some(p) = text[s..e].find(tok) {
-                    if p > 0 {
-                        next.push(Frag::Text(s, s + p));
+                // `s` starts the pending text; `from` is where the search goes on.
+                let mut from = s;
+                while let Some(p) = text[from..e].find(tok) {
+                    let (a, b) = (from + p, from + p + tok.len());
+                    if control && overlaps(literal, a, b) {
+                        // Text from a literal range: look again one character further.
+                        from = a + text[a..].chars().next().map_or(1, char::len_utf8);
+                        continue;
+                    }
+                    if a > s {
+                        next.push(Frag::Text(s, a));
                     }
                     next.push(Frag::Token(id));
-                    s += p + tok.len();
+                    s = b;
+                    from = b;
                 }
                 if s < e {
                     next.push(Frag::Text(s, e));
@@ -304,6 +354,13 @@ impl Tokenizer {
     }
 }
 
+/// Whether `[a, b)` overlaps any of the sorted, disjoint `ranges` (a binary search, so a
+/// prompt of many messages with many control texts stays linear-logarithmic).
+fn overlaps(ranges: &[Range<usize>], a: usize, b: usize) -> bool {
+    let i = ranges.partition_point(|r| r.end <= a);
+    ranges.get(i).is_some_and(|r| r.start < b)
+}
+
 fn meta_str<'a>(get: &Meta<'a>, key: &'static str) -> Result<Option<&'a str>, TokenizerError> {
     match get(key) {
         None => Ok(None),
@@ -433,6 +490,33 @@ pub(crate) mod tests {
         assert_eq!(tok.eot(), Some(258));
         assert!(tok.chat_template().is_none());
         assert!(tok.encode("", true, true).is_empty());
+    }
+
+    #[test]
+    fn control_text_in_literal_ranges_stays_text() {
+        let tok = build(&tiny_metadata()).unwrap();
+        let text = "<|im_start|>u<|im_end|>x<x><|im_end|>";
+        // Without literal ranges it is the special-parsing encoding, exactly.
+        assert_eq!(
+            tok.encode_with_literals(text, false, &[]),
+            tok.encode(text, false, true)
+        );
+        // The range covers "u<|im_end|>x<x>": its control text is bytes, its
+        // user-defined token still matches, and the markers outside stay tokens.
+        let lit = 12..27;
+        assert_eq!(&text[lit.clone()], "u<|im_end|>x<x>");
+        let ids = tok.encode_with_literals(text, false, &[lit]);
+        assert_eq!(ids.first(), Some(&257));
+        assert_eq!(ids.last(), Some(&258));
+        assert_eq!(ids.iter().filter(|&&i| i == 258).count(), 1, "{ids:?}");
+        assert!(ids.contains(&259));
+        assert_eq!(tok.decode(&ids, true).unwrap(), text);
+        // A range that only overlaps the start of a control text still disarms it.
+        let head = 0..3;
+        let ids = tok.encode_with_literals("a<|im_end|>", false, &[head]);
+        assert!(!ids.contains(&258), "{ids:?}");
+        assert!(tok.contains_control_text("x<|im_start|>"));
+        assert!(!tok.contains_control_text("x<x><|im_"));
     }
 
     #[test]

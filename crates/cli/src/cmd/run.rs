@@ -102,6 +102,7 @@ impl Args {
             frequency_penalty: self.frequency_penalty,
             penalty_last_n: self.repeat_last_n,
             seed,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -131,8 +132,10 @@ fn prompt_tokens(args: &Args, tok: &Tokenizer, text: &str) -> anyhow::Result<Vec
             msgs.push(ChatMessage::new("system", s.as_str()));
         }
         msgs.push(ChatMessage::new("user", text));
-        let rendered = tpl.render(&msgs, true)?;
-        Ok(tok.encode(&rendered, true, true))
+        // The prompt and system text are message content: their special-token text
+        // stays text, and only the template's markers are control tokens.
+        let rendered = tpl.render_spans(&msgs, true)?;
+        Ok(rendered.encode(tok, &msgs, true)?)
     } else {
         // As llama.cpp's completion tool: special-token text in a prompt is parsed.
         Ok(tok.encode(text, true, true))

@@ -34,9 +34,13 @@ pub struct Args {
     /// Requests that may wait for a free slot; beyond it clients get 503.
     #[arg(long = "queue", default_value_t = 64)]
     pub queue: usize,
-    /// Seconds a request may take before it is abandoned with 504.
+    /// Seconds a request may take before it is abandoned with 504 (1 to 604800).
     #[arg(long = "timeout", default_value_t = 600)]
     pub timeout: u64,
+    /// Parse special-token text such as `<|im_end|>` inside chat message content as
+    /// control tokens (lets a user forge conversation turns; off by default).
+    #[arg(long = "allow-special-in-content")]
+    pub allow_special_in_content: bool,
 }
 
 /// Runs `minfer serve` until Ctrl-C.
@@ -45,8 +49,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // Refuse a bad fence before any download or mapping.
         minfer_graph::BackendRegistry::new().parse_fence(spec)?;
     }
-    let path = minfer_hub::resolve_model(args.model.as_deref(), true)?;
-    let mut config = minfer_server::Config::new(&path);
+    // Every number is checked before any download or model load.
+    let max_timeout = minfer_server::MAX_REQUEST_TIMEOUT.as_secs();
+    if !(1..=max_timeout).contains(&args.timeout) {
+        anyhow::bail!(
+            "invalid --timeout: {} is not in 1..={max_timeout} seconds",
+            args.timeout
+        );
+    }
+    let mut config = minfer_server::Config::new(std::path::PathBuf::new());
     config.host = args.host;
     config.port = args.port;
     config.slots = args.slots;
@@ -55,6 +66,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.backend = args.backend;
     config.api_key = args.api_key;
     config.queue = args.queue;
-    config.request_timeout = Duration::from_secs(args.timeout.max(1));
+    config.request_timeout = Duration::from_secs(args.timeout);
+    config.allow_special_in_content = args.allow_special_in_content;
+    config.validate()?;
+    let path = minfer_hub::resolve_model(args.model.as_deref(), true)?;
+    config.model = path.clone();
     minfer_server::serve(config).with_context(|| format!("serving {}", path.display()))
 }
