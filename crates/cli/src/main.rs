@@ -37,6 +37,11 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A mistyped `MINFER_*` value is refused before any command runs, never ignored.
+    if let Err(e) = minfer_env::check_all() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Info(a) => cmd::info::run(a),
         Command::Pull(a) => cmd::pull::run(a),

@@ -125,14 +125,7 @@ fn bad_parameters_are_refused_by_name() {
     );
     assert_refused(&minfer(&["run", "-m", m, "--top-p", "0", "hi"]), "top-p");
     assert_refused(&minfer(&["run", "-m", m, "--top-p", "1.5", "hi"]), "top-p");
-    assert_refused(
-        &minfer(&["run", "-m", m, "-c", "0", "hi"]),
-        "context size (-c)",
-    );
-    assert_refused(
-        &minfer(&["run", "-m", m, "-c", "16", "-n", "100", "hi"]),
-        "-n",
-    );
+    assert_refused(&minfer(&["run", "-m", m, "-c", "0", "hi"]), "--ctx-size");
     assert_refused(
         &minfer(&["run", "-m", m, "--backend", "warp", "hi"]),
         "unknown backend 'warp'",
@@ -200,6 +193,55 @@ fn perplexity_reports_a_ppl_line() {
             "-c",
             "0",
         ]),
-        "context size (-c)",
+        "--ctx-size",
+    );
+}
+
+#[test]
+fn bad_minfer_variables_are_refused_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    let cases = [
+        ("MINFER_ISA", "bogus", vec!["info", "-m", m]),
+        (
+            "MINFER_PROFILE",
+            "yes",
+            vec!["run", "-m", m, "-n", "2", "hi"],
+        ),
+        ("MINFER_BATCH", "2", vec!["tokenize", "-m", m, "hi"]),
+        (
+            "MINFER_REPACK",
+            "off",
+            vec!["bench", "-m", m, "-p", "4", "-n", "0", "-r", "1"],
+        ),
+        ("MINFER_GRAPH_TRACE", "true", vec!["pull", "--list"]),
+    ];
+    for (var, value, args) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+            .args(&args)
+            .env("MINFER_HOME", dir.path())
+            .env_remove("MINFER_BACKENDS")
+            .env(var, value)
+            .output()
+            .expect("run minfer");
+        assert_refused(&out, &format!("{var}=\"{value}\""));
+        assert_refused(&out, "accepted values are");
+        assert!(
+            out.stdout.is_empty(),
+            "{var}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    // The accepted values still work.
+    let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+        .args(["info", "-m", m])
+        .env("MINFER_ISA", "scalar")
+        .output()
+        .expect("run minfer");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

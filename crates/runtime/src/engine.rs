@@ -42,6 +42,9 @@ pub enum EngineError {
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
+    /// A `MINFER_*` environment variable holds a value it does not accept.
+    #[error(transparent)]
+    Env(#[from] minfer_env::EnvError),
 }
 
 /// How to build an engine.
@@ -136,6 +139,9 @@ impl Engine {
         opts: &EngineOptions,
         t0: Instant,
     ) -> Result<Self, EngineError> {
+        // Every engine user (command line, server, library) gets a bad `MINFER_*` value as
+        // an error here, before the infallible reads deep in the backends see it.
+        minfer_env::check_all()?;
         if opts.n_threads == 0 || opts.n_threads > 1024 {
             return Err(EngineError::Param {
                 name: "threads (-t)",
