@@ -214,6 +214,8 @@ impl Sampler {
     }
 
     /// Picks the next token from one row of logits (modified in place by the penalties).
+    /// NaN and -inf logits are never drawn unless every logit is one, where the lowest id
+    /// is returned, as `argmax` does.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         if self.penalties_active() {
             self.apply_penalties(logits);
@@ -253,7 +255,7 @@ impl Sampler {
             }
             cand.truncate(keep.max(1));
         }
-        if p.min_p > 0.0 {
+        if p.min_p > 0.0 && !cand.is_empty() {
             let max = cand[0].1;
             let floor = max + p.min_p.ln();
             let keep = cand.iter().take_while(|c| c.1 >= floor).count();
@@ -275,8 +277,8 @@ impl Sampler {
             }
         }
         // Rounding left `r` above the final sum: the last token with any mass, never a
-        // banned one.
-        cand[last].0
+        // banned one. (An empty row has no token at all; 0, as `argmax` answers.)
+        cand.get(last).map_or(0, |c| c.0)
     }
 }
 
@@ -402,6 +404,14 @@ mod tests {
         .unwrap();
         assert_eq!(s.sample(&mut [0.0, 3.0, 3.0, -1.0]), 1);
         assert_eq!(argmax(&[f32::NAN, 1.0]), 1);
+        // An empty row panics nowhere in the chain.
+        assert_eq!(s.sample(&mut []), 0);
+        let mut s = Sampler::new(SamplingParams {
+            min_p: 0.5,
+            ..params()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&mut []), 0);
     }
 
     #[test]
