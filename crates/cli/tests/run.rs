@@ -333,6 +333,14 @@ fn bad_minfer_variables_are_refused_at_startup() {
             String::from_utf8_lossy(&out.stdout)
         );
     }
+    let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+        .args(["pull", "--list"])
+        .env("MINFER_HOME", dir.path())
+        .env("MINFER_BACKENDS", "cpu,warp")
+        .output()
+        .expect("run minfer");
+    assert_refused(&out, "unknown backend 'warp'");
+    assert!(out.stdout.is_empty());
     // The accepted values still work.
     let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
         .args(["info", "-m", m])

@@ -38,10 +38,10 @@ impl ModelArgs {
     /// Resolves the model (pulling it on first use) and loads an engine.
     pub fn load(&self) -> anyhow::Result<Engine> {
         let opts = self.engine_options();
-        // Refuse a bad fence before any download or mapping.
-        match &opts.backend {
-            Some(spec) => drop(minfer_graph::BackendRegistry::new().parse_fence(spec)?),
-            None => drop(minfer_graph::BackendRegistry::new().fence_from_env()?),
+        if let Some(spec) = &opts.backend {
+            // Refuse a bad fence before any download or mapping (`MINFER_BACKENDS` was
+            // checked at startup).
+            minfer_graph::BackendRegistry::new().parse_fence(spec)?;
         }
         let path = minfer_hub::resolve_model(self.model.as_deref(), true)?;
         Engine::load(&path, &opts).with_context(|| format!("loading {}", path.display()))
