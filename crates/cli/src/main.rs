@@ -37,6 +37,16 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A mistyped `MINFER_*` value is refused before any command runs, never ignored; the
+    // backend fence's names are checked by the registry that owns them.
+    let env_ok = minfer_env::check_all()
+        .map_err(anyhow::Error::from)
+        .and_then(|()| Ok(minfer_graph::BackendRegistry::new().fence_from_env()?))
+        .map(drop);
+    if let Err(e) = env_ok {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Info(a) => cmd::info::run(a),
         Command::Pull(a) => cmd::pull::run(a),

@@ -139,3 +139,42 @@ fn bad_files_fail_with_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     failing_info_at(&dir.path().join("absent.gguf"));
 }
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_directory_as_the_model_is_refused_without_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.gguf");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo failed");
+    for path in [fifo.as_path(), dir.path()] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
+            .args(["info", "-m", path.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("minfer runs");
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                break s;
+            }
+            if t0.elapsed() > std::time::Duration::from_secs(20) {
+                child.kill().ok();
+                panic!("`minfer info -m {}` hung", path.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!status.success(), "{err}");
+        assert!(err.contains("not a regular file"), "{err}");
+        assert!(err.contains(path.to_str().unwrap()), "{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+    }
+}

@@ -125,14 +125,7 @@ fn bad_parameters_are_refused_by_name() {
     );
     assert_refused(&minfer(&["run", "-m", m, "--top-p", "0", "hi"]), "top-p");
     assert_refused(&minfer(&["run", "-m", m, "--top-p", "1.5", "hi"]), "top-p");
-    assert_refused(
-        &minfer(&["run", "-m", m, "-c", "0", "hi"]),
-        "context size (-c)",
-    );
-    assert_refused(
-        &minfer(&["run", "-m", m, "-c", "16", "-n", "100", "hi"]),
-        "-n",
-    );
+    assert_refused(&minfer(&["run", "-m", m, "-c", "0", "hi"]), "--ctx-size");
     assert_refused(
         &minfer(&["run", "-m", m, "--backend", "warp", "hi"]),
         "unknown backend 'warp'",
@@ -200,6 +193,163 @@ fn perplexity_reports_a_ppl_line() {
             "-c",
             "0",
         ]),
-        "context size (-c)",
+        "--ctx-size",
+    );
+}
+
+#[test]
+fn numeric_flags_outside_their_range_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "some text to score. ".repeat(20)).unwrap();
+    let t = text.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "-m", m, "-t", "100000", "hi"], "--threads"),
+        (
+            &["run", "-m", m, "-t", "18446744073709551616", "hi"],
+            "--threads",
+        ),
+        (&["run", "-m", m, "-c", "1000000000", "hi"], "--ctx-size"),
+        (
+            &["run", "-m", m, "-c", "18446744073709551615", "hi"],
+            "--ctx-size",
+        ),
+        (
+            &["run", "-m", m, "--repeat-last-n", "100000000", "hi"],
+            "--repeat-last-n",
+        ),
+        (&["run", "-m", m, "--temp", "1e39", "hi"], "--temp"),
+        (&["run", "-m", m, "--temp", "inf", "hi"], "--temp"),
+        (
+            &["run", "-m", m, "--presence-penalty=-inf", "hi"],
+            "--presence-penalty",
+        ),
+        (
+            &["run", "-m", m, "--frequency-penalty", "nan", "hi"],
+            "--frequency-penalty",
+        ),
+        (
+            &[
+                "run",
+                "-m",
+                m,
+                "--repeat-penalty",
+                "3e38",
+                "--min-p",
+                "2",
+                "hi",
+            ],
+            "--min-p",
+        ),
+        (&["bench", "-m", m, "-r", "0"], "--repetitions"),
+        (&["bench", "-m", m, "-p", "1000000000"], "--n-prompt"),
+        (&["bench", "-m", m, "-n", "18446744073709551615"], "--n-gen"),
+        (
+            &["perplexity", "-m", m, "-f", t, "--chunks", "0"],
+            "--chunks",
+        ),
+        (
+            &["perplexity", "-m", m, "-f", t, "-c", "99999999999"],
+            "--ctx-size",
+        ),
+    ];
+    for (args, flag) in cases {
+        let out = minfer(args);
+        assert_refused(&out, flag);
+        assert!(out.stdout.is_empty(), "{args:?} printed output");
+    }
+}
+
+#[test]
+fn a_huge_n_predict_stops_cleanly_at_the_end_of_the_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    for n in ["100", "18446744073709551615"] {
+        // Greedy decoding of this tiny model meets no end-of-generation token within 16
+        // positions, so the run can only end at the context's end.
+        let out = minfer(&[
+            "run", "-m", m, "-c", "16", "-n", n, "--temp", "0", "--seed", "1", "hi",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "-n {n}: {err}");
+        assert!(
+            err.contains("stopped at the end of the context (16 tokens"),
+            "-n {n}: {err}"
+        );
+        assert!(!out.stdout.is_empty(), "-n {n}: no text");
+    }
+    // A prompt that fills the context leaves nothing to generate: a named error.
+    assert_refused(
+        &minfer(&[
+            "run",
+            "-m",
+            m,
+            "-c",
+            "2",
+            "-n",
+            "5",
+            "hello world, this is long",
+        ]),
+        "no room to generate",
+    );
+}
+
+#[test]
+fn bad_minfer_variables_are_refused_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    let cases = [
+        ("MINFER_ISA", "bogus", vec!["info", "-m", m]),
+        (
+            "MINFER_PROFILE",
+            "yes",
+            vec!["run", "-m", m, "-n", "2", "hi"],
+        ),
+        ("MINFER_BATCH", "2", vec!["tokenize", "-m", m, "hi"]),
+        (
+            "MINFER_REPACK",
+            "off",
+            vec!["bench", "-m", m, "-p", "4", "-n", "0", "-r", "1"],
+        ),
+        ("MINFER_GRAPH_TRACE", "true", vec!["pull", "--list"]),
+    ];
+    for (var, value, args) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+            .args(&args)
+            .env("MINFER_HOME", dir.path())
+            .env_remove("MINFER_BACKENDS")
+            .env(var, value)
+            .output()
+            .expect("run minfer");
+        assert_refused(&out, &format!("{var}=\"{value}\""));
+        assert_refused(&out, "accepted values are");
+        assert!(
+            out.stdout.is_empty(),
+            "{var}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+        .args(["pull", "--list"])
+        .env("MINFER_HOME", dir.path())
+        .env("MINFER_BACKENDS", "cpu,warp")
+        .output()
+        .expect("run minfer");
+    assert_refused(&out, "unknown backend 'warp'");
+    assert!(out.stdout.is_empty());
+    // The accepted values still work.
+    let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+        .args(["info", "-m", m])
+        .env("MINFER_ISA", "scalar")
+        .output()
+        .expect("run minfer");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -70,7 +70,24 @@ impl GgufFile {
             path: path.display().to_string(),
             source,
         };
+        // Opening a FIFO blocks until a writer appears, and a device or directory cannot be
+        // mapped: only a regular file (after symlinks) is a model. `metadata` does not open.
+        let not_regular = |m: &std::fs::Metadata| {
+            (!m.is_file()).then(|| {
+                io(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("not a regular file (it is {})", file_kind(m)),
+                ))
+            })
+        };
+        if let Some(e) = not_regular(&std::fs::metadata(path).map_err(io)?) {
+            return Err(e);
+        }
         let file = std::fs::File::open(path).map_err(io)?;
+        // The path may have been swapped between the check and the open.
+        if let Some(e) = not_regular(&file.metadata().map_err(io)?) {
+            return Err(e);
+        }
         // SAFETY: the map is read-only and private to this process; as with every mmap of a
         // regular file, another process truncating or rewriting the file while it is open is
         // outside what we can guard against, and model files are treated as immutable.
@@ -283,6 +300,32 @@ fn out_of_range(key: &str, v: &MetaValue, expected: &'static str) -> GgufError {
     }
 }
 
+/// What kind of non-regular file `m` describes, in words.
+fn file_kind(m: &std::fs::Metadata) -> &'static str {
+    let t = m.file_type();
+    if t.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_block_device() || t.is_char_device() {
+            return "a device";
+        }
+    }
+    if t.is_file() {
+        "a regular file"
+    } else {
+        "not a regular file"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,5 +408,38 @@ mod tests {
             .expect("missing file must fail");
         assert!(matches!(e, GgufError::Io { .. }));
         assert!(e.to_string().contains("no/such/model.gguf"), "{e}");
+    }
+
+    /// Opens `path` on another thread and waits at most 10 s, so a hang fails the test.
+    fn open_within_10s(path: &Path) -> Result<GgufFile, GgufError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let owned = path.to_path_buf();
+        std::thread::spawn(move || {
+            // The receiver is gone only after a timeout, which already failed the test.
+            let _ = tx.send(GgufFile::open(&owned));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("GgufFile::open hung")
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn open_refuses_fifos_and_directories_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("model.gguf");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo failed");
+        let e = open_within_10s(&fifo)
+            .err()
+            .expect("a FIFO must be refused");
+        assert!(
+            e.to_string().contains("not a regular file (it is a FIFO)"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("model.gguf"), "{e}");
+        let e = open_within_10s(dir.path())
+            .err()
+            .expect("a directory must be refused");
+        assert!(e.to_string().contains("it is a directory"), "{e}");
     }
 }

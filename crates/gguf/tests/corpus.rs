@@ -315,7 +315,10 @@ fn corpus_dir() -> PathBuf {
 fn committed_corpus_matches_the_generator() {
     let dir = corpus_dir();
     let cases = cases();
-    if std::env::var_os("MINFER_REGEN_CORPUS").is_some() {
+    if minfer_env::REGEN_CORPUS
+        .get_or(false)
+        .expect("MINFER_REGEN_CORPUS")
+    {
         std::fs::create_dir_all(&dir).unwrap();
         for c in &cases {
             std::fs::write(dir.join(format!("{}.gguf", c.name)), &c.bytes).unwrap();

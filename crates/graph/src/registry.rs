@@ -92,6 +92,9 @@ pub enum FenceError {
     /// The fence names no backend.
     #[error("the backend fence is empty")]
     Empty,
+    /// `MINFER_BACKENDS` is not readable text.
+    #[error(transparent)]
+    Env(#[from] minfer_env::EnvError),
 }
 
 /// The registry of this process: the pinned table plus status flags.
@@ -198,9 +201,10 @@ impl BackendRegistry {
 
     /// The fence from `MINFER_BACKENDS`, `None` when the variable is unset.
     pub fn fence_from_env(&self) -> Result<Option<Vec<Backend>>, FenceError> {
-        match std::env::var("MINFER_BACKENDS") {
-            Ok(v) => self.parse_fence(&v).map(Some),
-            Err(_) => Ok(None),
+        match minfer_env::BACKENDS.get() {
+            Ok(Some(v)) => self.parse_fence(&v).map(Some),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 }

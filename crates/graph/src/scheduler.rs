@@ -65,16 +65,17 @@ pub struct BackendScheduler {
     profile: RefCell<BTreeMap<&'static str, (std::time::Duration, usize)>>,
 }
 
-/// `MINFER_PROFILE=1`, read once per process.
+/// `MINFER_PROFILE=1`, read once per process. A bad value is refused at startup
+/// (`minfer_env::check_all`), where an error can be returned; here it reads as off.
 fn profile_enabled() -> bool {
     static PROFILE: OnceLock<bool> = OnceLock::new();
-    *PROFILE.get_or_init(|| std::env::var("MINFER_PROFILE").is_ok_and(|v| v == "1"))
+    *PROFILE.get_or_init(|| minfer_env::PROFILE.get_or(false).unwrap_or(false))
 }
 
-/// `MINFER_GRAPH_TRACE=1`, read once per process.
+/// `MINFER_GRAPH_TRACE=1`, read once per process (a bad value: as for `MINFER_PROFILE`).
 fn trace_enabled() -> bool {
     static TRACE: OnceLock<bool> = OnceLock::new();
-    *TRACE.get_or_init(|| std::env::var("MINFER_GRAPH_TRACE").is_ok_and(|v| v == "1"))
+    *TRACE.get_or_init(|| minfer_env::GRAPH_TRACE.get_or(false).unwrap_or(false))
 }
 
 fn names(bs: &[Backend]) -> String {

@@ -117,13 +117,21 @@ pub(crate) fn resolve_model(spec: Option<&str>, progress: bool) -> Result<PathBu
         Some(s) if http::is_url(s) || catalog::lookup(s).is_some() => pull(Some(s), progress),
         Some(s) => {
             let path = PathBuf::from(s);
-            if path.exists() {
-                Ok(path)
-            } else {
-                Err(HubError::ModelNotFound {
+            match fs::metadata(&path) {
+                Ok(m) if m.is_file() => Ok(path),
+                // A FIFO would block the reader forever and a directory is no model.
+                Ok(_) => Err(HubError::io(
+                    "use as a model",
+                    path,
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "not a regular file (a FIFO, device or directory cannot hold a model)",
+                    ),
+                )),
+                Err(_) => Err(HubError::ModelNotFound {
                     path,
                     known: catalog::known_names(),
-                })
+                }),
             }
         }
     }
@@ -148,6 +156,18 @@ mod tests {
         assert!(
             msg.contains("qwen2.5-coder-0.5b, qwen2.5-coder-1.5b"),
             "{msg}"
+        );
+    }
+
+    #[test]
+    fn directories_are_refused_as_models_by_name() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+        let err = resolve_model(dir.to_str(), false).unwrap_err();
+        assert!(matches!(err, HubError::Io { .. }), "{err:?}");
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(
+            chain.contains("src") && chain.contains("not a regular file"),
+            "{chain}"
         );
     }
 

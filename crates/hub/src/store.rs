@@ -20,7 +20,7 @@ use std::time::UNIX_EPOCH;
 
 /// `$MINFER_HOME`, else `$HOME/.cache/minfer`, else `.minfer` in the current directory.
 pub fn minfer_home() -> PathBuf {
-    if let Some(home) = std::env::var_os("MINFER_HOME").filter(|v| !v.is_empty()) {
+    if let Some(home) = minfer_env::HOME.get() {
         return PathBuf::from(home);
     }
     match std::env::var_os("HOME").filter(|v| !v.is_empty()) {

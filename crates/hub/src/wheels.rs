@@ -35,7 +35,7 @@ pub struct PipFetcher {
 impl PipFetcher {
     /// The fetcher for this environment: `$MINFER_PYTHON`, else `python3`.
     pub fn from_env() -> Self {
-        let python = std::env::var_os("MINFER_PYTHON").filter(|p| !p.is_empty());
+        let python = minfer_env::PYTHON.get();
         PipFetcher {
             python: python.unwrap_or_else(|| "python3".into()),
         }

@@ -42,6 +42,9 @@ pub enum EngineError {
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
+    /// A `MINFER_*` environment variable holds a value it does not accept.
+    #[error(transparent)]
+    Env(#[from] minfer_env::EnvError),
 }
 
 /// How to build an engine.
@@ -87,6 +90,45 @@ pub struct TokenRows<'a> {
 
 /// The default context: the model's own, capped at 4096.
 pub const DEFAULT_CTX_CAP: usize = 4096;
+
+/// Bytes of the f32 K and V regions of every layer for `n_ctx` positions; `None` when the
+/// product does not fit a `u64`.
+pub fn kv_cache_bytes(hp: &HParams, n_ctx: usize) -> Option<u64> {
+    [hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx]
+        .iter()
+        .try_fold(2 * 4u64, |acc, &x| acc.checked_mul(u64::try_from(x).ok()?))
+}
+
+/// Refuses a context whose KV cache cannot be allocated on this machine, so an absurd `-c`
+/// is a named error before anything is allocated rather than an allocation abort later.
+fn check_kv_fits(hp: &HParams, n_ctx: usize) -> Result<(), EngineError> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let too_big = |need: String, have: String| EngineError::Param {
+        name: "context size (-c)",
+        message: format!("{n_ctx} positions need {need} of KV cache, {have} (lower -c)"),
+    };
+    let Some(bytes) = kv_cache_bytes(hp, n_ctx) else {
+        return Err(too_big(
+            "more than 2^64 bytes".into(),
+            "which nothing holds".into(),
+        ));
+    };
+    match physical_memory() {
+        Some(mem) if bytes > mem => Err(too_big(
+            format!("{:.1} GiB", gib(bytes)),
+            format!("more than this machine's {:.1} GiB of memory", gib(mem)),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Total physical memory in bytes, where the platform says (Linux: `/proc/meminfo`).
+fn physical_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
 
 /// A loaded model ready to run.
 pub struct Engine {
@@ -136,6 +178,9 @@ impl Engine {
         opts: &EngineOptions,
         t0: Instant,
     ) -> Result<Self, EngineError> {
+        // Every engine user (command line, server, library) gets a bad `MINFER_*` value as
+        // an error here, before the infallible reads deep in the backends see it.
+        minfer_env::check_all()?;
         if opts.n_threads == 0 || opts.n_threads > 1024 {
             return Err(EngineError::Param {
                 name: "threads (-t)",
@@ -171,6 +216,7 @@ impl Engine {
             Some(c) => c,
             None => hp.n_ctx_train.clamp(1, DEFAULT_CTX_CAP),
         };
+        check_kv_fits(hp, n_ctx)?;
         let mut cpu = CpuBackend::new(opts.n_threads);
         cpu.register_gguf(Arc::clone(&file), "")
             .map_err(|e| EngineError::Param {
@@ -318,10 +364,11 @@ impl Engine {
                 message: format!("{nt} tokens with {n_out} output rows"),
             });
         }
-        if pos0 + nt > self.n_ctx {
+        let needed = pos0.saturating_add(nt);
+        if needed > self.n_ctx {
             return Err(EngineError::ContextOverflow {
                 what: "this step",
-                needed: pos0 + nt,
+                needed,
                 n_ctx: self.n_ctx,
             });
         }
@@ -443,10 +490,11 @@ impl Engine {
     /// Prefills `tokens` from position `pos0` in chunks of at most `n_batch` and returns
     /// the logits of the last token.
     pub fn prefill(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
-        if pos0 + tokens.len() > self.n_ctx {
+        let needed = pos0.saturating_add(tokens.len());
+        if needed > self.n_ctx {
             return Err(EngineError::ContextOverflow {
                 what: "the prompt",
-                needed: pos0 + tokens.len(),
+                needed,
                 n_ctx: self.n_ctx,
             });
         }
@@ -457,5 +505,50 @@ impl Engine {
             pos += chunk.len();
         }
         Ok(logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hparams(n_layer: usize, head_dim: usize) -> HParams {
+        HParams {
+            n_layer,
+            n_embd: 64,
+            n_head: 2,
+            n_head_kv: 2,
+            head_dim,
+            n_ff: 128,
+            n_vocab: 300,
+            n_ctx_train: 4096,
+            rms_eps: 1e-6,
+            rope_freq_base: 10000.0,
+            rope_freq_scale: 1.0,
+            rope_style: minfer_graph::RopeStyle::NonInterleaved,
+        }
+    }
+
+    #[test]
+    fn kv_sizes_are_checked_products_and_absurd_contexts_are_named_errors() {
+        // 2 halves * 4 bytes * 2 layers * 2 heads * 32 dims * 64 positions.
+        assert_eq!(
+            kv_cache_bytes(&hparams(2, 32), 64),
+            Some(2 * 4 * 2 * 2 * 32 * 64)
+        );
+        assert_eq!(kv_cache_bytes(&hparams(usize::MAX, 32), 1 << 24), None);
+        assert!(check_kv_fits(&hparams(2, 32), 64).is_ok());
+        let mut absurd = vec![hparams(usize::MAX, 32)];
+        if physical_memory().is_some() {
+            // 2^58 bytes: representable, but more than any machine holds.
+            absurd.push(hparams(1 << 20, 1 << 10));
+        }
+        for hp in absurd {
+            let e = check_kv_fits(&hp, 1 << 24).unwrap_err().to_string();
+            assert!(
+                e.contains("context size (-c)") && e.contains("KV cache"),
+                "{e}"
+            );
+        }
     }
 }

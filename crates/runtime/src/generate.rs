@@ -63,7 +63,8 @@ pub fn generate(
             message: "is empty".into(),
         });
     }
-    let needed = prompt.len() + opts.max_tokens;
+    // Saturating: a huge `max_tokens` must not wrap around into a small, accepted sum.
+    let needed = prompt.len().saturating_add(opts.max_tokens);
     if needed > engine.n_ctx() {
         return Err(EngineError::ContextOverflow {
             what: "the prompt plus -n",

@@ -30,7 +30,7 @@ use minfer_gguf::GgufFile;
 use crate::engine::{Engine, EngineError, EngineOptions, TokenRows};
 
 /// Environment variable that forces batching off (`0`) or on (`1`).
-pub const BATCH_ENV: &str = "MINFER_BATCH";
+pub const BATCH_ENV: &str = minfer_env::BATCH.name;
 
 /// One slot's work in a step: `tokens` at positions `pos0..pos0 + tokens.len()` of
 /// `slot`, returning the logits of the last `n_out` tokens.
@@ -78,19 +78,7 @@ impl Exec {
 
 /// Reads `MINFER_BATCH`: unset means `default`, `0`/`1` force off/on.
 fn batching_from_env(default: bool) -> Result<bool, EngineError> {
-    match std::env::var(BATCH_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(default),
-        Ok(v) if v.trim() == "0" => Ok(false),
-        Ok(v) if v.trim() == "1" => Ok(true),
-        Ok(v) => Err(EngineError::Param {
-            name: "MINFER_BATCH",
-            message: format!("{v:?} is neither 0 nor 1"),
-        }),
-        Err(e) => Err(EngineError::Param {
-            name: "MINFER_BATCH",
-            message: e.to_string(),
-        }),
-    }
+    Ok(minfer_env::BATCH.get_or(default)?)
 }
 
 impl MultiEngine {
@@ -321,17 +309,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batch_env_accepts_only_zero_and_one() {
-        // The only test in this crate's unit tests that touches the variable.
-        std::env::set_var(BATCH_ENV, "1");
-        assert!(batching_from_env(false).unwrap());
-        std::env::set_var(BATCH_ENV, " 0 ");
-        assert!(!batching_from_env(true).unwrap());
-        std::env::set_var(BATCH_ENV, "yes");
-        let e = batching_from_env(true).unwrap_err().to_string();
+    fn a_bad_batch_value_is_an_engine_error_naming_the_variable() {
+        // The parsing itself is `minfer_env`'s (tested there); this checks what reaches the
+        // caller, without setting the variable under other tests' feet.
+        let bad = minfer_env::BATCH.parse(Some("yes".into())).unwrap_err();
+        let e = EngineError::from(bad).to_string();
         assert!(e.contains("MINFER_BATCH") && e.contains("yes"), "{e}");
-        std::env::remove_var(BATCH_ENV);
-        assert!(batching_from_env(true).unwrap());
-        assert!(!batching_from_env(false).unwrap());
     }
 }

@@ -1,6 +1,11 @@
 //! The sampler chain, in llama.cpp's default order: logit bias, penalties, top-k, top-p,
 //! min-p, temperature, then a seeded draw. A temperature of 0 means greedy (argmax after the
 //! penalties), as llama.cpp's temperature sampler does for `temp <= 0`.
+//!
+//! Every stage is total over its inputs: any finite parameter that `validate` accepts and
+//! any logit row (±inf, NaN, huge magnitudes) yields a valid distribution, so the draw
+//! never sees a NaN. A NaN logit counts as banned (like -inf), a tiny temperature tends to
+//! the argmax as its limit does, and +inf logits share the whole mass.
 
 use std::collections::VecDeque;
 
@@ -21,7 +26,8 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Subtracted per occurrence from the logit of every recent token.
     pub frequency_penalty: f32,
-    /// How many recent tokens the penalties look at; 0 disables them.
+    /// How many recent tokens the penalties look at, at most [`MAX_PENALTY_WINDOW`]; 0
+    /// disables them.
     pub penalty_last_n: usize,
     /// Seed of the draw, for exact reproducibility.
     pub seed: u64,
@@ -54,6 +60,9 @@ impl Default for SamplingParams {
         }
     }
 }
+
+/// Longest penalty window: the counts are recomputed over it at every step.
+pub const MAX_PENALTY_WINDOW: usize = 1 << 16;
 
 /// A parameter outside its domain.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -92,6 +101,13 @@ impl SamplingParams {
         check("repeat-penalty", r, r > 0.0, "a finite number > 0")?;
         check("presence-penalty", self.presence_penalty, true, "finite")?;
         check("frequency-penalty", self.frequency_penalty, true, "finite")?;
+        if self.penalty_last_n > MAX_PENALTY_WINDOW {
+            return Err(SamplerError::OutOfRange {
+                name: "repeat-last-n",
+                value: self.penalty_last_n.to_string(),
+                range: "at most 65536 tokens",
+            });
+        }
         self.validate_logit_bias()
     }
 
@@ -186,7 +202,7 @@ impl Sampler {
         params.validate()?;
         let rng = Rng(params.seed);
         // The window is full-size from the start, so accepting tokens never reallocates.
-        let window = params.penalty_last_n.min(1 << 16);
+        let window = params.penalty_last_n;
         Ok(Sampler {
             params,
             recent: VecDeque::with_capacity(window),
@@ -230,16 +246,29 @@ impl Sampler {
                 None => counts.push((t, 1)),
             }
         }
+        // In f64, where no product or quotient of finite f32 parameters overflows, so a
+        // finite logit never meets `inf - inf`. A finite logit stays finite (saturating at
+        // ±f32::MAX): a penalty lowers a token, only a -inf logit (a ban) removes it.
+        let (rp, fp, pp) = (
+            p.repeat_penalty as f64,
+            p.frequency_penalty as f64,
+            p.presence_penalty as f64,
+        );
         for &(t, c) in counts.iter() {
             let Some(l) = logits.get_mut(t as usize) else {
                 continue;
             };
-            if *l <= 0.0 {
-                *l *= p.repeat_penalty;
-            } else {
-                *l /= p.repeat_penalty;
+            if !l.is_finite() {
+                continue;
             }
-            *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+            let mut v = *l as f64;
+            if v <= 0.0 {
+                v *= rp;
+            } else {
+                v /= rp;
+            }
+            v -= c as f64 * fp + pp;
+            *l = (v as f32).clamp(-f32::MAX, f32::MAX);
         }
     }
 
@@ -259,7 +288,8 @@ impl Sampler {
     }
 
     /// Picks the next token from one row of logits (modified in place by the logit bias
-    /// and the penalties).
+    /// and the penalties). NaN and -inf logits (banned tokens included) are never drawn
+    /// unless every logit is one, where the lowest id is returned, as `argmax` does.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         if !self.params.logit_bias.is_empty() {
             self.apply_logit_bias(logits);
@@ -274,7 +304,14 @@ impl Sampler {
         let cand = &mut self.cand;
         let probs = &mut self.probs;
         cand.clear();
-        cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        // A NaN logit is banned, as in `argmax`; it must not sort above +inf.
+        let ban_nan = |l: f32| if l.is_nan() { f32::NEG_INFINITY } else { l };
+        cand.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, ban_nan(l))),
+        );
         // Stable descending order: ties keep the lower id first, as argmax does.
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < cand.len() {
@@ -283,7 +320,7 @@ impl Sampler {
         }
         cand.sort_by(by_logit);
         if p.top_p < 1.0 {
-            softmax(cand, probs);
+            softmax(cand, 1.0, probs);
             let mut cum = 0.0;
             let mut keep = cand.len();
             for (i, pr) in probs.iter().enumerate() {
@@ -295,25 +332,30 @@ impl Sampler {
             }
             cand.truncate(keep.max(1));
         }
-        if p.min_p > 0.0 {
+        if p.min_p > 0.0 && !cand.is_empty() {
             let max = cand[0].1;
             let floor = max + p.min_p.ln();
             let keep = cand.iter().take_while(|c| c.1 >= floor).count();
             cand.truncate(keep.max(1));
         }
-        for c in cand.iter_mut() {
-            c.1 /= p.temperature;
-        }
-        softmax(cand, probs);
+        // The temperature scales inside the softmax, in f64: dividing f32 logits by a tiny
+        // temperature would overflow them to infinities and the softmax to NaN.
+        softmax(cand, p.temperature, probs);
         let r = self.rng.next_f64();
         let mut cum = 0.0;
-        for (i, pr) in probs.iter().enumerate() {
-            cum += pr;
-            if r < cum {
-                return cand[i].0;
+        let mut last = 0;
+        for (i, &pr) in probs.iter().enumerate() {
+            if pr > 0.0 {
+                last = i;
+                cum += pr;
+                if r < cum {
+                    return cand[i].0;
+                }
             }
         }
-        cand[cand.len() - 1].0
+        // Rounding left `r` above the final sum: the last token with any mass, never a
+        // banned one. (An empty row has no token at all; 0, as `argmax` answers.)
+        cand.get(last).map_or(0, |c| c.0)
     }
 }
 
@@ -330,11 +372,26 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Probabilities of sorted candidates into `out`, in f64 so the cumulative sums are stable.
-fn softmax(cand: &[(u32, f32)], out: &mut Vec<f64>) {
-    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max) as f64;
+/// Probabilities of NaN-free candidates at temperature `temp > 0` into `out`, in f64 so the
+/// cumulative sums are stable. Always a distribution: +inf logits share the mass equally;
+/// when every logit is -inf the first candidate (the lowest id after sorting) gets it all.
+fn softmax(cand: &[(u32, f32)], temp: f32, out: &mut Vec<f64>) {
     out.clear();
-    out.extend(cand.iter().map(|c| (c.1 as f64 - max).exp()));
+    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::INFINITY {
+        out.extend(
+            cand.iter()
+                .map(|c| f64::from(u8::from(c.1 == f32::INFINITY))),
+        );
+    } else if max == f32::NEG_INFINITY {
+        out.extend((0..cand.len()).map(|i| f64::from(u8::from(i == 0))));
+    } else {
+        // `l - max` is finite and <= 0 and `temp` is a positive finite f32, so the exponent
+        // is a finite non-positive f64 (or -inf for a banned token): no overflow, and the
+        // top logit contributes exactly 1, so the sum is at least 1.
+        let (max, temp) = (max as f64, temp as f64);
+        out.extend(cand.iter().map(|c| ((c.1 as f64 - max) / temp).exp()));
+    }
     let sum: f64 = out.iter().sum();
     for e in out.iter_mut() {
         *e /= sum;
@@ -400,6 +457,13 @@ mod tests {
                 },
                 "repeat-penalty",
             ),
+            (
+                SamplingParams {
+                    penalty_last_n: MAX_PENALTY_WINDOW + 1,
+                    ..params()
+                },
+                "repeat-last-n",
+            ),
         ];
         for (p, name) in bad {
             let e = Sampler::new(p).unwrap_err().to_string();
@@ -417,6 +481,14 @@ mod tests {
         .unwrap();
         assert_eq!(s.sample(&mut [0.0, 3.0, 3.0, -1.0]), 1);
         assert_eq!(argmax(&[f32::NAN, 1.0]), 1);
+        // An empty row panics nowhere in the chain.
+        assert_eq!(s.sample(&mut []), 0);
+        let mut s = Sampler::new(SamplingParams {
+            min_p: 0.5,
+            ..params()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&mut []), 0);
     }
 
     #[test]
@@ -567,5 +639,217 @@ mod tests {
         let e = all.validate_for_vocab(4).unwrap_err();
         assert!(e.to_string().contains("all 4 tokens"), "{e}");
         assert!(all.validate_for_vocab(5).is_ok());
+    }
+
+    /// Logit rows that stress the chain: ordinary, all equal, huge magnitudes, ±inf, NaN,
+    /// every token but one banned with -inf.
+    fn hostile_rows() -> Vec<Vec<f32>> {
+        let (inf, max) = (f32::INFINITY, f32::MAX);
+        let mut rng = Rng(11);
+        let random: Vec<f32> = (0..24)
+            .map(|_| (rng.next_f64() * 20.0 - 10.0) as f32)
+            .collect();
+        vec![
+            random,
+            vec![0.5; 9],
+            vec![max, -max, max / 2.0, 0.0, -1.0, 1e-30],
+            vec![1.0, inf, 2.0, -inf, inf, 0.0],
+            vec![-inf, -inf, 3.0, -inf, -inf],
+            vec![-inf, -inf, -inf, -7.0],
+            vec![f32::NAN, 1.0, -inf, f32::NAN, 0.0],
+            vec![f32::MIN_POSITIVE, -f32::MIN_POSITIVE, 1e-45, 0.0],
+        ]
+    }
+
+    /// A token the row allows: neither banned (-inf) nor NaN.
+    fn allowed(row: &[f32], t: u32) -> bool {
+        row.get(t as usize)
+            .is_some_and(|&l| !l.is_nan() && l != f32::NEG_INFINITY)
+    }
+
+    #[test]
+    fn tiny_temperatures_behave_like_greedy() {
+        let mut rng = Rng(3);
+        for t in [1e-45f32, 1e-40, f32::MIN_POSITIVE, 1e-30, 1e-12] {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: t,
+                ..params()
+            })
+            .unwrap();
+            for _ in 0..200 {
+                // Distinct logits over a wide range, so the limit has a single argmax.
+                let row: Vec<f32> = (0..32)
+                    .map(|_| ((rng.next_f64() - 0.5) * 1e6) as f32)
+                    .collect();
+                assert_eq!(
+                    s.sample(&mut row.clone()),
+                    argmax(&row),
+                    "temperature {t:e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn no_parameter_or_logit_yields_nan_or_a_banned_token() {
+        let max = f32::MAX;
+        let rows = hostile_rows();
+        let mut cases = 0usize;
+        for temperature in [1e-45f32, f32::MIN_POSITIVE, 1e-3, 1.0, 1e38, max] {
+            for repeat_penalty in [1e-45f32, f32::MIN_POSITIVE, 1.0, 1e38, max] {
+                for (presence_penalty, frequency_penalty) in [
+                    (0.0, 0.0),
+                    (max, max),
+                    (-max, -max),
+                    (max, -max),
+                    (-1e-45, 1e38),
+                ] {
+                    for (top_k, top_p, min_p) in [
+                        (0, 1.0, 0.0),
+                        (1, 1.0, 0.0),
+                        (3, 0.5, 0.05),
+                        (0, f32::MIN_POSITIVE, 0.0),
+                        (0, 1.0, f32::MIN_POSITIVE),
+                        (0, 1.0, 1.0),
+                        (2, 1e-45, 1e-45),
+                    ] {
+                        let p = SamplingParams {
+                            temperature,
+                            top_k,
+                            top_p,
+                            min_p,
+                            repeat_penalty,
+                            presence_penalty,
+                            frequency_penalty,
+                            penalty_last_n: 8,
+                            seed: cases as u64,
+                            // The largest bias on a token, every other case.
+                            logit_bias: if cases % 2 == 1 {
+                                vec![(1, LOGIT_BIAS_MAX)]
+                            } else {
+                                Vec::new()
+                            },
+                        };
+                        let mut s = Sampler::new(p.clone()).unwrap();
+                        for t in [0, 1, 1, 2, 5] {
+                            s.accept(t);
+                        }
+                        for row in &rows {
+                            let t = s.sample(&mut row.clone());
+                            cases += 1;
+                            assert!((t as usize) < row.len(), "{t} out of range: {p:?} {row:?}");
+                            if row.iter().any(|&l| !l.is_nan() && l != f32::NEG_INFINITY) {
+                                assert!(allowed(row, t), "banned {t}: {p:?} {row:?}");
+                            }
+                            assert!(
+                                s.probs.iter().all(|q| q.is_finite() && *q >= 0.0),
+                                "probabilities {:?}: {p:?} {row:?}",
+                                s.probs
+                            );
+                            let sum: f64 = s.probs.iter().sum();
+                            assert!(
+                                s.probs.is_empty() || (sum - 1.0).abs() < 1e-9,
+                                "sum {sum}: {p:?} {row:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 6 * 5 * 5 * 7 * rows.len(), "every combination ran");
+    }
+
+    #[test]
+    fn greedy_never_picks_a_banned_or_nan_token() {
+        let rows = hostile_rows();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            repeat_penalty: 1e-45,
+            frequency_penalty: f32::MAX,
+            ..params()
+        })
+        .unwrap();
+        for t in [0, 1, 2] {
+            s.accept(t);
+        }
+        for row in &rows {
+            let t = s.sample(&mut row.clone());
+            assert!(allowed(row, t), "{t} in {row:?}");
+        }
+    }
+
+    #[test]
+    fn positive_infinities_share_the_mass_and_all_equal_logits_are_uniform() {
+        let inf = f32::INFINITY;
+        let mut s = Sampler::new(params()).unwrap();
+        let mut seen = [0usize; 5];
+        for _ in 0..400 {
+            seen[s.sample(&mut [1.0, inf, 2.0, inf, -inf]) as usize] += 1;
+        }
+        assert_eq!([seen[0], seen[2], seen[4]], [0, 0, 0], "{seen:?}");
+        assert!(seen[1] > 120 && seen[3] > 120, "{seen:?}");
+        // A huge temperature flattens the distribution instead of overflowing.
+        let mut s = Sampler::new(SamplingParams {
+            temperature: f32::MAX,
+            ..params()
+        })
+        .unwrap();
+        s.sample(&mut [0.0, 1.0, 2.0, 3.0]);
+        for q in &s.probs {
+            assert!((q - 0.25).abs() < 1e-9, "{:?}", s.probs);
+        }
+    }
+
+    #[test]
+    fn non_finite_parameters_are_refused_by_the_constructor() {
+        let inf = f32::INFINITY;
+        let bad = [
+            (
+                SamplingParams {
+                    temperature: inf,
+                    ..params()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    top_p: f32::NAN,
+                    ..params()
+                },
+                "top-p",
+            ),
+            (
+                SamplingParams {
+                    min_p: inf,
+                    ..params()
+                },
+                "min-p",
+            ),
+            (
+                SamplingParams {
+                    repeat_penalty: inf,
+                    ..params()
+                },
+                "repeat-penalty",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: -inf,
+                    ..params()
+                },
+                "presence-penalty",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: f32::NAN,
+                    ..params()
+                },
+                "frequency-penalty",
+            ),
+        ];
+        for (p, name) in bad {
+            let e = Sampler::new(p).unwrap_err().to_string();
+            assert!(e.contains(name), "{e}");
+        }
     }
 }

@@ -140,3 +140,39 @@ fn perplexity_does_not_depend_on_the_prefill_batch() {
     // One piece per chunk against pieces of 7 that straddle the scored half.
     assert_eq!(run(512).to_bits(), run(7).to_bits());
 }
+
+#[test]
+fn a_huge_max_tokens_is_refused_before_generating_not_wrapped() {
+    use minfer_runtime::{generate, EngineError, GenerateOptions, SamplingParams};
+    let mut e = engine("qwen2-q8_0", 1);
+    let tok = minfer_tokenizer::Tokenizer::from_gguf(e.file()).expect("tokenizer");
+    for max_tokens in [usize::MAX, usize::MAX - 2, 62] {
+        let opts = GenerateOptions {
+            max_tokens,
+            stop: Vec::new(),
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+        };
+        let mut pieces = 0;
+        let err = generate(&mut e, &tok, &[72, 101, 108], &opts, |_| {
+            pieces += 1;
+            true
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, EngineError::ContextOverflow { n_ctx: 64, .. }),
+            "max_tokens {max_tokens}: {err}"
+        );
+        assert_eq!(
+            pieces, 0,
+            "max_tokens {max_tokens}: text before the refusal"
+        );
+    }
+    // Positions near the top of usize are an overflow error too, not a wrapped sum.
+    let err = e.forward(&[72], usize::MAX, 1).unwrap_err();
+    assert!(matches!(err, EngineError::ContextOverflow { .. }), "{err}");
+    let err = e.prefill(&[72, 101], usize::MAX).unwrap_err();
+    assert!(matches!(err, EngineError::ContextOverflow { .. }), "{err}");
+}

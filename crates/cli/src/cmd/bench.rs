@@ -8,21 +8,36 @@ use std::time::Instant;
 use anyhow::bail;
 use serde_json::json;
 
-use super::common::ModelArgs;
+use super::common::{usize_in, ModelArgs, MAX_CTX};
 
 /// Arguments of `minfer bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt tokens of the pp test (0 skips it).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    /// Prompt tokens of the pp test, 0..=16777216 (0 skips it).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        default_value_t = 512,
+        value_parser = usize_in(0..=MAX_CTX)
+    )]
     pub n_prompt: usize,
-    /// Generated tokens of the tg test (0 skips it).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    /// Generated tokens of the tg test, 0..=16777216 (0 skips it).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        default_value_t = 128,
+        value_parser = usize_in(0..=MAX_CTX)
+    )]
     pub n_gen: usize,
-    /// Repetitions of each test.
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    /// Repetitions of each test, 1..=1000000.
+    #[arg(
+        short = 'r',
+        long = "repetitions",
+        default_value_t = 5,
+        value_parser = usize_in(1..=1_000_000)
+    )]
     pub reps: usize,
     /// Output format.
     #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "json"])]
@@ -84,9 +99,6 @@ fn print_profile(engine: &minfer_runtime::Engine, test: &str) {
 
 /// Runs `minfer bench`.
 pub fn run(mut args: Args) -> anyhow::Result<()> {
-    if args.reps == 0 {
-        bail!("invalid repetitions (-r) 0: must be at least 1");
-    }
     if args.n_prompt == 0 && args.n_gen == 0 {
         bail!("nothing to measure: both -p and -n are 0");
     }

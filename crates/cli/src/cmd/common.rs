@@ -1,7 +1,21 @@
 //! Options shared by the commands that load a model for inference.
 
 use anyhow::Context;
+use clap::builder::RangedU64ValueParser;
 use minfer_runtime::{Engine, EngineOptions};
+
+/// Most worker threads `-t` accepts (the engine's own limit).
+pub const MAX_THREADS: u64 = 1024;
+
+/// Largest context `-c` accepts, in tokens (the engine's own limit; the KV cache must also
+/// fit the machine's memory, which the engine checks when it loads).
+pub const MAX_CTX: u64 = 1 << 24;
+
+/// A clap parser for a `usize` flag limited to `range`, so an out-of-range value is refused
+/// with the flag's name before anything runs.
+pub fn usize_in(range: std::ops::RangeInclusive<u64>) -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::<usize>::new().range(range)
+}
 
 /// Model, threads, context and backend options.
 #[derive(clap::Args, Debug, Clone)]
@@ -9,11 +23,11 @@ pub struct ModelArgs {
     /// Model: a GGUF path, a catalog name or an http(s) URL (default: the catalog default).
     #[arg(short = 'm', long = "model")]
     pub model: Option<String>,
-    /// Worker threads (default: the number of physical cores).
-    #[arg(short = 't', long = "threads")]
+    /// Worker threads, 1..=1024 (default: the number of physical cores).
+    #[arg(short = 't', long = "threads", value_parser = usize_in(1..=MAX_THREADS))]
     pub threads: Option<usize>,
-    /// Context size in tokens (default: the smaller of the model's and 4096).
-    #[arg(short = 'c', long = "ctx-size")]
+    /// Context size in tokens, 1..=16777216 (default: the smaller of the model's and 4096).
+    #[arg(short = 'c', long = "ctx-size", value_parser = usize_in(1..=MAX_CTX))]
     pub ctx: Option<usize>,
     /// Restrict execution to these backends (comma-separated names, e.g. `cpu`).
     #[arg(long = "backend")]
@@ -25,7 +39,8 @@ impl ModelArgs {
     pub fn load(&self) -> anyhow::Result<Engine> {
         let opts = self.engine_options();
         if let Some(spec) = &opts.backend {
-            // Refuse a bad fence before any download or mapping.
+            // Refuse a bad fence before any download or mapping (`MINFER_BACKENDS` was
+            // checked at startup).
             minfer_graph::BackendRegistry::new().parse_fence(spec)?;
         }
         let path = minfer_hub::resolve_model(self.model.as_deref(), true)?;

@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use minfer_runtime::perplexity::perplexity;
 use minfer_tokenizer::Tokenizer;
 
-use super::common::ModelArgs;
+use super::common::{usize_in, ModelArgs};
 
 /// Arguments of `minfer perplexity`.
 #[derive(clap::Args, Debug)]
@@ -18,8 +18,8 @@ pub struct Args {
     /// The text to score.
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
-    /// Score at most this many chunks.
-    #[arg(long = "chunks")]
+    /// Score at most this many chunks (at least 1).
+    #[arg(long = "chunks", value_parser = usize_in(1..=u64::MAX))]
     pub chunks: Option<usize>,
 }
 

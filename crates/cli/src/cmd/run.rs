@@ -4,10 +4,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use minfer_runtime::{generate, GenerateOptions, SamplingParams};
+use minfer_runtime::sampling::MAX_PENALTY_WINDOW;
+use minfer_runtime::{generate, FinishReason, GenerateOptions, SamplerError, SamplingParams};
 use minfer_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
-use super::common::ModelArgs;
+use super::common::{usize_in, ModelArgs};
 
 /// Arguments of `minfer run`.
 #[derive(clap::Args, Debug)]
@@ -22,13 +23,13 @@ pub struct Args {
     /// Read the prompt from a file.
     #[arg(short = 'f', long = "file", conflicts_with_all = ["prompt_arg", "prompt"])]
     pub file: Option<PathBuf>,
-    /// Tokens to generate.
+    /// Tokens to generate (any value: generation stops cleanly when the context is full).
     #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
     pub n_predict: usize,
     /// Temperature; 0 is greedy.
     #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
     pub temp: f32,
-    /// Top-k; 0 disables.
+    /// Top-k; 0 disables (any value: one above the vocabulary keeps every token).
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
     /// Top-p in (0, 1].
@@ -44,8 +45,12 @@ pub struct Args {
         allow_negative_numbers = true
     )]
     pub repeat_penalty: f32,
-    /// Tokens the penalties look back over.
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    /// Tokens the penalties look back over, 0..=65536.
+    #[arg(
+        long = "repeat-last-n",
+        default_value_t = 64,
+        value_parser = usize_in(0..=MAX_PENALTY_WINDOW as u64)
+    )]
     pub repeat_last_n: usize,
     /// Presence penalty.
     #[arg(
@@ -142,10 +147,21 @@ fn prompt_tokens(args: &Args, tok: &Tokenizer, text: &str) -> anyhow::Result<Vec
     }
 }
 
+/// A sampling refusal in terms of the flag that set the parameter.
+fn flag_error(e: SamplerError) -> anyhow::Error {
+    let SamplerError::OutOfRange { name, value, range } = e;
+    let flag = if name == "temperature" {
+        "temp (temperature)"
+    } else {
+        name
+    };
+    anyhow::anyhow!("invalid value {value} for --{flag}: must be {range}")
+}
+
 /// Runs `minfer run`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sampling = args.sampling();
-    sampling.validate()?;
+    sampling.validate().map_err(flag_error)?;
     let dumping = args.dump_graph.is_some() || args.dump_graph_json.is_some();
     let text = if dumping {
         args.prompt_text().unwrap_or_default()
@@ -180,8 +196,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    // `-n` beyond the room the context leaves is not an error: generation stops cleanly
+    // where the context ends, as a length limit, and says so.
+    let n_ctx = engine.n_ctx();
+    let room = n_ctx.saturating_sub(prompt.len());
+    if room == 0 {
+        bail!(
+            "the prompt is {} tokens and the context holds {n_ctx}: no room to generate (raise -c)",
+            prompt.len()
+        );
+    }
+    let capped = args.n_predict > room;
     let opts = GenerateOptions {
-        max_tokens: args.n_predict,
+        max_tokens: args.n_predict.min(room),
         stop: args.stop.clone(),
         sampling,
     };
@@ -200,6 +227,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let _ = writeln!(out);
+    if capped && stats.finish == FinishReason::Length {
+        eprintln!(
+            "note: stopped at the end of the context ({n_ctx} tokens: {} prompt, {} generated); raise -c for more",
+            stats.prompt_tokens, stats.gen_tokens
+        );
+    }
     let rate = |n: usize, d: std::time::Duration| {
         if d.as_secs_f64() > 0.0 {
             n as f64 / d.as_secs_f64()

@@ -75,7 +75,8 @@ impl CpuBackend {
             mem: HostPool::new(),
             weights: WeightRegistry::default(),
             scratch: Scratch::default(),
-            repack: std::env::var("MINFER_REPACK").map_or(true, |v| v != "0"),
+            // A bad value is refused at startup (`minfer_env::check_all`); see `Isa::detect`.
+            repack: minfer_env::REPACK.get_or(true).unwrap_or(true),
         }
     }
 
