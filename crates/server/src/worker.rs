@@ -102,8 +102,11 @@ pub fn spawn(
                     .ok()
                     .map(str::to_string),
             };
+            // Built (and its slots published) before the HTTP side starts, so that
+            // /slots never answers an empty list.
+            let worker = Worker::new(engine, tokenizer, m2, s2);
             let _ = ready_tx.send(Ok(loaded));
-            Worker::new(engine, tokenizer, m2, s2).run(qrx);
+            worker.run(qrx);
         })
         .map_err(|e| format!("starting the inference thread: {e}"))?;
     let loaded = ready_rx
@@ -325,6 +328,13 @@ impl Worker {
             };
             if a.job.tx.is_closed() && a.outbox.is_empty() {
                 // The client went away: free the slot now; its KV stays valid for reuse.
+                slot.active = None;
+                continue;
+            }
+            if a.job.tx.capacity() == 0 && Instant::now() >= a.job.deadline {
+                // Past its deadline with a reader that has stopped taking events: nothing
+                // more can reach it (the HTTP side ends it with a 504), so free the slot
+                // instead of waiting on the reader; its KV stays valid for reuse.
                 slot.active = None;
                 continue;
             }
