@@ -177,6 +177,9 @@ fn sigterm_ends_a_stream_in_flight_cleanly_and_exits_within_the_shutdown_timeout
         "1",
     ]);
     let (mut s, mut seen) = stream_in_flight(&addr);
+    // A client trickling its headers must not hold the exit up.
+    let mut slow = TcpStream::connect(&addr).expect("connect");
+    write!(slow, "GET /health HTTP/1.1\r\nHost: {addr}\r\nX-Slow: a").expect("send");
     let t0 = Instant::now();
     signal(&server, "-TERM");
     // The rest of the stream: cancelled after the shutdown timeout with an error event,
