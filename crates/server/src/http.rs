@@ -86,7 +86,12 @@ pub(crate) async fn serve(
         let (app, http, mut drain) = (app.clone(), Arc::clone(&http), drain_rx.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            let Some(conn) = sniff(stream, limits).await else {
+            // A shutdown does not wait for a client still sending its first bytes.
+            let conn = tokio::select! {
+                c = sniff(stream, limits) => c,
+                _ = drain.wait_for(|d| *d) => None,
+            };
+            let Some(conn) = conn else {
                 return;
             };
             let svc = TowerToHyperService::new(app);

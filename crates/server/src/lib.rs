@@ -6,6 +6,10 @@
 //! `POST /v1/completions`, `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /health`, `GET /slots`, `GET /metrics`.
 //!
+//! Under the router, the server's own accept loop (`http`) bounds every client in time
+//! and number, and shuts down gracefully; `security` keeps web pages from driving it;
+//! CPU-heavy request preparation runs off the async threads (`blocking`).
+//!
 //! Sampling defaults follow llama-server: temperature 0.8, top_k 40, top_p 0.95,
 //! min_p 0.05, no penalties, a random seed, and `max_tokens` filling the slot's context.
 

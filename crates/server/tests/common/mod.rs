@@ -36,6 +36,14 @@ pub struct TestServer {
     _dir: Option<tempfile::TempDir>,
 }
 
+impl TestServer {
+    /// Stops the server gracefully (see `Running::stop`), keeping the model until then.
+    pub fn stop(self) -> Result<(), minfer_server::ServerError> {
+        let TestServer { running, _dir, .. } = self;
+        running.stop()
+    }
+}
+
 /// Starts a tiny-model server, letting `edit` adjust the config first.
 pub fn tiny_server(slots: usize, edit: impl FnOnce(&mut Config)) -> TestServer {
     let (dir, path) = tiny_model();
