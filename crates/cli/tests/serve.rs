@@ -1,11 +1,12 @@
 //! The real `minfer serve` binary on a loopback port, driven by real clients: a raw
-//! HTTP request and the official `openai` Python package (scripts/e2e_openai.py).
+//! HTTP request and the official `openai` Python package (scripts/e2e_openai.py), and
+//! its shutdown on SIGTERM and SIGINT with a stream in flight.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Kills the server when the test ends, however it ends.
 struct Server(Child);
@@ -166,4 +167,143 @@ fn numeric_flags_outside_their_range_are_refused_by_name() {
         let err = serve_refused(&model, &args);
         assert!(err.contains(flag), "{args:?} does not name {flag}: {err}");
     }
+}
+
+/// Starts a long greedy stream on a raw connection and returns it once the first token
+/// has arrived, with what was read so far.
+fn stream_in_flight(addr: &str) -> (TcpStream, String) {
+    let body =
+        r#"{"prompt":"1, 2, 3, 4, 5, 6, 7, 8,","max_tokens":1500,"temperature":0,"stream":true}"#;
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("read timeout");
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while !seen.contains("\"text\"") {
+        let n = s.read(&mut buf).expect("the stream starts");
+        assert!(n > 0, "the stream ended before its first token: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    (s, seen)
+}
+
+fn signal(server: &Server, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &server.0.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(ok.success(), "kill {sig}");
+}
+
+/// Waits up to `limit` for the server to exit; its status and when it exited.
+fn exited(server: &mut Server, limit: Duration) -> (std::process::ExitStatus, Duration) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = server.0.try_wait().expect("try_wait") {
+            return (st, t0.elapsed());
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "the server did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigterm_ends_a_stream_in_flight_cleanly_and_exits_within_the_shutdown_timeout() {
+    let model = minfer_hub::default_model_path();
+    assert!(
+        model.exists(),
+        "run `minfer pull` first: {} is missing",
+        model.display()
+    );
+    let (mut server, addr) = serve(&[
+        "-m",
+        model.to_str().expect("UTF-8 path"),
+        "--slots",
+        "1",
+        "-c",
+        "2048",
+        "-t",
+        "2",
+        "--shutdown-timeout",
+        "1",
+    ]);
+    let (mut s, mut seen) = stream_in_flight(&addr);
+    // A client trickling its headers must not hold the exit up.
+    let mut slow = TcpStream::connect(&addr).expect("connect");
+    write!(slow, "GET /health HTTP/1.1\r\nHost: {addr}\r\nX-Slow: a").expect("send");
+    let t0 = Instant::now();
+    signal(&server, "-TERM");
+    // The rest of the stream: cancelled after the shutdown timeout with an error event,
+    // then [DONE], then a proper close (not a reset).
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest)
+        .expect("the stream ends with a clean close");
+    seen.push_str(&String::from_utf8_lossy(&rest));
+    let ended = t0.elapsed();
+    let error = seen
+        .find("shutting down")
+        .unwrap_or_else(|| panic!("no error event: {seen}"));
+    let done = seen
+        .rfind("data: [DONE]")
+        .unwrap_or_else(|| panic!("no [DONE]: {seen}"));
+    assert!(error < done, "{seen}");
+    assert!(
+        seen.trim_end().ends_with("0"),
+        "the chunked body is terminated: {seen}"
+    );
+    assert!(
+        ended >= Duration::from_millis(900),
+        "cancelled before the timeout: {ended:?}"
+    );
+    let (status, _) = exited(&mut server, Duration::from_secs(10));
+    assert!(status.success(), "{status:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "exit took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn a_second_signal_exits_at_once() {
+    let model = minfer_hub::default_model_path();
+    assert!(
+        model.exists(),
+        "run `minfer pull` first: {} is missing",
+        model.display()
+    );
+    let (mut server, addr) = serve(&[
+        "-m",
+        model.to_str().expect("UTF-8 path"),
+        "--slots",
+        "1",
+        "-c",
+        "2048",
+        "-t",
+        "2",
+        "--shutdown-timeout",
+        "60",
+    ]);
+    let (_s, _) = stream_in_flight(&addr);
+    signal(&server, "-TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    signal(&server, "-INT");
+    let (status, _) = exited(&mut server, Duration::from_secs(10));
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(status.code(), Some(130), "{status:?}");
 }

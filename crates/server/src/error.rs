@@ -47,8 +47,9 @@ impl ApiError {
     /// OpenAI's `type` for this status.
     pub fn kind(&self) -> &'static str {
         match self.status.as_u16() {
-            400 | 404 | 405 | 413 => "invalid_request_error",
+            400 | 404 | 405 | 408 | 413 | 415 => "invalid_request_error",
             401 => "authentication_error",
+            403 => "permission_error",
             503 | 504 => "server_overloaded",
             _ => "server_error",
         }

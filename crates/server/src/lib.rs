@@ -6,15 +6,22 @@
 //! `POST /v1/completions`, `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /health`, `GET /slots`, `GET /metrics`.
 //!
+//! Under the router, the server's own accept loop (`http`) bounds every client in time
+//! and number, and shuts down gracefully; `security` keeps web pages from driving it;
+//! CPU-heavy request preparation runs off the async threads (`blocking`).
+//!
 //! Sampling defaults follow llama-server: temperature 0.8, top_k 40, top_p 0.95,
 //! min_p 0.05, no penalties, a random seed, and `max_tokens` filling the slot's context.
 
+mod blocking;
 pub mod error;
+mod http;
 pub mod job;
 pub mod metrics;
 pub mod openai;
 pub mod params;
 mod routes;
+pub mod security;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -58,6 +65,30 @@ pub struct Config {
     /// tokens, as before content was isolated; off by default, since it lets a user
     /// forge turns of the conversation.
     pub allow_special_in_content: bool,
+    /// Extra names the `Host` header may carry (`name`, `name:port`, or `*` for any);
+    /// bound to loopback, only `localhost`, `127.0.0.1` and `[::1]` on the bound port are
+    /// accepted otherwise, which defeats DNS rebinding.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`, or `*`) whose web pages may call the server;
+    /// cross-origin requests from any other origin are refused.
+    pub cors_origins: Vec<String>,
+    /// Longest wait for a request's headers, and for the next request on an idle
+    /// keep-alive connection.
+    pub header_timeout: Duration,
+    /// Longest wait for a request's whole body once its headers are in (then 408).
+    pub body_timeout: Duration,
+    /// Longest a write to a client may make no progress before the connection is dropped
+    /// (a client that stopped reading its stream gives up its slot).
+    pub write_timeout: Duration,
+    /// Most connections open at once; beyond it new ones get a 503 and are closed.
+    pub max_connections: usize,
+    /// On shutdown, how long in-flight requests may take to finish before they are
+    /// cancelled (streams end with an error event and `[DONE]`).
+    pub shutdown_timeout: Duration,
+    /// Kernel send buffer of each connection (`SO_SNDBUF`); `None` is the system's
+    /// default. A small one bounds what a stalled client pins and lets the write timeout
+    /// see the stall sooner.
+    pub send_buffer: Option<usize>,
     /// Makes a prompt containing `openai::PANIC_MARKER` panic inside inference (or
     /// `openai::SLOW_MARKER` decode slowly), to test that a panic becomes a 500 and the
     /// worker keeps serving, and to hold a slot busy. Never on in the CLI.
@@ -66,7 +97,8 @@ pub struct Config {
 
 impl Config {
     /// Defaults for `model`: 127.0.0.1:8080, 4 slots, a queue of 64, 1 MiB bodies,
-    /// a 10-minute request timeout, no key.
+    /// a 10-minute request timeout, no key, no extra hosts or origins, 10 s for headers,
+    /// 30 s for a body and for a stalled write, 512 connections, 5 s to shut down.
     pub fn new(model: impl Into<PathBuf>) -> Self {
         Config {
             model: model.into(),
@@ -81,6 +113,14 @@ impl Config {
             body_limit: 1 << 20,
             request_timeout: Duration::from_secs(600),
             allow_special_in_content: false,
+            allowed_hosts: Vec::new(),
+            cors_origins: Vec::new(),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            shutdown_timeout: Duration::from_secs(5),
+            send_buffer: None,
             fault_injection: false,
         }
     }
@@ -117,6 +157,34 @@ impl Config {
                     "{} s is not in 0..={} s",
                     self.request_timeout.as_secs(),
                     MAX_REQUEST_TIMEOUT.as_secs()
+                ),
+            });
+        }
+        range(
+            "max connections (--max-connections)",
+            self.max_connections,
+            1,
+            MAX_CONNECTIONS,
+        )?;
+        for (name, d) in [
+            ("header timeout", self.header_timeout),
+            ("body timeout", self.body_timeout),
+            ("write timeout", self.write_timeout),
+        ] {
+            if d.is_zero() || d > MAX_IO_TIMEOUT {
+                return Err(ServerError::Param {
+                    name,
+                    message: format!("{d:?} is not in 1 ms..={} s", MAX_IO_TIMEOUT.as_secs()),
+                });
+            }
+        }
+        if self.shutdown_timeout > MAX_IO_TIMEOUT {
+            return Err(ServerError::Param {
+                name: "shutdown timeout (--shutdown-timeout)",
+                message: format!(
+                    "{:?} is more than {} s",
+                    self.shutdown_timeout,
+                    MAX_IO_TIMEOUT.as_secs()
                 ),
             });
         }
@@ -182,6 +250,11 @@ pub struct AppState {
     allow_special_in_content: bool,
     fault_injection: bool,
     body_limit: usize,
+    body_timeout: Duration,
+    policy: security::Policy,
+    blocking: blocking::Blocking,
+    /// Raised when a shutdown stops waiting for in-flight requests: they end at once.
+    cancel: tokio::sync::watch::Receiver<bool>,
     created: u64,
     ids: AtomicU64,
 }
@@ -271,12 +344,14 @@ impl Running {
         self.addr
     }
 
-    /// Blocks until the server stops (Ctrl-C when started by `serve`).
+    /// Blocks until the server stops (SIGTERM or SIGINT when started by `serve`).
     pub fn wait(mut self) -> Result<(), ServerError> {
-        self.join()
+        self.join(None)
     }
 
-    fn join(&mut self) -> Result<(), ServerError> {
+    /// Joins the HTTP thread, then the worker: fully, or for at most `worker_wait` (a
+    /// step already running on the worker need not delay a process that is exiting).
+    fn join(&mut self, worker_wait: Option<Duration>) -> Result<(), ServerError> {
         let mut result = Ok(());
         if let Some(h) = self.http.take() {
             result = h
@@ -284,17 +359,28 @@ impl Running {
                 .unwrap_or_else(|_| Err(ServerError::Load("the HTTP thread panicked".into())));
         }
         if let Some(w) = self.worker.take() {
-            let _ = w.join();
+            match worker_wait {
+                None => {
+                    let _ = w.join();
+                }
+                Some(limit) => {
+                    let t0 = Instant::now();
+                    while !w.is_finished() && t0.elapsed() < limit {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            }
         }
         result
     }
 
-    /// Stops accepting requests, lets open ones finish, and waits for both threads.
+    /// Stops accepting requests, lets open ones finish (cancelling those still running
+    /// after the shutdown timeout), and waits for both threads.
     pub fn stop(mut self) -> Result<(), ServerError> {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        self.join()
+        self.join(None)
     }
 }
 
@@ -303,7 +389,7 @@ impl Drop for Running {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        let _ = self.join();
+        let _ = self.join(None);
     }
 }
 
@@ -312,14 +398,66 @@ pub fn start(config: Config) -> Result<Running, ServerError> {
     start_inner(config, false)
 }
 
-/// Runs the server in the foreground until Ctrl-C, printing the address it listens on.
+/// Runs the server in the foreground, printing the address it listens on, until SIGTERM
+/// or SIGINT: then it stops accepting, gives in-flight requests the shutdown timeout to
+/// finish, cancels the rest, and returns; a second signal exits the process at once.
 pub fn serve(config: Config) -> Result<(), ServerError> {
     let running = start_inner(config, true)?;
     eprintln!("minfer serve: listening on http://{}", running.addr());
-    running.wait()
+    let mut running = running;
+    let result = running.join(Some(Duration::from_secs(2)));
+    eprintln!("minfer serve: stopped");
+    result
 }
 
-fn start_inner(config: Config, until_ctrl_c: bool) -> Result<Running, ServerError> {
+/// Largest `max_connections`: each open connection costs a task and its buffers.
+pub const MAX_CONNECTIONS: usize = 65_536;
+
+/// Longest header, body, write or shutdown timeout (one day): beyond it a timeout is
+/// no longer a bound.
+pub const MAX_IO_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// Resolves on the first SIGTERM or SIGINT, having announced the shutdown; a second one
+/// exits the process at once (`128 + signal`, as a shell reports a killed process).
+#[cfg(unix)]
+fn shutdown_signals(grace: Duration) -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        eprintln!(
+            "minfer serve: {name}: shutting down (in-flight requests get {:.1}s; \
+             a second signal exits at once)",
+            grace.as_secs_f64()
+        );
+        tokio::spawn(async move {
+            let code = tokio::select! {
+                _ = term.recv() => 128 + 15,
+                _ = int.recv() => 128 + 2,
+            };
+            eprintln!("minfer serve: second signal: exiting now");
+            std::process::exit(code);
+        });
+    })
+}
+
+/// Ctrl-C only where there are no Unix signals.
+#[cfg(not(unix))]
+fn shutdown_signals(_grace: Duration) -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        tokio::spawn(async {
+            let _ = tokio::signal::ctrl_c().await;
+            std::process::exit(130);
+        });
+    })
+}
+
+fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError> {
     config.validate()?;
     let mut opts = EngineOptions::default();
     if let Some(t) = config.threads {
@@ -350,6 +488,13 @@ fn start_inner(config: Config, until_ctrl_c: bool) -> Result<Running, ServerErro
     let addr = listener
         .local_addr()
         .map_err(io("reading the bound address"))?;
+    let policy = security::Policy::new(addr, &config.allowed_hosts, &config.cors_origins).map_err(
+        |message| ServerError::Param {
+            name: "allowed hosts or CORS origins (--allowed-hosts, --cors-origins)",
+            message,
+        },
+    )?;
+    let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let state = Arc::new(AppState {
         worker,
         tok: loaded.tokenizer,
@@ -362,6 +507,10 @@ fn start_inner(config: Config, until_ctrl_c: bool) -> Result<Running, ServerErro
         allow_special_in_content: config.allow_special_in_content,
         fault_injection: config.fault_injection,
         body_limit: config.body_limit,
+        body_timeout: config.body_timeout,
+        policy,
+        blocking: blocking::Blocking::new(),
+        cancel: cancel_rx,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -369,33 +518,52 @@ fn start_inner(config: Config, until_ctrl_c: bool) -> Result<Running, ServerErro
         ids: AtomicU64::new(0),
     });
     let app = routes::router(state);
+    let limits = http::Limits {
+        header_timeout: config.header_timeout,
+        write_timeout: config.write_timeout,
+        max_connections: config.max_connections,
+        shutdown_timeout: config.shutdown_timeout,
+        send_buffer: config.send_buffer,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("minfer-http")
+        .enable_all()
+        .build()
+        .map_err(io("starting the async runtime"))?;
+    // Registered before the address is announced, so that a signal sent as soon as the
+    // server is up already shuts it down gracefully.
+    let signals = if on_signals {
+        let _enter = rt.enter();
+        Some(shutdown_signals(config.shutdown_timeout).map_err(io("installing signal handlers"))?)
+    } else {
+        None
+    };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let http = std::thread::Builder::new()
         .name("minfer-http".into())
         .spawn(move || -> Result<(), ServerError> {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .map_err(io("starting the async runtime"))?;
-            rt.block_on(async move {
+            let served = rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)
                     .map_err(io("registering the socket"))?;
                 let stop = async move {
-                    if until_ctrl_c {
-                        tokio::select! {
+                    match signals {
+                        Some(signals) => tokio::select! {
                             _ = rx => {}
-                            _ = tokio::signal::ctrl_c() => {}
+                            _ = signals => {}
+                        },
+                        None => {
+                            let _ = rx.await;
                         }
-                    } else {
-                        let _ = rx.await;
                     }
                 };
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .await
-                    .map_err(io("serving"))
-            })
+                http::serve(listener, app, limits, stop, cancel_tx).await;
+                Ok(())
+            });
+            // Whatever is still running (a client that never reads its cancelled answer,
+            // a tokenisation in progress) is dropped or left behind, not waited for.
+            rt.shutdown_timeout(Duration::from_millis(500));
+            served
         })
         .map_err(io("starting the HTTP thread"))?;
     Ok(Running {

@@ -132,6 +132,7 @@ pub async fn generate(
         })?;
     let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
     let arrived = log.start;
+    let deadline = deadline(arrived, st.timeout);
     st.worker.submit(Job {
         prompt,
         max_tokens,
@@ -139,7 +140,7 @@ pub async fn generate(
         stop: g.stop.clone(),
         logprobs: g.logprobs,
         arrived,
-        deadline: deadline(arrived, st.timeout),
+        deadline,
         fault,
         tx,
     })?;
@@ -149,10 +150,14 @@ pub async fn generate(
         created: now_secs(),
         model: st.model_id.clone(),
     };
+    let waits = Waits {
+        deadline,
+        cancel: st.cancel.clone(),
+    };
     if g.stream {
-        stream_reply(rx, reply, g, log, st.timeout).await
+        stream_reply(rx, reply, g, log, waits).await
     } else {
-        collect_reply(rx, reply, st.timeout).await
+        collect_reply(rx, reply, waits).await
     }
 }
 
@@ -175,18 +180,40 @@ struct Reply {
     model: String,
 }
 
-/// Waits for an event, giving up a little after the request's own deadline (the
-/// worker enforces the deadline; this only guards against a stuck worker).
-async fn next_event(rx: &mut mpsc::Receiver<Event>, timeout: Duration) -> Event {
-    match tokio::time::timeout(timeout.saturating_add(Duration::from_secs(5)), rx.recv()).await {
-        Ok(Some(ev)) => ev,
-        Ok(None) => Event::Error(ApiError::internal(
-            "the inference worker dropped the request",
-        )),
-        Err(_) => Event::Error(ApiError::new(
+/// What bounds every wait of a request: its deadline, and the server's shutdown.
+struct Waits {
+    deadline: Instant,
+    /// Raised when a shutdown stops waiting for in-flight requests.
+    cancel: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Waits for an event until the request's deadline, wherever the request is (queued,
+/// prefilling, decoding, or held back by a slow reader), or until a shutdown cancels
+/// it. Dropping the receiver afterwards cancels the generation in the worker.
+async fn next_event(rx: &mut mpsc::Receiver<Event>, w: &mut Waits) -> Event {
+    let timed_out = || {
+        Event::Error(ApiError::new(
             axum::http::StatusCode::GATEWAY_TIMEOUT,
             "the request timed out",
+        ))
+    };
+    if Instant::now() >= w.deadline {
+        return timed_out();
+    }
+    let deadline = tokio::time::Instant::from_std(w.deadline);
+    tokio::select! {
+        biased;
+        _ = w.cancel.wait_for(|c| *c) => Event::Error(ApiError::unavailable(
+            "the server is shutting down; the request was cancelled",
+            1,
         )),
+        got = tokio::time::timeout_at(deadline, rx.recv()) => match got {
+            Ok(Some(ev)) => ev,
+            Ok(None) => Event::Error(ApiError::internal(
+                "the inference worker dropped the request",
+            )),
+            Err(_) => timed_out(),
+        },
     }
 }
 
@@ -237,12 +264,12 @@ fn text_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
 async fn collect_reply(
     mut rx: mpsc::Receiver<Event>,
     r: Reply,
-    timeout: Duration,
+    mut waits: Waits,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
     let mut lps = Vec::new();
     let summary = loop {
-        match next_event(&mut rx, timeout).await {
+        match next_event(&mut rx, &mut waits).await {
             Event::Chunk { text: t, logprobs } => {
                 text.push_str(&t);
                 lps.extend(logprobs);
@@ -325,7 +352,7 @@ struct StreamState {
     include_usage: bool,
     offset: usize,
     done: bool,
-    timeout: Duration,
+    waits: Waits,
     log: RequestLog,
 }
 
@@ -373,11 +400,11 @@ async fn stream_reply(
     reply: Reply,
     g: GenRequest,
     mut log: RequestLog,
-    timeout: Duration,
+    mut waits: Waits,
 ) -> Result<Response, ApiError> {
     // The status is decided by the first event: a failure before any token is a plain
     // JSON error, not a 200 stream.
-    let first = next_event(&mut rx, timeout).await;
+    let first = next_event(&mut rx, &mut waits).await;
     if let Event::Error(e) = first {
         return Err(e);
     }
@@ -399,7 +426,7 @@ async fn stream_reply(
         include_usage: g.include_usage,
         offset: 0,
         done: false,
-        timeout,
+        waits,
         log,
     };
     let body = stream::iter(head).chain(events(state));
@@ -416,7 +443,7 @@ fn events(state: StreamState) -> impl Stream<Item = Sse> + Send {
         }
         let ev = match s.first.take() {
             Some(ev) => ev,
-            None => next_event(&mut s.rx, s.timeout).await,
+            None => next_event(&mut s.rx, &mut s.waits).await,
         };
         let out = frames(&mut s, ev);
         Some((stream::iter(out), s))

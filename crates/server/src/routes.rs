@@ -5,16 +5,18 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::openai::{self, Kind};
 use crate::params::{self, opt_bool, opt_str};
+use crate::security;
 use crate::worker::Summary;
 use crate::{AppState, RequestLog, StreamLogged};
 
@@ -56,15 +58,30 @@ fn authorized(st: &AppState, req: &Request) -> bool {
     bearer.or(x_key).is_some_and(|k| k.trim() == key)
 }
 
-/// Checks the key, runs the handler, counts and logs the request.
-async fn gate(State(st): St, mut req: Request, next: Next) -> Response {
+/// Routes whose POST body is JSON.
+const JSON_ROUTES: &[&str] = &[
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/completions",
+    "/completions",
+    "/tokenize",
+    "/detokenize",
+];
+
+/// Checks the Host, the Origin and the key, reads the body within the body timeout,
+/// runs the handler, adds the CORS headers, counts and logs the request.
+async fn gate(State(st): St, req: Request, next: Next) -> Response {
     let mut log = RequestLog::new(req.method().as_str(), req.uri().path());
-    let resp = if req.uri().path() != "/health" && !authorized(&st, &req) {
-        ApiError::new(StatusCode::UNAUTHORIZED, "missing or invalid API key").into_response()
-    } else {
-        req.extensions_mut().insert(log.clone());
-        next.run(req).await
+    let mut origin = None;
+    let mut resp = match admit(&st, req, &mut origin).await {
+        Ok(Ok(mut req)) => {
+            req.extensions_mut().insert(log.clone());
+            next.run(req).await
+        }
+        Ok(Err(preflight)) => preflight,
+        Err(e) => e.into_response(),
     };
+    security::decorate(&mut resp, origin);
     st.worker.metrics.request(resp.status().as_u16());
     if resp.extensions().get::<StreamLogged>().is_none() {
         log.status = resp.status().as_u16();
@@ -72,6 +89,86 @@ async fn gate(State(st): St, mut req: Request, next: Next) -> Response {
         log.emit("");
     }
     resp
+}
+
+/// The request to run (its body read), or the answer to a preflight, or why not.
+/// `origin` is set to the allowed cross-origin caller, if any, so that even refusals
+/// carry the CORS headers its page needs to read them.
+async fn admit(
+    st: &AppState,
+    req: Request,
+    origin: &mut Option<HeaderValue>,
+) -> Result<Result<Request, Response>, ApiError> {
+    // The Host check comes first: a DNS-rebinding page is same-origin under its name.
+    st.policy.check_host(req.headers())?;
+    *origin = st.policy.check_origin(req.headers())?;
+    if req.method() == Method::OPTIONS {
+        // Browsers send preflights without credentials: no key is asked for.
+        return Ok(Err(security::preflight(req.headers(), origin.clone())));
+    }
+    if req.uri().path() != "/health" && !authorized(st, &req) {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or invalid API key",
+        ));
+    }
+    if req.method() != Method::POST || !JSON_ROUTES.contains(&req.uri().path()) {
+        return Ok(Ok(req));
+    }
+    security::require_json(req.method(), req.headers())?;
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(st, &parts.headers, body).await?;
+    Ok(Ok(Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    )))
+}
+
+/// The whole body, or 413 past the limit, or 408 when it does not arrive within the
+/// body timeout (a `Content-Length` longer than what the client sends).
+async fn read_body(
+    st: &AppState,
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Result<Bytes, ApiError> {
+    let limit = st.body_limit;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body exceeds the limit of {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let collect = async {
+        let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+        let mut data = body.into_data_stream();
+        while let Some(chunk) = data.next().await {
+            let chunk = chunk
+                .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+            if buf.len() + chunk.len() > limit {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(Bytes::from(buf))
+    };
+    tokio::time::timeout(st.body_timeout, collect)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {:.1}s",
+                    st.body_timeout.as_secs_f64()
+                ),
+            )
+        })?
 }
 
 /// The body bytes, or 413 past the limit.
@@ -116,14 +213,32 @@ async fn models(State(st): St) -> Json<Value> {
     }))
 }
 
+/// A JSON answer built off the async threads.
+fn json_response(bytes: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], bytes).into_response()
+}
+
+fn to_json(v: &Value) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(v).map_err(|e| ApiError::internal(format!("encoding the answer: {e}")))
+}
+
 async fn chat(
     State(st): St,
     Extension(log): Extension<RequestLog>,
     b: Body,
 ) -> Result<Response, ApiError> {
-    let obj = params::parse_object(&body(b, st.body_limit)?)?;
-    let (msgs, g) = params::parse_chat(&obj)?;
-    let (prompt, inject) = openai::chat_prompt(&st, &msgs)?;
+    let bytes = body(b, st.body_limit)?;
+    let s = Arc::clone(&st);
+    // Rendering and tokenising a large conversation is CPU work: off the async threads.
+    let (prompt, g, inject) = st
+        .blocking
+        .run(move || -> Result<_, ApiError> {
+            let obj = params::parse_object(&bytes)?;
+            let (msgs, g) = params::parse_chat(&obj)?;
+            let (prompt, inject) = openai::chat_prompt(&s, &msgs)?;
+            Ok((prompt, g, inject))
+        })
+        .await??;
     openai::generate(Arc::clone(&st), Kind::Chat, prompt, g, inject, log).await
 }
 
@@ -132,52 +247,76 @@ async fn completions(
     Extension(log): Extension<RequestLog>,
     b: Body,
 ) -> Result<Response, ApiError> {
-    let obj = params::parse_object(&body(b, st.body_limit)?)?;
-    let (p, g) = params::parse_completion(&obj)?;
-    let (prompt, inject) = openai::completion_prompt(&st, p)?;
+    let bytes = body(b, st.body_limit)?;
+    let s = Arc::clone(&st);
+    let (prompt, g, inject) = st
+        .blocking
+        .run(move || -> Result<_, ApiError> {
+            let obj = params::parse_object(&bytes)?;
+            let (p, g) = params::parse_completion(&obj)?;
+            let (prompt, inject) = openai::completion_prompt(&s, p)?;
+            Ok((prompt, g, inject))
+        })
+        .await??;
     openai::generate(Arc::clone(&st), Kind::Text, prompt, g, inject, log).await
 }
 
-async fn tokenize(State(st): St, b: Body) -> Result<Json<Value>, ApiError> {
-    let obj = params::parse_object(&body(b, st.body_limit)?)?;
-    params::check_fields(&obj, params::TOKENIZE_FIELDS)?;
-    let content = opt_str(&obj, "content")?
-        .ok_or_else(|| ApiError::bad_request("field `content` is required"))?;
-    let add_special = opt_bool(&obj, "add_special")?.unwrap_or(false);
-    let parse_special = opt_bool(&obj, "parse_special")?.unwrap_or(true);
-    let with_pieces = opt_bool(&obj, "with_pieces")?.unwrap_or(false);
-    let ids = st.tok.encode(content, add_special, parse_special);
-    let tokens: Vec<Value> = if with_pieces {
-        ids.iter()
-            .map(|&id| {
-                let bytes = st.tok.token_bytes(id, true).unwrap_or_default();
-                let piece = match std::str::from_utf8(bytes) {
-                    Ok(s) => json!(s),
-                    Err(_) => json!(bytes),
-                };
-                json!({"id": id, "piece": piece})
-            })
-            .collect()
-    } else {
-        ids.iter().map(|&id| json!(id)).collect()
-    };
-    Ok(Json(json!({ "tokens": tokens })))
+async fn tokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
+    let bytes = body(b, st.body_limit)?;
+    let s = Arc::clone(&st);
+    let out = st
+        .blocking
+        .run(move || -> Result<_, ApiError> {
+            let obj = params::parse_object(&bytes)?;
+            params::check_fields(&obj, params::TOKENIZE_FIELDS)?;
+            let content = opt_str(&obj, "content")?
+                .ok_or_else(|| ApiError::bad_request("field `content` is required"))?;
+            let add_special = opt_bool(&obj, "add_special")?.unwrap_or(false);
+            let parse_special = opt_bool(&obj, "parse_special")?.unwrap_or(true);
+            let with_pieces = opt_bool(&obj, "with_pieces")?.unwrap_or(false);
+            let ids = s.tok.encode(content, add_special, parse_special);
+            let tokens: Vec<Value> = if with_pieces {
+                ids.iter()
+                    .map(|&id| {
+                        let bytes = s.tok.token_bytes(id, true).unwrap_or_default();
+                        let piece = match std::str::from_utf8(bytes) {
+                            Ok(s) => json!(s),
+                            Err(_) => json!(bytes),
+                        };
+                        json!({"id": id, "piece": piece})
+                    })
+                    .collect()
+            } else {
+                ids.iter().map(|&id| json!(id)).collect()
+            };
+            to_json(&json!({ "tokens": tokens }))
+        })
+        .await??;
+    Ok(json_response(out))
 }
 
-async fn detokenize(State(st): St, b: Body) -> Result<Json<Value>, ApiError> {
-    let obj = params::parse_object(&body(b, st.body_limit)?)?;
-    params::check_fields(&obj, params::DETOKENIZE_FIELDS)?;
-    let ids = match obj.get("tokens") {
-        None | Some(Value::Null) => {
-            return Err(ApiError::bad_request("field `tokens` is required"))
-        }
-        Some(v) => params::token_list(v, "tokens")?,
-    };
-    let content = st
-        .tok
-        .decode(&ids, false)
-        .map_err(|e| ApiError::bad_request(format!("field `tokens`: {e}")))?;
-    Ok(Json(json!({ "content": content })))
+async fn detokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
+    let bytes = body(b, st.body_limit)?;
+    let s = Arc::clone(&st);
+    let out = st
+        .blocking
+        .run(move || -> Result<_, ApiError> {
+            let obj = params::parse_object(&bytes)?;
+            params::check_fields(&obj, params::DETOKENIZE_FIELDS)?;
+            let ids = match obj.get("tokens") {
+                None | Some(Value::Null) => {
+                    return Err(ApiError::bad_request("field `tokens` is required"))
+                }
+                Some(v) => params::token_list(v, "tokens")?,
+            };
+            let content = s
+                .tok
+                .decode(&ids, false)
+                .map_err(|e| ApiError::bad_request(format!("field `tokens`: {e}")))?;
+            to_json(&json!({ "content": content }))
+        })
+        .await??;
+    Ok(json_response(out))
 }
 
 async fn slots(State(st): St) -> Json<Value> {

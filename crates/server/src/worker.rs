@@ -345,6 +345,13 @@ impl Worker {
                 slot.active = None;
                 continue;
             }
+            if a.job.tx.capacity() == 0 && Instant::now() >= a.job.deadline {
+                // Past its deadline with a reader that has stopped taking events: nothing
+                // more can reach it (the HTTP side ends it with a 504), so free the slot
+                // instead of waiting on the reader; its KV stays valid for reuse.
+                slot.active = None;
+                continue;
+            }
             if let Some(tokens) = a.prefill.take() {
                 let fault = a.job.fault;
                 let tx = a.job.tx.clone();

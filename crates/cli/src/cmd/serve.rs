@@ -41,6 +41,20 @@ pub struct Args {
     /// control tokens (lets a user forge conversation turns; off by default).
     #[arg(long = "allow-special-in-content")]
     pub allow_special_in_content: bool,
+    /// Origins whose web pages may call the server (comma-separated
+    /// `scheme://host[:port]`, or `*`); default: none besides the server's own.
+    #[arg(long = "cors-origins", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+    /// Extra names the Host header may carry (comma-separated `name` or `name:port`, or
+    /// `*`); bound to loopback, only localhost, 127.0.0.1 and [::1] are accepted otherwise.
+    #[arg(long = "allowed-hosts", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Most connections open at once; beyond it new ones get 503.
+    #[arg(long = "max-connections", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds in-flight requests get to finish on SIGTERM/SIGINT before they are cancelled.
+    #[arg(long = "shutdown-timeout", default_value_t = 5.0)]
+    pub shutdown_timeout: f64,
 }
 
 /// Runs `minfer serve` until Ctrl-C.
@@ -57,6 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.timeout
         );
     }
+    let shutdown = shutdown_timeout(args.shutdown_timeout)?;
     let mut config = minfer_server::Config::new(std::path::PathBuf::new());
     config.host = args.host;
     config.port = args.port;
@@ -68,8 +83,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.queue = args.queue;
     config.request_timeout = Duration::from_secs(args.timeout);
     config.allow_special_in_content = args.allow_special_in_content;
+    config.cors_origins = args.cors_origins;
+    config.allowed_hosts = args.allowed_hosts;
+    config.max_connections = args.max_connections;
+    config.shutdown_timeout = shutdown;
     config.validate()?;
     let path = minfer_hub::resolve_model(args.model.as_deref(), true)?;
     config.model = path.clone();
     minfer_server::serve(config).with_context(|| format!("serving {}", path.display()))
+}
+
+/// `--shutdown-timeout` as a duration: a finite number of seconds in 0..=86400.
+fn shutdown_timeout(secs: f64) -> anyhow::Result<Duration> {
+    let max = minfer_server::MAX_IO_TIMEOUT.as_secs_f64();
+    if !(0.0..=max).contains(&secs) {
+        anyhow::bail!("--shutdown-timeout {secs} is outside 0..={max} seconds");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shutdown_timeout_is_bounded_seconds() {
+        assert_eq!(
+            shutdown_timeout(1.5).ok(),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(shutdown_timeout(0.0).ok(), Some(Duration::ZERO));
+        for bad in [-1.0, f64::NAN, f64::INFINITY, 1e30] {
+            assert!(shutdown_timeout(bad).is_err(), "{bad}");
+        }
+    }
 }

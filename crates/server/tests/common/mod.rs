@@ -36,6 +36,14 @@ pub struct TestServer {
     _dir: Option<tempfile::TempDir>,
 }
 
+impl TestServer {
+    /// Stops the server gracefully (see `Running::stop`), keeping the model until then.
+    pub fn stop(self) -> Result<(), minfer_server::ServerError> {
+        let TestServer { running, _dir, .. } = self;
+        running.stop()
+    }
+}
+
 /// Starts a tiny-model server, letting `edit` adjust the config first.
 pub fn tiny_server(slots: usize, edit: impl FnOnce(&mut Config)) -> TestServer {
     let (dir, path) = tiny_model();
@@ -158,4 +166,28 @@ pub fn rss_kb() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS line")
+}
+
+/// Sends `request` verbatim on a fresh connection and returns everything the server
+/// answers until it closes (requests should say `Connection: close`).
+pub fn raw(addr: std::net::SocketAddr, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("read timeout");
+    s.write_all(request.as_bytes()).expect("send");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The value of header `name` (lower-case) in a raw HTTP answer.
+pub fn raw_header(answer: &str, name: &str) -> Option<String> {
+    let head = answer.split("\r\n\r\n").next()?;
+    head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_string())
+    })
 }
