@@ -1,6 +1,11 @@
 //! The engine: one model, its backends and its `GraphCache`, driven through
 //! `forward_graph_cached` (design §10–§11). A graph is rebuilt only when the
 //! `GraphParams` change (prefill → decode); positions and KV length are inputs.
+//!
+//! The KV regions and the graph outlive every step and every reset: a reset only says
+//! that the next step starts a new sequence at position 0 (invariant 1, positions are
+//! data). Attention reads rows `0..=pos` only, and a step may not start past the rows
+//! its sequence has written, so no row of an earlier sequence is ever read.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +14,7 @@ use std::time::{Duration, Instant};
 use minfer_cpu::CpuBackend;
 use minfer_gguf::GgufFile;
 use minfer_graph::{
-    BackendImpl, BackendRegistry, BackendScheduler, CParams, CacheCounters, ComputeGraph,
+    Backend, BackendImpl, BackendRegistry, BackendScheduler, CParams, CacheCounters, ComputeGraph,
     FusionPass, GraphAllocator, GraphCache, GraphParams, GraphType,
 };
 use minfer_models::{HParams, ModelDef};
@@ -102,6 +107,8 @@ pub struct Engine {
     explicit_span: bool,
     /// Reused per-step buffers, so a decode step of a reused graph allocates nothing.
     scratch: StepScratch,
+    /// Positions `0..filled` of the KV hold the current sequence (plain steps).
+    filled: usize,
 }
 
 /// The row buffers `forward_into` fills for a plain (single-sequence) step.
@@ -192,6 +199,7 @@ impl Engine {
             rebuild_every_step: false,
             explicit_span: false,
             scratch: StepScratch::default(),
+            filled: 0,
         })
     }
 
@@ -252,9 +260,23 @@ impl Engine {
         self.scheduler.take_profile()
     }
 
-    /// Forgets the KV contents (a new, unrelated sequence follows).
+    /// Starts a new, unrelated sequence: the next plain step must start at position 0.
+    /// The graph, the KV regions and every buffer stay; nothing is allocated or cleared,
+    /// since no later step can read a row the new sequence has not written.
     pub fn reset(&mut self) {
-        self.cache.reset();
+        self.filled = 0;
+    }
+
+    /// Positions of the current sequence held in the KV (a plain step may start at any
+    /// position up to this one).
+    pub fn seq_len(&self) -> usize {
+        self.filled
+    }
+
+    /// Buffers ever created in the CPU backend's pool (memory tests: it must stay flat
+    /// across resets and repeated steps).
+    pub fn pool_len(&self) -> usize {
+        self.cache.alloc().pool_len(Backend::CPU).unwrap_or(0)
     }
 
     /// The parameters of a step of `nt` tokens with `n_out` logits rows.
@@ -318,10 +340,20 @@ impl Engine {
                 message: format!("{nt} tokens with {n_out} output rows"),
             });
         }
-        if pos0 + nt > self.n_ctx {
+        if pos0 > self.filled {
+            return Err(EngineError::Param {
+                name: "pos0",
+                message: format!(
+                    "the sequence holds {} positions, a step cannot start at {pos0}",
+                    self.filled
+                ),
+            });
+        }
+        let end = pos0.saturating_add(nt);
+        if end > self.n_ctx {
             return Err(EngineError::ContextOverflow {
                 what: "this step",
-                needed: pos0 + nt,
+                needed: end,
                 n_ctx: self.n_ctx,
             });
         }
@@ -329,6 +361,9 @@ impl Engine {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::BadToken { id, n_vocab });
         }
+        // Rows from `pos0` on are rewritten by this step: until it succeeds the sequence
+        // holds only the rows before it.
+        self.filled = pos0;
         let mut sc = std::mem::take(&mut self.scratch);
         sc.positions.clear();
         sc.positions.extend((pos0..pos0 + nt).map(|p| p as u32));
@@ -347,6 +382,9 @@ impl Engine {
             out,
         );
         self.scratch = sc;
+        if r.is_ok() {
+            self.filled = end;
+        }
         r
     }
 
@@ -443,10 +481,11 @@ impl Engine {
     /// Prefills `tokens` from position `pos0` in chunks of at most `n_batch` and returns
     /// the logits of the last token.
     pub fn prefill(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
-        if pos0 + tokens.len() > self.n_ctx {
+        let end = pos0.saturating_add(tokens.len());
+        if end > self.n_ctx {
             return Err(EngineError::ContextOverflow {
                 what: "the prompt",
-                needed: pos0 + tokens.len(),
+                needed: end,
                 n_ctx: self.n_ctx,
             });
         }

@@ -174,7 +174,7 @@ impl MultiEngine {
         &self.engine
     }
 
-    /// Forgets a slot's KV contents.
+    /// Forgets a slot's KV contents; allocates nothing (the slot's rows are reused).
     pub fn reset_slot(&mut self, slot: usize) -> Result<(), EngineError> {
         self.check_slot(slot)?;
         // Its rows are only ever read inside spans ending at positions written since.
