@@ -102,8 +102,11 @@ pub fn spawn(
                     .ok()
                     .map(str::to_string),
             };
+            // Built (and its slots published) before the server reports ready, so the
+            // first `/slots` already lists every slot.
+            let worker = Worker::new(engine, tokenizer, m2, s2);
             let _ = ready_tx.send(Ok(loaded));
-            Worker::new(engine, tokenizer, m2, s2).run(qrx);
+            worker.run(qrx);
         })
         .map_err(|e| format!("starting the inference thread: {e}"))?;
     let loaded = ready_rx
