@@ -6,6 +6,10 @@
 //! that the next step starts a new sequence at position 0 (invariant 1, positions are
 //! data). Attention reads rows `0..=pos` only, and a step may not start past the rows
 //! its sequence has written, so no row of an earlier sequence is ever read.
+//!
+//! A step that unwinds (a panic inside a kernel) marks the engine poisoned: the next
+//! step rebuilds and reallocates the graph before it runs, and the sequence keeps only
+//! the positions before the failed step.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -109,6 +113,11 @@ pub struct Engine {
     scratch: StepScratch,
     /// Positions `0..filled` of the KV hold the current sequence (plain steps).
     filled: usize,
+    /// Set while a step executes; still set at the next step only if the last one
+    /// unwound, whose graph buffers are then not trusted.
+    poisoned: bool,
+    /// The CPU backend's fault hook (unwind-safety tests).
+    fault: minfer_cpu::backend::FaultInjector,
 }
 
 /// The row buffers `forward_into` fills for a plain (single-sequence) step.
@@ -179,6 +188,7 @@ impl Engine {
             None => hp.n_ctx_train.clamp(1, DEFAULT_CTX_CAP),
         };
         let mut cpu = CpuBackend::new(opts.n_threads);
+        let fault = cpu.fault_injector();
         cpu.register_gguf(Arc::clone(&file), "")
             .map_err(|e| EngineError::Param {
                 name: "weights",
@@ -200,6 +210,8 @@ impl Engine {
             explicit_span: false,
             scratch: StepScratch::default(),
             filled: 0,
+            poisoned: false,
+            fault,
         })
     }
 
@@ -277,6 +289,13 @@ impl Engine {
     /// across resets and repeated steps).
     pub fn pool_len(&self) -> usize {
         self.cache.alloc().pool_len(Backend::CPU).unwrap_or(0)
+    }
+
+    /// Arms a panic inside the kernel of the `nth` node executed from now on (1-based),
+    /// raised on a thread-pool thread. For unwind-safety tests only.
+    #[doc(hidden)]
+    pub fn inject_kernel_panic(&self, nth: usize) {
+        self.fault.panic_at_node(nth);
     }
 
     /// The parameters of a step of `nt` tokens with `n_out` logits rows.
@@ -361,8 +380,8 @@ impl Engine {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::BadToken { id, n_vocab });
         }
-        // Rows from `pos0` on are rewritten by this step: until it succeeds the sequence
-        // holds only the rows before it.
+        // Rows from `pos0` on are rewritten by this step: until it succeeds (an error or
+        // an unwind included) the sequence holds only the rows before it.
         self.filled = pos0;
         let mut sc = std::mem::take(&mut self.scratch);
         sc.positions.clear();
@@ -449,6 +468,24 @@ impl Engine {
     fn run(&mut self, rows: &TokenRows, out: &mut Vec<f32>) -> Result<(), EngineError> {
         let (nt, n_out) = (rows.tokens.len(), rows.out_rows.len());
         let params = self.params(nt, n_out);
+        if std::mem::replace(&mut self.poisoned, true) {
+            // The last step unwound mid-execution: rebuild before trusting its buffers.
+            self.cache.forget_graph();
+        }
+        let r = self.run_graph(rows, params, out);
+        self.poisoned = false;
+        r
+    }
+
+    /// The body of [`Self::run`]: an unwind out of here leaves the engine poisoned.
+    fn run_graph(
+        &mut self,
+        rows: &TokenRows,
+        params: GraphParams,
+        out: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        let n_out = rows.out_rows.len();
+        let nt = rows.tokens.len();
         if self.rebuild_every_step || !self.cache.try_reuse(&params) {
             let graph = self.model.build_graph(&params);
             self.cache
