@@ -118,6 +118,8 @@ pub struct Engine {
     poisoned: bool,
     /// The CPU backend's fault hook (unwind-safety tests).
     fault: minfer_cpu::backend::FaultInjector,
+    /// Whether a reused graph is checked against a rebuild (on under debug assertions).
+    check_reuse: bool,
 }
 
 /// The row buffers `forward_into` fills for a plain (single-sequence) step.
@@ -212,6 +214,7 @@ impl Engine {
             filled: 0,
             poisoned: false,
             fault,
+            check_reuse: cfg!(debug_assertions),
         })
     }
 
@@ -270,6 +273,15 @@ impl Engine {
     /// Per-op wall time since the last call, with `MINFER_PROFILE=1` (empty otherwise).
     pub fn take_profile(&self) -> Vec<(&'static str, Duration, usize)> {
         self.scheduler.take_profile()
+    }
+
+    /// Turns off (or back on) the structural check of every reused graph against a
+    /// rebuild that debug assertions enable; it builds a graph per step, so a test that
+    /// counts allocations of the release path turns it off. No effect without debug
+    /// assertions.
+    #[doc(hidden)]
+    pub fn set_check_reuse(&mut self, on: bool) {
+        self.check_reuse = on && cfg!(debug_assertions);
     }
 
     /// Starts a new, unrelated sequence: the next plain step must start at position 0.
@@ -490,6 +502,8 @@ impl Engine {
             let graph = self.model.build_graph(&params);
             self.cache
                 .install(graph, params, &mut self.scheduler, &self.fusion)?;
+        } else if self.check_reuse {
+            self.check_reused_graph(&params);
         }
         let (graph, alloc) = self.cache.current().ok_or_else(|| EngineError::Param {
             name: "graph",
@@ -515,6 +529,29 @@ impl Engine {
         Ok(())
     }
 
+    /// Invariant 2, checked under debug assertions: the graph reused for `params` is
+    /// structurally the graph a rebuild gives (after assignment and fusion). A mismatch
+    /// is an internal bug, so it panics, naming the params.
+    fn check_reused_graph(&self, params: &GraphParams) {
+        #[cfg(debug_assertions)]
+        {
+            let mut fresh = self.model.build_graph(params);
+            let mut scheduler = BackendScheduler::new();
+            scheduler.assign_backends(&mut fresh, self.cache.alloc());
+            self.fusion.run(&mut fresh, self.cache.alloc());
+            let same = self
+                .cache
+                .graph()
+                .is_some_and(|g| GraphCache::verify_structural(g, &fresh));
+            assert!(
+                same,
+                "graph reuse identity broken: the cached graph for {params:?} differs from a rebuild"
+            );
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = params;
+    }
+
     /// Prefills `tokens` from position `pos0` in chunks of at most `n_batch` and returns
     /// the logits of the last token.
     pub fn prefill(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
@@ -533,5 +570,59 @@ impl Engine {
             pos += chunk.len();
         }
         Ok(logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minfer_gguf::GgmlType;
+    use minfer_models::testing::{tiny_model_bytes, TinySpec};
+
+    fn tiny_engine() -> Engine {
+        let spec = TinySpec::qwen2(GgmlType::Q8_0, 75);
+        let file = GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader");
+        let opts = EngineOptions {
+            n_threads: 1,
+            n_ctx: Some(32),
+            backend: None,
+            n_batch: 512,
+        };
+        Engine::from_gguf(file, &opts).expect("engine")
+    }
+
+    /// Under debug assertions a reused graph that is not what a rebuild gives (here one
+    /// whose node was tampered with) stops the step loudly instead of running.
+    #[cfg(debug_assertions)]
+    #[test]
+    fn a_reused_graph_unlike_its_rebuild_fails_loudly() {
+        let mut e = tiny_engine();
+        e.forward(&[1, 2, 3], 0, 1).unwrap();
+        e.forward(&[4, 5, 6], 0, 1)
+            .expect("an honest reuse passes the check");
+        let mut g = e.cache.graph().expect("cached").clone();
+        let params = e.params(3, 1);
+        let last = g.nodes.len() - 1;
+        g.nodes[last].src.reverse();
+        g.nodes[last].src.push(0);
+        e.cache.replace_graph(g, params);
+        let r =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.forward(&[7, 8, 9], 0, 1)));
+        let payload = r.expect_err("the check panics");
+        let text = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(text.contains("graph reuse identity broken"), "{text}");
+    }
+
+    #[test]
+    fn the_reuse_check_follows_debug_assertions() {
+        let mut e = tiny_engine();
+        assert_eq!(e.check_reuse, cfg!(debug_assertions));
+        e.set_check_reuse(false);
+        assert!(!e.check_reuse);
+        e.set_check_reuse(true);
+        assert_eq!(e.check_reuse, cfg!(debug_assertions));
     }
 }
