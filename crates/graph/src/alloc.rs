@@ -255,7 +255,51 @@ impl GraphAllocator {
             self.node_to_buf[i] = Some(buf);
         }
         self.held = refs.into_keys().collect();
+        self.release_unused_buffers();
         Ok(())
+    }
+
+    /// Lets each backend drop the free buffers that neither this graph nor the KV,
+    /// persistent or staging buffers use (a pool then keeps at most about as much idle
+    /// memory as it has in use, whatever shapes earlier graphs had).
+    fn release_unused_buffers(&mut self) {
+        let mut in_use: BTreeMap<Backend, Vec<usize>> = BTreeMap::new();
+        let kv = self.kv.values().flat_map(|r| {
+            [
+                BufRef {
+                    backend: r.backend,
+                    id: r.k,
+                },
+                BufRef {
+                    backend: r.backend,
+                    id: r.v,
+                },
+            ]
+        });
+        let persistent = self.persistent.iter().map(|p| BufRef {
+            backend: p.backend,
+            id: p.id,
+        });
+        let staging = self.spare_staging.iter().map(|&(b, _)| b);
+        for b in self
+            .node_to_buf
+            .iter()
+            .flatten()
+            .copied()
+            .chain(kv)
+            .chain(persistent)
+            .chain(staging)
+        {
+            in_use.entry(b.backend).or_default().push(b.id);
+        }
+        for (id, b) in self.backends.iter_mut() {
+            b.release_unused(in_use.get(id).map_or(&[], Vec::as_slice));
+        }
+    }
+
+    /// Elements held by backend `b`'s pool (0 where the backend does not report it).
+    pub fn pool_elems(&self, b: Backend) -> Option<usize> {
+        self.backend(b).map(|x| x.pool_elems())
     }
 
     /// Returns the previous graph's surviving buffers to their pools and sets its

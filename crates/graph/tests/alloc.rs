@@ -273,11 +273,9 @@ fn rebuilding_a_split_graph_reuses_its_staging_buffers() {
     ensure(&mut cache, &mut sched, &p);
     let first = run(&mut cache, &sched, &[3, 1, 4, 1], &[0, 1, 2, 3]).unwrap();
     // Another shape in between, so each return to `p` is a real rebuild.
-    ensure(&mut cache, &mut sched, &params(1, false));
-    run(&mut cache, &sched, &[2], &[0]).unwrap();
-    let sizes = pools(cache.alloc());
-    for round in 0..50 {
-        for nt in [4, 1] {
+    let mut sizes = (0, 0);
+    for round in 0..52 {
+        for nt in [1, 4] {
             ensure(&mut cache, &mut sched, &params(nt, false));
             let tokens = &[3, 1, 4, 1][..nt];
             let pos = &[0, 1, 2, 3][..nt];
@@ -286,9 +284,15 @@ fn rebuilding_a_split_graph_reuses_its_staging_buffers() {
                 assert_eq!(out, first, "round {round}");
             }
         }
-        assert_eq!(pools(cache.alloc()), sizes, "round {round}");
+        // Two rounds to settle which idle buffers each pool keeps, then none grows.
+        if round == 1 {
+            sizes = pools(cache.alloc());
+        }
+        if round > 1 {
+            assert_eq!(pools(cache.alloc()), sizes, "round {round}");
+        }
     }
-    assert_eq!(cache.counters().builds, 102);
+    assert_eq!(cache.counters().builds, 105);
 }
 
 #[test]
@@ -311,4 +315,30 @@ fn a_persistent_buffer_is_created_once_per_name() {
     );
     let other = alloc.alloc_persistent("other", Backend::CPU, 8).unwrap();
     assert_ne!(other, a);
+}
+
+#[test]
+fn graphs_of_ever_new_shapes_keep_the_pool_bounded() {
+    let mut sched = BackendScheduler::new();
+    // The largest graph alone: what one pass needs at most.
+    let mut alone = GraphCache::new(cpu_only());
+    ensure(&mut alone, &mut sched, &params(N_CTX, false));
+    let largest = alone.alloc().pool_elems(Backend::CPU).unwrap();
+    assert!(largest > 0);
+
+    let mut cache = GraphCache::new(cpu_only());
+    for round in 0..3 {
+        for nt in (1..=N_CTX).rev().chain(1..=N_CTX) {
+            ensure(&mut cache, &mut sched, &params(nt, false));
+            let tokens: Vec<u32> = (0..nt as u32).map(|t| t % VOCAB as u32).collect();
+            let pos: Vec<i32> = (0..nt as i32).collect();
+            run(&mut cache, &sched, &tokens, &pos).unwrap();
+            let held = cache.alloc().pool_elems(Backend::CPU).unwrap();
+            // Idle buffers never exceed the buffers in use, which never exceed `largest`.
+            assert!(
+                held <= 2 * largest,
+                "round {round}, {nt} tokens: the pool holds {held} elements, the largest graph needs {largest}"
+            );
+        }
+    }
 }

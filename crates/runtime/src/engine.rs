@@ -303,6 +303,11 @@ impl Engine {
         self.cache.alloc().pool_len(Backend::CPU).unwrap_or(0)
     }
 
+    /// Elements held by the CPU backend's pool: its memory in f32s, KV included.
+    pub fn pool_elems(&self) -> usize {
+        self.cache.alloc().pool_elems(Backend::CPU).unwrap_or(0)
+    }
+
     /// Arms a panic inside the kernel of the `nth` node executed from now on (1-based),
     /// raised on a thread-pool thread. For unwind-safety tests only.
     #[doc(hidden)]

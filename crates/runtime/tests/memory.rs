@@ -121,3 +121,26 @@ fn after_a_reset_no_step_can_read_the_last_sequences_rows() {
     let err = e.forward(&[5], usize::MAX, 1).unwrap_err();
     assert!(matches!(err, EngineError::Param { .. }), "{err}");
 }
+
+#[test]
+fn prompts_of_ever_new_lengths_keep_the_pool_bounded() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let spec = TinySpec::qwen2(GgmlType::Q8_0, 75);
+    let file = Arc::new(GgufFile::from_bytes(tiny_model_bytes(&spec).unwrap()).unwrap());
+    let prompt: Vec<u32> = (0..128).map(|i| (i * 37 + 5) % 500).collect();
+    // The longest prompt alone: the most one request needs.
+    let mut alone = Engine::from_arc(Arc::clone(&file), &opts(256)).unwrap();
+    greedy_tokens(&mut alone, &prompt, 2).unwrap();
+    let largest = alone.pool_elems();
+
+    let mut e = Engine::from_arc(file, &opts(256)).unwrap();
+    for n in (1..=prompt.len()).rev().chain(1..=prompt.len()) {
+        // Each length is a new prefill graph with buffers of new lengths.
+        greedy_tokens(&mut e, &prompt[..n], 2).unwrap();
+        let held = e.pool_elems();
+        assert!(
+            held <= 2 * largest,
+            "after a prompt of {n}: the pool holds {held} elements, the longest request needs {largest}"
+        );
+    }
+}
