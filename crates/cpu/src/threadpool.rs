@@ -5,6 +5,7 @@
 //! hundreds of short parallel regions back to back, and waking a parked thread costs about
 //! 100 µs), then park on a condition variable so an idle pool costs no CPU.
 
+use std::any::Any;
 use std::cell::UnsafeCell;
 use std::ops::Range;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -62,6 +63,9 @@ struct Shared {
     caller_waiting: AtomicBool,
     /// Set when a worker's closure panicked during the current run.
     panicked: AtomicBool,
+    /// The first panic payload of the current run's shares other than the caller's,
+    /// re-raised by the caller so the original message reaches whoever catches it.
+    payload: Mutex<Option<Box<dyn Any + Send>>>,
     /// Tells workers to exit.
     shutdown: AtomicBool,
     /// Guards the two condition variables.
@@ -101,6 +105,7 @@ impl ThreadPool {
             sleepers: AtomicUsize::new(0),
             caller_waiting: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
+            payload: Mutex::new(None),
             shutdown: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -158,8 +163,8 @@ impl ThreadPool {
         let mine = catch_unwind(AssertUnwindSafe(|| f(0, nth)));
         for ith in 1..nth {
             if s.claimed[ith].fetch_max(epoch, SeqCst) < epoch {
-                if catch_unwind(AssertUnwindSafe(|| f(ith, nth))).is_err() {
-                    s.panicked.store(true, SeqCst);
+                if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(ith, nth))) {
+                    record_panic(s, p);
                 }
                 s.remaining.fetch_sub(1, SeqCst);
             }
@@ -168,11 +173,19 @@ impl ThreadPool {
         // SAFETY: every worker is idle again (remaining == 0).
         unsafe { *s.job.get() = None };
         self.busy.store(false, SeqCst);
+        let theirs = if s.panicked.load(SeqCst) {
+            s.payload.lock().unwrap_or_else(|e| e.into_inner()).take()
+        } else {
+            None
+        };
         if let Err(payload) = mine {
             resume_unwind(payload);
         }
         if s.panicked.load(SeqCst) {
-            panic!("a thread pool worker panicked");
+            match theirs {
+                Some(payload) => resume_unwind(payload),
+                None => panic!("a thread pool worker panicked"),
+            }
         }
     }
 }
@@ -189,6 +202,15 @@ impl Drop for ThreadPool {
             let _ = w.join();
         }
     }
+}
+
+/// Marks the current run as panicked, keeping the first payload for the caller.
+fn record_panic(s: &Shared, payload: Box<dyn Any + Send>) {
+    let mut slot = s.payload.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.is_none() {
+        *slot = Some(payload);
+    }
+    s.panicked.store(true, SeqCst);
 }
 
 /// Spins, then parks, until every worker of the current run has finished.
@@ -241,8 +263,8 @@ fn worker_loop(s: &Shared, ith: usize, nth: usize) {
         if let Some(job) = job {
             // SAFETY: see above; the pointee is a live `Sync` closure for this run.
             let f = unsafe { &*job };
-            if catch_unwind(AssertUnwindSafe(|| f(ith, nth))).is_err() {
-                s.panicked.store(true, SeqCst);
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(ith, nth))) {
+                record_panic(s, p);
             }
         }
         if s.remaining.fetch_sub(1, SeqCst) == 1 && s.caller_waiting.load(SeqCst) {
@@ -377,6 +399,37 @@ mod tests {
             count.fetch_add(1, SeqCst);
         });
         assert_eq!(count.load(SeqCst), 2);
+    }
+
+    /// A worker's panic reaches the caller with its own message, every time, and a
+    /// run after it is complete: no share is lost and no thread is left waiting.
+    #[test]
+    fn worker_panics_keep_their_message_and_leave_the_pool_whole() {
+        let pool = ThreadPool::new(3);
+        for round in 0..50 {
+            if round % 10 == 0 {
+                // Let the workers park, so the panicking share may run on a woken worker.
+                std::thread::sleep(std::time::Duration::from_millis(6));
+            }
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                pool.run(&|ith, _| {
+                    if ith == 1 + round % 2 {
+                        panic!("share {ith} failed");
+                    }
+                })
+            }));
+            let payload = r.expect_err("the panic propagates");
+            let text = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_default();
+            assert_eq!(text, format!("share {} failed", 1 + round % 2));
+            let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|ith, _| {
+                hits[ith].fetch_add(1, SeqCst);
+            });
+            assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "round {round}");
+        }
     }
 
     #[test]

@@ -3,8 +3,13 @@
 //! It holds the backends (registered at construction, keyed by their id), computes
 //! liveness in build order (deviation 22: never Kahn order), never frees inputs or
 //! outputs (deviation 23), aliases in-place ops onto a sole same-backend producer,
-//! keeps the per-layer persistent [K, V] regions across rebuilds, and stages
+//! keeps the per-layer persistent [K, V] regions across rebuilds and resets, and stages
 //! cross-backend values in `cross` without touching canonical buffers.
+//!
+//! Bounded pools: nothing here allocates per request. KV regions are created once per
+//! layer and then only rewritten (positions are data); a persistent buffer is created
+//! once per name; staging buffers released by a rebuild are kept aside and handed to
+//! the next graph's staging before any new one is created.
 
 use std::collections::BTreeMap;
 
@@ -29,6 +34,8 @@ pub struct KvRegion {
 #[derive(Debug)]
 struct CrossEntry {
     buf: BufRef,
+    /// Elements of `buf`.
+    len: usize,
     pending: Option<CrossCopy>,
     epoch: u64,
 }
@@ -43,6 +50,10 @@ pub struct GraphAllocator {
     cross: BTreeMap<(NodeId, Backend), CrossEntry>,
     epoch: u64,
     kv: BTreeMap<usize, KvRegion>,
+    /// Staging buffers of earlier graphs, with their lengths, waiting to be reused as
+    /// staging. They stay off the backends' free lists: a staging buffer is taken
+    /// during execution, when a free-listed buffer may still hold a live value.
+    spare_staging: Vec<(BufRef, usize)>,
     /// Every buffer that outlives graph rebuilds, by name.
     pub persistent: Vec<PersistentBuf>,
 }
@@ -93,6 +104,7 @@ impl GraphAllocator {
             cross: BTreeMap::new(),
             epoch: 0,
             kv: BTreeMap::new(),
+            spare_staging: Vec::new(),
             persistent: Vec::new(),
         })
     }
@@ -243,26 +255,71 @@ impl GraphAllocator {
             self.node_to_buf[i] = Some(buf);
         }
         self.held = refs.into_keys().collect();
+        self.release_unused_buffers();
         Ok(())
     }
 
-    /// Returns the previous graph's surviving buffers and staging copies to their pools.
+    /// Lets each backend drop the free buffers that neither this graph nor the KV,
+    /// persistent or staging buffers use (a pool then keeps at most about as much idle
+    /// memory as it has in use, whatever shapes earlier graphs had).
+    fn release_unused_buffers(&mut self) {
+        let mut in_use: BTreeMap<Backend, Vec<usize>> = BTreeMap::new();
+        let kv = self.kv.values().flat_map(|r| {
+            [
+                BufRef {
+                    backend: r.backend,
+                    id: r.k,
+                },
+                BufRef {
+                    backend: r.backend,
+                    id: r.v,
+                },
+            ]
+        });
+        let persistent = self.persistent.iter().map(|p| BufRef {
+            backend: p.backend,
+            id: p.id,
+        });
+        let staging = self.spare_staging.iter().map(|&(b, _)| b);
+        for b in self
+            .node_to_buf
+            .iter()
+            .flatten()
+            .copied()
+            .chain(kv)
+            .chain(persistent)
+            .chain(staging)
+        {
+            in_use.entry(b.backend).or_default().push(b.id);
+        }
+        for (id, b) in self.backends.iter_mut() {
+            b.release_unused(in_use.get(id).map_or(&[], Vec::as_slice));
+        }
+    }
+
+    /// Elements held by backend `b`'s pool (0 where the backend does not report it).
+    pub fn pool_elems(&self, b: Backend) -> Option<usize> {
+        self.backend(b).map(|x| x.pool_elems())
+    }
+
+    /// Returns the previous graph's surviving buffers to their pools and sets its
+    /// staging copies aside for the next graph's staging.
     fn release_graph_buffers(&mut self) {
         let held = std::mem::take(&mut self.held);
-        let staged: Vec<BufRef> = std::mem::take(&mut self.cross)
-            .into_values()
-            .map(|e| e.buf)
-            .collect();
-        for buf in held.into_iter().chain(staged) {
+        for buf in held {
             if let Some(b) = self.backend_mut(buf.backend) {
                 b.free_buffer(buf.id);
             }
         }
+        let staged = std::mem::take(&mut self.cross);
+        self.spare_staging
+            .extend(staged.into_values().map(|e| (e.buf, e.len)));
         self.node_to_buf.clear();
         self.node_elems.clear();
     }
 
-    /// The layer's KV pair, created on `backend` at first use and never recycled.
+    /// The layer's KV pair, created on `backend` at first use and then kept for the
+    /// allocator's lifetime: rebuilds and resets reuse it, so its ids never change.
     pub fn ensure_kv(
         &mut self,
         layer: usize,
@@ -292,6 +349,7 @@ impl GraphAllocator {
                 name: format!("kv.{layer}.{half}"),
                 backend,
                 id,
+                elems,
             });
         }
         self.kv.insert(layer, region);
@@ -303,29 +361,60 @@ impl GraphAllocator {
         self.kv.get(&layer).copied()
     }
 
-    /// Drops every KV region (a new conversation); the next graph recreates them.
-    pub fn reset_kv(&mut self) {
-        for (_, r) in std::mem::take(&mut self.kv) {
-            if let Some(b) = self.backend_mut(r.backend) {
-                b.free_buffer(r.k);
-                b.free_buffer(r.v);
+    /// Zero-fills every KV region in place. The regions and their pool ids stay (a reset
+    /// needs no new region); an engine starting a new sequence does not need this, as
+    /// attention reads only rows its sequence has written (see `Engine::reset`).
+    pub fn reset_kv(&mut self) -> Result<(), GraphError> {
+        let regions: Vec<KvRegion> = self.kv.values().copied().collect();
+        let zeros = [0f32; 1024];
+        for r in regions {
+            let b = self.must(r.backend)?;
+            for id in [r.k, r.v] {
+                let mut offset = 0;
+                while offset < r.elems {
+                    let n = (r.elems - offset).min(zeros.len());
+                    b.write_host_window(id, offset, &zeros[..n])
+                        .map_err(|message| GraphError::Backend {
+                            backend: b.name().to_string(),
+                            context: format!("clearing KV buffer {id}"),
+                            message,
+                        })?;
+                    offset += n;
+                }
             }
         }
-        self.persistent.retain(|p| !p.name.starts_with("kv."));
+        Ok(())
     }
 
-    /// A named buffer outside liveness that survives rebuilds.
+    /// A named buffer outside liveness that survives rebuilds, created once per name:
+    /// asking again for `name` returns the same buffer, and a different backend or size
+    /// for an existing name is an error.
     pub fn alloc_persistent(
         &mut self,
         name: &str,
         backend: Backend,
         size: usize,
     ) -> Result<BufRef, GraphError> {
+        if let Some(p) = self.persistent.iter().find(|p| p.name == name) {
+            if p.backend != backend || p.elems != size {
+                return Err(GraphError::Persistent {
+                    name: name.to_string(),
+                    problem: format!(
+                        "exists on {} with {} elements, requested on {} with {size}",
+                        self.backend_name(p.backend),
+                        p.elems,
+                        self.backend_name(backend)
+                    ),
+                });
+            }
+            return Ok(BufRef { backend, id: p.id });
+        }
         let id = self.must(backend)?.alloc_fresh(size);
         self.persistent.push(PersistentBuf {
             name: name.to_string(),
             backend,
             id,
+            elems: size,
         });
         Ok(BufRef { backend, id })
     }
@@ -519,12 +608,20 @@ impl GraphAllocator {
         let epoch = self.epoch;
         let staging = match self.cross.get(&(node, dst)) {
             Some(e) if e.epoch == epoch && !force => return Ok(()),
-            Some(e) => e.buf,
+            Some(e) => (e.buf, e.len),
             None => {
                 let n = self.node_elems.get(node).copied().unwrap_or(0);
-                self.alloc_fresh(dst, n)?
+                let spare = self
+                    .spare_staging
+                    .iter()
+                    .position(|&(b, len)| b.backend == dst && len == n);
+                match spare {
+                    Some(i) => self.spare_staging.swap_remove(i),
+                    None => (self.alloc_fresh(dst, n)?, n),
+                }
             }
         };
+        let (staging, staging_len) = staging;
         let sb = self.must(src.backend)?;
         let copy = sb
             .copy_cross(src.id)
@@ -537,6 +634,7 @@ impl GraphAllocator {
             (node, dst),
             CrossEntry {
                 buf: staging,
+                len: staging_len,
                 pending: Some(copy),
                 epoch,
             },

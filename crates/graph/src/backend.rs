@@ -61,8 +61,19 @@ pub trait BackendImpl: Send {
     fn alloc_fresh(&mut self, size: usize) -> usize;
     /// Returns `id` to the free list; its memory stays owned by the pool.
     fn free_buffer(&mut self, id: usize);
-    /// Buffers ever created (grows only when no free buffer fits).
+    /// Buffer ids ever created (grows only when no free or vacant id fits).
     fn pool_len(&self) -> usize;
+    /// Elements held by the pool's buffers (0 where the backend does not know).
+    fn pool_elems(&self) -> usize {
+        0
+    }
+    /// Called after each allocation pass with every buffer id the new graph, the KV
+    /// and the staging use: the backend may drop the storage of other free buffers, so
+    /// graphs of ever new shapes do not grow the pool without bound. Never touches
+    /// an id in `in_use`.
+    fn release_unused(&mut self, in_use: &[usize]) {
+        let _ = in_use;
+    }
 
     /// Runs `node`, reading `in_bufs` (one per source) and writing `out_buf`.
     /// Returns `Err` naming the problem on any violated kernel invariant (invariant 7).

@@ -111,11 +111,12 @@ impl GraphCache {
         self.counters
     }
 
-    /// Forgets the graph and drops the KV (a new request must not see the last one's).
-    pub fn reset(&mut self) {
+    /// Forgets the cached graph so the next step rebuilds and reallocates it; the
+    /// allocator keeps its KV regions and every pool id (used after a failed or
+    /// interrupted execution, whose intermediate buffers are not trusted).
+    pub fn forget_graph(&mut self) {
         self.graph = None;
         self.prev_params = None;
-        self.alloc.reset_kv();
     }
 
     /// Debug check of invariant 2: `a` and `b` have the same nodes (op with payloads,

@@ -79,6 +79,14 @@ pub enum GraphError {
         /// What is wrong.
         problem: String,
     },
+    /// A persistent buffer was requested again with another backend or size.
+    #[error("persistent buffer '{name}': {problem}")]
+    Persistent {
+        /// Buffer name.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// A staged cross-backend copy was read before its wait was issued.
     #[error("staged copy of node {node} into {backend} read before await_cross")]
     CrossNotAwaited {

@@ -117,6 +117,8 @@ pub struct PersistentBuf {
     pub backend: Backend,
     /// Id inside that backend's pool.
     pub id: usize,
+    /// Elements the buffer holds.
+    pub elems: usize,
 }
 
 /// How rope pairs the rotated dimensions.

@@ -2,6 +2,12 @@
 //! backend share it). Buffers are addressed by id and never move; a freed id is recycled
 //! for a request of exactly its length (zero-filled), so a reused graph finds its buffers
 //! again; `alloc_fresh` bypasses recycling for split-boundary staging (§3.5).
+//!
+//! Bounded memory: graphs of new shapes (a prompt of a new length) need buffers of new
+//! lengths, so free buffers of old lengths would pile up. After each allocation pass the
+//! allocator calls [`HostPool::release_unused`], which drops the storage of free buffers
+//! the current graph does not use once they exceed what the pool has in use; such an id
+//! becomes vacant and is handed out again by a later allocation.
 
 /// f32 buffers by id, with a free list.
 #[derive(Debug, Default)]
@@ -9,6 +15,8 @@ pub struct HostPool {
     /// The buffers; an id indexes this vector. Backends borrow them directly in kernels.
     pub buffers: Vec<Vec<f32>>,
     free: Vec<usize>,
+    /// Ids whose storage was released; reused before the pool grows.
+    vacant: Vec<usize>,
 }
 
 impl HostPool {
@@ -32,18 +40,67 @@ impl HostPool {
         self.alloc_fresh(size)
     }
 
-    /// A new zero-filled buffer that never comes from the free list.
+    /// A new zero-filled buffer that never comes from the free list (a vacant id, whose
+    /// storage was released, may be reused).
     pub fn alloc_fresh(&mut self, size: usize) -> usize {
+        if let Some(id) = self.vacant.pop() {
+            self.buffers[id] = vec![0.0; size];
+            return id;
+        }
         self.buffers.push(vec![0.0; size]);
         self.buffers.len() - 1
     }
 
-    /// Returns `id` to the free list (its memory stays in the pool); unknown or already
-    /// free ids are ignored.
+    /// Returns `id` to the free list (its memory stays in the pool); unknown, vacant or
+    /// already free ids are ignored.
     pub fn free(&mut self, id: usize) {
-        if id < self.buffers.len() && !self.free.contains(&id) {
+        if id < self.buffers.len() && !self.free.contains(&id) && !self.vacant.contains(&id) {
             self.free.push(id);
         }
+    }
+
+    /// Drops the storage of free buffers that are not in `in_use`, largest first, until
+    /// such buffers hold at most as many elements as the buffers in use. Their ids become
+    /// vacant. Free buffers in `in_use` (a graph's buffers whose values expired during
+    /// its pass) are never touched.
+    pub fn release_unused(&mut self, in_use: &[usize]) {
+        let mut used: Vec<usize> = in_use.to_vec();
+        used.sort_unstable();
+        used.dedup();
+        let budget: usize = used
+            .iter()
+            .filter_map(|&id| self.buffers.get(id))
+            .map(Vec::len)
+            .sum();
+        let mut idle: Vec<usize> = self
+            .free
+            .iter()
+            .copied()
+            .filter(|id| used.binary_search(id).is_err())
+            .collect();
+        // Smaller buffers first: they are kept while the budget lasts, so a small graph
+        // met again (the decode graph between prefills) finds its buffers.
+        idle.sort_by_key(|&id| (self.buffers[id].len(), id));
+        let mut kept = 0usize;
+        let mut drop = Vec::new();
+        for id in idle {
+            let len = self.buffers[id].len();
+            if kept + len <= budget {
+                kept += len;
+            } else {
+                drop.push(id);
+            }
+        }
+        for id in drop {
+            self.buffers[id] = Vec::new();
+            self.free.retain(|&f| f != id);
+            self.vacant.push(id);
+        }
+    }
+
+    /// Elements held by every buffer of the pool (its memory, in f32s).
+    pub fn elems(&self) -> usize {
+        self.buffers.iter().map(Vec::len).sum()
     }
 
     /// Buffers ever created.
@@ -117,6 +174,36 @@ mod tests {
         p.free(a);
         assert_ne!(p.alloc_fresh(4), a, "staging never recycles");
         assert_eq!(p.len(), 3);
+    }
+
+    #[test]
+    fn unused_free_buffers_beyond_the_budget_are_released_and_their_ids_reused() {
+        let mut p = HostPool::new();
+        let live = p.alloc(10);
+        let expired = p.alloc(100); // used by the current graph, value expired
+        let old_small = p.alloc(4);
+        let old_big = p.alloc(1000);
+        for id in [expired, old_small, old_big] {
+            p.free(id);
+        }
+        p.release_unused(&[live, expired]);
+        // Budget 110: the small old buffer stays, the big one goes; `expired` is in use.
+        assert_eq!(p.read(old_big), Some(&[][..]));
+        assert_eq!(p.read(expired).map(<[f32]>::len), Some(100));
+        assert_eq!(p.elems(), 10 + 100 + 4);
+        assert_eq!(p.alloc(4), old_small, "kept buffers are still recycled");
+        assert_eq!(
+            p.alloc(7),
+            old_big,
+            "a vacant id is reused before the pool grows"
+        );
+        assert_eq!(p.read(old_big), Some(&[0.0; 7][..]));
+        assert_eq!(p.len(), 4);
+        p.free(old_big);
+        p.release_unused(&[]);
+        assert_eq!(p.elems(), 10 + 4, "nothing in use: every free buffer goes");
+        p.free(old_big);
+        assert_eq!(p.free_len(), 0, "a vacant id is never free");
     }
 
     #[test]

@@ -216,3 +216,129 @@ fn rebuilds_recycle_the_pool_instead_of_growing_it() {
         Err(GraphError::DuplicateBackend(Backend::CPU))
     ));
 }
+
+/// Pool sizes of both backends of a split allocator.
+fn pools(alloc: &GraphAllocator) -> (usize, usize) {
+    (
+        alloc.pool_len(Backend::CPU).unwrap(),
+        alloc.pool_len(Backend::METAL).unwrap(),
+    )
+}
+
+#[test]
+fn kv_regions_outlive_rebuilds_and_clears_with_the_same_ids() {
+    let mut cache = GraphCache::new(cpu_only());
+    let mut sched = BackendScheduler::new();
+    let (prefill, decode) = (params(4, false), params(1, false));
+    // Warm-up: both graphs' buffers exist once this has run.
+    for (p, tokens, pos) in [
+        (&prefill, &[3, 1, 4, 1][..], &[0, 1, 2, 3][..]),
+        (&decode, &[5], &[4]),
+    ] {
+        ensure(&mut cache, &mut sched, p);
+        run(&mut cache, &sched, tokens, pos).unwrap();
+    }
+    let region = cache.alloc().kv_region(0).unwrap();
+    let pool = cache.alloc().pool_len(Backend::CPU).unwrap();
+    for round in 0..200 {
+        // Prefill, decode, clear: what a request and a new conversation do.
+        ensure(&mut cache, &mut sched, &prefill);
+        run(&mut cache, &sched, &[3, 1, 4, 1], &[0, 1, 2, 3]).unwrap();
+        ensure(&mut cache, &mut sched, &decode);
+        run(&mut cache, &sched, &[5], &[4]).unwrap();
+        cache.alloc_mut().reset_kv().unwrap();
+        assert_eq!(cache.alloc().kv_region(0), Some(region), "round {round}");
+        let (k, v) = cache.alloc_mut().copy_kv_to_cpu(0).unwrap();
+        assert!(k.iter().chain(&v).all(|&x| x == 0.0), "cleared in place");
+        assert_eq!(
+            cache.alloc().pool_len(Backend::CPU).unwrap(),
+            pool,
+            "round {round}"
+        );
+    }
+    let kv_names = cache
+        .alloc()
+        .persistent
+        .iter()
+        .filter(|p| p.name.starts_with("kv."))
+        .count();
+    assert_eq!(kv_names, 2, "one K and one V region for the one layer");
+}
+
+#[test]
+fn rebuilding_a_split_graph_reuses_its_staging_buffers() {
+    let p = params(4, false);
+    let mut cache = GraphCache::new(split_alloc());
+    let mut sched = BackendScheduler::new();
+    ensure(&mut cache, &mut sched, &p);
+    let first = run(&mut cache, &sched, &[3, 1, 4, 1], &[0, 1, 2, 3]).unwrap();
+    // Another shape in between, so each return to `p` is a real rebuild.
+    let mut sizes = (0, 0);
+    for round in 0..52 {
+        for nt in [1, 4] {
+            ensure(&mut cache, &mut sched, &params(nt, false));
+            let tokens = &[3, 1, 4, 1][..nt];
+            let pos = &[0, 1, 2, 3][..nt];
+            let out = run(&mut cache, &sched, tokens, pos).unwrap();
+            if nt == 4 {
+                assert_eq!(out, first, "round {round}");
+            }
+        }
+        // Two rounds to settle which idle buffers each pool keeps, then none grows.
+        if round == 1 {
+            sizes = pools(cache.alloc());
+        }
+        if round > 1 {
+            assert_eq!(pools(cache.alloc()), sizes, "round {round}");
+        }
+    }
+    assert_eq!(cache.counters().builds, 105);
+}
+
+#[test]
+fn a_persistent_buffer_is_created_once_per_name() {
+    let mut alloc = cpu_only();
+    let a = alloc.alloc_persistent("state", Backend::CPU, 8).unwrap();
+    let pool = alloc.pool_len(Backend::CPU).unwrap();
+    for _ in 0..100 {
+        assert_eq!(alloc.alloc_persistent("state", Backend::CPU, 8).unwrap(), a);
+    }
+    assert_eq!(alloc.pool_len(Backend::CPU).unwrap(), pool);
+    assert_eq!(alloc.persistent.len(), 1);
+    let e = alloc
+        .alloc_persistent("state", Backend::CPU, 9)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("'state'") && e.contains("8") && e.contains("9"),
+        "{e}"
+    );
+    let other = alloc.alloc_persistent("other", Backend::CPU, 8).unwrap();
+    assert_ne!(other, a);
+}
+
+#[test]
+fn graphs_of_ever_new_shapes_keep_the_pool_bounded() {
+    let mut sched = BackendScheduler::new();
+    // The largest graph alone: what one pass needs at most.
+    let mut alone = GraphCache::new(cpu_only());
+    ensure(&mut alone, &mut sched, &params(N_CTX, false));
+    let largest = alone.alloc().pool_elems(Backend::CPU).unwrap();
+    assert!(largest > 0);
+
+    let mut cache = GraphCache::new(cpu_only());
+    for round in 0..3 {
+        for nt in (1..=N_CTX).rev().chain(1..=N_CTX) {
+            ensure(&mut cache, &mut sched, &params(nt, false));
+            let tokens: Vec<u32> = (0..nt as u32).map(|t| t % VOCAB as u32).collect();
+            let pos: Vec<i32> = (0..nt as i32).collect();
+            run(&mut cache, &sched, &tokens, &pos).unwrap();
+            let held = cache.alloc().pool_elems(Backend::CPU).unwrap();
+            // Idle buffers never exceed the buffers in use, which never exceed `largest`.
+            assert!(
+                held <= 2 * largest,
+                "round {round}, {nt} tokens: the pool holds {held} elements, the largest graph needs {largest}"
+            );
+        }
+    }
+}

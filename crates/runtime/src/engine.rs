@@ -1,6 +1,15 @@
 //! The engine: one model, its backends and its `GraphCache`, driven through
 //! `forward_graph_cached` (design §10–§11). A graph is rebuilt only when the
 //! `GraphParams` change (prefill → decode); positions and KV length are inputs.
+//!
+//! The KV regions and the graph outlive every step and every reset: a reset only says
+//! that the next step starts a new sequence at position 0 (invariant 1, positions are
+//! data). Attention reads rows `0..=pos` only, and a step may not start past the rows
+//! its sequence has written, so no row of an earlier sequence is ever read.
+//!
+//! A step that unwinds (a panic inside a kernel) marks the engine poisoned: the next
+//! step rebuilds and reallocates the graph before it runs, and the sequence keeps only
+//! the positions before the failed step.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +18,7 @@ use std::time::{Duration, Instant};
 use minfer_cpu::CpuBackend;
 use minfer_gguf::GgufFile;
 use minfer_graph::{
-    BackendImpl, BackendRegistry, BackendScheduler, CParams, CacheCounters, ComputeGraph,
+    Backend, BackendImpl, BackendRegistry, BackendScheduler, CParams, CacheCounters, ComputeGraph,
     FusionPass, GraphAllocator, GraphCache, GraphParams, GraphType,
 };
 use minfer_models::{HParams, ModelDef};
@@ -144,6 +153,15 @@ pub struct Engine {
     explicit_span: bool,
     /// Reused per-step buffers, so a decode step of a reused graph allocates nothing.
     scratch: StepScratch,
+    /// Positions `0..filled` of the KV hold the current sequence (plain steps).
+    filled: usize,
+    /// Set while a step executes; still set at the next step only if the last one
+    /// unwound, whose graph buffers are then not trusted.
+    poisoned: bool,
+    /// The CPU backend's fault hook (unwind-safety tests).
+    fault: minfer_cpu::backend::FaultInjector,
+    /// Whether a reused graph is checked against a rebuild (on under debug assertions).
+    check_reuse: bool,
 }
 
 /// The row buffers `forward_into` fills for a plain (single-sequence) step.
@@ -218,6 +236,7 @@ impl Engine {
         };
         check_kv_fits(hp, n_ctx)?;
         let mut cpu = CpuBackend::new(opts.n_threads);
+        let fault = cpu.fault_injector();
         cpu.register_gguf(Arc::clone(&file), "")
             .map_err(|e| EngineError::Param {
                 name: "weights",
@@ -238,6 +257,10 @@ impl Engine {
             rebuild_every_step: false,
             explicit_span: false,
             scratch: StepScratch::default(),
+            filled: 0,
+            poisoned: false,
+            fault,
+            check_reuse: cfg!(debug_assertions),
         })
     }
 
@@ -298,9 +321,44 @@ impl Engine {
         self.scheduler.take_profile()
     }
 
-    /// Forgets the KV contents (a new, unrelated sequence follows).
+    /// Turns off (or back on) the structural check of every reused graph against a
+    /// rebuild that debug assertions enable; it builds a graph per step, so a test that
+    /// counts allocations of the release path turns it off. No effect without debug
+    /// assertions.
+    #[doc(hidden)]
+    pub fn set_check_reuse(&mut self, on: bool) {
+        self.check_reuse = on && cfg!(debug_assertions);
+    }
+
+    /// Starts a new, unrelated sequence: the next plain step must start at position 0.
+    /// The graph, the KV regions and every buffer stay; nothing is allocated or cleared,
+    /// since no later step can read a row the new sequence has not written.
     pub fn reset(&mut self) {
-        self.cache.reset();
+        self.filled = 0;
+    }
+
+    /// Positions of the current sequence held in the KV (a plain step may start at any
+    /// position up to this one).
+    pub fn seq_len(&self) -> usize {
+        self.filled
+    }
+
+    /// Buffers ever created in the CPU backend's pool (memory tests: it must stay flat
+    /// across resets and repeated steps).
+    pub fn pool_len(&self) -> usize {
+        self.cache.alloc().pool_len(Backend::CPU).unwrap_or(0)
+    }
+
+    /// Elements held by the CPU backend's pool: its memory in f32s, KV included.
+    pub fn pool_elems(&self) -> usize {
+        self.cache.alloc().pool_elems(Backend::CPU).unwrap_or(0)
+    }
+
+    /// Arms a panic inside the kernel of the `nth` node executed from now on (1-based),
+    /// raised on a thread-pool thread. For unwind-safety tests only.
+    #[doc(hidden)]
+    pub fn inject_kernel_panic(&self, nth: usize) {
+        self.fault.panic_at_node(nth);
     }
 
     /// The parameters of a step of `nt` tokens with `n_out` logits rows.
@@ -364,11 +422,20 @@ impl Engine {
                 message: format!("{nt} tokens with {n_out} output rows"),
             });
         }
-        let needed = pos0.saturating_add(nt);
-        if needed > self.n_ctx {
+        if pos0 > self.filled {
+            return Err(EngineError::Param {
+                name: "pos0",
+                message: format!(
+                    "the sequence holds {} positions, a step cannot start at {pos0}",
+                    self.filled
+                ),
+            });
+        }
+        let end = pos0.saturating_add(nt);
+        if end > self.n_ctx {
             return Err(EngineError::ContextOverflow {
                 what: "this step",
-                needed,
+                needed: end,
                 n_ctx: self.n_ctx,
             });
         }
@@ -376,6 +443,9 @@ impl Engine {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::BadToken { id, n_vocab });
         }
+        // Rows from `pos0` on are rewritten by this step: until it succeeds (an error or
+        // an unwind included) the sequence holds only the rows before it.
+        self.filled = pos0;
         let mut sc = std::mem::take(&mut self.scratch);
         sc.positions.clear();
         sc.positions.extend((pos0..pos0 + nt).map(|p| p as u32));
@@ -394,6 +464,9 @@ impl Engine {
             out,
         );
         self.scratch = sc;
+        if r.is_ok() {
+            self.filled = end;
+        }
         r
     }
 
@@ -458,10 +531,30 @@ impl Engine {
     fn run(&mut self, rows: &TokenRows, out: &mut Vec<f32>) -> Result<(), EngineError> {
         let (nt, n_out) = (rows.tokens.len(), rows.out_rows.len());
         let params = self.params(nt, n_out);
+        if std::mem::replace(&mut self.poisoned, true) {
+            // The last step unwound mid-execution: rebuild before trusting its buffers.
+            self.cache.forget_graph();
+        }
+        let r = self.run_graph(rows, params, out);
+        self.poisoned = false;
+        r
+    }
+
+    /// The body of [`Self::run`]: an unwind out of here leaves the engine poisoned.
+    fn run_graph(
+        &mut self,
+        rows: &TokenRows,
+        params: GraphParams,
+        out: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        let n_out = rows.out_rows.len();
+        let nt = rows.tokens.len();
         if self.rebuild_every_step || !self.cache.try_reuse(&params) {
             let graph = self.model.build_graph(&params);
             self.cache
                 .install(graph, params, &mut self.scheduler, &self.fusion)?;
+        } else if self.check_reuse {
+            self.check_reused_graph(&params);
         }
         let (graph, alloc) = self.cache.current().ok_or_else(|| EngineError::Param {
             name: "graph",
@@ -487,14 +580,37 @@ impl Engine {
         Ok(())
     }
 
+    /// Invariant 2, checked under debug assertions: the graph reused for `params` is
+    /// structurally the graph a rebuild gives (after assignment and fusion). A mismatch
+    /// is an internal bug, so it panics, naming the params.
+    fn check_reused_graph(&self, params: &GraphParams) {
+        #[cfg(debug_assertions)]
+        {
+            let mut fresh = self.model.build_graph(params);
+            let mut scheduler = BackendScheduler::new();
+            scheduler.assign_backends(&mut fresh, self.cache.alloc());
+            self.fusion.run(&mut fresh, self.cache.alloc());
+            let same = self
+                .cache
+                .graph()
+                .is_some_and(|g| GraphCache::verify_structural(g, &fresh));
+            assert!(
+                same,
+                "graph reuse identity broken: the cached graph for {params:?} differs from a rebuild"
+            );
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = params;
+    }
+
     /// Prefills `tokens` from position `pos0` in chunks of at most `n_batch` and returns
     /// the logits of the last token.
     pub fn prefill(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
-        let needed = pos0.saturating_add(tokens.len());
-        if needed > self.n_ctx {
+        let end = pos0.saturating_add(tokens.len());
+        if end > self.n_ctx {
             return Err(EngineError::ContextOverflow {
                 what: "the prompt",
-                needed,
+                needed: end,
                 n_ctx: self.n_ctx,
             });
         }
@@ -511,6 +627,55 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use minfer_gguf::GgmlType;
+    use minfer_models::testing::{tiny_model_bytes, TinySpec};
+
+    fn tiny_engine() -> Engine {
+        let spec = TinySpec::qwen2(GgmlType::Q8_0, 75);
+        let file = GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader");
+        let opts = EngineOptions {
+            n_threads: 1,
+            n_ctx: Some(32),
+            backend: None,
+            n_batch: 512,
+        };
+        Engine::from_gguf(file, &opts).expect("engine")
+    }
+
+    /// Under debug assertions a reused graph that is not what a rebuild gives (here one
+    /// whose node was tampered with) stops the step loudly instead of running.
+    #[cfg(debug_assertions)]
+    #[test]
+    fn a_reused_graph_unlike_its_rebuild_fails_loudly() {
+        let mut e = tiny_engine();
+        e.forward(&[1, 2, 3], 0, 1).unwrap();
+        e.forward(&[4, 5, 6], 0, 1)
+            .expect("an honest reuse passes the check");
+        let mut g = e.cache.graph().expect("cached").clone();
+        let params = e.params(3, 1);
+        let last = g.nodes.len() - 1;
+        g.nodes[last].src.reverse();
+        g.nodes[last].src.push(0);
+        e.cache.replace_graph(g, params);
+        let r =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.forward(&[7, 8, 9], 0, 1)));
+        let payload = r.expect_err("the check panics");
+        let text = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(text.contains("graph reuse identity broken"), "{text}");
+    }
+
+    #[test]
+    fn the_reuse_check_follows_debug_assertions() {
+        let mut e = tiny_engine();
+        assert_eq!(e.check_reuse, cfg!(debug_assertions));
+        e.set_check_reuse(false);
+        assert!(!e.check_reuse);
+        e.set_check_reuse(true);
+        assert_eq!(e.check_reuse, cfg!(debug_assertions));
+    }
 
     fn hparams(n_layer: usize, head_dim: usize) -> HParams {
         HParams {

@@ -162,7 +162,14 @@ impl MultiEngine {
         &self.engine
     }
 
-    /// Forgets a slot's KV contents.
+    /// Arms a panic inside the kernel of the `nth` node executed from now on (1-based),
+    /// raised on a thread-pool thread. For unwind-safety tests only.
+    #[doc(hidden)]
+    pub fn inject_kernel_panic(&self, nth: usize) {
+        self.engine.inject_kernel_panic(nth);
+    }
+
+    /// Forgets a slot's KV contents; allocates nothing (the slot's rows are reused).
     pub fn reset_slot(&mut self, slot: usize) -> Result<(), EngineError> {
         self.check_slot(slot)?;
         // Its rows are only ever read inside spans ending at positions written since.
@@ -268,12 +275,17 @@ impl MultiEngine {
     /// Runs one step for every entry (each slot at most once) and returns each entry's
     /// logits (`n_out * n_vocab` floats), in entry order. A slot's results do not depend
     /// on which other slots share the step. A refused step changes nothing; a step that
-    /// fails while running leaves each of its slots holding only the positions before
-    /// its `pos0`.
+    /// fails while running, or panics, leaves each of its slots holding only the
+    /// positions before its `pos0` (and the other slots untouched).
     pub fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<Vec<f32>>, EngineError> {
         self.validate(batch)?;
         let n_vocab = self.n_vocab();
         let mut out: Vec<Vec<f32>> = batch.iter().map(|s| vec![0.0; s.n_out * n_vocab]).collect();
+        // The step rewrites each slot's rows from its `pos0` on: until it succeeds (an
+        // error or an unwind out of a kernel included) a slot holds only the rows before.
+        for s in batch {
+            self.filled[s.slot] = self.filled[s.slot].min(s.pos0);
+        }
         for x in self.plan(batch) {
             let rows = TokenRows {
                 tokens: &x.tokens,
@@ -282,15 +294,7 @@ impl MultiEngine {
                 spans: &x.spans,
                 out_rows: &x.out_rows,
             };
-            let logits = match self.engine.forward_rows(&rows) {
-                Ok(l) => l,
-                Err(err) => {
-                    for s in batch {
-                        self.filled[s.slot] = self.filled[s.slot].min(s.pos0);
-                    }
-                    return Err(err);
-                }
-            };
+            let logits = self.engine.forward_rows(&rows)?;
             for (row, dest) in logits.chunks_exact(n_vocab).zip(&x.dests) {
                 if let Some((e, r)) = *dest {
                     out[e][r * n_vocab..(r + 1) * n_vocab].copy_from_slice(row);

@@ -86,6 +86,8 @@ pub enum Event {
 pub enum Fault {
     /// Panic during the prefill.
     Panic,
+    /// Panic inside a kernel of the request's first engine step, on a pool thread.
+    KernelPanic,
     /// Sleep 10 ms before each of the request's decode steps (a slow model).
     Slow,
 }

@@ -21,6 +21,10 @@ use minfer_tokenizer::ChatMessage;
 /// Text in a prompt that makes inference panic when fault injection is on (tests only).
 pub const PANIC_MARKER: &str = "__minfer_inject_panic__";
 
+/// Text in a prompt that makes a kernel panic inside its first engine step when fault
+/// injection is on (tests only).
+pub const KERNEL_PANIC_MARKER: &str = "__minfer_inject_kernel_panic__";
+
 /// Text in a prompt that slows its decode steps when fault injection is on (tests only).
 pub const SLOW_MARKER: &str = "__minfer_inject_slow__";
 
@@ -30,6 +34,8 @@ pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
         None
     } else if text.contains(PANIC_MARKER) {
         Some(Fault::Panic)
+    } else if text.contains(KERNEL_PANIC_MARKER) {
+        Some(Fault::KernelPanic)
     } else if text.contains(SLOW_MARKER) {
         Some(Fault::Slow)
     } else {

@@ -419,6 +419,10 @@ impl Worker {
         if slow {
             std::thread::sleep(Duration::from_millis(10));
         }
+        if self.has_fault(&steps, Fault::KernelPanic) {
+            // Deep enough to be inside the first layer's kernels.
+            self.engine.inject_kernel_panic(12);
+        }
         let engine = &mut self.engine;
         match catch_unwind(AssertUnwindSafe(|| engine.step(&steps))) {
             Ok(Ok(rows)) => {
@@ -438,6 +442,16 @@ impl Worker {
             }
         }
         true
+    }
+
+    /// Whether a request in `steps` asked for `fault`.
+    fn has_fault(&self, steps: &[SeqStep], fault: Fault) -> bool {
+        steps.iter().any(|s| {
+            self.slots[s.slot]
+                .active
+                .as_ref()
+                .is_some_and(|a| a.job.fault == Some(fault))
+        })
     }
 
     fn fail_steps(&mut self, steps: &[SeqStep], err: ApiError) {

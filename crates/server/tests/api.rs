@@ -388,6 +388,50 @@ async fn a_panic_is_a_500_and_the_worker_keeps_serving() {
     );
 }
 
+/// A panic inside a kernel, on a thread-pool thread, fails its request with a 500, and
+/// the engine it unwound through answers the next requests exactly as a fresh server,
+/// including a request of the same shape, which reuses the graph the panic ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_panic_is_a_500_and_later_answers_match_a_fresh_server() {
+    let two_threads = |c: &mut minfer_server::Config| {
+        c.fault_injection = true;
+        c.threads = Some(2);
+    };
+    let s = tiny_server(1, two_threads);
+    let fresh = tiny_server(1, two_threads);
+    let ask = |prompt: Value, stream: bool| json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": stream});
+    let text = |v: &Value| v["choices"][0]["text"].as_str().unwrap_or("?").to_string();
+    let marker = format!("x {}", minfer_server::openai::KERNEL_PANIC_MARKER);
+    // The marker prompt's own tokens, sent as ids, carry no fault but run the same step.
+    let (st, t) = post(
+        &s.base,
+        "/tokenize",
+        json!({"content": marker, "add_special": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{t}");
+    let same_shape = t["tokens"].clone();
+    let prompts = [same_shape, json!("tell me about dogs")];
+    for stream in [false, true] {
+        let (st, v) = post(&s.base, "/v1/completions", ask(json!(marker), stream)).await;
+        assert_eq!(st, 500, "{v}");
+        if !stream {
+            let msg = v["error"]["message"].as_str().unwrap_or_default();
+            assert!(msg.contains("injected kernel fault"), "{v}");
+        }
+        for prompt in &prompts {
+            let (st, got) = post(&s.base, "/v1/completions", ask(prompt.clone(), false)).await;
+            assert_eq!(st, 200, "after the panic, {prompt}: {got}");
+            let (st, want) = post(&fresh.base, "/v1/completions", ask(prompt.clone(), false)).await;
+            assert_eq!(st, 200, "{want}");
+            assert_eq!(text(&got), text(&want), "after the panic, {prompt}");
+            for n in ["prompt_tokens", "completion_tokens"] {
+                assert_eq!(got["usage"][n], want["usage"][n], "{prompt} {n}");
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_requests_time_out_with_504() {
     let s = tiny_server(1, |c| c.request_timeout = std::time::Duration::ZERO);

@@ -10,10 +10,15 @@
 //! - Scratch (activation quantization, packed rows, rope angles, attention scores) lives
 //!   in the backend and only grows, so steady-state decode allocates nothing per node.
 //! - Errors: every violated kernel invariant is an `Err` naming the node and the values.
+//! - Unwinding: a node moves its output buffer (and a KV store its regions) out of the
+//!   pool while it runs; a panic inside the kernel, on any pool thread, puts them back
+//!   before it propagates, so the pool stays whole and the next execution is sound.
 
 mod weights;
 
 use minfer_graph::HostPool;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
@@ -43,6 +48,39 @@ struct Scratch {
     up: Vec<f32>,
 }
 
+/// Fault injection for tests of unwind safety: arms a panic inside the kernel of a
+/// later node. Inert unless a test arms it; the check costs one atomic load per node.
+#[doc(hidden)]
+#[derive(Debug, Clone, Default)]
+pub struct FaultInjector(Arc<AtomicUsize>);
+
+impl FaultInjector {
+    /// Makes the `nth` node executed from now on (1-based; 0 disarms) write garbage into
+    /// its output and then panic inside a thread-pool run, on the last pool thread.
+    pub fn panic_at_node(&self, nth: usize) {
+        self.0.store(nth, Ordering::SeqCst);
+    }
+
+    /// Counts one executed node; true when it is the armed one (which disarms it).
+    fn fire(&self) -> bool {
+        if self.0.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        self.0.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+}
+
+/// The injected fault: half an output written, then a panic on a pool thread.
+fn injected_panic(pool: &ThreadPool, node: &CNode, out: &mut [f32]) {
+    let half = out.len() / 2;
+    out[..half].fill(f32::NAN);
+    pool.run(&|ith, nth| {
+        if ith + 1 == nth {
+            panic!("injected kernel fault in node {} '{}'", node.id, node.name);
+        }
+    });
+}
+
 /// The CPU graph backend (id [`Backend::CPU`], name "cpu").
 pub struct CpuBackend {
     pool: ThreadPool,
@@ -52,6 +90,7 @@ pub struct CpuBackend {
     scratch: Scratch,
     /// Use the repacked matmul layout where a weight type has one (`MINFER_REPACK=0` off).
     repack: bool,
+    fault: FaultInjector,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -77,7 +116,14 @@ impl CpuBackend {
             scratch: Scratch::default(),
             // A bad value is refused at startup (`minfer_env::check_all`); see `Isa::detect`.
             repack: minfer_env::REPACK.get_or(true).unwrap_or(true),
+            fault: FaultInjector::default(),
         }
+    }
+
+    /// A handle that arms a panic inside a later node's kernel (unwind-safety tests).
+    #[doc(hidden)]
+    pub fn fault_injector(&self) -> FaultInjector {
+        self.fault.clone()
     }
 
     /// Turns the repacked matmul layout on or off (it is on unless `MINFER_REPACK=0`).
@@ -163,9 +209,15 @@ impl CpuBackend {
         }
         let out_id = out_buf.id;
         let mut out = std::mem::take(&mut self.mem.buffers[out_id]);
-        let r = self.compute(node, in_bufs, out_id, &mut out, kv_pair);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            if self.fault.fire() {
+                injected_panic(&self.pool, node, &mut out);
+            }
+            self.compute(node, in_bufs, out_id, &mut out, kv_pair)
+        }));
+        // Back into the pool before anything else, unwinding included.
         self.mem.buffers[out_id] = out;
-        r
+        r.unwrap_or_else(|payload| resume_unwind(payload))
     }
 
     fn kv_store(
@@ -199,13 +251,21 @@ impl CpuBackend {
         }
         let mut kr = std::mem::take(&mut self.mem.buffers[k_id]);
         let mut vr = std::mem::take(&mut self.mem.buffers[v_id]);
-        let b = &self.mem.buffers;
-        let r = kv::store(
-            layer, m.n_embd, m.n_ctx, &b[k_in], &b[v_in], &b[cells], &mut kr, &mut vr,
-        );
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            if self.fault.fire() {
+                // Rows of other sequences share the region: a store that fails leaves
+                // them alone, so the injected fault writes nothing here.
+                injected_panic(&self.pool, node, &mut []);
+            }
+            let b = &self.mem.buffers;
+            kv::store(
+                layer, m.n_embd, m.n_ctx, &b[k_in], &b[v_in], &b[cells], &mut kr, &mut vr,
+            )
+        }));
+        // Back into the pool before anything else, unwinding included.
         self.mem.buffers[k_id] = kr;
         self.mem.buffers[v_id] = vr;
-        r
+        r.unwrap_or_else(|payload| resume_unwind(payload))
     }
 
     fn compute(
@@ -571,6 +631,14 @@ impl BackendImpl for CpuBackend {
 
     fn pool_len(&self) -> usize {
         self.mem.len()
+    }
+
+    fn pool_elems(&self) -> usize {
+        self.mem.elems()
+    }
+
+    fn release_unused(&mut self, in_use: &[usize]) {
+        self.mem.release_unused(in_use)
     }
 
     fn execute_node(

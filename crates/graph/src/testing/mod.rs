@@ -209,6 +209,14 @@ impl BackendImpl for RefBackend {
         self.mem.len()
     }
 
+    fn pool_elems(&self) -> usize {
+        self.mem.elems()
+    }
+
+    fn release_unused(&mut self, in_use: &[usize]) {
+        self.mem.release_unused(in_use)
+    }
+
     fn execute_node(
         &mut self,
         node: &CNode,
