@@ -422,6 +422,14 @@ impl Engine {
                 message: format!("{nt} tokens with {n_out} output rows"),
             });
         }
+        let end = pos0.saturating_add(nt);
+        if end > self.n_ctx {
+            return Err(EngineError::ContextOverflow {
+                what: "this step",
+                needed: end,
+                n_ctx: self.n_ctx,
+            });
+        }
         if pos0 > self.filled {
             return Err(EngineError::Param {
                 name: "pos0",
@@ -429,14 +437,6 @@ impl Engine {
                     "the sequence holds {} positions, a step cannot start at {pos0}",
                     self.filled
                 ),
-            });
-        }
-        let end = pos0.saturating_add(nt);
-        if end > self.n_ctx {
-            return Err(EngineError::ContextOverflow {
-                what: "this step",
-                needed: end,
-                n_ctx: self.n_ctx,
             });
         }
         let n_vocab = self.n_vocab();
