@@ -118,8 +118,9 @@ fn after_a_reset_no_step_can_read_the_last_sequences_rows() {
         "{err}"
     );
     assert!(err.to_string().contains("holds 0 positions"), "{err}");
+    // A start past the context is the context's error, before the sequence's.
     let err = e.forward(&[5], usize::MAX, 1).unwrap_err();
-    assert!(matches!(err, EngineError::Param { .. }), "{err}");
+    assert!(matches!(err, EngineError::ContextOverflow { .. }), "{err}");
 }
 
 #[test]
