@@ -1,0 +1,8 @@
+// Q8_0: 34-byte blocks of { f16 d; i8 qs[32] }, value = qs[i] * d.
+fn load_chunk(row: u32, c: u32) {
+    let off = row * p.row_bytes + c * 34u;
+    let d = f16_at(off);
+    for (var i = 0u; i < 32u; i++) {
+        v[i] = f32(i8_of(byte_at(off + 2u + i))) * d;
+    }
+}
