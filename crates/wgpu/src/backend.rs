@@ -53,7 +53,16 @@ struct DevWeight {
     out_dim: usize,
     /// Bytes of one row (`out_dim` rows of `in_dim` values).
     row_bytes: usize,
+    /// Row ranges of the weight, each in its own buffer (most weights have one).
+    parts: Vec<Part>,
+}
+
+/// Rows `row0..row0 + rows` of a weight, held by weight buffer `index`.
+#[derive(Debug, Clone, Copy)]
+struct Part {
     index: usize,
+    row0: usize,
+    rows: usize,
 }
 
 /// A resource bound into a kernel's bind group.
@@ -201,31 +210,44 @@ impl WgpuBackend {
                 bytes.len()
             )));
         }
+        // A weight above the adapter's largest storage binding (the embedding table
+        // and lm head of real models on some drivers) is split by whole rows.
         let limits = self.gpu.device.limits();
-        let padded = bytes.len().next_multiple_of(4).max(4);
         let max = limits
             .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
-        if padded as u64 > max {
+            .min(limits.max_buffer_size)
+            .min(u32::MAX as u64) as usize;
+        let rows_per_part = (max / row_bytes.max(1)).min(out_dim.max(1));
+        if rows_per_part == 0 {
             return Err(err(format!(
-                "{padded} bytes exceed the adapter's largest storage binding ({max} bytes)"
+                "one row of {row_bytes} bytes exceeds the adapter's largest storage binding ({max} bytes)"
             )));
         }
-        // Indices inside the shaders are u32 byte offsets.
-        if padded > u32::MAX as usize {
-            return Err(err(format!("{padded} bytes exceed 32-bit byte offsets")));
-        }
-        let mut data = bytes.to_vec();
-        data.resize(padded, 0);
-        let buf = self
-            .gpu
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(name),
-                contents: &data,
-                usage: wgpu::BufferUsages::STORAGE,
+        let mut parts = Vec::new();
+        let mut row0 = 0;
+        while row0 < out_dim.max(1) {
+            let rows = rows_per_part.min(out_dim.max(1) - row0);
+            let chunk = &bytes
+                [(row0 * row_bytes).min(bytes.len())..((row0 + rows) * row_bytes).min(bytes.len())];
+            let mut data = chunk.to_vec();
+            // Shaders read whole words; a binding may not be empty.
+            data.resize(chunk.len().next_multiple_of(4).max(4), 0);
+            let buf = self
+                .gpu
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(name),
+                    contents: &data,
+                    usage: wgpu::BufferUsages::STORAGE,
+                });
+            self.weight_bufs.push(buf);
+            parts.push(Part {
+                index: self.weight_bufs.len() - 1,
+                row0,
+                rows,
             });
-        self.weight_bufs.push(buf);
+            row0 += rows;
+        }
         self.weights.insert(
             name.to_string(),
             DevWeight {
@@ -233,7 +255,7 @@ impl WgpuBackend {
                 in_dim,
                 out_dim,
                 row_bytes,
-                index: self.weight_bufs.len() - 1,
+                parts,
             },
         );
         Ok(true)
@@ -295,13 +317,13 @@ impl WgpuBackend {
     /// An f32 vector weight of exactly `len` values.
     fn vector(&self, name: &str, len: usize) -> Result<usize, String> {
         let w = self.weight(name)?;
-        if w.ty != GgmlType::F32 || w.in_dim * w.out_dim != len {
-            return Err(format!(
+        match w.parts.as_slice() {
+            [p] if w.ty == GgmlType::F32 && w.in_dim * w.out_dim == len => Ok(p.index),
+            _ => Err(format!(
                 "weight '{name}' is {} [{}, {}], the node needs {len} f32 values",
                 w.ty, w.in_dim, w.out_dim
-            ));
+            )),
         }
-        Ok(w.index)
     }
 
     fn new_buffer(&self, len: usize) -> wgpu::Buffer {
@@ -679,7 +701,7 @@ impl WgpuBackend {
             }
             (Op::MatMul { .. }, NodeMeta::MatMul(m)) => {
                 let w = self.weight(&m.weight_name)?;
-                let (ty, index, row_bytes) = (w.ty, w.index, w.row_bytes);
+                let (ty, row_bytes, parts) = (w.ty, w.row_bytes, w.parts.clone());
                 if w.in_dim != m.in_dim || w.out_dim != m.out_dim {
                     return Err(format!(
                         "weight '{}' is [{}, {}], the node expects [{}, {}]",
@@ -705,29 +727,33 @@ impl WgpuBackend {
                     None => None,
                 };
                 let x = src(0, self)?;
-                let (gx, gy) = grid(m.out_dim)?;
-                let p = [
-                    u32_of(m.in_dim, "input features")?,
-                    u32_of(m.out_dim, "output features")?,
-                    u32_of(nt, "tokens")?,
-                    u32_of(row_bytes, "row bytes")?,
-                    u32_of(stride, "row stride")?,
-                    u32::from(bias.is_some()),
-                    0,
-                    0,
-                ];
-                let bias = Res::Weight(bias.unwrap_or(index));
                 let tiles = u32_of(nt.div_ceil(8), "token tiles")?;
-                self.dispatch(
-                    Kernel::Matmul(ty),
-                    &[Res::Weight(index), x, bias, Res::Pool(out)],
-                    p,
-                    (gx, gy, tiles),
-                )?;
+                for part in parts {
+                    // Four rows per workgroup (see matmul.wgsl).
+                    let (gx, gy) = grid(part.rows.div_ceil(4))?;
+                    let p = [
+                        u32_of(m.in_dim, "input features")?,
+                        u32_of(m.out_dim, "output features")?,
+                        u32_of(nt, "tokens")?,
+                        u32_of(row_bytes, "row bytes")?,
+                        u32_of(stride, "row stride")?,
+                        u32::from(bias.is_some()),
+                        u32_of(part.row0, "row")?,
+                        u32_of(part.rows, "rows")?,
+                    ];
+                    // Without a bias the kernel never reads binding 2; the weight stands in.
+                    let b = Res::Weight(bias.unwrap_or(part.index));
+                    self.dispatch(
+                        Kernel::Matmul(ty),
+                        &[Res::Weight(part.index), x, b, Res::Pool(out)],
+                        p,
+                        (gx, gy, tiles),
+                    )?;
+                }
             }
             (Op::GetRows, NodeMeta::Embed(m)) => {
                 let w = self.weight(&m.weight_name)?;
-                let (ty, index, row_bytes, rows) = (w.ty, w.index, w.row_bytes, w.out_dim);
+                let (ty, row_bytes, rows, parts) = (w.ty, w.row_bytes, w.out_dim, w.parts.clone());
                 if w.in_dim != m.n_embd || node.out_shape[0] != m.n_embd || n != nt * m.n_embd {
                     return Err(format!(
                         "table '{}' rows hold {}, node expects {} (output {:?})",
@@ -746,22 +772,24 @@ impl WgpuBackend {
                 }
                 let t = src(0, self)?;
                 let (gx, gy) = grid(nt)?;
-                let p = [
-                    u32_of(m.n_embd, "row length")?,
-                    u32_of(rows, "table rows")?,
-                    u32_of(nt, "tokens")?,
-                    u32_of(row_bytes, "row bytes")?,
-                    0,
-                    0,
-                    0,
-                    0,
-                ];
-                self.dispatch(
-                    Kernel::Embed(ty),
-                    &[Res::Weight(index), t, Res::Pool(out)],
-                    p,
-                    (gx, gy, 1),
-                )?;
+                for part in parts {
+                    let p = [
+                        u32_of(m.n_embd, "row length")?,
+                        u32_of(part.rows, "table rows")?,
+                        u32_of(nt, "tokens")?,
+                        u32_of(row_bytes, "row bytes")?,
+                        u32_of(part.row0, "row")?,
+                        0,
+                        0,
+                        0,
+                    ];
+                    self.dispatch(
+                        Kernel::Embed(ty),
+                        &[Res::Weight(part.index), t, Res::Pool(out)],
+                        p,
+                        (gx, gy, 1),
+                    )?;
+                }
             }
             (Op::GetRows, _) => {
                 let d = node.out_shape[0];

@@ -4,124 +4,9 @@
 
 mod common;
 
-use minfer_cpu::CpuBackend;
+use common::run_model;
 use minfer_gguf::{GgmlType, GgufFile};
-use minfer_graph::{
-    Backend, BackendImpl, BackendScheduler, CParams, FusionPass, GraphAllocator, GraphParams,
-    GraphType,
-};
 use minfer_models::testing::{tiny_model_bytes, TinySpec};
-use minfer_models::{
-    ModelDef, INPUT_CELLS, INPUT_POSITIONS, INPUT_SPAN, INPUT_TAIL_IDS, INPUT_TOKEN_IDS,
-};
-
-/// Logits of one step and the split count of its graph.
-struct Step {
-    logits: Vec<f32>,
-    splits: usize,
-}
-
-/// Runs prefill of `prompt` then greedy-free decode of `decode` (teacher forced), each
-/// step a fresh graph over the allocator's persistent KV. `on_cpu` names op kinds
-/// pinned to the CPU before assignment, to force extra splits.
-fn run(
-    model: &dyn ModelDef,
-    file: &std::sync::Arc<GgufFile>,
-    with_gpu: bool,
-    explicit_span: bool,
-    on_cpu: &[&str],
-    prompt: &[u32],
-    decode: &[u32],
-) -> Option<Vec<Step>> {
-    let mut cpu = CpuBackend::new(2);
-    cpu.register_gguf(std::sync::Arc::clone(file), "")
-        .expect("cpu weights");
-    let mut backends: Vec<Box<dyn BackendImpl>> = vec![Box::new(cpu)];
-    if with_gpu {
-        let mut g = common::gpu()?;
-        g.register_gguf(file, "").expect("wgpu weights");
-        backends.push(Box::new(g));
-    }
-    let mut alloc = GraphAllocator::new(backends).expect("allocator");
-    let fusion = FusionPass::new();
-    let n_ctx = 64;
-    let mut steps = Vec::new();
-    let mut pos0 = 0usize;
-    let chunks: Vec<&[u32]> = std::iter::once(prompt).chain(decode.chunks(1)).collect();
-    for toks in chunks {
-        let nt = toks.len();
-        let params = GraphParams {
-            n_tokens: nt,
-            n_out: 1,
-            gtype: if nt > 1 {
-                GraphType::Prefill
-            } else {
-                GraphType::Decode
-            },
-            cparams: CParams {
-                n_ctx,
-                flash_attn: false,
-                gpu: with_gpu,
-                fuse_qkv: false,
-                fuse_ffn: false,
-                explicit_span,
-            },
-            weights_version: 1,
-        };
-        let mut graph = model.build_graph(&params);
-        for n in &mut graph.nodes {
-            if on_cpu.contains(&n.op.name()) {
-                n.backend = Some(Backend::CPU);
-            }
-        }
-        let mut sched = BackendScheduler::new();
-        sched.assign_backends(&mut graph, &alloc);
-        fusion.run(&mut graph, &alloc);
-        alloc.alloc_graph(&graph).expect("alloc");
-        let positions: Vec<u32> = (pos0..pos0 + nt).map(|p| p as u32).collect();
-        alloc
-            .fill_input_u32(&graph, INPUT_TOKEN_IDS, toks)
-            .expect("tokens");
-        alloc
-            .fill_input_u32(&graph, INPUT_POSITIONS, &positions)
-            .expect("positions");
-        if nt > 1 {
-            alloc
-                .fill_input_u32(&graph, INPUT_TAIL_IDS, &[nt as u32 - 1])
-                .expect("tail");
-        }
-        if explicit_span {
-            let spans: Vec<u32> = positions.iter().flat_map(|&p| [0, p + 1]).collect();
-            alloc
-                .fill_input_u32(&graph, INPUT_SPAN, &spans)
-                .expect("span");
-            alloc
-                .fill_input_u32(&graph, INPUT_CELLS, &positions)
-                .expect("cells");
-        }
-        sched.execute(&graph, &mut alloc).expect("execute");
-        let mut logits = Vec::new();
-        assert!(
-            alloc.read_into(graph.outputs[0], &mut logits),
-            "logits readable"
-        );
-        let splits = sched.split_graph(&graph).len();
-        if with_gpu && on_cpu.is_empty() {
-            let on_gpu = graph
-                .nodes
-                .iter()
-                .filter(|n| n.backend == Some(Backend::WGPU))
-                .count();
-            assert!(
-                on_gpu > graph.nodes.len() / 2,
-                "most nodes run on wgpu ({on_gpu})"
-            );
-        }
-        steps.push(Step { logits, splits });
-        pos0 += nt;
-    }
-    Some(steps)
-}
 
 fn argmax(v: &[f32]) -> usize {
     v.iter()
@@ -146,18 +31,29 @@ fn compare(spec: &TinySpec, explicit_span: bool, on_cpu: &[&str], min_splits: us
     let model = minfer_models::load_model(&file).expect("model");
     let prompt = [1u32, 17, 300, 42, 5, 99, 7];
     let decode = [11u32, 250, 3];
-    let Some(gpu) = run(
+    let Some(gpu) = run_model(
         &*model,
         &file,
         true,
         explicit_span,
         on_cpu,
         &prompt,
+        1,
         &decode,
     ) else {
         return;
     };
-    let cpu = run(&*model, &file, false, explicit_span, &[], &prompt, &decode).expect("cpu run");
+    let cpu = run_model(
+        &*model,
+        &file,
+        false,
+        explicit_span,
+        &[],
+        &prompt,
+        1,
+        &decode,
+    )
+    .expect("cpu run");
     let mut top1_checked = 0;
     for (i, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
         let what = format!(
@@ -232,10 +128,10 @@ fn a_graph_cut_into_many_wgpu_and_cpu_splits_matches_the_cpu() {
     let file = std::sync::Arc::new(GgufFile::from_bytes(tiny_model_bytes(&spec).unwrap()).unwrap());
     let model = minfer_models::load_model(&file).unwrap();
     let (prompt, decode) = ([3u32, 9, 27, 81], [243u32, 8]);
-    let Some(split) = run(&*model, &file, true, false, &pinned, &prompt, &decode) else {
+    let Some(split) = run_model(&*model, &file, true, false, &pinned, &prompt, 1, &decode) else {
         return;
     };
-    let whole = run(&*model, &file, true, false, &[], &prompt, &decode).unwrap();
+    let whole = run_model(&*model, &file, true, false, &[], &prompt, 1, &decode).unwrap();
     for (a, b) in split.iter().zip(&whole) {
         let e = common::rel_err(&a.logits, &b.logits);
         assert!(e <= 1e-5, "split vs unsplit wgpu: error {e:e}");

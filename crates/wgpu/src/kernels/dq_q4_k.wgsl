@@ -19,9 +19,13 @@ fn load_chunk(row: u32, c: u32) {
     }
     let d1 = d * f32(sc);
     let m1 = dmin * f32(m);
-    let q_off = off + 16u + 32u * (s / 2u);
+    // Rows are whole 144-byte super-blocks, so qs is word aligned.
+    let q_word = (off + 16u + 32u * (s / 2u)) >> 2u;
     let shift = 4u * (s % 2u);
-    for (var l = 0u; l < 32u; l++) {
-        v[l] = d1 * f32((byte_at(q_off + l) >> shift) & 0x0fu) - m1;
+    for (var i = 0u; i < 8u; i++) {
+        let q = w[q_word + i] >> shift;
+        for (var b = 0u; b < 4u; b++) {
+            v[4u * i + b] = d1 * f32((q >> (8u * b)) & 0x0fu) - m1;
+        }
     }
 }

@@ -12,9 +12,15 @@ fn load_chunk(row: u32, c: u32) {
     let sc_off = off + 192u + 8u * n + 2u * k;
     let lshift = 4u * (k / 2u);
     let hshift = 2u * k;
-    for (var l = 0u; l < 32u; l++) {
-        let q = ((byte_at(ql_off + l) >> lshift) & 0x0fu) | (((byte_at(qh_off + l) >> hshift) & 3u) << 4u);
-        let s = f32(i8_of(byte_at(sc_off + l / 16u)));
-        v[l] = d * s * f32(i32(q) - 32);
+    let s0 = d * f32(i8_of(byte_at(sc_off)));
+    let s1 = d * f32(i8_of(byte_at(sc_off + 1u)));
+    for (var i = 0u; i < 8u; i++) {
+        let lw = word_at(ql_off + 4u * i) >> lshift;
+        let hw = word_at(qh_off + 4u * i) >> hshift;
+        let s = select(s1, s0, i < 4u);
+        for (var b = 0u; b < 4u; b++) {
+            let q = ((lw >> (8u * b)) & 0x0fu) | (((hw >> (8u * b)) & 3u) << 4u);
+            v[4u * i + b] = s * f32(i32(q) - 32);
+        }
     }
 }

@@ -2,7 +2,10 @@
 fn load_chunk(row: u32, c: u32) {
     let off = row * p.row_bytes + c * 34u;
     let d = f16_at(off);
-    for (var i = 0u; i < 32u; i++) {
-        v[i] = f32(i8_of(byte_at(off + 2u + i))) * d;
+    for (var i = 0u; i < 8u; i++) {
+        let q = word_at(off + 2u + 4u * i);
+        for (var b = 0u; b < 4u; b++) {
+            v[4u * i + b] = f32(i8_of((q >> (8u * b)) & 0xffu)) * d;
+        }
     }
 }

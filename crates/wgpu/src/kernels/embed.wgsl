@@ -1,11 +1,14 @@
 // Token embedding: out row t is table row ids[t], dequantized chunk by chunk. One
-// workgroup per token. The ids were range checked on the host before dispatch.
+// workgroup per token. A table larger than the adapter's largest binding is split by
+// rows into several buffers, one dispatch each: a dispatch writes only the tokens
+// whose row its buffer holds. The ids were range checked on the host.
 
 struct P {
     k: u32,          // row length (n_embd)
-    n: u32,          // rows in the table
+    n: u32,          // rows in this buffer
     nt: u32,         // tokens
     row_bytes: u32,  // bytes of one table row
+    row0: u32,       // first table row in this buffer
 }
 
 @group(0) @binding(1) var<storage, read> ids: array<i32>;
@@ -17,7 +20,9 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
          @builtin(local_invocation_index) lid: u32) {
     let t = wid.y * nwg.x + wid.x;
     if (t >= p.nt) { return; }
-    let row = min(u32(max(ids[t], 0)), p.n - 1u);
+    let id = ids[t];
+    if (id < i32(p.row0) || id >= i32(p.row0 + p.n)) { return; }
+    let row = u32(id) - p.row0;
     let chunks = (p.k + 31u) / 32u;
     for (var c = lid; c < chunks; c += 64u) {
         load_chunk(row, c);

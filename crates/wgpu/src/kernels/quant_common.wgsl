@@ -21,6 +21,14 @@ fn f16_at(off: u32) -> f32 {
     return unpack2x16float(u16_at(off)).x;
 }
 
+// Four bytes starting at any byte offset, little-endian (two word loads at most).
+fn word_at(off: u32) -> u32 {
+    let i = off >> 2u;
+    let sh = (off & 3u) * 8u;
+    if (sh == 0u) { return w[i]; }
+    return (w[i] >> sh) | (w[i + 1u] << (32u - sh));
+}
+
 // Sign-extends a byte.
 fn i8_of(b: u32) -> i32 {
     return i32(b << 24u) >> 24u;

@@ -8,7 +8,13 @@ use std::sync::Arc;
 use minfer_cpu::CpuBackend;
 use minfer_gguf::quant::quantize_to_vec;
 use minfer_gguf::{GgmlType, GgufFile, GgufWriter};
-use minfer_graph::{BackendImpl, BufRef, CNode, DType, NodeMeta, Op};
+use minfer_graph::{
+    Backend, BackendImpl, BackendScheduler, BufRef, CNode, CParams, DType, FusionPass,
+    GraphAllocator, GraphParams, GraphType, NodeMeta, Op,
+};
+use minfer_models::{
+    ModelDef, INPUT_CELLS, INPUT_POSITIONS, INPUT_SPAN, INPUT_TAIL_IDS, INPUT_TOKEN_IDS,
+};
 use minfer_wgpu::WgpuBackend;
 
 /// Set to `skip` to skip the wgpu tests explicitly on a machine without an adapter.
@@ -222,4 +228,128 @@ pub fn check(
     );
     eprintln!("{what}: error {err:.2e} (bound {bound:.0e})");
     err
+}
+
+/// Logits of one step and the split count of its graph.
+pub struct Step {
+    pub logits: Vec<f32>,
+    pub splits: usize,
+    /// Wall time of the step: graph build, assignment, allocation, execution, readback.
+    pub time: std::time::Duration,
+}
+
+/// Runs prefill of `prompt` (logits of its last `prompt_rows` tokens) then decode of
+/// `decode` one token at a time (teacher forced), each step a fresh graph over the
+/// allocator's persistent KV, on the CPU alone or with wgpu beside it. `on_cpu` names
+/// op kinds pinned to the CPU before assignment, to force extra splits.
+#[allow(clippy::too_many_arguments)]
+pub fn run_model(
+    model: &dyn ModelDef,
+    file: &std::sync::Arc<GgufFile>,
+    with_gpu: bool,
+    explicit_span: bool,
+    on_cpu: &[&str],
+    prompt: &[u32],
+    prompt_rows: usize,
+    decode: &[u32],
+) -> Option<Vec<Step>> {
+    let mut cpu = CpuBackend::new(2);
+    cpu.register_gguf(std::sync::Arc::clone(file), "")
+        .expect("cpu weights");
+    let mut backends: Vec<Box<dyn BackendImpl>> = vec![Box::new(cpu)];
+    if with_gpu {
+        let mut g = gpu()?;
+        g.register_gguf(file, "").expect("wgpu weights");
+        backends.push(Box::new(g));
+    }
+    let mut alloc = GraphAllocator::new(backends).expect("allocator");
+    let fusion = FusionPass::new();
+    let n_ctx = (prompt.len() + decode.len()).next_power_of_two().max(64);
+    let mut steps = Vec::new();
+    let mut pos0 = 0usize;
+    let chunks: Vec<&[u32]> = std::iter::once(prompt).chain(decode.chunks(1)).collect();
+    for toks in chunks {
+        let nt = toks.len();
+        let t0 = std::time::Instant::now();
+        let n_out = if pos0 == 0 {
+            prompt_rows.clamp(1, nt)
+        } else {
+            1
+        };
+        let params = GraphParams {
+            n_tokens: nt,
+            n_out,
+            gtype: if nt > 1 {
+                GraphType::Prefill
+            } else {
+                GraphType::Decode
+            },
+            cparams: CParams {
+                n_ctx,
+                flash_attn: false,
+                gpu: with_gpu,
+                fuse_qkv: false,
+                fuse_ffn: false,
+                explicit_span,
+            },
+            weights_version: 1,
+        };
+        let mut graph = model.build_graph(&params);
+        for n in &mut graph.nodes {
+            if on_cpu.contains(&n.op.name()) {
+                n.backend = Some(Backend::CPU);
+            }
+        }
+        let mut sched = BackendScheduler::new();
+        sched.assign_backends(&mut graph, &alloc);
+        fusion.run(&mut graph, &alloc);
+        alloc.alloc_graph(&graph).expect("alloc");
+        let positions: Vec<u32> = (pos0..pos0 + nt).map(|p| p as u32).collect();
+        alloc
+            .fill_input_u32(&graph, INPUT_TOKEN_IDS, toks)
+            .expect("tokens");
+        alloc
+            .fill_input_u32(&graph, INPUT_POSITIONS, &positions)
+            .expect("positions");
+        if n_out < nt {
+            let tail: Vec<u32> = ((nt - n_out) as u32..nt as u32).collect();
+            alloc
+                .fill_input_u32(&graph, INPUT_TAIL_IDS, &tail)
+                .expect("tail");
+        }
+        if explicit_span {
+            let spans: Vec<u32> = positions.iter().flat_map(|&p| [0, p + 1]).collect();
+            alloc
+                .fill_input_u32(&graph, INPUT_SPAN, &spans)
+                .expect("span");
+            alloc
+                .fill_input_u32(&graph, INPUT_CELLS, &positions)
+                .expect("cells");
+        }
+        sched.execute(&graph, &mut alloc).expect("execute");
+        let mut logits = Vec::new();
+        assert!(
+            alloc.read_into(graph.outputs[0], &mut logits),
+            "logits readable"
+        );
+        let splits = sched.split_graph(&graph).len();
+        if with_gpu && on_cpu.is_empty() {
+            let on_gpu = graph
+                .nodes
+                .iter()
+                .filter(|n| n.backend == Some(Backend::WGPU))
+                .count();
+            assert!(
+                on_gpu > graph.nodes.len() / 2,
+                "most nodes run on wgpu ({on_gpu})"
+            );
+        }
+        steps.push(Step {
+            logits,
+            splits,
+            time: t0.elapsed(),
+        });
+        pos0 += nt;
+    }
+    Some(steps)
 }
