@@ -163,6 +163,11 @@ impl WgpuBackend {
         &self.gpu.summary
     }
 
+    /// Compiled pipelines and cached bind groups: a reused graph adds neither.
+    pub fn cached_kernels(&self) -> (usize, usize) {
+        (self.pipelines.len(), self.bind_groups.len())
+    }
+
     /// The weight types the kernels decode.
     pub fn weight_types() -> &'static [GgmlType] {
         &WEIGHT_TYPES

@@ -137,3 +137,63 @@ fn a_graph_cut_into_many_wgpu_and_cpu_splits_matches_the_cpu() {
         assert!(e <= 1e-5, "split vs unsplit wgpu: error {e:e}");
     }
 }
+
+#[test]
+fn a_reused_decode_graph_is_bit_identical_and_allocates_nothing_new() {
+    use minfer_graph::{BackendImpl, BackendScheduler, CParams, GraphAllocator, GraphParams};
+    use minfer_models::{INPUT_POSITIONS, INPUT_TOKEN_IDS};
+    let spec = TinySpec::qwen3_kquant(GgmlType::Q4K, 57);
+    let file = std::sync::Arc::new(GgufFile::from_bytes(tiny_model_bytes(&spec).unwrap()).unwrap());
+    let model = minfer_models::load_model(&file).unwrap();
+    let Some(mut g) = common::gpu() else { return };
+    g.register_gguf(&file, "").unwrap();
+    let mut cpu = minfer_cpu::CpuBackend::new(1);
+    cpu.register_gguf(std::sync::Arc::clone(&file), "").unwrap();
+    let backends: Vec<Box<dyn BackendImpl>> = vec![Box::new(cpu), Box::new(g)];
+    let mut alloc = GraphAllocator::new(backends).unwrap();
+    let params = GraphParams {
+        n_tokens: 1,
+        n_out: 1,
+        gtype: minfer_graph::GraphType::Decode,
+        cparams: CParams {
+            n_ctx: 64,
+            flash_attn: false,
+            gpu: true,
+            fuse_qkv: false,
+            fuse_ffn: false,
+            explicit_span: false,
+        },
+        weights_version: 1,
+    };
+    let mut graph = model.build_graph(&params);
+    let mut sched = BackendScheduler::new();
+    sched.assign_backends(&mut graph, &alloc);
+    alloc.alloc_graph(&graph).unwrap();
+    let pool_len = |alloc: &GraphAllocator| alloc.pool_len(minfer_graph::Backend::WGPU);
+    let step = |alloc: &mut GraphAllocator, tok: u32, pos: u32| -> Vec<f32> {
+        alloc
+            .fill_input_u32(&graph, INPUT_TOKEN_IDS, &[tok])
+            .unwrap();
+        alloc
+            .fill_input_u32(&graph, INPUT_POSITIONS, &[pos])
+            .unwrap();
+        sched.execute(&graph, alloc).unwrap();
+        let mut out = Vec::new();
+        assert!(alloc.read_into(graph.outputs[0], &mut out));
+        out
+    };
+    let first = step(&mut alloc, 17, 0);
+    let pool = pool_len(&alloc);
+    let second = step(&mut alloc, 42, 1);
+    assert_eq!(
+        pool_len(&alloc),
+        pool,
+        "a reused graph allocates no device buffers"
+    );
+    // The same two steps again from position 0 give the same bits.
+    let again_first = step(&mut alloc, 17, 0);
+    let again_second = step(&mut alloc, 42, 1);
+    assert_eq!(first, again_first);
+    assert_eq!(second, again_second);
+    assert_ne!(first, second);
+}

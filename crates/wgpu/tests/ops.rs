@@ -619,3 +619,23 @@ fn indices_computed_on_the_device_are_refused_not_trusted() {
     assert!(e.contains("computed on the device"), "{e}");
     assert_eq!(ids.out.len(), 2);
 }
+
+#[test]
+fn a_repeated_node_reuses_its_pipeline_and_bind_group() {
+    let Some(mut g) = gpu() else { return };
+    let me = g.id();
+    let buf = |id| minfer_graph::BufRef { backend: me, id };
+    let (a, b, out) = (g.alloc_buffer(64), g.alloc_buffer(64), g.alloc_buffer(64));
+    g.write_host(a, &[1.0; 64]).unwrap();
+    g.write_host(b, &[2.0; 64]).unwrap();
+    let nd = node(Op::Mul, 2, [64, 1, 1, 1], NodeMeta::None);
+    g.execute_node(&nd, &[buf(a), buf(b)], buf(out), None)
+        .unwrap();
+    let first = g.cached_kernels();
+    assert_eq!(first, (1, 1));
+    g.execute_node(&nd, &[buf(a), buf(b)], buf(out), None)
+        .unwrap();
+    assert_eq!(g.cached_kernels(), first, "nothing new for a repeated node");
+    g.synchronize();
+    assert_eq!(g.copy_to_host(out).unwrap(), vec![2.0; 64]);
+}
