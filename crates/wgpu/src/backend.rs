@@ -8,7 +8,7 @@
 //! - Index inputs (token ids, positions, KV cells, spans) are range checked before a
 //!   kernel may read them. They arrive through `write_host` (the allocator fills
 //!   inputs and stages cross-backend values that way), so the pool keeps a host copy
-//!   of every buffer the host wrote, dropped as soon as a kernel overwrites it.
+//!   of every small buffer the host wrote, dropped as soon as a kernel overwrites it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -103,6 +103,10 @@ impl std::fmt::Debug for WgpuBackend {
             .finish_non_exhaustive()
     }
 }
+
+/// Largest host-written buffer whose values the pool remembers. Index inputs are a
+/// few values per token; staged activations can be megabytes and are never indices.
+const HOST_COPY_MAX: usize = 1 << 16;
 
 /// Bind groups kept before the cache is dropped wholesale (graphs are few and reused).
 const BIND_GROUP_CACHE: usize = 1 << 14;
@@ -1227,7 +1231,11 @@ impl BackendImpl for WgpuBackend {
             ));
         }
         self.write_host_window(id, 0, data)?;
-        self.bufs[id].host = Host::Known(data.to_vec());
+        self.bufs[id].host = if len <= HOST_COPY_MAX {
+            Host::Known(data.to_vec())
+        } else {
+            Host::Unknown
+        };
         Ok(())
     }
 
@@ -1264,7 +1272,7 @@ impl BackendImpl for WgpuBackend {
         );
         let host = std::mem::replace(&mut self.bufs[id].host, Host::Unknown);
         self.bufs[id].host = match host {
-            Host::Zero => {
+            Host::Zero if len <= HOST_COPY_MAX => {
                 let mut v = vec![0.0; len];
                 v[offset..end].copy_from_slice(data);
                 Host::Known(v)
@@ -1273,7 +1281,7 @@ impl BackendImpl for WgpuBackend {
                 v[offset..end].copy_from_slice(data);
                 Host::Known(v)
             }
-            Host::Unknown => Host::Unknown,
+            Host::Zero | Host::Unknown => Host::Unknown,
         };
         Ok(())
     }
