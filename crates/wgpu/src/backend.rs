@@ -65,6 +65,18 @@ struct Part {
     rows: usize,
 }
 
+/// One matmul dispatch: weight, dims and where its rows land in the output.
+struct MatmulArgs<'a> {
+    name: &'a str,
+    in_dim: usize,
+    out_dim: usize,
+    bias: Option<&'a str>,
+    /// Values between token rows of the output.
+    y_stride: usize,
+    /// First output column written.
+    y_off: usize,
+}
+
 /// A resource bound into a kernel's bind group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Res {
@@ -74,7 +86,10 @@ enum Res {
     Snap(usize),
 }
 
-type BindKey = (Kernel, Vec<Res>, [u32; 8]);
+/// u32 slots of a kernel's uniform parameter block (a multiple of four: 16-byte rows).
+const PARAMS: usize = 12;
+
+type BindKey = (Kernel, Vec<Res>, [u32; PARAMS]);
 
 /// The wgpu graph backend (id [`Backend::WGPU`], name "wgpu").
 pub struct WgpuBackend {
@@ -542,9 +557,18 @@ impl WgpuBackend {
         &mut self,
         k: Kernel,
         res: &[Res],
-        params: [u32; 8],
+        params: &[u32],
         groups: (u32, u32, u32),
     ) -> Result<(), String> {
+        if params.len() > PARAMS {
+            return Err(format!(
+                "{} kernel parameters, the block holds {PARAMS}",
+                params.len()
+            ));
+        }
+        let mut block = [0u32; PARAMS];
+        block[..params.len()].copy_from_slice(params);
+        let params = block;
         self.pipeline(k)?;
         let key: BindKey = (k, res.to_vec(), params);
         if !self.bind_groups.contains_key(&key) {
@@ -609,7 +633,7 @@ impl WgpuBackend {
             0,
             0,
         ];
-        self.dispatch(k, res, p, (gx, gy, 1))
+        self.dispatch(k, res, &p, (gx, gy, 1))
     }
 
     fn run(
@@ -709,56 +733,49 @@ impl WgpuBackend {
                 self.norm(node, meta, *hd, *eps, x, xl, out)?;
             }
             (Op::MatMul { .. }, NodeMeta::MatMul(m)) => {
-                let w = self.weight(&m.weight_name)?;
-                let (ty, row_bytes, parts) = (w.ty, w.row_bytes, w.parts.clone());
-                if w.in_dim != m.in_dim || w.out_dim != m.out_dim {
-                    return Err(format!(
-                        "weight '{}' is [{}, {}], the node expects [{}, {}]",
-                        m.weight_name, w.in_dim, w.out_dim, m.in_dim, m.out_dim
-                    ));
-                }
                 if m.out_dim * nt != n {
                     return Err(format!(
                         "output [{}, {nt}] does not match weight '{}' out_dim {}",
                         node.out_shape[0], m.weight_name, m.out_dim
                     ));
                 }
-                let xl = src_len(0, self);
-                let stride = xl / nt;
-                if stride < m.in_dim {
+                let (x, xl) = (src(0, self)?, src_len(0, self));
+                let mm = MatmulArgs {
+                    name: &m.weight_name,
+                    in_dim: m.in_dim,
+                    out_dim: m.out_dim,
+                    bias: m.bias_name.as_deref(),
+                    y_stride: m.out_dim,
+                    y_off: 0,
+                };
+                self.matmul(&mm, x, xl, nt, out)?;
+            }
+            (Op::FusedFFN, NodeMeta::FusedFfn(m)) => {
+                let nf = m.nf;
+                if n != 2 * nf * nt {
                     return Err(format!(
-                        "matmul with '{}': input {xl} values for {nt} rows of {}",
-                        m.weight_name, m.in_dim
+                        "output {:?} is not [2 x {nf}, {nt}]",
+                        node.out_shape
                     ));
                 }
-                let bias = match &m.bias_name {
-                    Some(b) => Some(self.vector(b, m.out_dim)?),
-                    None => None,
-                };
-                let x = src(0, self)?;
-                let tiles = u32_of(nt.div_ceil(8), "token tiles")?;
-                for part in parts {
-                    // Four rows per workgroup (see matmul.wgsl).
-                    let (gx, gy) = grid(part.rows.div_ceil(4))?;
-                    let p = [
-                        u32_of(m.in_dim, "input features")?,
-                        u32_of(m.out_dim, "output features")?,
-                        u32_of(nt, "tokens")?,
-                        u32_of(row_bytes, "row bytes")?,
-                        u32_of(stride, "row stride")?,
-                        u32::from(bias.is_some()),
-                        u32_of(part.row0, "row")?,
-                        u32_of(part.rows, "rows")?,
-                    ];
-                    // Without a bias the kernel never reads binding 2; the weight stands in.
-                    let b = Res::Weight(bias.unwrap_or(part.index));
-                    self.dispatch(
-                        Kernel::Matmul(ty),
-                        &[Res::Weight(part.index), x, b, Res::Pool(out)],
-                        p,
-                        (gx, gy, tiles),
-                    )?;
+                let (x, xl) = (src(0, self)?, src_len(0, self));
+                // gate into columns 0..nf of each row, up into nf..2nf, then SwiGLU in
+                // place over the gate half: the kernels of the unfused chain, so both
+                // give the same bits, in one node and without the two extra buffers.
+                for (name, y_off) in [(&m.gate_weight, 0), (&m.up_weight, nf)] {
+                    let mm = MatmulArgs {
+                        name,
+                        in_dim: m.n_embd,
+                        out_dim: nf,
+                        bias: None,
+                        y_stride: 2 * nf,
+                        y_off,
+                    };
+                    self.matmul(&mm, x, xl, nt, out)?;
                 }
+                let (gx, gy) = grid((nt * nf).div_ceil(256))?;
+                let p = [u32_of(nt * nf, "elements")?, u32_of(nf, "FFN width")?];
+                self.dispatch(Kernel::SwiGluRows, &[Res::Pool(out)], &p, (gx, gy, 1))?;
             }
             (Op::GetRows, NodeMeta::Embed(m)) => {
                 let w = self.weight(&m.weight_name)?;
@@ -795,7 +812,7 @@ impl WgpuBackend {
                     self.dispatch(
                         Kernel::Embed(ty),
                         &[Res::Weight(part.index), t, Res::Pool(out)],
-                        p,
+                        &p,
                         (gx, gy, 1),
                     )?;
                 }
@@ -832,7 +849,7 @@ impl WgpuBackend {
                     0,
                     0,
                 ];
-                self.dispatch(Kernel::Gather, &[x, r, Res::Pool(out)], p, (gx, gy, 1))?;
+                self.dispatch(Kernel::Gather, &[x, r, Res::Pool(out)], &p, (gx, gy, 1))?;
             }
             (Op::RoPE { style }, NodeMeta::Rope(m)) => {
                 if *style != m.style {
@@ -877,7 +894,7 @@ impl WgpuBackend {
                     m.freq_scale.to_bits(),
                     theta_scale.to_bits(),
                 ];
-                self.dispatch(Kernel::Rope, &[pos, Res::Pool(out)], p, (gx, gy, 1))?;
+                self.dispatch(Kernel::Rope, &[pos, Res::Pool(out)], &p, (gx, gy, 1))?;
             }
             (Op::KvcacheStore { layer }, meta) => {
                 self.kv_store(*layer, meta, &ids, kv_pair)?;
@@ -983,7 +1000,7 @@ impl WgpuBackend {
                         span,
                         Res::Pool(out),
                     ],
-                    p,
+                    &p,
                     (u32_of(m.n_head, "heads")?, u32_of(nt, "tokens")?, 1),
                 )?;
             }
@@ -995,6 +1012,71 @@ impl WgpuBackend {
             }
         }
         self.bufs[out].host = Host::Unknown;
+        Ok(())
+    }
+
+    /// Records `y[t, y_off + r] = W[r] . x[t] (+ bias[r])` over every row range of W.
+    fn matmul(
+        &mut self,
+        a: &MatmulArgs,
+        x: Res,
+        x_len: usize,
+        nt: usize,
+        out: usize,
+    ) -> Result<(), String> {
+        let w = self.weight(a.name)?;
+        let (ty, row_bytes, parts) = (w.ty, w.row_bytes, w.parts.clone());
+        if w.in_dim != a.in_dim || w.out_dim != a.out_dim {
+            return Err(format!(
+                "weight '{}' is [{}, {}], the node expects [{}, {}]",
+                a.name, w.in_dim, w.out_dim, a.in_dim, a.out_dim
+            ));
+        }
+        let stride = x_len / nt;
+        if stride < a.in_dim {
+            return Err(format!(
+                "matmul with '{}': input {x_len} values for {nt} rows of {}",
+                a.name, a.in_dim
+            ));
+        }
+        if a.y_off + a.out_dim > a.y_stride || self.len(out) < nt * a.y_stride {
+            return Err(format!(
+                "matmul with '{}': output rows of {} cannot hold columns {}..{}",
+                a.name,
+                a.y_stride,
+                a.y_off,
+                a.y_off + a.out_dim
+            ));
+        }
+        let bias = match a.bias {
+            Some(b) => Some(self.vector(b, a.out_dim)?),
+            None => None,
+        };
+        let tiles = u32_of(nt.div_ceil(8), "token tiles")?;
+        for part in parts {
+            // Four rows per workgroup (see matmul.wgsl).
+            let (gx, gy) = grid(part.rows.div_ceil(4))?;
+            let p = [
+                u32_of(a.in_dim, "input features")?,
+                u32_of(a.out_dim, "output features")?,
+                u32_of(nt, "tokens")?,
+                u32_of(row_bytes, "row bytes")?,
+                u32_of(stride, "row stride")?,
+                u32::from(bias.is_some()),
+                u32_of(part.row0, "row")?,
+                u32_of(part.rows, "rows")?,
+                u32_of(a.y_stride, "output stride")?,
+                u32_of(a.y_off, "output column")?,
+            ];
+            // Without a bias the kernel never reads binding 2; the weight stands in.
+            let b = Res::Weight(bias.unwrap_or(part.index));
+            self.dispatch(
+                Kernel::Matmul(ty),
+                &[Res::Weight(part.index), x, b, Res::Pool(out)],
+                &p,
+                (gx, gy, tiles),
+            )?;
+        }
         Ok(())
     }
 
@@ -1040,7 +1122,7 @@ impl WgpuBackend {
         ];
         // Without a scale vector the kernel never reads binding 1; the input stands in.
         let wres = w.map_or(x, Res::Weight);
-        self.dispatch(Kernel::RmsNorm, &[x, wres, Res::Pool(out)], p, (gx, gy, 1))
+        self.dispatch(Kernel::RmsNorm, &[x, wres, Res::Pool(out)], &p, (gx, gy, 1))
     }
 
     fn kv_store(
@@ -1122,7 +1204,7 @@ impl WgpuBackend {
                 Res::Pool(k_id),
                 Res::Pool(v_id),
             ],
-            p,
+            &p,
             (gx, gy, 1),
         )?;
         self.bufs[k_id].host = Host::Unknown;
@@ -1156,6 +1238,7 @@ impl BackendImpl for WgpuBackend {
                     | Op::Attn { .. }
                     | Op::KvcacheStore { .. }
                     | Op::KvcacheLoad { .. }
+                    | Op::FusedFFN
             )
     }
 

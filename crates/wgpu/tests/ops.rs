@@ -639,3 +639,90 @@ fn a_repeated_node_reuses_its_pipeline_and_bind_group() {
     g.synchronize();
     assert_eq!(g.copy_to_host(out).unwrap(), vec![2.0; 64]);
 }
+
+#[test]
+fn fused_ffn_matches_the_cpu_and_is_bit_identical_to_the_unfused_chain() {
+    use minfer_graph::FusedFfnMeta;
+    let mut r = Rng::new(11);
+    let (n_embd, nf) = (256, 96);
+    let ws = [
+        W {
+            name: "gate".into(),
+            ty: GgmlType::Q4K,
+            dims: vec![n_embd as u64, nf as u64],
+            values: r.vec(n_embd * nf),
+        },
+        W {
+            name: "up".into(),
+            ty: GgmlType::Q4K,
+            dims: vec![n_embd as u64, nf as u64],
+            values: r.vec(n_embd * nf),
+        },
+    ];
+    let Some((mut g, mut c)) = pair(&ws) else {
+        return;
+    };
+    let meta = FusedFfnMeta {
+        gate_weight: "gate".into(),
+        up_weight: "up".into(),
+        concat_weight: "gate_up".into(),
+        wtype: WeightType::Q4_K,
+        n_embd,
+        nf,
+    };
+    let mm = |name: &str, nt| {
+        let meta = NodeMeta::MatMul(MatMulMeta {
+            weight_name: name.into(),
+            in_dim: n_embd,
+            out_dim: nf,
+            wtype: WeightType::Q4_K,
+            bias_name: None,
+        });
+        node(Op::MatMul { transpose_b: true }, 1, [nf, nt, 1, 1], meta)
+    };
+    for nt in [1usize, 3] {
+        let fused = node(
+            Op::FusedFFN,
+            1,
+            [2 * nf, nt, 1, 1],
+            NodeMeta::FusedFfn(meta.clone()),
+        );
+        let x = r.vec(n_embd * nt);
+        check(
+            &mut g,
+            &mut c,
+            &fused,
+            &[Src::Data(x.clone())],
+            None,
+            1e-2,
+            &format!("fused ffn nt={nt}"),
+        );
+        let f = run(&mut g, &fused, &[Src::Data(x.clone())], None)
+            .unwrap()
+            .out;
+        let gate = run(&mut g, &mm("gate", nt), &[Src::Data(x.clone())], None)
+            .unwrap()
+            .out;
+        let up = run(&mut g, &mm("up", nt), &[Src::Data(x)], None)
+            .unwrap()
+            .out;
+        let sw = node(Op::SwiGLU, 2, [nf, nt, 1, 1], NodeMeta::None);
+        let s = run(&mut g, &sw, &[Src::Data(gate), Src::Data(up.clone())], None)
+            .unwrap()
+            .out;
+        for t in 0..nt {
+            let row = &f[t * 2 * nf..(t + 1) * 2 * nf];
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&row[..nf]),
+                bits(&s[t * nf..(t + 1) * nf]),
+                "swiglu half, token {t}"
+            );
+            assert_eq!(
+                bits(&row[nf..]),
+                bits(&up[t * nf..(t + 1) * nf]),
+                "up half, token {t}"
+            );
+        }
+    }
+}

@@ -14,13 +14,17 @@ const LANES: u32 = 16u;
 
 struct P {
     k: u32,          // input features (row length of W)
-    n: u32,          // output features (rows of the whole W; the stride of y)
+    n: u32,          // output features (rows of the whole W)
     nt: u32,         // tokens
     row_bytes: u32,  // bytes of one W row
     x_stride: u32,   // values between consecutive token rows of x (>= k)
     has_bias: u32,
     row0: u32,       // first row of W in this buffer
     rows: u32,       // rows of W in this buffer
+    y_stride: u32,   // values between token rows of y (n, or 2 nf in the fused FFN)
+    y_off: u32,      // first column of y written (nf for the fused FFN's up half)
+    _p0: u32,
+    _p1: u32,
 }
 
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -68,6 +72,6 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         let tok = t0 + lane;
         var r = part[lane * WG + lid - lane];
         if (p.has_bias == 1u) { r += bias[p.row0 + row]; }
-        y[tok * p.n + p.row0 + row] = r;
+        y[tok * p.y_stride + p.y_off + p.row0 + row] = r;
     }
 }

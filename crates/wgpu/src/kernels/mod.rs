@@ -21,6 +21,8 @@ pub(crate) enum Kernel {
     Mul,
     Silu,
     SwiGlu,
+    /// The fused FFN's in-place SwiGLU over `[gate | up]` rows.
+    SwiGluRows,
     RmsNorm,
     Gather,
     /// Matrix product against a weight of this storage type.
@@ -33,6 +35,7 @@ pub(crate) enum Kernel {
 }
 
 const ELEMENTWISE: &str = include_str!("elementwise.wgsl");
+const SWIGLU_ROWS: &str = include_str!("swiglu_rows.wgsl");
 const NORM: &str = include_str!("norm.wgsl");
 const GET_ROWS: &str = include_str!("get_rows.wgsl");
 const QUANT_COMMON: &str = include_str!("quant_common.wgsl");
@@ -80,6 +83,7 @@ impl Kernel {
             Kernel::Mul => (ELEMENTWISE.into(), "mul", &[Ro, Ro, Rw, Uniform]),
             Kernel::Silu => (ELEMENTWISE.into(), "silu", &[Ro, Ro, Rw, Uniform]),
             Kernel::SwiGlu => (ELEMENTWISE.into(), "swiglu", &[Ro, Ro, Rw, Uniform]),
+            Kernel::SwiGluRows => (SWIGLU_ROWS.into(), "swiglu_rows", &[Rw, Uniform]),
             Kernel::RmsNorm => (NORM.into(), "rms_norm", &[Ro, Ro, Rw, Uniform]),
             Kernel::Gather => (GET_ROWS.into(), "gather", &[Ro, Ro, Rw, Uniform]),
             Kernel::Matmul(ty) => (quant(MATMUL, ty)?, "matmul", &[Ro, Ro, Ro, Rw, Uniform]),
