@@ -1388,3 +1388,27 @@ impl BackendImpl for WgpuBackend {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grids_wrap_into_y_and_refuse_what_cannot_be_dispatched() {
+        assert_eq!(grid(0).unwrap(), (1, 1));
+        assert_eq!(grid(7).unwrap(), (7, 1));
+        assert_eq!(grid(65_535).unwrap(), (65_535, 1));
+        assert_eq!(grid(65_536).unwrap(), (65_535, 2));
+        // 151936 rows of the default model's lm head, four per workgroup.
+        let (gx, gy) = grid(151_936usize.div_ceil(4)).unwrap();
+        assert!(gx as usize * gy as usize >= 37_984);
+        assert!(grid(65_535 * 65_535 + 1).unwrap_err().contains("exceed"));
+    }
+
+    #[test]
+    fn sizes_past_32_bits_are_named_errors() {
+        assert_eq!(u32_of(5, "rows").unwrap(), 5);
+        let e = u32_of(1 << 33, "rows").unwrap_err();
+        assert!(e.contains("rows") && e.contains("32-bit"), "{e}");
+    }
+}

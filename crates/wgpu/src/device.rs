@@ -142,3 +142,31 @@ pub(crate) fn open(allow_cpu_adapter: bool) -> Result<Gpu, NotUsable> {
         reason: format!("no usable GPU adapter: {}", refusals.join("; ")),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_gpus_rank_before_emulation() {
+        use wgpu::DeviceType::*;
+        let mut v = [Cpu, Other, IntegratedGpu, VirtualGpu, DiscreteGpu];
+        v.sort_by_key(|&t| rank(t));
+        assert_eq!(v, [DiscreteGpu, IntegratedGpu, VirtualGpu, Other, Cpu]);
+    }
+
+    #[test]
+    fn a_summary_names_the_adapter_api_and_driver() {
+        let s = AdapterSummary {
+            name: "llvmpipe (LLVM 15.0.6, 256 bits)".into(),
+            driver: "llvmpipe Mesa 22.3.6".into(),
+            api: "Vulkan".into(),
+            device_type: "Cpu".into(),
+            is_cpu_emulation: true,
+        };
+        assert_eq!(
+            s.to_string(),
+            "llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu, llvmpipe Mesa 22.3.6)"
+        );
+    }
+}

@@ -10,6 +10,8 @@
 //!   `synchronize`, which the scheduler calls at every split boundary.
 //! - Weights are uploaded once, by name, in their GGUF byte layout.
 
+#![deny(missing_docs)]
+
 mod backend;
 mod device;
 mod kernels;
