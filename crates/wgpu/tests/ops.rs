@@ -726,3 +726,25 @@ fn fused_ffn_matches_the_cpu_and_is_bit_identical_to_the_unfused_chain() {
         }
     }
 }
+
+#[test]
+fn an_op_the_backend_does_not_claim_is_an_error_not_a_fallback() {
+    let Some(mut g) = gpu() else { return };
+    for op in [
+        Op::Scale(2.0),
+        Op::Softmax { dim: 0 },
+        Op::FusedQKV { layer: 0 },
+    ] {
+        assert!(
+            !g.supports_op(&op, minfer_graph::DType::F32),
+            "{op:?} is not claimed"
+        );
+        let nd = node(op.clone(), 1, [4, 1, 1, 1], NodeMeta::None);
+        let e = run(&mut g, &nd, &[Src::Data(vec![1.0; 4])], None).unwrap_err();
+        assert!(
+            e.contains("not implemented by the wgpu backend"),
+            "{op:?}: {e}"
+        );
+    }
+    assert!(!g.supports_op(&Op::Add, minfer_graph::DType::I32));
+}
