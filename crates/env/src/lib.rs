@@ -180,7 +180,7 @@ pub const PYTHON: Path = Path {
 /// `MINFER_BACKENDS`: the backend fence when `--backend` is not given.
 pub const BACKENDS: List = List {
     name: "MINFER_BACKENDS",
-    accepted: "a comma-separated list of backend names (cpu, metal, cuda)",
+    accepted: "a comma-separated list of backend names (cpu, metal, cuda, wgpu)",
     effect: "restricts execution to these backends, as `--backend` does",
 };
 

@@ -64,7 +64,7 @@ impl DType {
     }
 }
 
-/// Backend handle over a fixed id space (cpu = 0, metal = 1, cuda = 2).
+/// Backend handle over a fixed id space (cpu = 0, metal = 1, cuda = 2, wgpu = 3).
 ///
 /// The ids are a file-format contract (KV sessions): appended, never renumbered.
 /// Names, priorities and flags live in [`crate::registry`].
@@ -78,6 +78,8 @@ impl Backend {
     pub const METAL: Backend = Backend(1);
     /// NVIDIA CUDA.
     pub const CUDA: Backend = Backend(2);
+    /// wgpu (Vulkan, Metal, DX12 through one code base).
+    pub const WGPU: Backend = Backend(3);
 
     /// The raw id.
     pub fn id(self) -> u16 {

@@ -1,8 +1,8 @@
 //! The backend registry (§3.6): names, the fixed id space, priorities, and the
 //! `--backend` / `MINFER_BACKENDS` fence.
 //!
-//! Two orders are pinned: identity (id order: cpu 0, metal 1, cuda 2 — the KV-session
-//! tag, the exporters, `Ord`) and priority (metal 300 > cuda 200 > cpu 100 — the
+//! Two orders are pinned: identity (id order: cpu 0, metal 1, cuda 2, wgpu 3 — the KV-session
+//! tag, the exporters, `Ord`) and priority (metal 300 > cuda 200 > wgpu 150 > cpu 100 — the
 //! assignment preference). Nothing here depends on hash-map iteration order.
 //! The concrete backends live in other crates, so whether one is compiled in and
 //! usable is recorded by whoever builds the registry (`set_compiled` / `set_usable`).
@@ -21,7 +21,7 @@ pub struct KnownBackend {
 }
 
 /// The fixed id space, in identity order. Append only; never renumber.
-pub const KNOWN_BACKENDS: [KnownBackend; 3] = [
+pub const KNOWN_BACKENDS: [KnownBackend; 4] = [
     KnownBackend {
         name: "cpu",
         id: Backend::CPU,
@@ -36,6 +36,12 @@ pub const KNOWN_BACKENDS: [KnownBackend; 3] = [
         name: "cuda",
         id: Backend::CUDA,
         priority: 200,
+    },
+    // Below the native GPU backends, above the CPU.
+    KnownBackend {
+        name: "wgpu",
+        id: Backend::WGPU,
+        priority: 150,
     },
 ];
 
@@ -223,10 +229,15 @@ mod tests {
             .collect();
         assert_eq!(
             ident,
-            vec![("cpu", 0, 100), ("metal", 1, 300), ("cuda", 2, 200)]
+            vec![
+                ("cpu", 0, 100),
+                ("metal", 1, 300),
+                ("cuda", 2, 200),
+                ("wgpu", 3, 150)
+            ]
         );
         let prio: Vec<&str> = r.priority_order().iter().map(|e| e.name).collect();
-        assert_eq!(prio, vec!["metal", "cuda", "cpu"]);
+        assert_eq!(prio, vec!["metal", "cuda", "wgpu", "cpu"]);
         assert_eq!(priority_of(Backend(42)), 0);
     }
 

@@ -1,0 +1,96 @@
+//! The kernel table: every WGSL entry point the backend dispatches, with the shape of
+//! its bind group. Pipelines are compiled once per kernel and cached by the backend.
+
+use minfer_gguf::GgmlType;
+
+/// How a kernel binds one resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bind {
+    /// Read-only storage buffer.
+    Ro,
+    /// Read-write storage buffer.
+    Rw,
+    /// Uniform parameter block (always the last binding).
+    Uniform,
+}
+
+/// One compute entry point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kernel {
+    Add,
+    Mul,
+    Silu,
+    SwiGlu,
+    /// The fused FFN's in-place SwiGLU over `[gate | up]` rows.
+    SwiGluRows,
+    RmsNorm,
+    Gather,
+    /// Matrix product against a weight of this storage type.
+    Matmul(GgmlType),
+    /// Token embedding lookup from a table of this storage type.
+    Embed(GgmlType),
+    Rope,
+    KvStore,
+    Attn,
+}
+
+const ELEMENTWISE: &str = include_str!("elementwise.wgsl");
+const SWIGLU_ROWS: &str = include_str!("swiglu_rows.wgsl");
+const NORM: &str = include_str!("norm.wgsl");
+const GET_ROWS: &str = include_str!("get_rows.wgsl");
+const QUANT_COMMON: &str = include_str!("quant_common.wgsl");
+const MATMUL: &str = include_str!("matmul.wgsl");
+const EMBED: &str = include_str!("embed.wgsl");
+const ROPE: &str = include_str!("rope.wgsl");
+const KV_STORE: &str = include_str!("kv_store.wgsl");
+const ATTN: &str = include_str!("attn.wgsl");
+
+/// The weight types whose blocks the shaders can dequantize.
+pub(crate) const WEIGHT_TYPES: [GgmlType; 6] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4K,
+    GgmlType::Q6K,
+];
+
+/// The `load_chunk` of a weight type, or `None` for a type no shader decodes.
+fn dequant_source(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::F32 => include_str!("dq_f32.wgsl"),
+        GgmlType::F16 => include_str!("dq_f16.wgsl"),
+        GgmlType::Q8_0 => include_str!("dq_q8_0.wgsl"),
+        GgmlType::Q5_0 => include_str!("dq_q5_0.wgsl"),
+        GgmlType::Q4K => include_str!("dq_q4_k.wgsl"),
+        GgmlType::Q6K => include_str!("dq_q6_k.wgsl"),
+        _ => return None,
+    })
+}
+
+use Bind::{Ro, Rw, Uniform};
+
+impl Kernel {
+    /// WGSL module text, entry point and bindings in binding order.
+    pub(crate) fn spec(self) -> Result<(String, &'static str, &'static [Bind]), String> {
+        let quant = |body: &str, ty: GgmlType| {
+            dequant_source(ty)
+                .map(|dq| format!("{QUANT_COMMON}\n{dq}\n{body}"))
+                .ok_or_else(|| format!("no wgpu kernel decodes {ty} weights"))
+        };
+        Ok(match self {
+            Kernel::Add => (ELEMENTWISE.into(), "add", &[Ro, Ro, Rw, Uniform]),
+            Kernel::Mul => (ELEMENTWISE.into(), "mul", &[Ro, Ro, Rw, Uniform]),
+            Kernel::Silu => (ELEMENTWISE.into(), "silu", &[Ro, Ro, Rw, Uniform]),
+            Kernel::SwiGlu => (ELEMENTWISE.into(), "swiglu", &[Ro, Ro, Rw, Uniform]),
+            Kernel::SwiGluRows => (SWIGLU_ROWS.into(), "swiglu_rows", &[Rw, Uniform]),
+            Kernel::RmsNorm => (NORM.into(), "rms_norm", &[Ro, Ro, Rw, Uniform]),
+            Kernel::Gather => (GET_ROWS.into(), "gather", &[Ro, Ro, Rw, Uniform]),
+            Kernel::Matmul(ty) => (quant(MATMUL, ty)?, "matmul", &[Ro, Ro, Ro, Rw, Uniform]),
+            Kernel::Embed(ty) => (quant(EMBED, ty)?, "embed", &[Ro, Ro, Rw, Uniform]),
+            Kernel::Rope => (ROPE.into(), "rope", &[Ro, Rw, Uniform]),
+            Kernel::KvStore => (KV_STORE.into(), "kv_store", &[Ro, Ro, Ro, Rw, Rw, Uniform]),
+            Kernel::Attn => (ATTN.into(), "attn", &[Ro, Ro, Ro, Ro, Ro, Rw, Uniform]),
+        })
+    }
+}

@@ -1,0 +1,750 @@
+//! Every op the wgpu backend claims, on random inputs, against the CPU backend. Each
+//! case states its bound: max absolute error relative to the output's scale.
+
+mod common;
+
+use common::{check, gpu, ints, node, pair, run, Rng, Src, W};
+use minfer_gguf::quant::{dequantize_to_vec, quantize_to_vec};
+use minfer_gguf::GgmlType;
+use minfer_graph::{
+    AttnMeta, AttnMode, BackendImpl, EmbedMeta, KvcacheMeta, MatMulMeta, NodeMeta, NormMeta, Op,
+    RoPEMeta, RopeStyle, WeightType,
+};
+
+/// f32 kernels that only reorder a sum or use the GPU's exp.
+const F32_BOUND: f32 = 1e-5;
+
+#[test]
+fn elementwise_ops_match_the_cpu_with_broadcast_and_odd_sizes() {
+    let Some((mut g, mut c)) = pair(&[]) else {
+        return;
+    };
+    let mut r = Rng::new(1);
+    for n in [1usize, 7, 1000, 70_001] {
+        let a = r.vec(n);
+        let b = r.vec(n);
+        let sh = [n, 1, 1, 1];
+        for op in [Op::Add, Op::Mul, Op::SwiGLU] {
+            let nd = node(op.clone(), 2, sh, NodeMeta::None);
+            let srcs = [Src::Data(a.clone()), Src::Data(b.clone())];
+            check(
+                &mut g,
+                &mut c,
+                &nd,
+                &srcs,
+                None,
+                F32_BOUND,
+                &format!("{op:?} n={n}"),
+            );
+        }
+        let nd = node(Op::Silu, 1, sh, NodeMeta::None);
+        check(
+            &mut g,
+            &mut c,
+            &nd,
+            &[Src::Data(a.clone())],
+            None,
+            F32_BOUND,
+            "silu",
+        );
+        check(
+            &mut g,
+            &mut c,
+            &nd,
+            &[Src::Output(a.clone())],
+            None,
+            F32_BOUND,
+            "silu in place",
+        );
+    }
+    // b broadcasts over token rows: [7, 5] + [7].
+    let (a, b) = (r.vec(35), r.vec(7));
+    for op in [Op::Add, Op::Mul] {
+        let nd = node(op, 2, [7, 5, 1, 1], NodeMeta::None);
+        let srcs = [Src::Data(a.clone()), Src::Data(b.clone())];
+        check(&mut g, &mut c, &nd, &srcs, None, F32_BOUND, "broadcast");
+    }
+    // An input that is the output buffer reads the values from before the node.
+    let nd = node(Op::Add, 2, [35, 1, 1, 1], NodeMeta::None);
+    let srcs = [Src::Output(a.clone()), Src::Data(a.clone())];
+    check(&mut g, &mut c, &nd, &srcs, None, F32_BOUND, "aliased add");
+}
+
+#[test]
+fn a_broadcast_that_does_not_divide_is_an_error() {
+    let Some(mut g) = gpu() else { return };
+    let nd = node(Op::Add, 2, [10, 1, 1, 1], NodeMeta::None);
+    let e = run(
+        &mut g,
+        &nd,
+        &[Src::Data(vec![0.0; 10]), Src::Data(vec![0.0; 3])],
+        None,
+    )
+    .unwrap_err();
+    assert!(e.contains("broadcast"), "{e}");
+}
+
+#[test]
+fn rms_norm_and_qk_norm_match_the_cpu() {
+    let mut r = Rng::new(2);
+    let ws = [
+        W {
+            name: "n896".into(),
+            ty: GgmlType::F32,
+            dims: vec![896],
+            values: r.vec(896),
+        },
+        W {
+            name: "n37".into(),
+            ty: GgmlType::F32,
+            dims: vec![37],
+            values: r.vec(37),
+        },
+        W {
+            name: "hd64".into(),
+            ty: GgmlType::F32,
+            dims: vec![64],
+            values: r.vec(64),
+        },
+    ];
+    let Some((mut g, mut c)) = pair(&ws) else {
+        return;
+    };
+    for (d, name, nt) in [
+        (896, Some("n896"), 1),
+        (896, Some("n896"), 5),
+        (37, Some("n37"), 3),
+        (37, None, 2),
+    ] {
+        let meta = NodeMeta::Norm(NormMeta {
+            weight_name: name.map(str::to_string),
+        });
+        let nd = node(Op::RmsNorm { eps: 1e-6 }, 1, [d, nt, 1, 1], meta);
+        let x = r.vec(d * nt);
+        check(
+            &mut g,
+            &mut c,
+            &nd,
+            &[Src::Data(x)],
+            None,
+            F32_BOUND,
+            &format!("rms d={d} nt={nt}"),
+        );
+    }
+    for nt in [1, 4] {
+        let meta = NodeMeta::Norm(NormMeta {
+            weight_name: Some("hd64".into()),
+        });
+        let nd = node(
+            Op::QkNorm {
+                hd: 64,
+                nh: 3,
+                eps: 1e-6,
+            },
+            1,
+            [192, nt, 1, 1],
+            meta,
+        );
+        check(
+            &mut g,
+            &mut c,
+            &nd,
+            &[Src::Data(r.vec(192 * nt))],
+            None,
+            F32_BOUND,
+            "qk_norm",
+        );
+    }
+}
+
+fn wtype(ty: GgmlType) -> WeightType {
+    WeightType(ty.id())
+}
+
+/// Weight types with the bound of their case against the CPU backend: the CPU
+/// quantizes the activations to Q8 for quantized weights while the shader multiplies
+/// in f32, so quantized cases carry the activation quantization error (about 1/127 of
+/// each block's scale). Every case is also held to 1e-5 against the exact product.
+fn matmul_cases() -> Vec<(GgmlType, usize, f32)> {
+    vec![
+        (GgmlType::F32, 37, 1e-5),
+        (GgmlType::F32, 256, 1e-5),
+        (GgmlType::F16, 96, 1e-5),
+        (GgmlType::Q8_0, 512, 1e-2),
+        (GgmlType::Q5_0, 256, 1e-2),
+        (GgmlType::Q4K, 512, 1e-2),
+        (GgmlType::Q6K, 256, 1e-2),
+    ]
+}
+
+#[test]
+fn matmul_matches_the_cpu_for_every_weight_type_nt_and_bias() {
+    let mut r = Rng::new(3);
+    let mut ws = Vec::new();
+    let n_out = 37;
+    for (ty, k, _) in matmul_cases() {
+        ws.push(W {
+            name: format!("w.{ty}.{k}"),
+            ty,
+            dims: vec![k as u64, n_out as u64],
+            values: r.vec(k * n_out),
+        });
+    }
+    ws.push(W {
+        name: "bias".into(),
+        ty: GgmlType::F32,
+        dims: vec![n_out as u64],
+        values: r.vec(n_out),
+    });
+    let Some((mut g, mut c)) = pair(&ws) else {
+        return;
+    };
+    for (ty, k, bound) in matmul_cases() {
+        for nt in [1usize, 3, 8, 9, 17] {
+            for bias in [None, Some("bias".to_string())] {
+                let meta = NodeMeta::MatMul(MatMulMeta {
+                    weight_name: format!("w.{ty}.{k}"),
+                    in_dim: k,
+                    out_dim: n_out,
+                    wtype: wtype(ty),
+                    bias_name: bias.clone(),
+                });
+                let nd = node(Op::MatMul { transpose_b: true }, 1, [n_out, nt, 1, 1], meta);
+                let x = r.vec(k * nt);
+                let what = format!("matmul {ty} k={k} nt={nt} bias={}", bias.is_some());
+                check(
+                    &mut g,
+                    &mut c,
+                    &nd,
+                    &[Src::Data(x.clone())],
+                    None,
+                    bound,
+                    &what,
+                );
+                // Against the exact product of the dequantized weight: the shader
+                // dequantizes and multiplies in f32 without quantizing x.
+                let wv = &ws
+                    .iter()
+                    .find(|w| w.name == format!("w.{ty}.{k}"))
+                    .unwrap()
+                    .values;
+                let wq =
+                    dequantize_to_vec(ty, &quantize_to_vec(ty, wv).unwrap(), k * n_out).unwrap();
+                let bv = &ws.last().unwrap().values;
+                let exact: Vec<f32> = (0..nt * n_out)
+                    .map(|i| {
+                        let (t, o) = (i / n_out, i % n_out);
+                        let d: f64 = (0..k)
+                            .map(|j| wq[o * k + j] as f64 * x[t * k + j] as f64)
+                            .sum();
+                        (d + bias.as_ref().map_or(0.0, |_| bv[o] as f64)) as f32
+                    })
+                    .collect();
+                let got = run(&mut g, &nd, &[Src::Data(x)], None).unwrap().out;
+                let e = common::rel_err(&got, &exact);
+                assert!(e <= 1e-5, "{what}: error {e:e} against the exact product");
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_reads_rows_of_a_wider_producer() {
+    let mut r = Rng::new(4);
+    let ws = [W {
+        name: "w".into(),
+        ty: GgmlType::Q8_0,
+        dims: vec![64, 40],
+        values: r.vec(64 * 40),
+    }];
+    let Some((mut g, mut c)) = pair(&ws) else {
+        return;
+    };
+    let meta = NodeMeta::MatMul(MatMulMeta {
+        weight_name: "w".into(),
+        in_dim: 64,
+        out_dim: 40,
+        wtype: WeightType::Q8_0,
+        bias_name: None,
+    });
+    let nd = node(Op::MatMul { transpose_b: true }, 1, [40, 3, 1, 1], meta);
+    // Rows of 128 (a fused gate|up buffer): the matmul reads the first 64 of each.
+    check(
+        &mut g,
+        &mut c,
+        &nd,
+        &[Src::Data(r.vec(128 * 3))],
+        None,
+        1e-2,
+        "strided matmul",
+    );
+}
+
+#[test]
+fn matmul_refuses_a_missing_or_mismatched_weight() {
+    let mut r = Rng::new(5);
+    let ws = [W {
+        name: "w".into(),
+        ty: GgmlType::F32,
+        dims: vec![32, 4],
+        values: r.vec(128),
+    }];
+    let Some((mut g, _)) = pair(&ws) else { return };
+    for (name, in_dim, want) in [("nope", 32, "not registered"), ("w", 64, "expects")] {
+        let meta = NodeMeta::MatMul(MatMulMeta {
+            weight_name: name.into(),
+            in_dim,
+            out_dim: 4,
+            wtype: WeightType::F32,
+            bias_name: None,
+        });
+        let nd = node(Op::MatMul { transpose_b: true }, 1, [4, 1, 1, 1], meta);
+        let e = run(&mut g, &nd, &[Src::Data(vec![0.0; in_dim])], None).unwrap_err();
+        assert!(e.contains(want), "{e}");
+    }
+}
+
+#[test]
+fn embedding_lookup_dequantizes_the_selected_rows_for_every_type() {
+    let mut r = Rng::new(6);
+    let types = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ];
+    let (d, rows) = (256, 11);
+    let ws: Vec<W> = types
+        .iter()
+        .map(|&ty| W {
+            name: format!("tok.{ty}"),
+            ty,
+            dims: vec![d as u64, rows as u64],
+            values: r.vec(d * rows),
+        })
+        .collect();
+    let Some((mut g, mut c)) = pair(&ws) else {
+        return;
+    };
+    for ty in types {
+        for sel in [vec![3], vec![10, 0, 3, 3, 7]] {
+            let meta = NodeMeta::Embed(EmbedMeta {
+                weight_name: format!("tok.{ty}"),
+                wtype: wtype(ty),
+                n_embd: d,
+            });
+            let nd = node(Op::GetRows, 1, [d, sel.len(), 1, 1], meta);
+            // Dequantization is exact arithmetic on both sides: only f16 rounding differs.
+            check(
+                &mut g,
+                &mut c,
+                &nd,
+                &[Src::Data(ints(&sel))],
+                None,
+                1e-6,
+                &format!("embed {ty}"),
+            );
+        }
+    }
+    let meta = NodeMeta::Embed(EmbedMeta {
+        weight_name: format!("tok.{}", GgmlType::Q8_0),
+        wtype: WeightType::Q8_0,
+        n_embd: d,
+    });
+    let nd = node(Op::GetRows, 1, [d, 2, 1, 1], meta);
+    let e = run(&mut g, &nd, &[Src::Data(ints(&[1, 11]))], None).unwrap_err();
+    assert!(e.contains("id 11") && e.contains("11 rows"), "{e}");
+}
+
+#[test]
+fn row_gather_matches_the_cpu_and_refuses_bad_ids() {
+    let Some((mut g, mut c)) = pair(&[]) else {
+        return;
+    };
+    let mut r = Rng::new(7);
+    let x = r.vec(13 * 6);
+    let nd = node(Op::GetRows, 2, [13, 3, 1, 1], NodeMeta::None);
+    let srcs = [Src::Data(x.clone()), Src::Data(ints(&[5, 0, 5]))];
+    check(&mut g, &mut c, &nd, &srcs, None, 0.0, "gather");
+    let e = run(
+        &mut g,
+        &nd,
+        &[Src::Data(x), Src::Data(ints(&[0, 6, 1]))],
+        None,
+    )
+    .unwrap_err();
+    assert!(e.contains("id 6"), "{e}");
+}
+
+fn rope_meta(style: RopeStyle, n_dims: usize) -> RoPEMeta {
+    RoPEMeta {
+        n_dims,
+        freq_base: 1_000_000.0,
+        freq_scale: 1.0,
+        n_head: 3,
+        hd: 16,
+        style,
+    }
+}
+
+#[test]
+fn rope_matches_the_cpu_in_both_styles_and_in_place() {
+    let Some((mut g, mut c)) = pair(&[]) else {
+        return;
+    };
+    let mut r = Rng::new(8);
+    for style in [RopeStyle::Interleaved, RopeStyle::NonInterleaved] {
+        for (n_dims, positions) in [(16, vec![0]), (10, vec![0, 1, 5, 37, 200])] {
+            let nt = positions.len();
+            let nd = node(
+                Op::RoPE { style },
+                2,
+                [48, nt, 1, 1],
+                NodeMeta::Rope(rope_meta(style, n_dims)),
+            );
+            let x = r.vec(48 * nt);
+            let what = format!("rope {style:?} n_dims={n_dims} nt={nt}");
+            // GPU cos/sin differ from the host's by a few ulp of the angle.
+            let bound = 1e-5;
+            let srcs = [Src::Data(x.clone()), Src::Data(ints(&positions))];
+            check(&mut g, &mut c, &nd, &srcs, None, bound, &what);
+            let srcs = [Src::Output(x), Src::Data(ints(&positions))];
+            check(
+                &mut g,
+                &mut c,
+                &nd,
+                &srcs,
+                None,
+                bound,
+                &format!("{what} in place"),
+            );
+        }
+    }
+    let nd = node(
+        Op::RoPE {
+            style: RopeStyle::Interleaved,
+        },
+        2,
+        [48, 1, 1, 1],
+        NodeMeta::Rope(rope_meta(RopeStyle::Interleaved, 7)),
+    );
+    let e = run(
+        &mut g,
+        &nd,
+        &[Src::Data(vec![0.0; 48]), Src::Data(ints(&[0]))],
+        None,
+    )
+    .unwrap_err();
+    assert!(e.contains("n_dims 7"), "{e}");
+}
+
+fn kv_meta(layer: usize, n_embd: usize, n_ctx: usize) -> NodeMeta {
+    NodeMeta::Kvcache(KvcacheMeta {
+        layer,
+        n_embd,
+        n_ctx,
+        n_head_kv: None,
+    })
+}
+
+#[test]
+fn kv_store_writes_rows_at_their_cells_and_refuses_a_bad_cell() {
+    let Some((mut g, mut c)) = pair(&[]) else {
+        return;
+    };
+    let mut r = Rng::new(9);
+    let (n_embd, n_ctx) = (24, 10);
+    let (k0, v0) = (r.vec(n_embd * n_ctx), r.vec(n_embd * n_ctx));
+    for cells in [vec![4], vec![9, 0, 3]] {
+        let nt = cells.len();
+        let nd = node(
+            Op::KvcacheStore { layer: 2 },
+            3,
+            [n_embd, nt, 1, 1],
+            kv_meta(2, n_embd, n_ctx),
+        );
+        let srcs = [
+            Src::Data(r.vec(n_embd * nt)),
+            Src::Data(r.vec(n_embd * nt)),
+            Src::Data(ints(&cells)),
+        ];
+        check(
+            &mut g,
+            &mut c,
+            &nd,
+            &srcs,
+            Some((&k0, &v0)),
+            0.0,
+            "kv store",
+        );
+    }
+    let nd = node(
+        Op::KvcacheStore { layer: 2 },
+        3,
+        [n_embd, 2, 1, 1],
+        kv_meta(2, n_embd, n_ctx),
+    );
+    let srcs = [
+        Src::Data(vec![1.0; 48]),
+        Src::Data(vec![1.0; 48]),
+        Src::Data(ints(&[1, 10])),
+    ];
+    let e = run(&mut g, &nd, &srcs, Some((&k0, &v0))).unwrap_err();
+    assert!(e.contains("row 10") && e.contains("layer 2"), "{e}");
+}
+
+fn attn_meta(n_head: usize, n_head_kv: usize, hd: usize, n_ctx: usize) -> AttnMeta {
+    AttnMeta {
+        layer: 0,
+        n_head,
+        n_head_kv,
+        hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+        n_ctx,
+    }
+}
+
+#[test]
+fn attention_matches_the_cpu_over_causal_bounds_and_spans() {
+    let Some((mut g, mut c)) = pair(&[]) else {
+        return;
+    };
+    let mut r = Rng::new(10);
+    // (n_head, n_head_kv, hd, n_ctx, positions): GQA groups 1, 2 and 7; key counts
+    // across the 64-key chunk boundary.
+    let cases: [(usize, usize, usize, usize, Vec<i32>); 4] = [
+        (4, 2, 16, 40, vec![0]),
+        (4, 2, 16, 40, vec![3, 4, 5, 39]),
+        (14, 2, 64, 200, vec![63, 64, 65, 130, 199]),
+        (2, 2, 32, 70, vec![69]),
+    ];
+    for (n_head, n_head_kv, hd, n_ctx, positions) in cases {
+        let m = attn_meta(n_head, n_head_kv, hd, n_ctx);
+        let nkt = n_head_kv * hd;
+        let (k, v) = (r.vec(nkt * n_ctx), r.vec(nkt * n_ctx));
+        let nt = positions.len();
+        let q = r.vec(n_head * hd * nt);
+        let what = format!("attn {n_head}/{n_head_kv}x{hd} nt={nt}");
+        let op = Op::Attn {
+            mode: AttnMode::Gqa,
+            explicit_span: false,
+        };
+        let nd = node(op, 3, [n_head * hd, nt, 1, 1], NodeMeta::Attn(m.clone()));
+        let srcs = [
+            Src::Data(q.clone()),
+            Src::KvView,
+            Src::Data(ints(&positions)),
+        ];
+        check(&mut g, &mut c, &nd, &srcs, Some((&k, &v)), 1e-5, &what);
+
+        let spans: Vec<i32> = positions.iter().flat_map(|&p| [p / 2, p + 1]).collect();
+        let op = Op::Attn {
+            mode: AttnMode::Gqa,
+            explicit_span: true,
+        };
+        let nd = node(op, 4, [n_head * hd, nt, 1, 1], NodeMeta::Attn(m));
+        let srcs = [
+            Src::Data(q),
+            Src::KvView,
+            Src::Data(ints(&positions)),
+            Src::Data(ints(&spans)),
+        ];
+        check(
+            &mut g,
+            &mut c,
+            &nd,
+            &srcs,
+            Some((&k, &v)),
+            1e-5,
+            &format!("{what} span"),
+        );
+    }
+}
+
+#[test]
+fn attention_refuses_a_position_outside_the_region() {
+    let Some(mut g) = gpu() else { return };
+    let m = attn_meta(2, 1, 8, 10);
+    let nd = node(
+        Op::Attn {
+            mode: AttnMode::Gqa,
+            explicit_span: false,
+        },
+        3,
+        [16, 1, 1, 1],
+        NodeMeta::Attn(m),
+    );
+    let kv = vec![0.0; 80];
+    let e = run(
+        &mut g,
+        &nd,
+        &[
+            Src::Data(vec![0.0; 16]),
+            Src::KvView,
+            Src::Data(ints(&[10])),
+        ],
+        Some((&kv, &kv)),
+    )
+    .unwrap_err();
+    assert!(e.contains("position 10") && e.contains("10-row"), "{e}");
+}
+
+#[test]
+fn indices_computed_on_the_device_are_refused_not_trusted() {
+    let Some(mut g) = gpu() else { return };
+    // Row ids produced by a kernel (here an add) cannot be range checked on the host.
+    let add = node(Op::Add, 2, [2, 1, 1, 1], NodeMeta::None);
+    let ids = run(
+        &mut g,
+        &add,
+        &[Src::Data(ints(&[0, 1])), Src::Data(vec![0.0; 2])],
+        None,
+    )
+    .unwrap();
+    let a = g.alloc_buffer(2);
+    g.write_host(a, &ints(&[0, 0])).unwrap();
+    let sum = g.alloc_buffer(2);
+    let me = g.id();
+    let buf = |id| minfer_graph::BufRef { backend: me, id };
+    g.execute_node(&add, &[buf(a), buf(a)], buf(sum), None)
+        .unwrap();
+    let x = g.alloc_buffer(8);
+    let out = g.alloc_buffer(8);
+    let gather = node(Op::GetRows, 2, [4, 2, 1, 1], NodeMeta::None);
+    let e = g
+        .execute_node(&gather, &[buf(x), buf(sum)], buf(out), None)
+        .unwrap_err();
+    assert!(e.contains("computed on the device"), "{e}");
+    assert_eq!(ids.out.len(), 2);
+}
+
+#[test]
+fn a_repeated_node_reuses_its_pipeline_and_bind_group() {
+    let Some(mut g) = gpu() else { return };
+    let me = g.id();
+    let buf = |id| minfer_graph::BufRef { backend: me, id };
+    let (a, b, out) = (g.alloc_buffer(64), g.alloc_buffer(64), g.alloc_buffer(64));
+    g.write_host(a, &[1.0; 64]).unwrap();
+    g.write_host(b, &[2.0; 64]).unwrap();
+    let nd = node(Op::Mul, 2, [64, 1, 1, 1], NodeMeta::None);
+    g.execute_node(&nd, &[buf(a), buf(b)], buf(out), None)
+        .unwrap();
+    let first = g.cached_kernels();
+    assert_eq!(first, (1, 1));
+    g.execute_node(&nd, &[buf(a), buf(b)], buf(out), None)
+        .unwrap();
+    assert_eq!(g.cached_kernels(), first, "nothing new for a repeated node");
+    g.synchronize();
+    assert_eq!(g.copy_to_host(out).unwrap(), vec![2.0; 64]);
+}
+
+#[test]
+fn fused_ffn_matches_the_cpu_and_is_bit_identical_to_the_unfused_chain() {
+    use minfer_graph::FusedFfnMeta;
+    let mut r = Rng::new(11);
+    let (n_embd, nf) = (256, 96);
+    let ws = [
+        W {
+            name: "gate".into(),
+            ty: GgmlType::Q4K,
+            dims: vec![n_embd as u64, nf as u64],
+            values: r.vec(n_embd * nf),
+        },
+        W {
+            name: "up".into(),
+            ty: GgmlType::Q4K,
+            dims: vec![n_embd as u64, nf as u64],
+            values: r.vec(n_embd * nf),
+        },
+    ];
+    let Some((mut g, mut c)) = pair(&ws) else {
+        return;
+    };
+    let meta = FusedFfnMeta {
+        gate_weight: "gate".into(),
+        up_weight: "up".into(),
+        concat_weight: "gate_up".into(),
+        wtype: WeightType::Q4_K,
+        n_embd,
+        nf,
+    };
+    let mm = |name: &str, nt| {
+        let meta = NodeMeta::MatMul(MatMulMeta {
+            weight_name: name.into(),
+            in_dim: n_embd,
+            out_dim: nf,
+            wtype: WeightType::Q4_K,
+            bias_name: None,
+        });
+        node(Op::MatMul { transpose_b: true }, 1, [nf, nt, 1, 1], meta)
+    };
+    for nt in [1usize, 3] {
+        let fused = node(
+            Op::FusedFFN,
+            1,
+            [2 * nf, nt, 1, 1],
+            NodeMeta::FusedFfn(meta.clone()),
+        );
+        let x = r.vec(n_embd * nt);
+        check(
+            &mut g,
+            &mut c,
+            &fused,
+            &[Src::Data(x.clone())],
+            None,
+            1e-2,
+            &format!("fused ffn nt={nt}"),
+        );
+        let f = run(&mut g, &fused, &[Src::Data(x.clone())], None)
+            .unwrap()
+            .out;
+        let gate = run(&mut g, &mm("gate", nt), &[Src::Data(x.clone())], None)
+            .unwrap()
+            .out;
+        let up = run(&mut g, &mm("up", nt), &[Src::Data(x)], None)
+            .unwrap()
+            .out;
+        let sw = node(Op::SwiGLU, 2, [nf, nt, 1, 1], NodeMeta::None);
+        let s = run(&mut g, &sw, &[Src::Data(gate), Src::Data(up.clone())], None)
+            .unwrap()
+            .out;
+        for t in 0..nt {
+            let row = &f[t * 2 * nf..(t + 1) * 2 * nf];
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&row[..nf]),
+                bits(&s[t * nf..(t + 1) * nf]),
+                "swiglu half, token {t}"
+            );
+            assert_eq!(
+                bits(&row[nf..]),
+                bits(&up[t * nf..(t + 1) * nf]),
+                "up half, token {t}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_op_the_backend_does_not_claim_is_an_error_not_a_fallback() {
+    let Some(mut g) = gpu() else { return };
+    for op in [
+        Op::Scale(2.0),
+        Op::Softmax { dim: 0 },
+        Op::FusedQKV { layer: 0 },
+    ] {
+        assert!(
+            !g.supports_op(&op, minfer_graph::DType::F32),
+            "{op:?} is not claimed"
+        );
+        let nd = node(op.clone(), 1, [4, 1, 1, 1], NodeMeta::None);
+        let e = run(&mut g, &nd, &[Src::Data(vec![1.0; 4])], None).unwrap_err();
+        assert!(
+            e.contains("not implemented by the wgpu backend"),
+            "{op:?}: {e}"
+        );
+    }
+    assert!(!g.supports_op(&Op::Add, minfer_graph::DType::I32));
+}
