@@ -13,6 +13,7 @@ pub use engine::{Engine, EngineError, EngineOptions};
 pub use generate::{
     generate, generate_reusing, greedy_tokens, FinishReason, GenerateOptions, GenerationStats,
 };
+pub use minfer_graph::KvType;
 pub use multi::{MultiEngine, SeqStep};
 pub use perplexity::PplAccumulator;
 pub use sampling::{Sampler, SamplerError, SamplingParams, LOGIT_BIAS_BAN, LOGIT_BIAS_MAX};

@@ -298,7 +298,11 @@ pub fn save(engine: &mut Engine, history: &[u32], path: &Path) -> Result<(), Ses
 pub fn load(engine: &mut Engine, path: &Path) -> Result<Vec<u32>, SessionError> {
     let n_ctx = engine.n_ctx();
     let (history, words) = read_checked(engine, path, n_ctx)?;
-    engine.write_kv_rows(0, history.len(), &words)?;
+    if let Err(e) = engine.write_kv_rows(0, history.len(), &words) {
+        // Rows may be half rewritten: the sequence no longer holds any of them.
+        engine.set_seq_len(0);
+        return Err(e.into());
+    }
     engine.set_seq_len(history.len());
     Ok(history)
 }
@@ -330,9 +334,14 @@ pub fn load_slot(
     multi.slot_len(slot)?;
     let (cap, base) = (multi.slot_ctx(), slot * multi.slot_ctx());
     let (history, words) = read_checked(multi.engine_mut(), path, cap)?;
-    multi
+    if let Err(e) = multi
         .engine_mut()
-        .write_kv_rows(base, history.len(), &words)?;
+        .write_kv_rows(base, history.len(), &words)
+    {
+        // Rows may be half rewritten: the slot no longer holds any of them.
+        multi.set_slot_len(slot, 0);
+        return Err(e.into());
+    }
     multi.set_slot_len(slot, history.len());
     Ok(history)
 }
