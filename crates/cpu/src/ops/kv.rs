@@ -42,8 +42,19 @@ pub fn decode_packed(t: KvType, src: &[u8], dst: &mut [f32]) {
             }
         }
         KvType::F16 => {
-            for (b, y) in src.chunks_exact(2).zip(dst) {
-                *y = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            // The slice conversion uses F16C where the CPU has it (checked at run time);
+            // both widenings are exact, so the bits are the same either way.
+            use half::slice::HalfFloatSliceExt;
+            match bytemuck::try_cast_slice::<u8, half::f16>(src) {
+                Ok(h) => {
+                    let n = h.len().min(dst.len());
+                    h[..n].convert_to_f32_slice(&mut dst[..n]);
+                }
+                Err(_) => {
+                    for (b, y) in src.chunks_exact(2).zip(dst) {
+                        *y = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                    }
+                }
             }
         }
         KvType::Q8_0 => {
