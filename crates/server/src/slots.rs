@@ -80,6 +80,9 @@ pub async fn slot_action(
         .ok()
         .filter(|&s| s < n)
         .ok_or_else(|| ApiError::bad_request(format!("slot id {id:?} is not in 0..{n}")))?;
+    // A JSON content type forces a browser's preflight, so another site's page cannot
+    // save, restore or erase a slot with a plain form post.
+    crate::security::require_json(&Method::POST, &headers)?;
     let action = q.get("action").map(String::as_str).unwrap_or("");
     let file = || -> Result<(PathBuf, String), ApiError> {
         let dir = st.slot_save_path.as_ref().ok_or_else(|| {
@@ -88,8 +91,6 @@ pub async fn slot_action(
                 "slot save and restore need the server started with --slot-save-path DIR",
             )
         })?;
-        // A JSON content type forces a browser's preflight (cross-site requests).
-        crate::security::require_json(&Method::POST, &headers)?;
         let v: Value = serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}")))?;
         let name = v

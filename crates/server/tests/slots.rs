@@ -145,6 +145,15 @@ async fn bad_slot_requests_are_refused_and_leave_files_alone() {
     assert_eq!(st, 400, "{v}");
     assert!(v.to_string().contains("damaged"), "{v}");
     assert_eq!(std::fs::read(&good).unwrap(), bytes);
+    // A form post from another site's page is not JSON: refused before anything runs.
+    let r = client()
+        .post(format!("{base}/slots/0?action=erase"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("x=1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
     let (st, v) = post(&base, "/slots/0?action=erase", json!({})).await;
     assert_eq!(st, 200, "{v}");
     assert!(v["n_erased"].as_u64().unwrap() > 0, "{v}");
