@@ -26,8 +26,14 @@ pub struct KvRegion {
     pub k: usize,
     /// V region id in that backend's pool.
     pub v: usize,
-    /// Elements per region.
+    /// Elements per region (`row * rows`, whatever the storage format).
     pub elems: usize,
+    /// Elements per row.
+    pub row: usize,
+    /// Pool words of the K region (its format's `row_words(row)` per row).
+    pub k_words: usize,
+    /// Pool words of the V region.
+    pub v_words: usize,
 }
 
 /// A staging buffer holding a copy of one node's value on another backend.
@@ -71,18 +77,22 @@ fn aliases_input(op: &Op) -> bool {
     matches!(op, Op::Silu | Op::RoPE { .. } | Op::QkvBiasRopeStore { .. })
 }
 
-/// Elements each KV region needs for a node that touches KV.
-fn kv_elems(node: &CNode) -> Option<(usize, usize)> {
+/// The layer, row width and rows of the KV regions a node that touches KV needs.
+fn kv_geometry(node: &CNode) -> Option<(usize, usize, usize)> {
     let layer = node.kv_layer()?;
-    let elems = match &node.meta {
-        NodeMeta::Kvcache(m) => m.n_embd * m.n_ctx,
-        NodeMeta::Attn(m) => m.nkt() * m.n_ctx,
-        NodeMeta::FusedQkv(m) => m.kv_elems,
-        NodeMeta::QkvBiasRopeStore(m) => m.kv_elems,
-        NodeMeta::FusedQkvNorm(m) => m.kv_elems,
-        _ => node.n_elements(),
+    let per_rows = |elems: usize, n_ctx: usize| match n_ctx {
+        0 => (elems, 1),
+        n => (elems / n, n),
     };
-    Some((layer, elems))
+    let (row, rows) = match &node.meta {
+        NodeMeta::Kvcache(m) => (m.n_embd, m.n_ctx),
+        NodeMeta::Attn(m) => (m.nkt(), m.n_ctx),
+        NodeMeta::FusedQkv(m) => per_rows(m.kv_elems, m.n_ctx),
+        NodeMeta::QkvBiasRopeStore(m) => per_rows(m.kv_elems, m.n_ctx),
+        NodeMeta::FusedQkvNorm(m) => per_rows(m.kv_elems, m.n_ctx),
+        _ => (node.n_elements(), 1),
+    };
+    Some((layer, row, rows))
 }
 
 impl GraphAllocator {
@@ -224,8 +234,8 @@ impl GraphAllocator {
             if !self.backends.contains_key(&backend) {
                 return Err(GraphError::BackendMissing(backend));
             }
-            if let Some((layer, elems)) = kv_elems(node) {
-                let region = self.ensure_kv(layer, backend, elems)?;
+            if let Some((layer, row, rows)) = kv_geometry(node) {
+                let region = self.ensure_kv_rows(layer, backend, row, rows)?;
                 if matches!(node.op, Op::KvcacheStore { .. } | Op::KvcacheLoad { .. }) {
                     self.node_to_buf[i] = Some(BufRef {
                         backend: region.backend,
@@ -326,6 +336,23 @@ impl GraphAllocator {
         backend: Backend,
         elems: usize,
     ) -> Result<KvRegion, GraphError> {
+        self.ensure_kv_rows(layer, backend, elems, 1)
+    }
+
+    /// [`Self::ensure_kv`] for `rows` rows of `row` elements: each half is sized in pool
+    /// words by the backend's storage format ([`BackendImpl::kv_types`]), so a packed
+    /// format holds the same rows in fewer words.
+    pub fn ensure_kv_rows(
+        &mut self,
+        layer: usize,
+        backend: Backend,
+        row: usize,
+        rows: usize,
+    ) -> Result<KvRegion, GraphError> {
+        let elems = row.checked_mul(rows).ok_or_else(|| GraphError::Kv {
+            layer,
+            problem: format!("{rows} rows of {row} elements overflow"),
+        })?;
         if let Some(r) = self.kv.get(&layer) {
             if r.elems < elems {
                 return Err(GraphError::Kv {
@@ -336,20 +363,36 @@ impl GraphAllocator {
             return Ok(*r);
         }
         let b = self.must(backend)?;
-        let k = b.alloc_fresh(elems);
-        let v = b.alloc_fresh(elems);
+        let words = |t: crate::KvType| {
+            t.row_words(row)
+                .and_then(|w| w.checked_mul(rows))
+                .ok_or_else(|| GraphError::Kv {
+                    layer,
+                    problem: format!(
+                        "rows of {row} elements cannot be stored as {t} (blocks of {})",
+                        t.block()
+                    ),
+                })
+        };
+        let [kt, vt] = b.kv_types();
+        let (k_words, v_words) = (words(kt)?, words(vt)?);
+        let k = b.alloc_fresh(k_words);
+        let v = b.alloc_fresh(v_words);
         let region = KvRegion {
             backend,
             k,
             v,
             elems,
+            row,
+            k_words,
+            v_words,
         };
-        for (half, id) in [("k", k), ("v", v)] {
+        for (half, id, words) in [("k", k, k_words), ("v", v, v_words)] {
             self.persistent.push(PersistentBuf {
                 name: format!("kv.{layer}.{half}"),
                 backend,
                 id,
-                elems,
+                elems: words,
             });
         }
         self.kv.insert(layer, region);
@@ -369,10 +412,10 @@ impl GraphAllocator {
         let zeros = [0f32; 1024];
         for r in regions {
             let b = self.must(r.backend)?;
-            for id in [r.k, r.v] {
+            for (id, words) in [(r.k, r.k_words), (r.v, r.v_words)] {
                 let mut offset = 0;
-                while offset < r.elems {
-                    let n = (r.elems - offset).min(zeros.len());
+                while offset < words {
+                    let n = (words - offset).min(zeros.len());
                     b.write_host_window(id, offset, &zeros[..n])
                         .map_err(|message| GraphError::Backend {
                             backend: b.name().to_string(),

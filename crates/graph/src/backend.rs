@@ -52,7 +52,12 @@ pub trait BackendImpl: Send {
     }
     /// Whether this backend stores KV rows in a packed (non-f32) format.
     fn reads_packed_kv(&self) -> bool {
-        false
+        self.kv_types() != [crate::KvType::F32; 2]
+    }
+    /// The element formats of the K and V regions this backend holds (the allocator
+    /// sizes regions from them; KV-session files record them).
+    fn kv_types(&self) -> [crate::KvType; 2] {
+        [crate::KvType::F32; 2]
     }
 
     /// A zero-filled buffer of `size` f32s, recycled from the free list when possible.

@@ -51,6 +51,7 @@ pub mod error;
 pub mod export;
 pub mod fusion;
 pub mod ir;
+pub mod kvtype;
 pub mod meta;
 pub mod params;
 pub mod pool;
@@ -69,6 +70,7 @@ pub use ir::{
     AttnMode, Backend, BufRef, CNode, ComputeGraph, DType, FusedOp, NodeId, Op, PersistentBuf,
     RopeStyle, WeightRef, WeightType,
 };
+pub use kvtype::KvType;
 pub use meta::*;
 pub use params::{next_weights_version, CParams, GraphParams, GraphType};
 pub use pool::HostPool;

@@ -19,7 +19,7 @@ use minfer_cpu::CpuBackend;
 use minfer_gguf::GgufFile;
 use minfer_graph::{
     Backend, BackendImpl, BackendRegistry, BackendScheduler, CParams, CacheCounters, ComputeGraph,
-    FusionPass, GraphAllocator, GraphCache, GraphParams, GraphType,
+    FusionPass, GraphAllocator, GraphCache, GraphParams, GraphType, KvType,
 };
 use minfer_models::{HParams, ModelDef};
 
@@ -67,16 +67,22 @@ pub struct EngineOptions {
     pub backend: Option<String>,
     /// Largest prefill chunk, in tokens.
     pub n_batch: usize,
+    /// Storage format of the K rows (`--cache-type-k`).
+    pub cache_type_k: KvType,
+    /// Storage format of the V rows (`--cache-type-v`).
+    pub cache_type_v: KvType,
 }
 
 impl Default for EngineOptions {
-    /// Physical cores, default context, no fence, 512-token prefill chunks.
+    /// Physical cores, default context, no fence, 512-token prefill chunks, F32 KV.
     fn default() -> Self {
         EngineOptions {
             n_threads: minfer_cpu::threadpool::physical_cores(),
             n_ctx: None,
             backend: None,
             n_batch: 512,
+            cache_type_k: KvType::F32,
+            cache_type_v: KvType::F32,
         }
     }
 }
@@ -103,20 +109,33 @@ pub const DEFAULT_CTX_CAP: usize = 4096;
 /// Bytes of the f32 K and V regions of every layer for `n_ctx` positions; `None` when the
 /// product does not fit a `u64`.
 pub fn kv_cache_bytes(hp: &HParams, n_ctx: usize) -> Option<u64> {
-    [hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx]
-        .iter()
-        .try_fold(2 * 4u64, |acc, &x| acc.checked_mul(u64::try_from(x).ok()?))
+    kv_cache_bytes_as(hp, n_ctx, [KvType::F32; 2])
+}
+
+/// Bytes of the K and V regions of every layer for `n_ctx` positions stored as `types`
+/// (K, V); `None` when a row is not whole blocks of its format or the product overflows.
+pub fn kv_cache_bytes_as(hp: &HParams, n_ctx: usize, types: [KvType; 2]) -> Option<u64> {
+    let row = hp.n_head_kv.checked_mul(hp.head_dim)?;
+    types.iter().try_fold(0u64, |acc, t| {
+        let words = u64::try_from(t.row_words(row)?).ok()?;
+        [hp.n_layer, n_ctx]
+            .iter()
+            .try_fold(words.checked_mul(4)?, |a, &x| {
+                a.checked_mul(u64::try_from(x).ok()?)
+            })?
+            .checked_add(acc)
+    })
 }
 
 /// Refuses a context whose KV cache cannot be allocated on this machine, so an absurd `-c`
 /// is a named error before anything is allocated rather than an allocation abort later.
-fn check_kv_fits(hp: &HParams, n_ctx: usize) -> Result<(), EngineError> {
+fn check_kv_fits(hp: &HParams, n_ctx: usize, types: [KvType; 2]) -> Result<(), EngineError> {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let too_big = |need: String, have: String| EngineError::Param {
         name: "context size (-c)",
         message: format!("{n_ctx} positions need {need} of KV cache, {have} (lower -c)"),
     };
-    let Some(bytes) = kv_cache_bytes(hp, n_ctx) else {
+    let Some(bytes) = kv_cache_bytes_as(hp, n_ctx, types) else {
         return Err(too_big(
             "more than 2^64 bytes".into(),
             "which nothing holds".into(),
@@ -162,6 +181,10 @@ pub struct Engine {
     fault: minfer_cpu::backend::FaultInjector,
     /// Whether a reused graph is checked against a rebuild (on under debug assertions).
     check_reuse: bool,
+    /// Storage formats of the K and V rows.
+    kv_types: [KvType; 2],
+    /// The model's identity digest for KV sessions, computed on first use.
+    identity: std::sync::OnceLock<[u8; 32]>,
 }
 
 /// The row buffers `forward_into` fills for a plain (single-sequence) step.
@@ -234,8 +257,22 @@ impl Engine {
             Some(c) => c,
             None => hp.n_ctx_train.clamp(1, DEFAULT_CTX_CAP),
         };
-        check_kv_fits(hp, n_ctx)?;
+        let kv_types = [opts.cache_type_k, opts.cache_type_v];
+        for (t, flag) in kv_types.iter().zip(["--cache-type-k", "--cache-type-v"]) {
+            if !hp.head_dim.is_multiple_of(t.block()) {
+                return Err(EngineError::Param {
+                    name: "KV cache type",
+                    message: format!(
+                        "{flag} {t} needs heads of a multiple of {} values; this model's are {}",
+                        t.block(),
+                        hp.head_dim
+                    ),
+                });
+            }
+        }
+        check_kv_fits(hp, n_ctx, kv_types)?;
         let mut cpu = CpuBackend::new(opts.n_threads);
+        cpu.set_kv_types(kv_types[0], kv_types[1]);
         let fault = cpu.fault_injector();
         cpu.register_gguf(Arc::clone(&file), "")
             .map_err(|e| EngineError::Param {
@@ -261,7 +298,140 @@ impl Engine {
             poisoned: false,
             fault,
             check_reuse: cfg!(debug_assertions),
+            kv_types,
+            identity: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The storage formats of the K and V rows.
+    pub fn kv_types(&self) -> [KvType; 2] {
+        self.kv_types
+    }
+
+    /// Bytes of the K and V regions of every layer over the whole context.
+    pub fn kv_bytes(&self) -> u64 {
+        kv_cache_bytes_as(self.hparams(), self.n_ctx, self.kv_types).unwrap_or(u64::MAX)
+    }
+
+    /// The backend holding the KV regions (one CPU backend today).
+    pub fn kv_backend(&self) -> Backend {
+        Backend::CPU
+    }
+
+    /// The model's identity digest (tensor table and sampled data), computed once.
+    pub fn model_digest(&self) -> [u8; 32] {
+        *self
+            .identity
+            .get_or_init(|| crate::session::model_digest(&self.file))
+    }
+
+    /// Creates the KV regions (by installing the decode graph) if no step has run yet.
+    pub(crate) fn ensure_kv_regions(&mut self) -> Result<(), EngineError> {
+        if self.cache.alloc().kv_region(0).is_some() {
+            return Ok(());
+        }
+        let params = self.params(1, 1);
+        let graph = self.model.build_graph(&params);
+        self.cache
+            .install(graph, params, &mut self.scheduler, &self.fusion)?;
+        Ok(())
+    }
+
+    /// Words per stored K and V row, and every layer's (K, V) pool regions.
+    fn kv_layout(&self) -> Result<(usize, usize, Vec<minfer_graph::KvRegion>), EngineError> {
+        let hp = self.hparams();
+        let row = hp.n_head_kv * hp.head_dim;
+        let missing = |what: String| EngineError::Param {
+            name: "KV",
+            message: what,
+        };
+        let words = |t: KvType| {
+            t.row_words(row)
+                .ok_or_else(|| missing(format!("rows of {row} as {t}")))
+        };
+        let (kw, vw) = (words(self.kv_types[0])?, words(self.kv_types[1])?);
+        let regions = (0..hp.n_layer)
+            .map(|l| {
+                self.cache
+                    .alloc()
+                    .kv_region(l)
+                    .ok_or_else(|| missing(format!("layer {l} has no KV region")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((kw, vw, regions))
+    }
+
+    /// Appends rows `[base, base + n)` of every layer's K then V region, as pool words,
+    /// to `out` (layer by layer).
+    pub(crate) fn read_kv_rows(
+        &mut self,
+        base: usize,
+        n: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), EngineError> {
+        self.ensure_kv_regions()?;
+        let (kw, vw, regions) = self.kv_layout()?;
+        let alloc = self.cache.alloc();
+        for r in regions {
+            for (id, w) in [(r.k, kw), (r.v, vw)] {
+                let buf = alloc
+                    .backend(r.backend)
+                    .and_then(|b| b.read_host(id))
+                    .and_then(|b| b.get(base * w..(base + n) * w))
+                    .ok_or_else(|| EngineError::Param {
+                        name: "KV",
+                        message: format!("rows {base}..{} are not readable", base + n),
+                    })?;
+                out.extend(buf.iter().map(|x| x.to_bits()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes rows `[base, base + n)` of every layer from `words`, laid out as
+    /// [`Self::read_kv_rows`] writes them.
+    pub(crate) fn write_kv_rows(
+        &mut self,
+        base: usize,
+        n: usize,
+        words: &[u32],
+    ) -> Result<(), EngineError> {
+        self.ensure_kv_regions()?;
+        let (kw, vw, regions) = self.kv_layout()?;
+        let alloc = self.cache.alloc_mut();
+        let mut at = 0;
+        let mut row = Vec::new();
+        for r in regions {
+            for (id, w) in [(r.k, kw), (r.v, vw)] {
+                let src = words
+                    .get(at..at + n * w)
+                    .ok_or_else(|| EngineError::Param {
+                        name: "KV",
+                        message: format!("{} words for {n} rows", words.len()),
+                    })?;
+                at += n * w;
+                row.clear();
+                row.extend(src.iter().map(|&x| f32::from_bits(x)));
+                let b = alloc
+                    .backend_mut(r.backend)
+                    .ok_or_else(|| EngineError::Param {
+                        name: "KV",
+                        message: format!("backend {} is not registered", r.backend),
+                    })?;
+                b.write_host_window(id, base * w, &row)
+                    .map_err(|message| EngineError::Param {
+                        name: "KV",
+                        message,
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Declares that positions `0..n` of the current sequence hold valid KV rows (a
+    /// restored session); the next plain step may start at any position up to `n`.
+    pub(crate) fn set_seq_len(&mut self, n: usize) {
+        self.filled = n.min(self.n_ctx);
     }
 
     /// The opened GGUF file.
@@ -638,6 +808,7 @@ mod tests {
             n_ctx: Some(32),
             backend: None,
             n_batch: 512,
+            ..EngineOptions::default()
         };
         Engine::from_gguf(file, &opts).expect("engine")
     }
@@ -702,14 +873,16 @@ mod tests {
             Some(2 * 4 * 2 * 2 * 32 * 64)
         );
         assert_eq!(kv_cache_bytes(&hparams(usize::MAX, 32), 1 << 24), None);
-        assert!(check_kv_fits(&hparams(2, 32), 64).is_ok());
+        assert!(check_kv_fits(&hparams(2, 32), 64, [KvType::F32; 2]).is_ok());
         let mut absurd = vec![hparams(usize::MAX, 32)];
         if physical_memory().is_some() {
             // 2^58 bytes: representable, but more than any machine holds.
             absurd.push(hparams(1 << 20, 1 << 10));
         }
         for hp in absurd {
-            let e = check_kv_fits(&hp, 1 << 24).unwrap_err().to_string();
+            let e = check_kv_fits(&hp, 1 << 24, [KvType::F32; 2])
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains("context size (-c)") && e.contains("KV cache"),
                 "{e}"

@@ -34,7 +34,7 @@ pub enum FinishReason {
 /// Counts and timings of one generation.
 #[derive(Debug, Clone)]
 pub struct GenerationStats {
-    /// Prompt tokens prefilled.
+    /// Prompt tokens prefilled (the reused prefix excluded).
     pub prompt_tokens: usize,
     /// Wall time of the prefill.
     pub prompt_time: Duration,
@@ -55,8 +55,32 @@ pub fn generate(
     tokenizer: &Tokenizer,
     prompt: &[u32],
     opts: &GenerateOptions,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats, EngineError> {
+    generate_reusing(engine, tokenizer, prompt, 0, opts, on_text)
+}
+
+/// [`generate`] keeping the first `reuse` prompt tokens the engine's KV already holds (a
+/// restored session whose history starts with them): only `prompt[reuse..]` is
+/// prefilled. `reuse` must leave at least one token to run, for the first logits.
+pub fn generate_reusing(
+    engine: &mut Engine,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    reuse: usize,
+    opts: &GenerateOptions,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats, EngineError> {
+    if reuse > 0 && (reuse >= prompt.len() || reuse > engine.seq_len()) {
+        return Err(EngineError::Param {
+            name: "reused prefix",
+            message: format!(
+                "{reuse} tokens of a {}-token prompt with {} held in the KV",
+                prompt.len(),
+                engine.seq_len()
+            ),
+        });
+    }
     if prompt.is_empty() {
         return Err(EngineError::Param {
             name: "prompt",
@@ -76,9 +100,11 @@ pub fn generate(
         name: "sampling",
         message: e.to_string(),
     })?;
-    engine.reset();
+    if reuse == 0 {
+        engine.reset();
+    }
     let t0 = Instant::now();
-    let mut logits = engine.prefill(prompt, 0)?;
+    let mut logits = engine.prefill(&prompt[reuse..], reuse)?;
     let prompt_time = t0.elapsed();
     for &t in prompt {
         sampler.accept(t);
@@ -133,7 +159,7 @@ pub fn generate(
         }
     }
     Ok(GenerationStats {
-        prompt_tokens: prompt.len(),
+        prompt_tokens: prompt.len() - reuse,
         prompt_time,
         gen_tokens: tokens.len(),
         gen_time: t1.elapsed(),

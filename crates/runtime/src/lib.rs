@@ -6,11 +6,16 @@ pub mod generate;
 pub mod multi;
 pub mod perplexity;
 pub mod sampling;
+pub mod session;
 pub mod stop;
 
 pub use engine::{Engine, EngineError, EngineOptions};
-pub use generate::{generate, greedy_tokens, FinishReason, GenerateOptions, GenerationStats};
+pub use generate::{
+    generate, generate_reusing, greedy_tokens, FinishReason, GenerateOptions, GenerationStats,
+};
+pub use minfer_graph::KvType;
 pub use multi::{MultiEngine, SeqStep};
 pub use perplexity::PplAccumulator;
 pub use sampling::{Sampler, SamplerError, SamplingParams, LOGIT_BIAS_BAN, LOGIT_BIAS_MAX};
+pub use session::SessionError;
 pub use stop::{StopEvent, StopScanner};

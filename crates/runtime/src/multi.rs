@@ -162,6 +162,18 @@ impl MultiEngine {
         &self.engine
     }
 
+    /// The shared engine, mutably (KV sessions read and write a slot's rows through it).
+    pub(crate) fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    /// Declares that positions `0..n` of `slot` hold valid KV rows (a restored session).
+    pub(crate) fn set_slot_len(&mut self, slot: usize, n: usize) {
+        if let Some(f) = self.filled.get_mut(slot) {
+            *f = n.min(self.slot_ctx);
+        }
+    }
+
     /// Arms a panic inside the kernel of the `nth` node executed from now on (1-based),
     /// raised on a thread-pool thread. For unwind-safety tests only.
     #[doc(hidden)]

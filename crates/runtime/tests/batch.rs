@@ -17,6 +17,7 @@ fn opts(threads: usize, n_ctx: usize, n_batch: usize) -> EngineOptions {
         n_ctx: Some(n_ctx),
         backend: None,
         n_batch,
+        ..EngineOptions::default()
     }
 }
 

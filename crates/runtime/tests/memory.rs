@@ -17,6 +17,7 @@ fn opts(n_ctx: usize) -> EngineOptions {
         n_ctx: Some(n_ctx),
         backend: None,
         n_batch: 512,
+        ..EngineOptions::default()
     }
 }
 

@@ -44,6 +44,7 @@ fn decode_allocations(spec: TinySpec) -> usize {
         n_ctx: Some(64),
         backend: None,
         n_batch: 512,
+        ..EngineOptions::default()
     };
     let mut e = Engine::from_gguf(file, &opts).expect("engine");
     // Under debug assertions every reuse is checked against a freshly built graph, which

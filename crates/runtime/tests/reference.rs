@@ -30,6 +30,7 @@ fn engine(threads: usize, n_ctx: usize) -> Engine {
         n_ctx: Some(n_ctx),
         backend: None,
         n_batch: 512,
+        ..EngineOptions::default()
     };
     Engine::load(&model_path(), &opts).expect("default model loads")
 }

@@ -42,6 +42,7 @@ fn engine(name: &str, threads: usize) -> Engine {
         n_ctx: Some(64),
         backend: None,
         n_batch: 512,
+        ..EngineOptions::default()
     };
     Engine::from_gguf(file, &opts).expect("engine")
 }
@@ -128,6 +129,7 @@ fn perplexity_does_not_depend_on_the_prefill_batch() {
             n_ctx: Some(64),
             backend: None,
             n_batch,
+            ..EngineOptions::default()
         };
         let mut e = Engine::from_gguf(file, &opts).expect("engine");
         let mut seen = Vec::new();

@@ -16,6 +16,7 @@ fn opts(threads: usize, n_ctx: usize) -> EngineOptions {
         n_ctx: Some(n_ctx),
         backend: None,
         n_batch: 512,
+        ..EngineOptions::default()
     }
 }
 

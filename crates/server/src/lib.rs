@@ -22,6 +22,7 @@ pub mod openai;
 pub mod params;
 mod routes;
 pub mod security;
+pub mod slots;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -93,6 +94,13 @@ pub struct Config {
     /// `openai::SLOW_MARKER` decode slowly), to test that a panic becomes a 500 and the
     /// worker keeps serving, and to hold a slot busy. Never on in the CLI.
     pub fault_injection: bool,
+    /// Directory of the slot save/restore files (`--slot-save-path`); `None` disables
+    /// `POST /slots/{id}?action=save|restore`.
+    pub slot_save_path: Option<PathBuf>,
+    /// Storage format of the KV cache's K rows (`--cache-type-k`).
+    pub cache_type_k: minfer_runtime::KvType,
+    /// Storage format of the KV cache's V rows (`--cache-type-v`).
+    pub cache_type_v: minfer_runtime::KvType,
 }
 
 impl Config {
@@ -122,6 +130,9 @@ impl Config {
             shutdown_timeout: Duration::from_secs(5),
             send_buffer: None,
             fault_injection: false,
+            slot_save_path: None,
+            cache_type_k: minfer_runtime::KvType::F32,
+            cache_type_v: minfer_runtime::KvType::F32,
         }
     }
 
@@ -187,6 +198,14 @@ impl Config {
                     MAX_IO_TIMEOUT.as_secs()
                 ),
             });
+        }
+        if let Some(d) = &self.slot_save_path {
+            if !d.is_dir() {
+                return Err(ServerError::Param {
+                    name: "slot save path (--slot-save-path)",
+                    message: format!("{} is not a directory", d.display()),
+                });
+            }
         }
         Ok(())
     }
@@ -257,6 +276,7 @@ pub struct AppState {
     cancel: tokio::sync::watch::Receiver<bool>,
     created: u64,
     ids: AtomicU64,
+    slot_save_path: Option<PathBuf>,
 }
 
 impl AppState {
@@ -465,6 +485,8 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     }
     opts.n_ctx = config.ctx;
     opts.backend = config.backend.clone();
+    opts.cache_type_k = config.cache_type_k;
+    opts.cache_type_v = config.cache_type_v;
     let (path, n_slots) = (config.model.clone(), config.slots);
     let load = move || MultiEngine::load(&path, &opts, n_slots);
     let (worker, loaded, worker_thread) =
@@ -516,6 +538,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
             .map(|d| d.as_secs())
             .unwrap_or(0),
         ids: AtomicU64::new(0),
+        slot_save_path: config.slot_save_path.clone(),
     });
     let app = routes::router(state);
     let limits = http::Limits {

@@ -37,9 +37,18 @@ pub struct WorkerHandle {
     pub metrics: Arc<Metrics>,
     /// Latest per-slot snapshot.
     pub slots: Arc<Mutex<Vec<SlotInfo>>>,
+    /// Slot save/restore/erase actions, run by the worker between steps.
+    slot_ops: Sender<crate::slots::SlotOp>,
 }
 
 impl WorkerHandle {
+    /// Hands a slot action to the worker, which answers on the op's channel.
+    pub fn slot_op(&self, op: crate::slots::SlotOp) -> Result<(), ApiError> {
+        self.slot_ops
+            .send(op)
+            .map_err(|_| ApiError::internal("the inference worker has stopped"))
+    }
+
     /// Queues a job; a full queue is a 503 with Retry-After.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         // A place is taken before the send, so concurrent submits never exceed capacity.
@@ -80,6 +89,7 @@ pub fn spawn(
     queue_capacity: usize,
 ) -> Result<(WorkerHandle, Loaded, std::thread::JoinHandle<()>), String> {
     let (qtx, qrx) = std::sync::mpsc::channel::<Job>();
+    let (otx, orx) = std::sync::mpsc::channel::<crate::slots::SlotOp>();
     let pending = Arc::new(AtomicUsize::new(0));
     let pending2 = Arc::clone(&pending);
     let metrics = Arc::new(Metrics::default());
@@ -117,7 +127,7 @@ pub fn spawn(
             // never shows an empty list to the first client.
             let worker = Worker::new(engine, tokenizer, m2, s2);
             let _ = ready_tx.send(Ok(loaded));
-            worker.run(qrx, &pending2);
+            worker.run(qrx, orx, &pending2);
         })
         .map_err(|e| format!("starting the inference thread: {e}"))?;
     let loaded = ready_rx
@@ -129,6 +139,7 @@ pub fn spawn(
         capacity: queue_capacity,
         metrics,
         slots,
+        slot_ops: otx,
     };
     Ok((handle, loaded, thread))
 }
@@ -206,9 +217,17 @@ impl Worker {
         w
     }
 
-    fn run(mut self, queue: Receiver<Job>, pending: &AtomicUsize) {
+    fn run(
+        mut self,
+        queue: Receiver<Job>,
+        ops: Receiver<crate::slots::SlotOp>,
+        pending: &AtomicUsize,
+    ) {
         let mut closed = false;
         loop {
+            while let Ok(op) = ops.try_recv() {
+                self.slot_op(op);
+            }
             let busy = self.slots.iter().any(|s| s.active.is_some());
             if closed && !busy {
                 return;
@@ -318,6 +337,27 @@ impl Worker {
             done: false,
             job,
         });
+    }
+
+    /// Runs a slot action on an idle slot and answers it; a busy slot is a 409.
+    fn slot_op(&mut self, op: crate::slots::SlotOp) {
+        let r = match self.slots.get_mut(op.slot) {
+            None => Err(ApiError::bad_request(format!(
+                "slot {} is not in 0..{}",
+                op.slot,
+                self.engine.n_slots()
+            ))),
+            Some(s) if s.active.is_some() => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "slot {} is busy with a request; retry when it is idle",
+                    op.slot
+                ),
+            )),
+            Some(s) => crate::slots::apply(&mut self.engine, &mut s.cached, &op),
+        };
+        let _ = op.reply.send(r);
+        self.publish();
     }
 
     /// A failed slot's KV is suspect: forget it, and tell the request.

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::builder::RangedU64ValueParser;
+use minfer_graph::KvType;
 use minfer_runtime::{Engine, EngineOptions};
 
 /// Most worker threads `-t` accepts (the engine's own limit).
@@ -32,6 +33,12 @@ pub struct ModelArgs {
     /// Restrict execution to these backends (comma-separated names, e.g. `cpu`).
     #[arg(long = "backend")]
     pub backend: Option<String>,
+    /// Storage format of the KV cache's K rows: f32, f16 or q8_0.
+    #[arg(long = "cache-type-k", default_value = "f32", value_parser = KvType::parse)]
+    pub cache_type_k: KvType,
+    /// Storage format of the KV cache's V rows: f32, f16 or q8_0.
+    #[arg(long = "cache-type-v", default_value = "f32", value_parser = KvType::parse)]
+    pub cache_type_v: KvType,
 }
 
 impl ModelArgs {
@@ -55,6 +62,8 @@ impl ModelArgs {
         }
         o.n_ctx = self.ctx;
         o.backend = self.backend.clone();
+        o.cache_type_k = self.cache_type_k;
+        o.cache_type_v = self.cache_type_v;
         o
     }
 }

@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use minfer_runtime::sampling::MAX_PENALTY_WINDOW;
-use minfer_runtime::{generate, FinishReason, GenerateOptions, SamplerError, SamplingParams};
+use minfer_runtime::session;
+use minfer_runtime::{
+    generate_reusing, FinishReason, GenerateOptions, SamplerError, SamplingParams,
+};
 use minfer_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 use super::common::{usize_in, ModelArgs};
@@ -87,6 +90,10 @@ pub struct Args {
     /// Which graph to dump: prefill or decode.
     #[arg(long = "dump-kind", default_value = "prefill", value_parser = ["prefill", "decode"])]
     pub dump_kind: String,
+    /// KV session file: restored when it exists (its longest common prefix with the
+    /// prompt is not prefilled again) and saved after the run.
+    #[arg(long = "session")]
+    pub session: Option<PathBuf>,
 }
 
 impl Args {
@@ -207,6 +214,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let capped = args.n_predict > room;
+    let mut reuse = 0;
+    if let Some(path) = args.session.as_deref().filter(|p| p.exists()) {
+        // A refused file is an error, not a silent fresh start: it is left as it is.
+        let history = session::load(&mut engine, path)?;
+        // At least the last prompt token runs again, for the first logits.
+        reuse = session::common_prefix(&history, &prompt).min(prompt.len().saturating_sub(1));
+        eprintln!(
+            "session {}: reusing {reuse} of {} prompt tokens ({} stored)",
+            path.display(),
+            prompt.len(),
+            history.len()
+        );
+    }
     let opts = GenerateOptions {
         max_tokens: args.n_predict.min(room),
         stop: args.stop.clone(),
@@ -214,7 +234,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
-    let stats = generate(&mut engine, &tok, &prompt, &opts, |piece| {
+    let stats = generate_reusing(&mut engine, &tok, &prompt, reuse, &opts, |piece| {
         if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
             write_err = Some(e);
             return false;
@@ -227,6 +247,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let _ = writeln!(out);
+    if let Some(path) = &args.session {
+        // The KV holds the prompt and every generated token fed back (the last sampled
+        // one never is).
+        let mut history = prompt.clone();
+        history.extend_from_slice(&stats.tokens);
+        history.truncate(engine.seq_len());
+        session::save(&mut engine, &history, path)?;
+    }
     if capped && stats.finish == FinishReason::Length {
         eprintln!(
             "note: stopped at the end of the context ({n_ctx} tokens: {} prompt, {} generated); raise -c for more",

@@ -55,6 +55,15 @@ pub struct Args {
     /// Seconds in-flight requests get to finish on SIGTERM/SIGINT before they are cancelled.
     #[arg(long = "shutdown-timeout", default_value_t = 5.0)]
     pub shutdown_timeout: f64,
+    /// Directory for `POST /slots/{id}?action=save|restore` files (off without it).
+    #[arg(long = "slot-save-path")]
+    pub slot_save_path: Option<std::path::PathBuf>,
+    /// Storage format of the KV cache's K rows: f32, f16 or q8_0.
+    #[arg(long = "cache-type-k", default_value = "f32", value_parser = minfer_graph::KvType::parse)]
+    pub cache_type_k: minfer_graph::KvType,
+    /// Storage format of the KV cache's V rows: f32, f16 or q8_0.
+    #[arg(long = "cache-type-v", default_value = "f32", value_parser = minfer_graph::KvType::parse)]
+    pub cache_type_v: minfer_graph::KvType,
 }
 
 /// Runs `minfer serve` until Ctrl-C.
@@ -87,6 +96,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.allowed_hosts = args.allowed_hosts;
     config.max_connections = args.max_connections;
     config.shutdown_timeout = shutdown;
+    config.slot_save_path = args.slot_save_path;
+    config.cache_type_k = args.cache_type_k;
+    config.cache_type_v = args.cache_type_v;
     config.validate()?;
     let path = minfer_hub::resolve_model(args.model.as_deref(), true)?;
     config.model = path.clone();

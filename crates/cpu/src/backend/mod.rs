@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
-use minfer_graph::{Backend, BackendImpl, BufRef, CNode, DType, FusedOp, NodeMeta, Op};
+use minfer_graph::{Backend, BackendImpl, BufRef, CNode, DType, FusedOp, KvType, NodeMeta, Op};
 
 use crate::matmul::{self, MatmulScratch, QMatrix};
 use crate::ops::attn::{self, AttnArgs, AttnScratch};
@@ -91,6 +91,8 @@ pub struct CpuBackend {
     /// Use the repacked matmul layout where a weight type has one (`MINFER_REPACK=0` off).
     repack: bool,
     fault: FaultInjector,
+    /// Storage formats of the K and V regions (per backend, so per engine: ADR-0006).
+    kv_types: [KvType; 2],
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -117,7 +119,14 @@ impl CpuBackend {
             // A bad value is refused at startup (`minfer_env::check_all`); see `Isa::detect`.
             repack: minfer_env::REPACK.get_or(true).unwrap_or(true),
             fault: FaultInjector::default(),
+            kv_types: [KvType::F32; 2],
         }
+    }
+
+    /// Stores K rows as `k` and V rows as `v` (F32 unless set). Set it before the first
+    /// graph is allocated: the allocator sizes the regions from it once.
+    pub fn set_kv_types(&mut self, k: KvType, v: KvType) {
+        self.kv_types = [k, v];
     }
 
     /// A handle that arms a panic inside a later node's kernel (unwind-safety tests).
@@ -259,7 +268,15 @@ impl CpuBackend {
             }
             let b = &self.mem.buffers;
             kv::store(
-                layer, m.n_embd, m.n_ctx, &b[k_in], &b[v_in], &b[cells], &mut kr, &mut vr,
+                layer,
+                m.n_embd,
+                m.n_ctx,
+                self.kv_types,
+                &b[k_in],
+                &b[v_in],
+                &b[cells],
+                &mut kr,
+                &mut vr,
             )
         }));
         // Back into the pool before anything else, unwinding included.
@@ -287,6 +304,7 @@ impl CpuBackend {
             weights,
             scratch,
             repack,
+            kv_types,
             ..
         } = self;
         let repack = *repack;
@@ -444,6 +462,7 @@ impl CpuBackend {
                     span: if *explicit_span { Some(src(3)?) } else { None },
                     k,
                     v,
+                    types: *kv_types,
                 };
                 attn::attention(pool, *isa, &args, out, attn_scratch)
             }
@@ -615,6 +634,10 @@ impl BackendImpl for CpuBackend {
 
     fn supports_attn_span(&self) -> bool {
         true
+    }
+
+    fn kv_types(&self) -> [KvType; 2] {
+        self.kv_types
     }
 
     fn alloc_buffer(&mut self, size: usize) -> usize {

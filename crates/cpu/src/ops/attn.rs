@@ -10,11 +10,16 @@
 //! Per item: `s_j = (q · k_j) * scale`, `p_j = exp(s_j - max s)` (vectorised, with the C
 //! library's bits: see `exp`), `o = (Σ p_j v_j) / Σ p_j`, all accumulated in f32 (scores
 //! eight keys per reduction, the V sum held in registers).
+//!
+//! Packed K/V formats (F16, Q8_0: [`KvType`]) are decoded one block of keys of one KV
+//! head at a time into a per-thread f32 tile, which the same vector primitives then read;
+//! the F32 format reads the region directly, so its bits do not depend on the others.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use minfer_graph::AttnMeta;
+use minfer_graph::{AttnMeta, KvType};
 
+use super::kv;
 use super::vec::VecIsa;
 use super::{as_i32, SharedMut};
 use crate::threadpool::ThreadPool;
@@ -37,17 +42,21 @@ pub struct AttnArgs<'a> {
     pub pos: &'a [f32],
     /// Optional I32 `[lo, hi)` pairs, one per token, replacing the causal bound.
     pub span: Option<&'a [f32]>,
-    /// K region: `n_ctx` rows of `n_head_kv * hd`.
+    /// K region: `n_ctx` rows of `n_head_kv * hd`, stored as `types[0]`.
     pub k: &'a [f32],
-    /// V region, same geometry.
+    /// V region, same geometry, stored as `types[1]`.
     pub v: &'a [f32],
+    /// The storage formats of K and V.
+    pub types: [KvType; 2],
 }
 
-/// Reusable buffers: per-token key ranges and per-thread score rows.
+/// Reusable buffers: per-token key ranges, per-thread score rows and per-thread tiles of
+/// decoded keys (packed formats only).
 #[derive(Debug, Default)]
 pub struct AttnScratch {
     ranges: Vec<(usize, usize)>,
     scores: Vec<f32>,
+    tiles: Vec<f32>,
 }
 
 /// The key range of every token, checked against the region.
@@ -107,15 +116,27 @@ fn validate(a: &AttnArgs, out_len: usize) -> Result<(), String> {
             a.q_stride
         ));
     }
-    let region = m.nkt() * m.n_ctx;
-    if a.k.len() < region || a.v.len() < region {
+    for t in a.types {
+        if !m.hd.is_multiple_of(t.block()) {
+            return Err(format!(
+                "attention: heads of {} cannot be read as {t} (blocks of {})",
+                m.hd,
+                t.block()
+            ));
+        }
+    }
+    let (_, k_need) = kv::region_words(a.types[0], m.nkt(), m.n_ctx)?;
+    let (_, v_need) = kv::region_words(a.types[1], m.nkt(), m.n_ctx)?;
+    if a.k.len() < k_need || a.v.len() < v_need {
         return Err(format!(
-            "attention: layer {} K/V regions hold {}/{} values, {} rows of {} need {region}",
+            "attention: layer {} K/V regions hold {}/{} words, {} rows of {} as {}/{} need {k_need}/{v_need}",
             m.layer,
             a.k.len(),
             a.v.len(),
             m.n_ctx,
-            m.nkt()
+            m.nkt(),
+            a.types[0],
+            a.types[1]
         ));
     }
     if out_len < a.nt * qrow || a.pos.len() < a.nt {
@@ -155,6 +176,28 @@ fn scale_max(s: &mut [f32], scale: f32) -> f32 {
 /// query head of the group reads it.
 const KEY_BLOCK: usize = 64;
 
+/// Decodes keys `j0..j1` of KV head `g` from a packed region into `tile` (`hd` values
+/// per key, packed in key order).
+#[inline]
+fn decode_tile(
+    t: KvType,
+    region: &[f32],
+    m: &AttnMeta,
+    g: usize,
+    j0: usize,
+    j1: usize,
+    tile: &mut [f32],
+) {
+    let hd = m.hd;
+    // Validated: rows and heads are whole blocks of `t`.
+    let row_words = t.row_words(m.nkt()).unwrap_or(0);
+    let (boff, hbytes) = (kv::byte_offset(t, g * hd), kv::byte_offset(t, hd));
+    for (j, dst) in (j0..j1).zip(tile.chunks_exact_mut(hd)) {
+        let bytes: &[u8] = bytemuck::cast_slice(&region[j * row_words..(j + 1) * row_words]);
+        kv::decode_packed(t, &bytes[boff..boff + hbytes], dst);
+    }
+}
+
 /// One (token, KV head) item: the scores of the group's query heads into `scores`
 /// (`group` rows of the key range's length), the results into `out`.
 ///
@@ -170,6 +213,7 @@ fn group_item(
     g: usize,
     (lo, hi): (usize, usize),
     scores: &mut [f32],
+    tile: &mut [f32],
     out: &SharedMut<f32>,
 ) {
     let m = a.meta;
@@ -181,9 +225,16 @@ fn group_item(
     let mut j0 = lo;
     while j0 < hi {
         let j1 = (j0 + KEY_BLOCK).min(hi);
+        let (keys, stride, base) = match a.types[0] {
+            KvType::F32 => (a.k, nkt, j0 * nkt + off),
+            t => {
+                decode_tile(t, a.k, m, g, j0, j1, tile);
+                (&*tile, hd, 0)
+            }
+        };
         for (i, h) in heads.clone().enumerate() {
             let row = &mut scores[i * len + (j0 - lo)..i * len + (j1 - lo)];
-            isa.dot_rows(q(h), a.k, nkt, j0 * nkt + off, row);
+            isa.dot_rows(q(h), keys, stride, base, row);
         }
         j0 = j1;
     }
@@ -210,9 +261,16 @@ fn group_item(
     let mut j0 = lo;
     while j0 < hi {
         let j1 = (j0 + KEY_BLOCK).min(hi);
+        let (vals, stride, base) = match a.types[1] {
+            KvType::F32 => (a.v, nkt, j0 * nkt + off),
+            t => {
+                decode_tile(t, a.v, m, g, j0, j1, tile);
+                (&*tile, hd, 0)
+            }
+        };
         for (i, oh) in o.chunks_exact_mut(hd).enumerate() {
             let p = &scores[i * len + (j0 - lo)..i * len + (j1 - lo)];
-            isa.weighted_rows_acc(p, a.v, nkt, j0 * nkt + off, oh);
+            isa.weighted_rows_acc(p, vals, stride, base, oh);
         }
         j0 = j1;
     }
@@ -250,30 +308,43 @@ pub fn attention(
             .scores
             .resize(nth * group * max_len.max(m.n_ctx), 0.0);
     }
+    // One tile of decoded keys per thread, for the packed formats only.
+    let per_tile = if a.types == [KvType::F32; 2] {
+        0
+    } else {
+        KEY_BLOCK * hd
+    };
+    if scratch.tiles.len() < nth * per_tile {
+        scratch.tiles.resize(nth * per_tile, 0.0);
+    }
     let items = a.nt * m.n_head_kv;
-    let run_item = |item: usize, scores: &mut [f32], out: &SharedMut<f32>| {
+    let run_item = |item: usize, scores: &mut [f32], tile: &mut [f32], out: &SharedMut<f32>| {
         let (t, g) = (item / m.n_head_kv, item % m.n_head_kv);
-        group_item(isa, a, t, g, ranges[t], scores, out);
+        group_item(isa, a, t, g, ranges[t], scores, tile, out);
     };
     let shared_out = SharedMut::new(&mut out[..a.nt * m.n_head * hd]);
     if nth == 1 {
         let scores = &mut scratch.scores[..per_thread];
+        let tile = &mut scratch.tiles[..per_tile];
         for item in 0..items {
-            run_item(item, scores, &shared_out);
+            run_item(item, scores, tile, &shared_out);
         }
         return Ok(());
     }
     let shared_scores = SharedMut::new(&mut scratch.scores[..nth * per_thread]);
+    let shared_tiles = SharedMut::new(&mut scratch.tiles[..nth * per_tile]);
     let next = AtomicUsize::new(0);
     pool.run(&|ith, _| {
         // SAFETY: thread `ith` alone uses score block `ith`.
         let scores = unsafe { shared_scores.slice(ith * per_thread..(ith + 1) * per_thread) };
+        // SAFETY: thread `ith` alone uses tile `ith`.
+        let tile = unsafe { shared_tiles.slice(ith * per_tile..(ith + 1) * per_tile) };
         loop {
             let item = next.fetch_add(1, Relaxed);
             if item >= items {
                 break;
             }
-            run_item(item, scores, &shared_out);
+            run_item(item, scores, tile, &shared_out);
         }
     });
     Ok(())
@@ -352,6 +423,7 @@ mod tests {
             span: None,
             k: &k,
             v: &v,
+            types: [KvType::F32; 2],
         };
         let want = reference(&a);
         let mut results = Vec::new();
@@ -405,6 +477,7 @@ mod tests {
             span: None,
             k: &k,
             v: &v,
+            types: [KvType::F32; 2],
         };
         for isa in [VecIsa::Scalar, VecIsa::detect()] {
             let mut out = vec![f32::NAN; nt * m.n_head * m.hd];
@@ -444,6 +517,111 @@ mod tests {
         }
     }
 
+    /// Attention over packed K/V is, bit for bit, attention over the f32 values they
+    /// decode to: the tiles change where keys are read from, never the arithmetic.
+    #[test]
+    fn packed_regions_equal_f32_regions_of_their_decoded_values() {
+        let m = AttnMeta {
+            layer: 1,
+            n_head: 4,
+            n_head_kv: 2,
+            hd: 64,
+            scale: 0.125,
+            n_ctx: 150,
+        };
+        let mut r = Rng::new(11);
+        let positions = [0i32, 5, 63, 64, 149];
+        let nt = positions.len();
+        let q = r.vec(nt * m.n_head * m.hd);
+        let k = r.vec(m.nkt() * m.n_ctx);
+        let v = r.vec(m.nkt() * m.n_ctx);
+        let pos: Vec<f32> = positions
+            .iter()
+            .map(|&p| f32::from_bits(p as u32))
+            .collect();
+        let cells: Vec<f32> = (0..m.n_ctx as u32).map(f32::from_bits).collect();
+        let pool = ThreadPool::new(2);
+        for types in [
+            [KvType::F16, KvType::F16],
+            [KvType::Q8_0, KvType::Q8_0],
+            [KvType::Q8_0, KvType::F16],
+            [KvType::F32, KvType::Q8_0],
+        ] {
+            let words = |t: KvType| kv::region_words(t, m.nkt(), m.n_ctx).unwrap().1;
+            let (mut kp, mut vp) = (vec![0.0; words(types[0])], vec![0.0; words(types[1])]);
+            kv::store(
+                m.layer,
+                m.nkt(),
+                m.n_ctx,
+                types,
+                &k,
+                &v,
+                &cells,
+                &mut kp,
+                &mut vp,
+            )
+            .unwrap();
+            // The f32 regions of the decoded rows.
+            let unpack = |t: KvType, region: &[f32]| -> Vec<f32> {
+                let rw = t.row_words(m.nkt()).unwrap();
+                let mut out = vec![0.0; m.nkt() * m.n_ctx];
+                for (j, o) in out.chunks_exact_mut(m.nkt()).enumerate() {
+                    let bytes: &[u8] = bytemuck::cast_slice(&region[j * rw..(j + 1) * rw]);
+                    kv::decode(t, &bytes[..t.bytes_for(m.nkt()).unwrap()], o).unwrap();
+                }
+                out
+            };
+            let (kd, vd) = (unpack(types[0], &kp), unpack(types[1], &vp));
+            for isa in [VecIsa::Scalar, VecIsa::detect()] {
+                let run = |k: &[f32], v: &[f32], types| {
+                    let a = AttnArgs {
+                        meta: &m,
+                        q: &q,
+                        q_stride: m.n_head * m.hd,
+                        nt,
+                        pos: &pos,
+                        span: None,
+                        k,
+                        v,
+                        types,
+                    };
+                    let mut out = vec![f32::NAN; nt * m.n_head * m.hd];
+                    attention(&pool, isa, &a, &mut out, &mut AttnScratch::default()).unwrap();
+                    out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                let packed = run(&kp, &vp, types);
+                let plain = run(&kd, &vd, [KvType::F32; 2]);
+                assert_eq!(packed, plain, "{types:?} {isa:?}");
+            }
+        }
+        // A head that is not whole Q8_0 blocks is refused, naming the format.
+        let bad = AttnMeta {
+            hd: 16,
+            ..m.clone()
+        };
+        let a = AttnArgs {
+            meta: &bad,
+            q: &q,
+            q_stride: bad.n_head * bad.hd,
+            nt: 1,
+            pos: &pos,
+            span: None,
+            k: &k,
+            v: &v,
+            types: [KvType::Q8_0, KvType::F32],
+        };
+        let mut out = vec![0.0; bad.n_head * bad.hd];
+        let e = attention(
+            &pool,
+            VecIsa::Scalar,
+            &a,
+            &mut out,
+            &mut AttnScratch::default(),
+        )
+        .unwrap_err();
+        assert!(e.contains("q8_0") && e.contains("16"), "{e}");
+    }
+
     #[test]
     fn explicit_span_limits_the_keys() {
         let m = meta();
@@ -463,6 +641,7 @@ mod tests {
             span: None,
             k: &k,
             v: &v,
+            types: [KvType::F32; 2],
         };
         let mut causal = vec![0.0; m.n_head * m.hd];
         let mut s = AttnScratch::default();
@@ -496,6 +675,7 @@ mod tests {
             span: None,
             k: &kv,
             v: &kv,
+            types: [KvType::F32; 2],
         };
         let e = attention(&pool, VecIsa::Scalar, &a, &mut out, &mut s).unwrap_err();
         assert!(e.contains("position 40") && e.contains("layer 3"), "{e}");

@@ -1,15 +1,104 @@
 //! The KV-cache store: token rows of K and V written into a layer's persistent regions
-//! at the rows named by the `cells` input (invariant 1: the op carries only the layer).
+//! at the rows named by the `cells` input (invariant 1: the op carries only the layer),
+//! in the region's storage format ([`KvType`]), and the block codec attention reads
+//! packed rows back through.
+//!
+//! A region is a pool buffer of f32 words; a packed row is the format's bytes starting
+//! on a word boundary (`KvType::row_words`), viewed as bytes without a copy.
+
+use minfer_gguf::GgmlType;
+use minfer_graph::KvType;
 
 use super::as_i32;
 
+/// The GGUF block type a KV format is encoded as.
+fn ggml(t: KvType) -> GgmlType {
+    match t {
+        KvType::F32 => GgmlType::F32,
+        KvType::F16 => GgmlType::F16,
+        KvType::Q8_0 => GgmlType::Q8_0,
+    }
+}
+
+/// Encodes `src` (whole blocks of `t`) into `dst`, exactly `t.bytes_for(src.len())` bytes.
+pub fn encode(t: KvType, src: &[f32], dst: &mut [u8]) -> Result<(), String> {
+    minfer_gguf::quant::quantize(ggml(t), src, dst).map_err(|e| format!("KV encode: {e}"))
+}
+
+/// Decodes `dst.len()` elements of format `t` from `src`.
+pub fn decode(t: KvType, src: &[u8], dst: &mut [f32]) -> Result<(), String> {
+    minfer_gguf::quant::dequantize(ggml(t), src, dst).map_err(|e| format!("KV decode: {e}"))
+}
+
+/// Decodes `dst.len()` elements of a packed format (whole blocks) from `src`, as
+/// attention's inner loop does a head of a block of keys at a time. Infallible for the
+/// lengths attention validates; plain loops the compiler vectorises.
+#[inline]
+pub fn decode_packed(t: KvType, src: &[u8], dst: &mut [f32]) {
+    match t {
+        KvType::F32 => {
+            for (b, y) in src.chunks_exact(4).zip(dst) {
+                *y = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        KvType::F16 => {
+            // The slice conversion uses F16C where the CPU has it (checked at run time);
+            // both widenings are exact, so the bits are the same either way.
+            use half::slice::HalfFloatSliceExt;
+            match bytemuck::try_cast_slice::<u8, half::f16>(src) {
+                Ok(h) => {
+                    let n = h.len().min(dst.len());
+                    h[..n].convert_to_f32_slice(&mut dst[..n]);
+                }
+                Err(_) => {
+                    for (b, y) in src.chunks_exact(2).zip(dst) {
+                        *y = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                    }
+                }
+            }
+        }
+        KvType::Q8_0 => {
+            use minfer_graph::kvtype::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
+            for (b, y) in src
+                .chunks_exact(Q8_0_BLOCK_BYTES)
+                .zip(dst.chunks_exact_mut(Q8_0_BLOCK))
+            {
+                let d = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                for (q, y) in b[2..].iter().zip(y) {
+                    *y = f32::from(*q as i8) * d;
+                }
+            }
+        }
+    }
+}
+
+/// The byte offset of element `off` within a stored row (`off` is a whole number of
+/// blocks, which the caller has checked).
+pub fn byte_offset(t: KvType, off: usize) -> usize {
+    t.bytes_for(off).unwrap_or(0)
+}
+
+/// Words of a region holding `n_ctx` rows of `n_embd` in format `t`; an error names a
+/// row that is not whole blocks.
+pub fn region_words(t: KvType, n_embd: usize, n_ctx: usize) -> Result<(usize, usize), String> {
+    let row = t.row_words(n_embd).ok_or_else(|| {
+        format!(
+            "rows of {n_embd} cannot be stored as {t} (blocks of {})",
+            t.block()
+        )
+    })?;
+    Ok((row, row * n_ctx))
+}
+
 /// Writes `k` and `v` (`cells.len()` rows of `n_embd`) into rows `cells` of `k_region` and
-/// `v_region` (`n_ctx` rows each). Every cell is checked before anything is written.
+/// `v_region` (`n_ctx` rows each, stored as `types[0]` and `types[1]`). Every cell is
+/// checked before anything is written.
 #[allow(clippy::too_many_arguments)]
 pub fn store(
     layer: usize,
     n_embd: usize,
     n_ctx: usize,
+    types: [KvType; 2],
     k: &[f32],
     v: &[f32],
     cells: &[f32],
@@ -24,12 +113,15 @@ pub fn store(
             v.len()
         ));
     }
-    let need = n_embd * n_ctx;
-    if k_region.len() < need || v_region.len() < need {
+    let (k_row, k_need) = region_words(types[0], n_embd, n_ctx)?;
+    let (v_row, v_need) = region_words(types[1], n_embd, n_ctx)?;
+    if k_region.len() < k_need || v_region.len() < v_need {
         return Err(format!(
-            "KV store layer {layer}: regions hold {}/{} values, {n_ctx} rows of {n_embd} need {need}",
+            "KV store layer {layer}: regions hold {}/{} words, {n_ctx} rows of {n_embd} as {}/{} need {k_need}/{v_need}",
             k_region.len(),
-            v_region.len()
+            v_region.len(),
+            types[0],
+            types[1]
         ));
     }
     if let Some((t, c)) = cells
@@ -43,10 +135,21 @@ pub fn store(
         ));
     }
     for (t, &c) in cells.iter().enumerate() {
-        let row = as_i32(c) as usize * n_embd;
+        let cell = as_i32(c) as usize;
         let src = t * n_embd..(t + 1) * n_embd;
-        k_region[row..row + n_embd].copy_from_slice(&k[src.clone()]);
-        v_region[row..row + n_embd].copy_from_slice(&v[src]);
+        for (ty, row_words, x, region) in [
+            (types[0], k_row, &k[src.clone()], &mut *k_region),
+            (types[1], v_row, &v[src.clone()], &mut *v_region),
+        ] {
+            let row = &mut region[cell * row_words..(cell + 1) * row_words];
+            if ty == KvType::F32 {
+                row.copy_from_slice(x);
+            } else {
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(row);
+                let n = byte_offset(ty, n_embd);
+                encode(ty, x, &mut bytes[..n])?;
+            }
+        }
     }
     Ok(())
 }
@@ -63,6 +166,7 @@ mod tests {
             0,
             2,
             4,
+            [KvType::F32; 2],
             &[1.0, 2.0, 3.0, 4.0],
             &[5.0, 6.0, 7.0, 8.0],
             &cells,
@@ -74,8 +178,57 @@ mod tests {
         assert_eq!(vr, [0.0, 0.0, 7.0, 8.0, 0.0, 0.0, 5.0, 6.0]);
         let before = kr.clone();
         let bad = [f32::from_bits(0), f32::from_bits(4)];
-        let e = store(5, 2, 4, &[9.0; 4], &[9.0; 4], &bad, &mut kr, &mut vr).unwrap_err();
+        let e = store(
+            5,
+            2,
+            4,
+            [KvType::F32; 2],
+            &[9.0; 4],
+            &[9.0; 4],
+            &bad,
+            &mut kr,
+            &mut vr,
+        )
+        .unwrap_err();
         assert!(e.contains("layer 5") && e.contains("row 4"), "{e}");
         assert_eq!(kr, before, "nothing is written when a cell is out of range");
+    }
+
+    /// Packed rows land word-aligned at their cells and decode to the format's rounding
+    /// of the values; the words past a row stay untouched.
+    #[test]
+    fn packed_rows_round_trip_at_their_cells() {
+        let n_embd = 64;
+        let x: Vec<f32> = (0..2 * n_embd)
+            .map(|i| (i as f32 * 0.37).sin() * 3.0)
+            .collect();
+        let cells = [f32::from_bits(2), f32::from_bits(0)];
+        for t in [KvType::F16, KvType::Q8_0] {
+            let (row, words) = region_words(t, n_embd, 4).unwrap();
+            let (mut kr, mut vr) = (vec![f32::NAN; words], vec![f32::NAN; words]);
+            store(1, n_embd, 4, [t, t], &x, &x, &cells, &mut kr, &mut vr).unwrap();
+            for (tok, cell) in [(0usize, 2usize), (1, 0)] {
+                let bytes: &[u8] = bytemuck::cast_slice(&kr[cell * row..(cell + 1) * row]);
+                let mut back = vec![0.0; n_embd];
+                decode(t, &bytes[..byte_offset(t, n_embd)], &mut back).unwrap();
+                let mut fast = vec![0.0; n_embd];
+                decode_packed(t, &bytes[..byte_offset(t, n_embd)], &mut fast);
+                assert_eq!(
+                    fast, back,
+                    "{t}: the inner-loop decoder is the reference one"
+                );
+                let want = &x[tok * n_embd..(tok + 1) * n_embd];
+                let tol = if t == KvType::F16 { 2e-3 } else { 3.0 / 127.0 };
+                for (a, b) in back.iter().zip(want) {
+                    assert!((a - b).abs() <= tol, "{t}: {a} vs {b}");
+                }
+            }
+            assert!(
+                kr[row..2 * row].iter().all(|w| w.is_nan()),
+                "{t}: row 1 untouched"
+            );
+        }
+        let e = region_words(KvType::Q8_0, 48, 4).unwrap_err();
+        assert!(e.contains("q8_0") && e.contains("48"), "{e}");
     }
 }

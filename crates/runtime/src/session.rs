@@ -1,0 +1,552 @@
+//! KV sessions: one sequence's token history and the KV rows it wrote, in a versioned,
+//! checksummed file that a later process (or another slot) restores instead of prefilling
+//! the history again (design §3.6, ADR-0006).
+//!
+//! Format (version 1, little-endian):
+//!
+//! | field | bytes |
+//! |---|---|
+//! | magic `MINFERKV` | 8 |
+//! | version | u32 |
+//! | architecture | u16 length + UTF-8 |
+//! | hyperparameters | 8 × u64 (layers, embd, heads, KV heads, head dim, ffn, vocab, trained ctx), 3 × f32 bits (rms eps, rope base, rope scale), u8 rope style |
+//! | model digest | 32 (SHA-256 of the tensor table and sampled tensor data) |
+//! | backend id | u16 ([`minfer_graph::Backend`]) |
+//! | K, V element formats | 2 × u8 ([`KvType::code`]) |
+//! | row width, K and V words per row | 3 × u64 |
+//! | token count `n` | u64 |
+//! | tokens | n × u32 |
+//! | per layer: K rows, then V rows | n × words per row × u32 each |
+//! | SHA-256 of everything above | 32 |
+//!
+//! A file is written to a temporary in the same directory, synced and renamed over the
+//! target, so a reader sees the old file or the new one, never a mix. A load checks
+//! everything (magic, version, checksum, model, backend, formats, context) before it
+//! touches the engine: a refused file changes neither the engine nor the file.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use minfer_gguf::GgufFile;
+use minfer_graph::{KvType, RopeStyle};
+use minfer_models::HParams;
+use sha2::{Digest, Sha256};
+
+use crate::engine::{Engine, EngineError};
+use crate::multi::MultiEngine;
+
+/// The first bytes of every session file.
+pub const MAGIC: [u8; 8] = *b"MINFERKV";
+
+/// The format version this build writes and reads.
+pub const VERSION: u32 = 1;
+
+/// Bytes sampled from each tensor at each of [`DIGEST_SAMPLES`] evenly spaced offsets.
+const DIGEST_CHUNK: usize = 4096;
+
+/// Sample points per tensor: enough to tell apart two quantisations or fine-tunes of one
+/// architecture without reading every weight at each save.
+const DIGEST_SAMPLES: usize = 4;
+
+/// Why a session was not saved or restored.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Reading or writing the file failed.
+    #[error("session {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The file is not a session file.
+    #[error("session {path}: not a minfer KV session (bad magic)")]
+    BadMagic {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is of a format version this build does not read.
+    #[error(
+        "session {path}: format version {found} is not supported (this build reads {VERSION})"
+    )]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        found: u32,
+    },
+    /// The file is damaged: truncated, bit-flipped or inconsistent.
+    #[error("session {path}: damaged file ({what})")]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// The file was written by another model (or another quantisation of it).
+    #[error("session {path}: written by another model ({what})")]
+    OtherModel {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        what: String,
+    },
+    /// The file holds KV rows of another backend or element format.
+    #[error("session {path}: {what}")]
+    OtherFormat {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        what: String,
+    },
+    /// The stored history does not fit the engine's context (or slot).
+    #[error("session {path}: holds {needed} tokens but the context holds {n_ctx} (raise -c)")]
+    ContextTooSmall {
+        /// The file.
+        path: PathBuf,
+        /// Tokens stored.
+        needed: usize,
+        /// Positions available.
+        n_ctx: usize,
+    },
+    /// The history to save is not what the engine's KV holds.
+    #[error("session: {0}")]
+    History(String),
+    /// The engine failed to read or write its KV.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// SHA-256 over the tensor table (names, dims, types, offsets, sizes) and
+/// [`DIGEST_SAMPLES`] chunks of every tensor's data: another quantisation changes the
+/// table, other weights of one shape change the samples.
+pub fn model_digest(file: &GgufFile) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"minfer-model-digest-1");
+    for t in file.tensors() {
+        h.update((t.name.len() as u64).to_le_bytes());
+        h.update(t.name.as_bytes());
+        h.update((t.dims.len() as u64).to_le_bytes());
+        for d in &t.dims {
+            h.update(d.to_le_bytes());
+        }
+        h.update(format!("{:?}", t.ggml_type).as_bytes());
+        h.update(t.offset.to_le_bytes());
+        h.update(t.n_bytes.to_le_bytes());
+        let data = file.tensor_data(t);
+        if data.len() <= DIGEST_CHUNK * DIGEST_SAMPLES {
+            h.update(data);
+        } else {
+            let step = (data.len() - DIGEST_CHUNK) / (DIGEST_SAMPLES - 1);
+            for i in 0..DIGEST_SAMPLES {
+                h.update(&data[i * step..i * step + DIGEST_CHUNK]);
+            }
+        }
+    }
+    h.finalize().into()
+}
+
+/// The fixed part of a session: what must match the restoring engine.
+#[derive(Debug, Clone, PartialEq)]
+struct Header {
+    arch: String,
+    hparams: [u64; 8],
+    floats: [u32; 3],
+    rope: u8,
+    digest: [u8; 32],
+    backend: u16,
+    types: [u8; 2],
+    row: u64,
+    words: [u64; 2],
+}
+
+fn rope_code(s: RopeStyle) -> u8 {
+    match s {
+        RopeStyle::NonInterleaved => 0,
+        RopeStyle::Interleaved => 1,
+    }
+}
+
+impl Header {
+    fn of(engine: &Engine) -> Result<Header, SessionError> {
+        let hp: &HParams = engine.hparams();
+        let row = hp.n_head_kv * hp.head_dim;
+        let types = engine.kv_types();
+        let words = types.map(|t| t.row_words(row).unwrap_or(0) as u64);
+        Ok(Header {
+            arch: engine.arch().to_string(),
+            hparams: [
+                hp.n_layer,
+                hp.n_embd,
+                hp.n_head,
+                hp.n_head_kv,
+                hp.head_dim,
+                hp.n_ff,
+                hp.n_vocab,
+                hp.n_ctx_train,
+            ]
+            .map(|x| x as u64),
+            floats: [
+                hp.rms_eps.to_bits(),
+                hp.rope_freq_base.to_bits(),
+                hp.rope_freq_scale.to_bits(),
+            ],
+            rope: rope_code(hp.rope_style),
+            digest: engine.model_digest(),
+            backend: engine.kv_backend().0,
+            types: types.map(KvType::code),
+            row: row as u64,
+            words,
+        })
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.arch.len() as u16).to_le_bytes());
+        out.extend_from_slice(self.arch.as_bytes());
+        for x in self.hparams {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        for x in self.floats {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        out.push(self.rope);
+        out.extend_from_slice(&self.digest);
+        out.extend_from_slice(&self.backend.to_le_bytes());
+        out.extend_from_slice(&self.types);
+        for x in [self.row, self.words[0], self.words[1]] {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+
+    fn read(r: &mut Reader) -> Result<Header, String> {
+        let n = u16::from_le_bytes(r.take("the architecture")?) as usize;
+        let arch = std::str::from_utf8(r.bytes(n, "the architecture")?)
+            .map_err(|_| "the architecture is not UTF-8".to_string())?
+            .to_string();
+        let mut hparams = [0u64; 8];
+        for x in &mut hparams {
+            *x = u64::from_le_bytes(r.take("the hyperparameters")?);
+        }
+        let mut floats = [0u32; 3];
+        for x in &mut floats {
+            *x = u32::from_le_bytes(r.take("the hyperparameters")?);
+        }
+        let [rope] = r.take("the hyperparameters")?;
+        let digest = r.take("the model digest")?;
+        let backend = u16::from_le_bytes(r.take("the backend id")?);
+        let types = r.take("the KV formats")?;
+        let mut geo = [0u64; 3];
+        for x in &mut geo {
+            *x = u64::from_le_bytes(r.take("the KV geometry")?);
+        }
+        Ok(Header {
+            arch,
+            hparams,
+            floats,
+            rope,
+            digest,
+            backend,
+            types,
+            row: geo[0],
+            words: [geo[1], geo[2]],
+        })
+    }
+}
+
+/// A bounds-checked cursor over a file's bytes: a short read names the field it was in.
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| format!("it ends inside {what}"))?;
+        let s = &self.buf[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn take<const N: usize>(&mut self, what: &str) -> Result<[u8; N], String> {
+        let s = self.bytes(N, what)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+}
+
+/// Saves the first `history.len()` positions of `engine`'s sequence, which must hold
+/// exactly those tokens, to `path` (atomically).
+pub fn save(engine: &mut Engine, history: &[u32], path: &Path) -> Result<(), SessionError> {
+    if history.len() > engine.seq_len() {
+        return Err(SessionError::History(format!(
+            "{} tokens to save but the KV holds {}",
+            history.len(),
+            engine.seq_len()
+        )));
+    }
+    save_rows(engine, 0, history, path)
+}
+
+/// Restores `path` into `engine`: its KV rows become positions `0..n` of the current
+/// sequence, and the stored history (`n` tokens) is returned. A refused file leaves the
+/// engine as it was.
+pub fn load(engine: &mut Engine, path: &Path) -> Result<Vec<u32>, SessionError> {
+    let n_ctx = engine.n_ctx();
+    let (history, words) = read_checked(engine, path, n_ctx)?;
+    if let Err(e) = engine.write_kv_rows(0, history.len(), &words) {
+        // Rows may be half rewritten: the sequence no longer holds any of them.
+        engine.set_seq_len(0);
+        return Err(e.into());
+    }
+    engine.set_seq_len(history.len());
+    Ok(history)
+}
+
+/// [`save`] for one slot of a [`MultiEngine`].
+pub fn save_slot(
+    multi: &mut MultiEngine,
+    slot: usize,
+    history: &[u32],
+    path: &Path,
+) -> Result<(), SessionError> {
+    let held = multi.slot_len(slot)?;
+    if history.len() > held {
+        return Err(SessionError::History(format!(
+            "{} tokens to save but slot {slot} holds {held}",
+            history.len()
+        )));
+    }
+    let base = slot * multi.slot_ctx();
+    save_rows(multi.engine_mut(), base, history, path)
+}
+
+/// [`load`] into one slot of a [`MultiEngine`] (its share of the context is the limit).
+pub fn load_slot(
+    multi: &mut MultiEngine,
+    slot: usize,
+    path: &Path,
+) -> Result<Vec<u32>, SessionError> {
+    multi.slot_len(slot)?;
+    let (cap, base) = (multi.slot_ctx(), slot * multi.slot_ctx());
+    let (history, words) = read_checked(multi.engine_mut(), path, cap)?;
+    if let Err(e) = multi
+        .engine_mut()
+        .write_kv_rows(base, history.len(), &words)
+    {
+        // Rows may be half rewritten: the slot no longer holds any of them.
+        multi.set_slot_len(slot, 0);
+        return Err(e.into());
+    }
+    multi.set_slot_len(slot, history.len());
+    Ok(history)
+}
+
+fn save_rows(
+    engine: &mut Engine,
+    base: usize,
+    history: &[u32],
+    path: &Path,
+) -> Result<(), SessionError> {
+    let header = Header::of(engine)?;
+    let mut words = Vec::new();
+    engine.read_kv_rows(base, history.len(), &mut words)?;
+    let mut out = Vec::with_capacity(64 + 4 * (history.len() + words.len()));
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    header.write(&mut out);
+    out.extend_from_slice(&(history.len() as u64).to_le_bytes());
+    for t in history {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+    for w in &words {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    let sum: [u8; 32] = Sha256::digest(&out).into();
+    out.extend_from_slice(&sum);
+    write_atomic(path, &out)
+}
+
+/// Writes `bytes` to a temporary beside `path`, syncs it and renames it over `path`; on
+/// any failure the temporary is removed and `path` is untouched.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
+    let io = |source| SessionError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| SessionError::History(format!("{} names no file", path.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    // The rename is durable once the directory is synced (best effort: not every
+    // platform opens directories).
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// Reads and checks `path` against `engine` for a sequence of at most `cap` positions:
+/// the history and the KV words, or the refusal.
+fn read_checked(
+    engine: &Engine,
+    path: &Path,
+    cap: usize,
+) -> Result<(Vec<u32>, Vec<u32>), SessionError> {
+    let p = || path.to_path_buf();
+    let buf = std::fs::read(path).map_err(|source| SessionError::Io { path: p(), source })?;
+    let damaged = |what: String| SessionError::Damaged { path: p(), what };
+    if buf.len() < MAGIC.len() || buf[..MAGIC.len()] != MAGIC {
+        if buf.len() < MAGIC.len() && MAGIC.starts_with(&buf) {
+            return Err(damaged(format!("truncated to {} bytes", buf.len())));
+        }
+        return Err(SessionError::BadMagic { path: p() });
+    }
+    let mut r = Reader { buf: &buf, at: 8 };
+    let version = u32::from_le_bytes(r.take("the version").map_err(damaged)?);
+    if version != VERSION {
+        return Err(SessionError::Version {
+            path: p(),
+            found: version,
+        });
+    }
+    if buf.len() < 12 + 32 {
+        return Err(damaged(format!("truncated to {} bytes", buf.len())));
+    }
+    let (body, sum) = buf.split_at(buf.len() - 32);
+    if Sha256::digest(body).as_slice() != sum {
+        return Err(damaged(
+            "checksum mismatch: the file is truncated or corrupted".into(),
+        ));
+    }
+    let mut r = Reader { buf: body, at: 12 };
+    let stored = Header::read(&mut r).map_err(damaged)?;
+    let mine = Header::of(engine)?;
+    if stored.arch != mine.arch
+        || stored.hparams != mine.hparams
+        || stored.floats != mine.floats
+        || stored.rope != mine.rope
+    {
+        return Err(SessionError::OtherModel {
+            path: p(),
+            what: format!(
+                "{} {:?}, this engine runs {} {:?}",
+                stored.arch, stored.hparams, mine.arch, mine.hparams
+            ),
+        });
+    }
+    if stored.digest != mine.digest {
+        return Err(SessionError::OtherModel {
+            path: p(),
+            what: "same architecture and shape, other weights or quantisation".into(),
+        });
+    }
+    if stored.backend != mine.backend {
+        return Err(SessionError::OtherFormat {
+            path: p(),
+            what: format!(
+                "KV rows of backend {}, this engine keeps them on backend {}",
+                stored.backend, mine.backend
+            ),
+        });
+    }
+    if stored.types != mine.types {
+        let name = |c: u8| KvType::from_code(c).map_or(format!("code {c}"), |t| t.to_string());
+        let mt = engine.kv_types();
+        return Err(SessionError::OtherFormat {
+            path: p(),
+            what: format!(
+                "KV stored as K {} / V {}, this engine uses K {} / V {} (set --cache-type-k/--cache-type-v to match)",
+                name(stored.types[0]),
+                name(stored.types[1]),
+                mt[0],
+                mt[1]
+            ),
+        });
+    }
+    if stored.row != mine.row || stored.words != mine.words {
+        return Err(damaged(format!(
+            "rows of {} in {:?} words, this engine stores {} in {:?}",
+            stored.row, stored.words, mine.row, mine.words
+        )));
+    }
+    let n = u64::from_le_bytes(r.take("the token count").map_err(damaged)?);
+    let n = usize::try_from(n).map_err(|_| damaged(format!("{n} tokens")))?;
+    let n_layer = mine.hparams[0] as usize;
+    let per_token = (mine.words[0] + mine.words[1]) as usize * n_layer + 1;
+    let rest = body.len() - r.at;
+    if n.checked_mul(per_token).map(|b| b * 4) != Some(rest) {
+        return Err(damaged(format!(
+            "{n} tokens need {} more bytes, the file has {rest}",
+            n.saturating_mul(per_token).saturating_mul(4)
+        )));
+    }
+    if n > cap {
+        return Err(SessionError::ContextTooSmall {
+            path: p(),
+            needed: n,
+            n_ctx: cap,
+        });
+    }
+    let words_of = |b: &[u8]| -> Vec<u32> {
+        b.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    let history = words_of(r.bytes(4 * n, "the token history").map_err(damaged)?);
+    let n_vocab = engine.n_vocab();
+    if let Some(&t) = history.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(damaged(format!(
+            "token {t} is outside the vocabulary of {n_vocab}"
+        )));
+    }
+    let words = words_of(&body[r.at..]);
+    Ok((history, words))
+}
+
+/// The length of the longest common prefix of `a` and `b`.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefix_counts_equal_leading_tokens() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[5, 6], &[5, 6, 7]), 2);
+    }
+
+    #[test]
+    fn a_reader_names_the_field_it_ran_out_in() {
+        let mut r = Reader {
+            buf: &[1, 2, 3],
+            at: 0,
+        };
+        assert_eq!(r.take::<2>("a").unwrap(), [1, 2]);
+        let e = r.take::<2>("the token history").unwrap_err();
+        assert!(e.contains("the token history"), "{e}");
+    }
+}
