@@ -59,7 +59,7 @@ pub mod scheduler;
 pub mod testing;
 
 pub use alloc::{GraphAllocator, KvRegion};
-pub use backend::{BackendImpl, CrossCopy, KvProvider};
+pub use backend::{BackendImpl, CrossCopy, FaultInjector, KvProvider};
 pub use builder::GraphBuilder;
 pub use cache::{CacheCounters, GraphCache};
 pub use error::GraphError;
@@ -70,7 +70,10 @@ pub use ir::{
     RopeStyle, WeightRef, WeightType,
 };
 pub use meta::*;
-pub use params::{next_weights_version, CParams, GraphParams, GraphType};
+pub use params::{next_weights_version, BackendCaps, CParams, GraphParams, GraphType};
 pub use pool::HostPool;
-pub use registry::{BackendEntry, BackendRegistry, FenceError, KnownBackend, KNOWN_BACKENDS};
+pub use registry::{
+    cpu_fallback_notice, emulation_reason, BackendConfig, BackendEntry, BackendFactory,
+    BackendRegistry, FenceError, KnownBackend, ProbeInfo, Selection, KNOWN_BACKENDS,
+};
 pub use scheduler::{BackendScheduler, Placement, PlacementReason, Split};
