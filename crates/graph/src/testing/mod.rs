@@ -12,6 +12,7 @@
 //! ops it claims) under the name "test". A test allocator never also holds a real
 //! Metal backend, so the slot is free there.
 
+pub mod cases;
 mod kernels;
 
 use crate::pool::HostPool;
