@@ -16,7 +16,7 @@
 //! | §3.7 / §6 params and reuse cache | [`params`], [`cache`] |
 //! | §5 fusion | [`fusion`] |
 //! | §8.1 DOT, §8.2 JSON (+ import) | [`export::dot`], [`export::json`] |
-//! | test backend for CPU-only CI | [`testing`] |
+//! | test backend for CPU-only CI, the op-case table every backend runs | [`testing`], [`testing::cases`] |
 //!
 //! # Naming
 //!
