@@ -13,7 +13,10 @@
 //! Metal backend, so the slot is free there.
 
 pub mod cases;
+mod declining;
 mod kernels;
+
+pub use declining::Declining;
 
 use crate::pool::HostPool;
 use std::collections::{BTreeMap, BTreeSet};
