@@ -37,6 +37,8 @@ impl FaultInjector {
     }
 
     /// Counts one executed node; true when it is the armed one (which disarms it).
+    /// Inlined into each backend's per-node path, as it was when the hook lived there.
+    #[inline]
     pub fn fire(&self) -> bool {
         if self.0.load(Ordering::Relaxed) == 0 {
             return false;
