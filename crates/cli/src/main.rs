@@ -41,7 +41,10 @@ fn main() -> ExitCode {
     // backend fence's names are checked by the registry that owns them.
     let env_ok = minfer_env::check_all()
         .map_err(anyhow::Error::from)
-        .and_then(|()| Ok(minfer_graph::BackendRegistry::new().fence_from_env()?))
+        .and_then(|()| {
+            let cfg = minfer_graph::BackendConfig::default();
+            Ok(minfer_runtime::backends::registry(&cfg)?.fence_from_env()?)
+        })
         .map(drop);
     if let Err(e) = env_ok {
         eprintln!("error: {e:#}");

@@ -14,3 +14,27 @@ pub mod quant;
 pub mod threadpool;
 
 pub use backend::CpuBackend;
+
+use minfer_graph::{Backend, BackendConfig, BackendFactory, BackendImpl, ProbeInfo};
+
+/// The CPU backend's entry in a binary's backend table: always usable, never a GPU.
+pub const FACTORY: BackendFactory = BackendFactory {
+    id: Backend::CPU,
+    probe,
+    create,
+};
+
+/// The host always runs the CPU kernels; the device line names the vector ISA in use.
+fn probe(_cfg: &BackendConfig) -> Result<ProbeInfo, String> {
+    Ok(ProbeInfo {
+        device: format!("host CPU ({:?})", ops::vec::VecIsa::detect()),
+        emulated: false,
+    })
+}
+
+fn create(cfg: &BackendConfig) -> Result<Box<dyn BackendImpl>, String> {
+    if cfg.n_threads == 0 {
+        return Err("the CPU backend needs at least one thread".into());
+    }
+    Ok(Box::new(CpuBackend::from_config(cfg)))
+}

@@ -136,6 +136,15 @@ impl GraphAllocator {
         v
     }
 
+    /// The `CParams` flags that the registered, fenced-in backends imply.
+    pub fn backend_caps(&self) -> crate::params::BackendCaps {
+        crate::params::BackendCaps::of(
+            self.priority_order()
+                .into_iter()
+                .filter_map(|b| self.backend(b)),
+        )
+    }
+
     /// The backend registered under `b`.
     pub fn backend(&self, b: Backend) -> Option<&dyn BackendImpl> {
         self.backends.get(&b).map(|x| x.as_ref())

@@ -10,10 +10,42 @@
 //! lives in this backend's pool (the allocator staged cross-backend values into it),
 //! except a source that is a `KvcacheLoad` view, which is a placeholder pointing at
 //! the layer's K region — kernels reach K and V only through `kv_pair`.
-//! Weights are resolved by name in the backend's own registry (invariant 3); how a
-//! backend registers them is its own API, not part of this trait.
+//! Weights are resolved by name in the backend's own registry (invariant 3); the
+//! engine hands the model's GGUF to every participating backend through
+//! [`BackendImpl::register_gguf`], the same way for each.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use minfer_gguf::GgufFile;
 
 use crate::ir::{Backend, CNode, DType, FusedOp, Op};
+
+/// Fault injection for tests of unwind safety: arms a panic inside the kernel of a
+/// later node. Inert unless a test arms it; the check costs one atomic load per node.
+/// It lives here, beside the trait, so the engine can hand one to a backend it builds
+/// through a factory without naming the backend's type.
+#[doc(hidden)]
+#[derive(Debug, Clone, Default)]
+pub struct FaultInjector(Arc<AtomicUsize>);
+
+impl FaultInjector {
+    /// Makes the `nth` node executed from now on (1-based; 0 disarms) fail inside its
+    /// kernel, in whatever way the backend injects.
+    pub fn panic_at_node(&self, nth: usize) {
+        self.0.store(nth, Ordering::SeqCst);
+    }
+
+    /// Counts one executed node; true when it is the armed one (which disarms it).
+    /// Inlined into each backend's per-node path, as it was when the hook lived there.
+    #[inline]
+    pub fn fire(&self) -> bool {
+        if self.0.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        self.0.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+}
 
 /// The only path from an executor to the persistent KV regions.
 pub trait KvProvider {
@@ -59,6 +91,16 @@ pub trait BackendImpl: Send {
     fn kv_types(&self) -> [crate::KvType; 2] {
         [crate::KvType::F32; 2]
     }
+    /// Whether this backend executes on a GPU. With one participating, `CParams.gpu`
+    /// is set and the decode fusions it claims through `supports_fused` are built.
+    fn is_gpu(&self) -> bool {
+        false
+    }
+
+    /// Makes every tensor of `file` resolvable by its name (invariant 3), without
+    /// changing one already registered; returns how many were added. A device backend
+    /// uploads here, once, at load. `Err` names the tensor and the problem.
+    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, String>;
 
     /// A zero-filled buffer of `size` f32s, recycled from the free list when possible.
     fn alloc_buffer(&mut self, size: usize) -> usize;

@@ -150,6 +150,12 @@ pub enum AttnMode {
 pub enum FusedOp {
     /// `Mul(Silu(x), y) -> SwiGLU(x, y)`.
     SwiGLU,
+    /// The decode QKV fusions the builder emits (`FusedQKV`, `QkvBiasRopeStore`,
+    /// `FusedQkvNorm`): a backend answering yes executes all three (sets `CParams.fuse_qkv`).
+    DecodeQkv,
+    /// The decode gate|up fusion (`FusedFFN`): a backend answering yes executes it (sets
+    /// `CParams.fuse_ffn`).
+    DecodeFfn,
 }
 
 /// A ggml tensor type id (GGUF `ggml_type`), kept open so new quant types need no edit here.

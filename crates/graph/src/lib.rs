@@ -16,7 +16,7 @@
 //! | §3.7 / §6 params and reuse cache | [`params`], [`cache`] |
 //! | §5 fusion | [`fusion`] |
 //! | §8.1 DOT, §8.2 JSON (+ import) | [`export::dot`], [`export::json`] |
-//! | test backend for CPU-only CI | [`testing`] |
+//! | test backend for CPU-only CI, the op-case table every backend runs | [`testing`], [`testing::cases`] |
 //!
 //! # Naming
 //!
@@ -60,7 +60,7 @@ pub mod scheduler;
 pub mod testing;
 
 pub use alloc::{GraphAllocator, KvRegion};
-pub use backend::{BackendImpl, CrossCopy, KvProvider};
+pub use backend::{BackendImpl, CrossCopy, FaultInjector, KvProvider};
 pub use builder::GraphBuilder;
 pub use cache::{CacheCounters, GraphCache};
 pub use error::GraphError;
@@ -72,7 +72,10 @@ pub use ir::{
 };
 pub use kvtype::KvType;
 pub use meta::*;
-pub use params::{next_weights_version, CParams, GraphParams, GraphType};
+pub use params::{next_weights_version, BackendCaps, CParams, GraphParams, GraphType};
 pub use pool::HostPool;
-pub use registry::{BackendEntry, BackendRegistry, FenceError, KnownBackend, KNOWN_BACKENDS};
+pub use registry::{
+    cpu_fallback_notice, emulation_reason, BackendConfig, BackendEntry, BackendFactory,
+    BackendRegistry, FenceError, KnownBackend, ProbeInfo, Selection, KNOWN_BACKENDS,
+};
 pub use scheduler::{BackendScheduler, Placement, PlacementReason, Split};

@@ -39,6 +39,39 @@ pub struct CParams {
     pub explicit_span: bool,
 }
 
+/// The topology flags of [`CParams`] that follow from the participating backends
+/// (design §5.3): never set by hand, so a CPU-only engine builds exactly the graphs it
+/// always built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct BackendCaps {
+    /// A GPU backend participates.
+    pub gpu: bool,
+    /// A participating GPU backend executes the decode QKV fusions.
+    pub fuse_qkv: bool,
+    /// A participating GPU backend executes the decode FFN fusion.
+    pub fuse_ffn: bool,
+}
+
+impl BackendCaps {
+    /// The flags of `backends`: each fusion needs a GPU backend that claims it.
+    pub fn of<'a>(backends: impl IntoIterator<Item = &'a dyn crate::BackendImpl>) -> Self {
+        let mut caps = BackendCaps::default();
+        for b in backends.into_iter().filter(|b| b.is_gpu()) {
+            caps.gpu = true;
+            caps.fuse_qkv |= b.supports_fused(crate::FusedOp::DecodeQkv);
+            caps.fuse_ffn |= b.supports_fused(crate::FusedOp::DecodeFfn);
+        }
+        caps
+    }
+
+    /// Writes these flags into `cp`.
+    pub fn apply(self, cp: &mut CParams) {
+        cp.gpu = self.gpu;
+        cp.fuse_qkv = self.fuse_qkv;
+        cp.fuse_ffn = self.fuse_ffn;
+    }
+}
+
 /// Everything the builder's output depends on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GraphParams {
@@ -59,4 +92,42 @@ static WEIGHTS_VERSION: AtomicU64 = AtomicU64::new(1);
 /// A fresh weights version, for a future reload to break reuse.
 pub fn next_weights_version() -> u64 {
     WEIGHTS_VERSION.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::RefBackend;
+    use crate::BackendImpl;
+
+    #[test]
+    fn flags_follow_the_backends_capabilities() {
+        let cpu = RefBackend::cpu();
+        let dev = RefBackend::test_device();
+        let as_dyn = |v: &[&dyn BackendImpl]| BackendCaps::of(v.iter().copied());
+        // No GPU: every flag off, whatever the backends fuse.
+        assert_eq!(as_dyn(&[&cpu, &dev]), BackendCaps::default());
+        let gpu = RefBackend::test_device().as_gpu(true);
+        assert_eq!(
+            as_dyn(&[&cpu, &gpu]),
+            BackendCaps {
+                gpu: true,
+                fuse_qkv: false,
+                fuse_ffn: true
+            }
+        );
+        let plain_gpu = RefBackend::test_device().as_gpu(true).with_fusion(false);
+        let caps = as_dyn(&[&cpu, &plain_gpu]);
+        assert!(caps.gpu && !caps.fuse_ffn && !caps.fuse_qkv);
+        let mut cp = CParams {
+            n_ctx: 8,
+            flash_attn: false,
+            gpu: false,
+            fuse_qkv: false,
+            fuse_ffn: false,
+            explicit_span: true,
+        };
+        caps.apply(&mut cp);
+        assert!(cp.gpu && !cp.fuse_ffn && cp.explicit_span);
+    }
 }

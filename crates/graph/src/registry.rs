@@ -4,9 +4,13 @@
 //! Two orders are pinned: identity (id order: cpu 0, metal 1, cuda 2, wgpu 3 — the KV-session
 //! tag, the exporters, `Ord`) and priority (metal 300 > cuda 200 > wgpu 150 > cpu 100 — the
 //! assignment preference). Nothing here depends on hash-map iteration order.
-//! The concrete backends live in other crates, so whether one is compiled in and
-//! usable is recorded by whoever builds the registry (`set_compiled` / `set_usable`).
+//! The concrete backends live in other crates and plug in through a
+//! [`BackendFactory`] each: the binary assembles the list of factories it was compiled
+//! with, [`BackendRegistry::from_factories`] probes them, and
+//! [`BackendRegistry::select`] turns the fence (or its absence) into the backends an
+//! engine constructs. Nothing here names a concrete backend type.
 
+use crate::backend::{BackendImpl, FaultInjector};
 use crate::ir::Backend;
 
 /// The pinned identity of one known backend.
@@ -68,6 +72,67 @@ pub struct BackendEntry {
     pub compiled: bool,
     /// `Ok` when the backend can run here, else why not.
     pub usable: Result<(), String>,
+    /// What the probe found (adapter or device name), when it ran and found one.
+    pub device: Option<String>,
+    /// The device is itself an emulation on the CPU (llvmpipe, WARP): usable only when
+    /// named by the fence, never by default.
+    pub emulated: bool,
+}
+
+/// What a backend needs to be constructed, the same for every backend.
+#[derive(Debug, Clone, Default)]
+pub struct BackendConfig {
+    /// Host worker threads (the CPU backend's pool; a device backend may ignore it).
+    pub n_threads: usize,
+    /// The unwind-safety fault hook the engine arms in tests.
+    pub fault: FaultInjector,
+    /// Storage formats of the K and V rows (per engine, ADR-0006).
+    pub kv_types: [crate::KvType; 2],
+}
+
+/// What a successful probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeInfo {
+    /// Adapter or device name, for `minfer info` and the server's props.
+    pub device: String,
+    /// Whether the device is a CPU emulation (software rasterizer adapters).
+    pub emulated: bool,
+}
+
+/// One backend crate's entry in the binary's constructor table: a pinned id (its row
+/// in [`KNOWN_BACKENDS`]), a probe, and a constructor.
+#[derive(Debug, Clone, Copy)]
+pub struct BackendFactory {
+    /// The id this backend occupies; must have a row in [`KNOWN_BACKENDS`].
+    pub id: Backend,
+    /// Whether the backend can run on this machine: `Err` says why not (no adapter,
+    /// driver too old, a required feature missing).
+    pub probe: fn(&BackendConfig) -> Result<ProbeInfo, String>,
+    /// Constructs the backend; `Err` says why it cannot run after all.
+    pub create: fn(&BackendConfig) -> Result<Box<dyn BackendImpl>, String>,
+}
+
+/// The backends an engine constructs, in identity order, and what to tell the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    /// Backends to construct.
+    pub backends: Vec<Backend>,
+    /// One line each for a compiled GPU backend left out by default (see
+    /// [`cpu_fallback_notice`]); empty when a fence chose.
+    pub notices: Vec<String>,
+}
+
+/// The one line printed when a compiled backend is not used by default, so every
+/// backend crate and the engine word it the same way.
+pub fn cpu_fallback_notice(name: &str, reason: &str) -> String {
+    format!("minfer: backend '{name}' not used ({reason}); running on the CPU")
+}
+
+/// The reason [`cpu_fallback_notice`] gives for a CPU-emulation device.
+pub fn emulation_reason(name: &str, device: &str) -> String {
+    format!(
+        "'{device}' is a CPU emulation, slower than minfer's CPU kernels; --backend {name} uses it anyway"
+    )
 }
 
 /// A fence refusal; each names which of the three reasons applies.
@@ -98,6 +163,12 @@ pub enum FenceError {
     /// The fence names no backend.
     #[error("the backend fence is empty")]
     Empty,
+    /// A backend factory claims an id with no row in `KNOWN_BACKENDS`.
+    #[error("a backend factory claims id {id}, which has no row in the backend registry")]
+    Unpinned {
+        /// The id claimed.
+        id: u16,
+    },
     /// `MINFER_BACKENDS` is not readable text.
     #[error(transparent)]
     Env(#[from] minfer_env::EnvError),
@@ -130,9 +201,75 @@ impl BackendRegistry {
                 } else {
                     Err("not probed".to_string())
                 },
+                device: None,
+                emulated: false,
             })
             .collect();
         BackendRegistry { entries }
+    }
+
+    /// The registry of a build that contains exactly `factories`: each is marked
+    /// compiled and probed with `cfg`; every other known backend is not compiled (the
+    /// CPU included, when no factory provides it). A factory whose id has no row in
+    /// [`KNOWN_BACKENDS`] is refused, naming the id.
+    pub fn from_factories(
+        factories: &[BackendFactory],
+        cfg: &BackendConfig,
+    ) -> Result<Self, FenceError> {
+        let mut r = Self::new();
+        for e in &mut r.entries {
+            e.compiled = false;
+            e.usable = Err("not compiled into this build".into());
+        }
+        for f in factories {
+            let e = r
+                .entries
+                .iter_mut()
+                .find(|e| e.id == f.id)
+                .ok_or(FenceError::Unpinned { id: f.id.id() })?;
+            e.compiled = true;
+            match (f.probe)(cfg) {
+                Ok(info) => {
+                    e.usable = Ok(());
+                    e.device = Some(info.device);
+                    e.emulated = info.emulated;
+                }
+                Err(reason) => e.usable = Err(reason),
+            }
+        }
+        Ok(r)
+    }
+
+    /// The backends to construct. A fence (already checked by [`Self::parse_fence`])
+    /// chooses exactly its backends, emulated devices included. Without one: every
+    /// compiled, usable backend that is not an emulation, plus one line of notice for
+    /// each compiled one left out.
+    pub fn select(&self, fence: Option<&[Backend]>) -> Selection {
+        if let Some(f) = fence {
+            let mut backends = f.to_vec();
+            backends.sort();
+            backends.dedup();
+            return Selection {
+                backends,
+                notices: Vec::new(),
+            };
+        }
+        let mut backends = Vec::new();
+        let mut notices = Vec::new();
+        for e in self.identity_order().into_iter().filter(|e| e.compiled) {
+            match (&e.usable, e.emulated) {
+                (Ok(()), false) => backends.push(e.id),
+                (Ok(()), true) => {
+                    let device = e.device.as_deref().unwrap_or("the device");
+                    notices.push(cpu_fallback_notice(
+                        e.name,
+                        &emulation_reason(e.name, device),
+                    ));
+                }
+                (Err(reason), _) => notices.push(cpu_fallback_notice(e.name, reason)),
+            }
+        }
+        Selection { backends, notices }
     }
 
     /// Records whether `id` is compiled into this build.
@@ -269,6 +406,118 @@ mod tests {
         assert_eq!(
             r.parse_fence("METAL, cpu, metal").unwrap(),
             vec![Backend::CPU, Backend::METAL]
+        );
+    }
+
+    fn cpu_probe(_: &BackendConfig) -> Result<ProbeInfo, String> {
+        Ok(ProbeInfo {
+            device: "host".into(),
+            emulated: false,
+        })
+    }
+    fn no_adapter(_: &BackendConfig) -> Result<ProbeInfo, String> {
+        Err("no adapter found".into())
+    }
+    fn software_adapter(_: &BackendConfig) -> Result<ProbeInfo, String> {
+        Ok(ProbeInfo {
+            device: "llvmpipe".into(),
+            emulated: true,
+        })
+    }
+    fn real_adapter(_: &BackendConfig) -> Result<ProbeInfo, String> {
+        Ok(ProbeInfo {
+            device: "a real GPU".into(),
+            emulated: false,
+        })
+    }
+    fn make_ref(_: &BackendConfig) -> Result<Box<dyn BackendImpl>, String> {
+        Ok(Box::new(crate::testing::RefBackend::cpu()))
+    }
+    fn factory(
+        id: Backend,
+        probe: fn(&BackendConfig) -> Result<ProbeInfo, String>,
+    ) -> BackendFactory {
+        BackendFactory {
+            id,
+            probe,
+            create: make_ref,
+        }
+    }
+
+    #[test]
+    fn factories_decide_compiled_and_a_failed_probe_is_a_named_refusal() {
+        let cfg = BackendConfig::default();
+        let fs = [
+            factory(Backend::CPU, cpu_probe),
+            factory(Backend::METAL, no_adapter),
+        ];
+        let r = BackendRegistry::from_factories(&fs, &cfg).unwrap();
+        assert_eq!(r.parse_fence("cpu").unwrap(), vec![Backend::CPU]);
+        assert_eq!(
+            r.parse_fence("metal").unwrap_err().to_string(),
+            "backend 'metal' is not usable on this machine: no adapter found"
+        );
+        assert_eq!(
+            r.parse_fence("cuda").unwrap_err().to_string(),
+            "backend 'cuda' is not compiled into this build"
+        );
+        assert!(matches!(
+            r.parse_fence("vulkan").unwrap_err(),
+            FenceError::Unknown { .. }
+        ));
+        // A build without the CPU factory does not pretend to have it.
+        let r = BackendRegistry::from_factories(&fs[1..], &cfg).unwrap();
+        assert!(matches!(
+            r.parse_fence("cpu").unwrap_err(),
+            FenceError::NotCompiled { .. }
+        ));
+        let unpinned =
+            BackendRegistry::from_factories(&[factory(Backend(77), cpu_probe)], &cfg).unwrap_err();
+        assert_eq!(unpinned, FenceError::Unpinned { id: 77 });
+        assert!(unpinned.to_string().contains("id 77"));
+    }
+
+    #[test]
+    fn the_default_selection_skips_unusable_and_emulated_devices_with_one_line_each() {
+        let cfg = BackendConfig::default();
+        let probe_all = |metal, cuda| {
+            BackendRegistry::from_factories(
+                &[
+                    factory(Backend::CPU, cpu_probe),
+                    factory(Backend::METAL, metal),
+                    factory(Backend::CUDA, cuda),
+                ],
+                &cfg,
+            )
+            .unwrap()
+        };
+        let r = probe_all(no_adapter, software_adapter);
+        let sel = r.select(None);
+        assert_eq!(sel.backends, vec![Backend::CPU]);
+        assert_eq!(
+            sel.notices,
+            vec![
+                cpu_fallback_notice("metal", "no adapter found"),
+                cpu_fallback_notice("cuda", &emulation_reason("cuda", "llvmpipe")),
+            ]
+        );
+        assert_eq!(
+            sel.notices[0],
+            "minfer: backend 'metal' not used (no adapter found); running on the CPU"
+        );
+        // Named explicitly, the emulated device is used, and nothing is printed.
+        let fence = r.parse_fence("cuda,cpu").unwrap();
+        let sel = r.select(Some(&fence));
+        assert_eq!(sel.backends, vec![Backend::CPU, Backend::CUDA]);
+        assert!(sel.notices.is_empty());
+        // A real device is used by default, silently.
+        let r = probe_all(real_adapter, no_adapter);
+        let sel = r.select(None);
+        assert_eq!(sel.backends, vec![Backend::CPU, Backend::METAL]);
+        assert_eq!(sel.notices.len(), 1);
+        assert_eq!(
+            r.by_name("metal").unwrap().device.as_deref(),
+            Some("a real GPU")
         );
     }
 }

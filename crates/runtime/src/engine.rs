@@ -15,11 +15,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use minfer_cpu::CpuBackend;
 use minfer_gguf::GgufFile;
 use minfer_graph::{
-    Backend, BackendImpl, BackendRegistry, BackendScheduler, CParams, CacheCounters, ComputeGraph,
-    FusionPass, GraphAllocator, GraphCache, GraphParams, GraphType, KvType,
+    Backend, BackendCaps, BackendConfig, BackendImpl, BackendScheduler, CParams, CacheCounters,
+    ComputeGraph, FaultInjector, FenceError, FusionPass, GraphAllocator, GraphCache, GraphParams,
+    GraphType, KvType,
 };
 use minfer_models::{HParams, ModelDef};
 
@@ -177,8 +177,10 @@ pub struct Engine {
     /// Set while a step executes; still set at the next step only if the last one
     /// unwound, whose graph buffers are then not trusted.
     poisoned: bool,
-    /// The CPU backend's fault hook (unwind-safety tests).
-    fault: minfer_cpu::backend::FaultInjector,
+    /// The backends' fault hook (unwind-safety tests).
+    fault: FaultInjector,
+    /// `CParams` flags implied by the participating backends.
+    caps: BackendCaps,
     /// Whether a reused graph is checked against a rebuild (on under debug assertions).
     check_reuse: bool,
     /// Storage formats of the K and V rows.
@@ -201,23 +203,40 @@ impl Engine {
     pub fn load(path: &Path, opts: &EngineOptions) -> Result<Self, EngineError> {
         let t0 = Instant::now();
         let file = Arc::new(GgufFile::open(path)?);
-        Self::from_file(file, opts, t0)
+        Self::from_file(file, opts, t0, &crate::backends::compiled())
     }
 
     /// An engine over an already opened file (tests build models in memory).
     pub fn from_gguf(file: GgufFile, opts: &EngineOptions) -> Result<Self, EngineError> {
-        Self::from_file(Arc::new(file), opts, Instant::now())
+        Self::from_file(
+            Arc::new(file),
+            opts,
+            Instant::now(),
+            &crate::backends::compiled(),
+        )
     }
 
     /// An engine over a file shared with other engines (weights stay mapped once).
     pub fn from_arc(file: Arc<GgufFile>, opts: &EngineOptions) -> Result<Self, EngineError> {
-        Self::from_file(file, opts, Instant::now())
+        Self::from_file(file, opts, Instant::now(), &crate::backends::compiled())
+    }
+
+    /// An engine whose backends come from `factories` instead of this build's table
+    /// ([`crate::backends::compiled`]): the fence, the probes and the default selection
+    /// apply to them exactly as to the compiled ones (tests plug backends in here).
+    pub fn with_factories(
+        file: Arc<GgufFile>,
+        opts: &EngineOptions,
+        factories: &[minfer_graph::BackendFactory],
+    ) -> Result<Self, EngineError> {
+        Self::from_file(file, opts, Instant::now(), factories)
     }
 
     fn from_file(
         file: Arc<GgufFile>,
         opts: &EngineOptions,
         t0: Instant,
+        factories: &[minfer_graph::BackendFactory],
     ) -> Result<Self, EngineError> {
         // Every engine user (command line, server, library) gets a bad `MINFER_*` value as
         // an error here, before the infallible reads deep in the backends see it.
@@ -234,7 +253,14 @@ impl Engine {
                 message: "must be at least 1".into(),
             });
         }
-        let registry = BackendRegistry::new();
+        let fault = FaultInjector::default();
+        let kv_types = [opts.cache_type_k, opts.cache_type_v];
+        let cfg = BackendConfig {
+            n_threads: opts.n_threads,
+            fault: fault.clone(),
+            kv_types,
+        };
+        let registry = minfer_graph::BackendRegistry::from_factories(factories, &cfg)?;
         let fence = match &opts.backend {
             Some(spec) => Some(registry.parse_fence(spec)?),
             None => registry.fence_from_env()?,
@@ -257,7 +283,6 @@ impl Engine {
             Some(c) => c,
             None => hp.n_ctx_train.clamp(1, DEFAULT_CTX_CAP),
         };
-        let kv_types = [opts.cache_type_k, opts.cache_type_v];
         for (t, flag) in kv_types.iter().zip(["--cache-type-k", "--cache-type-v"]) {
             if !hp.head_dim.is_multiple_of(t.block()) {
                 return Err(EngineError::Param {
@@ -271,17 +296,27 @@ impl Engine {
             }
         }
         check_kv_fits(hp, n_ctx, kv_types)?;
-        let mut cpu = CpuBackend::new(opts.n_threads);
-        cpu.set_kv_types(kv_types[0], kv_types[1]);
-        let fault = cpu.fault_injector();
-        cpu.register_gguf(Arc::clone(&file), "")
-            .map_err(|e| EngineError::Param {
-                name: "weights",
-                message: e.to_string(),
+        let selection = registry.select(fence.as_deref());
+        crate::backends::print_notices_once(&selection.notices);
+        let mut backends: Vec<Box<dyn BackendImpl>> = Vec::new();
+        for f in factories
+            .iter()
+            .filter(|f| selection.backends.contains(&f.id))
+        {
+            let mut b = (f.create)(&cfg).map_err(|reason| FenceError::NotUsable {
+                name: f.id.name(),
+                reason,
             })?;
-        let backends: Vec<Box<dyn BackendImpl>> = vec![Box::new(cpu)];
+            // Every participating backend gets the same file the same way (invariant 3).
+            b.register_gguf(&file).map_err(|e| EngineError::Param {
+                name: "weights",
+                message: format!("{}: {e}", b.name()),
+            })?;
+            backends.push(b);
+        }
         let mut alloc = GraphAllocator::new(backends)?;
         alloc.set_fence(fence);
+        let caps = alloc.backend_caps();
         Ok(Engine {
             file,
             model,
@@ -297,6 +332,7 @@ impl Engine {
             filled: 0,
             poisoned: false,
             fault,
+            caps,
             check_reuse: cfg!(debug_assertions),
             kv_types,
             identity: std::sync::OnceLock::new(),
@@ -434,6 +470,22 @@ impl Engine {
         self.filled = n.min(self.n_ctx);
     }
 
+    /// The participating backends' own names (adapter included where they give one),
+    /// highest priority first.
+    pub fn backend_names(&self) -> Vec<String> {
+        let alloc = self.cache.alloc();
+        alloc
+            .priority_order()
+            .into_iter()
+            .map(|b| alloc.backend_name(b))
+            .collect()
+    }
+
+    /// The `CParams` flags the participating backends imply (all off on the CPU).
+    pub fn backend_caps(&self) -> BackendCaps {
+        self.caps
+    }
+
     /// The opened GGUF file.
     pub fn file(&self) -> &GgufFile {
         &self.file
@@ -533,6 +585,15 @@ impl Engine {
 
     /// The parameters of a step of `nt` tokens with `n_out` logits rows.
     pub fn params(&self, nt: usize, n_out: usize) -> GraphParams {
+        let mut cparams = CParams {
+            n_ctx: self.n_ctx,
+            flash_attn: false,
+            gpu: false,
+            fuse_qkv: false,
+            fuse_ffn: false,
+            explicit_span: self.explicit_span,
+        };
+        self.caps.apply(&mut cparams);
         GraphParams {
             n_tokens: nt,
             n_out,
@@ -541,14 +602,7 @@ impl Engine {
             } else {
                 GraphType::Decode
             },
-            cparams: CParams {
-                n_ctx: self.n_ctx,
-                flash_attn: false,
-                gpu: false,
-                fuse_qkv: false,
-                fuse_ffn: false,
-                explicit_span: self.explicit_span,
-            },
+            cparams,
             weights_version: 1,
         }
     }

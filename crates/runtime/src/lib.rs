@@ -1,6 +1,7 @@
 //! The minfer runtime: the engine that drives a model's graph through the reuse cache,
 //! the sampler chain, stop strings, perplexity and the generation loop.
 
+pub mod backends;
 pub mod engine;
 pub mod generate;
 pub mod multi;

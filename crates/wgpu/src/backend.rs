@@ -1218,6 +1218,14 @@ impl BackendImpl for WgpuBackend {
         Backend::WGPU
     }
 
+    fn register_gguf(&mut self, file: &std::sync::Arc<GgufFile>) -> Result<usize, String> {
+        WgpuBackend::register_gguf(self, file, "").map_err(|e| e.to_string())
+    }
+
+    fn is_gpu(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "wgpu"
     }

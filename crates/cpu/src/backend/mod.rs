@@ -18,7 +18,6 @@ mod weights;
 
 use minfer_graph::HostPool;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
@@ -48,27 +47,9 @@ struct Scratch {
     up: Vec<f32>,
 }
 
-/// Fault injection for tests of unwind safety: arms a panic inside the kernel of a
-/// later node. Inert unless a test arms it; the check costs one atomic load per node.
+/// The fault hook, shared with the engine through the backend seam.
 #[doc(hidden)]
-#[derive(Debug, Clone, Default)]
-pub struct FaultInjector(Arc<AtomicUsize>);
-
-impl FaultInjector {
-    /// Makes the `nth` node executed from now on (1-based; 0 disarms) write garbage into
-    /// its output and then panic inside a thread-pool run, on the last pool thread.
-    pub fn panic_at_node(&self, nth: usize) {
-        self.0.store(nth, Ordering::SeqCst);
-    }
-
-    /// Counts one executed node; true when it is the armed one (which disarms it).
-    fn fire(&self) -> bool {
-        if self.0.load(Ordering::Relaxed) == 0 {
-            return false;
-        }
-        self.0.fetch_sub(1, Ordering::SeqCst) == 1
-    }
-}
+pub use minfer_graph::FaultInjector;
 
 /// The injected fault: half an output written, then a panic on a pool thread.
 fn injected_panic(pool: &ThreadPool, node: &CNode, out: &mut [f32]) {
@@ -127,6 +108,15 @@ impl CpuBackend {
     /// graph is allocated: the allocator sizes the regions from it once.
     pub fn set_kv_types(&mut self, k: KvType, v: KvType) {
         self.kv_types = [k, v];
+    }
+
+    /// The backend built through the registry: `cfg.n_threads` threads, armed by
+    /// `cfg.fault`.
+    pub fn from_config(cfg: &minfer_graph::BackendConfig) -> Self {
+        let mut b = Self::new(cfg.n_threads);
+        b.fault = cfg.fault.clone();
+        b.set_kv_types(cfg.kv_types[0], cfg.kv_types[1]);
+        b
     }
 
     /// A handle that arms a panic inside a later node's kernel (unwind-safety tests).
@@ -638,6 +628,12 @@ impl BackendImpl for CpuBackend {
 
     fn kv_types(&self) -> [KvType; 2] {
         self.kv_types
+    }
+
+    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, String> {
+        self.weights
+            .register_gguf(file, "")
+            .map_err(|e| e.to_string())
     }
 
     fn alloc_buffer(&mut self, size: usize) -> usize {

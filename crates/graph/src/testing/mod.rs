@@ -12,11 +12,17 @@
 //! ops it claims) under the name "test". A test allocator never also holds a real
 //! Metal backend, so the slot is free there.
 
+pub mod cases;
+mod declining;
 mod kernels;
+
+pub use declining::Declining;
 
 use crate::pool::HostPool;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+use minfer_gguf::GgufFile;
 
 use crate::backend::BackendImpl;
 use crate::ir::{Backend, BufRef, CNode, DType, FusedOp, Op};
@@ -67,6 +73,43 @@ impl WeightStore {
     pub fn get(&self, name: &str) -> Option<&RefWeight> {
         self.map.get(name)
     }
+
+    /// Adds every tensor of `file` not yet present, dequantized to f32 (the reference
+    /// keeps no quantized data); returns how many were added.
+    pub fn insert_gguf(&mut self, file: &GgufFile) -> Result<usize, String> {
+        let mut added = 0;
+        for t in file.tensors() {
+            if self.map.contains_key(&t.name) {
+                continue;
+            }
+            let dims: Vec<usize> = t
+                .dims
+                .iter()
+                .map(|&d| usize::try_from(d))
+                .collect::<Result<_, _>>()
+                .map_err(|_| format!("tensor '{}': dims {:?} overflow", t.name, t.dims))?;
+            let (in_dim, out_dim) = match dims[..] {
+                [n] => (n, 1),
+                [i, o] => (i, o),
+                _ => {
+                    return Err(format!(
+                        "tensor '{}': {} dims, not 1 or 2",
+                        t.name,
+                        dims.len()
+                    ))
+                }
+            };
+            let data = minfer_gguf::quant::dequantize_to_vec(
+                t.ggml_type,
+                file.tensor_data(t),
+                in_dim * out_dim,
+            )
+            .map_err(|e| format!("tensor '{}': {e}", t.name))?;
+            self.insert(&t.name, in_dim, out_dim, data);
+            added += 1;
+        }
+        Ok(added)
+    }
 }
 
 /// Op names the reference kernels implement.
@@ -100,6 +143,7 @@ pub struct RefBackend {
     claims: BTreeSet<&'static str>,
     fused: bool,
     attn_span: bool,
+    gpu: bool,
     fail_on: Option<String>,
     mem: HostPool,
     weights: Arc<WeightStore>,
@@ -114,6 +158,7 @@ impl RefBackend {
             claims: IMPLEMENTED.iter().copied().collect(),
             fused: true,
             attn_span: true,
+            gpu: false,
             fail_on: None,
             mem: HostPool::new(),
             weights: Arc::new(WeightStore::new()),
@@ -152,6 +197,12 @@ impl RefBackend {
         self
     }
 
+    /// Whether `is_gpu` answers yes (tests of the flags derived from a GPU backend).
+    pub fn as_gpu(mut self, on: bool) -> Self {
+        self.gpu = on;
+        self
+    }
+
     /// Whether explicit-span attention is claimed.
     pub fn with_attn_span(mut self, on: bool) -> Self {
         self.attn_span = on;
@@ -186,11 +237,24 @@ impl BackendImpl for RefBackend {
     }
 
     fn supports_fused(&self, fused: FusedOp) -> bool {
-        self.fused && fused == FusedOp::SwiGLU && self.claims.contains("swiglu")
+        match fused {
+            FusedOp::SwiGLU => self.fused && self.claims.contains("swiglu"),
+            FusedOp::DecodeFfn => self.fused && self.claims.contains("fused_ffn"),
+            // The reference kernels implement no fused QKV op.
+            FusedOp::DecodeQkv => false,
+        }
     }
 
     fn supports_attn_span(&self) -> bool {
         self.attn_span
+    }
+
+    fn is_gpu(&self) -> bool {
+        self.gpu
+    }
+
+    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, String> {
+        Arc::make_mut(&mut self.weights).insert_gguf(file)
     }
 
     fn alloc_buffer(&mut self, size: usize) -> usize {

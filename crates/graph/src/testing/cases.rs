@@ -1,0 +1,680 @@
+//! The op-case table every backend runs (design §3.5): one small graph per case,
+//! covering every op the Qwen2/Qwen3 graphs emit, every weight type, odd shapes,
+//! one and several tokens, and several sequences in one KV arena.
+//!
+//! A case is data: a graph built through [`GraphBuilder`], its inputs, and its
+//! weights as an in-memory GGUF (quantized by the project's reference quantizers), so
+//! every backend receives them through [`BackendImpl::register_gguf`] exactly as it
+//! receives a model's. [`run_cases`] executes each case through the real
+//! [`GraphAllocator`] and [`BackendScheduler`] on the backend under test and on a
+//! reference, and compares the outputs within the case's bound: the largest absolute
+//! difference divided by the largest reference magnitude. The bounds are what the
+//! reference quantizers and the activation quantization of the quantized kernels
+//! (Q8_0 / Q8_K rows, as in ggml) cost against an f32 reference, with headroom; a
+//! float case is bounded by summation order alone. [`Prepared`] keeps one case
+//! allocated so the same table serves as micro-benchmarks.
+
+use std::sync::Arc;
+
+use minfer_gguf::{GgmlType, GgufFile, GgufWriter};
+
+use crate::backend::BackendImpl;
+use crate::builder::GraphBuilder;
+use crate::fusion::FusionPass;
+use crate::ir::{AttnMode, Backend, ComputeGraph, DType, RopeStyle, WeightRef, WeightType};
+use crate::meta::{AttnMeta, RoPEMeta};
+use crate::scheduler::BackendScheduler;
+use crate::GraphAllocator;
+
+/// One input's values: f32 activations or u32 ids (positions, cells, spans).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CaseInput {
+    /// Activations.
+    F32(Vec<f32>),
+    /// Token ids, positions, KV cells or spans.
+    U32(Vec<u32>),
+}
+
+/// One case of the table.
+#[derive(Clone)]
+pub struct OpCase {
+    /// Unique, descriptive name (op, type, shape, tokens).
+    pub name: String,
+    /// `Op::name` of the op under test; the case fails if a backend claiming it does
+    /// not execute it.
+    pub op: &'static str,
+    /// The graph; its first output is compared.
+    pub graph: ComputeGraph,
+    /// Values of every input, by name.
+    pub inputs: Vec<(String, CaseInput)>,
+    /// The weights, as a GGUF file.
+    pub weights: Arc<GgufFile>,
+    /// Largest accepted `max |got - want| / max |want|`.
+    pub bound: f32,
+}
+
+/// What one case gave.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaseOutcome {
+    /// The case's name.
+    pub name: String,
+    /// Measured `max |got - want| / max |want|`.
+    pub error: f32,
+    /// The case's bound.
+    pub bound: f32,
+}
+
+impl std::fmt::Debug for OpCase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpCase")
+            .field("name", &self.name)
+            .field("op", &self.op)
+            .field("bound", &self.bound)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The result of a table run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CaseReport {
+    /// Cases the backend under test executed, with their errors.
+    pub passed: Vec<CaseOutcome>,
+    /// Cases whose op the backend under test does not claim (they ran elsewhere by
+    /// capability, so they prove nothing about it).
+    pub unclaimed: Vec<String>,
+    /// One line per failing case, naming it and what went wrong.
+    pub failures: Vec<String>,
+}
+
+impl CaseReport {
+    /// `Ok` when no case failed, else every failure, one per line.
+    pub fn check(&self) -> Result<(), String> {
+        if self.failures.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} of {} op cases failed:\n{}",
+                self.failures.len(),
+                self.failures.len() + self.passed.len() + self.unclaimed.len(),
+                self.failures.join("\n")
+            ))
+        }
+    }
+}
+
+/// Builds a fresh set of backends for one case (one allocator holds them).
+pub type MakeBackends<'a> = &'a dyn Fn() -> Vec<Box<dyn BackendImpl>>;
+
+/// One case registered, assigned, fused and allocated on a set of backends, ready to
+/// run any number of times (the micro-benchmark path).
+pub struct Prepared {
+    graph: ComputeGraph,
+    alloc: GraphAllocator,
+    sched: BackendScheduler,
+    inputs: Vec<(String, CaseInput)>,
+}
+
+impl Prepared {
+    /// Registers the case's weights on every backend, then assigns, fuses and
+    /// allocates its graph as the engine does.
+    pub fn new(case: &OpCase, mut backends: Vec<Box<dyn BackendImpl>>) -> Result<Self, String> {
+        for b in &mut backends {
+            b.register_gguf(&case.weights)
+                .map_err(|e| format!("{}: weights: {e}", b.name()))?;
+        }
+        let mut alloc = GraphAllocator::new(backends).map_err(|e| e.to_string())?;
+        let mut graph = case.graph.clone();
+        let mut sched = BackendScheduler::new();
+        sched.assign_backends(&mut graph, &alloc);
+        FusionPass::new().run(&mut graph, &alloc);
+        alloc.alloc_graph(&graph).map_err(|e| e.to_string())?;
+        Ok(Prepared {
+            graph,
+            alloc,
+            sched,
+            inputs: case.inputs.clone(),
+        })
+    }
+
+    /// The backend each node of op `op` was assigned to, in build order.
+    pub fn placements(&self, op: &str) -> Vec<Option<Backend>> {
+        self.graph
+            .nodes
+            .iter()
+            .filter(|n| n.op.name() == op)
+            .map(|n| n.backend)
+            .collect()
+    }
+
+    /// Fills the inputs, executes, and reads the first output back to the host.
+    pub fn run(&mut self) -> Result<Vec<f32>, String> {
+        for (name, v) in &self.inputs {
+            match v {
+                CaseInput::F32(x) => self.alloc.fill_input(&self.graph, name, x),
+                CaseInput::U32(x) => self.alloc.fill_input_u32(&self.graph, name, x),
+            }
+            .map_err(|e| format!("input '{name}': {e}"))?;
+        }
+        self.sched
+            .execute(&self.graph, &mut self.alloc)
+            .map_err(|e| e.to_string())?;
+        let out = *self
+            .graph
+            .outputs
+            .first()
+            .ok_or("the graph has no output")?;
+        self.alloc
+            .copy_to_cpu(out)
+            .ok_or_else(|| "the output is not readable".to_string())
+    }
+}
+
+/// `max |got - want| / max |want|`; infinite on a length mismatch or a non-finite value.
+pub fn relative_error(got: &[f32], want: &[f32]) -> f32 {
+    if got.len() != want.len() || got.iter().chain(want).any(|v| !v.is_finite()) {
+        return f32::INFINITY;
+    }
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    let diff = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    diff / scale
+}
+
+/// Runs every case on `under_test` (whose op claims are checked on backend `target`)
+/// and on `reference`, and compares within each case's bound. Every failing case is
+/// reported by name; none stops the run.
+pub fn run_cases(
+    cases: &[OpCase],
+    target: Backend,
+    under_test: MakeBackends,
+    reference: MakeBackends,
+) -> CaseReport {
+    let mut report = CaseReport::default();
+    for case in cases {
+        let outcome = (|| -> Result<Option<f32>, String> {
+            let mut test = Prepared::new(case, under_test())?;
+            let placed = test.placements(case.op);
+            if placed.is_empty() {
+                return Err(format!("the graph holds no '{}' node", case.op));
+            }
+            if placed.iter().any(|&b| b != Some(target)) {
+                let claims = test.alloc.backend(target).is_some_and(|b| {
+                    case.graph
+                        .nodes
+                        .iter()
+                        .filter(|n| n.op.name() == case.op)
+                        .all(|n| b.supports_op(&n.op, n.out_dtype))
+                });
+                if claims {
+                    return Err(format!(
+                        "{target} claims '{}' but it was placed on {placed:?}",
+                        case.op
+                    ));
+                }
+                return Ok(None);
+            }
+            let got = test.run()?;
+            let want = Prepared::new(case, reference())?.run()?;
+            Ok(Some(relative_error(&got, &want)))
+        })();
+        match outcome {
+            Ok(None) => report.unclaimed.push(case.name.clone()),
+            Ok(Some(error)) if error <= case.bound => report.passed.push(CaseOutcome {
+                name: case.name.clone(),
+                error,
+                bound: case.bound,
+            }),
+            Ok(Some(error)) => report.failures.push(format!(
+                "{}: error {error:.3e} exceeds the bound {:.1e}",
+                case.name, case.bound
+            )),
+            Err(e) => report.failures.push(format!("{}: {e}", case.name)),
+        }
+    }
+    report
+}
+
+/// Deterministic values in `[-0.5, 0.5)` (a fixed LCG: the table is the same everywhere).
+pub fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+/// A GGUF holding `tensors` (name, GGUF dims, type, values).
+fn gguf(tensors: &[(&str, Vec<u64>, GgmlType, Vec<f32>)]) -> Arc<GgufFile> {
+    let mut w = GgufWriter::new();
+    for (name, dims, ty, data) in tensors {
+        // The table's own data: a failure here is a bug in the table, not user input.
+        w.add_tensor_f32(name, dims, *ty, data)
+            .unwrap_or_else(|e| panic!("op case weight '{name}': {e}"));
+    }
+    let bytes = w
+        .to_bytes()
+        .unwrap_or_else(|e| panic!("op case weights: {e}"));
+    Arc::new(GgufFile::from_bytes(bytes).unwrap_or_else(|e| panic!("op case weights: {e}")))
+}
+
+fn wref(name: &str, ty: GgmlType, shape: [usize; 2]) -> WeightRef {
+    WeightRef::new(name, WeightType(ty.id()), shape)
+}
+
+/// Every weight type the CPU backend multiplies, with the bound its case meets
+/// against an f32 reference (activations are quantized to Q8 for quantized types).
+pub const MATMUL_TYPES: &[(GgmlType, f32)] = &[
+    (GgmlType::F32, 1e-5),
+    (GgmlType::F16, 1e-4),
+    (GgmlType::BF16, 1e-4),
+    (GgmlType::Q4_0, 2e-2),
+    (GgmlType::Q4_1, 2e-2),
+    (GgmlType::Q5_0, 2e-2),
+    (GgmlType::Q5_1, 2e-2),
+    (GgmlType::Q8_0, 2e-2),
+    (GgmlType::Q2K, 2e-2),
+    (GgmlType::Q3K, 2e-2),
+    (GgmlType::Q4K, 2e-2),
+    (GgmlType::Q5K, 2e-2),
+    (GgmlType::Q6K, 2e-2),
+];
+
+/// The weight types of the real models (the table a GPU backend must cover first).
+pub const MODEL_TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4K,
+    GgmlType::Q6K,
+];
+
+/// Token counts: one (decode) and several, odd and past a 4-token kernel tile.
+const TOKENS: [usize; 3] = [1, 3, 7];
+
+fn ids_input(name: &str, v: Vec<u32>) -> (String, CaseInput) {
+    (name.to_string(), CaseInput::U32(v))
+}
+
+fn f32_input(name: &str, v: Vec<f32>) -> (String, CaseInput) {
+    (name.to_string(), CaseInput::F32(v))
+}
+
+fn matmul_cases(out: &mut Vec<OpCase>) {
+    for &(ty, bound) in MATMUL_TYPES {
+        // K-quants pack 256 values per block, the legacy quants 32; 37 outputs is odd.
+        let in_dim = if ty.block_size() == 256 { 256 } else { 96 };
+        let out_dim = 37;
+        let weights = gguf(&[
+            (
+                "w",
+                vec![in_dim as u64, out_dim],
+                ty,
+                values(ty.id() as u64 + 1, in_dim * out_dim as usize),
+            ),
+            (
+                "b",
+                vec![out_dim],
+                GgmlType::F32,
+                values(99, out_dim as usize),
+            ),
+        ]);
+        for nt in TOKENS {
+            for bias in [false, true] {
+                let mut b = GraphBuilder::new();
+                let x = b.input("x", [in_dim, nt, 1, 1], DType::F32);
+                let w = wref("w", ty, [in_dim, out_dim as usize]);
+                let bw = wref("b", GgmlType::F32, [out_dim as usize, 1]);
+                let y = b.matmul(x, &w, bias.then_some(&bw));
+                b.output(y);
+                out.push(OpCase {
+                    name: format!(
+                        "matmul {} [{in_dim}x{out_dim}] nt={nt}{}",
+                        ty.name(),
+                        if bias { " +bias" } else { "" }
+                    ),
+                    op: "matmul",
+                    graph: b.build(),
+                    inputs: vec![f32_input("x", values(7 + nt as u64, in_dim * nt))],
+                    weights: Arc::clone(&weights),
+                    bound,
+                });
+            }
+        }
+    }
+}
+
+fn get_rows_cases(out: &mut Vec<OpCase>) {
+    let (n_embd, n_vocab) = (256usize, 11u64);
+    for &ty in MODEL_TYPES {
+        let weights = gguf(&[(
+            "tok_embd",
+            vec![n_embd as u64, n_vocab],
+            ty,
+            values(40 + ty.id() as u64, n_embd * n_vocab as usize),
+        )]);
+        for nt in TOKENS {
+            let mut b = GraphBuilder::new();
+            let ids = b.input("ids", [nt, 1, 1, 1], DType::I32);
+            let e = b.embedding(ids, &wref("tok_embd", ty, [n_embd, n_vocab as usize]));
+            b.output(e);
+            let rows = (0..nt as u32)
+                .map(|t| (t * 7 + 3) % n_vocab as u32)
+                .collect();
+            out.push(OpCase {
+                name: format!("get_rows embedding {} nt={nt}", ty.name()),
+                op: "get_rows",
+                graph: b.build(),
+                inputs: vec![ids_input("ids", rows)],
+                weights: Arc::clone(&weights),
+                // Dequantization is exact arithmetic on both sides.
+                bound: 1e-6,
+            });
+        }
+    }
+    // Tail-row selection of an activation (G3): rows picked out of nt.
+    for nt in [3usize, 7] {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", [33, nt, 1, 1], DType::F32);
+        let ids = b.input("tail", [2, 1, 1, 1], DType::I32);
+        let r = b.get_rows(x, ids, [33, 2, 1, 1]);
+        b.output(r);
+        out.push(OpCase {
+            name: format!("get_rows tail rows of nt={nt}"),
+            op: "get_rows",
+            graph: b.build(),
+            inputs: vec![
+                f32_input("x", values(5, 33 * nt)),
+                ids_input("tail", vec![0, nt as u32 - 1]),
+            ],
+            weights: gguf(&[]),
+            bound: 0.0,
+        });
+    }
+}
+
+fn elementwise_cases(out: &mut Vec<OpCase>) {
+    let d = 67usize;
+    for nt in TOKENS {
+        for (op, name) in [("add", "add"), ("mul", "mul"), ("swiglu", "swiglu")] {
+            for broadcast in [false, true] {
+                if broadcast && op == "swiglu" {
+                    continue;
+                }
+                let mut b = GraphBuilder::new();
+                let x = b.input("a", [d, nt, 1, 1], DType::F32);
+                let bnt = if broadcast { 1 } else { nt };
+                let y = b.input("b", [d, bnt, 1, 1], DType::F32);
+                let z = match op {
+                    "add" => b.add(x, y),
+                    "mul" => b.mul(x, y),
+                    _ => b.swiglu(x, y),
+                };
+                b.output(z);
+                out.push(OpCase {
+                    name: format!(
+                        "{name} [{d}] nt={nt}{}",
+                        if broadcast { " broadcast" } else { "" }
+                    ),
+                    op,
+                    graph: b.build(),
+                    inputs: vec![
+                        f32_input("a", values(11, d * nt)),
+                        f32_input("b", values(12, d * bnt)),
+                    ],
+                    weights: gguf(&[]),
+                    bound: 1e-6,
+                });
+            }
+        }
+    }
+}
+
+fn norm_cases(out: &mut Vec<OpCase>) {
+    let (hd, nh) = (64usize, 3usize);
+    let d = hd * nh;
+    let weights = gguf(&[
+        ("norm", vec![d as u64], GgmlType::F32, values(21, d)),
+        ("qk", vec![hd as u64], GgmlType::F32, values(22, hd)),
+    ]);
+    for nt in TOKENS {
+        for weighted in [false, true] {
+            let mut b = GraphBuilder::new();
+            let x = b.input("x", [d, nt, 1, 1], DType::F32);
+            let w = wref("norm", GgmlType::F32, [d, 1]);
+            let y = b.rms_norm(x, weighted.then_some(&w), 1e-6);
+            b.output(y);
+            out.push(OpCase {
+                name: format!(
+                    "rms_norm [{d}] nt={nt}{}",
+                    if weighted { " weighted" } else { "" }
+                ),
+                op: "rms_norm",
+                graph: b.build(),
+                inputs: vec![f32_input("x", values(23, d * nt))],
+                weights: Arc::clone(&weights),
+                bound: 1e-5,
+            });
+        }
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", [d, nt, 1, 1], DType::F32);
+        let w = wref("qk", GgmlType::F32, [hd, 1]);
+        let y = b.qk_norm(x, Some(&w), hd, nh, 1e-6);
+        b.output(y);
+        out.push(OpCase {
+            name: format!("qk_norm hd={hd} nh={nh} nt={nt}"),
+            op: "qk_norm",
+            graph: b.build(),
+            inputs: vec![f32_input("x", values(24, d * nt))],
+            weights: Arc::clone(&weights),
+            bound: 1e-5,
+        });
+    }
+}
+
+fn rope_meta(hd: usize, nh: usize, style: RopeStyle) -> RoPEMeta {
+    RoPEMeta {
+        n_dims: hd,
+        freq_base: 1_000_000.0,
+        freq_scale: 1.0,
+        n_head: nh,
+        hd,
+        style,
+    }
+}
+
+fn rope_cases(out: &mut Vec<OpCase>) {
+    let (hd, nh) = (64usize, 3usize);
+    for style in [RopeStyle::NonInterleaved, RopeStyle::Interleaved] {
+        for nt in TOKENS {
+            let mut b = GraphBuilder::new();
+            let x = b.input("x", [hd * nh, nt, 1, 1], DType::F32);
+            let pos = b.input("pos", [nt, 1, 1, 1], DType::I32);
+            let y = b.rope(x, pos, style, rope_meta(hd, nh, style));
+            b.output(y);
+            // Positions far from 0 too: the angle computation must hold there.
+            let positions = (0..nt as u32).map(|t| t * 37 + 5).collect();
+            out.push(OpCase {
+                name: format!("rope {style:?} hd={hd} nh={nh} nt={nt}"),
+                op: "rope",
+                graph: b.build(),
+                inputs: vec![
+                    f32_input("x", values(31, hd * nh * nt)),
+                    ids_input("pos", positions),
+                ],
+                weights: gguf(&[]),
+                bound: 1e-4,
+            });
+        }
+    }
+}
+
+/// Attention over a KV arena written in the same graph: store K/V at `cells`, then
+/// attend, with GQA (several query heads per KV head). With `seqs > 1` the tokens
+/// belong to that many sequences, each in its own rows, bounded by explicit spans.
+fn attn_case(nt_per_seq: usize, seqs: usize, n_head: usize, n_head_kv: usize) -> OpCase {
+    let hd = 64usize;
+    let n_ctx = 32usize;
+    let nt = nt_per_seq * seqs;
+    let explicit = seqs > 1;
+    let mut b = GraphBuilder::new();
+    let q = b.input("q", [n_head * hd, nt, 1, 1], DType::F32);
+    let k = b.input("k", [n_head_kv * hd, nt, 1, 1], DType::F32);
+    let v = b.input("v", [n_head_kv * hd, nt, 1, 1], DType::F32);
+    let pos = b.input("pos", [nt, 1, 1, 1], DType::I32);
+    let span = explicit.then(|| b.input("span", [2, nt, 1, 1], DType::I32));
+    let cells = if explicit {
+        b.input("cells", [nt, 1, 1, 1], DType::I32)
+    } else {
+        pos
+    };
+    b.kvcache_store(0, k, v, cells, n_ctx);
+    let kv = b.kvcache_load(0, n_head_kv * hd, n_ctx, n_head_kv);
+    let meta = AttnMeta {
+        layer: 0,
+        n_head,
+        n_head_kv,
+        hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+        n_ctx,
+    };
+    let a = b.attn(q, kv, pos, span, AttnMode::Gqa, meta);
+    b.output(a);
+    // Sequence s owns rows [s * 10, s * 10 + nt_per_seq); token t of it sits at
+    // position t and attends its own rows 0..=t (causal).
+    let mut positions = Vec::new();
+    let mut cell_rows = Vec::new();
+    let mut spans = Vec::new();
+    for s in 0..seqs as u32 {
+        for t in 0..nt_per_seq as u32 {
+            positions.push(t);
+            cell_rows.push(s * 10 + t);
+            spans.extend([s * 10, s * 10 + t + 1]);
+        }
+    }
+    let mut inputs = vec![
+        f32_input("q", values(51, n_head * hd * nt)),
+        f32_input("k", values(52, n_head_kv * hd * nt)),
+        f32_input("v", values(53, n_head_kv * hd * nt)),
+        ids_input("pos", positions),
+    ];
+    if explicit {
+        inputs.push(ids_input("span", spans));
+        inputs.push(ids_input("cells", cell_rows));
+    }
+    OpCase {
+        name: format!(
+            "attn gqa {n_head}/{n_head_kv} heads nt={nt_per_seq}x{seqs} seq{}",
+            if explicit { " explicit span" } else { "" }
+        ),
+        op: "attn",
+        graph: b.build(),
+        inputs,
+        weights: gguf(&[]),
+        bound: 1e-4,
+    }
+}
+
+fn kv_cases(out: &mut Vec<OpCase>) {
+    for nt in TOKENS {
+        out.push(attn_case(nt, 1, 4, 2));
+        out.push(attn_case(nt, 1, 2, 2));
+    }
+    out.push(attn_case(3, 2, 4, 1));
+    out.push(attn_case(1, 3, 4, 2));
+    // The store alone, read back through attention: a one-row arena read by one query
+    // reproduces that row's V exactly, so a misplaced row shows.
+    let mut c = attn_case(1, 1, 2, 2);
+    c.name = "kvcache_store then attn over one row".into();
+    c.op = "kvcache_store";
+    out.push(c);
+}
+
+/// The whole table.
+pub fn op_cases() -> Vec<OpCase> {
+    let mut out = Vec::new();
+    matmul_cases(&mut out);
+    get_rows_cases(&mut out);
+    elementwise_cases(&mut out);
+    norm_cases(&mut out);
+    rope_cases(&mut out);
+    kv_cases(&mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::RefBackend;
+
+    #[test]
+    fn names_are_unique_and_every_emitted_op_is_covered() {
+        let cases = op_cases();
+        let mut names: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate case names");
+        for op in [
+            "matmul",
+            "get_rows",
+            "add",
+            "mul",
+            "swiglu",
+            "rms_norm",
+            "qk_norm",
+            "rope",
+            "attn",
+            "kvcache_store",
+        ] {
+            assert!(cases.iter().any(|c| c.op == op), "no case for {op}");
+        }
+        for &(ty, _) in MATMUL_TYPES {
+            assert!(cases.iter().any(|c| c.name.contains(ty.name())), "{ty:?}");
+        }
+    }
+
+    #[test]
+    fn the_reference_passes_its_own_table_and_a_wrong_kernel_fails_by_name() {
+        let cases = op_cases();
+        let reference = || -> Vec<Box<dyn BackendImpl>> { vec![Box::new(RefBackend::cpu())] };
+        let report = run_cases(&cases, Backend::CPU, &reference, &reference);
+        report.check().expect("reference against itself");
+        assert!(report.unclaimed.is_empty());
+        assert!(report.passed.iter().all(|o| o.error == 0.0));
+
+        // A backend that claims rope but fails it is reported per case, by name.
+        let broken = || -> Vec<Box<dyn BackendImpl>> {
+            vec![Box::new(RefBackend::cpu().failing_on("rope"))]
+        };
+        let report = run_cases(&cases, Backend::CPU, &broken, &reference);
+        let rope_cases = cases.iter().filter(|c| c.op == "rope").count();
+        assert_eq!(report.failures.len(), rope_cases, "{:?}", report.failures);
+        assert!(
+            report.failures[0].starts_with("rope "),
+            "{}",
+            report.failures[0]
+        );
+        assert!(report.check().is_err());
+
+        // A device that does not claim an op is listed as unclaimed, not passed.
+        let split = || -> Vec<Box<dyn BackendImpl>> {
+            vec![
+                Box::new(RefBackend::cpu()),
+                Box::new(RefBackend::test_device().claiming(&["add", "input"])),
+            ]
+        };
+        let report = run_cases(&cases, Backend::METAL, &split, &reference);
+        report.check().expect("split");
+        assert!(report.passed.iter().all(|o| o.name.starts_with("add ")));
+        assert!(!report.unclaimed.is_empty());
+    }
+}
