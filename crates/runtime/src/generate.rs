@@ -55,7 +55,7 @@ pub fn generate(
     tokenizer: &Tokenizer,
     prompt: &[u32],
     opts: &GenerateOptions,
-    mut on_text: impl FnMut(&str) -> bool,
+    on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats, EngineError> {
     if prompt.is_empty() {
         return Err(EngineError::Param {
@@ -78,17 +78,53 @@ pub fn generate(
     })?;
     engine.reset();
     let t0 = Instant::now();
-    let mut logits = engine.prefill(prompt, 0)?;
+    let logits = engine.prefill(prompt, 0)?;
     let prompt_time = t0.elapsed();
     for &t in prompt {
         sampler.accept(t);
     }
 
     let t1 = Instant::now();
+    let mut pos = prompt.len();
+    let (finish, tokens) = decode_loop(
+        tokenizer,
+        &mut sampler,
+        logits,
+        opts,
+        on_text,
+        |tok, logits| {
+            engine.forward_into(&[tok], pos, 1, logits)?;
+            pos += 1;
+            Ok(true)
+        },
+    )?;
+    Ok(GenerationStats {
+        prompt_tokens: prompt.len(),
+        prompt_time,
+        gen_tokens: tokens.len(),
+        gen_time: t1.elapsed(),
+        finish,
+        tokens,
+    })
+}
+
+/// The sampling loop shared by [`generate`] and the conversation engine: samples from
+/// `logits`, streams text through the stop scanner, and hands each kept token to
+/// `advance`, which runs it through the model and refills `logits`; `advance` returns
+/// `false` when the token cannot run (the context is full), which ends as a length limit.
+/// Returns why generation ended and the generated tokens; every token but the last one
+/// has been run through `advance` (the last one too when the reason is not a limit).
+pub(crate) fn decode_loop(
+    tokenizer: &Tokenizer,
+    sampler: &mut Sampler,
+    mut logits: Vec<f32>,
+    opts: &GenerateOptions,
+    mut on_text: impl FnMut(&str) -> bool,
+    mut advance: impl FnMut(u32, &mut Vec<f32>) -> Result<bool, EngineError>,
+) -> Result<(FinishReason, Vec<u32>), EngineError> {
     let mut stream = StreamDecoder::new(false);
     let mut stops = StopScanner::new(&opts.stop);
     let mut tokens = Vec::new();
-    let mut pos = prompt.len();
     let mut finish = FinishReason::Length;
     while tokens.len() < opts.max_tokens {
         let tok = sampler.sample(&mut logits);
@@ -119,11 +155,9 @@ pub fn generate(
                 break;
             }
         }
-        if tokens.len() == opts.max_tokens {
+        if tokens.len() == opts.max_tokens || !advance(tok, &mut logits)? {
             break;
         }
-        engine.forward_into(&[tok], pos, 1, &mut logits)?;
-        pos += 1;
     }
     if finish != FinishReason::Stop || opts.stop.is_empty() {
         let mut rest = stops.finish();
@@ -132,14 +166,7 @@ pub fn generate(
             on_text(&rest);
         }
     }
-    Ok(GenerationStats {
-        prompt_tokens: prompt.len(),
-        prompt_time,
-        gen_tokens: tokens.len(),
-        gen_time: t1.elapsed(),
-        finish,
-        tokens,
-    })
+    Ok((finish, tokens))
 }
 
 /// Greedy continuation of `prompt` by `n` tokens, ignoring end-of-generation tokens

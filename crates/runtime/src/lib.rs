@@ -1,6 +1,7 @@
 //! The minfer runtime: the engine that drives a model's graph through the reuse cache,
-//! the sampler chain, stop strings, perplexity and the generation loop.
+//! the sampler chain, stop strings, perplexity, the generation loop and conversations.
 
+pub mod conversation;
 pub mod engine;
 pub mod generate;
 pub mod multi;
@@ -8,6 +9,10 @@ pub mod perplexity;
 pub mod sampling;
 pub mod stop;
 
+pub use conversation::{
+    Conversation, ConversationError, ConversationOptions, KvHistory, OverflowPolicy, Reuse,
+    TurnStats,
+};
 pub use engine::{Engine, EngineError, EngineOptions};
 pub use generate::{generate, greedy_tokens, FinishReason, GenerateOptions, GenerationStats};
 pub use multi::{MultiEngine, SeqStep};
