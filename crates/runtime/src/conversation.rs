@@ -401,8 +401,8 @@ impl Conversation {
         v
     }
 
-    /// The prompt a turn with `messages` would prefill (the rendering with the
-    /// generation prompt, less what shifts dropped); for tests and sessions.
+    /// The prompt the current messages render to (with the generation prompt, less what
+    /// shifts dropped), as a turn would build it before adding its user message.
     pub fn prompt_tokens(&self) -> Result<Vec<u32>, ConversationError> {
         let full = self.render(&self.all_messages(), true)?;
         let keep = self.n_keep(&full)?;

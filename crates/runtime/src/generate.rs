@@ -112,8 +112,8 @@ pub fn generate(
 /// `logits`, streams text through the stop scanner, and hands each kept token to
 /// `advance`, which runs it through the model and refills `logits`; `advance` returns
 /// `false` when the token cannot run (the context is full), which ends as a length limit.
-/// Returns why generation ended and the generated tokens; every token but the last one
-/// has been run through `advance` (the last one too when the reason is not a limit).
+/// Returns why generation ended and the generated tokens; all of them have been run
+/// through `advance` when an end-of-generation token ended it, all but the last otherwise.
 pub(crate) fn decode_loop(
     tokenizer: &Tokenizer,
     sampler: &mut Sampler,
