@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: checks formatting and lints, installs the
-# `openai` Python client (the server's end-to-end test uses it), builds minfer, pulls the
-# default model through minfer's own `pull` (verified by size and sha256), runs every test
+# `openai` Python client (the server's end-to-end test uses it) and tmux if absent (the
+# chat test drives a terminal), builds minfer, pulls the default model through minfer's
+# own `pull` (verified by size and sha256), runs every test
 # in the workspace, then runs the graph, models and runtime tests again under the `checked`
 # profile (optimised, with debug assertions and overflow checks, so the graph invariant
 # checks and integer overflow traps run too). The wgpu backend's tests need a Vulkan
@@ -19,6 +20,12 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 python3 -m pip install -q --disable-pip-version-check openai
+# The chat test drives `minfer chat` in a real terminal through tmux.
+if ! command -v tmux >/dev/null; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
+    $sudo apt-get update -q && $sudo apt-get install -y -q tmux
+fi
 cargo build --release --locked --bin minfer
 ./target/release/minfer pull
 cargo test --release --locked --workspace

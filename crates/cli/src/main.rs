@@ -27,6 +27,8 @@ enum Command {
     Tokenize(cmd::tokenize::Args),
     /// Generate text from a prompt, streaming it to stdout.
     Run(cmd::run::Args),
+    /// Talk with the model in the terminal (one turn per line when stdin is not a terminal).
+    Chat(cmd::chat::Args),
     /// Measure perplexity over a text file, as llama-perplexity does.
     Perplexity(cmd::perplexity::Args),
     /// Serve the model over an OpenAI-compatible HTTP API.
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
         Command::Pull(a) => cmd::pull::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Run(a) => cmd::run::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(a) => cmd::bench::run(a),

@@ -34,7 +34,7 @@ pub enum FinishReason {
 /// Counts and timings of one generation.
 #[derive(Debug, Clone)]
 pub struct GenerationStats {
-    /// Prompt tokens prefilled (the reused prefix excluded).
+    /// Prompt tokens prefilled.
     pub prompt_tokens: usize,
     /// Wall time of the prefill.
     pub prompt_time: Duration,
@@ -69,7 +69,7 @@ pub fn generate_reusing(
     prompt: &[u32],
     reuse: usize,
     opts: &GenerateOptions,
-    mut on_text: impl FnMut(&str) -> bool,
+    on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats, EngineError> {
     if reuse > 0 && (reuse >= prompt.len() || reuse > engine.seq_len()) {
         return Err(EngineError::Param {
@@ -104,17 +104,53 @@ pub fn generate_reusing(
         engine.reset();
     }
     let t0 = Instant::now();
-    let mut logits = engine.prefill(&prompt[reuse..], reuse)?;
+    let logits = engine.prefill(&prompt[reuse..], reuse)?;
     let prompt_time = t0.elapsed();
     for &t in prompt {
         sampler.accept(t);
     }
 
     let t1 = Instant::now();
+    let mut pos = prompt.len();
+    let (finish, tokens) = decode_loop(
+        tokenizer,
+        &mut sampler,
+        logits,
+        opts,
+        on_text,
+        |tok, logits| {
+            engine.forward_into(&[tok], pos, 1, logits)?;
+            pos += 1;
+            Ok(true)
+        },
+    )?;
+    Ok(GenerationStats {
+        prompt_tokens: prompt.len() - reuse,
+        prompt_time,
+        gen_tokens: tokens.len(),
+        gen_time: t1.elapsed(),
+        finish,
+        tokens,
+    })
+}
+
+/// The sampling loop shared by [`generate`] and the conversation engine: samples from
+/// `logits`, streams text through the stop scanner, and hands each kept token to
+/// `advance`, which runs it through the model and refills `logits`; `advance` returns
+/// `false` when the token cannot run (the context is full), which ends as a length limit.
+/// Returns why generation ended and the generated tokens; all of them have been run
+/// through `advance` when an end-of-generation token ended it, all but the last otherwise.
+pub(crate) fn decode_loop(
+    tokenizer: &Tokenizer,
+    sampler: &mut Sampler,
+    mut logits: Vec<f32>,
+    opts: &GenerateOptions,
+    mut on_text: impl FnMut(&str) -> bool,
+    mut advance: impl FnMut(u32, &mut Vec<f32>) -> Result<bool, EngineError>,
+) -> Result<(FinishReason, Vec<u32>), EngineError> {
     let mut stream = StreamDecoder::new(false);
     let mut stops = StopScanner::new(&opts.stop);
     let mut tokens = Vec::new();
-    let mut pos = prompt.len();
     let mut finish = FinishReason::Length;
     while tokens.len() < opts.max_tokens {
         let tok = sampler.sample(&mut logits);
@@ -145,11 +181,9 @@ pub fn generate_reusing(
                 break;
             }
         }
-        if tokens.len() == opts.max_tokens {
+        if tokens.len() == opts.max_tokens || !advance(tok, &mut logits)? {
             break;
         }
-        engine.forward_into(&[tok], pos, 1, &mut logits)?;
-        pos += 1;
     }
     if finish != FinishReason::Stop || opts.stop.is_empty() {
         let mut rest = stops.finish();
@@ -158,14 +192,7 @@ pub fn generate_reusing(
             on_text(&rest);
         }
     }
-    Ok(GenerationStats {
-        prompt_tokens: prompt.len() - reuse,
-        prompt_time,
-        gen_tokens: tokens.len(),
-        gen_time: t1.elapsed(),
-        finish,
-        tokens,
-    })
+    Ok((finish, tokens))
 }
 
 /// Greedy continuation of `prompt` by `n` tokens, ignoring end-of-generation tokens

@@ -1,7 +1,8 @@
 //! The minfer runtime: the engine that drives a model's graph through the reuse cache,
-//! the sampler chain, stop strings, perplexity and the generation loop.
+//! the sampler chain, stop strings, perplexity, the generation loop and conversations.
 
 pub mod backends;
+pub mod conversation;
 pub mod engine;
 pub mod generate;
 pub mod multi;
@@ -10,6 +11,10 @@ pub mod sampling;
 pub mod session;
 pub mod stop;
 
+pub use conversation::{
+    Conversation, ConversationError, ConversationOptions, KvHistory, OverflowPolicy, Reuse,
+    TurnStats,
+};
 pub use engine::{Engine, EngineError, EngineOptions};
 pub use generate::{
     generate, generate_reusing, greedy_tokens, FinishReason, GenerateOptions, GenerationStats,

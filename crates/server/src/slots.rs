@@ -13,7 +13,7 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::Json;
 use minfer_runtime::session::{self, SessionError};
-use minfer_runtime::MultiEngine;
+use minfer_runtime::{KvHistory, MultiEngine};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
@@ -139,7 +139,7 @@ fn session_error(e: SessionError) -> ApiError {
 /// `cached` to what the slot holds afterwards. The answer follows llama-server's fields.
 pub(crate) fn apply(
     engine: &mut MultiEngine,
-    cached: &mut Vec<u32>,
+    cached: &mut KvHistory,
     op: &SlotOp,
 ) -> Result<Value, ApiError> {
     let t0 = Instant::now();
@@ -152,7 +152,7 @@ pub(crate) fn apply(
                 .slot_len(slot)
                 .map_err(|e| ApiError::internal(e.to_string()))?;
             cached.truncate(held);
-            session::save_slot(engine, slot, cached, path).map_err(session_error)?;
+            session::save_slot(engine, slot, cached.tokens(), path).map_err(session_error)?;
             let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             Ok(json!({
                 "id_slot": slot,
@@ -166,7 +166,7 @@ pub(crate) fn apply(
             let history = session::load_slot(engine, slot, path).map_err(session_error)?;
             let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             let n = history.len();
-            *cached = history;
+            *cached = KvHistory::from_tokens(history);
             Ok(json!({
                 "id_slot": slot,
                 "filename": op.filename,

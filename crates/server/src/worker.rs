@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use minfer_runtime::{EngineError, MultiEngine, Sampler, SeqStep, StopEvent, StopScanner};
+use minfer_runtime::{
+    EngineError, KvHistory, MultiEngine, Sampler, SeqStep, StopEvent, StopScanner,
+};
 use minfer_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
@@ -162,7 +164,7 @@ struct Active {
 
 struct Slot {
     /// Tokens whose KV sits at positions `0..cached.len()`.
-    cached: Vec<u32>,
+    cached: KvHistory,
     active: Option<Active>,
     last_used: u64,
     last_prompt: usize,
@@ -176,10 +178,6 @@ struct Worker {
     info: Arc<Mutex<Vec<SlotInfo>>>,
     slots: Vec<Slot>,
     clock: u64,
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
@@ -198,7 +196,7 @@ impl Worker {
     ) -> Self {
         let slots = (0..engine.n_slots())
             .map(|_| Slot {
-                cached: Vec::new(),
+                cached: KvHistory::new(),
                 active: None,
                 last_used: 0,
                 last_prompt: 0,
@@ -289,12 +287,7 @@ impl Worker {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.active.is_none())
-            .max_by_key(|(_, s)| {
-                (
-                    common_prefix(&s.cached, &job.prompt),
-                    u64::MAX - s.last_used,
-                )
-            })
+            .max_by_key(|(_, s)| (s.cached.matching(&job.prompt), u64::MAX - s.last_used))
             .map(|(i, _)| i)
         else {
             return;
@@ -302,9 +295,9 @@ impl Worker {
         self.clock += 1;
         let slot = &mut self.slots[idx];
         slot.last_used = self.clock;
-        // At least the last prompt token runs again: its logits start the generation.
-        let keep = common_prefix(&slot.cached, &job.prompt).min(job.prompt.len() - 1);
-        slot.cached.truncate(keep);
+        // The conversation engine's reuse rule: the longest held prefix, less the last
+        // prompt token, whose logits start the generation.
+        let keep = slot.cached.reuse(&job.prompt).kept;
         self.metrics.add_prompt_tokens(job.prompt.len());
         let sampler = match Sampler::new(job.sampling.clone()) {
             Ok(s) => s,
@@ -406,7 +399,7 @@ impl Worker {
                     continue;
                 }
                 let pos0 = slot.cached.len();
-                slot.cached.extend_from_slice(&tokens);
+                slot.cached.extend(&tokens);
                 steps.push(SeqStep {
                     slot: idx,
                     tokens,
@@ -652,16 +645,4 @@ fn finish(a: &mut Active, reason: Finish, release: bool) {
         completion_tokens: a.generated,
     }));
     a.done = true;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn common_prefix_counts_equal_leading_tokens() {
-        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
-        assert_eq!(common_prefix(&[], &[1]), 0);
-        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
-    }
 }

@@ -1,6 +1,7 @@
 //! One module per subcommand; each is a thin layer over the library crates.
 
 pub mod bench;
+pub mod chat;
 pub mod common;
 pub mod info;
 pub mod perplexity;

@@ -26,6 +26,32 @@ pub struct Args {
     /// Read the prompt from a file.
     #[arg(short = 'f', long = "file", conflicts_with_all = ["prompt_arg", "prompt"])]
     pub file: Option<PathBuf>,
+    #[command(flatten)]
+    pub gen: GenArgs,
+    /// Render the prompt through the model's chat template as a user message.
+    #[arg(long = "chat")]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long = "system", requires = "chat")]
+    pub system: Option<String>,
+    /// Write the graph of this run as DOT to FILE and exit.
+    #[arg(long = "dump-graph")]
+    pub dump_graph: Option<PathBuf>,
+    /// Write the graph of this run as JSON to FILE and exit.
+    #[arg(long = "dump-graph-json")]
+    pub dump_graph_json: Option<PathBuf>,
+    /// Which graph to dump: prefill or decode.
+    #[arg(long = "dump-kind", default_value = "prefill", value_parser = ["prefill", "decode"])]
+    pub dump_kind: String,
+    /// KV session file: restored when it exists (its longest common prefix with the
+    /// prompt is not prefilled again) and saved after the run.
+    #[arg(long = "session")]
+    pub session: Option<PathBuf>,
+}
+
+/// Generation and sampling flags, shared by `minfer run` and `minfer chat`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct GenArgs {
     /// Tokens to generate (any value: generation stops cleanly when the context is full).
     #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
     pub n_predict: usize,
@@ -75,29 +101,11 @@ pub struct Args {
     /// Stop before this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
-    /// Render the prompt through the model's chat template as a user message.
-    #[arg(long = "chat")]
-    pub chat: bool,
-    /// System message for --chat.
-    #[arg(long = "system", requires = "chat")]
-    pub system: Option<String>,
-    /// Write the graph of this run as DOT to FILE and exit.
-    #[arg(long = "dump-graph")]
-    pub dump_graph: Option<PathBuf>,
-    /// Write the graph of this run as JSON to FILE and exit.
-    #[arg(long = "dump-graph-json")]
-    pub dump_graph_json: Option<PathBuf>,
-    /// Which graph to dump: prefill or decode.
-    #[arg(long = "dump-kind", default_value = "prefill", value_parser = ["prefill", "decode"])]
-    pub dump_kind: String,
-    /// KV session file: restored when it exists (its longest common prefix with the
-    /// prompt is not prefilled again) and saved after the run.
-    #[arg(long = "session")]
-    pub session: Option<PathBuf>,
 }
 
-impl Args {
-    fn sampling(&self) -> SamplingParams {
+impl GenArgs {
+    /// The sampler parameters these flags select (a random seed unless --seed).
+    pub fn sampling(&self) -> SamplingParams {
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -117,7 +125,9 @@ impl Args {
             logit_bias: Vec::new(),
         }
     }
+}
 
+impl Args {
     fn prompt_text(&self) -> anyhow::Result<String> {
         if let Some(p) = self.prompt.as_ref().or(self.prompt_arg.as_ref()) {
             return Ok(p.clone());
@@ -155,7 +165,7 @@ fn prompt_tokens(args: &Args, tok: &Tokenizer, text: &str) -> anyhow::Result<Vec
 }
 
 /// A sampling refusal in terms of the flag that set the parameter.
-fn flag_error(e: SamplerError) -> anyhow::Error {
+pub fn flag_error(e: SamplerError) -> anyhow::Error {
     let SamplerError::OutOfRange { name, value, range } = e;
     let flag = if name == "temperature" {
         "temp (temperature)"
@@ -167,7 +177,7 @@ fn flag_error(e: SamplerError) -> anyhow::Error {
 
 /// Runs `minfer run`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let sampling = args.sampling();
+    let sampling = args.gen.sampling();
     sampling.validate().map_err(flag_error)?;
     let dumping = args.dump_graph.is_some() || args.dump_graph_json.is_some();
     let text = if dumping {
@@ -213,7 +223,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             prompt.len()
         );
     }
-    let capped = args.n_predict > room;
+    let capped = args.gen.n_predict > room;
     let mut reuse = 0;
     if let Some(path) = args.session.as_deref().filter(|p| p.exists()) {
         // A refused file is an error, not a silent fresh start: it is left as it is.
@@ -228,8 +238,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let opts = GenerateOptions {
-        max_tokens: args.n_predict.min(room),
-        stop: args.stop.clone(),
+        max_tokens: args.gen.n_predict.min(room),
+        stop: args.gen.stop.clone(),
         sampling,
     };
     let mut out = std::io::stdout().lock();
