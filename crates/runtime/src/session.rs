@@ -523,21 +523,9 @@ fn read_checked(
     Ok((history, words))
 }
 
-/// The length of the longest common prefix of `a` and `b`.
-pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn common_prefix_counts_equal_leading_tokens() {
-        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
-        assert_eq!(common_prefix(&[], &[1]), 0);
-        assert_eq!(common_prefix(&[5, 6], &[5, 6, 7]), 2);
-    }
 
     #[test]
     fn a_reader_names_the_field_it_ran_out_in() {

@@ -228,13 +228,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = args.session.as_deref().filter(|p| p.exists()) {
         // A refused file is an error, not a silent fresh start: it is left as it is.
         let history = session::load(&mut engine, path)?;
-        // At least the last prompt token runs again, for the first logits.
-        reuse = session::common_prefix(&history, &prompt).min(prompt.len().saturating_sub(1));
+        let stored = history.len();
+        // The shared reuse rule: at least the last prompt token runs again, for the
+        // first logits.
+        reuse = minfer_runtime::KvHistory::from_tokens(history)
+            .reuse(&prompt)
+            .kept;
         eprintln!(
-            "session {}: reusing {reuse} of {} prompt tokens ({} stored)",
+            "session {}: reusing {reuse} of {} prompt tokens ({stored} stored)",
             path.display(),
             prompt.len(),
-            history.len()
         );
     }
     let opts = GenerateOptions {
