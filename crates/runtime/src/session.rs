@@ -2,7 +2,7 @@
 //! checksummed file that a later process (or another slot) restores instead of prefilling
 //! the history again (design §3.6, ADR-0006).
 //!
-//! Format (version 1, little-endian):
+//! Format (version 2, little-endian):
 //!
 //! | field | bytes |
 //! |---|---|
@@ -17,7 +17,15 @@
 //! | token count `n` | u64 |
 //! | tokens | n × u32 |
 //! | per layer: K rows, then V rows | n × words per row × u32 each |
+//! | conversation | u8: 0 none, 1 present (then the fields below) |
+//! | — tokens dropped by context shifts | u64 |
+//! | — system message | u8: 0 none, 1 present (then u32 length + UTF-8) |
+//! | — message count `m` | u32 |
+//! | — per message: role, content | u16 length + UTF-8, u32 length + UTF-8 |
 //! | SHA-256 of everything above | 32 |
+//!
+//! Version 1 is version 2 without the conversation section; this build still reads it
+//! (as a session without a conversation) and writes version 2.
 //!
 //! A file is written to a temporary in the same directory, synced and renamed over the
 //! target, so a reader sees the old file or the new one, never a mix. A load checks
@@ -30,6 +38,7 @@ use std::path::{Path, PathBuf};
 use minfer_gguf::GgufFile;
 use minfer_graph::{KvType, RopeStyle};
 use minfer_models::HParams;
+use minfer_tokenizer::ChatMessage;
 use sha2::{Digest, Sha256};
 
 use crate::engine::{Engine, EngineError};
@@ -38,8 +47,11 @@ use crate::multi::MultiEngine;
 /// The first bytes of every session file.
 pub const MAGIC: [u8; 8] = *b"MINFERKV";
 
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this build writes (and the newest it reads).
+pub const VERSION: u32 = 2;
+
+/// The oldest format version this build reads: version 1 lacks only the conversation.
+pub const OLDEST_VERSION: u32 = 1;
 
 /// Bytes sampled from each tensor at each of [`DIGEST_SAMPLES`] evenly spaced offsets.
 const DIGEST_CHUNK: usize = 4096;
@@ -67,7 +79,7 @@ pub enum SessionError {
     },
     /// The file is of a format version this build does not read.
     #[error(
-        "session {path}: format version {found} is not supported (this build reads {VERSION})"
+        "session {path}: format version {found} is not supported (this build reads versions {OLDEST_VERSION} to {VERSION})"
     )]
     Version {
         /// The file.
@@ -109,12 +121,43 @@ pub enum SessionError {
         /// Positions available.
         n_ctx: usize,
     },
+    /// A conversation was asked for, but the file holds only tokens and KV rows.
+    #[error(
+        "session {path}: holds KV rows but no conversation (a `minfer run --session` file); \
+         a chat restores only files it saved"
+    )]
+    NoConversation {
+        /// The file.
+        path: PathBuf,
+    },
     /// The history to save is not what the engine's KV holds.
     #[error("session: {0}")]
     History(String),
     /// The engine failed to read or write its KV.
     #[error(transparent)]
     Engine(#[from] EngineError),
+}
+
+/// The conversation a chat session carries beside its tokens, so that a restore gives
+/// back the messages the KV rows were rendered from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SavedChat {
+    /// The system message, if any.
+    pub system: Option<String>,
+    /// The user and assistant turns, in order (without the system message).
+    pub messages: Vec<ChatMessage>,
+    /// Tokens of the full rendering that context shifts dropped after the kept ones.
+    pub dropped: usize,
+}
+
+/// What a session file holds: the tokens whose KV rows it restored, and the
+/// conversation when a chat saved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// The token history, now at positions `0..tokens.len()` of the sequence.
+    pub tokens: Vec<u32>,
+    /// The conversation, when the file has one.
+    pub chat: Option<SavedChat>,
 }
 
 /// SHA-256 over the tensor table (names, dims, types, offsets, sizes) and
@@ -282,6 +325,16 @@ impl<'a> Reader<'a> {
 /// Saves the first `history.len()` positions of `engine`'s sequence, which must hold
 /// exactly those tokens, to `path` (atomically).
 pub fn save(engine: &mut Engine, history: &[u32], path: &Path) -> Result<(), SessionError> {
+    save_with(engine, history, None, path)
+}
+
+/// [`save`] with the conversation `chat` beside the tokens (what `minfer chat` saves).
+pub fn save_with(
+    engine: &mut Engine,
+    history: &[u32],
+    chat: Option<&SavedChat>,
+    path: &Path,
+) -> Result<(), SessionError> {
     if history.len() > engine.seq_len() {
         return Err(SessionError::History(format!(
             "{} tokens to save but the KV holds {}",
@@ -289,22 +342,51 @@ pub fn save(engine: &mut Engine, history: &[u32], path: &Path) -> Result<(), Ses
             engine.seq_len()
         )));
     }
-    save_rows(engine, 0, history, path)
+    save_rows(engine, 0, history, chat, path)
 }
 
 /// Restores `path` into `engine`: its KV rows become positions `0..n` of the current
 /// sequence, and the stored history (`n` tokens) is returned. A refused file leaves the
 /// engine as it was.
 pub fn load(engine: &mut Engine, path: &Path) -> Result<Vec<u32>, SessionError> {
+    load_with(engine, path).map(|r| r.tokens)
+}
+
+/// [`load`], also giving back the conversation the file carries (if any).
+pub fn load_with(engine: &mut Engine, path: &Path) -> Result<Restored, SessionError> {
+    restore(engine, path, false)
+}
+
+/// [`load_with`] for a file that must carry a conversation: one without is refused
+/// ([`SessionError::NoConversation`]) before the engine is touched.
+pub fn load_chat(engine: &mut Engine, path: &Path) -> Result<(Vec<u32>, SavedChat), SessionError> {
+    let r = restore(engine, path, true)?;
+    match r.chat {
+        Some(c) => Ok((r.tokens, c)),
+        None => Err(SessionError::NoConversation {
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
+fn restore(engine: &mut Engine, path: &Path, need_chat: bool) -> Result<Restored, SessionError> {
     let n_ctx = engine.n_ctx();
-    let (history, words) = read_checked(engine, path, n_ctx)?;
+    let (history, words, chat) = read_checked(engine, path, n_ctx)?;
+    if need_chat && chat.is_none() {
+        return Err(SessionError::NoConversation {
+            path: path.to_path_buf(),
+        });
+    }
     if let Err(e) = engine.write_kv_rows(0, history.len(), &words) {
         // Rows may be half rewritten: the sequence no longer holds any of them.
         engine.set_seq_len(0);
         return Err(e.into());
     }
     engine.set_seq_len(history.len());
-    Ok(history)
+    Ok(Restored {
+        tokens: history,
+        chat,
+    })
 }
 
 /// [`save`] for one slot of a [`MultiEngine`].
@@ -322,7 +404,7 @@ pub fn save_slot(
         )));
     }
     let base = slot * multi.slot_ctx();
-    save_rows(multi.engine_mut(), base, history, path)
+    save_rows(multi.engine_mut(), base, history, None, path)
 }
 
 /// [`load`] into one slot of a [`MultiEngine`] (its share of the context is the limit).
@@ -333,7 +415,7 @@ pub fn load_slot(
 ) -> Result<Vec<u32>, SessionError> {
     multi.slot_len(slot)?;
     let (cap, base) = (multi.slot_ctx(), slot * multi.slot_ctx());
-    let (history, words) = read_checked(multi.engine_mut(), path, cap)?;
+    let (history, words, _chat) = read_checked(multi.engine_mut(), path, cap)?;
     if let Err(e) = multi
         .engine_mut()
         .write_kv_rows(base, history.len(), &words)
@@ -350,6 +432,7 @@ fn save_rows(
     engine: &mut Engine,
     base: usize,
     history: &[u32],
+    chat: Option<&SavedChat>,
     path: &Path,
 ) -> Result<(), SessionError> {
     let header = Header::of(engine)?;
@@ -366,9 +449,92 @@ fn save_rows(
     for w in &words {
         out.extend_from_slice(&w.to_le_bytes());
     }
+    write_chat(chat, &mut out)?;
     let sum: [u8; 32] = Sha256::digest(&out).into();
     out.extend_from_slice(&sum);
     write_atomic(path, &out)
+}
+
+/// Appends the conversation section (see the module's table).
+fn write_chat(chat: Option<&SavedChat>, out: &mut Vec<u8>) -> Result<(), SessionError> {
+    let Some(c) = chat else {
+        out.push(0);
+        return Ok(());
+    };
+    let too_long = |what: &str, n: usize| {
+        SessionError::History(format!("{what} of {n} bytes is too long to save"))
+    };
+    out.push(1);
+    out.extend_from_slice(&(c.dropped as u64).to_le_bytes());
+    match &c.system {
+        None => out.push(0),
+        Some(s) => {
+            out.push(1);
+            let n = u32::try_from(s.len()).map_err(|_| too_long("the system message", s.len()))?;
+            out.extend_from_slice(&n.to_le_bytes());
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
+    let count = u32::try_from(c.messages.len())
+        .map_err(|_| SessionError::History(format!("{} messages", c.messages.len())))?;
+    out.extend_from_slice(&count.to_le_bytes());
+    for m in &c.messages {
+        let r = u16::try_from(m.role.len()).map_err(|_| too_long("a role", m.role.len()))?;
+        out.extend_from_slice(&r.to_le_bytes());
+        out.extend_from_slice(m.role.as_bytes());
+        let n =
+            u32::try_from(m.content.len()).map_err(|_| too_long("a message", m.content.len()))?;
+        out.extend_from_slice(&n.to_le_bytes());
+        out.extend_from_slice(m.content.as_bytes());
+    }
+    Ok(())
+}
+
+/// Reads the conversation section, which must end the body exactly.
+fn read_chat(r: &mut Reader) -> Result<Option<SavedChat>, String> {
+    let text = |r: &mut Reader, n: usize, what: &str| -> Result<String, String> {
+        let b = r.bytes(n, what)?;
+        String::from_utf8(b.to_vec()).map_err(|_| format!("{what} is not UTF-8"))
+    };
+    let chat = match r.take::<1>("the conversation")? {
+        [0] => None,
+        [1] => {
+            let dropped = u64::from_le_bytes(r.take("the conversation")?);
+            let dropped = usize::try_from(dropped)
+                .map_err(|_| format!("{dropped} tokens dropped by shifts"))?;
+            let system = match r.take::<1>("the system message")? {
+                [0] => None,
+                [1] => {
+                    let n = u32::from_le_bytes(r.take("the system message")?) as usize;
+                    Some(text(r, n, "the system message")?)
+                }
+                [x] => return Err(format!("system message flag {x}")),
+            };
+            let count = u32::from_le_bytes(r.take("the message count")?);
+            // Not preallocated: the count is only as good as the bytes that follow it.
+            let mut messages = Vec::new();
+            for _ in 0..count {
+                let n = u16::from_le_bytes(r.take("a message role")?) as usize;
+                let role = text(r, n, "a message role")?;
+                let n = u32::from_le_bytes(r.take("a message")?) as usize;
+                let content = text(r, n, "a message")?;
+                messages.push(ChatMessage { role, content });
+            }
+            Some(SavedChat {
+                system,
+                messages,
+                dropped,
+            })
+        }
+        [x] => return Err(format!("conversation flag {x}")),
+    };
+    if r.at != r.buf.len() {
+        return Err(format!(
+            "{} bytes follow the conversation",
+            r.buf.len() - r.at
+        ));
+    }
+    Ok(chat)
 }
 
 /// Writes `bytes` to a temporary beside `path`, syncs it and renames it over `path`; on
@@ -407,11 +573,12 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
 
 /// Reads and checks `path` against `engine` for a sequence of at most `cap` positions:
 /// the history and the KV words, or the refusal.
+#[allow(clippy::type_complexity)]
 fn read_checked(
     engine: &Engine,
     path: &Path,
     cap: usize,
-) -> Result<(Vec<u32>, Vec<u32>), SessionError> {
+) -> Result<(Vec<u32>, Vec<u32>, Option<SavedChat>), SessionError> {
     let p = || path.to_path_buf();
     let buf = std::fs::read(path).map_err(|source| SessionError::Io { path: p(), source })?;
     let damaged = |what: String| SessionError::Damaged { path: p(), what };
@@ -423,7 +590,7 @@ fn read_checked(
     }
     let mut r = Reader { buf: &buf, at: 8 };
     let version = u32::from_le_bytes(r.take("the version").map_err(damaged)?);
-    if version != VERSION {
+    if !(OLDEST_VERSION..=VERSION).contains(&version) {
         return Err(SessionError::Version {
             path: p(),
             found: version,
@@ -494,10 +661,20 @@ fn read_checked(
     let n_layer = mine.hparams[0] as usize;
     let per_token = (mine.words[0] + mine.words[1]) as usize * n_layer + 1;
     let rest = body.len() - r.at;
-    if n.checked_mul(per_token).map(|b| b * 4) != Some(rest) {
+    // Version 1 ends with the KV rows; version 2 adds at least the conversation flag.
+    let tail = usize::from(version >= 2);
+    let kv_bytes = n.checked_mul(per_token).and_then(|w| w.checked_mul(4));
+    let fits = match kv_bytes {
+        Some(b) if version >= 2 => b.checked_add(tail).is_some_and(|need| need <= rest),
+        Some(b) => b == rest,
+        None => false,
+    };
+    if !fits {
         return Err(damaged(format!(
             "{n} tokens need {} more bytes, the file has {rest}",
-            n.saturating_mul(per_token).saturating_mul(4)
+            n.saturating_mul(per_token)
+                .saturating_mul(4)
+                .saturating_add(tail)
         )));
     }
     if n > cap {
@@ -519,8 +696,18 @@ fn read_checked(
             "token {t} is outside the vocabulary of {n_vocab}"
         )));
     }
-    let words = words_of(&body[r.at..]);
-    Ok((history, words))
+    let kv_end = r.at + 4 * n * (per_token - 1);
+    let words = words_of(&body[r.at..kv_end]);
+    let chat = if version >= 2 {
+        let mut c = Reader {
+            buf: body,
+            at: kv_end,
+        };
+        read_chat(&mut c).map_err(damaged)?
+    } else {
+        None
+    };
+    Ok((history, words, chat))
 }
 
 #[cfg(test)]

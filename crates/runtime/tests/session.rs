@@ -9,8 +9,9 @@ use minfer_gguf::{GgmlType, GgufFile};
 use minfer_graph::KvType;
 use minfer_models::testing::{tiny_model_bytes, TinySpec};
 use minfer_runtime::sampling::argmax;
-use minfer_runtime::session::{self, SessionError};
+use minfer_runtime::session::{self, SavedChat, SessionError};
 use minfer_runtime::{Engine, EngineOptions, MultiEngine};
+use minfer_tokenizer::ChatMessage;
 
 fn opts(n_ctx: usize, types: [KvType; 2]) -> EngineOptions {
     EngineOptions {
@@ -40,11 +41,28 @@ fn prompt() -> Vec<u32> {
     (0..13).map(|i| (i * 37 + 5) % 512).collect()
 }
 
-fn dir(name: &str) -> PathBuf {
+/// A directory of its own for one test, removed with everything in it when the test
+/// ends, passed or failed.
+struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir(name: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!("minfer-session-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    TempDir(d)
 }
 
 /// Greedy decode of `n` tokens from `logits` at position `pos`, returning every logits
@@ -160,49 +178,138 @@ fn refused(e: &mut Engine, path: &Path) -> SessionError {
     err
 }
 
-#[test]
-fn every_truncation_and_bit_flip_is_refused_and_the_file_is_never_modified() {
-    let d = dir("corrupt");
-    let (orig, bytes) = saved(&d, "good.kv", [KvType::F32; 2]);
+/// A conversation with multi-byte text, an empty message and a newline in one.
+fn chat() -> SavedChat {
+    SavedChat {
+        system: Some("Be brief. ünïcødé".into()),
+        messages: vec![
+            ChatMessage::new("user", "Hello, how are you? 🙂"),
+            ChatMessage::new("assistant", "Fine."),
+            ChatMessage::new("user", ""),
+            ChatMessage::new("assistant", "Line one\nline two"),
+        ],
+        dropped: 3,
+    }
+}
+
+/// Truncates `bytes` at many points and flips bits across it: every variant is refused
+/// (through `load`, and through `load_chat`), the engine keeps its sequence, the victim
+/// file is left as written, and the original never changes.
+fn assert_every_damage_is_refused(d: &Path, orig: &Path, bytes: &[u8]) {
     let mut e = engine([KvType::F32; 2]);
     e.prefill(&[1, 2, 3], 0).expect("prefill");
     let victim = d.join("victim.kv");
+    let check = |e: &mut Engine, what: &str, ok: &dyn Fn(&str) -> bool| {
+        let want = std::fs::read(&victim).unwrap();
+        let err = refused(e, &victim).to_string();
+        assert!(ok(&err), "{what}: {err}");
+        assert!(!err.contains('\n'), "one line: {err}");
+        let before = e.seq_len();
+        let err = session::load_chat(e, &victim)
+            .expect_err("refused")
+            .to_string();
+        assert!(ok(&err), "{what} (chat): {err}");
+        assert_eq!(
+            e.seq_len(),
+            before,
+            "{what}: a refused chat load changed the engine"
+        );
+        assert_eq!(
+            std::fs::read(&victim).unwrap(),
+            want,
+            "{what}: the file changed"
+        );
+    };
     let mut cuts: Vec<usize> = (0..64).collect();
     cuts.extend((64..bytes.len()).step_by(bytes.len() / 97 + 1));
-    cuts.push(bytes.len() - 1);
+    // Every cut inside the conversation section and the checksum.
+    cuts.extend(bytes.len().saturating_sub(160)..bytes.len());
     for cut in cuts {
         std::fs::write(&victim, &bytes[..cut]).unwrap();
-        let err = refused(&mut e, &victim).to_string();
-        assert!(
-            err.contains("damaged") || err.contains("magic"),
-            "cut at {cut}: {err}"
-        );
-        assert!(!err.contains('\n'), "one line: {err}");
-        assert_eq!(std::fs::read(&victim).unwrap(), &bytes[..cut], "cut {cut}");
+        check(&mut e, &format!("cut at {cut}"), &|err| {
+            err.contains("damaged") || err.contains("magic")
+        });
     }
     let mut flips: Vec<usize> = (0..80).collect();
     flips.extend((80..bytes.len()).step_by(bytes.len() / 211 + 1));
-    flips.push(bytes.len() - 1);
+    flips.extend(bytes.len().saturating_sub(160)..bytes.len());
     for at in flips {
         for bit in [0u8, 7] {
-            let mut bad = bytes.clone();
+            let mut bad = bytes.to_vec();
             bad[at] ^= 1 << bit;
             std::fs::write(&victim, &bad).unwrap();
-            let err = refused(&mut e, &victim).to_string();
-            assert!(
-                err.contains("damaged") || err.contains("magic") || err.contains("version"),
-                "flip at {at}.{bit}: {err}"
-            );
-            assert_eq!(std::fs::read(&victim).unwrap(), bad, "flip {at}");
+            check(&mut e, &format!("flip at {at}.{bit}"), &|err| {
+                err.contains("damaged") || err.contains("magic") || err.contains("version")
+            });
         }
     }
     assert_eq!(
-        std::fs::read(&orig).unwrap(),
+        std::fs::read(orig).unwrap(),
         bytes,
         "the original never changes"
     );
     // The good file still loads after all that.
-    session::load(&mut e, &orig).expect("the original loads");
+    session::load(&mut e, orig).expect("the original loads");
+}
+
+#[test]
+fn every_truncation_and_bit_flip_is_refused_and_the_file_is_never_modified() {
+    let d = dir("corrupt");
+    let (orig, bytes) = saved(&d, "good.kv", [KvType::F32; 2]);
+    assert_every_damage_is_refused(&d, &orig, &bytes);
+}
+
+#[test]
+fn a_session_with_a_conversation_round_trips_and_every_damage_to_it_is_refused() {
+    let d = dir("corrupt-chat");
+    let mut e = engine([KvType::F32; 2]);
+    let (hist, _) = run_to(&mut e, 3);
+    let path = d.join("chat.kv");
+    session::save_with(&mut e, &hist, Some(&chat()), &path).expect("save");
+    let bytes = std::fs::read(&path).expect("read back");
+    let mut fresh = engine([KvType::F32; 2]);
+    let (tokens, got) = session::load_chat(&mut fresh, &path).expect("load");
+    assert_eq!(tokens, hist);
+    assert_eq!(got, chat(), "the conversation comes back exactly");
+    assert_eq!(fresh.seq_len(), hist.len());
+    assert_every_damage_is_refused(&d, &path, &bytes);
+
+    // A file without a conversation is refused by a chat, before the engine changes.
+    let (plain, _) = saved(&d, "plain.kv", [KvType::F32; 2]);
+    let mut e = engine([KvType::F32; 2]);
+    e.prefill(&[1, 2, 3], 0).expect("prefill");
+    let err = session::load_chat(&mut e, &plain).unwrap_err();
+    assert!(matches!(err, SessionError::NoConversation { .. }), "{err}");
+    assert!(err.to_string().contains("no conversation"), "{err}");
+    assert_eq!(e.seq_len(), 3, "a refused chat load changed the engine");
+    // ... and `load` of a chat file gives the tokens alone.
+    let mut e = engine([KvType::F32; 2]);
+    assert_eq!(session::load(&mut e, &path).expect("load"), hist);
+}
+
+/// Rewrites a version-2 file with no conversation as version 1 (the same bytes less the
+/// conversation flag, checksummed again).
+fn as_version_1(v2: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    let body = &v2[..v2.len() - 32];
+    assert_eq!(body.last(), Some(&0), "no conversation in this file");
+    let mut v1 = body[..body.len() - 1].to_vec();
+    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let sum = sha2::Sha256::digest(&v1);
+    v1.extend_from_slice(&sum);
+    v1
+}
+
+#[test]
+fn a_version_1_file_still_loads() {
+    let d = dir("v1");
+    let (path, bytes) = saved(&d, "s.kv", [KvType::F32; 2]);
+    let want = session::load(&mut engine([KvType::F32; 2]), &path).expect("v2");
+    std::fs::write(&path, as_version_1(&bytes)).unwrap();
+    let mut e = engine([KvType::F32; 2]);
+    assert_eq!(session::load(&mut e, &path).expect("v1 loads"), want);
+    let err = session::load_chat(&mut engine([KvType::F32; 2]), &path).unwrap_err();
+    assert!(matches!(err, SessionError::NoConversation { .. }), "{err}");
 }
 
 #[test]
@@ -239,11 +346,14 @@ fn foreign_files_are_refused_with_what_differs() {
     std::fs::write(&bad, b"GGUF\x03\0\0\0 not a session at all").unwrap();
     let e = refused(&mut e32, &bad).to_string();
     assert!(e.contains("bad magic"), "{e}");
-    let mut v2 = bytes.clone();
-    v2[8] = 2;
-    std::fs::write(&bad, &v2).unwrap();
+    let mut v3 = bytes.clone();
+    v3[8] = 3;
+    std::fs::write(&bad, &v3).unwrap();
     let e = refused(&mut e32, &bad).to_string();
-    assert!(e.contains("version 2"), "{e}");
+    assert!(
+        e.contains("version 3") && e.contains("versions 1 to 2"),
+        "{e}"
+    );
     // A missing file names itself.
     let e = refused(&mut e32, &d.join("absent.kv")).to_string();
     assert!(e.contains("absent.kv"), "{e}");
@@ -268,7 +378,7 @@ fn a_save_replaces_the_file_atomically_and_refuses_history_the_kv_lacks() {
     );
     session::save(&mut e, &hist, &path).expect("save over");
     assert_ne!(std::fs::read(&path).unwrap(), first);
-    let left: Vec<_> = std::fs::read_dir(&d)
+    let left: Vec<_> = std::fs::read_dir(&*d)
         .unwrap()
         .map(|x| x.unwrap().file_name())
         .collect();
