@@ -9,14 +9,22 @@
 //! system prompt), drops the oldest half of the rest and re-prefills what follows the
 //! kept tokens at their new positions, so the KV equals a fresh prefill of the kept
 //! tokens exactly (llama.cpp's context shift, by re-prefilling instead of re-rotating).
+//! [`generate_shifting`] applies the same shift to a plain completion (`minfer run`).
+//!
+//! A turn's prefill runs in the engine's batch-sized chunks and asks its `interrupted`
+//! callback between them: an interrupted prefill drops the unfinished user message, and
+//! the KV history keeps exactly the chunks that ran, which the next turn reuses as far as
+//! its own rendering shares them.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use minfer_tokenizer::{ChatMessage, ChatTemplate, TemplateError, Tokenizer};
 
 use crate::engine::{Engine, EngineError};
-use crate::generate::{decode_loop, FinishReason, GenerateOptions};
+use crate::generate::{decode_loop, FinishReason, GenerateOptions, GenerationStats};
 use crate::sampling::Sampler;
+use crate::session::{self, SavedChat, SessionError};
 
 /// Length of the longest common prefix of two token sequences.
 pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -168,6 +176,17 @@ pub enum ConversationError {
         /// The context length.
         n_ctx: usize,
     },
+    /// The prefill was interrupted between two chunks; the user message was dropped.
+    #[error(
+        "interrupted while reading the prompt ({done} of {total} new tokens read): \
+         the message was dropped"
+    )]
+    Interrupted {
+        /// New prompt tokens prefilled before the interruption (their KV rows are kept).
+        done: usize,
+        /// New prompt tokens the turn had to prefill.
+        total: usize,
+    },
     /// A parameter outside its domain, named.
     #[error("invalid {name}: {message}")]
     Param {
@@ -226,6 +245,138 @@ fn rate(n: usize, d: Duration) -> f64 {
     } else {
         0.0
     }
+}
+
+/// The context shift, one copy for conversations and plain completions: with the KV
+/// full, keeps its first `n_keep` positions, drops the oldest half of the rest, and runs
+/// what follows (then `tok`) again at the new positions, refilling `logits`. Returns the
+/// tokens dropped, or `None` (nothing changed) when there is nothing to drop.
+fn shift_and_run(
+    engine: &mut Engine,
+    kv: &mut KvHistory,
+    n_keep: usize,
+    tok: u32,
+    logits: &mut Vec<f32>,
+) -> Result<Option<usize>, EngineError> {
+    let discard = kv.len().saturating_sub(n_keep) / 2;
+    if discard == 0 {
+        return Ok(None);
+    }
+    let mut rest = kv.tokens()[n_keep + discard..].to_vec();
+    rest.push(tok);
+    kv.truncate(n_keep);
+    *logits = engine.prefill(&rest, n_keep)?;
+    kv.extend(&rest);
+    Ok(Some(discard))
+}
+
+/// Prefills `tokens` at `kv.len()` in the engine's batch-sized chunks (the chunks
+/// [`Engine::prefill`] runs), recording each in `kv` once it ran and asking
+/// `interrupted` after each. Returns the last token's logits, or `None` when interrupted
+/// (then `kv` holds the chunks that ran): an interruption during the last chunk still
+/// counts, since no answer has started.
+fn prefill_chunks(
+    engine: &mut Engine,
+    kv: &mut KvHistory,
+    tokens: &[u32],
+    interrupted: &mut dyn FnMut() -> bool,
+) -> Result<Option<Vec<f32>>, EngineError> {
+    let end = kv.len().saturating_add(tokens.len());
+    if end > engine.n_ctx() {
+        return Err(EngineError::ContextOverflow {
+            what: "the prompt",
+            needed: end,
+            n_ctx: engine.n_ctx(),
+        });
+    }
+    let mut logits = Vec::new();
+    for chunk in tokens.chunks(engine.n_batch().max(1)) {
+        logits = engine.forward(chunk, kv.len(), 1)?;
+        kv.extend(chunk);
+        if interrupted() {
+            return Ok(None);
+        }
+    }
+    Ok(Some(logits))
+}
+
+/// Counts of a [`generate_shifting`] run.
+#[derive(Debug, Clone)]
+pub struct ShiftedGeneration {
+    /// Prompt tokens prefilled, timings, finish and the generated tokens.
+    pub stats: GenerationStats,
+    /// Tokens dropped by context shifts.
+    pub shifted: usize,
+}
+
+/// Generates a continuation of `prompt` over the KV `kv` describes (its longest prefix
+/// shared with the prompt is kept, as [`KvHistory::reuse`] says), running past the end of
+/// the context with context shifts that keep the first `n_keep` tokens. The prompt itself
+/// must leave room for one generated token. `kv` ends holding what the KV holds.
+pub fn generate_shifting(
+    engine: &mut Engine,
+    tokenizer: &Tokenizer,
+    kv: &mut KvHistory,
+    prompt: &[u32],
+    n_keep: usize,
+    opts: &GenerateOptions,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<ShiftedGeneration, ConversationError> {
+    let n_ctx = engine.n_ctx();
+    if prompt.is_empty() || prompt.len() >= n_ctx {
+        return Err(ConversationError::ContextFull {
+            needed: prompt.len() + 1,
+            n_ctx,
+        });
+    }
+    let n_keep = n_keep.min(prompt.len());
+    let mut sampler =
+        Sampler::new(opts.sampling.clone()).map_err(|e| ConversationError::Param {
+            name: "sampling",
+            message: e.to_string(),
+        })?;
+    let reuse = kv.reuse(prompt);
+    let t0 = Instant::now();
+    let logits = engine.prefill(&prompt[reuse.kept..], reuse.kept)?;
+    kv.extend(&prompt[reuse.kept..]);
+    let prompt_time = t0.elapsed();
+    for &t in prompt {
+        sampler.accept(t);
+    }
+    let t1 = Instant::now();
+    let mut shifted = 0;
+    let (finish, tokens) = decode_loop(
+        tokenizer,
+        &mut sampler,
+        logits,
+        opts,
+        on_text,
+        |tok, logits| {
+            if kv.len() < n_ctx {
+                engine.forward_into(&[tok], kv.len(), 1, logits)?;
+                kv.push(tok);
+                return Ok(true);
+            }
+            match shift_and_run(engine, kv, n_keep, tok, logits)? {
+                Some(d) => {
+                    shifted += d;
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        },
+    )?;
+    Ok(ShiftedGeneration {
+        stats: GenerationStats {
+            prompt_tokens: prompt.len() - reuse.kept,
+            prompt_time,
+            gen_tokens: tokens.len(),
+            gen_time: t1.elapsed(),
+            finish,
+            tokens,
+        },
+        shifted,
+    })
 }
 
 /// One conversation over an engine it owns: the messages, the tokens in the KV, and the
@@ -362,6 +513,38 @@ impl Conversation {
         self.last = None;
     }
 
+    /// Saves the conversation (its messages, and the tokens and KV rows the engine holds)
+    /// to the session file `path`, atomically.
+    pub fn save(&mut self, path: &Path) -> Result<(), SessionError> {
+        let chat = SavedChat {
+            system: self.system.clone(),
+            messages: self.messages.clone(),
+            dropped: self.dropped,
+        };
+        session::save_with(&mut self.engine, self.kv.tokens(), Some(&chat), path)
+    }
+
+    /// Replaces this conversation with the one saved in `path` by [`Conversation::save`]:
+    /// its messages, and its KV rows, which the next turn reuses. A refused file (damaged,
+    /// foreign, or a session without a conversation) leaves the conversation as it was.
+    pub fn load(&mut self, path: &Path) -> Result<(), SessionError> {
+        let (tokens, chat) = match session::load_chat(&mut self.engine, path) {
+            Ok(r) => r,
+            Err(e) => {
+                // A failure after the checks may have rewritten KV rows: trust only what
+                // the engine still says it holds.
+                self.kv.truncate(self.engine.seq_len());
+                return Err(e);
+            }
+        };
+        self.system = chat.system;
+        self.messages = chat.messages;
+        self.dropped = chat.dropped;
+        self.kv = KvHistory::from_tokens(tokens);
+        self.last = None;
+        Ok(())
+    }
+
     /// The system message followed by the turns.
     fn all_messages(&self) -> Vec<ChatMessage> {
         self.system
@@ -419,9 +602,22 @@ impl Conversation {
         gen: &GenerateOptions,
         on_text: impl FnMut(&str) -> bool,
     ) -> Result<TurnStats, ConversationError> {
+        self.turn_interruptible(user, gen, || false, on_text)
+    }
+
+    /// [`Conversation::turn`], asking `interrupted` between prefill chunks: when it says
+    /// yes the turn ends with [`ConversationError::Interrupted`], the user message is
+    /// dropped, and the KV history holds exactly the prompt chunks that ran.
+    pub fn turn_interruptible(
+        &mut self,
+        user: &str,
+        gen: &GenerateOptions,
+        mut interrupted: impl FnMut() -> bool,
+        on_text: impl FnMut(&str) -> bool,
+    ) -> Result<TurnStats, ConversationError> {
         self.messages.push(ChatMessage::new("user", user));
         let dropped = self.dropped;
-        match self.run_turn(gen, on_text) {
+        match self.run_turn(gen, &mut interrupted, on_text) {
             Ok((stats, answer)) => {
                 self.messages.push(ChatMessage::new("assistant", answer));
                 self.last = Some(stats.clone());
@@ -438,6 +634,7 @@ impl Conversation {
     fn run_turn(
         &mut self,
         gen: &GenerateOptions,
+        interrupted: &mut dyn FnMut() -> bool,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<(TurnStats, String), ConversationError> {
         let mut sampler =
@@ -475,8 +672,13 @@ impl Conversation {
 
         let reuse = self.kv.reuse(&prompt);
         let t0 = Instant::now();
-        let logits = self.engine.prefill(&prompt[reuse.kept..], reuse.kept)?;
-        self.kv.extend(&prompt[reuse.kept..]);
+        let new = &prompt[reuse.kept..];
+        let Some(logits) = prefill_chunks(&mut self.engine, &mut self.kv, new, interrupted)? else {
+            return Err(ConversationError::Interrupted {
+                done: self.kv.len() - reuse.kept,
+                total: new.len(),
+            });
+        };
         let mut prefill_time = t0.elapsed();
         for &t in &prompt {
             sampler.accept(t);
@@ -509,23 +711,24 @@ impl Conversation {
                     kv.push(tok);
                     return Ok(true);
                 }
-                let discard = kv.len().saturating_sub(n_keep) / 2;
-                if opts.overflow == OverflowPolicy::Refuse || discard == 0 {
+                if opts.overflow == OverflowPolicy::Refuse {
                     context_full = true;
                     return Ok(false);
                 }
-                // The shift: keep `n_keep`, drop the next `discard`, and run the rest
-                // (with the new token) again at its new positions.
-                let mut rest = kv.tokens()[n_keep + discard..].to_vec();
-                rest.push(tok);
-                kv.truncate(n_keep);
                 let t = Instant::now();
-                *logits = engine.prefill(&rest, n_keep)?;
+                let r = shift_and_run(engine, kv, n_keep, tok, logits)?;
                 reprefill += t.elapsed();
-                kv.extend(&rest);
-                *dropped += discard;
-                shifted += discard;
-                Ok(true)
+                match r {
+                    Some(discard) => {
+                        *dropped += discard;
+                        shifted += discard;
+                        Ok(true)
+                    }
+                    None => {
+                        context_full = true;
+                        Ok(false)
+                    }
+                }
             },
         )?;
         prefill_time += reprefill;

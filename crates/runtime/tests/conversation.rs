@@ -299,3 +299,178 @@ fn a_stopped_answer_stays_in_the_history() {
     let s2 = conv.turn("more", &greedy(2), |_| true).expect("next turn");
     assert!(s2.reused > s.prompt_tokens, "{s2:?}");
 }
+
+/// A directory of its own for one test, removed with everything in it when the test
+/// ends, passed or failed.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("minfer-conv-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("temp dir");
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_saved_conversation_restored_into_a_new_engine_continues_bit_for_bit() {
+    let file = default_model();
+    let dir = TempDir::new("resume");
+    let path = dir.0.join("chat.kv");
+    let gen = greedy(6);
+    let users = ["Name a colour.", "Name a fruit.", "Name a planet."];
+    let last = "Name a metal.";
+
+    // Never stopping: three turns, then the fourth.
+    let engine = Engine::from_arc(Arc::clone(&file), &opts(1024, 2)).expect("engine");
+    let mut straight = Conversation::new(engine, ConversationOptions::default()).expect("conv");
+    straight.set_system(Some("You are a terse assistant.".into()));
+    for u in users {
+        straight.turn(u, &gen, |_| true).expect("turn");
+    }
+    straight.save(&path).expect("save");
+    let held = straight.history().len();
+    let want = straight.turn(last, &gen, |_| true).expect("turn four");
+    drop(straight);
+
+    // Stopping after three: a new engine and conversation restore the file.
+    let engine = Engine::from_arc(file, &opts(1024, 2)).expect("engine");
+    let mut resumed = Conversation::new(engine, ConversationOptions::default()).expect("conv");
+    resumed.load(&path).expect("load");
+    assert_eq!(resumed.system(), Some("You are a terse assistant."));
+    assert_eq!(resumed.messages().len(), 6);
+    assert_eq!(resumed.history().len(), held);
+    let got = resumed.turn(last, &gen, |_| true).expect("turn four");
+    assert_eq!(got.tokens, want.tokens, "the continuation differs");
+    assert_eq!(got.prompt_tokens, want.prompt_tokens);
+    // Only the new tokens were prefilled: everything the file held was reused.
+    assert_eq!(got.reused, held, "{got:?}");
+    assert_eq!(got.prefilled, want.prefilled, "{got:?}");
+    assert!(!got.rewound, "{got:?}");
+}
+
+#[test]
+fn a_refused_load_leaves_the_conversation_as_it_was() {
+    let file = tiny_file();
+    let dir = TempDir::new("refused");
+    let engine = Engine::from_arc(Arc::clone(&file), &opts(256, 1)).expect("engine");
+    let mut conv = Conversation::new(engine, ConversationOptions::default()).expect("conv");
+    conv.turn("hello", &greedy(4), |_| true).expect("turn");
+    let (history, messages) = (conv.history().to_vec(), conv.messages().to_vec());
+    let bad = dir.0.join("bad.kv");
+    std::fs::write(&bad, b"MINFERKV\x02\0\0\0 and then nothing sensible").unwrap();
+    let e = conv.load(&bad).unwrap_err().to_string();
+    assert!(e.contains("damaged"), "{e}");
+    // A plain `run --session` file holds no conversation.
+    let plain = dir.0.join("plain.kv");
+    let mut other = Engine::from_arc(file, &opts(256, 1)).expect("engine");
+    other.prefill(&[1, 2, 3], 0).expect("prefill");
+    minfer_runtime::session::save(&mut other, &[1, 2, 3], &plain).expect("save");
+    let e = conv.load(&plain).unwrap_err().to_string();
+    assert!(e.contains("no conversation"), "{e}");
+    assert_eq!(conv.history(), &history[..]);
+    assert_eq!(conv.messages(), &messages[..]);
+    let s = conv
+        .turn("more", &greedy(2), |_| true)
+        .expect("the chat goes on");
+    assert!(s.reused >= history.len(), "{s:?}");
+}
+
+#[test]
+fn an_interrupted_prefill_drops_the_message_and_keeps_the_chunks_that_ran() {
+    let file = tiny_file();
+    let o = EngineOptions {
+        n_batch: 8,
+        ..opts(512, 1)
+    };
+    let engine = Engine::from_arc(Arc::clone(&file), &o).expect("engine");
+    let mut conv = Conversation::new(engine, ConversationOptions::default()).expect("conv");
+    let gen = greedy(4);
+    conv.turn("hello", &gen, |_| true).expect("turn");
+    let (history, messages) = (conv.history().to_vec(), conv.messages().to_vec());
+    let document = "a long pasted document with many words in it ".repeat(5);
+    let mut asked = 0;
+    let e = conv
+        .turn_interruptible(
+            &document,
+            &gen,
+            || {
+                asked += 1;
+                asked == 2
+            },
+            |_| panic!("no answer after an interrupted prefill"),
+        )
+        .unwrap_err();
+    // Two chunks of 8 ran before the interruption was seen.
+    assert!(
+        matches!(e, ConversationError::Interrupted { done: 16, total } if total > 16),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("dropped"), "{e}");
+    assert_eq!(
+        conv.messages(),
+        &messages[..],
+        "the message was not dropped"
+    );
+    // The KV history is exactly what ran: the earlier tokens, then 16 of the new prompt.
+    let mut msgs = messages.clone();
+    msgs.push(ChatMessage::new("user", document.as_str()));
+    let attempted = rendered(conv.tokenizer(), &msgs);
+    let held = conv.history().to_vec();
+    assert_eq!(held.len(), attempted.len().min(held.len()));
+    assert_eq!(&held[..], &attempted[..held.len()]);
+    assert!(
+        held.len() >= history.len(),
+        "{} < {}",
+        held.len(),
+        history.len()
+    );
+    // The next turn reuses what it shares with that and answers as a fresh prefill does.
+    let s = conv.turn("and now?", &gen, |_| true).expect("next turn");
+    let prompt = conv.history()[..s.prompt_tokens].to_vec();
+    assert!(s.reused > 0 && s.reused < held.len(), "{s:?}");
+    let mut fresh = Engine::from_arc(file, &o).expect("engine");
+    let reference = generate(&mut fresh, conv.tokenizer(), &prompt, &gen, |_| true).unwrap();
+    assert_eq!(s.tokens, reference.tokens);
+}
+
+#[test]
+fn a_plain_completion_shifts_past_the_end_of_the_context() {
+    let n_ctx = 32;
+    let file = tiny_file();
+    let mut engine = Engine::from_arc(Arc::clone(&file), &opts(n_ctx, 1)).expect("engine");
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let prompt = tok.encode("once upon a time there was", true, true);
+    let mut kv = minfer_runtime::KvHistory::new();
+    let r = minfer_runtime::conversation::generate_shifting(
+        &mut engine,
+        &tok,
+        &mut kv,
+        &prompt,
+        4,
+        &greedy(80),
+        |_| true,
+    )
+    .expect("generate");
+    assert!(r.shifted > 0, "{r:?}");
+    assert!(r.stats.gen_tokens > n_ctx, "{r:?}");
+    assert_eq!(&kv.tokens()[..4], &prompt[..4], "the kept tokens stay");
+    // The KV equals a fresh prefill of the tokens it holds.
+    let n = kv.len();
+    let got = engine.forward(&[7], n, 1).expect("probe");
+    let mut fresh = Engine::from_arc(file, &opts(n_ctx, 1)).expect("engine");
+    fresh.prefill(kv.tokens(), 0).expect("fresh prefill");
+    let want = fresh.forward(&[7], n, 1).expect("probe");
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "the shifted KV is not a fresh prefill"
+    );
+}
