@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use minfer_runtime::{
-    Conversation, ConversationOptions, FinishReason, GenerateOptions, OverflowPolicy,
+    Conversation, ConversationError, ConversationOptions, FinishReason, GenerateOptions,
+    OverflowPolicy,
 };
 use rustyline::error::ReadlineError;
 
@@ -33,6 +34,10 @@ pub struct Args {
     /// Leading tokens a context shift never drops (the system prompt is always kept).
     #[arg(long = "keep", default_value_t = 0)]
     pub keep: usize,
+    /// Session file: the conversation saved in it is resumed when it exists, and the
+    /// conversation is saved to it on exit.
+    #[arg(long = "session")]
+    pub session: Option<PathBuf>,
 }
 
 const HELP: &str = "\
@@ -45,6 +50,8 @@ commands:
   /stats         tokens in context and the speed of the last answer
   /bye           exit (also Ctrl-D, or Ctrl-C at the prompt)
 Ctrl-C during an answer stops it; the partial answer stays in the conversation.
+Ctrl-C while a long message is still being read drops that message (the up arrow
+recalls it); the conversation stays as it was before it.
 Start a line with \"\"\" to write several lines; end them with \"\"\".";
 
 /// One line of user input, classified.
@@ -175,22 +182,17 @@ fn read_input(lines: &mut dyn Lines) -> anyhow::Result<Read> {
     Ok(Read::Line(text))
 }
 
-/// Saves the conversation and its KV rows to `path`. Filled in by the KV session format;
-/// until then it is a named refusal, and nothing is written.
-fn save_session(_conv: &Conversation, path: &Path) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "/save {}: KV session files are not available in this build",
-        path.display()
-    )
+/// Saves the conversation and its KV rows to `path` (atomically).
+fn save_session(conv: &mut Conversation, path: &Path) -> anyhow::Result<()> {
+    conv.save(path)?;
+    Ok(())
 }
 
 /// Restores a conversation saved with [`save_session`] into `conv`; a refusal leaves
 /// `conv` unchanged.
-fn load_session(_conv: &mut Conversation, path: &Path) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "/load {}: KV session files are not available in this build",
-        path.display()
-    )
+fn load_session(conv: &mut Conversation, path: &Path) -> anyhow::Result<()> {
+    conv.load(path)?;
+    Ok(())
 }
 
 /// The terminal's own settings, taken before the line editor first switches it to raw
@@ -261,6 +263,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("note: the model has no chat template; using ChatML");
     }
     conv.set_system(args.system.clone().filter(|s| !s.is_empty()));
+    if let Some(path) = args.session.as_deref().filter(|p| p.exists()) {
+        // A refused file is an error, not a silent fresh start: it is left as it is.
+        load_session(&mut conv, path)?;
+        if args.system.is_some() && conv.system() != args.system.as_deref() {
+            eprintln!(
+                "note: the system message of {} replaces --system",
+                path.display()
+            );
+        }
+        eprintln!(
+            "resumed {}: {} messages, {} tokens in context",
+            path.display(),
+            conv.messages().len(),
+            conv.history().len()
+        );
+    }
     let gen = GenerateOptions {
         max_tokens: args.gen.n_predict,
         stop: args.gen.stop.clone(),
@@ -318,7 +336,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 );
             }
             Input::Stats => println!("{}", stats_line(&conv)),
-            Input::Save(p) => match save_session(&conv, &p) {
+            Input::Save(p) => match save_session(&mut conv, &p) {
                 Ok(()) => eprintln!("saved {}", p.display()),
                 Err(e) => eprintln!("error: {e:#}"),
             },
@@ -334,6 +352,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
         }
+    }
+    if let Some(path) = &args.session {
+        save_session(&mut conv, path)?;
+        eprintln!("saved {}", path.display());
     }
     Ok(())
 }
@@ -351,7 +373,8 @@ fn answer(
     at_prompt.store(false, Ordering::SeqCst);
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
-    let r = conv.turn(msg, gen, |piece| {
+    let interrupted = || stop.load(Ordering::SeqCst);
+    let r = conv.turn_interruptible(msg, gen, interrupted, |piece| {
         if stop.load(Ordering::SeqCst) {
             return false;
         }
@@ -371,6 +394,10 @@ fn answer(
     }
     let stats = match r {
         Ok(s) => s,
+        Err(ConversationError::Interrupted { .. }) => {
+            eprintln!("[interrupted: the message was dropped; the up arrow recalls it]");
+            return Ok(true);
+        }
         Err(e) => {
             eprintln!("error: {e}");
             return Ok(true);
