@@ -353,3 +353,105 @@ fn bad_minfer_variables_are_refused_at_startup() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The number before `marker` in `text`.
+fn number_before(text: &str, marker: &str) -> usize {
+    text.split(marker)
+        .next()
+        .and_then(|s| s.rsplit(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number before `{marker}` in:\n{text}"))
+}
+
+#[test]
+fn a_small_context_shifts_or_refuses_as_ctx_overflow_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "run",
+            "-m",
+            m,
+            "-c",
+            "16",
+            "-n",
+            "40",
+            "--temp",
+            "0",
+            "-t",
+            "1",
+            "hello there",
+        ];
+        a.extend_from_slice(extra);
+        minfer(&a)
+    };
+    // shift: generation goes on past the end of the context, keeping the first tokens.
+    let out = run(&["--ctx-overflow", "shift", "--keep", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("dropped") && err.contains("after the first 2"),
+        "{err}"
+    );
+    assert!(number_before(&err, " tokens, ") > 0, "{err}");
+    let generated = number_before(err.rsplit("generated ").next().unwrap_or(""), " tokens");
+    assert!(
+        generated > 16,
+        "generated {generated} tokens in a context of 16: {err}"
+    );
+    // Without a policy the run stops at the context's end, as before.
+    let plain = run(&[]);
+    let perr = String::from_utf8_lossy(&plain.stderr);
+    assert!(plain.status.success(), "{perr}");
+    assert!(perr.contains("stopped at the end of the context"), "{perr}");
+    // The shifted run's text starts as the plain one's: the shift only continues it.
+    let (shifted, stopped) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&plain.stdout),
+    );
+    assert!(
+        shifted.starts_with(stopped.trim_end_matches('\n')),
+        "{shifted:?} does not continue {stopped:?}"
+    );
+    // refuse: a clear message and a failure, before any text.
+    let out = run(&["--ctx-overflow", "refuse"]);
+    assert_refused(&out, "--ctx-overflow refuse");
+    assert_refused(&out, "context holds 16");
+    assert!(out.stdout.is_empty());
+    // refuse lets a run that fits go on.
+    let fits = minfer(&[
+        "run",
+        "-m",
+        m,
+        "-c",
+        "16",
+        "-n",
+        "4",
+        "--ctx-overflow",
+        "refuse",
+        "hi",
+    ]);
+    assert!(
+        fits.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fits.stderr)
+    );
+    assert_refused(&run(&["--ctx-overflow", "drop"]), "--ctx-overflow");
+    // A shifted run's session holds what its KV holds, and restores.
+    let s = dir.path().join("s.kv");
+    let s = s.to_str().unwrap();
+    let first = run(&["--ctx-overflow", "shift", "--session", s]);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let again = run(&["--ctx-overflow", "shift", "--session", s]);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success() && err.contains("reusing"), "{err}");
+    assert_eq!(
+        again.stdout, first.stdout,
+        "a restored shifted session differs"
+    );
+}

@@ -4,10 +4,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
+use minfer_runtime::conversation::generate_shifting;
 use minfer_runtime::sampling::MAX_PENALTY_WINDOW;
 use minfer_runtime::session;
 use minfer_runtime::{
-    generate_reusing, FinishReason, GenerateOptions, SamplerError, SamplingParams,
+    FinishReason, GenerateOptions, KvHistory, OverflowPolicy, SamplerError, SamplingParams,
 };
 use minfer_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
@@ -47,6 +48,14 @@ pub struct Args {
     /// prompt is not prefilled again) and saved after the run.
     #[arg(long = "session")]
     pub session: Option<PathBuf>,
+    /// When the prompt plus -n outgrows the context: `shift` keeps the first --keep
+    /// tokens, drops the oldest half of the rest and goes on generating; `refuse` exits
+    /// with an error before generating. Without it generation stops at the context's end.
+    #[arg(long = "ctx-overflow", value_parser = ["shift", "refuse"])]
+    pub ctx_overflow: Option<String>,
+    /// Leading tokens a context shift never drops.
+    #[arg(long = "keep", default_value_t = 0)]
+    pub keep: usize,
 }
 
 /// Generation and sampling flags, shared by `minfer run` and `minfer chat`.
@@ -179,6 +188,12 @@ pub fn flag_error(e: SamplerError) -> anyhow::Error {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sampling = args.gen.sampling();
     sampling.validate().map_err(flag_error)?;
+    let overflow: Option<OverflowPolicy> = args
+        .ctx_overflow
+        .as_deref()
+        .map(str::parse)
+        .transpose()
+        .map_err(|e: String| anyhow::anyhow!(e))?;
     let dumping = args.dump_graph.is_some() || args.dump_graph_json.is_some();
     let text = if dumping {
         args.prompt_text().unwrap_or_default()
@@ -223,37 +238,59 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             prompt.len()
         );
     }
-    let capped = args.gen.n_predict > room;
-    let mut reuse = 0;
+    if overflow == Some(OverflowPolicy::Refuse) && args.gen.n_predict > room {
+        bail!(
+            "the prompt is {} tokens and -n asks for {} more, but the context holds {n_ctx} \
+             (--ctx-overflow refuse): raise -c, lower -n, or use --ctx-overflow shift",
+            prompt.len(),
+            args.gen.n_predict
+        );
+    }
+    let shift = overflow == Some(OverflowPolicy::Shift);
+    let capped = !shift && args.gen.n_predict > room;
+    let mut kv = KvHistory::new();
     if let Some(path) = args.session.as_deref().filter(|p| p.exists()) {
         // A refused file is an error, not a silent fresh start: it is left as it is.
-        let history = session::load(&mut engine, path)?;
-        let stored = history.len();
+        kv = KvHistory::from_tokens(session::load(&mut engine, path)?);
         // The shared reuse rule: at least the last prompt token runs again, for the
         // first logits.
-        reuse = minfer_runtime::KvHistory::from_tokens(history)
-            .reuse(&prompt)
-            .kept;
+        let reuse = kv.clone().reuse(&prompt).kept;
         eprintln!(
-            "session {}: reusing {reuse} of {} prompt tokens ({stored} stored)",
+            "session {}: reusing {reuse} of {} prompt tokens ({} stored)",
             path.display(),
             prompt.len(),
+            kv.len(),
         );
     }
     let opts = GenerateOptions {
-        max_tokens: args.gen.n_predict.min(room),
+        // Under `shift` the context never ends the run; otherwise it ends where the
+        // context does, as a length limit.
+        max_tokens: if shift {
+            args.gen.n_predict
+        } else {
+            args.gen.n_predict.min(room)
+        },
         stop: args.gen.stop.clone(),
         sampling,
     };
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
-    let stats = generate_reusing(&mut engine, &tok, &prompt, reuse, &opts, |piece| {
-        if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-            write_err = Some(e);
-            return false;
-        }
-        true
-    })?;
+    let run = generate_shifting(
+        &mut engine,
+        &tok,
+        &mut kv,
+        &prompt,
+        args.keep,
+        &opts,
+        |piece| {
+            if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                write_err = Some(e);
+                return false;
+            }
+            true
+        },
+    )?;
+    let stats = run.stats;
     if let Some(e) = write_err {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             return Err(e).context("writing to stdout");
@@ -262,11 +299,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let _ = writeln!(out);
     if let Some(path) = &args.session {
         // The KV holds the prompt and every generated token fed back (the last sampled
-        // one never is).
-        let mut history = prompt.clone();
-        history.extend_from_slice(&stats.tokens);
-        history.truncate(engine.seq_len());
-        session::save(&mut engine, &history, path)?;
+        // one never is), after any shifts.
+        session::save(&mut engine, kv.tokens(), path)?;
+    }
+    if run.shifted > 0 {
+        eprintln!(
+            "note: the context was full: dropped {} tokens after the first {} (--ctx-overflow shift)",
+            run.shifted,
+            args.keep.min(prompt.len())
+        );
     }
     if capped && stats.finish == FinishReason::Length {
         eprintln!(
