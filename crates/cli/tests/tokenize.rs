@@ -48,10 +48,12 @@ fn golden_ids(text: &str, special: bool) -> String {
     panic!("no golden case for {text:?}");
 }
 
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("minfer-tokenize-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+/// A scratch directory, removed with everything in it when the test ends.
+fn scratch_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("minfer-tokenize-{name}-"))
+        .tempdir()
+        .expect("scratch dir")
 }
 
 #[test]
@@ -98,7 +100,8 @@ fn special_flag_and_pieces() {
 fn file_input_and_invalid_utf8() {
     let m = model();
     let m = m.to_str().unwrap();
-    let dir = scratch_dir("file");
+    let scratch = scratch_dir("file");
+    let dir = scratch.path();
     let text = "The quick brown fox jumps over the lazy dog.";
     let good = dir.join("good.txt");
     std::fs::write(&good, text).unwrap();
@@ -120,7 +123,6 @@ fn file_input_and_invalid_utf8() {
         err.contains("not valid UTF-8") && err.contains("offset 3"),
         "{err}"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Copies the tokenizer metadata of `src` into a GGUF without tensors.
@@ -137,12 +139,12 @@ fn write_vocab_only(src: &Path, dst: &Path) {
 
 #[test]
 fn vocab_only_gguf_is_a_valid_model() {
-    let dir = scratch_dir("vocab");
+    let scratch = scratch_dir("vocab");
+    let dir = scratch.path();
     let vocab = dir.join("vocab-only.gguf");
     write_vocab_only(&model(), &vocab);
     assert!(GgufFile::open(&vocab).unwrap().tensors().is_empty());
     let text = "Привет, мир! Как дела? Всё хорошо.";
     let out = stdout_ok(&minfer(&["tokenize", "-m", vocab.to_str().unwrap(), text]));
     assert_eq!(out.trim_end(), golden_ids(text, false));
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -371,7 +371,11 @@ pub fn load_chat(engine: &mut Engine, path: &Path) -> Result<(Vec<u32>, SavedCha
 
 fn restore(engine: &mut Engine, path: &Path, need_chat: bool) -> Result<Restored, SessionError> {
     let n_ctx = engine.n_ctx();
-    let (history, words, chat) = read_checked(engine, path, n_ctx)?;
+    let Checked {
+        history,
+        words,
+        chat,
+    } = read_checked(engine, path, n_ctx)?;
     if need_chat && chat.is_none() {
         return Err(SessionError::NoConversation {
             path: path.to_path_buf(),
@@ -415,7 +419,7 @@ pub fn load_slot(
 ) -> Result<Vec<u32>, SessionError> {
     multi.slot_len(slot)?;
     let (cap, base) = (multi.slot_ctx(), slot * multi.slot_ctx());
-    let (history, words, _chat) = read_checked(multi.engine_mut(), path, cap)?;
+    let Checked { history, words, .. } = read_checked(multi.engine_mut(), path, cap)?;
     if let Err(e) = multi
         .engine_mut()
         .write_kv_rows(base, history.len(), &words)
@@ -571,14 +575,16 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
     Ok(())
 }
 
+/// A file that passed every check: its history, KV words and conversation.
+struct Checked {
+    history: Vec<u32>,
+    words: Vec<u32>,
+    chat: Option<SavedChat>,
+}
+
 /// Reads and checks `path` against `engine` for a sequence of at most `cap` positions:
-/// the history and the KV words, or the refusal.
-#[allow(clippy::type_complexity)]
-fn read_checked(
-    engine: &Engine,
-    path: &Path,
-    cap: usize,
-) -> Result<(Vec<u32>, Vec<u32>, Option<SavedChat>), SessionError> {
+/// what it holds, or the refusal.
+fn read_checked(engine: &Engine, path: &Path, cap: usize) -> Result<Checked, SessionError> {
     let p = || path.to_path_buf();
     let buf = std::fs::read(path).map_err(|source| SessionError::Io { path: p(), source })?;
     let damaged = |what: String| SessionError::Damaged { path: p(), what };
@@ -707,7 +713,11 @@ fn read_checked(
     } else {
         None
     };
-    Ok((history, words, chat))
+    Ok(Checked {
+        history,
+        words,
+        chat,
+    })
 }
 
 #[cfg(test)]
