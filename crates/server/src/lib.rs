@@ -15,6 +15,7 @@
 
 mod blocking;
 pub mod error;
+pub mod generate;
 mod http;
 pub mod job;
 pub mod metrics;

@@ -1,47 +1,25 @@
-//! `/v1/chat/completions` and `/v1/completions`: admission checks, the job, and the
-//! answer as one JSON object or as server-sent events ending in `data: [DONE]`.
+//! The OpenAI codec of `/v1/chat/completions` and `/v1/completions`: the answer of the
+//! shared generation path (`generate`) as one JSON object or as server-sent events ending
+//! in `data: [DONE]`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::response::sse::{Event as Sse, Sse as SseBody};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::params::{GenRequest, Prompt};
-use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
+use crate::generate::{self, Generation};
+pub use crate::generate::{
+    chat_prompt, completion_prompt, fault_of, KERNEL_PANIC_MARKER, PANIC_MARKER, SLOW_MARKER,
+};
+use crate::params::GenRequest;
+use crate::worker::{Event, Fault, Summary, TokenLogprob};
 use crate::{AppState, RequestLog, StreamLogged};
-use minfer_tokenizer::ChatMessage;
-
-/// Text in a prompt that makes inference panic when fault injection is on (tests only).
-pub const PANIC_MARKER: &str = "__minfer_inject_panic__";
-
-/// Text in a prompt that makes a kernel panic inside its first engine step when fault
-/// injection is on (tests only).
-pub const KERNEL_PANIC_MARKER: &str = "__minfer_inject_kernel_panic__";
-
-/// Text in a prompt that slows its decode steps when fault injection is on (tests only).
-pub const SLOW_MARKER: &str = "__minfer_inject_slow__";
-
-/// The fault a prompt asks for, when fault injection is on.
-pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
-    if !st.fault_injection {
-        None
-    } else if text.contains(PANIC_MARKER) {
-        Some(Fault::Panic)
-    } else if text.contains(KERNEL_PANIC_MARKER) {
-        Some(Fault::KernelPanic)
-    } else if text.contains(SLOW_MARKER) {
-        Some(Fault::Slow)
-    } else {
-        None
-    }
-}
 
 /// The two response dialects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,43 +37,7 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// Prompt tokens of a completion request, checked against the vocabulary. A text prompt
-/// is the caller's whole prompt, template markers included, so special-token text in it
-/// is parsed (as llama-server and `minfer run` do); chat content never is.
-pub fn completion_prompt(st: &AppState, p: Prompt) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
-    match p {
-        Prompt::Text(s) => Ok((st.tok.encode(&s, true, true), fault_of(st, &s))),
-        Prompt::Tokens(t) => {
-            let n = st.tok.n_vocab();
-            if let Some(bad) = t.iter().find(|&&id| id as usize >= n) {
-                return Err(ApiError::bad_request(format!(
-                    "field `prompt` holds token id {bad}, outside the vocabulary of {n}"
-                )));
-            }
-            Ok((t, None))
-        }
-    }
-}
-
-/// Prompt tokens of a chat request: the template's markers as special tokens, message
-/// contents as plain text (unless `--allow-special-in-content` restores the old parsing
-/// of specials everywhere).
-pub fn chat_prompt(
-    st: &AppState,
-    msgs: &[ChatMessage],
-) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
-    let bad =
-        |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
-    let rendered = st.template.render_spans(msgs, true).map_err(bad)?;
-    let ids = if st.allow_special_in_content {
-        st.tok.encode(&rendered.text, true, true)
-    } else {
-        rendered.encode(&st.tok, msgs, true).map_err(bad)?
-    };
-    Ok((ids, fault_of(st, &rendered.text)))
-}
-
-/// Checks the prompt against the slot's context, queues the job and answers.
+/// Runs the shared generation for an OpenAI request and answers in OpenAI's shape.
 pub async fn generate(
     st: Arc<AppState>,
     kind: Kind,
@@ -104,77 +46,18 @@ pub async fn generate(
     fault: Option<Fault>,
     log: RequestLog,
 ) -> Result<Response, ApiError> {
-    let ctx = st.slot_ctx;
-    let n = prompt.len();
-    if n == 0 {
-        return Err(ApiError::bad_request("the prompt is empty"));
-    }
-    if n >= ctx {
-        return Err(ApiError::bad_request(format!(
-            "the prompt has {n} tokens but a slot's context holds {ctx}; \
-             leave room for at least one generated token"
-        )));
-    }
-    // n < ctx (checked above), so `room` cannot wrap; comparing max_tokens with it
-    // instead of adding it to n keeps any client number from overflowing.
-    let room = ctx - n;
-    let max_tokens = match g.max_tokens {
-        Some(m) if m > room => {
-            return Err(ApiError::bad_request(format!(
-                "the prompt ({n} tokens) plus max_tokens ({m}) exceeds a slot's context \
-                 of {ctx}: max_tokens must be in [1, {room}] for this prompt"
-            )))
-        }
-        Some(m) => m,
-        None => room,
-    };
-    let n_vocab = st.tok.n_vocab();
-    g.sampling
-        .validate_for_vocab(n_vocab)
-        .map_err(|e| match e {
-            minfer_runtime::SamplerError::OutOfRange { value, range, .. } => ApiError::bad_request(
-                format!("field `logit_bias` has {value}: must be {range} ({n_vocab} tokens)"),
-            ),
-        })?;
-    let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
-    let arrived = log.start;
-    let deadline = deadline(arrived, st.timeout);
-    st.worker.submit(Job {
-        prompt,
-        max_tokens,
-        sampling: g.sampling.clone(),
-        stop: g.stop.clone(),
-        logprobs: g.logprobs,
-        arrived,
-        deadline,
-        fault,
-        tx,
-    })?;
+    let gen = generate::start(&st, prompt, &g, fault, log.start)?;
     let reply = Reply {
         kind,
         id: st.next_id(kind),
         created: now_secs(),
         model: st.model_id.clone(),
     };
-    let waits = Waits {
-        deadline,
-        cancel: st.cancel.clone(),
-    };
     if g.stream {
-        stream_reply(rx, reply, g, log, waits).await
+        stream_reply(gen, reply, g, log).await
     } else {
-        collect_reply(rx, reply, waits).await
+        collect_reply(gen, reply).await
     }
-}
-
-/// When a request that arrived at `arrived` is abandoned. `Config::validate` bounds the
-/// timeout, but the sum is still checked: an `Instant` overflow would panic inside the
-/// handler and leave the client without any answer.
-fn deadline(arrived: Instant, timeout: Duration) -> Instant {
-    arrived
-        .checked_add(timeout)
-        .or_else(|| arrived.checked_add(crate::MAX_REQUEST_TIMEOUT))
-        .unwrap_or(arrived)
 }
 
 /// Fixed parts of every object of one response.
@@ -184,43 +67,6 @@ struct Reply {
     id: String,
     created: u64,
     model: String,
-}
-
-/// What bounds every wait of a request: its deadline, and the server's shutdown.
-struct Waits {
-    deadline: Instant,
-    /// Raised when a shutdown stops waiting for in-flight requests.
-    cancel: tokio::sync::watch::Receiver<bool>,
-}
-
-/// Waits for an event until the request's deadline, wherever the request is (queued,
-/// prefilling, decoding, or held back by a slow reader), or until a shutdown cancels
-/// it. Dropping the receiver afterwards cancels the generation in the worker.
-async fn next_event(rx: &mut mpsc::Receiver<Event>, w: &mut Waits) -> Event {
-    let timed_out = || {
-        Event::Error(ApiError::new(
-            axum::http::StatusCode::GATEWAY_TIMEOUT,
-            "the request timed out",
-        ))
-    };
-    if Instant::now() >= w.deadline {
-        return timed_out();
-    }
-    let deadline = tokio::time::Instant::from_std(w.deadline);
-    tokio::select! {
-        biased;
-        _ = w.cancel.wait_for(|c| *c) => Event::Error(ApiError::unavailable(
-            "the server is shutting down; the request was cancelled",
-            1,
-        )),
-        got = tokio::time::timeout_at(deadline, rx.recv()) => match got {
-            Ok(Some(ev)) => ev,
-            Ok(None) => Event::Error(ApiError::internal(
-                "the inference worker dropped the request",
-            )),
-            Err(_) => timed_out(),
-        },
-    }
 }
 
 fn usage(s: &Summary) -> Value {
@@ -267,23 +113,9 @@ fn text_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
     })
 }
 
-async fn collect_reply(
-    mut rx: mpsc::Receiver<Event>,
-    r: Reply,
-    mut waits: Waits,
-) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut lps = Vec::new();
-    let summary = loop {
-        match next_event(&mut rx, &mut waits).await {
-            Event::Chunk { text: t, logprobs } => {
-                text.push_str(&t);
-                lps.extend(logprobs);
-            }
-            Event::Done(s) => break s,
-            Event::Error(e) => return Err(e),
-        }
-    };
+async fn collect_reply(gen: Generation, r: Reply) -> Result<Response, ApiError> {
+    let out = gen.collect().await?;
+    let (text, lps, summary) = (out.choice.text, out.choice.logprobs, out.choice.summary);
     let want_lp = !lps.is_empty();
     let body = match r.kind {
         Kind::Chat => json!({
@@ -352,13 +184,12 @@ fn data(v: &Value) -> Sse {
 }
 
 struct StreamState {
-    rx: mpsc::Receiver<Event>,
+    gen: Generation,
     first: Option<Event>,
     reply: Reply,
     include_usage: bool,
     offset: usize,
     done: bool,
-    waits: Waits,
     log: RequestLog,
 }
 
@@ -402,15 +233,14 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
 }
 
 async fn stream_reply(
-    mut rx: mpsc::Receiver<Event>,
+    mut gen: Generation,
     reply: Reply,
     g: GenRequest,
     mut log: RequestLog,
-    mut waits: Waits,
 ) -> Result<Response, ApiError> {
     // The status is decided by the first event: a failure before any token is a plain
     // JSON error, not a 200 stream.
-    let first = next_event(&mut rx, &mut waits).await;
+    let first = gen.next().await;
     if let Event::Error(e) = first {
         return Err(e);
     }
@@ -426,13 +256,12 @@ async fn stream_reply(
         })));
     }
     let state = StreamState {
-        rx,
+        gen,
         first: Some(first),
         reply,
         include_usage: g.include_usage,
         offset: 0,
         done: false,
-        waits,
         log,
     };
     let body = stream::iter(head).chain(events(state));
@@ -449,7 +278,7 @@ fn events(state: StreamState) -> impl Stream<Item = Sse> + Send {
         }
         let ev = match s.first.take() {
             Some(ev) => ev,
-            None => next_event(&mut s.rx, &mut s.waits).await,
+            None => s.gen.next().await,
         };
         let out = frames(&mut s, ev);
         Some((stream::iter(out), s))
@@ -460,20 +289,4 @@ fn events(state: StreamState) -> impl Stream<Item = Sse> + Send {
 /// Elapsed wall time as seconds with millisecond precision, for the log.
 pub fn secs(start: Instant) -> f64 {
     (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn deadlines_never_overflow() {
-        let now = Instant::now();
-        assert_eq!(
-            deadline(now, Duration::from_secs(3)),
-            now + Duration::from_secs(3)
-        );
-        // Duration::MAX would panic as `now + timeout`.
-        assert!(deadline(now, Duration::MAX) >= now);
-    }
 }

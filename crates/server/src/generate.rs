@@ -1,0 +1,265 @@
+//! The one generation path every API codec shares: a codec parses its request into a
+//! [`GenRequest`] and prompt tokens, [`start`] checks them against the model's slots and
+//! queues the job, and the codec reads the [`Generation`]'s events (streaming) or its
+//! [`Outcome`] (one answer) and renders them in its own shape. Sampling, slots, stop
+//! strings and deadlines live here and in the worker, never in a codec.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::params::{GenRequest, Prompt};
+use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
+use crate::AppState;
+use minfer_tokenizer::ChatMessage;
+
+/// Text in a prompt that makes inference panic when fault injection is on (tests only).
+pub const PANIC_MARKER: &str = "__minfer_inject_panic__";
+
+/// Text in a prompt that makes a kernel panic inside its first engine step when fault
+/// injection is on (tests only).
+pub const KERNEL_PANIC_MARKER: &str = "__minfer_inject_kernel_panic__";
+
+/// Text in a prompt that slows its decode steps when fault injection is on (tests only).
+pub const SLOW_MARKER: &str = "__minfer_inject_slow__";
+
+/// The fault a prompt asks for, when fault injection is on.
+pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
+    if !st.fault_injection {
+        None
+    } else if text.contains(PANIC_MARKER) {
+        Some(Fault::Panic)
+    } else if text.contains(KERNEL_PANIC_MARKER) {
+        Some(Fault::KernelPanic)
+    } else if text.contains(SLOW_MARKER) {
+        Some(Fault::Slow)
+    } else {
+        None
+    }
+}
+
+/// Prompt tokens of a completion request, checked against the vocabulary. A text prompt
+/// is the caller's whole prompt, template markers included, so special-token text in it
+/// is parsed (as llama-server and `minfer run` do); chat content never is.
+pub fn completion_prompt(st: &AppState, p: Prompt) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
+    match p {
+        Prompt::Text(s) => Ok((st.tok.encode(&s, true, true), fault_of(st, &s))),
+        Prompt::Tokens(t) => {
+            let n = st.tok.n_vocab();
+            if let Some(bad) = t.iter().find(|&&id| id as usize >= n) {
+                return Err(ApiError::bad_request(format!(
+                    "field `prompt` holds token id {bad}, outside the vocabulary of {n}"
+                )));
+            }
+            Ok((t, None))
+        }
+    }
+}
+
+/// Prompt tokens of a chat request: the template's markers as special tokens, message
+/// contents as plain text (unless `--allow-special-in-content` restores the old parsing
+/// of specials everywhere).
+pub fn chat_prompt(
+    st: &AppState,
+    msgs: &[ChatMessage],
+) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
+    let bad =
+        |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
+    let rendered = st.template.render_spans(msgs, true).map_err(bad)?;
+    let ids = if st.allow_special_in_content {
+        st.tok.encode(&rendered.text, true, true)
+    } else {
+        rendered.encode(&st.tok, msgs, true).map_err(bad)?
+    };
+    Ok((ids, fault_of(st, &rendered.text)))
+}
+
+/// A queued or running generation: its events, bounded by the request's deadline and
+/// the server's shutdown. Dropping it cancels the generation in the worker.
+pub struct Generation {
+    rx: mpsc::Receiver<Event>,
+    waits: Waits,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+}
+
+/// One finished choice: its whole text, log-probabilities and counts.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    /// Generated text (stop strings excluded).
+    pub text: String,
+    /// Log-probabilities of its tokens, when asked for.
+    pub logprobs: Vec<TokenLogprob>,
+    /// Why it ended and its token counts.
+    pub summary: Summary,
+}
+
+/// A finished generation.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The choice.
+    pub choice: Choice,
+}
+
+/// Checks the prompt against the slot's context, queues the job and returns its
+/// generation. `arrived` is when the request arrived (its deadline counts from there).
+pub fn start(
+    st: &AppState,
+    prompt: Vec<u32>,
+    g: &GenRequest,
+    fault: Option<Fault>,
+    arrived: Instant,
+) -> Result<Generation, ApiError> {
+    let ctx = st.slot_ctx;
+    let n = prompt.len();
+    if n == 0 {
+        return Err(ApiError::bad_request("the prompt is empty"));
+    }
+    if n >= ctx {
+        return Err(ApiError::bad_request(format!(
+            "the prompt has {n} tokens but a slot's context holds {ctx}; \
+             leave room for at least one generated token"
+        )));
+    }
+    // n < ctx (checked above), so `room` cannot wrap; comparing max_tokens with it
+    // instead of adding it to n keeps any client number from overflowing.
+    let room = ctx - n;
+    let max_tokens = match g.max_tokens {
+        Some(m) if m > room => {
+            return Err(ApiError::bad_request(format!(
+                "the prompt ({n} tokens) plus max_tokens ({m}) exceeds a slot's context \
+                 of {ctx}: max_tokens must be in [1, {room}] for this prompt"
+            )))
+        }
+        Some(m) => m,
+        None => room,
+    };
+    let n_vocab = st.tok.n_vocab();
+    g.sampling
+        .validate_for_vocab(n_vocab)
+        .map_err(|e| match e {
+            minfer_runtime::SamplerError::OutOfRange { value, range, .. } => ApiError::bad_request(
+                format!("field `logit_bias` has {value}: must be {range} ({n_vocab} tokens)"),
+            ),
+        })?;
+    let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
+    let deadline = deadline(arrived, st.timeout);
+    st.worker.submit(Job {
+        prompt,
+        max_tokens,
+        sampling: g.sampling.clone(),
+        stop: g.stop.clone(),
+        logprobs: g.logprobs,
+        arrived,
+        deadline,
+        fault,
+        tx,
+    })?;
+    Ok(Generation {
+        rx,
+        waits: Waits {
+            deadline,
+            cancel: st.cancel.clone(),
+        },
+        prompt_tokens: n,
+    })
+}
+
+impl Generation {
+    /// The next event, or an error event once the deadline passes or a shutdown cancels
+    /// the request.
+    pub async fn next(&mut self) -> Event {
+        next_event(&mut self.rx, &mut self.waits).await
+    }
+
+    /// Waits for the whole answer.
+    pub async fn collect(mut self) -> Result<Outcome, ApiError> {
+        let mut text = String::new();
+        let mut logprobs = Vec::new();
+        loop {
+            match self.next().await {
+                Event::Chunk {
+                    text: t,
+                    logprobs: l,
+                } => {
+                    text.push_str(&t);
+                    logprobs.extend(l);
+                }
+                Event::Done(summary) => {
+                    return Ok(Outcome {
+                        choice: Choice {
+                            text,
+                            logprobs,
+                            summary,
+                        },
+                    })
+                }
+                Event::Error(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// When a request that arrived at `arrived` is abandoned. `Config::validate` bounds the
+/// timeout, but the sum is still checked: an `Instant` overflow would panic inside the
+/// handler and leave the client without any answer.
+fn deadline(arrived: Instant, timeout: Duration) -> Instant {
+    arrived
+        .checked_add(timeout)
+        .or_else(|| arrived.checked_add(crate::MAX_REQUEST_TIMEOUT))
+        .unwrap_or(arrived)
+}
+
+/// What bounds every wait of a request: its deadline, and the server's shutdown.
+struct Waits {
+    deadline: Instant,
+    /// Raised when a shutdown stops waiting for in-flight requests.
+    cancel: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Waits for an event until the request's deadline, wherever the request is (queued,
+/// prefilling, decoding, or held back by a slow reader), or until a shutdown cancels
+/// it. Dropping the receiver afterwards cancels the generation in the worker.
+async fn next_event(rx: &mut mpsc::Receiver<Event>, w: &mut Waits) -> Event {
+    let timed_out = || {
+        Event::Error(ApiError::new(
+            axum::http::StatusCode::GATEWAY_TIMEOUT,
+            "the request timed out",
+        ))
+    };
+    if Instant::now() >= w.deadline {
+        return timed_out();
+    }
+    let deadline = tokio::time::Instant::from_std(w.deadline);
+    tokio::select! {
+        biased;
+        _ = w.cancel.wait_for(|c| *c) => Event::Error(ApiError::unavailable(
+            "the server is shutting down; the request was cancelled",
+            1,
+        )),
+        got = tokio::time::timeout_at(deadline, rx.recv()) => match got {
+            Ok(Some(ev)) => ev,
+            Ok(None) => Event::Error(ApiError::internal(
+                "the inference worker dropped the request",
+            )),
+            Err(_) => timed_out(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_never_overflow() {
+        let now = Instant::now();
+        assert_eq!(
+            deadline(now, Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        // Duration::MAX would panic as `now + timeout`.
+        assert!(deadline(now, Duration::MAX) >= now);
+    }
+}
