@@ -82,6 +82,8 @@ pub struct Generation {
     waits: Waits,
     /// Prompt tokens.
     pub prompt_tokens: usize,
+    /// Choices being generated; each ends with its own `Event::Done`.
+    pub n: usize,
 }
 
 /// One finished choice: its whole text, log-probabilities and counts.
@@ -98,8 +100,22 @@ pub struct Choice {
 /// A finished generation.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    /// The choice.
-    pub choice: Choice,
+    /// The choices, in index order.
+    pub choices: Vec<Choice>,
+}
+
+impl Outcome {
+    /// Counts of the whole request: the prompt once (it was prefilled once), the
+    /// completion tokens of every choice; the finish reason is choice 0's.
+    pub fn usage(&self) -> Summary {
+        let mut u = self.choices[0].summary;
+        u.completion_tokens = self
+            .choices
+            .iter()
+            .map(|c| c.summary.completion_tokens)
+            .sum();
+        u
+    }
 }
 
 /// Checks the prompt against the slot's context, queues the job and returns its
@@ -116,22 +132,23 @@ pub fn start(
     if n == 0 {
         return Err(ApiError::bad_request("the prompt is empty"));
     }
-    if n >= ctx {
+    if g.n > st.n_slots {
         return Err(ApiError::bad_request(format!(
-            "the prompt has {n} tokens but a slot's context holds {ctx}; \
-             leave room for at least one generated token"
-        )));
+            "field `n` is {}: must be in [1, {}], the slots of this model (each choice \
+             generates in its own slot)",
+            g.n, st.n_slots
+        ))
+        .with_param("n"));
+    }
+    // A slot holds the prompt and at least one generated token.
+    if n >= ctx {
+        return Err(ApiError::context_length_exceeded(ctx, n, None));
     }
     // n < ctx (checked above), so `room` cannot wrap; comparing max_tokens with it
     // instead of adding it to n keeps any client number from overflowing.
     let room = ctx - n;
     let max_tokens = match g.max_tokens {
-        Some(m) if m > room => {
-            return Err(ApiError::bad_request(format!(
-                "the prompt ({n} tokens) plus max_tokens ({m}) exceeds a slot's context \
-                 of {ctx}: max_tokens must be in [1, {room}] for this prompt"
-            )))
-        }
+        Some(m) if m > room => return Err(ApiError::context_length_exceeded(ctx, n, Some(m))),
         Some(m) => m,
         None => room,
     };
@@ -147,6 +164,7 @@ pub fn start(
     let deadline = deadline(arrived, st.timeout);
     st.worker.submit(Job {
         prompt,
+        n: g.n,
         max_tokens,
         sampling: g.sampling.clone(),
         stop: g.stop.clone(),
@@ -163,6 +181,7 @@ pub fn start(
             cancel: st.cancel.clone(),
         },
         prompt_tokens: n,
+        n: g.n,
     })
 }
 
@@ -173,31 +192,42 @@ impl Generation {
         next_event(&mut self.rx, &mut self.waits).await
     }
 
-    /// Waits for the whole answer.
+    /// Waits for the whole answer: every choice, each to its end.
     pub async fn collect(mut self) -> Result<Outcome, ApiError> {
-        let mut text = String::new();
-        let mut logprobs = Vec::new();
-        loop {
+        let mut texts = vec![String::new(); self.n];
+        let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); self.n];
+        let mut done: Vec<Option<Summary>> = vec![None; self.n];
+        while done.iter().any(Option::is_none) {
             match self.next().await {
                 Event::Chunk {
-                    text: t,
-                    logprobs: l,
+                    choice,
+                    text,
+                    logprobs,
                 } => {
-                    text.push_str(&t);
-                    logprobs.extend(l);
+                    if let (Some(t), Some(l)) = (texts.get_mut(choice), lps.get_mut(choice)) {
+                        t.push_str(&text);
+                        l.extend(logprobs);
+                    }
                 }
-                Event::Done(summary) => {
-                    return Ok(Outcome {
-                        choice: Choice {
-                            text,
-                            logprobs,
-                            summary,
-                        },
-                    })
+                Event::Done(s) => {
+                    if let Some(d) = done.get_mut(s.choice) {
+                        *d = Some(s);
+                    }
                 }
                 Event::Error(e) => return Err(e),
             }
         }
+        let choices = texts
+            .into_iter()
+            .zip(lps)
+            .zip(done.into_iter().flatten())
+            .map(|((text, logprobs), summary)| Choice {
+                text,
+                logprobs,
+                summary,
+            })
+            .collect();
+        Ok(Outcome { choices })
     }
 }
 

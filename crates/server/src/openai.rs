@@ -52,6 +52,7 @@ pub async fn generate(
         id: st.next_id(kind),
         created: now_secs(),
         model: st.model_id.clone(),
+        fingerprint: st.fingerprint.clone(),
     };
     if g.stream {
         stream_reply(gen, reply, g, log).await
@@ -67,6 +68,8 @@ struct Reply {
     id: String,
     created: u64,
     model: String,
+    /// `system_fingerprint`: the build and the model's weights (see `fingerprint`).
+    fingerprint: String,
 }
 
 fn usage(s: &Summary) -> Value {
@@ -115,66 +118,88 @@ fn text_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
 
 async fn collect_reply(gen: Generation, r: Reply) -> Result<Response, ApiError> {
     let out = gen.collect().await?;
-    let (text, lps, summary) = (out.choice.text, out.choice.logprobs, out.choice.summary);
-    let want_lp = !lps.is_empty();
-    let body = match r.kind {
-        Kind::Chat => json!({
-            "id": r.id, "object": "chat.completion", "created": r.created, "model": r.model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": if want_lp { chat_logprobs(&lps) } else { Value::Null },
-                "finish_reason": summary.finish.as_str(),
-            }],
-            "usage": usage(&summary),
-        }),
-        Kind::Text => json!({
-            "id": r.id, "object": "text_completion", "created": r.created, "model": r.model,
-            "choices": [{
-                "index": 0,
-                "text": text,
-                "logprobs": if want_lp { text_logprobs(&lps, 0) } else { Value::Null },
-                "finish_reason": summary.finish.as_str(),
-            }],
-            "usage": usage(&summary),
-        }),
-    };
+    let summary = out.usage();
+    let choices: Vec<Value> = out
+        .choices
+        .iter()
+        .map(|c| {
+            let lp = (!c.logprobs.is_empty()).then_some(&c.logprobs);
+            match r.kind {
+                Kind::Chat => json!({
+                    "index": c.summary.choice,
+                    "message": {"role": "assistant", "content": c.text, "refusal": null},
+                    "logprobs": lp.map_or(Value::Null, |l| chat_logprobs(l)),
+                    "finish_reason": c.summary.finish.as_str(),
+                }),
+                Kind::Text => json!({
+                    "index": c.summary.choice,
+                    "text": c.text,
+                    "logprobs": lp.map_or(Value::Null, |l| text_logprobs(l, 0)),
+                    "finish_reason": c.summary.finish.as_str(),
+                }),
+            }
+        })
+        .collect();
+    let mut body = r.head(match r.kind {
+        Kind::Chat => "chat.completion",
+        Kind::Text => "text_completion",
+    });
+    body["choices"] = Value::Array(choices);
+    body["usage"] = usage(&summary);
     let mut resp = Json(body).into_response();
     resp.extensions_mut().insert(summary);
     Ok(resp)
 }
 
-/// One streamed object with a content delta (or the final, empty one).
-fn chunk(
-    r: &Reply,
+impl Reply {
+    /// The fields every object of this response carries, `choices` empty.
+    fn head(&self, object: &str) -> Value {
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "system_fingerprint": self.fingerprint, "choices": [],
+        })
+    }
+
+    /// One streamed object holding `choice`; `usage: null` on every chunk but the last
+    /// when the client asked for the usage chunk, as OpenAI sends it.
+    fn chunk(&self, choice: Value, include_usage: bool) -> Value {
+        let mut v = self.head(match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Text => "text_completion",
+        });
+        v["choices"] = json!([choice]);
+        if include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+}
+
+/// The choice of one streamed chunk: a content delta, or (`finish` set) the last one.
+fn chunk_choice(
+    kind: Kind,
+    index: usize,
     text: Option<&str>,
     lps: &[TokenLogprob],
     offset: usize,
     finish: Option<&str>,
 ) -> Value {
-    match r.kind {
+    match kind {
         Kind::Chat => {
             let delta = match text {
                 Some(t) => json!({"content": t}),
                 None => json!({}),
             };
             json!({
-                "id": r.id, "object": "chat.completion.chunk", "created": r.created,
-                "model": r.model,
-                "choices": [{
-                    "index": 0, "delta": delta,
-                    "logprobs": if lps.is_empty() { Value::Null } else { chat_logprobs(lps) },
-                    "finish_reason": finish,
-                }],
+                "index": index, "delta": delta,
+                "logprobs": if lps.is_empty() { Value::Null } else { chat_logprobs(lps) },
+                "finish_reason": finish,
             })
         }
         Kind::Text => json!({
-            "id": r.id, "object": "text_completion", "created": r.created, "model": r.model,
-            "choices": [{
-                "index": 0, "text": text.unwrap_or(""),
-                "logprobs": if lps.is_empty() { Value::Null } else { text_logprobs(lps, offset) },
-                "finish_reason": finish,
-            }],
+            "index": index, "text": text.unwrap_or(""),
+            "logprobs": if lps.is_empty() { Value::Null } else { text_logprobs(lps, offset) },
+            "finish_reason": finish,
         }),
     }
 }
@@ -188,40 +213,67 @@ struct StreamState {
     first: Option<Event>,
     reply: Reply,
     include_usage: bool,
-    offset: usize,
+    /// Text bytes sent so far, per choice (text completions' `text_offset`).
+    offsets: Vec<usize>,
+    /// Choices that have ended, with their counts.
+    finished: Vec<Option<Summary>>,
     done: bool,
     log: RequestLog,
 }
 
 /// The frames one event becomes.
 fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
+    let kind = s.reply.kind;
     match ev {
-        Event::Chunk { text, logprobs } => {
-            let v = chunk(&s.reply, Some(&text), &logprobs, s.offset, None);
-            s.offset += text.len();
-            vec![data(&v)]
+        Event::Chunk {
+            choice,
+            text,
+            logprobs,
+        } => {
+            let Some(offset) = s.offsets.get_mut(choice) else {
+                return Vec::new();
+            };
+            let c = chunk_choice(kind, choice, Some(&text), &logprobs, *offset, None);
+            *offset += text.len();
+            vec![data(&s.reply.chunk(c, s.include_usage))]
         }
         Event::Done(sum) => {
-            s.done = true;
-            s.log.summary = Some(sum);
-            let mut out = vec![data(&chunk(
-                &s.reply,
+            let Some(slot) = s.finished.get_mut(sum.choice) else {
+                return Vec::new();
+            };
+            *slot = Some(sum);
+            let offset = s.offsets.get(sum.choice).copied().unwrap_or(0);
+            let c = chunk_choice(
+                kind,
+                sum.choice,
                 None,
                 &[],
-                s.offset,
+                offset,
                 Some(sum.finish.as_str()),
-            ))];
-            if s.include_usage {
-                let obj = match s.reply.kind {
-                    Kind::Chat => "chat.completion.chunk",
-                    Kind::Text => "text_completion",
-                };
-                out.push(data(&json!({
-                    "id": s.reply.id, "object": obj, "created": s.reply.created,
-                    "model": s.reply.model, "choices": [], "usage": usage(&sum),
-                })));
+            );
+            let mut out = vec![data(&s.reply.chunk(c, s.include_usage))];
+            if s.finished.iter().all(Option::is_some) {
+                s.done = true;
+                let mut total = sum;
+                total.completion_tokens = s
+                    .finished
+                    .iter()
+                    .flatten()
+                    .map(|f| f.completion_tokens)
+                    .sum();
+                if let Some(first) = s.finished.first().copied().flatten() {
+                    total.prompt_tokens = first.prompt_tokens;
+                    total.cached_tokens = first.cached_tokens;
+                }
+                s.log.summary = Some(total);
+                if s.include_usage {
+                    let mut v = s.reply.chunk(Value::Null, false);
+                    v["choices"] = json!([]);
+                    v["usage"] = usage(&total);
+                    out.push(data(&v));
+                }
+                out.push(Sse::default().data("[DONE]"));
             }
-            out.push(Sse::default().data("[DONE]"));
             out
         }
         Event::Error(e) => {
@@ -246,21 +298,23 @@ async fn stream_reply(
     }
     log.status = 200;
     log.emit_on_drop = true;
+    let n = gen.n;
     let mut head = Vec::new();
     if reply.kind == Kind::Chat {
-        head.push(data(&json!({
-            "id": reply.id, "object": "chat.completion.chunk", "created": reply.created,
-            "model": reply.model,
-            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                         "logprobs": null, "finish_reason": null}],
-        })));
+        // The role comes once per choice, in its first delta, and only there.
+        for index in 0..n {
+            let c = json!({"index": index, "delta": {"role": "assistant", "content": ""},
+                           "logprobs": null, "finish_reason": null});
+            head.push(data(&reply.chunk(c, g.include_usage)));
+        }
     }
     let state = StreamState {
         gen,
         first: Some(first),
         reply,
         include_usage: g.include_usage,
-        offset: 0,
+        offsets: vec![0; n],
+        finished: vec![None; n],
         done: false,
         log,
     };
@@ -286,7 +340,36 @@ fn events(state: StreamState) -> impl Stream<Item = Sse> + Send {
     .flatten()
 }
 
+/// OpenAI's `system_fingerprint` for a model: `fp_` and 16 hex digits of an FNV-1a hash
+/// of this build's version and the model's digest, so it changes exactly when the
+/// software or the weights that produce the answers change.
+pub fn fingerprint(model_digest: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in env!("CARGO_PKG_VERSION")
+        .as_bytes()
+        .iter()
+        .chain(model_digest)
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("fp_{h:016x}")
+}
+
 /// Elapsed wall time as seconds with millisecond precision, for the log.
 pub fn secs(start: Instant) -> f64 {
     (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_are_stable_and_follow_the_model() {
+        let a = fingerprint(&[1; 32]);
+        assert_eq!(a, fingerprint(&[1; 32]));
+        assert_ne!(a, fingerprint(&[2; 32]));
+        assert!(a.starts_with("fp_") && a.len() == 19, "{a}");
+    }
 }

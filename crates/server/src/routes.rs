@@ -108,10 +108,7 @@ async fn admit(
         return Ok(Err(security::preflight(req.headers(), origin.clone())));
     }
     if req.uri().path() != "/health" && !authorized(st, &req) {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing or invalid API key",
-        ));
+        return Err(ApiError::invalid_api_key());
     }
     if req.method() != Method::POST || !JSON_ROUTES.contains(&req.uri().path()) {
         return Ok(Ok(req));
