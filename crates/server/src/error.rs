@@ -59,8 +59,8 @@ impl ApiError {
             Some(m) => format!(
                 "This model's maximum context length is {max} tokens. However, you \
                  requested {} tokens ({prompt} in the messages, {m} in the completion). \
-                 Please reduce the length of the messages or completion (at most {} \
-                 completion tokens fit this prompt).",
+                 Please reduce the length of the messages or completion (max_tokens may \
+                 be at most {} for this prompt).",
                 prompt.saturating_add(m),
                 max.saturating_sub(prompt)
             ),
@@ -180,7 +180,7 @@ mod tests {
         let e = ApiError::context_length_exceeded(256, 200, Some(usize::MAX));
         assert!(e.message.contains("200 in the messages"), "{}", e.message);
         assert!(
-            e.message.contains("at most 56 completion tokens"),
+            e.message.contains("max_tokens may be at most 56"),
             "{}",
             e.message
         );

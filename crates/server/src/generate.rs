@@ -4,6 +4,7 @@
 //! [`Outcome`] (one answer) and renders them in its own shape. Sampling, slots, stop
 //! strings and deadlines live here and in the worker, never in a codec.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -11,7 +12,7 @@ use tokio::sync::mpsc;
 use crate::error::ApiError;
 use crate::params::{GenRequest, Prompt};
 use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
-use crate::AppState;
+use crate::{AppState, Model};
 use minfer_tokenizer::ChatMessage;
 
 /// Text in a prompt that makes inference panic when fault injection is on (tests only).
@@ -42,11 +43,15 @@ pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
 /// Prompt tokens of a completion request, checked against the vocabulary. A text prompt
 /// is the caller's whole prompt, template markers included, so special-token text in it
 /// is parsed (as llama-server and `minfer run` do); chat content never is.
-pub fn completion_prompt(st: &AppState, p: Prompt) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
+pub fn completion_prompt(
+    st: &AppState,
+    m: &Model,
+    p: Prompt,
+) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
     match p {
-        Prompt::Text(s) => Ok((st.tok.encode(&s, true, true), fault_of(st, &s))),
+        Prompt::Text(s) => Ok((m.tok.encode(&s, true, true), fault_of(st, &s))),
         Prompt::Tokens(t) => {
-            let n = st.tok.n_vocab();
+            let n = m.tok.n_vocab();
             if let Some(bad) = t.iter().find(|&&id| id as usize >= n) {
                 return Err(ApiError::bad_request(format!(
                     "field `prompt` holds token id {bad}, outside the vocabulary of {n}"
@@ -62,15 +67,16 @@ pub fn completion_prompt(st: &AppState, p: Prompt) -> Result<(Vec<u32>, Option<F
 /// of specials everywhere).
 pub fn chat_prompt(
     st: &AppState,
+    m: &Model,
     msgs: &[ChatMessage],
 ) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
     let bad =
         |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
-    let rendered = st.template.render_spans(msgs, true).map_err(bad)?;
+    let rendered = m.template.render_spans(msgs, true).map_err(bad)?;
     let ids = if st.allow_special_in_content {
-        st.tok.encode(&rendered.text, true, true)
+        m.tok.encode(&rendered.text, true, true)
     } else {
-        rendered.encode(&st.tok, msgs, true).map_err(bad)?
+        rendered.encode(&m.tok, msgs, true).map_err(bad)?
     };
     Ok((ids, fault_of(st, &rendered.text)))
 }
@@ -78,6 +84,8 @@ pub fn chat_prompt(
 /// A queued or running generation: its events, bounded by the request's deadline and
 /// the server's shutdown. Dropping it cancels the generation in the worker.
 pub struct Generation {
+    /// The model generating; held so that it stays loaded until the request ends.
+    pub model: Arc<Model>,
     rx: mpsc::Receiver<Event>,
     waits: Waits,
     /// Prompt tokens.
@@ -118,25 +126,26 @@ impl Outcome {
     }
 }
 
-/// Checks the prompt against the slot's context, queues the job and returns its
+/// Checks the prompt against the model's slots, queues the job and returns its
 /// generation. `arrived` is when the request arrived (its deadline counts from there).
 pub fn start(
     st: &AppState,
+    m: Arc<Model>,
     prompt: Vec<u32>,
     g: &GenRequest,
     fault: Option<Fault>,
     arrived: Instant,
 ) -> Result<Generation, ApiError> {
-    let ctx = st.slot_ctx;
+    let ctx = m.slot_ctx;
     let n = prompt.len();
     if n == 0 {
         return Err(ApiError::bad_request("the prompt is empty"));
     }
-    if g.n > st.n_slots {
+    if g.n > m.n_slots {
         return Err(ApiError::bad_request(format!(
             "field `n` is {}: must be in [1, {}], the slots of this model (each choice \
              generates in its own slot)",
-            g.n, st.n_slots
+            g.n, m.n_slots
         ))
         .with_param("n"));
     }
@@ -152,7 +161,7 @@ pub fn start(
         Some(m) => m,
         None => room,
     };
-    let n_vocab = st.tok.n_vocab();
+    let n_vocab = m.tok.n_vocab();
     g.sampling
         .validate_for_vocab(n_vocab)
         .map_err(|e| match e {
@@ -162,7 +171,7 @@ pub fn start(
         })?;
     let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
     let deadline = deadline(arrived, st.timeout);
-    st.worker.submit(Job {
+    m.worker.submit(Job {
         prompt,
         n: g.n,
         max_tokens,
@@ -175,6 +184,7 @@ pub fn start(
         tx,
     })?;
     Ok(Generation {
+        model: m,
         rx,
         waits: Waits {
             deadline,

@@ -19,7 +19,7 @@ pub use crate::generate::{
 };
 use crate::params::GenRequest;
 use crate::worker::{Event, Fault, Summary, TokenLogprob};
-use crate::{AppState, RequestLog, StreamLogged};
+use crate::{AppState, Model, RequestLog, StreamLogged};
 
 /// The two response dialects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,19 +41,20 @@ fn now_secs() -> u64 {
 pub async fn generate(
     st: Arc<AppState>,
     kind: Kind,
+    model: Arc<Model>,
     prompt: Vec<u32>,
     g: GenRequest,
     fault: Option<Fault>,
     log: RequestLog,
 ) -> Result<Response, ApiError> {
-    let gen = generate::start(&st, prompt, &g, fault, log.start)?;
     let reply = Reply {
         kind,
         id: st.next_id(kind),
         created: now_secs(),
-        model: st.model_id.clone(),
-        fingerprint: st.fingerprint.clone(),
+        model: model.id.clone(),
+        fingerprint: model.fingerprint.clone(),
     };
+    let gen = generate::start(&st, model, prompt, &g, fault, log.start)?;
     if g.stream {
         stream_reply(gen, reply, g, log).await
     } else {

@@ -241,10 +241,16 @@ pub const COMPLETION_FIELDS: &[&str] = &[
 pub const NO_EFFECT_FIELDS: &[&str] = &["user", "metadata", "store"];
 
 /// Fields of a `/tokenize` request (llama-server's).
-pub const TOKENIZE_FIELDS: &[&str] = &["content", "add_special", "parse_special", "with_pieces"];
+pub const TOKENIZE_FIELDS: &[&str] = &[
+    "content",
+    "add_special",
+    "parse_special",
+    "with_pieces",
+    "model",
+];
 
 /// Fields of a `/detokenize` request.
-pub const DETOKENIZE_FIELDS: &[&str] = &["tokens"];
+pub const DETOKENIZE_FIELDS: &[&str] = &["tokens", "model"];
 
 /// Refuses any non-null field of a request body missing from `known`, naming it.
 pub fn check_fields(obj: &Object, known: &[&str]) -> Result<(), ApiError> {

@@ -93,12 +93,12 @@ pub struct Loaded {
 pub fn spawn(
     load: impl FnOnce() -> Result<MultiEngine, EngineError> + Send + 'static,
     queue_capacity: usize,
+    metrics: Arc<Metrics>,
 ) -> Result<(WorkerHandle, Loaded, std::thread::JoinHandle<()>), String> {
     let (qtx, qrx) = std::sync::mpsc::channel::<Job>();
     let (otx, orx) = std::sync::mpsc::channel::<crate::slots::SlotOp>();
     let pending = Arc::new(AtomicUsize::new(0));
     let pending2 = Arc::clone(&pending);
-    let metrics = Arc::new(Metrics::default());
     let slots = Arc::new(Mutex::new(Vec::new()));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (m2, s2) = (Arc::clone(&metrics), Arc::clone(&slots));
