@@ -518,6 +518,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         slots: config.slots,
         queue: config.queue,
         metrics: Arc::clone(&metrics),
+        busy: Arc::default(),
     };
     let workers = Arc::new(Mutex::new(Vec::new()));
     let models = models::Models::new(

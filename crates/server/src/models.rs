@@ -66,6 +66,8 @@ pub struct LoadOptions {
     pub queue: usize,
     /// The server's counters, shared by every model's worker.
     pub metrics: Arc<Metrics>,
+    /// Busy slots over every model's worker (what the `busy_slots` gauge shows).
+    pub busy: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 struct Entry {
@@ -220,8 +222,12 @@ impl Models {
     fn load(&self, e: &Entry) -> Result<Model, String> {
         let (path, engine, slots) = (e.path.clone(), self.opts.engine.clone(), self.opts.slots);
         let load = move || MultiEngine::load(&path, &engine, slots);
-        let (worker, loaded, thread) =
-            worker::spawn(load, self.opts.queue, Arc::clone(&self.opts.metrics))?;
+        let (worker, loaded, thread) = worker::spawn(
+            load,
+            self.opts.queue,
+            Arc::clone(&self.opts.metrics),
+            Arc::clone(&self.opts.busy),
+        )?;
         lock(&self.threads).push(thread);
         let template = ChatTemplate::from_tokenizer(&loaded.tokenizer)
             .map_err(|err| format!("chat template: {err}"))?;
@@ -286,6 +292,7 @@ mod tests {
             slots: 1,
             queue: 1,
             metrics: Arc::new(Metrics::default()),
+            busy: Arc::default(),
         };
         Models::new(&specs, 1, opts, Arc::default())
     }

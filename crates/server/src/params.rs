@@ -152,6 +152,26 @@ pub struct GenRequest {
     pub model: Option<String>,
 }
 
+impl Default for GenRequest {
+    /// llama-server's sampling defaults with a fresh random seed, one choice, no stop
+    /// strings, no streaming, the slot's context as the limit: what a codec starts from.
+    fn default() -> Self {
+        GenRequest {
+            sampling: SamplingParams {
+                seed: random_seed(),
+                ..SamplingParams::default()
+            },
+            max_tokens: None,
+            stop: Vec::new(),
+            stream: false,
+            include_usage: false,
+            logprobs: None,
+            n: 1,
+            model: None,
+        }
+    }
+}
+
 /// Most alternatives per token that `top_logprobs` may ask for.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
@@ -458,10 +478,7 @@ fn stop_strings(obj: &Object) -> Result<Vec<String>, ApiError> {
 
 fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
     check_no_effect_and_features(obj)?;
-    let mut s = SamplingParams {
-        seed: random_seed(),
-        ..SamplingParams::default()
-    };
+    let mut s = GenRequest::default().sampling;
     if let Some(v) = opt_f32_in(obj, "temperature", 0.0, MAX_TEMPERATURE, "in [0, 100]")? {
         s.temperature = v;
     }

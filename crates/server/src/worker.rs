@@ -94,6 +94,7 @@ pub fn spawn(
     load: impl FnOnce() -> Result<MultiEngine, EngineError> + Send + 'static,
     queue_capacity: usize,
     metrics: Arc<Metrics>,
+    busy_total: Arc<AtomicUsize>,
 ) -> Result<(WorkerHandle, Loaded, std::thread::JoinHandle<()>), String> {
     let (qtx, qrx) = std::sync::mpsc::channel::<Job>();
     let (otx, orx) = std::sync::mpsc::channel::<crate::slots::SlotOp>();
@@ -132,7 +133,7 @@ pub fn spawn(
             };
             // The slots are published before the server is reported ready, so /slots
             // never shows an empty list to the first client.
-            let worker = Worker::new(engine, tokenizer, m2, s2);
+            let worker = Worker::new(engine, tokenizer, m2, s2, busy_total);
             let _ = ready_tx.send(Ok(loaded));
             worker.run(qrx, orx, &pending2);
         })
@@ -185,6 +186,10 @@ struct Worker {
     tok: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
     info: Arc<Mutex<Vec<SlotInfo>>>,
+    /// Busy slots of every model's worker together (the `busy_slots` gauge), and this
+    /// worker's share of it as last published.
+    busy_total: Arc<AtomicUsize>,
+    busy_mine: std::cell::Cell<usize>,
     slots: Vec<Slot>,
     clock: u64,
     /// A request for more choices than there are free slots: it waits, ahead of the
@@ -205,6 +210,7 @@ impl Worker {
         tok: Arc<Tokenizer>,
         metrics: Arc<Metrics>,
         info: Arc<Mutex<Vec<SlotInfo>>>,
+        busy_total: Arc<AtomicUsize>,
     ) -> Self {
         let slots = (0..engine.n_slots())
             .map(|_| Slot {
@@ -220,6 +226,8 @@ impl Worker {
             tok,
             metrics,
             info,
+            busy_total,
+            busy_mine: std::cell::Cell::new(0),
             slots,
             clock: 0,
             waiting: None,
@@ -625,7 +633,13 @@ impl Worker {
 
     fn publish(&self) {
         let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
-        self.metrics.set_busy_slots(busy);
+        let before = self.busy_mine.replace(busy);
+        let total = if busy >= before {
+            self.busy_total.fetch_add(busy - before, Ordering::AcqRel) + (busy - before)
+        } else {
+            self.busy_total.fetch_sub(before - busy, Ordering::AcqRel) - (before - busy)
+        };
+        self.metrics.set_busy_slots(total);
         let info = self
             .slots
             .iter()
