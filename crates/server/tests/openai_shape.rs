@@ -265,3 +265,42 @@ async fn errors_carry_openai_s_codes_and_limits() {
     assert_eq!(v["error"]["code"], "invalid_api_key");
     assert_eq!(v["error"]["type"], "authentication_error");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_choices_wait_for_enough_free_slots() {
+    let s = tiny_server(2, |c| c.fault_injection = true);
+    let slow = format!("a {}", minfer_server::openai::SLOW_MARKER);
+    // A holds one of the two slots for about 30 slow decode steps.
+    let base = s.base.clone();
+    let a = tokio::spawn(async move {
+        post(
+            &base,
+            "/v1/completions",
+            json!({"prompt": slow, "max_tokens": 30, "temperature": 0}),
+        )
+        .await
+    });
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, m) = get(&s.base, "/metrics").await;
+        if counter(&m, "minfer_busy_slots") == 1 {
+            break;
+        }
+        assert!(t0.elapsed().as_secs() < 10, "A never started: {m}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // Two choices need both slots: the request waits for A, then gets both choices.
+    let (st, v) = post(
+        &s.base,
+        "/v1/completions",
+        json!({"prompt": "b c", "n": 2, "seed": 5, "temperature": 1.0, "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(texts(&v, "text").len(), 2);
+    let (st, a) = a.await.unwrap();
+    assert_eq!(
+        (st, &a["choices"][0]["finish_reason"]),
+        (200, &json!("length"))
+    );
+}
