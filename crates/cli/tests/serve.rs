@@ -111,10 +111,15 @@ fn openai_python_client_against_the_minfer_serve_binary() {
 /// Runs `minfer serve` on a tiny model with `args`, which must make it exit on its own
 /// with an error (a server that starts instead is killed and the test fails).
 fn serve_refused(model: &std::path::Path, args: &[&str]) -> String {
+    let mut all = vec!["-m", model.to_str().expect("a UTF-8 path")];
+    all.extend_from_slice(args);
+    serve_refused_with(&all)
+}
+
+/// Like `serve_refused`, with every argument given.
+fn serve_refused_with(args: &[&str]) -> String {
     let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
         .arg("serve")
-        .arg("-m")
-        .arg(model)
         .args(args)
         .args(["--host", "127.0.0.1", "--port", "0"])
         .stdin(Stdio::null())
@@ -190,6 +195,9 @@ fn several_models_by_flag_and_directory_with_aliases() {
     )
     .expect("write tiny model");
     let err = serve_refused(&a, &["--alias", "x", "--alias", "y"]);
+    assert!(err.contains("one --alias per --model"), "{err}");
+    // Models of --models-dir are named by their file stems, never by --alias.
+    let err = serve_refused_with(&["--models-dir", zoo.to_str().unwrap(), "--alias", "x"]);
     assert!(err.contains("one --alias per --model"), "{err}");
     let err = serve_refused(&a, &["--max-models", "0"]);
     assert!(err.contains("--max-models"), "{err}");

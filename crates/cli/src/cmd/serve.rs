@@ -94,9 +94,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let shutdown = shutdown_timeout(args.shutdown_timeout)?;
-    if !args.alias.is_empty() && args.alias.len() != args.model.len().max(1) {
+    // Aliases name the --model values in order; without any, the one default model.
+    // Models found under --models-dir are named by their file stems.
+    let named = match (args.model.len(), &args.models_dir) {
+        (0, None) => 1,
+        (n, _) => n,
+    };
+    if !args.alias.is_empty() && args.alias.len() != named {
         anyhow::bail!(
-            "--alias is given {} times for {} --model: give one --alias per --model, in order",
+            "--alias is given {} times for {} --model: give one --alias per --model, in \
+             order (models under --models-dir are named by their file stems)",
             args.alias.len(),
             args.model.len()
         );
