@@ -3,11 +3,15 @@
 
 Usage: e2e_openai.py --base-url http://127.0.0.1:PORT/v1 [--api-key KEY]
 Runs chat (streaming and not) and text completions (streaming and not) greedily and
-checks that both modes agree, that usage adds up and that finish reasons are right.
+checks that both modes agree, that usage adds up and that finish reasons are right; then
+`n=2` choices from one prefill, `logit_bias` removing and forcing a token, the stream's
+chunk shape, `system_fingerprint`, and OpenAI's `context_length_exceeded` error.
 """
 
 import argparse
+import json
 import sys
+import urllib.request
 
 try:
     import openai
@@ -18,6 +22,23 @@ except ImportError:
 def check(cond, what):
     if not cond:
         sys.exit(f"e2e failure: {what}")
+
+
+def raw(root, path, key, body=None):
+    """GET (or POST `body` as JSON to) the server's own routes outside /v1."""
+    req = urllib.request.Request(root + path, headers={"Authorization": f"Bearer {key}"})
+    if body is not None:
+        req.data = json.dumps(body).encode()
+        req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req) as r:
+        return r.read().decode()
+
+
+def prefilled(root, key):
+    for line in raw(root, "/metrics", key).splitlines():
+        if line.startswith("minfer_prefill_tokens_total "):
+            return int(line.split()[1])
+    sys.exit("e2e failure: minfer_prefill_tokens_total missing from /metrics")
 
 
 def main():
@@ -80,11 +101,74 @@ def main():
     )
     check(streamed == text, f"streamed completion {streamed!r} == {text!r}")
 
+    root = args.base_url.rstrip("/").removesuffix("/v1")
+    fp = chat.system_fingerprint
+    check(fp and fp.startswith("fp_"), f"system_fingerprint {fp!r}")
+    check(comp.system_fingerprint == fp, "one fingerprint for one model")
+
+    # The stream's shape: the role in the first delta only, finish_reason in the last
+    # choice chunk, the usage chunk with no choices last; one id and fingerprint.
+    chunks = list(client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=4,
+        stream=True, stream_options={"include_usage": True},
+    ))
+    check(chunks[0].choices[0].delta.role == "assistant", "role in the first delta")
+    check(all(c.choices[0].delta.role is None for c in chunks[1:-1]), "role only first")
+    check(chunks[-2].choices[0].finish_reason is not None, "finish in the last choice chunk")
+    check(all(c.choices[0].finish_reason is None for c in chunks[:-2]), "finish only last")
+    check(chunks[-1].choices == [] and chunks[-1].usage is not None, "usage chunk last")
+    check(all(c.usage is None for c in chunks[:-1]), "usage null before the last chunk")
+    check(len({c.id for c in chunks}) == 1, "one id across the chunks")
+    check({c.system_fingerprint for c in chunks} == {fp}, "fingerprint on every chunk")
+
+    # n=2 with a fixed seed: two different choices from a single prefill.
+    story = [{"role": "user", "content": "Invent a name for a new fruit. Reply with the name."}]
+    before = prefilled(root, args.api_key)
+    two = client.chat.completions.create(
+        model=model, messages=story, n=2, seed=11, temperature=1.0, max_tokens=12
+    )
+    after = prefilled(root, args.api_key)
+    a, b = (c.message.content for c in two.choices)
+    check([c.index for c in two.choices] == [0, 1], "choice indices")
+    check(a != b, f"two different choices: {a!r} {b!r}")
+    cached = two.usage.prompt_tokens_details.cached_tokens
+    check(after - before == two.usage.prompt_tokens - cached,
+          f"one prefill: {after - before} prompt tokens ran for {two.usage}")
+    again = client.chat.completions.create(
+        model=model, messages=story, n=2, seed=11, temperature=1.0, max_tokens=12
+    )
+    check([c.message.content for c in again.choices] == [a, b], "a fixed seed repeats")
+
+    # logit_bias on greedy output: -100 removes the token the answer starts with,
+    # +100 forces another one at every step.
+    ids = json.loads(raw(root, "/tokenize", args.api_key, {"content": answer}))["tokens"]
+    first = ids[0]
+    piece = json.loads(raw(root, "/detokenize", args.api_key, {"tokens": [first]}))["content"]
+    banned = client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=8, logprobs=True,
+        logit_bias={str(first): -100},
+    )
+    toks = [t.token for t in banned.choices[0].logprobs.content]
+    check(piece not in toks, f"token {first} {piece!r} banned, got {toks}")
+    forced_id = json.loads(raw(root, "/tokenize", args.api_key, {"content": " banana"}))["tokens"][0]
+    forced_piece = json.loads(
+        raw(root, "/detokenize", args.api_key, {"tokens": [forced_id]}))["content"]
+    forced = client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=3, logprobs=True,
+        logit_bias={str(forced_id): 100},
+    )
+    toks = [t.token for t in forced.choices[0].logprobs.content]
+    check(toks == [forced_piece] * 3, f"token {forced_id} {forced_piece!r} forced, got {toks}")
+
+    # OpenAI's error for a prompt past the context, through the client's exception.
     try:
-        client.chat.completions.create(model=model, messages=messages, n=2)
-        check(False, "n=2 is refused")
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hello " * 3000}], max_tokens=4
+        )
+        check(False, "an over-long prompt is refused")
     except openai.BadRequestError as e:
-        check("`n`" in str(e), f"n=2 error names the field: {e}")
+        check(e.code == "context_length_exceeded", f"error code {e.code!r}: {e}")
+        check("maximum context length is" in str(e), f"error message: {e}")
 
     print(f"e2e ok: chat {answer!r}, completion {text!r}")
 

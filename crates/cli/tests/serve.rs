@@ -111,10 +111,15 @@ fn openai_python_client_against_the_minfer_serve_binary() {
 /// Runs `minfer serve` on a tiny model with `args`, which must make it exit on its own
 /// with an error (a server that starts instead is killed and the test fails).
 fn serve_refused(model: &std::path::Path, args: &[&str]) -> String {
+    let mut all = vec!["-m", model.to_str().expect("a UTF-8 path")];
+    all.extend_from_slice(args);
+    serve_refused_with(&all)
+}
+
+/// Like `serve_refused`, with every argument given.
+fn serve_refused_with(args: &[&str]) -> String {
     let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
         .arg("serve")
-        .arg("-m")
-        .arg(model)
         .args(args)
         .args(["--host", "127.0.0.1", "--port", "0"])
         .stdin(Stdio::null())
@@ -166,6 +171,75 @@ fn numeric_flags_outside_their_range_are_refused_by_name() {
     ] {
         let err = serve_refused(&model, &args);
         assert!(err.contains(flag), "{args:?} does not name {flag}: {err}");
+    }
+}
+
+#[test]
+fn several_models_by_flag_and_directory_with_aliases() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let tiny = |name: &str, seed| {
+        let p = dir.path().join(name);
+        minfer_models::testing::write_tiny_model(
+            &p,
+            &minfer_models::testing::TinySpec::qwen2(minfer_gguf::GgmlType::Q8_0, seed),
+        )
+        .expect("write tiny model");
+        p
+    };
+    let a = tiny("a.gguf", 7);
+    let zoo = dir.path().join("zoo");
+    std::fs::create_dir(&zoo).unwrap();
+    minfer_models::testing::write_tiny_model(
+        &zoo.join("b.gguf"),
+        &minfer_models::testing::TinySpec::qwen2(minfer_gguf::GgmlType::Q8_0, 9),
+    )
+    .expect("write tiny model");
+    let err = serve_refused(&a, &["--alias", "x", "--alias", "y"]);
+    assert!(err.contains("one --alias per --model"), "{err}");
+    // Models of --models-dir are named by their file stems, never by --alias.
+    let err = serve_refused_with(&["--models-dir", zoo.to_str().unwrap(), "--alias", "x"]);
+    assert!(err.contains("one --alias per --model"), "{err}");
+    let err = serve_refused(&a, &["--max-models", "0"]);
+    assert!(err.contains("--max-models"), "{err}");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let err = serve_refused(&a, &["--models-dir", empty.to_str().unwrap()]);
+    assert!(err.contains("holds no .gguf file"), "{err}");
+
+    let (_server, addr) = serve(&[
+        "-m",
+        a.to_str().unwrap(),
+        "--alias",
+        "coder",
+        "--models-dir",
+        zoo.to_str().unwrap(),
+        "--max-models",
+        "2",
+        "-c",
+        "256",
+        "--slots",
+        "1",
+        "-t",
+        "1",
+    ]);
+    let models = http_get(&addr, "/v1/models");
+    assert!(
+        models.contains("\"id\":\"coder\"") && models.contains("\"id\":\"b\""),
+        "{models}"
+    );
+    for (name, want) in [("coder", "coder"), ("b", "b"), ("nope", "model_not_found")] {
+        let body = format!(r#"{{"model":"{name}","prompt":"x","max_tokens":2}}"#);
+        let mut s = TcpStream::connect(&addr).expect("connect");
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read response");
+        assert!(out.contains(&format!("\"{want}\"")), "{name}: {out}");
     }
 }
 

@@ -189,6 +189,36 @@ impl MultiEngine {
         Ok(())
     }
 
+    /// Makes `dst` hold the first `n` positions of `src`'s sequence by copying their KV
+    /// rows (KV positions are data: a forked sequence is the same rows in another slot's
+    /// share of the arena). `n` choices of one prompt prefill it once and fork it this
+    /// way. On failure `dst` holds no positions; `src` is never changed.
+    pub fn copy_prefix(&mut self, src: usize, dst: usize, n: usize) -> Result<(), EngineError> {
+        self.check_slot(src)?;
+        self.check_slot(dst)?;
+        if n > self.filled[src] {
+            return Err(EngineError::Param {
+                name: "copy_prefix",
+                message: format!(
+                    "slot {src} holds {} positions, {n} cannot be copied",
+                    self.filled[src]
+                ),
+            });
+        }
+        if src == dst {
+            self.filled[dst] = n;
+            return Ok(());
+        }
+        // The rows are rewritten from 0: until the copy succeeds dst holds none.
+        self.filled[dst] = 0;
+        let mut words = Vec::new();
+        let ctx = self.slot_ctx;
+        self.engine.read_kv_rows(src * ctx, n, &mut words)?;
+        self.engine.write_kv_rows(dst * ctx, n, &words)?;
+        self.filled[dst] = n;
+        Ok(())
+    }
+
     fn check_slot(&self, slot: usize) -> Result<(), EngineError> {
         let n = self.n_slots();
         if slot >= n {

@@ -276,6 +276,52 @@ fn a_reset_slot_forgets_its_request_and_never_sees_its_neighbours() {
 }
 
 #[test]
+fn a_copied_prefix_continues_exactly_as_the_prefilled_sequence() {
+    let spec = TinySpec::qwen3(GgmlType::Q8_0, 147);
+    let file = tiny(&spec);
+    let a: Vec<u32> = (0..20).map(|i| (i * 13 + 1) % 500).collect();
+    let junk: Vec<u32> = (0..30).map(|i| (i * 7 + 5) % 500).collect();
+    let mut m = MultiEngine::from_shared(Arc::clone(&file), &opts(2, 192, 512), 3).unwrap();
+    let step = |slot, tokens: &[u32], pos0| SeqStep {
+        slot,
+        tokens: tokens.to_vec(),
+        pos0,
+        n_out: 1,
+    };
+    // Slot 2 holds another sequence whose rows the copy must replace.
+    m.step(&[step(0, &a, 0), step(2, &junk, 0)]).unwrap();
+    m.copy_prefix(0, 1, a.len()).unwrap();
+    m.copy_prefix(0, 2, a.len()).unwrap();
+    assert_eq!(m.slot_len(1).unwrap(), a.len());
+    assert_eq!(m.slot_len(2).unwrap(), a.len());
+    let out = m
+        .step(&[step(0, &[7], 20), step(1, &[7], 20), step(2, &[9], 20)])
+        .unwrap();
+    let mut e = Engine::from_arc(Arc::clone(&file), &opts(2, 64, 512)).unwrap();
+    e.forward(&a, 0, 1).unwrap();
+    let want7 = e.forward(&[7], 20, 1).unwrap();
+    e.reset();
+    e.forward(&a, 0, 1).unwrap();
+    let want9 = e.forward(&[9], 20, 1).unwrap();
+    assert!(bits(&out[0]) == bits(&want7), "the source changed");
+    assert!(bits(&out[1]) == bits(&want7), "the copy differs");
+    assert!(bits(&out[2]) == bits(&want9), "the copy kept stale rows");
+    // More positions than the source holds, or a slot out of range, are refused.
+    let e = m.copy_prefix(0, 1, 22).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::Param {
+                name: "copy_prefix",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(m.copy_prefix(0, 3, 1).is_err());
+}
+
+#[test]
 fn decode_steps_of_one_shape_reuse_one_graph() {
     let file = tiny(&TinySpec::qwen2(GgmlType::F32, 75));
     let mut m = MultiEngine::from_shared(file, &opts(1, 64, 512), 4).unwrap();

@@ -1,4 +1,7 @@
-//! Errors in OpenAI's JSON shape: `{"error":{"message","type","code"}}`.
+//! Errors in OpenAI's JSON shape: `{"error":{"message","type","param","code"}}`, with
+//! OpenAI's `code` strings where OpenAI defines one (`context_length_exceeded`,
+//! `model_not_found`, `invalid_api_key`) and `null` elsewhere, as OpenAI answers. Every
+//! error a client sees is an [`ApiError`] built by one of the constructors below.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -14,6 +17,10 @@ pub struct ApiError {
     pub message: String,
     /// Seconds a client should wait before retrying (503 only).
     pub retry_after: Option<u64>,
+    /// OpenAI's machine-readable `code`, where OpenAI defines one for this error.
+    pub code: Option<&'static str>,
+    /// The request field at fault (OpenAI's `param`), when one is.
+    pub param: Option<String>,
 }
 
 impl ApiError {
@@ -23,12 +30,69 @@ impl ApiError {
             status,
             message: message.into(),
             retry_after: None,
+            code: None,
+            param: None,
         }
+    }
+
+    /// The same error naming the request field at fault.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
     }
 
     /// 400: the request is malformed or a field is invalid.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// 400 `context_length_exceeded`, in OpenAI's words: a prompt of `prompt` tokens
+    /// (with `completion` more asked for, when the request set a maximum) does not fit
+    /// the `max` positions a request can use.
+    pub fn context_length_exceeded(max: usize, prompt: usize, completion: Option<usize>) -> Self {
+        let message = match completion {
+            None => format!(
+                "This model's maximum context length is {max} tokens. However, your \
+                 messages resulted in {prompt} tokens, leaving no room for a completion. \
+                 Please reduce the length of the messages."
+            ),
+            Some(m) => format!(
+                "This model's maximum context length is {max} tokens. However, you \
+                 requested {} tokens ({prompt} in the messages, {m} in the completion). \
+                 Please reduce the length of the messages or completion (max_tokens may \
+                 be at most {} for this prompt).",
+                prompt.saturating_add(m),
+                max.saturating_sub(prompt)
+            ),
+        };
+        ApiError {
+            code: Some("context_length_exceeded"),
+            param: Some("messages".into()),
+            ..Self::bad_request(message)
+        }
+    }
+
+    /// 404 `model_not_found`: the request names a model this server does not serve.
+    pub fn model_not_found(model: &str, available: &str) -> Self {
+        ApiError {
+            code: Some("model_not_found"),
+            param: Some("model".into()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "The model `{model}` does not exist or you do not have access to it \
+                     (this server has: {available})."
+                ),
+            )
+        }
+    }
+
+    /// 401 `invalid_api_key`: the key is missing or wrong.
+    pub fn invalid_api_key() -> Self {
+        ApiError {
+            code: Some("invalid_api_key"),
+            ..Self::new(StatusCode::UNAUTHORIZED, "missing or invalid API key")
+        }
     }
 
     /// 500: inference failed on the server side.
@@ -47,7 +111,7 @@ impl ApiError {
     /// OpenAI's `type` for this status.
     pub fn kind(&self) -> &'static str {
         match self.status.as_u16() {
-            400 | 404 | 405 | 408 | 413 | 415 => "invalid_request_error",
+            400 | 404 | 405 | 408 | 409 | 413 | 415 => "invalid_request_error",
             401 => "authentication_error",
             403 => "permission_error",
             503 | 504 => "server_overloaded",
@@ -60,7 +124,8 @@ impl ApiError {
         json!({"error": {
             "message": self.message,
             "type": self.kind(),
-            "code": self.status.as_u16(),
+            "param": self.param,
+            "code": self.code,
         }})
     }
 }
@@ -86,14 +151,45 @@ mod tests {
 
     #[test]
     fn body_has_openai_shape() {
-        let e = ApiError::bad_request("field `temperature` must be a number");
+        let e = ApiError::bad_request("field `temperature` must be a number").with_param("t");
         let b = e.body();
-        assert_eq!(b["error"]["code"], 400);
+        let keys: Vec<&String> = b["error"].as_object().unwrap().keys().collect();
+        assert_eq!(keys.len(), 4, "{b}");
+        assert_eq!(b["error"]["code"], serde_json::Value::Null);
+        assert_eq!(b["error"]["param"], "t");
         assert_eq!(b["error"]["type"], "invalid_request_error");
         assert_eq!(
             b["error"]["message"],
             "field `temperature` must be a number"
         );
+    }
+
+    #[test]
+    fn openai_codes_and_their_messages() {
+        let e = ApiError::context_length_exceeded(256, 300, None);
+        assert_eq!(e.status, 400);
+        assert_eq!(e.body()["error"]["code"], "context_length_exceeded");
+        assert!(
+            e.message.starts_with(
+                "This model's maximum context length is 256 tokens. However, your messages \
+                 resulted in 300 tokens"
+            ),
+            "{}",
+            e.message
+        );
+        let e = ApiError::context_length_exceeded(256, 200, Some(usize::MAX));
+        assert!(e.message.contains("200 in the messages"), "{}", e.message);
+        assert!(
+            e.message.contains("max_tokens may be at most 56"),
+            "{}",
+            e.message
+        );
+        let e = ApiError::model_not_found("gpt-9", "a, b");
+        assert_eq!((e.status.as_u16(), e.code), (404, Some("model_not_found")));
+        assert!(e.message.contains("`gpt-9`") && e.message.contains("a, b"));
+        let e = ApiError::invalid_api_key();
+        assert_eq!((e.status.as_u16(), e.code), (401, Some("invalid_api_key")));
+        assert_eq!(e.body()["error"]["type"], "authentication_error");
     }
 
     #[test]

@@ -52,9 +52,11 @@ pub struct TokenLogprob {
     pub top: Vec<Candidate>,
 }
 
-/// Token counts of a finished request.
+/// Token counts of one finished choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Summary {
+    /// The choice's index in `0..n`.
+    pub choice: usize,
     /// Why it ended.
     pub finish: Finish,
     /// Prompt tokens.
@@ -68,14 +70,16 @@ pub struct Summary {
 /// What the worker tells a request.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// New text (possibly empty when only log-probabilities are new).
+    /// New text of one choice (possibly empty when only log-probabilities are new).
     Chunk {
+        /// The choice's index in `0..n`.
+        choice: usize,
         /// Text safe to show (never part of a stop string).
         text: String,
         /// Log-probabilities of the tokens sampled since the last chunk, when asked.
         logprobs: Vec<TokenLogprob>,
     },
-    /// The generation ended normally.
+    /// One choice ended normally (a request of `n` choices gets `n` of these).
     Done(Summary),
     /// The generation failed.
     Error(ApiError),
@@ -93,10 +97,13 @@ pub enum Fault {
 }
 
 /// One admitted request as the worker sees it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Job {
     /// Prompt tokens (non-empty, inside the vocabulary).
     pub prompt: Vec<u32>,
+    /// Choices to generate from the one prefill of the prompt (1 to the slot count);
+    /// choice `i` samples with [`choice_seed`]`(seed, i)`.
+    pub n: usize,
     /// Most tokens to generate.
     pub max_tokens: usize,
     /// Sampler parameters.
@@ -130,6 +137,19 @@ pub struct SlotInfo {
     pub prompt_tokens: usize,
     /// Tokens generated for the current (or last) request.
     pub generated_tokens: usize,
+}
+
+/// The sampler seed of choice `i` of a request seeded with `seed`: choice 0 keeps the
+/// seed (so `n = 1` samples as it always did), the others get distinct streams derived
+/// from it (SplitMix64's finaliser), so a fixed seed gives distinct, reproducible choices.
+pub fn choice_seed(seed: u64, i: usize) -> u64 {
+    if i == 0 {
+        return seed;
+    }
+    let mut z = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 fn candidate(tok: &Tokenizer, id: u32, logprob: f32) -> Candidate {
@@ -173,6 +193,17 @@ pub fn logprob_of(tok: &Tokenizer, raw: &[f32], chosen: u32, k: usize) -> TokenL
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn choice_seeds_are_distinct_and_keep_choice_zero() {
+        assert_eq!(choice_seed(42, 0), 42);
+        let s: Vec<u64> = (0..8).map(|i| choice_seed(42, i)).collect();
+        for (i, a) in s.iter().enumerate() {
+            assert!(s[i + 1..].iter().all(|b| b != a), "{s:?}");
+        }
+        assert_eq!(choice_seed(42, 3), choice_seed(42, 3));
+        assert_ne!(choice_seed(42, 1), choice_seed(43, 1));
+    }
 
     #[test]
     fn finish_reasons_use_openai_names() {

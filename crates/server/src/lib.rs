@@ -1,6 +1,7 @@
 //! minfer's OpenAI-compatible HTTP server.
 //!
-//! One inference thread owns a `MultiEngine` with `slots` sequences; HTTP handlers
+//! Each loaded model has one inference thread owning a `MultiEngine` with `slots`
+//! sequences (`models` keeps at most `max_models` loaded, loading on first use); HTTP handlers
 //! (axum on tokio) queue jobs to it through a bounded queue and receive tokens through a
 //! bounded channel per request. Endpoints: `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
@@ -15,9 +16,11 @@
 
 mod blocking;
 pub mod error;
+pub mod generate;
 mod http;
 pub mod job;
 pub mod metrics;
+pub mod models;
 pub mod openai;
 pub mod params;
 mod routes;
@@ -28,20 +31,25 @@ pub mod worker;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use minfer_runtime::{EngineOptions, MultiEngine};
-use minfer_tokenizer::{ChatTemplate, Tokenizer};
+use minfer_runtime::EngineOptions;
 
 pub use error::ApiError;
-use worker::{Summary, WorkerHandle};
+use metrics::Metrics;
+pub use models::{Model, ModelSpec};
+use worker::Summary;
 
 /// Everything `serve` needs.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The GGUF model file.
-    pub model: PathBuf,
+    /// The models to serve, the default first (`--model`, repeatable, or every file of
+    /// `--models-dir`); a request's `model` field selects among them.
+    pub models: Vec<ModelSpec>,
+    /// Most models loaded at once (`--max-models`); the least recently used one is
+    /// dropped to load another.
+    pub max_models: usize,
     /// Address to listen on.
     pub host: String,
     /// Port; 0 picks a free one (see `Running::addr`).
@@ -104,12 +112,13 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults for `model`: 127.0.0.1:8080, 4 slots, a queue of 64, 1 MiB bodies,
+    /// Defaults for one `model`: 127.0.0.1:8080, 4 slots, one model loaded at once, a queue of 64, 1 MiB bodies,
     /// a 10-minute request timeout, no key, no extra hosts or origins, 10 s for headers,
     /// 30 s for a body and for a stalled write, 512 connections, 5 s to shut down.
     pub fn new(model: impl Into<PathBuf>) -> Self {
         Config {
-            model: model.into(),
+            models: vec![ModelSpec::new(model)],
+            max_models: 1,
             host: "127.0.0.1".into(),
             port: 8080,
             slots: 4,
@@ -151,6 +160,13 @@ impl Config {
             }
         };
         range("slots (--slots)", self.slots, 1, MAX_SLOTS)?;
+        range("max models (--max-models)", self.max_models, 1, MAX_MODELS)?;
+        if self.models.is_empty() {
+            return Err(ServerError::Param {
+                name: "models (--model, --models-dir)",
+                message: "no model to serve".into(),
+            });
+        }
         if let Some(c) = self.ctx {
             // Every slot needs at least one position.
             range("context size (-c)", c, self.slots, MAX_CTX)?;
@@ -211,6 +227,9 @@ impl Config {
     }
 }
 
+/// Most models loaded at once.
+pub const MAX_MODELS: usize = 64;
+
 /// Most slots (the engine's limit).
 pub const MAX_SLOTS: usize = 256;
 
@@ -258,12 +277,8 @@ pub enum ServerError {
 
 /// State shared by every handler.
 pub struct AppState {
-    worker: WorkerHandle,
-    tok: Arc<Tokenizer>,
-    template: ChatTemplate,
-    slot_ctx: usize,
-    n_slots: usize,
-    model_id: String,
+    models: models::Models,
+    metrics: Arc<Metrics>,
     api_key: Option<String>,
     timeout: Duration,
     allow_special_in_content: bool,
@@ -280,6 +295,14 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The model a request's `model` field selects (the default for `None`), loaded on
+    /// first use: the one way every handler reaches a model and its worker. It may block
+    /// for a load, so handlers call it off the async threads; an unknown name is OpenAI's
+    /// 404 `model_not_found`, and a failed load an error to that request only.
+    pub fn model(&self, name: Option<&str>) -> Result<Arc<Model>, ApiError> {
+        self.models.get(name)
+    }
+
     fn next_id(&self, kind: openai::Kind) -> String {
         let n = self.ids.fetch_add(1, Ordering::Relaxed);
         let prefix = match kind {
@@ -355,7 +378,8 @@ pub struct Running {
     addr: SocketAddr,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     http: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
-    worker: Option<std::thread::JoinHandle<()>>,
+    /// Every model worker started so far; each ends once its model is dropped.
+    workers: Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>,
 }
 
 impl Running {
@@ -378,13 +402,14 @@ impl Running {
                 .join()
                 .unwrap_or_else(|_| Err(ServerError::Load("the HTTP thread panicked".into())));
         }
-        if let Some(w) = self.worker.take() {
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        let t0 = Instant::now();
+        for w in workers {
             match worker_wait {
                 None => {
                     let _ = w.join();
                 }
                 Some(limit) => {
-                    let t0 = Instant::now();
                     while !w.is_finished() && t0.elapsed() < limit {
                         std::thread::sleep(Duration::from_millis(10));
                     }
@@ -487,17 +512,24 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     opts.backend = config.backend.clone();
     opts.cache_type_k = config.cache_type_k;
     opts.cache_type_v = config.cache_type_v;
-    let (path, n_slots) = (config.model.clone(), config.slots);
-    let load = move || MultiEngine::load(&path, &opts, n_slots);
-    let (worker, loaded, worker_thread) =
-        worker::spawn(load, config.queue).map_err(ServerError::Load)?;
-    let template = ChatTemplate::from_tokenizer(&loaded.tokenizer)?;
-    let model_id = config
-        .model
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .or(loaded.name)
-        .unwrap_or_else(|| "minfer".into());
+    let metrics = Arc::new(Metrics::default());
+    let load = models::LoadOptions {
+        engine: opts,
+        slots: config.slots,
+        queue: config.queue,
+        metrics: Arc::clone(&metrics),
+        busy: Arc::default(),
+    };
+    let workers = Arc::new(Mutex::new(Vec::new()));
+    let models = models::Models::new(
+        &config.models,
+        config.max_models,
+        load,
+        Arc::clone(&workers),
+    )
+    .map_err(ServerError::Load)?;
+    // The default model loads now, so that a server that cannot serve it never starts.
+    models.get(None).map_err(|e| ServerError::Load(e.message))?;
     let io = |what: &str| {
         let what = what.to_string();
         move |source| ServerError::Io { what, source }
@@ -518,12 +550,8 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     )?;
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let state = Arc::new(AppState {
-        worker,
-        tok: loaded.tokenizer,
-        template,
-        slot_ctx: loaded.slot_ctx,
-        n_slots: config.slots,
-        model_id,
+        models,
+        metrics,
         api_key: config.api_key.clone(),
         timeout: config.request_timeout,
         allow_special_in_content: config.allow_special_in_content,
@@ -593,7 +621,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         addr,
         shutdown: Some(tx),
         http: Some(http),
-        worker: Some(worker_thread),
+        workers,
     })
 }
 

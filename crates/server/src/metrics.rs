@@ -65,6 +65,7 @@ const ITL_BOUNDS: &[f64] = &[
 pub struct Metrics {
     requests: Mutex<BTreeMap<u16, u64>>,
     prompt_tokens: AtomicU64,
+    prefill_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     busy_nanos: AtomicU64,
     busy_slots: AtomicUsize,
@@ -78,6 +79,7 @@ impl Default for Metrics {
         Metrics {
             requests: Mutex::new(BTreeMap::new()),
             prompt_tokens: AtomicU64::new(0),
+            prefill_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             busy_nanos: AtomicU64::new(0),
             busy_slots: AtomicUsize::new(0),
@@ -102,6 +104,12 @@ impl Metrics {
     /// Adds prompt tokens prefilled (or reused) for a request.
     pub fn add_prompt_tokens(&self, n: usize) {
         self.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Adds prompt tokens run through the model (a kept prefix, or a prompt prefilled
+    /// once for several choices, is not run again and not counted again).
+    pub fn add_prefilled(&self, n: usize) {
+        self.prefill_tokens.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// Adds one generated token.
@@ -155,12 +163,18 @@ impl Metrics {
         let gen = self.generated_tokens.load(Ordering::Relaxed);
         let busy = self.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9;
         let rate = if busy > 0.0 { gen as f64 / busy } else { 0.0 };
-        let scalars: [(&str, &str, &str, String); 5] = [
+        let scalars: [(&str, &str, &str, String); 6] = [
             (
                 "minfer_prompt_tokens_total",
                 "counter",
                 "Prompt tokens of admitted requests.",
                 self.prompt_tokens.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "minfer_prefill_tokens_total",
+                "counter",
+                "Prompt tokens run through the model (kept prefixes are not run again).",
+                self.prefill_tokens.load(Ordering::Relaxed).to_string(),
             ),
             (
                 "minfer_generated_tokens_total",
@@ -231,6 +245,7 @@ mod tests {
         m.request(200);
         m.request(200);
         m.add_generated(10);
+        m.add_prefilled(7);
         m.add_busy(Duration::from_secs(2));
         let s = m.render();
         assert!(
@@ -238,5 +253,6 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("minfer_tokens_per_second 5.000\n"), "{s}");
+        assert!(s.contains("minfer_prefill_tokens_total 7\n"), "{s}");
     }
 }

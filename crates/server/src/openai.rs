@@ -1,47 +1,25 @@
-//! `/v1/chat/completions` and `/v1/completions`: admission checks, the job, and the
-//! answer as one JSON object or as server-sent events ending in `data: [DONE]`.
+//! The OpenAI codec of `/v1/chat/completions` and `/v1/completions`: the answer of the
+//! shared generation path (`generate`) as one JSON object or as server-sent events ending
+//! in `data: [DONE]`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::response::sse::{Event as Sse, Sse as SseBody};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::params::{GenRequest, Prompt};
-use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
-use crate::{AppState, RequestLog, StreamLogged};
-use minfer_tokenizer::ChatMessage;
-
-/// Text in a prompt that makes inference panic when fault injection is on (tests only).
-pub const PANIC_MARKER: &str = "__minfer_inject_panic__";
-
-/// Text in a prompt that makes a kernel panic inside its first engine step when fault
-/// injection is on (tests only).
-pub const KERNEL_PANIC_MARKER: &str = "__minfer_inject_kernel_panic__";
-
-/// Text in a prompt that slows its decode steps when fault injection is on (tests only).
-pub const SLOW_MARKER: &str = "__minfer_inject_slow__";
-
-/// The fault a prompt asks for, when fault injection is on.
-pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
-    if !st.fault_injection {
-        None
-    } else if text.contains(PANIC_MARKER) {
-        Some(Fault::Panic)
-    } else if text.contains(KERNEL_PANIC_MARKER) {
-        Some(Fault::KernelPanic)
-    } else if text.contains(SLOW_MARKER) {
-        Some(Fault::Slow)
-    } else {
-        None
-    }
-}
+use crate::generate::{self, Generation};
+pub use crate::generate::{
+    chat_prompt, completion_prompt, fault_of, KERNEL_PANIC_MARKER, PANIC_MARKER, SLOW_MARKER,
+};
+use crate::params::GenRequest;
+use crate::worker::{Event, Fault, Summary, TokenLogprob};
+use crate::{AppState, Model, RequestLog, StreamLogged};
 
 /// The two response dialects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,122 +37,29 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// Prompt tokens of a completion request, checked against the vocabulary. A text prompt
-/// is the caller's whole prompt, template markers included, so special-token text in it
-/// is parsed (as llama-server and `minfer run` do); chat content never is.
-pub fn completion_prompt(st: &AppState, p: Prompt) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
-    match p {
-        Prompt::Text(s) => Ok((st.tok.encode(&s, true, true), fault_of(st, &s))),
-        Prompt::Tokens(t) => {
-            let n = st.tok.n_vocab();
-            if let Some(bad) = t.iter().find(|&&id| id as usize >= n) {
-                return Err(ApiError::bad_request(format!(
-                    "field `prompt` holds token id {bad}, outside the vocabulary of {n}"
-                )));
-            }
-            Ok((t, None))
-        }
-    }
-}
-
-/// Prompt tokens of a chat request: the template's markers as special tokens, message
-/// contents as plain text (unless `--allow-special-in-content` restores the old parsing
-/// of specials everywhere).
-pub fn chat_prompt(
-    st: &AppState,
-    msgs: &[ChatMessage],
-) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
-    let bad =
-        |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
-    let rendered = st.template.render_spans(msgs, true).map_err(bad)?;
-    let ids = if st.allow_special_in_content {
-        st.tok.encode(&rendered.text, true, true)
-    } else {
-        rendered.encode(&st.tok, msgs, true).map_err(bad)?
-    };
-    Ok((ids, fault_of(st, &rendered.text)))
-}
-
-/// Checks the prompt against the slot's context, queues the job and answers.
+/// Runs the shared generation for an OpenAI request and answers in OpenAI's shape.
 pub async fn generate(
     st: Arc<AppState>,
     kind: Kind,
+    model: Arc<Model>,
     prompt: Vec<u32>,
     g: GenRequest,
     fault: Option<Fault>,
     log: RequestLog,
 ) -> Result<Response, ApiError> {
-    let ctx = st.slot_ctx;
-    let n = prompt.len();
-    if n == 0 {
-        return Err(ApiError::bad_request("the prompt is empty"));
-    }
-    if n >= ctx {
-        return Err(ApiError::bad_request(format!(
-            "the prompt has {n} tokens but a slot's context holds {ctx}; \
-             leave room for at least one generated token"
-        )));
-    }
-    // n < ctx (checked above), so `room` cannot wrap; comparing max_tokens with it
-    // instead of adding it to n keeps any client number from overflowing.
-    let room = ctx - n;
-    let max_tokens = match g.max_tokens {
-        Some(m) if m > room => {
-            return Err(ApiError::bad_request(format!(
-                "the prompt ({n} tokens) plus max_tokens ({m}) exceeds a slot's context \
-                 of {ctx}: max_tokens must be in [1, {room}] for this prompt"
-            )))
-        }
-        Some(m) => m,
-        None => room,
-    };
-    let n_vocab = st.tok.n_vocab();
-    g.sampling
-        .validate_for_vocab(n_vocab)
-        .map_err(|e| match e {
-            minfer_runtime::SamplerError::OutOfRange { value, range, .. } => ApiError::bad_request(
-                format!("field `logit_bias` has {value}: must be {range} ({n_vocab} tokens)"),
-            ),
-        })?;
-    let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
-    let arrived = log.start;
-    let deadline = deadline(arrived, st.timeout);
-    st.worker.submit(Job {
-        prompt,
-        max_tokens,
-        sampling: g.sampling.clone(),
-        stop: g.stop.clone(),
-        logprobs: g.logprobs,
-        arrived,
-        deadline,
-        fault,
-        tx,
-    })?;
     let reply = Reply {
         kind,
         id: st.next_id(kind),
         created: now_secs(),
-        model: st.model_id.clone(),
+        model: model.id.clone(),
+        fingerprint: model.fingerprint.clone(),
     };
-    let waits = Waits {
-        deadline,
-        cancel: st.cancel.clone(),
-    };
+    let gen = generate::start(&st, model, prompt, &g, fault, log.start)?;
     if g.stream {
-        stream_reply(rx, reply, g, log, waits).await
+        stream_reply(gen, reply, g, log).await
     } else {
-        collect_reply(rx, reply, waits).await
+        collect_reply(gen, reply).await
     }
-}
-
-/// When a request that arrived at `arrived` is abandoned. `Config::validate` bounds the
-/// timeout, but the sum is still checked: an `Instant` overflow would panic inside the
-/// handler and leave the client without any answer.
-fn deadline(arrived: Instant, timeout: Duration) -> Instant {
-    arrived
-        .checked_add(timeout)
-        .or_else(|| arrived.checked_add(crate::MAX_REQUEST_TIMEOUT))
-        .unwrap_or(arrived)
 }
 
 /// Fixed parts of every object of one response.
@@ -184,43 +69,8 @@ struct Reply {
     id: String,
     created: u64,
     model: String,
-}
-
-/// What bounds every wait of a request: its deadline, and the server's shutdown.
-struct Waits {
-    deadline: Instant,
-    /// Raised when a shutdown stops waiting for in-flight requests.
-    cancel: tokio::sync::watch::Receiver<bool>,
-}
-
-/// Waits for an event until the request's deadline, wherever the request is (queued,
-/// prefilling, decoding, or held back by a slow reader), or until a shutdown cancels
-/// it. Dropping the receiver afterwards cancels the generation in the worker.
-async fn next_event(rx: &mut mpsc::Receiver<Event>, w: &mut Waits) -> Event {
-    let timed_out = || {
-        Event::Error(ApiError::new(
-            axum::http::StatusCode::GATEWAY_TIMEOUT,
-            "the request timed out",
-        ))
-    };
-    if Instant::now() >= w.deadline {
-        return timed_out();
-    }
-    let deadline = tokio::time::Instant::from_std(w.deadline);
-    tokio::select! {
-        biased;
-        _ = w.cancel.wait_for(|c| *c) => Event::Error(ApiError::unavailable(
-            "the server is shutting down; the request was cancelled",
-            1,
-        )),
-        got = tokio::time::timeout_at(deadline, rx.recv()) => match got {
-            Ok(Some(ev)) => ev,
-            Ok(None) => Event::Error(ApiError::internal(
-                "the inference worker dropped the request",
-            )),
-            Err(_) => timed_out(),
-        },
-    }
+    /// `system_fingerprint`: the build and the model's weights (see `fingerprint`).
+    fingerprint: String,
 }
 
 fn usage(s: &Summary) -> Value {
@@ -267,82 +117,90 @@ fn text_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
     })
 }
 
-async fn collect_reply(
-    mut rx: mpsc::Receiver<Event>,
-    r: Reply,
-    mut waits: Waits,
-) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut lps = Vec::new();
-    let summary = loop {
-        match next_event(&mut rx, &mut waits).await {
-            Event::Chunk { text: t, logprobs } => {
-                text.push_str(&t);
-                lps.extend(logprobs);
+async fn collect_reply(gen: Generation, r: Reply) -> Result<Response, ApiError> {
+    let out = gen.collect().await?;
+    let summary = out.usage();
+    let choices: Vec<Value> = out
+        .choices
+        .iter()
+        .map(|c| {
+            let lp = (!c.logprobs.is_empty()).then_some(&c.logprobs);
+            match r.kind {
+                Kind::Chat => json!({
+                    "index": c.summary.choice,
+                    "message": {"role": "assistant", "content": c.text, "refusal": null},
+                    "logprobs": lp.map_or(Value::Null, |l| chat_logprobs(l)),
+                    "finish_reason": c.summary.finish.as_str(),
+                }),
+                Kind::Text => json!({
+                    "index": c.summary.choice,
+                    "text": c.text,
+                    "logprobs": lp.map_or(Value::Null, |l| text_logprobs(l, 0)),
+                    "finish_reason": c.summary.finish.as_str(),
+                }),
             }
-            Event::Done(s) => break s,
-            Event::Error(e) => return Err(e),
-        }
-    };
-    let want_lp = !lps.is_empty();
-    let body = match r.kind {
-        Kind::Chat => json!({
-            "id": r.id, "object": "chat.completion", "created": r.created, "model": r.model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": if want_lp { chat_logprobs(&lps) } else { Value::Null },
-                "finish_reason": summary.finish.as_str(),
-            }],
-            "usage": usage(&summary),
-        }),
-        Kind::Text => json!({
-            "id": r.id, "object": "text_completion", "created": r.created, "model": r.model,
-            "choices": [{
-                "index": 0,
-                "text": text,
-                "logprobs": if want_lp { text_logprobs(&lps, 0) } else { Value::Null },
-                "finish_reason": summary.finish.as_str(),
-            }],
-            "usage": usage(&summary),
-        }),
-    };
+        })
+        .collect();
+    let mut body = r.head(match r.kind {
+        Kind::Chat => "chat.completion",
+        Kind::Text => "text_completion",
+    });
+    body["choices"] = Value::Array(choices);
+    body["usage"] = usage(&summary);
     let mut resp = Json(body).into_response();
     resp.extensions_mut().insert(summary);
     Ok(resp)
 }
 
-/// One streamed object with a content delta (or the final, empty one).
-fn chunk(
-    r: &Reply,
+impl Reply {
+    /// The fields every object of this response carries, `choices` empty.
+    fn head(&self, object: &str) -> Value {
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "system_fingerprint": self.fingerprint, "choices": [],
+        })
+    }
+
+    /// One streamed object holding `choice`; `usage: null` on every chunk but the last
+    /// when the client asked for the usage chunk, as OpenAI sends it.
+    fn chunk(&self, choice: Value, include_usage: bool) -> Value {
+        let mut v = self.head(match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Text => "text_completion",
+        });
+        v["choices"] = json!([choice]);
+        if include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+}
+
+/// The choice of one streamed chunk: a content delta, or (`finish` set) the last one.
+fn chunk_choice(
+    kind: Kind,
+    index: usize,
     text: Option<&str>,
     lps: &[TokenLogprob],
     offset: usize,
     finish: Option<&str>,
 ) -> Value {
-    match r.kind {
+    match kind {
         Kind::Chat => {
             let delta = match text {
                 Some(t) => json!({"content": t}),
                 None => json!({}),
             };
             json!({
-                "id": r.id, "object": "chat.completion.chunk", "created": r.created,
-                "model": r.model,
-                "choices": [{
-                    "index": 0, "delta": delta,
-                    "logprobs": if lps.is_empty() { Value::Null } else { chat_logprobs(lps) },
-                    "finish_reason": finish,
-                }],
+                "index": index, "delta": delta,
+                "logprobs": if lps.is_empty() { Value::Null } else { chat_logprobs(lps) },
+                "finish_reason": finish,
             })
         }
         Kind::Text => json!({
-            "id": r.id, "object": "text_completion", "created": r.created, "model": r.model,
-            "choices": [{
-                "index": 0, "text": text.unwrap_or(""),
-                "logprobs": if lps.is_empty() { Value::Null } else { text_logprobs(lps, offset) },
-                "finish_reason": finish,
-            }],
+            "index": index, "text": text.unwrap_or(""),
+            "logprobs": if lps.is_empty() { Value::Null } else { text_logprobs(lps, offset) },
+            "finish_reason": finish,
         }),
     }
 }
@@ -352,45 +210,71 @@ fn data(v: &Value) -> Sse {
 }
 
 struct StreamState {
-    rx: mpsc::Receiver<Event>,
+    gen: Generation,
     first: Option<Event>,
     reply: Reply,
     include_usage: bool,
-    offset: usize,
+    /// Text bytes sent so far, per choice (text completions' `text_offset`).
+    offsets: Vec<usize>,
+    /// Choices that have ended, with their counts.
+    finished: Vec<Option<Summary>>,
     done: bool,
-    waits: Waits,
     log: RequestLog,
 }
 
 /// The frames one event becomes.
 fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
+    let kind = s.reply.kind;
     match ev {
-        Event::Chunk { text, logprobs } => {
-            let v = chunk(&s.reply, Some(&text), &logprobs, s.offset, None);
-            s.offset += text.len();
-            vec![data(&v)]
+        Event::Chunk {
+            choice,
+            text,
+            logprobs,
+        } => {
+            let Some(offset) = s.offsets.get_mut(choice) else {
+                return Vec::new();
+            };
+            let c = chunk_choice(kind, choice, Some(&text), &logprobs, *offset, None);
+            *offset += text.len();
+            vec![data(&s.reply.chunk(c, s.include_usage))]
         }
         Event::Done(sum) => {
-            s.done = true;
-            s.log.summary = Some(sum);
-            let mut out = vec![data(&chunk(
-                &s.reply,
+            let Some(slot) = s.finished.get_mut(sum.choice) else {
+                return Vec::new();
+            };
+            *slot = Some(sum);
+            let offset = s.offsets.get(sum.choice).copied().unwrap_or(0);
+            let c = chunk_choice(
+                kind,
+                sum.choice,
                 None,
                 &[],
-                s.offset,
+                offset,
                 Some(sum.finish.as_str()),
-            ))];
-            if s.include_usage {
-                let obj = match s.reply.kind {
-                    Kind::Chat => "chat.completion.chunk",
-                    Kind::Text => "text_completion",
-                };
-                out.push(data(&json!({
-                    "id": s.reply.id, "object": obj, "created": s.reply.created,
-                    "model": s.reply.model, "choices": [], "usage": usage(&sum),
-                })));
+            );
+            let mut out = vec![data(&s.reply.chunk(c, s.include_usage))];
+            if s.finished.iter().all(Option::is_some) {
+                s.done = true;
+                let mut total = sum;
+                total.completion_tokens = s
+                    .finished
+                    .iter()
+                    .flatten()
+                    .map(|f| f.completion_tokens)
+                    .sum();
+                if let Some(first) = s.finished.first().copied().flatten() {
+                    total.prompt_tokens = first.prompt_tokens;
+                    total.cached_tokens = first.cached_tokens;
+                }
+                s.log.summary = Some(total);
+                if s.include_usage {
+                    let mut v = s.reply.chunk(Value::Null, false);
+                    v["choices"] = json!([]);
+                    v["usage"] = usage(&total);
+                    out.push(data(&v));
+                }
+                out.push(Sse::default().data("[DONE]"));
             }
-            out.push(Sse::default().data("[DONE]"));
             out
         }
         Event::Error(e) => {
@@ -402,37 +286,37 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
 }
 
 async fn stream_reply(
-    mut rx: mpsc::Receiver<Event>,
+    mut gen: Generation,
     reply: Reply,
     g: GenRequest,
     mut log: RequestLog,
-    mut waits: Waits,
 ) -> Result<Response, ApiError> {
     // The status is decided by the first event: a failure before any token is a plain
     // JSON error, not a 200 stream.
-    let first = next_event(&mut rx, &mut waits).await;
+    let first = gen.next().await;
     if let Event::Error(e) = first {
         return Err(e);
     }
     log.status = 200;
     log.emit_on_drop = true;
+    let n = gen.n;
     let mut head = Vec::new();
     if reply.kind == Kind::Chat {
-        head.push(data(&json!({
-            "id": reply.id, "object": "chat.completion.chunk", "created": reply.created,
-            "model": reply.model,
-            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                         "logprobs": null, "finish_reason": null}],
-        })));
+        // The role comes once per choice, in its first delta, and only there.
+        for index in 0..n {
+            let c = json!({"index": index, "delta": {"role": "assistant", "content": ""},
+                           "logprobs": null, "finish_reason": null});
+            head.push(data(&reply.chunk(c, g.include_usage)));
+        }
     }
     let state = StreamState {
-        rx,
+        gen,
         first: Some(first),
         reply,
         include_usage: g.include_usage,
-        offset: 0,
+        offsets: vec![0; n],
+        finished: vec![None; n],
         done: false,
-        waits,
         log,
     };
     let body = stream::iter(head).chain(events(state));
@@ -449,12 +333,28 @@ fn events(state: StreamState) -> impl Stream<Item = Sse> + Send {
         }
         let ev = match s.first.take() {
             Some(ev) => ev,
-            None => next_event(&mut s.rx, &mut s.waits).await,
+            None => s.gen.next().await,
         };
         let out = frames(&mut s, ev);
         Some((stream::iter(out), s))
     })
     .flatten()
+}
+
+/// OpenAI's `system_fingerprint` for a model: `fp_` and 16 hex digits of an FNV-1a hash
+/// of this build's version and the model's digest, so it changes exactly when the
+/// software or the weights that produce the answers change.
+pub fn fingerprint(model_digest: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in env!("CARGO_PKG_VERSION")
+        .as_bytes()
+        .iter()
+        .chain(model_digest)
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("fp_{h:016x}")
 }
 
 /// Elapsed wall time as seconds with millisecond precision, for the log.
@@ -467,13 +367,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn deadlines_never_overflow() {
-        let now = Instant::now();
-        assert_eq!(
-            deadline(now, Duration::from_secs(3)),
-            now + Duration::from_secs(3)
-        );
-        // Duration::MAX would panic as `now + timeout`.
-        assert!(deadline(now, Duration::MAX) >= now);
+    fn fingerprints_are_stable_and_follow_the_model() {
+        let a = fingerprint(&[1; 32]);
+        assert_eq!(a, fingerprint(&[1; 32]));
+        assert_ne!(a, fingerprint(&[2; 32]));
+        assert!(a.starts_with("fp_") && a.len() == 19, "{a}");
     }
 }

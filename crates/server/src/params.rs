@@ -145,6 +145,31 @@ pub struct GenRequest {
     pub include_usage: bool,
     /// Report log-probabilities with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// Choices to generate from the prompt (`n`), 1 to [`MAX_CHOICES`]; the model's slot
+    /// count bounds it further when the request is admitted.
+    pub n: usize,
+    /// The `model` the request names, if any (selects among several served models).
+    pub model: Option<String>,
+}
+
+impl Default for GenRequest {
+    /// llama-server's sampling defaults with a fresh random seed, one choice, no stop
+    /// strings, no streaming, the slot's context as the limit: what a codec starts from.
+    fn default() -> Self {
+        GenRequest {
+            sampling: SamplingParams {
+                seed: random_seed(),
+                ..SamplingParams::default()
+            },
+            max_tokens: None,
+            stop: Vec::new(),
+            stream: false,
+            include_usage: false,
+            logprobs: None,
+            n: 1,
+            model: None,
+        }
+    }
 }
 
 /// Most alternatives per token that `top_logprobs` may ask for.
@@ -159,8 +184,12 @@ pub const MAX_PENALTY: f32 = 2.0;
 /// Range of `repeat_penalty`: it divides logits, so it must stay away from zero.
 pub const REPEAT_PENALTY_RANGE: (f32, f32) = (0.01, 10.0);
 
-/// Most stop strings per request.
-pub const MAX_STOP: usize = 16;
+/// Most stop strings per request (OpenAI's limit: "up to 4 sequences").
+pub const MAX_STOP: usize = 4;
+
+/// Most choices a request may ask for (OpenAI's bound on `n`); a model serves at most
+/// as many as it has slots.
+pub const MAX_CHOICES: usize = 128;
 
 /// Longest stop string, in bytes (the scanner holds back up to this much text).
 pub const MAX_STOP_BYTES: usize = 256;
@@ -226,23 +255,31 @@ pub const COMPLETION_FIELDS: &[&str] = &[
     "store",
 ];
 
-/// Fields accepted without effect: `model` (one model is served, whatever the name),
-/// `user`, `metadata` and `store` (client bookkeeping; nothing is stored).
-pub const NO_EFFECT_FIELDS: &[&str] = &["model", "user", "metadata", "store"];
+/// Fields accepted without effect on the answer: `user`, `metadata` and `store` (client
+/// bookkeeping; nothing is stored). `model` selects the model when several are served,
+/// and is otherwise only reported back.
+pub const NO_EFFECT_FIELDS: &[&str] = &["user", "metadata", "store"];
 
 /// Fields of a `/tokenize` request (llama-server's).
-pub const TOKENIZE_FIELDS: &[&str] = &["content", "add_special", "parse_special", "with_pieces"];
+pub const TOKENIZE_FIELDS: &[&str] = &[
+    "content",
+    "add_special",
+    "parse_special",
+    "with_pieces",
+    "model",
+];
 
 /// Fields of a `/detokenize` request.
-pub const DETOKENIZE_FIELDS: &[&str] = &["tokens"];
+pub const DETOKENIZE_FIELDS: &[&str] = &["tokens", "model"];
 
 /// Refuses any non-null field of a request body missing from `known`, naming it.
 pub fn check_fields(obj: &Object, known: &[&str]) -> Result<(), ApiError> {
     only_known(obj, known, "")
 }
 
-/// Fields of one chat message.
-const MESSAGE_FIELDS: &[&str] = &["role", "content"];
+/// Fields of one chat message (`tool_call_id` only on `tool` messages, where it is
+/// checked against the calls before it).
+const MESSAGE_FIELDS: &[&str] = &["role", "content", "tool_call_id"];
 
 /// Refuses every non-null field of `obj` missing from `known`, naming it (`prefix`
 /// places it, e.g. `messages[2].`).
@@ -396,11 +433,13 @@ fn max_tokens(obj: &Object, names: &[&str]) -> Result<Option<usize>, ApiError> {
     }
 }
 
-/// A count that only has one supported value.
-fn only_one(obj: &Object, name: &str, what: &str) -> Result<(), ApiError> {
-    match opt_usize(obj, name).map_err(|_| wrong(name, "1"))? {
-        None | Some(1) => Ok(()),
-        Some(n) => Err(out_of_range(name, n, &format!("1 ({what})"))),
+/// `n`: how many choices, 1 to [`MAX_CHOICES`].
+fn choices(obj: &Object) -> Result<usize, ApiError> {
+    let range = format!("an integer in [1, {MAX_CHOICES}]");
+    match opt_usize(obj, "n").map_err(|_| wrong("n", &range))? {
+        None => Ok(1),
+        Some(n) if (1..=MAX_CHOICES).contains(&n) => Ok(n),
+        Some(n) => Err(out_of_range("n", n, &range)),
     }
 }
 
@@ -439,10 +478,7 @@ fn stop_strings(obj: &Object) -> Result<Vec<String>, ApiError> {
 
 fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
     check_no_effect_and_features(obj)?;
-    let mut s = SamplingParams {
-        seed: random_seed(),
-        ..SamplingParams::default()
-    };
+    let mut s = GenRequest::default().sampling;
     if let Some(v) = opt_f32_in(obj, "temperature", 0.0, MAX_TEMPERATURE, "in [0, 100]")? {
         s.temperature = v;
     }
@@ -489,7 +525,7 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
     s.logit_bias = logit_bias(obj)?;
     s.validate().map_err(sampler_error)?;
     let max_tokens = max_tokens(obj, max_names)?;
-    only_one(obj, "n", "one choice per request is supported")?;
+    let n = choices(obj)?;
     let stop = stop_strings(obj)?;
     let stream = opt_bool(obj, "stream")?.unwrap_or(false);
     let include_usage = match field(obj, "stream_options") {
@@ -514,6 +550,8 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
         stream,
         include_usage,
         logprobs: None,
+        n,
+        model: opt_str(obj, "model")?.map(str::to_string),
     })
 }
 
@@ -549,12 +587,36 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
+            "tool" => {
+                // Assistant messages cannot carry `tool_calls` here (tool calls are not
+                // implemented), so no call precedes any tool result: name the id.
+                let id = opt_str(m, "tool_call_id")
+                    .map_err(|_| wrong(&format!("messages[{i}].tool_call_id"), "a string"))?;
+                return Err(ApiError::bad_request(match id {
+                    None => format!(
+                        "field `messages[{i}].tool_call_id` is required: a `tool` message \
+                         answers a tool call of a preceding assistant message"
+                    ),
+                    Some(id) => format!(
+                        "messages[{i}] is a `tool` message for tool_call_id `{id}`, but no \
+                         preceding assistant message has a tool call with that id"
+                    ),
+                })
+                .with_param(format!("messages[{i}]")));
+            }
             other => {
                 return Err(ApiError::bad_request(format!(
-                    "field `messages[{i}].role` is `{other}`: expected system, user or assistant"
-                )))
+                    "field `messages[{i}].role` is `{other}`: expected system, developer, \
+                     user, assistant or tool"
+                ))
+                .with_param(format!("messages[{i}].role")))
             }
         };
+        if field(m, "tool_call_id").is_some() {
+            return Err(ApiError::bad_request(format!(
+                "field `messages[{i}].tool_call_id` belongs only on `tool` messages"
+            )));
+        }
         let content = message_content(m.get("content"), i)?;
         out.push(ChatMessage::new(role, content));
     }
@@ -574,7 +636,10 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
 fn message_content(v: Option<&Value>, i: usize) -> Result<String, ApiError> {
     let name = format!("messages[{i}].content");
     match v {
-        None | Some(Value::Null) => Ok(String::new()),
+        None | Some(Value::Null) => Err(ApiError::bad_request(format!(
+            "field `{name}` is required (a string or text parts)"
+        ))
+        .with_param(name)),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
             let mut s = String::new();
@@ -627,8 +692,20 @@ pub fn parse_completion(obj: &Object) -> Result<(Prompt, GenRequest), ApiError> 
         }
         Some(_) => return Err(bad()),
     };
-    let mut g = common(obj, &["max_tokens"])?;
-    only_one(obj, "best_of", "one candidate per request is generated")?;
+    let g = common(obj, &["max_tokens"])?;
+    // Candidates are not ranked: best_of may only equal n (each candidate is returned).
+    match opt_usize(obj, "best_of").map_err(|_| wrong("best_of", "an integer"))? {
+        None => {}
+        Some(b) if b == g.n => {}
+        Some(b) => {
+            return Err(out_of_range(
+                "best_of",
+                b,
+                &format!("equal to n ({}): candidates are not ranked", g.n),
+            ))
+        }
+    }
+    let mut g = g;
     if opt_bool(obj, "echo")? == Some(true) {
         return Err(unsupported("echo", "the prompt is not echoed back"));
     }
@@ -697,12 +774,14 @@ mod tests {
     }
 
     #[test]
-    fn several_choices_or_prompts_are_refused() {
-        let e = parse_chat(&obj(
+    fn several_choices_are_read_and_several_prompts_refused() {
+        let (_, g) = parse_chat(&obj(
             json!({"messages": [{"role":"user","content":"x"}], "n": 2}),
         ))
-        .unwrap_err();
-        assert!(e.message.contains("`n`"));
+        .unwrap();
+        assert_eq!(g.n, 2);
+        let (_, g) = parse_completion(&obj(json!({"prompt": "a", "n": 3, "best_of": 3}))).unwrap();
+        assert_eq!(g.n, 3);
         let e = parse_completion(&obj(json!({"prompt": ["a", "b"]}))).unwrap_err();
         assert!(e.message.contains("several prompts"));
         assert!(parse_object(b"{not json")
@@ -764,7 +843,7 @@ mod tests {
             ),
             ("seed", "integer", json!({"seed": 1.5})),
             ("seed", "integer", json!({"seed": 1e20})),
-            ("stop", "at most 16", json!({"stop": vec!["s"; 17]})),
+            ("stop", "at most 4", json!({"stop": vec!["s"; 5]})),
             ("stop[1]", "1 to 256 bytes", json!({"stop": ["a", ""]})),
             (
                 "stop[0]",
@@ -788,7 +867,9 @@ mod tests {
                 json!({"logit_bias": {"99999999999": 1}}),
             ),
             ("logit_bias", "an object", json!({"logit_bias": [[5, 1]]})),
-            ("n", "1 (one choice", json!({"n": 3})),
+            ("n", "[1, 128]", json!({"n": 0})),
+            ("n", "[1, 128]", json!({"n": 129})),
+            ("n", "[1, 128]", json!({"n": 1.5})),
         ] {
             let e = parse_chat(&chat(extra.clone())).unwrap_err();
             assert_eq!(e.status, 400);
@@ -805,11 +886,53 @@ mod tests {
     }
 
     #[test]
+    fn message_roles_and_order_are_checked_by_name() {
+        let msgs = |m: Value| obj(json!({ "messages": m }));
+        for (want, m) in [
+            (
+                "expected system, developer, user, assistant or tool",
+                json!([{"role": "function", "content": "x"}]),
+            ),
+            (
+                "no preceding assistant message has a tool call with that id",
+                json!([{"role": "user", "content": "x"},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "42"}]),
+            ),
+            (
+                "`messages[1].tool_call_id` is required",
+                json!([{"role": "user", "content": "x"}, {"role": "tool", "content": "42"}]),
+            ),
+            (
+                "belongs only on `tool` messages",
+                json!([{"role": "user", "content": "x", "tool_call_id": "c"}]),
+            ),
+            (
+                "`messages[0].content` is required",
+                json!([{"role": "user"}]),
+            ),
+            (
+                "`messages[0].content` must be a string or text parts",
+                json!([{"role": "user", "content": 5}]),
+            ),
+            ("`messages` must be a non-empty array", json!([])),
+        ] {
+            let e = parse_chat(&msgs(m.clone())).unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.message.contains(want), "{m}: {}", e.message);
+        }
+        // OpenAI accepts consecutive turns of one role; the templates render them.
+        let (m, _) = parse_chat(&msgs(json!([{"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"}, {"role": "assistant", "content": "c"}])))
+        .unwrap();
+        assert_eq!(m.len(), 3);
+    }
+
+    #[test]
     fn limits_inside_the_ranges_are_accepted() {
         let (_, g) = parse_chat(&chat(json!({
             "temperature": 100, "presence_penalty": -2, "frequency_penalty": 2,
             "repeat_penalty": 0.01, "min_p": 1, "top_p": 1, "top_k": -1,
-            "seed": u64::MAX, "stop": vec!["x".repeat(256); 16],
+            "seed": u64::MAX, "stop": vec!["x".repeat(256); 4], "n": 128,
             "max_tokens": u64::MAX,
             "logit_bias": {"5": -100, "7": 100, "0": 0.5},
         })))
@@ -896,6 +1019,7 @@ mod tests {
         })))
         .unwrap();
         assert_eq!(g.sampling.temperature, 0.8);
+        assert_eq!(g.model.as_deref(), Some("gpt-4o"));
         assert!(
             parse_completion(&obj(json!({"prompt": "a", "echo": false, "suffix": "",
             "best_of": 1, "n": 1})))

@@ -83,7 +83,7 @@ async fn gate(State(st): St, req: Request, next: Next) -> Response {
         Err(e) => e.into_response(),
     };
     security::decorate(&mut resp, origin);
-    st.worker.metrics.request(resp.status().as_u16());
+    st.metrics.request(resp.status().as_u16());
     if resp.extensions().get::<StreamLogged>().is_none() {
         log.status = resp.status().as_u16();
         log.summary = resp.extensions().get::<Summary>().copied();
@@ -108,10 +108,7 @@ async fn admit(
         return Ok(Err(security::preflight(req.headers(), origin.clone())));
     }
     if req.uri().path() != "/health" && !authorized(st, &req) {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing or invalid API key",
-        ));
+        return Err(ApiError::invalid_api_key());
     }
     if req.method() != Method::POST || !JSON_ROUTES.contains(&req.uri().path()) {
         return Ok(Ok(req));
@@ -204,14 +201,25 @@ async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// Every served model; the loaded ones with their `meta`.
 async fn models(State(st): St) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": st.model_id, "object": "model", "created": st.created, "owned_by": "minfer",
-            "meta": {"n_vocab": st.tok.n_vocab(), "slot_ctx": st.slot_ctx, "slots": st.n_slots},
-        }],
-    }))
+    let data: Vec<Value> = st
+        .models
+        .ids()
+        .into_iter()
+        .map(|id| {
+            let mut v = json!({
+                "id": id, "object": "model", "created": st.created, "owned_by": "minfer",
+            });
+            if let Some(m) = st.models.loaded(id) {
+                v["meta"] = json!({
+                    "n_vocab": m.tok.n_vocab(), "slot_ctx": m.slot_ctx, "slots": m.n_slots,
+                });
+            }
+            v
+        })
+        .collect();
+    Json(json!({ "object": "list", "data": data }))
 }
 
 /// A JSON answer built off the async threads.
@@ -231,16 +239,17 @@ async fn chat(
     let bytes = body(b, st.body_limit)?;
     let s = Arc::clone(&st);
     // Rendering and tokenising a large conversation is CPU work: off the async threads.
-    let (prompt, g, inject) = st
+    let (m, prompt, g, inject) = st
         .blocking
         .run(move || -> Result<_, ApiError> {
             let obj = params::parse_object(&bytes)?;
             let (msgs, g) = params::parse_chat(&obj)?;
-            let (prompt, inject) = openai::chat_prompt(&s, &msgs)?;
-            Ok((prompt, g, inject))
+            let m = s.model(g.model.as_deref())?;
+            let (prompt, inject) = openai::chat_prompt(&s, &m, &msgs)?;
+            Ok((m, prompt, g, inject))
         })
         .await??;
-    openai::generate(Arc::clone(&st), Kind::Chat, prompt, g, inject, log).await
+    openai::generate(Arc::clone(&st), Kind::Chat, m, prompt, g, inject, log).await
 }
 
 async fn completions(
@@ -250,16 +259,17 @@ async fn completions(
 ) -> Result<Response, ApiError> {
     let bytes = body(b, st.body_limit)?;
     let s = Arc::clone(&st);
-    let (prompt, g, inject) = st
+    let (m, prompt, g, inject) = st
         .blocking
         .run(move || -> Result<_, ApiError> {
             let obj = params::parse_object(&bytes)?;
             let (p, g) = params::parse_completion(&obj)?;
-            let (prompt, inject) = openai::completion_prompt(&s, p)?;
-            Ok((prompt, g, inject))
+            let m = s.model(g.model.as_deref())?;
+            let (prompt, inject) = openai::completion_prompt(&s, &m, p)?;
+            Ok((m, prompt, g, inject))
         })
         .await??;
-    openai::generate(Arc::clone(&st), Kind::Text, prompt, g, inject, log).await
+    openai::generate(Arc::clone(&st), Kind::Text, m, prompt, g, inject, log).await
 }
 
 async fn tokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
@@ -275,11 +285,12 @@ async fn tokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
             let add_special = opt_bool(&obj, "add_special")?.unwrap_or(false);
             let parse_special = opt_bool(&obj, "parse_special")?.unwrap_or(true);
             let with_pieces = opt_bool(&obj, "with_pieces")?.unwrap_or(false);
-            let ids = s.tok.encode(content, add_special, parse_special);
+            let m = s.model(opt_str(&obj, "model")?)?;
+            let ids = m.tok.encode(content, add_special, parse_special);
             let tokens: Vec<Value> = if with_pieces {
                 ids.iter()
                     .map(|&id| {
-                        let bytes = s.tok.token_bytes(id, true).unwrap_or_default();
+                        let bytes = m.tok.token_bytes(id, true).unwrap_or_default();
                         let piece = match std::str::from_utf8(bytes) {
                             Ok(s) => json!(s),
                             Err(_) => json!(bytes),
@@ -310,7 +321,8 @@ async fn detokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
                 }
                 Some(v) => params::token_list(v, "tokens")?,
             };
-            let content = s
+            let m = s.model(opt_str(&obj, "model")?)?;
+            let content = m
                 .tok
                 .decode(&ids, false)
                 .map_err(|e| ApiError::bad_request(format!("field `tokens`: {e}")))?;
@@ -320,20 +332,29 @@ async fn detokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
     Ok(json_response(out))
 }
 
-async fn slots(State(st): St) -> Json<Value> {
-    let info = st
+/// The default model's slots (`?model=NAME` for another's).
+async fn slots(
+    State(st): St,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let s = Arc::clone(&st);
+    let m = st
+        .blocking
+        .run(move || s.model(q.get("model").map(String::as_str)))
+        .await??;
+    let info = m
         .worker
         .slots
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    Json(json!(info))
+    Ok(Json(json!(info)))
 }
 
 async fn metrics(State(st): St) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.worker.metrics.render(),
+        st.metrics.render(),
     )
         .into_response()
 }

@@ -74,7 +74,9 @@ pub async fn slot_action(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let n = st.n_slots;
+    let (s, name) = (Arc::clone(&st), q.get("model").cloned());
+    let model = st.blocking.run(move || s.model(name.as_deref())).await??;
+    let n = model.n_slots;
     let slot: usize = id
         .parse()
         .ok()
@@ -111,7 +113,7 @@ pub async fn slot_action(
         }
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
-    st.worker.slot_op(SlotOp {
+    model.worker.slot_op(SlotOp {
         slot,
         action,
         filename,

@@ -1,7 +1,9 @@
 //! The inference worker: one thread owns the `MultiEngine` and every slot. Each turn it
 //! admits queued requests into free slots (prefilling only what follows the longest
 //! prefix the slot already holds), samples one token for every decoding slot, and runs
-//! all of their next tokens through a single `step`.
+//! all of their next tokens through a single `step`. A request for `n` choices takes `n`
+//! free slots at once: its prompt is prefilled in one of them, and the others start from
+//! copies of those KV rows (`MultiEngine::copy_prefix`), each with its own sampler.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -18,7 +20,7 @@ use minfer_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::job::logprob_of;
+use crate::job::{choice_seed, logprob_of};
 pub use crate::job::{
     Candidate, Event, Fault, Finish, Job, SlotInfo, Summary, TokenLogprob, EVENT_CAPACITY,
 };
@@ -82,6 +84,8 @@ pub struct Loaded {
     pub slot_ctx: usize,
     /// `general.name`, if any.
     pub name: Option<String>,
+    /// The model's digest (tensor table and sampled weights).
+    pub digest: [u8; 32],
 }
 
 /// Starts the worker thread: it loads the model with `load`, reports the result, then
@@ -89,12 +93,13 @@ pub struct Loaded {
 pub fn spawn(
     load: impl FnOnce() -> Result<MultiEngine, EngineError> + Send + 'static,
     queue_capacity: usize,
+    metrics: Arc<Metrics>,
+    busy_total: Arc<AtomicUsize>,
 ) -> Result<(WorkerHandle, Loaded, std::thread::JoinHandle<()>), String> {
     let (qtx, qrx) = std::sync::mpsc::channel::<Job>();
     let (otx, orx) = std::sync::mpsc::channel::<crate::slots::SlotOp>();
     let pending = Arc::new(AtomicUsize::new(0));
     let pending2 = Arc::clone(&pending);
-    let metrics = Arc::new(Metrics::default());
     let slots = Arc::new(Mutex::new(Vec::new()));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (m2, s2) = (Arc::clone(&metrics), Arc::clone(&slots));
@@ -124,10 +129,11 @@ pub fn spawn(
                     .get_str("general.name")
                     .ok()
                     .map(str::to_string),
+                digest: engine.engine().model_digest(),
             };
             // The slots are published before the server is reported ready, so /slots
             // never shows an empty list to the first client.
-            let worker = Worker::new(engine, tokenizer, m2, s2);
+            let worker = Worker::new(engine, tokenizer, m2, s2, busy_total);
             let _ = ready_tx.send(Ok(loaded));
             worker.run(qrx, orx, &pending2);
         })
@@ -148,6 +154,10 @@ pub fn spawn(
 
 struct Active {
     job: Job,
+    /// The choice this slot generates, in `0..job.n`.
+    choice: usize,
+    /// Slots of the other choices, waiting for this one's prefill to be copied to them.
+    followers: Vec<usize>,
     sampler: Sampler,
     decoder: StreamDecoder,
     stops: StopScanner,
@@ -176,8 +186,15 @@ struct Worker {
     tok: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
     info: Arc<Mutex<Vec<SlotInfo>>>,
+    /// Busy slots of every model's worker together (the `busy_slots` gauge), and this
+    /// worker's share of it as last published.
+    busy_total: Arc<AtomicUsize>,
+    busy_mine: std::cell::Cell<usize>,
     slots: Vec<Slot>,
     clock: u64,
+    /// A request for more choices than there are free slots: it waits, ahead of the
+    /// queue, until enough slots are free.
+    waiting: Option<Job>,
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
@@ -193,6 +210,7 @@ impl Worker {
         tok: Arc<Tokenizer>,
         metrics: Arc<Metrics>,
         info: Arc<Mutex<Vec<SlotInfo>>>,
+        busy_total: Arc<AtomicUsize>,
     ) -> Self {
         let slots = (0..engine.n_slots())
             .map(|_| Slot {
@@ -208,8 +226,11 @@ impl Worker {
             tok,
             metrics,
             info,
+            busy_total,
+            busy_mine: std::cell::Cell::new(0),
             slots,
             clock: 0,
+            waiting: None,
         };
         w.publish();
         w
@@ -232,8 +253,13 @@ impl Worker {
             }
             let t0 = Instant::now();
             let mut progressed = false;
+            // A waiting request of several choices goes first (requests stay in order).
+            if let Some(job) = self.waiting.take() {
+                progressed |= self.admit(job);
+            }
             // Admit while a slot is free; block briefly only when there is nothing to run.
-            while !closed && self.slots.iter().any(|s| s.active.is_none()) {
+            while !closed && self.waiting.is_none() && self.slots.iter().any(|s| s.active.is_none())
+            {
                 let idle = !self.slots.iter().any(|s| s.active.is_some());
                 let job = if idle {
                     match queue.recv_timeout(Duration::from_millis(100)) {
@@ -273,14 +299,30 @@ impl Worker {
     }
 
     /// Puts a job into the free slot holding the longest prefix of its prompt; the rest
-    /// of the prompt is prefilled by the next step.
-    fn admit(&mut self, job: Job) {
+    /// of the prompt is prefilled by the next step. A job of `n` choices also takes the
+    /// `n - 1` least recently used other free slots, which start from a copy of that
+    /// prefill; with fewer free slots it waits (returns false) until they are free.
+    fn admit(&mut self, job: Job) -> bool {
         if job.tx.is_closed() {
-            return;
+            return true;
         }
         if Instant::now() >= job.deadline {
             let _ = job.tx.try_send(Event::Error(timed_out()));
-            return;
+            return true;
+        }
+        let n = job.n.max(1);
+        let free = self.slots.iter().filter(|s| s.active.is_none()).count();
+        if free < n {
+            if n > self.slots.len() {
+                // The HTTP side bounds `n` by the slot count; never wait forever.
+                let _ = job.tx.try_send(Event::Error(ApiError::bad_request(format!(
+                    "field `n` is {n}: must be in [1, {}], the slots of this model",
+                    self.slots.len()
+                ))));
+                return true;
+            }
+            self.waiting = Some(job);
+            return false;
         }
         let Some(idx) = self
             .slots
@@ -290,46 +332,90 @@ impl Worker {
             .max_by_key(|(_, s)| (s.cached.matching(&job.prompt), u64::MAX - s.last_used))
             .map(|(i, _)| i)
         else {
-            return;
+            return false;
         };
-        self.clock += 1;
-        let slot = &mut self.slots[idx];
-        slot.last_used = self.clock;
+        let mut others: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| i != idx && self.slots[i].active.is_none())
+            .collect();
+        others.sort_by_key(|&i| self.slots[i].last_used);
+        others.truncate(n - 1);
         // The conversation engine's reuse rule: the longest held prefix, less the last
         // prompt token, whose logits start the generation.
-        let keep = slot.cached.reuse(&job.prompt).kept;
+        let keep = self.slots[idx].cached.reuse(&job.prompt).kept;
         self.metrics.add_prompt_tokens(job.prompt.len());
-        let sampler = match Sampler::new(job.sampling.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = job
-                    .tx
-                    .try_send(Event::Error(ApiError::bad_request(e.to_string())));
-                return;
+        let mut choices = Vec::with_capacity(n);
+        for (choice, &slot) in std::iter::once(&idx).chain(&others).enumerate() {
+            let mut job = job.clone();
+            job.sampling.seed = choice_seed(job.sampling.seed, choice);
+            let mut sampler = match Sampler::new(job.sampling.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = job
+                        .tx
+                        .try_send(Event::Error(ApiError::bad_request(e.to_string())));
+                    return true;
+                }
+            };
+            for &t in &job.prompt {
+                sampler.accept(t);
             }
-        };
-        let mut sampler = sampler;
-        for &t in &job.prompt {
-            sampler.accept(t);
+            choices.push((slot, choice, job, sampler));
         }
-        let slot = &mut self.slots[idx];
-        slot.last_prompt = job.prompt.len();
-        slot.last_generated = 0;
-        let stops = StopScanner::new(&job.stop);
-        slot.active = Some(Active {
-            sampler,
-            decoder: StreamDecoder::new(false),
-            stops,
-            generated: 0,
-            cached_tokens: keep,
-            prefill: Some(job.prompt[keep..].to_vec()),
-            logits: None,
-            outbox: VecDeque::new(),
-            logprobs: Vec::new(),
-            last_token: None,
-            done: false,
-            job,
-        });
+        for (slot_idx, choice, job, sampler) in choices {
+            self.clock += 1;
+            let slot = &mut self.slots[slot_idx];
+            slot.last_used = self.clock;
+            slot.last_prompt = job.prompt.len();
+            slot.last_generated = 0;
+            let lead = choice == 0;
+            slot.active = Some(Active {
+                sampler,
+                decoder: StreamDecoder::new(false),
+                stops: StopScanner::new(&job.stop),
+                generated: 0,
+                cached_tokens: keep,
+                // Only the first choice runs the prompt; the others wait for its rows.
+                prefill: lead.then(|| job.prompt[keep..].to_vec()),
+                followers: if lead { others.clone() } else { Vec::new() },
+                choice,
+                logits: None,
+                outbox: VecDeque::new(),
+                logprobs: Vec::new(),
+                last_token: None,
+                done: false,
+                job,
+            });
+        }
+        true
+    }
+
+    /// Starts the other choices of the request in slot `lead`, whose prompt has just
+    /// run: each follower slot gets a copy of its KV rows and of its last logits.
+    fn fork(&mut self, lead: usize, logits: &[f32]) {
+        let Some(a) = self.slots[lead].active.as_mut() else {
+            return;
+        };
+        let followers = std::mem::take(&mut a.followers);
+        let tx = a.job.tx.clone();
+        let n = self.slots[lead].cached.len();
+        for f in followers {
+            let engine = &mut self.engine;
+            match catch_unwind(AssertUnwindSafe(|| engine.copy_prefix(lead, f, n))) {
+                Ok(Ok(())) => {
+                    let history = self.slots[lead].cached.clone();
+                    let slot = &mut self.slots[f];
+                    slot.cached = history;
+                    if let Some(fa) = slot.active.as_mut() {
+                        fa.logits = Some(logits.to_vec());
+                    }
+                }
+                Ok(Err(e)) => self.fail_slot(f, &tx, engine_error(e)),
+                Err(p) => {
+                    let msg = format!("inference panicked: {}", panic_text(&*p));
+                    self.fail_slot(f, &tx, ApiError::internal(msg));
+                }
+            }
+        }
     }
 
     /// Runs a slot action on an idle slot and answers it; a busy slot is a 409.
@@ -400,6 +486,7 @@ impl Worker {
                 }
                 let pos0 = slot.cached.len();
                 slot.cached.extend(&tokens);
+                metrics.add_prefilled(tokens.len());
                 steps.push(SeqStep {
                     slot: idx,
                     tokens,
@@ -460,6 +547,12 @@ impl Worker {
         match catch_unwind(AssertUnwindSafe(|| engine.step(&steps))) {
             Ok(Ok(rows)) => {
                 for (s, row) in steps.iter().zip(rows) {
+                    let Some(a) = self.slots[s.slot].active.as_mut() else {
+                        continue;
+                    };
+                    if !a.followers.is_empty() {
+                        self.fork(s.slot, &row);
+                    }
                     if let Some(a) = self.slots[s.slot].active.as_mut() {
                         a.logits = Some(row);
                     }
@@ -540,7 +633,13 @@ impl Worker {
 
     fn publish(&self) {
         let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
-        self.metrics.set_busy_slots(busy);
+        let before = self.busy_mine.replace(busy);
+        let total = if busy >= before {
+            self.busy_total.fetch_add(busy - before, Ordering::AcqRel) + (busy - before)
+        } else {
+            self.busy_total.fetch_sub(before - busy, Ordering::AcqRel) - (before - busy)
+        };
+        self.metrics.set_busy_slots(total);
         let info = self
             .slots
             .iter()
@@ -607,12 +706,20 @@ fn sample_one(
         StopEvent::Text(text) => {
             if !text.is_empty() || !a.logprobs.is_empty() {
                 let logprobs = std::mem::take(&mut a.logprobs);
-                a.outbox.push_back(Event::Chunk { text, logprobs });
+                a.outbox.push_back(Event::Chunk {
+                    choice: a.choice,
+                    text,
+                    logprobs,
+                });
             }
         }
         StopEvent::Stopped(text) => {
             let logprobs = std::mem::take(&mut a.logprobs);
-            a.outbox.push_back(Event::Chunk { text, logprobs });
+            a.outbox.push_back(Event::Chunk {
+                choice: a.choice,
+                text,
+                logprobs,
+            });
             finish(a, Finish::Stop, false);
             return None;
         }
@@ -634,11 +741,13 @@ fn finish(a: &mut Active, reason: Finish, release: bool) {
     if !rest.is_empty() || !a.logprobs.is_empty() {
         let logprobs = std::mem::take(&mut a.logprobs);
         a.outbox.push_back(Event::Chunk {
+            choice: a.choice,
             text: rest,
             logprobs,
         });
     }
     a.outbox.push_back(Event::Done(Summary {
+        choice: a.choice,
         finish: reason,
         prompt_tokens: a.job.prompt.len(),
         cached_tokens: a.cached_tokens,

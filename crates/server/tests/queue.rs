@@ -63,7 +63,7 @@ async fn full_queue_is_503_and_disconnect_frees_the_slot() {
     assert_eq!(r.status().as_u16(), 503);
     assert_eq!(r.headers()["retry-after"], "1");
     let v: Value = r.json().await.unwrap();
-    assert_eq!(v["error"]["code"], 503);
+    assert_eq!(v["error"]["type"], "server_overloaded");
 
     // A disconnects: B gets the slot long before A's 200 tokens (2 s at 10 ms) are done.
     let gone = Instant::now();

@@ -67,7 +67,7 @@ async fn stop_finishes_short_requests_and_ends_long_streams_with_an_error_event(
     let frames = sse_data(&text);
     assert_eq!(frames.last().map(String::as_str), Some("[DONE]"), "{text}");
     let err: Value = serde_json::from_str(&frames[frames.len() - 2]).expect("error frame");
-    assert_eq!(err["error"]["code"], 503, "{err}");
+    assert_eq!(err["error"]["type"], "server_overloaded", "{err}");
     assert!(
         err["error"]["message"]
             .as_str()

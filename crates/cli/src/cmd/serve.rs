@@ -1,4 +1,4 @@
-//! `minfer serve`: the OpenAI-compatible HTTP server over one loaded model.
+//! `minfer serve`: the OpenAI-compatible HTTP server over one or several models.
 
 use std::time::Duration;
 
@@ -8,8 +8,21 @@ use anyhow::Context;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Model: a GGUF path, a catalog name or an http(s) URL (default: the catalog default).
+    /// Repeat it to serve several models; the first is the default, and a request's
+    /// `model` field selects by alias, file stem or catalog name.
     #[arg(short = 'm', long = "model")]
-    pub model: Option<String>,
+    pub model: Vec<String>,
+    /// Serve every .gguf file under this directory (after any --model), each named by
+    /// its file stem.
+    #[arg(long = "models-dir")]
+    pub models_dir: Option<std::path::PathBuf>,
+    /// The id `/v1/models` and answers report for a --model (default: its file stem);
+    /// with several --model, give one --alias per --model, in the same order.
+    #[arg(long = "alias")]
+    pub alias: Vec<String>,
+    /// Most models loaded at once; loading another drops the least recently used.
+    #[arg(long = "max-models", default_value_t = 1)]
+    pub max_models: usize,
     /// Address to listen on.
     #[arg(long = "host", default_value = "127.0.0.1")]
     pub host: String,
@@ -81,7 +94,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let shutdown = shutdown_timeout(args.shutdown_timeout)?;
+    // Aliases name the --model values in order; without any, the one default model.
+    // Models found under --models-dir are named by their file stems.
+    let named = match (args.model.len(), &args.models_dir) {
+        (0, None) => 1,
+        (n, _) => n,
+    };
+    if !args.alias.is_empty() && args.alias.len() != named {
+        anyhow::bail!(
+            "--alias is given {} times for {} --model: give one --alias per --model, in \
+             order (models under --models-dir are named by their file stems)",
+            args.alias.len(),
+            args.model.len()
+        );
+    }
     let mut config = minfer_server::Config::new(std::path::PathBuf::new());
+    config.max_models = args.max_models;
     config.host = args.host;
     config.port = args.port;
     config.slots = args.slots;
@@ -100,9 +128,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.cache_type_k = args.cache_type_k;
     config.cache_type_v = args.cache_type_v;
     config.validate()?;
-    let path = minfer_hub::resolve_model(args.model.as_deref(), true)?;
-    config.model = path.clone();
-    minfer_server::serve(config).with_context(|| format!("serving {}", path.display()))
+    let mut specs: Vec<Option<&str>> = args.model.iter().map(|m| Some(m.as_str())).collect();
+    if specs.is_empty() && args.models_dir.is_none() {
+        specs.push(None);
+    }
+    let mut models = Vec::new();
+    for (i, spec) in specs.into_iter().enumerate() {
+        let path = minfer_hub::resolve_model(spec, true)?;
+        let mut m = model_spec(path);
+        m.alias = args.alias.get(i).cloned();
+        models.push(m);
+    }
+    if let Some(dir) = &args.models_dir {
+        let files = minfer_server::models::gguf_files(dir)
+            .map_err(|e| anyhow::anyhow!("--models-dir: {e}"))?;
+        models.extend(files.into_iter().map(model_spec));
+    }
+    let shown = models
+        .iter()
+        .map(|m| m.path.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    config.models = models;
+    config.validate()?;
+    minfer_server::serve(config).with_context(|| format!("serving {shown}"))
+}
+
+/// A served model, selectable by its catalog name and aliases when it is a catalog file.
+fn model_spec(path: std::path::PathBuf) -> minfer_server::ModelSpec {
+    let mut m = minfer_server::ModelSpec::new(path);
+    let file = m.path.file_name().map(|f| f.to_string_lossy().into_owned());
+    if let Some(e) = minfer_hub::catalog()
+        .iter()
+        .find(|e| file.as_deref() == Some(e.file_name))
+    {
+        m.names.push(e.name.to_string());
+        m.names.extend(e.aliases.iter().map(|a| a.to_string()));
+    }
+    m
 }
 
 /// `--shutdown-timeout` as a duration: a finite number of seconds in 0..=86400.

@@ -1,0 +1,305 @@
+//! The one generation path every API codec shares: a codec parses its request into a
+//! [`GenRequest`] and prompt tokens, [`start`] checks them against the model's slots and
+//! queues the job, and the codec reads the [`Generation`]'s events (streaming) or its
+//! [`Outcome`] (one answer) and renders them in its own shape. Sampling, slots, stop
+//! strings and deadlines live here and in the worker, never in a codec.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::params::{GenRequest, Prompt};
+use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
+use crate::{AppState, Model};
+use minfer_tokenizer::ChatMessage;
+
+/// Text in a prompt that makes inference panic when fault injection is on (tests only).
+pub const PANIC_MARKER: &str = "__minfer_inject_panic__";
+
+/// Text in a prompt that makes a kernel panic inside its first engine step when fault
+/// injection is on (tests only).
+pub const KERNEL_PANIC_MARKER: &str = "__minfer_inject_kernel_panic__";
+
+/// Text in a prompt that slows its decode steps when fault injection is on (tests only).
+pub const SLOW_MARKER: &str = "__minfer_inject_slow__";
+
+/// The fault a prompt asks for, when fault injection is on.
+pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
+    if !st.fault_injection {
+        None
+    } else if text.contains(PANIC_MARKER) {
+        Some(Fault::Panic)
+    } else if text.contains(KERNEL_PANIC_MARKER) {
+        Some(Fault::KernelPanic)
+    } else if text.contains(SLOW_MARKER) {
+        Some(Fault::Slow)
+    } else {
+        None
+    }
+}
+
+/// Prompt tokens of a completion request, checked against the vocabulary. A text prompt
+/// is the caller's whole prompt, template markers included, so special-token text in it
+/// is parsed (as llama-server and `minfer run` do); chat content never is.
+pub fn completion_prompt(
+    st: &AppState,
+    m: &Model,
+    p: Prompt,
+) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
+    match p {
+        Prompt::Text(s) => Ok((m.tok.encode(&s, true, true), fault_of(st, &s))),
+        Prompt::Tokens(t) => {
+            let n = m.tok.n_vocab();
+            if let Some(bad) = t.iter().find(|&&id| id as usize >= n) {
+                return Err(ApiError::bad_request(format!(
+                    "field `prompt` holds token id {bad}, outside the vocabulary of {n}"
+                )));
+            }
+            Ok((t, None))
+        }
+    }
+}
+
+/// Prompt tokens of a chat request: the template's markers as special tokens, message
+/// contents as plain text (unless `--allow-special-in-content` restores the old parsing
+/// of specials everywhere).
+pub fn chat_prompt(
+    st: &AppState,
+    m: &Model,
+    msgs: &[ChatMessage],
+) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
+    let bad =
+        |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
+    let rendered = m.template.render_spans(msgs, true).map_err(bad)?;
+    let ids = if st.allow_special_in_content {
+        m.tok.encode(&rendered.text, true, true)
+    } else {
+        rendered.encode(&m.tok, msgs, true).map_err(bad)?
+    };
+    Ok((ids, fault_of(st, &rendered.text)))
+}
+
+/// A queued or running generation: its events, bounded by the request's deadline and
+/// the server's shutdown. Dropping it cancels the generation in the worker.
+pub struct Generation {
+    /// The model generating; held so that it stays loaded until the request ends.
+    pub model: Arc<Model>,
+    rx: mpsc::Receiver<Event>,
+    waits: Waits,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Choices being generated; each ends with its own `Event::Done`.
+    pub n: usize,
+}
+
+/// One finished choice: its whole text, log-probabilities and counts.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    /// Generated text (stop strings excluded).
+    pub text: String,
+    /// Log-probabilities of its tokens, when asked for.
+    pub logprobs: Vec<TokenLogprob>,
+    /// Why it ended and its token counts.
+    pub summary: Summary,
+}
+
+/// A finished generation.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The choices, in index order.
+    pub choices: Vec<Choice>,
+}
+
+impl Outcome {
+    /// Counts of the whole request: the prompt once (it was prefilled once), the
+    /// completion tokens of every choice; the finish reason is choice 0's.
+    pub fn usage(&self) -> Summary {
+        let mut u = self.choices[0].summary;
+        u.completion_tokens = self
+            .choices
+            .iter()
+            .map(|c| c.summary.completion_tokens)
+            .sum();
+        u
+    }
+}
+
+/// Checks the prompt against the model's slots, queues the job and returns its
+/// generation. `arrived` is when the request arrived (its deadline counts from there).
+pub fn start(
+    st: &AppState,
+    m: Arc<Model>,
+    prompt: Vec<u32>,
+    g: &GenRequest,
+    fault: Option<Fault>,
+    arrived: Instant,
+) -> Result<Generation, ApiError> {
+    let ctx = m.slot_ctx;
+    let n = prompt.len();
+    if n == 0 {
+        return Err(ApiError::bad_request("the prompt is empty"));
+    }
+    if g.n > m.n_slots {
+        return Err(ApiError::bad_request(format!(
+            "field `n` is {}: must be in [1, {}], the slots of this model (each choice \
+             generates in its own slot)",
+            g.n, m.n_slots
+        ))
+        .with_param("n"));
+    }
+    // A slot holds the prompt and at least one generated token.
+    if n >= ctx {
+        return Err(ApiError::context_length_exceeded(ctx, n, None));
+    }
+    // n < ctx (checked above), so `room` cannot wrap; comparing max_tokens with it
+    // instead of adding it to n keeps any client number from overflowing.
+    let room = ctx - n;
+    let max_tokens = match g.max_tokens {
+        Some(m) if m > room => return Err(ApiError::context_length_exceeded(ctx, n, Some(m))),
+        Some(m) => m,
+        None => room,
+    };
+    let n_vocab = m.tok.n_vocab();
+    g.sampling
+        .validate_for_vocab(n_vocab)
+        .map_err(|e| match e {
+            minfer_runtime::SamplerError::OutOfRange { value, range, .. } => ApiError::bad_request(
+                format!("field `logit_bias` has {value}: must be {range} ({n_vocab} tokens)"),
+            ),
+        })?;
+    let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
+    let deadline = deadline(arrived, st.timeout);
+    m.worker.submit(Job {
+        prompt,
+        n: g.n,
+        max_tokens,
+        sampling: g.sampling.clone(),
+        stop: g.stop.clone(),
+        logprobs: g.logprobs,
+        arrived,
+        deadline,
+        fault,
+        tx,
+    })?;
+    Ok(Generation {
+        model: m,
+        rx,
+        waits: Waits {
+            deadline,
+            cancel: st.cancel.clone(),
+        },
+        prompt_tokens: n,
+        n: g.n,
+    })
+}
+
+impl Generation {
+    /// The next event, or an error event once the deadline passes or a shutdown cancels
+    /// the request.
+    pub async fn next(&mut self) -> Event {
+        next_event(&mut self.rx, &mut self.waits).await
+    }
+
+    /// Waits for the whole answer: every choice, each to its end.
+    pub async fn collect(mut self) -> Result<Outcome, ApiError> {
+        let mut texts = vec![String::new(); self.n];
+        let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); self.n];
+        let mut done: Vec<Option<Summary>> = vec![None; self.n];
+        while done.iter().any(Option::is_none) {
+            match self.next().await {
+                Event::Chunk {
+                    choice,
+                    text,
+                    logprobs,
+                } => {
+                    if let (Some(t), Some(l)) = (texts.get_mut(choice), lps.get_mut(choice)) {
+                        t.push_str(&text);
+                        l.extend(logprobs);
+                    }
+                }
+                Event::Done(s) => {
+                    if let Some(d) = done.get_mut(s.choice) {
+                        *d = Some(s);
+                    }
+                }
+                Event::Error(e) => return Err(e),
+            }
+        }
+        let choices = texts
+            .into_iter()
+            .zip(lps)
+            .zip(done.into_iter().flatten())
+            .map(|((text, logprobs), summary)| Choice {
+                text,
+                logprobs,
+                summary,
+            })
+            .collect();
+        Ok(Outcome { choices })
+    }
+}
+
+/// When a request that arrived at `arrived` is abandoned. `Config::validate` bounds the
+/// timeout, but the sum is still checked: an `Instant` overflow would panic inside the
+/// handler and leave the client without any answer.
+fn deadline(arrived: Instant, timeout: Duration) -> Instant {
+    arrived
+        .checked_add(timeout)
+        .or_else(|| arrived.checked_add(crate::MAX_REQUEST_TIMEOUT))
+        .unwrap_or(arrived)
+}
+
+/// What bounds every wait of a request: its deadline, and the server's shutdown.
+struct Waits {
+    deadline: Instant,
+    /// Raised when a shutdown stops waiting for in-flight requests.
+    cancel: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Waits for an event until the request's deadline, wherever the request is (queued,
+/// prefilling, decoding, or held back by a slow reader), or until a shutdown cancels
+/// it. Dropping the receiver afterwards cancels the generation in the worker.
+async fn next_event(rx: &mut mpsc::Receiver<Event>, w: &mut Waits) -> Event {
+    let timed_out = || {
+        Event::Error(ApiError::new(
+            axum::http::StatusCode::GATEWAY_TIMEOUT,
+            "the request timed out",
+        ))
+    };
+    if Instant::now() >= w.deadline {
+        return timed_out();
+    }
+    let deadline = tokio::time::Instant::from_std(w.deadline);
+    tokio::select! {
+        biased;
+        _ = w.cancel.wait_for(|c| *c) => Event::Error(ApiError::unavailable(
+            "the server is shutting down; the request was cancelled",
+            1,
+        )),
+        got = tokio::time::timeout_at(deadline, rx.recv()) => match got {
+            Ok(Some(ev)) => ev,
+            Ok(None) => Event::Error(ApiError::internal(
+                "the inference worker dropped the request",
+            )),
+            Err(_) => timed_out(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_never_overflow() {
+        let now = Instant::now();
+        assert_eq!(
+            deadline(now, Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        // Duration::MAX would panic as `now + timeout`.
+        assert!(deadline(now, Duration::MAX) >= now);
+    }
+}
