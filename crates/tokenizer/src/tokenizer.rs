@@ -1,6 +1,6 @@
 //! The tokenizer: special-token partition, pre-tokenizer split, byte-level BPE, and decoding.
 
-use crate::bpe::{encode_word, Merges, Scratch};
+use crate::bpe::{encode_word, Merges, Scratch, NO_BYTE_TOKEN};
 use crate::bytes::BYTE_TO_CHAR;
 use crate::error::TokenizerError;
 use crate::pretok::{PreKind, PreTokenizer};
@@ -69,14 +69,23 @@ impl Tokenizer {
 
         let vocab = Vocab::load(get, Rendering::ByteLevel)?;
 
-        let mut byte_ids = [0u32; 256];
+        let mut byte_ids = [NO_BYTE_TOKEN; 256];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
             let mut buf = [0u8; 4];
             let c = BYTE_TO_CHAR[b].encode_utf8(&mut buf);
-            *slot = vocab
-                .texts
-                .id(c)
-                .ok_or(TokenizerError::MissingByteToken(b as u8))?;
+            if let Some(id) = vocab.texts.id(c) {
+                *slot = id;
+            }
+        }
+        // Real vocabularies may lack a few control bytes or bytes that never occur in
+        // UTF-8 (SmolLM2 lacks 0x04, 0xC0, 0xFF, ...); those are left out when encoded, as
+        // llama.cpp does. Printable ASCII and the common whitespace must all be there, or
+        // the vocabulary is not byte-level.
+        let essential = |b: u8| b.is_ascii_graphic() || matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+        if let Some(b) =
+            (0..=255u8).find(|&b| essential(b) && byte_ids[b as usize] == NO_BYTE_TOKEN)
+        {
+            return Err(TokenizerError::MissingByteToken(b));
         }
 
         let merges = load_merges(get, &vocab)?;
@@ -691,5 +700,19 @@ pub(crate) mod tests {
             build(&m).err().unwrap(),
             TokenizerError::MissingByteToken(b'A')
         ));
+    }
+
+    #[test]
+    fn a_missing_control_byte_symbol_is_left_out_not_fatal() {
+        let mut m = tiny_metadata();
+        let MetaValue::Array(_, toks) = m.get_mut("tokenizer.ggml.tokens").unwrap() else {
+            unreachable!()
+        };
+        // Byte 0x04's symbol, as SmolLM2's vocabulary lacks it.
+        toks[0x04] = MetaValue::String("[gone]".into());
+        let tok = build(&m).unwrap();
+        let with = tok.encode("a\u{4}b", false, false);
+        assert_eq!(with, tok.encode("ab", false, false));
+        assert_eq!(tok.encode("\u{4}", false, false), Vec::<u32>::new());
     }
 }
