@@ -171,6 +171,7 @@ fn rope_matches_for_both_styles_and_partial_dims() {
                 n_head: 3,
                 hd: 16,
                 style,
+                freq_factors: None,
             };
             // Rope of an input (copy) and of a computed value (in place).
             let a = b.rope(x, pos, style, meta.clone());

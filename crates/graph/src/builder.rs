@@ -213,12 +213,17 @@ impl GraphBuilder {
         )
     }
 
-    /// Rotary embedding of `x` at the I32 positions `pos`.
+    /// Rotary embedding of `x` at the I32 positions `pos` (with the frequency factors
+    /// `meta.freq_factors` names, when set).
     pub fn rope(&mut self, x: NodeId, pos: NodeId, style: RopeStyle, meta: RoPEMeta) -> NodeId {
         let shape = self.shape(x);
+        let freq_factors = meta.freq_factors.is_some();
         self.node(
             "",
-            Op::RoPE { style },
+            Op::RoPE {
+                style,
+                freq_factors,
+            },
             &[x, pos],
             shape,
             DType::F32,
@@ -447,6 +452,7 @@ mod tests {
             n_head: 2,
             hd: 4,
             style: RopeStyle::NonInterleaved,
+            freq_factors: None,
         }
     }
 

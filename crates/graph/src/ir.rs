@@ -253,6 +253,10 @@ pub enum Op {
     RoPE {
         /// Pairing of rotated dims.
         style: RopeStyle,
+        /// Each pair's angle is divided by a per-pair factor read from the weight named in
+        /// [`crate::RoPEMeta::freq_factors`] (Llama 3 scaling); in the op, not only in the
+        /// metadata, so a backend without that term can decline the node in `supports_op`.
+        freq_factors: bool,
     },
     /// Attention with the softmax fused inside the kernel.
     Attn {

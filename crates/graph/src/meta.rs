@@ -75,6 +75,11 @@ pub struct RoPEMeta {
     pub hd: usize,
     /// Pairing of rotated dimensions.
     pub style: RopeStyle,
+    /// F32 weight of `n_dims / 2` per-pair frequency divisors (`rope_freqs.weight`, as
+    /// ggml's `rope_ext` applies them: pair `i` turns by `theta_i / factor_i`); `None`
+    /// for plain rope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freq_factors: Option<String>,
 }
 
 /// Attention geometry; `layer` selects the KV pair through `KvProvider::kv_pair`.

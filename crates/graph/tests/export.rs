@@ -70,6 +70,7 @@ fn all_ops() -> Vec<Op> {
         Op::GetRows,
         Op::RoPE {
             style: RopeStyle::Interleaved,
+            freq_factors: true,
         },
         Op::Attn {
             mode: AttnMode::Flash,
@@ -102,6 +103,7 @@ fn all_metas() -> Vec<NodeMeta> {
         n_head: 14,
         hd: 64,
         style: RopeStyle::NonInterleaved,
+        freq_factors: None,
     };
     vec![
         NodeMeta::None,

@@ -15,7 +15,7 @@ fn spec_json(s: &TinySpec) -> String {
     format!(
         "{{\"arch\":\"{}\",\"n_layer\":{},\"n_embd\":{},\"n_head\":{},\"n_head_kv\":{},\
          \"head_dim\":{},\"n_ff\":{},\"n_vocab\":{},\"n_ctx\":{},\"wtype\":\"{}\",\
-         \"tied\":{},\"seed\":{}}}",
+         \"tied\":{},\"rope_freqs\":{},\"seed\":{}}}",
         s.arch,
         s.n_layer,
         s.n_embd,
@@ -27,6 +27,7 @@ fn spec_json(s: &TinySpec) -> String {
         s.n_ctx,
         s.wtype,
         s.tied,
+        s.rope_freqs,
         s.seed
     )
 }

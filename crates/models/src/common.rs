@@ -1,6 +1,7 @@
-//! The decoder skeleton Qwen2 and Qwen3 share (design §4.1): inputs at the head,
+//! The decoder skeleton every architecture shares (design §4.1): inputs at the head,
 //! embedding, per-layer attention and FFN with residuals, the G3 tail reduction on the
-//! last layer, and the lm head. An architecture supplies only its Q/K/V block.
+//! last layer, and the lm head. An architecture supplies only its Q/K/V block and the
+//! weights it loaded (optional tensors it does not have are `None`).
 //!
 //! Node names follow llama.cpp's callback names with a `-{layer}` suffix
 //! (`attn_norm-0`, `Qcur-0`, `ffn_out-5`, ...) so exports and traces can address them;
@@ -46,6 +47,8 @@ pub(crate) struct LayerCx<'a> {
     pub il: usize,
     pub hp: &'a HParams,
     pub lw: &'a LayerWeights,
+    /// Rope frequency factors of the model, when it has them.
+    pub rope_freqs: Option<&'a minfer_graph::WeightRef>,
     pub pos: NodeId,
     /// KV rows the layer's store writes: `cells` with explicit spans, else `pos`.
     pub cells: NodeId,
@@ -70,6 +73,7 @@ impl LayerCx<'_> {
             n_head,
             hd: self.hp.head_dim,
             style: self.hp.rope_style,
+            freq_factors: self.rope_freqs.map(|w| w.name.clone()),
         }
     }
 
@@ -154,11 +158,13 @@ pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -
             il,
             hp,
             lw,
+            rope_freqs: w.rope_freqs.as_ref(),
             pos,
             cells: cells.unwrap_or(pos),
             n_ctx: cp.n_ctx,
-            // The fused QKV kernels store K/V at `positions`, so explicit KV rows keep them off.
-            fuse_qkv: decode_fusion && cp.fuse_qkv && !cp.explicit_span,
+            // The fused QKV kernels store K/V at `positions`, so explicit KV rows keep them
+            // off; they have no frequency-factor term, so Llama 3 scaling keeps them off too.
+            fuse_qkv: decode_fusion && cp.fuse_qkv && !cp.explicit_span && w.rope_freqs.is_none(),
         };
         let normed = b.rms_norm(h, Some(&lw.attn_norm), hp.rms_eps);
         b.set_name(normed, &cx.name("attn_norm"));

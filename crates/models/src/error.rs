@@ -33,6 +33,15 @@ pub enum ModelError {
         /// Tensor name.
         name: String,
     },
+    /// A tensor the architecture's graph has no term for is present; running without it
+    /// would compute another model.
+    #[error("tensor `{}`: {reason}", .name.escape_debug())]
+    UnsupportedTensor {
+        /// Tensor name.
+        name: String,
+        /// What the tensor is and why it is refused.
+        reason: String,
+    },
     /// A tensor has another shape than the hyperparameters imply.
     #[error("tensor `{}` has shape {actual:?}, expected {expected} (GGUF [in, out] order)", .name.escape_debug())]
     TensorShape {

@@ -1,4 +1,4 @@
-//! Model definitions for minfer: hyperparameters, load-time weight validation and
+//! Model definitions for minfer (Qwen2, Qwen3, Llama): hyperparameters, load-time weight validation and
 //! compute-graph construction for the supported architectures (design §4, §10).
 //!
 //! [`load_model`] reads `general.architecture` and dispatches through [`REGISTRY`], one
@@ -29,6 +29,7 @@
 mod common;
 pub mod error;
 pub mod hparams;
+pub mod llama;
 mod model;
 pub mod params;
 pub mod qwen2;
@@ -50,7 +51,11 @@ use minfer_gguf::GgufFile;
 pub type LoadFn = fn(&GgufFile) -> Result<Box<dyn ModelDef>, ModelError>;
 
 /// Supported architectures, one line each: `general.architecture` value and loader.
-pub const REGISTRY: &[(&str, LoadFn)] = &[(qwen2::ARCH, qwen2::load), (qwen3::ARCH, qwen3::load)];
+pub const REGISTRY: &[(&str, LoadFn)] = &[
+    (qwen2::ARCH, qwen2::load),
+    (qwen3::ARCH, qwen3::load),
+    (llama::ARCH, llama::load),
+];
 
 /// Names of the supported architectures, in registry order.
 pub fn supported_architectures() -> Vec<&'static str> {

@@ -50,6 +50,7 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
         output_norm,
         output,
         tied,
+        rope_freqs: None,
         layers,
     };
     Ok(Box::new(Decoder::new(ARCH, hp, weights, qkv_block)))

@@ -1,7 +1,8 @@
 //! Tiny random-weight models for tests, written with the project's own GGUF writer.
 //!
 //! The files are complete enough for llama.cpp to load: every `{arch}.*` key it reads,
-//! and a byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2", pre "qwen2") whose
+//! and a byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2", pre "qwen2", or
+//! "llama-bpe" for the `llama` architecture) whose
 //! tokens are the 256 byte symbols, two-letter filler tokens with their merges, then
 //! `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` as control tokens at the end.
 //!
@@ -17,7 +18,7 @@ use std::path::Path;
 
 use minfer_gguf::{GgmlType, GgufError, GgufWriter, MetaType, MetaValue};
 
-use crate::weights::{blk, blk_bias, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use crate::weights::{blk, blk_bias, OUTPUT, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD};
 
 /// Control tokens appended at the end of the vocabulary, in this order.
 pub const CONTROL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -37,7 +38,7 @@ pub const TINY_RMS_EPS: f32 = 1e-6;
 /// Geometry, storage type and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TinySpec {
-    /// `"qwen2"` or `"qwen3"`.
+    /// `"qwen2"`, `"qwen3"` or `"llama"`.
     pub arch: &'static str,
     /// Blocks.
     pub n_layer: usize,
@@ -60,6 +61,8 @@ pub struct TinySpec {
     pub wtype: GgmlType,
     /// Omit `output.weight` so the lm head is the embedding.
     pub tied: bool,
+    /// Write `rope_freqs.weight` ([`tiny_rope_freqs`], Llama 3 scaling; `llama` only).
+    pub rope_freqs: bool,
     /// PRNG seed.
     pub seed: u64,
 }
@@ -79,7 +82,31 @@ impl TinySpec {
             n_ctx: 256,
             wtype,
             tied: false,
+            rope_freqs: false,
             seed,
+        }
+    }
+
+    /// A small Llama: 2 layers, width 128, 4 heads of 32 over 2 KV heads, untied head,
+    /// normal-layout rope without frequency factors.
+    pub fn llama(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "llama",
+            ..Self::qwen2(wtype, seed)
+        }
+    }
+
+    /// A Llama whose every matrix row is a whole k-quant super-block (256): width 256,
+    /// 8 heads of 32 over 2 KV heads, tied head, Llama 3 frequency factors.
+    pub fn llama3_kquant(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            n_embd: 256,
+            n_head: 8,
+            n_head_kv: 2,
+            head_dim: 32,
+            tied: true,
+            rope_freqs: true,
+            ..Self::llama(wtype, seed)
         }
     }
 
@@ -97,6 +124,7 @@ impl TinySpec {
             n_ctx: 256,
             wtype,
             tied: true,
+            rope_freqs: false,
             seed,
         }
     }
@@ -119,6 +147,23 @@ impl TinySpec {
 const QWEN2_SEED: u64 = 75;
 const QWEN3_SEED: u64 = 147;
 const KQUANT_SEED: u64 = 57;
+const LLAMA_SEED: u64 = 75;
+const LLAMA3_SEED: u64 = 57;
+
+/// The Llama 3 shaped frequency factors of a tiny model with `n_pairs` rope pairs: 1 for
+/// the fastest quarter, 8 from the middle on, linear in between (llama.cpp's converter
+/// derives real ones from wavelengths; this table keeps to correctly rounded operations
+/// and turns visibly slower angles at the short positions the tests use).
+pub fn tiny_rope_freqs(n_pairs: usize) -> Vec<f32> {
+    let (lo, hi) = (n_pairs / 4, n_pairs / 2);
+    (0..n_pairs)
+        .map(|i| match i {
+            i if i < lo => 1.0,
+            i if i >= hi => 8.0,
+            i => (1.0 + 7.0 * (i - lo) as f64 / (hi - lo) as f64) as f32,
+        })
+        .collect()
+}
 
 /// The committed golden set: file stem and spec. Golden outputs in `tests/golden/`
 /// are keyed by the stem; regenerate them whenever this list changes.
@@ -137,6 +182,30 @@ pub fn golden_models() -> Vec<(&'static str, TinySpec)> {
             "qwen3-q6_k",
             TinySpec::qwen3_kquant(GgmlType::Q6K, KQUANT_SEED),
         ),
+        ("llama-f32", TinySpec::llama(GgmlType::F32, LLAMA_SEED)),
+        (
+            "llama-f16-tied",
+            TinySpec {
+                tied: true,
+                ..TinySpec::llama(GgmlType::F16, LLAMA_SEED)
+            },
+        ),
+        ("llama-q8_0", TinySpec::llama(GgmlType::Q8_0, LLAMA_SEED)),
+        (
+            "llama3-f32",
+            TinySpec {
+                rope_freqs: true,
+                ..TinySpec::llama(GgmlType::F32, LLAMA_SEED)
+            },
+        ),
+        (
+            "llama3-q4_k",
+            TinySpec::llama3_kquant(GgmlType::Q4K, LLAMA3_SEED),
+        ),
+        (
+            "llama3-q6_k",
+            TinySpec::llama3_kquant(GgmlType::Q6K, LLAMA3_SEED),
+        ),
     ]
 }
 
@@ -153,7 +222,12 @@ pub fn tiny_model_bytes(spec: &TinySpec) -> Result<Vec<u8>, GgufError> {
 fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError> {
     let mut w = GgufWriter::new();
     metadata(&mut w, spec)?;
-    tokenizer(&mut w, spec.n_vocab)?;
+    let pre = if spec.arch == "llama" {
+        "llama-bpe"
+    } else {
+        "qwen2"
+    };
+    tokenizer(&mut w, spec.n_vocab, pre)?;
     let mut rng = Rng::new(spec.seed);
     let (ne, nq, nkv, nf) = (
         spec.n_embd,
@@ -195,7 +269,7 @@ fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError> {
         if spec.arch == "qwen3" {
             vec(&mut w, blk(il, "attn_q_norm"), spec.head_dim, 1.0)?;
             vec(&mut w, blk(il, "attn_k_norm"), spec.head_dim, 1.0)?;
-        } else {
+        } else if spec.arch == "qwen2" {
             vec(&mut w, blk_bias(il, "attn_q"), nq, 0.0)?;
             vec(&mut w, blk_bias(il, "attn_k"), nkv, 0.0)?;
             vec(&mut w, blk_bias(il, "attn_v"), nkv, 0.0)?;
@@ -207,6 +281,11 @@ fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError> {
         .map(|x| ((1.0 + f64::from(x)) * TINY_OUTPUT_GAIN) as f32)
         .collect();
     w.add_tensor_f32(OUTPUT_NORM, &[ne as u64], GgmlType::F32, &norm)?;
+    if spec.rope_freqs {
+        let n_pairs = spec.head_dim / 2;
+        let f = tiny_rope_freqs(n_pairs);
+        w.add_tensor_f32(ROPE_FREQS, &[n_pairs as u64], GgmlType::F32, &f)?;
+    }
     if !spec.tied {
         // The same logit spread as a tied head over the embedding would give.
         let out = rng.normal_vec(ne * spec.n_vocab, EMBD_STD);
@@ -242,6 +321,11 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
         let v = u32_of(&key, v)?;
         w.add_meta(&key, v);
     }
+    if a == "llama" {
+        let key = format!("{a}.rope.dimension_count");
+        let v = u32_of(&key, spec.head_dim)?;
+        w.add_meta(&key, v);
+    }
     if a == "qwen3" {
         for name in ["attention.key_length", "attention.value_length"] {
             let key = format!("{a}.{name}");
@@ -271,7 +355,7 @@ fn byte_symbol(b: u8) -> char {
     char::from_u32(256 + shifted).unwrap_or('?')
 }
 
-fn tokenizer(w: &mut GgufWriter, n_vocab: usize) -> Result<(), GgufError> {
+fn tokenizer(w: &mut GgufWriter, n_vocab: usize, pre: &str) -> Result<(), GgufError> {
     let n_fill = n_vocab
         .checked_sub(256 + CONTROL_TOKENS.len())
         .ok_or_else(|| GgufError::InvalidMeta {
@@ -303,7 +387,7 @@ fn tokenizer(w: &mut GgufWriter, n_vocab: usize) -> Result<(), GgufError> {
         )
     };
     w.add_meta("tokenizer.ggml.model", MetaValue::String("gpt2".into()))
-        .add_meta("tokenizer.ggml.pre", MetaValue::String("qwen2".into()))
+        .add_meta("tokenizer.ggml.pre", MetaValue::String(pre.into()))
         .add_meta("tokenizer.ggml.tokens", strings(tokens))
         .add_meta(
             "tokenizer.ggml.token_type",

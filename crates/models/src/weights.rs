@@ -16,6 +16,8 @@ pub const TOKEN_EMBD: &str = "token_embd.weight";
 pub const OUTPUT_NORM: &str = "output_norm.weight";
 /// GGUF name of the lm head; absent when tied to [`TOKEN_EMBD`].
 pub const OUTPUT: &str = "output.weight";
+/// GGUF name of the rope frequency factors (Llama 3 scaling), `[head_dim / 2]` F32.
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// `blk.{il}.{name}.weight`.
 pub fn blk(il: usize, name: &str) -> String {
@@ -73,7 +75,9 @@ fn checked(file: &GgufFile, name: &str, expected: &[u64]) -> Result<GgmlType, Mo
     Ok(info.ggml_type)
 }
 
-/// Per-layer tensors; `bias` is Qwen2's, `qk_norm` is Qwen3's.
+/// Per-layer tensors; an architecture declares the optional ones it has (`bias` for
+/// Qwen2 and some Llama files, `qk_norm` for Qwen3), and the skeleton emits nodes for
+/// exactly those.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct LayerWeights {
     pub attn_norm: WeightRef,
@@ -120,6 +124,8 @@ pub(crate) struct Weights {
     /// The lm head: `output.weight`, or the embedding table when tied.
     pub output: WeightRef,
     pub tied: bool,
+    /// Per-pair rope frequency divisors shared by every layer, when the file has them.
+    pub rope_freqs: Option<WeightRef>,
     pub layers: Vec<LayerWeights>,
 }
 
@@ -127,6 +133,7 @@ impl Weights {
     /// Every distinct tensor the graph references, embedding first.
     pub fn all(&self) -> Vec<WeightRef> {
         let mut v = vec![self.tok_embd.clone()];
+        v.extend(self.rope_freqs.iter().cloned());
         for l in &self.layers {
             v.extend(l.all().into_iter().cloned());
         }

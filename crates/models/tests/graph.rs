@@ -419,3 +419,43 @@ fn fused_decode_graphs_are_wired_to_registered_concats() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn llama_ropes_adjacent_pairs_with_its_frequency_factors_and_fuses_only_without_them() {
+    let plain = tiny(&TinySpec::llama(GgmlType::F32, 1));
+    let scaled = tiny(&TinySpec {
+        rope_freqs: true,
+        ..TinySpec::llama(GgmlType::F32, 1)
+    });
+    let p = prefill(3, 3, cpu_cparams(64)).unwrap();
+    for (m, factors) in [(&plain, None), (&scaled, Some("rope_freqs.weight"))] {
+        let g = m.build_graph(&p);
+        g.validate().unwrap();
+        for name in ["Qcur_rope-0", "Kcur_rope-1"] {
+            let n = node(&g, name);
+            assert_eq!(
+                n.op,
+                Op::RoPE {
+                    style: RopeStyle::Interleaved,
+                    freq_factors: factors.is_some(),
+                },
+                "{name}"
+            );
+            match &n.meta {
+                NodeMeta::Rope(r) => assert_eq!(r.freq_factors.as_deref(), factors, "{name}"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        // No biases, no q/k norms.
+        assert_eq!(count(&g, |o| matches!(o, Op::QkNorm { .. })), 0);
+        match &node(&g, "Qcur-0").meta {
+            NodeMeta::MatMul(mm) => assert_eq!(mm.bias_name, None),
+            other => panic!("{other:?}"),
+        }
+    }
+    // The fused QKV kernels have no frequency-factor term: Llama 3 files keep them off.
+    let dec_gpu = decode(gpu_cparams(true)).unwrap();
+    let qkv = |g: &ComputeGraph| count(g, |o| matches!(o, Op::FusedQKV { .. }));
+    assert_eq!(qkv(&plain.build_graph(&dec_gpu)), 2);
+    assert_eq!(qkv(&scaled.build_graph(&dec_gpu)), 0);
+}

@@ -108,13 +108,13 @@ fn unsupported_architectures_are_refused_with_the_supported_list() {
     let f = with_meta(
         &q2(),
         "general.architecture",
-        Some(MetaValue::String("llama".into())),
+        Some(MetaValue::String("gemma".into())),
     );
     assert_eq!(
         err(&f),
-        "unsupported architecture `llama`; supported: qwen2, qwen3"
+        "unsupported architecture `gemma`; supported: qwen2, qwen3, llama"
     );
-    assert_eq!(supported_architectures(), ["qwen2", "qwen3"]);
+    assert_eq!(supported_architectures(), ["qwen2", "qwen3", "llama"]);
     let f = with_meta(&q2(), "general.architecture", None);
     assert!(err(&f).contains("`general.architecture`"), "{}", err(&f));
 }
@@ -255,4 +255,109 @@ fn errors_are_typed() {
         load_model(&f),
         Err(ModelError::MissingTensor { .. })
     ));
+}
+
+/// A tiny model with extra tensors (F32 data) appended.
+fn with_extra(spec: &TinySpec, extra: &[(&str, Vec<u64>)]) -> GgufFile {
+    let src = GgufFile::from_bytes(tiny_model_bytes(spec).unwrap()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata() {
+        w.add_meta(k, v.clone());
+    }
+    for t in src.tensors() {
+        w.add_tensor_bytes(&t.name, &t.dims, t.ggml_type, src.tensor_data(t).to_vec())
+            .unwrap();
+    }
+    for (name, dims) in extra {
+        let n = dims.iter().product::<u64>() as usize;
+        w.add_tensor_f32(name, dims, GgmlType::F32, &vec![0.5; n])
+            .unwrap();
+    }
+    GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
+}
+
+fn llama() -> TinySpec {
+    TinySpec::llama(GgmlType::F32, 3)
+}
+
+#[test]
+fn llama_loads_with_normal_rope_untied_or_tied() {
+    let f = GgufFile::from_bytes(tiny_model_bytes(&llama()).unwrap()).unwrap();
+    let m = load_model(&f).unwrap();
+    assert_eq!(m.arch(), "llama");
+    assert_eq!(m.rope_style(), RopeStyle::Interleaved);
+    assert!(!m.tied_output());
+    assert_eq!((m.n_embd_head(), m.n_head_kv()), (32, 2));
+    // 3 globals + 9 per layer: no biases, no q/k norms.
+    assert_eq!(m.weight_names().len(), 3 + 9 * 2);
+    let tied = TinySpec {
+        tied: true,
+        ..llama()
+    };
+    let f = GgufFile::from_bytes(tiny_model_bytes(&tied).unwrap()).unwrap();
+    let m = load_model(&f).unwrap();
+    assert!(m.tied_output());
+    assert!(!m.weight_names().iter().any(|n| n == "output.weight"));
+}
+
+#[test]
+fn llama_rope_freqs_are_a_weight_of_half_the_head() {
+    let spec = TinySpec {
+        rope_freqs: true,
+        ..llama()
+    };
+    let f = GgufFile::from_bytes(tiny_model_bytes(&spec).unwrap()).unwrap();
+    let m = load_model(&f).unwrap();
+    assert!(m.weight_names().iter().any(|n| n == "rope_freqs.weight"));
+    let f = with_tensor(
+        &spec,
+        "rope_freqs.weight",
+        Some((vec![32], GgmlType::F32, vec![0; 128])),
+    );
+    let e = err(&f);
+    assert!(
+        e.contains("`rope_freqs.weight`") && e.contains("[16]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn llama_optional_biases_are_all_three_or_none() {
+    let qkv = [
+        ("blk.0.attn_q.bias", vec![128]),
+        ("blk.0.attn_k.bias", vec![64]),
+        ("blk.0.attn_v.bias", vec![64]),
+    ];
+    let m = load_model(&with_extra(&llama(), &qkv)).unwrap();
+    assert_eq!(m.weight_names().len(), 3 + 9 * 2 + 3);
+    let e = err(&with_extra(&llama(), &qkv[..2]));
+    assert!(e.contains("missing tensor `blk.0.attn_v.bias`"), "{e}");
+}
+
+#[test]
+fn llama_tensors_without_a_graph_term_are_refused_by_name() {
+    for (name, dims, what) in [
+        ("blk.1.attn_output.bias", vec![128], "attention output bias"),
+        ("blk.0.ffn_down.bias", vec![128], "FFN bias"),
+        ("blk.0.attn_qkv.weight", vec![128, 256], "fused q|k|v"),
+    ] {
+        let e = err(&with_extra(&llama(), &[(name, dims)]));
+        assert!(e.contains(&format!("`{name}`")) && e.contains(what), "{e}");
+    }
+    let f = with_meta(&llama(), "llama.expert_count", Some(MetaValue::U32(8)));
+    let e = err(&f);
+    assert!(
+        e.contains("llama.expert_count") && e.contains("mixture-of-experts"),
+        "{e}"
+    );
+    let f = with_meta(
+        &llama(),
+        "llama.rope.dimension_count",
+        Some(MetaValue::U32(16)),
+    );
+    let e = err(&f);
+    assert!(
+        e.contains("llama.rope.dimension_count") && e.contains("32"),
+        "{e}"
+    );
 }

@@ -57,7 +57,13 @@ pub struct Scratch {
     heap: BinaryHeap<Reverse<(u32, u32, u32, u32)>>,
 }
 
-/// Appends the BPE ids of one word to `out`; `byte_ids[b]` is the token of byte `b`.
+/// `byte_ids` entry of a byte the vocabulary has no symbol for (some real vocabularies
+/// lack a few control bytes): it takes part in no merge and is left out of the output,
+/// as llama.cpp leaves it out, so that such a file still loads and runs.
+pub const NO_BYTE_TOKEN: u32 = u32::MAX;
+
+/// Appends the BPE ids of one word to `out`; `byte_ids[b]` is the token of byte `b`
+/// (or [`NO_BYTE_TOKEN`]).
 pub fn encode_word(
     merges: &Merges,
     byte_ids: &[u32; 256],
@@ -68,7 +74,7 @@ pub fn encode_word(
     match word.len() {
         0 => return,
         1 => {
-            out.push(byte_ids[word[0] as usize]);
+            out.extend(Some(byte_ids[word[0] as usize]).filter(|&id| id != NO_BYTE_TOKEN));
             return;
         }
         _ => {}
@@ -126,7 +132,10 @@ pub fn encode_word(
     }
     let mut i = 0u32;
     while i != NONE {
-        out.push(syms[i as usize].id);
+        let id = syms[i as usize].id;
+        if id != NO_BYTE_TOKEN {
+            out.push(id);
+        }
         i = syms[i as usize].next;
     }
 }

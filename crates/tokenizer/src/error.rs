@@ -18,11 +18,11 @@ pub enum TokenizerError {
         expected: &'static str,
     },
     /// `tokenizer.ggml.model` names a tokenizer minfer does not implement.
-    #[error("unsupported tokenizer model `{0}` (supported: gpt2)")]
+    #[error("unsupported tokenizer model `{0}` (supported: gpt2, llama)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer minfer does not implement.
     #[error(
-        "unsupported pre-tokenizer `{0}` (supported: qwen2, llama-bpe, gpt-2 and their aliases)"
+        "unsupported pre-tokenizer `{0}` (supported: qwen2, llama-bpe, smollm, gpt-2 and their aliases)"
     )]
     UnsupportedPreTokenizer(String),
     /// The token-type array does not match the token list.
@@ -30,11 +30,15 @@ pub enum TokenizerError {
         "tokenizer.ggml.token_type has {types} entries but tokenizer.ggml.tokens has {tokens}"
     )]
     TokenTypeCount { tokens: usize, types: usize },
+    /// The score array does not match the token list.
+    #[error("tokenizer.ggml.scores has {scores} entries but tokenizer.ggml.tokens has {tokens}")]
+    ScoreCount { tokens: usize, scores: usize },
     /// The vocabulary is too large for 32-bit token ids.
     #[error("vocabulary of {0} tokens exceeds the 32-bit id range")]
     VocabTooLarge(usize),
-    /// A byte-level vocabulary lacks the token for one of the 256 bytes.
-    #[error("byte-level vocabulary has no token for byte 0x{0:02x}")]
+    /// The vocabulary lacks a token for one of the 256 bytes (a byte-level symbol, or for
+    /// SentencePiece a `<0xNN>` byte token with no unknown token to stand in).
+    #[error("vocabulary has no token for byte 0x{0:02x}")]
     MissingByteToken(u8),
     /// A merge rule is not of the form `left right`.
     #[error("tokenizer.ggml.merges entry #{index} `{text}` is not two space-separated pieces")]

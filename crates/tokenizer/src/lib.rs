@@ -2,7 +2,9 @@
 //!
 //! [`Tokenizer`] is a byte-level BPE (`tokenizer.ggml.model = "gpt2"`) built from
 //! `tokenizer.ggml.tokens`, `token_type` and `merges`, with the pre-tokenizer named by
-//! `tokenizer.ggml.pre` ([`PreKind`]). Unknown models and pre-tokenizers are refused by name.
+//! `tokenizer.ggml.pre` ([`PreKind`]), or a SentencePiece-style vocabulary
+//! (`tokenizer.ggml.model = "llama"`: `tokens`, `scores`, `token_type`, byte fallback).
+//! Unknown models and pre-tokenizers are refused by name.
 //! Encoding follows llama.cpp's rules for special tokens; decoding is byte-exact.
 //! [`StreamDecoder`] turns a token stream into whole UTF-8 characters, and [`ChatTemplate`]
 //! renders `tokenizer.chat_template` with minijinja.
@@ -12,6 +14,7 @@ mod bytes;
 mod error;
 mod hash;
 mod pretok;
+mod spm;
 mod stream;
 mod template;
 mod texts;

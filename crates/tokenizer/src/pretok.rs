@@ -21,6 +21,9 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 /// GPT-2: lower-case contractions, optional leading space before letter/digit/other runs.
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
 
+/// SmolLM (and StarCoder, Command-R): every digit on its own, then GPT-2's pattern.
+const DIGIT: &str = r"\p{N}";
+
 /// The pre-tokenizer families minfer implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PreKind {
@@ -30,6 +33,9 @@ pub enum PreKind {
     Llama3,
     /// `gpt-2` (also `gpt2`, `phi-2`, `roberta-bpe`, `mpt`, `olmo`, `jais`).
     Gpt2,
+    /// `smollm` (also `starcoder`, `refact`, `command-r`, `codeshell`): digits split one by
+    /// one, then GPT-2's split.
+    SmolLm,
 }
 
 impl PreKind {
@@ -41,6 +47,7 @@ impl PreKind {
                 PreKind::Llama3
             }
             "gpt-2" | "gpt2" | "phi-2" | "roberta-bpe" | "mpt" | "olmo" | "jais" => PreKind::Gpt2,
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" => PreKind::SmolLm,
             other => return Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
         })
     }
@@ -77,6 +84,7 @@ impl PreTokenizer {
             PreKind::Qwen2 => vec![step(QWEN2, true, true)],
             PreKind::Llama3 => vec![step(LLAMA3, true, true)],
             PreKind::Gpt2 => vec![step(GPT2, true, false)],
+            PreKind::SmolLm => vec![step(DIGIT, false, false), step(GPT2, true, false)],
         };
         PreTokenizer { kind, steps }
     }
@@ -203,6 +211,15 @@ mod tests {
             pieces(PreKind::Gpt2, "it'S 42"),
             vec!["it", "'", "S", " 42"]
         );
+    }
+
+    #[test]
+    fn smollm_isolates_every_digit_before_the_gpt2_split() {
+        assert_eq!(
+            pieces(PreKind::SmolLm, "x 2024 ab12c"),
+            vec!["x", " ", "2", "0", "2", "4", " ab", "1", "2", "c"]
+        );
+        assert_eq!(PreKind::from_name("smollm").unwrap(), PreKind::SmolLm);
     }
 
     #[test]

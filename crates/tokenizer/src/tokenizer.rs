@@ -1,25 +1,36 @@
 //! The tokenizer: special-token partition, pre-tokenizer split, byte-level BPE, and decoding.
 
-use crate::bpe::{encode_word, Merges, Scratch};
+use crate::bpe::{encode_word, Merges, Scratch, NO_BYTE_TOKEN};
 use crate::bytes::BYTE_TO_CHAR;
 use crate::error::TokenizerError;
 use crate::pretok::{PreKind, PreTokenizer};
-use crate::vocab::{Meta, TokenType, Vocab};
+use crate::spm::{Spm, SpmScratch, SPACE_MARK};
+use crate::vocab::{opt_id, Meta, Rendering, TokenType, Vocab};
 use minfer_gguf::GgufFile;
 use std::ops::Range;
 
-/// A byte-level BPE tokenizer built from a GGUF vocabulary.
+/// A tokenizer built from a GGUF vocabulary: byte-level BPE or SentencePiece.
 pub struct Tokenizer {
     vocab: Vocab,
-    merges: Merges,
-    byte_ids: [u32; 256],
-    pre: PreTokenizer,
+    model: Model,
     pre_name: String,
-    /// Whole words found in the vocabulary skip merging (Llama 3 family).
-    ignore_merges: bool,
     add_bos: bool,
     add_eos: bool,
     chat_template: Option<String>,
+}
+
+/// The encoding algorithm `tokenizer.ggml.model` names.
+enum Model {
+    /// `gpt2`: pre-tokenizer split, then rank-ordered merges over byte symbols.
+    Bpe {
+        merges: Merges,
+        byte_ids: [u32; 256],
+        pre: PreTokenizer,
+        /// Whole words found in the vocabulary skip merging (Llama 3 family).
+        ignore_merges: bool,
+    },
+    /// `llama`: score-ordered merges over characters with byte fallback.
+    Spm(Spm),
 }
 
 /// One piece of the input after special-token partitioning.
@@ -40,9 +51,14 @@ impl Tokenizer {
         let model = meta_str(get, "tokenizer.ggml.model")?.ok_or(TokenizerError::MissingKey {
             key: "tokenizer.ggml.model",
         })?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model.to_string()));
+        match model {
+            "gpt2" => Self::bpe(get),
+            "llama" => Self::spm(get),
+            other => Err(TokenizerError::UnsupportedModel(other.to_string())),
         }
+    }
+
+    fn bpe<'a>(get: &Meta<'a>) -> Result<Self, TokenizerError> {
         // llama.cpp refuses nothing here but falls back to a generic split with a loud
         // warning; minfer prefers a clear refusal to silently different token ids.
         let pre_name = meta_str(get, "tokenizer.ggml.pre")?.ok_or(TokenizerError::MissingKey {
@@ -51,21 +67,67 @@ impl Tokenizer {
         let kind = PreKind::from_name(pre_name)?;
         let llama3 = matches!(pre_name, "llama-bpe" | "llama3" | "llama-v3" | "falcon3");
 
-        let vocab = Vocab::load(get)?;
+        let vocab = Vocab::load(get, Rendering::ByteLevel)?;
 
-        let mut byte_ids = [0u32; 256];
+        let mut byte_ids = [NO_BYTE_TOKEN; 256];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
             let mut buf = [0u8; 4];
             let c = BYTE_TO_CHAR[b].encode_utf8(&mut buf);
-            *slot = vocab
-                .texts
-                .id(c)
-                .ok_or(TokenizerError::MissingByteToken(b as u8))?;
+            if let Some(id) = vocab.texts.id(c) {
+                *slot = id;
+            }
+        }
+        // Real vocabularies may lack a few control bytes or bytes that never occur in
+        // UTF-8 (SmolLM2 lacks 0x04, 0xC0, 0xFF, ...); those are left out when encoded, as
+        // llama.cpp does. Printable ASCII and the common whitespace must all be there, or
+        // the vocabulary is not byte-level.
+        let essential = |b: u8| b.is_ascii_graphic() || matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+        if let Some(b) =
+            (0..=255u8).find(|&b| essential(b) && byte_ids[b as usize] == NO_BYTE_TOKEN)
+        {
+            return Err(TokenizerError::MissingByteToken(b));
         }
 
         let merges = load_merges(get, &vocab)?;
+        let model = Model::Bpe {
+            merges,
+            byte_ids,
+            pre: PreTokenizer::new(kind),
+            ignore_merges: llama3,
+        };
+        Self::finish(get, vocab, model, pre_name.to_string(), llama3)
+    }
 
-        let add_bos = meta_bool(get, "tokenizer.ggml.add_bos_token")?.unwrap_or(llama3);
+    /// SentencePiece vocabularies, with llama.cpp's defaults for what the file leaves out:
+    /// BOS added, a space prefixed, unknown/BOS/EOS ids 0/1/2.
+    fn spm<'a>(get: &Meta<'a>) -> Result<Self, TokenizerError> {
+        let mut vocab = Vocab::load(get, Rendering::SentencePiece)?;
+        let n = vocab.texts.len();
+        let default = |key: &str, id: u32| (get(key).is_none() && (id as usize) < n).then_some(id);
+        vocab.bos = vocab.bos.or(default("tokenizer.ggml.bos_token_id", 1));
+        vocab.eos = vocab.eos.or(default("tokenizer.ggml.eos_token_id", 2));
+        if let Some(eos) = vocab.eos {
+            if let Err(at) = vocab.eog.binary_search(&eos) {
+                vocab.eog.insert(at, eos);
+            }
+        }
+        let unk = opt_id(get, "tokenizer.ggml.unknown_token_id", n)?
+            .or(default("tokenizer.ggml.unknown_token_id", 0));
+        let add_space_prefix = meta_bool(get, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+        let spm = Spm::load(get, &vocab.texts, &vocab.types, unk, add_space_prefix)?;
+        let pre_name = meta_str(get, "tokenizer.ggml.pre")?.unwrap_or("default");
+        Self::finish(get, vocab, Model::Spm(spm), pre_name.to_string(), true)
+    }
+
+    /// BOS/EOS flags and the chat template, shared by both models.
+    fn finish<'a>(
+        get: &Meta<'a>,
+        vocab: Vocab,
+        model: Model,
+        pre_name: String,
+        default_bos: bool,
+    ) -> Result<Self, TokenizerError> {
+        let add_bos = meta_bool(get, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_bos);
         let add_eos = meta_bool(get, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
         if add_bos && vocab.bos.is_none() {
             return Err(TokenizerError::MissingSpecial { which: "bos" });
@@ -77,15 +139,20 @@ impl Tokenizer {
 
         Ok(Tokenizer {
             vocab,
-            merges,
-            byte_ids,
-            pre: PreTokenizer::new(kind),
-            pre_name: pre_name.to_string(),
-            ignore_merges: llama3,
+            model,
+            pre_name,
             add_bos,
             add_eos,
             chat_template,
         })
+    }
+
+    /// The SentencePiece model, when this is one.
+    fn spm_model(&self) -> Option<&Spm> {
+        match &self.model {
+            Model::Spm(s) => Some(s),
+            Model::Bpe { .. } => None,
+        }
     }
 
     /// Encodes `text`. `add_special` adds BOS/EOS where the model asks for them
@@ -136,22 +203,60 @@ impl Tokenizer {
             out.extend(self.vocab.bos);
         }
         let frags = self.partition(text, parse_special, literal);
-        let mut words = Vec::new();
-        let mut scratch = Scratch::default();
-        let mut lookup = String::new();
-        for f in frags {
-            match f {
-                Frag::Token(id) => out.push(id),
-                Frag::Text(s, e) => {
-                    let part = &text[s..e];
-                    self.pre.split(part, &mut words);
-                    for &(ws, we) in &words {
-                        self.encode_word(
-                            &part.as_bytes()[ws..we],
-                            &mut scratch,
-                            &mut lookup,
-                            &mut out,
-                        );
+        match &self.model {
+            Model::Bpe {
+                merges,
+                byte_ids,
+                pre,
+                ignore_merges,
+            } => {
+                let mut words = Vec::new();
+                let mut scratch = Scratch::default();
+                let mut lookup = String::new();
+                for f in frags {
+                    match f {
+                        Frag::Token(id) => out.push(id),
+                        Frag::Text(s, e) => {
+                            let part = &text[s..e];
+                            pre.split(part, &mut words);
+                            for &(ws, we) in &words {
+                                let word = &part.as_bytes()[ws..we];
+                                if *ignore_merges && word.len() > 1 {
+                                    lookup.clear();
+                                    lookup.extend(word.iter().map(|&b| BYTE_TO_CHAR[b as usize]));
+                                    if let Some(id) = self.vocab.texts.id(&lookup) {
+                                        out.push(id);
+                                        continue;
+                                    }
+                                }
+                                encode_word(merges, byte_ids, word, &mut scratch, &mut out);
+                            }
+                        }
+                    }
+                }
+            }
+            Model::Spm(spm) => {
+                let mut scratch = SpmScratch::default();
+                let mut escaped = String::new();
+                // llama.cpp prefixes the space after the start and after every special
+                // token, i.e. before each raw-text fragment.
+                for f in frags {
+                    match f {
+                        Frag::Token(id) => out.push(id),
+                        Frag::Text(s, e) => {
+                            escaped.clear();
+                            if spm.add_space_prefix {
+                                escaped.push(SPACE_MARK);
+                            }
+                            escaped.extend(text[s..e].chars().map(|c| {
+                                if c == ' ' {
+                                    SPACE_MARK
+                                } else {
+                                    c
+                                }
+                            }));
+                            spm.encode(&self.vocab.texts, &escaped, &mut scratch, &mut out);
+                        }
                     }
                 }
             }
@@ -160,24 +265,6 @@ impl Tokenizer {
             out.extend(self.vocab.eos);
         }
         out
-    }
-
-    fn encode_word(
-        &self,
-        word: &[u8],
-        scratch: &mut Scratch,
-        lookup: &mut String,
-        out: &mut Vec<u32>,
-    ) {
-        if self.ignore_merges && word.len() > 1 {
-            lookup.clear();
-            lookup.extend(word.iter().map(|&b| BYTE_TO_CHAR[b as usize]));
-            if let Some(id) = self.vocab.texts.id(lookup) {
-                out.push(id);
-                return;
-            }
-        }
-        encode_word(&self.merges, &self.byte_ids, word, scratch, out);
     }
 
     /// Splits out special-token texts: each candidate in turn, longest text first, cuts
@@ -231,11 +318,18 @@ impl Tokenizer {
     }
 
     /// Decodes ids to bytes; CONTROL/UNKNOWN tokens are rendered only when `special`.
-    /// The bytes of `encode(s, false, false)` decode back to exactly `s`.
+    /// The bytes of `encode(s, false, false)` decode back to exactly `s`: a SentencePiece
+    /// vocabulary that prefixes a space drops one leading space of the first token, as
+    /// llama.cpp's detokenizer does ([`Tokenizer::token_bytes`] keeps it, for streams).
     pub fn decode_bytes(&self, ids: &[u32], special: bool) -> Result<Vec<u8>, TokenizerError> {
         let mut out = Vec::with_capacity(ids.len() * 4);
-        for &id in ids {
-            out.extend_from_slice(self.token_bytes(id, special)?);
+        let strip = self.spm_model().is_some_and(|s| s.add_space_prefix);
+        for (i, &id) in ids.iter().enumerate() {
+            let piece = self.token_bytes(id, special)?;
+            match piece.strip_prefix(b" ") {
+                Some(rest) if strip && i == 0 => out.extend_from_slice(rest),
+                _ => out.extend_from_slice(piece),
+            }
         }
         Ok(out)
     }
@@ -286,9 +380,20 @@ impl Tokenizer {
         self.vocab.texts.len()
     }
 
-    /// Number of usable merge rules.
+    /// Number of usable merge rules (0 for SentencePiece, which merges by score).
     pub fn n_merges(&self) -> usize {
-        self.merges.len()
+        match &self.model {
+            Model::Bpe { merges, .. } => merges.len(),
+            Model::Spm(_) => 0,
+        }
+    }
+
+    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE) or `"llama"` (SentencePiece).
+    pub fn model_name(&self) -> &'static str {
+        match &self.model {
+            Model::Bpe { .. } => "gpt2",
+            Model::Spm(_) => "llama",
+        }
     }
 
     /// The `tokenizer.ggml.pre` name this tokenizer was built with.
@@ -524,13 +629,14 @@ pub(crate) mod tests {
         let mut m = tiny_metadata();
         m.insert(
             "tokenizer.ggml.model".into(),
-            MetaValue::String("llama".into()),
+            MetaValue::String("bert".into()),
         );
         let err = build(&m).err().unwrap();
         assert!(
-            matches!(err, TokenizerError::UnsupportedModel(ref n) if n == "llama"),
+            matches!(err, TokenizerError::UnsupportedModel(ref n) if n == "bert"),
             "{err}"
         );
+        assert!(err.to_string().contains("`bert`"), "{err}");
 
         let mut m = tiny_metadata();
         m.insert(
@@ -539,6 +645,7 @@ pub(crate) mod tests {
         );
         let err = build(&m).err().unwrap();
         assert!(matches!(err, TokenizerError::UnsupportedPreTokenizer(ref n) if n == "tekken"));
+        assert!(err.to_string().contains("`tekken`"), "{err}");
     }
 
     #[test]
@@ -593,5 +700,19 @@ pub(crate) mod tests {
             build(&m).err().unwrap(),
             TokenizerError::MissingByteToken(b'A')
         ));
+    }
+
+    #[test]
+    fn a_missing_control_byte_symbol_is_left_out_not_fatal() {
+        let mut m = tiny_metadata();
+        let MetaValue::Array(_, toks) = m.get_mut("tokenizer.ggml.tokens").unwrap() else {
+            unreachable!()
+        };
+        // Byte 0x04's symbol, as SmolLM2's vocabulary lacks it.
+        toks[0x04] = MetaValue::String("[gone]".into());
+        let tok = build(&m).unwrap();
+        let with = tok.encode("a\u{4}b", false, false);
+        assert_eq!(with, tok.encode("ab", false, false));
+        assert_eq!(tok.encode("\u{4}", false, false), Vec::<u32>::new());
     }
 }

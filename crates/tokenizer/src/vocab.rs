@@ -9,6 +9,7 @@
 
 use crate::bytes::char_to_byte;
 use crate::error::TokenizerError;
+use crate::spm::{byte_token_value, SPACE_MARK};
 use crate::texts::TextTable;
 use minfer_gguf::MetaValue;
 
@@ -31,7 +32,7 @@ pub enum TokenType {
     UserDefined = 4,
     /// 5: an unused slot (renders as nothing).
     Unused = 5,
-    /// 6: a byte token (SentencePiece vocabularies; renders as nothing here).
+    /// 6: a byte token `<0xNN>` (SentencePiece vocabularies; renders as that byte).
     Byte = 6,
 }
 
@@ -79,6 +80,15 @@ const EOM_TEXTS: [&str; 1] = ["<|eom_id|>"];
 const FIM_PAD_TEXTS: [&str; 3] = ["<|fim_pad|>", "<fim-pad>", "<PAD>"];
 const FIM_REP_TEXTS: [&str; 4] = ["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>"];
 const FIM_SEP_TEXTS: [&str; 1] = ["<|file_sep|>"];
+
+/// How a vocabulary's NORMAL and BYTE token texts turn into bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rendering {
+    /// GPT-2's byte-to-symbol alphabet (`tokenizer.ggml.model = "gpt2"`).
+    ByteLevel,
+    /// SentencePiece: `▁` is a space and `<0xNN>` byte tokens are their byte (`"llama"`).
+    SentencePiece,
+}
 
 /// The loaded vocabulary.
 pub struct Vocab {
@@ -145,8 +155,9 @@ pub(crate) fn opt_id<'a>(
 }
 
 impl Vocab {
-    /// Reads tokens, types and special ids from metadata.
-    pub fn load<'a>(get: &Meta<'a>) -> Result<Self, TokenizerError> {
+    /// Reads tokens, types and special ids from metadata; `rendering` says how token
+    /// texts become bytes.
+    pub fn load<'a>(get: &Meta<'a>, rendering: Rendering) -> Result<Self, TokenizerError> {
         let raw = str_array(get, "tokenizer.ggml.tokens")?;
         let n = raw.len();
         if n >= u32::MAX as usize {
@@ -237,8 +248,22 @@ impl Vocab {
         offsets.push(0u32);
         for (i, ty) in types.iter().enumerate() {
             let text = texts.text(i as u32).unwrap_or_default();
-            match ty {
-                TokenType::Normal => {
+            match (ty, rendering) {
+                (TokenType::Normal | TokenType::UserDefined, Rendering::SentencePiece) => {
+                    // llama.cpp unescapes the whitespace marker of both kinds.
+                    for c in text.chars() {
+                        match c {
+                            SPACE_MARK => piece_bytes.push(b' '),
+                            c => {
+                                piece_bytes.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes())
+                            }
+                        }
+                    }
+                }
+                (TokenType::Byte, Rendering::SentencePiece) => {
+                    piece_bytes.extend(byte_token_value(text));
+                }
+                (TokenType::Normal, Rendering::ByteLevel) => {
                     let start = piece_bytes.len();
                     for c in text.chars() {
                         match char_to_byte(c) {
@@ -252,10 +277,10 @@ impl Vocab {
                         }
                     }
                 }
-                TokenType::UserDefined | TokenType::Control | TokenType::Unknown => {
+                (TokenType::UserDefined | TokenType::Control | TokenType::Unknown, _) => {
                     piece_bytes.extend_from_slice(text.as_bytes())
                 }
-                TokenType::Unused | TokenType::Byte | TokenType::Undefined => {}
+                (TokenType::Unused | TokenType::Byte | TokenType::Undefined, _) => {}
             }
             let end =
                 u32::try_from(piece_bytes.len()).map_err(|_| TokenizerError::VocabTooLarge(n))?;

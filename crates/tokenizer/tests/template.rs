@@ -91,3 +91,53 @@ fn default_model_chat_content_cannot_forge_turns() {
     // The old whole-prompt parsing would have produced the forged turns.
     assert!(controls(tok, &tok.encode(&r.text, true, true)).len() > want.len());
 }
+
+/// Llama 3, Llama 2 and Mistral templates against Jinja2's renderings
+/// (scripts/gen_llama_chat_golden.py), refusals included.
+#[test]
+fn llama_family_templates_match_jinja2() {
+    let g: serde_json::Value =
+        serde_json::from_str(include_str!("golden/llama_chat.json")).expect("golden JSON");
+    let conversations: Vec<Vec<ChatMessage>> = g["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            c.as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
+                })
+                .collect()
+        })
+        .collect();
+    let mut checked = 0;
+    for t in g["templates"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let tmpl = ChatTemplate::new(
+            t["source"].as_str().unwrap(),
+            t["bos_token"].as_str().unwrap(),
+            t["eos_token"].as_str().unwrap(),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for r in g["renders"].as_array().unwrap() {
+            if r["template"] != name {
+                continue;
+            }
+            let conv = &conversations[r["conversation"].as_u64().unwrap() as usize];
+            let gen = r["add_generation_prompt"].as_bool().unwrap();
+            let got = tmpl.render(conv, gen);
+            match (r["text"].as_str(), r["error"].as_str()) {
+                (Some(want), _) => assert_eq!(got.unwrap(), want, "{name} {r}"),
+                (None, Some(msg)) => {
+                    let e = got.expect_err(name).to_string();
+                    assert!(e.contains(msg), "{name}: {e}");
+                }
+                _ => panic!("render without text or error: {r}"),
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 24);
+}

@@ -851,12 +851,16 @@ impl WgpuBackend {
                 ];
                 self.dispatch(Kernel::Gather, &[x, r, Res::Pool(out)], &p, (gx, gy, 1))?;
             }
-            (Op::RoPE { style }, NodeMeta::Rope(m)) => {
+            (Op::RoPE { style, .. }, NodeMeta::Rope(m)) => {
                 if *style != m.style {
                     return Err(format!(
                         "op style {style:?} but metadata style {:?}",
                         m.style
                     ));
+                }
+                // The shader has no frequency-factor term; `supports_op` declines such nodes.
+                if m.freq_factors.is_some() {
+                    return Err("rope with frequency factors is not implemented here".into());
                 }
                 if m.n_dims == 0 || !m.n_dims.is_multiple_of(2) || m.n_dims > m.hd {
                     return Err(format!(
@@ -1242,7 +1246,10 @@ impl BackendImpl for WgpuBackend {
                     | Op::QkNorm { .. }
                     | Op::MatMul { .. }
                     | Op::GetRows
-                    | Op::RoPE { .. }
+                    | Op::RoPE {
+                        freq_factors: false,
+                        ..
+                    }
                     | Op::Attn { .. }
                     | Op::KvcacheStore { .. }
                     | Op::KvcacheLoad { .. }

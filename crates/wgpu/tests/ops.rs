@@ -386,6 +386,7 @@ fn rope_meta(style: RopeStyle, n_dims: usize) -> RoPEMeta {
         n_head: 3,
         hd: 16,
         style,
+        freq_factors: None,
     }
 }
 
@@ -399,7 +400,10 @@ fn rope_matches_the_cpu_in_both_styles_and_in_place() {
         for (n_dims, positions) in [(16, vec![0]), (10, vec![0, 1, 5, 37, 200])] {
             let nt = positions.len();
             let nd = node(
-                Op::RoPE { style },
+                Op::RoPE {
+                    style,
+                    freq_factors: false,
+                },
                 2,
                 [48, nt, 1, 1],
                 NodeMeta::Rope(rope_meta(style, n_dims)),
@@ -425,6 +429,7 @@ fn rope_matches_the_cpu_in_both_styles_and_in_place() {
     let nd = node(
         Op::RoPE {
             style: RopeStyle::Interleaved,
+            freq_factors: false,
         },
         2,
         [48, 1, 1, 1],

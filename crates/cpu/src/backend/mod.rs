@@ -408,13 +408,23 @@ impl CpuBackend {
                     .ok_or_else(|| format!("{} row ids for {nt} rows", ids.len()))?;
                 get_rows::gather(src(0)?, node.out_shape[0], ids, out)
             }
-            (Op::RoPE { style }, NodeMeta::Rope(m)) => {
-                if *style != m.style {
+            (
+                Op::RoPE {
+                    style,
+                    freq_factors,
+                },
+                NodeMeta::Rope(m),
+            ) => {
+                if *style != m.style || *freq_factors != m.freq_factors.is_some() {
                     return Err(format!(
-                        "op style {style:?} but metadata style {:?}",
-                        m.style
+                        "op (style {style:?}, frequency factors {freq_factors}) disagrees with its metadata {m:?}"
                     ));
                 }
+                let factors = m
+                    .freq_factors
+                    .as_deref()
+                    .map(|name| vector(weights, name))
+                    .transpose()?;
                 if !in_place {
                     let x = src(0)?;
                     let x = x
@@ -422,7 +432,7 @@ impl CpuBackend {
                         .ok_or_else(|| format!("rope input holds {}, node needs {n}", x.len()))?;
                     out.copy_from_slice(x);
                 }
-                rope::rope_inplace(pool, out, n / nt, nt, src(1)?, m, rope_cache)
+                rope::rope_inplace(pool, out, n / nt, nt, src(1)?, m, factors, rope_cache)
             }
             (Op::Attn { explicit_span, .. }, NodeMeta::Attn(m)) => {
                 let (k_id, v_id) =

@@ -5,19 +5,29 @@
 //! running product), each pair rotated by `freq_scale * theta_i` with `cos`/`sin` in f32.
 //! Pairs are `(2i, 2i+1)` for [`RopeStyle::Interleaved`] (ggml "normal") and
 //! `(i, i + n_dims/2)` for [`RopeStyle::NonInterleaved`] (NEOX); dimensions from `n_dims`
-//! to `hd` pass through unchanged.
+//! to `hd` pass through unchanged. With frequency factors (Llama 3 scaling) pair `i` turns by
+//! `freq_scale * theta_i / factor_i`, as ggml's `rope_ext` does.
 
 use minfer_graph::{RoPEMeta, RopeStyle};
 
 use super::{as_i32, par_rows, PAR_MIN_ELEMS};
 use crate::threadpool::ThreadPool;
 
-/// Writes the `(cos, sin)` pairs of position `pos` into `cache` (`n_dims` values).
-pub fn rope_cache(pos: i32, n_dims: usize, freq_base: f32, freq_scale: f32, cache: &mut [f32]) {
+/// Writes the `(cos, sin)` pairs of position `pos` into `cache` (`n_dims` values);
+/// `factors` (at least `n_dims / 2` values) divide the pairs' angles.
+pub fn rope_cache(
+    pos: i32,
+    n_dims: usize,
+    freq_base: f32,
+    freq_scale: f32,
+    factors: Option<&[f32]>,
+    cache: &mut [f32],
+) {
     let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
     let mut theta = pos as f32;
-    for pair in cache[..n_dims].chunks_exact_mut(2) {
-        let t = freq_scale * theta;
+    for (i, pair) in cache[..n_dims].chunks_exact_mut(2).enumerate() {
+        let ff = factors.map_or(1.0, |f| f[i]);
+        let t = freq_scale * (theta / ff);
         pair[0] = t.cos();
         pair[1] = t.sin();
         theta *= theta_scale;
@@ -40,7 +50,9 @@ pub fn rotate_head(head: &mut [f32], cache: &[f32], n_dims: usize, style: RopeSt
 }
 
 /// Rotates `nt` token rows of `stride` values (heads at the start of each row) in place,
-/// at the I32 positions `pos`. `cache` is scratch (grown to `nt * n_dims`, then reused).
+/// at the I32 positions `pos`, with the frequency factors `factors` when the node has them.
+/// `cache` is scratch (grown to `nt * n_dims`, then reused).
+#[allow(clippy::too_many_arguments)]
 pub fn rope_inplace(
     pool: &ThreadPool,
     x: &mut [f32],
@@ -48,6 +60,7 @@ pub fn rope_inplace(
     nt: usize,
     pos: &[f32],
     m: &RoPEMeta,
+    factors: Option<&[f32]>,
     cache: &mut Vec<f32>,
 ) -> Result<(), String> {
     let row = m.n_head * m.hd;
@@ -64,6 +77,15 @@ pub fn rope_inplace(
             pos.len()
         ));
     }
+    if let Some(f) = factors {
+        if f.len() < m.n_dims / 2 || f.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+            return Err(format!(
+                "rope: {} frequency factors for {} pairs; each must be a positive number",
+                f.len(),
+                m.n_dims / 2
+            ));
+        }
+    }
     if nt == 0 {
         return Ok(());
     }
@@ -79,7 +101,14 @@ pub fn rope_inplace(
         nt * nd >= PAR_MIN_ELEMS / 8,
         &|t0, rows| {
             for (i, c) in rows.chunks_exact_mut(nd).enumerate() {
-                rope_cache(as_i32(pos[t0 + i]), nd, m.freq_base, m.freq_scale, c);
+                rope_cache(
+                    as_i32(pos[t0 + i]),
+                    nd,
+                    m.freq_base,
+                    m.freq_scale,
+                    factors,
+                    c,
+                );
             }
         },
     );
@@ -114,6 +143,7 @@ mod tests {
             n_head: 3,
             hd: 8,
             style,
+            freq_factors: None,
         }
     }
 
@@ -153,7 +183,7 @@ mod tests {
                 .collect();
             let mut y = x.clone();
             let mut cache = Vec::new();
-            rope_inplace(&pool, &mut y, 24, nt, &pos, &m, &mut cache).unwrap();
+            rope_inplace(&pool, &mut y, 24, nt, &pos, &m, None, &mut cache).unwrap();
             for t in 0..nt {
                 let want = closed_form(&x[t * 24..(t + 1) * 24], positions[t], &m);
                 for (i, (a, b)) in y[t * 24..(t + 1) * 24].iter().zip(&want).enumerate() {
@@ -170,9 +200,63 @@ mod tests {
     }
 
     #[test]
+    fn frequency_factors_divide_each_pairs_angle() {
+        let pool = ThreadPool::new(1);
+        let mut r = Rng::new(5);
+        let m = RoPEMeta {
+            freq_factors: Some("rope_freqs.weight".into()),
+            ..meta(RopeStyle::Interleaved, 8)
+        };
+        let factors = [1.0f32, 2.0, 8.0, 31.5];
+        let x = r.vec(24);
+        let mut y = x.clone();
+        let mut cache = Vec::new();
+        let pos = [f32::from_bits(7)];
+        rope_inplace(&pool, &mut y, 24, 1, &pos, &m, Some(&factors), &mut cache).unwrap();
+        for h in 0..3 {
+            for (i, &ff) in factors.iter().enumerate() {
+                let th = 7.0 * 1e6f64.powf(-2.0 * i as f64 / 8.0) / ff as f64;
+                let (a, b) = (h * 8 + 2 * i, h * 8 + 2 * i + 1);
+                let (x0, x1) = (x[a] as f64, x[b] as f64);
+                let want = [x0 * th.cos() - x1 * th.sin(), x0 * th.sin() + x1 * th.cos()];
+                for (got, want) in [y[a], y[b]].iter().zip(want) {
+                    assert!(
+                        (*got as f64 - want).abs() < 1e-5,
+                        "h{h} i{i}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        // Too few factors, or a zero one, is refused rather than read out of bounds.
+        let mut y = x.clone();
+        let short = rope_inplace(
+            &pool,
+            &mut y,
+            24,
+            1,
+            &pos,
+            &m,
+            Some(&factors[..3]),
+            &mut cache,
+        );
+        assert!(short.unwrap_err().contains("frequency factors"));
+        let zero = rope_inplace(
+            &pool,
+            &mut y,
+            24,
+            1,
+            &pos,
+            &m,
+            Some(&[1.0, 0.0, 1.0, 1.0]),
+            &mut cache,
+        );
+        assert!(zero.is_err());
+    }
+
+    #[test]
     fn angles_are_the_running_product() {
         let mut c = [0.0f32; 8];
-        rope_cache(3, 8, 10000.0, 0.5, &mut c);
+        rope_cache(3, 8, 10000.0, 0.5, None, &mut c);
         let ts = 10000f32.powf(-2.0 / 8.0);
         let mut th = 3.0f32;
         for i in 0..4 {
@@ -188,9 +272,9 @@ mod tests {
         let mut x = vec![0.0; 24];
         let mut cache = Vec::new();
         let bad = meta(RopeStyle::Interleaved, 5);
-        assert!(rope_inplace(&pool, &mut x, 24, 1, &[0.0], &bad, &mut cache).is_err());
+        assert!(rope_inplace(&pool, &mut x, 24, 1, &[0.0], &bad, None, &mut cache).is_err());
         let m = meta(RopeStyle::Interleaved, 4);
-        assert!(rope_inplace(&pool, &mut x, 20, 1, &[0.0], &m, &mut cache).is_err());
-        assert!(rope_inplace(&pool, &mut x, 24, 1, &[], &m, &mut cache).is_err());
+        assert!(rope_inplace(&pool, &mut x, 20, 1, &[0.0], &m, None, &mut cache).is_err());
+        assert!(rope_inplace(&pool, &mut x, 24, 1, &[], &m, None, &mut cache).is_err());
     }
 }

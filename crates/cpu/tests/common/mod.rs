@@ -308,6 +308,7 @@ pub fn model_graph(cfg: &Cfg, ws: &[TestWeight], nt: usize) -> ComputeGraph {
             n_head,
             hd: cfg.hd,
             style: RopeStyle::NonInterleaved,
+            freq_factors: None,
         };
         let q = b.rope(q, pos, RopeStyle::NonInterleaved, rope(cfg.n_head));
         let k = b.rope(k, pos, RopeStyle::NonInterleaved, rope(cfg.n_kv));

@@ -18,7 +18,10 @@ pub fn op_detail(op: &Op) -> String {
         Op::RmsNorm { eps } => format!("eps={eps}"),
         Op::QkNorm { hd, nh, eps } => format!("hd={hd} nh={nh} eps={eps}"),
         Op::MatMul { transpose_b } => format!("transpose_b={transpose_b}"),
-        Op::RoPE { style } => format!("style={style:?}"),
+        Op::RoPE {
+            style,
+            freq_factors,
+        } => format!("style={style:?} freq_factors={freq_factors}"),
         Op::Attn {
             mode,
             explicit_span,
@@ -47,7 +50,10 @@ pub fn op_args(op: &Op) -> Value {
         Op::RmsNorm { eps } => json!({ "eps": eps }),
         Op::QkNorm { hd, nh, eps } => json!({ "hd": hd, "nh": nh, "eps": eps }),
         Op::MatMul { transpose_b } => json!({ "transpose_b": transpose_b }),
-        Op::RoPE { style } => json!({ "style": to_value(style) }),
+        Op::RoPE {
+            style,
+            freq_factors,
+        } => json!({ "style": to_value(style), "freq_factors": freq_factors }),
         Op::Attn {
             mode,
             explicit_span,
@@ -190,6 +196,11 @@ pub fn op_from_json(name: &str, args: &Value) -> Result<Op, GraphError> {
         "get_rows" => Op::GetRows,
         "rope" => Op::RoPE {
             style: arg_serde(a, "style")?,
+            // Documents written before the field existed hold plain rope.
+            freq_factors: match a.get("freq_factors") {
+                None => false,
+                Some(_) => arg_bool(a, "freq_factors")?,
+            },
         },
         "attn" => Op::Attn {
             mode: arg_serde(a, "mode")?,

@@ -488,6 +488,7 @@ fn rope_meta(hd: usize, nh: usize, style: RopeStyle) -> RoPEMeta {
         n_head: nh,
         hd,
         style,
+        freq_factors: None,
     }
 }
 
@@ -514,6 +515,44 @@ fn rope_cases(out: &mut Vec<OpCase>) {
                 bound: 1e-4,
             });
         }
+    }
+    // Llama 3 scaling: per-pair divisors of the angle, from a weight (the last pairs kept
+    // at 1, as real files do for the high frequencies).
+    let style = RopeStyle::Interleaved;
+    let factors: Vec<f32> = (0..hd / 2)
+        .map(|i| {
+            if i < hd / 4 {
+                1.0
+            } else {
+                1.0 + i as f32 * 0.75
+            }
+        })
+        .collect();
+    for nt in TOKENS {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", [hd * nh, nt, 1, 1], DType::F32);
+        let pos = b.input("pos", [nt, 1, 1, 1], DType::I32);
+        let mut meta = rope_meta(hd, nh, style);
+        meta.freq_factors = Some("rope_freqs.weight".into());
+        let y = b.rope(x, pos, style, meta);
+        b.output(y);
+        let positions = (0..nt as u32).map(|t| t * 37 + 5).collect();
+        out.push(OpCase {
+            name: format!("rope {style:?} freq_factors hd={hd} nh={nh} nt={nt}"),
+            op: "rope",
+            graph: b.build(),
+            inputs: vec![
+                f32_input("x", values(31, hd * nh * nt)),
+                ids_input("pos", positions),
+            ],
+            weights: gguf(&[(
+                "rope_freqs.weight",
+                vec![hd as u64 / 2],
+                GgmlType::F32,
+                factors.clone(),
+            )]),
+            bound: 1e-4,
+        });
     }
 }
 

@@ -83,7 +83,13 @@ fn matmul(
     Ok(y)
 }
 
-fn rope(x: &[f32], pos: &[f32], m: &RoPEMeta, nt: usize) -> Result<Vec<f32>, String> {
+fn rope(
+    x: &[f32],
+    pos: &[f32],
+    m: &RoPEMeta,
+    factors: Option<&[f32]>,
+    nt: usize,
+) -> Result<Vec<f32>, String> {
     let row = m.n_head * m.hd;
     if x.len() < row * nt || pos.len() < nt || m.n_dims > m.hd || !m.n_dims.is_multiple_of(2) {
         return Err(format!(
@@ -94,12 +100,17 @@ fn rope(x: &[f32], pos: &[f32], m: &RoPEMeta, nt: usize) -> Result<Vec<f32>, Str
     }
     let mut out = x.to_vec();
     let half = m.n_dims / 2;
+    if factors.is_some_and(|f| f.len() < half) {
+        return Err(format!("rope: fewer than {half} frequency factors"));
+    }
     for (t, p) in ints(&pos[..nt]).enumerate() {
         for h in 0..m.n_head {
             let base = t * (x.len() / nt) + h * m.hd;
             for i in 0..half {
+                let ff = factors.map_or(1.0, |f| f[i]);
                 let theta =
-                    p as f32 * m.freq_scale * m.freq_base.powf(-2.0 * i as f32 / m.n_dims as f32);
+                    p as f32 * m.freq_scale * m.freq_base.powf(-2.0 * i as f32 / m.n_dims as f32)
+                        / ff;
                 let (c, s) = (theta.cos(), theta.sin());
                 let (a, b) = match m.style {
                     RopeStyle::NonInterleaved => (base + i, base + i + half),
@@ -194,7 +205,18 @@ pub(super) fn compute(
             gather(&table.data, m.n_embd, x?)
         }
         (Op::GetRows, _) => gather(x?, node.out_shape[0], input(inputs, 1)?),
-        (Op::RoPE { .. }, NodeMeta::Rope(m)) => rope(x?, input(inputs, 1)?, m, nt),
+        (Op::RoPE { freq_factors, .. }, NodeMeta::Rope(m)) => {
+            if *freq_factors != m.freq_factors.is_some() {
+                return Err(format!(
+                    "rope: op and metadata disagree on frequency factors ({m:?})"
+                ));
+            }
+            let factors = match &m.freq_factors {
+                Some(n) => Some(weight(w, n)?.data.as_slice()),
+                None => None,
+            };
+            rope(x?, input(inputs, 1)?, m, factors, nt)
+        }
         (Op::Reshape { .. }, _) => Ok(x?.to_vec()),
         (Op::View { offset, .. }, _) => {
             let n = node.n_elements();

@@ -95,6 +95,7 @@ pub fn rope_meta(n_head: usize) -> RoPEMeta {
         n_head,
         hd: HD,
         style: RopeStyle::NonInterleaved,
+        freq_factors: None,
     }
 }
 

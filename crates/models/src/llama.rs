@@ -1,0 +1,169 @@
+//! Llama (Llama 2 and 3.x, Mistral, SmolLM and their fine-tunes): the shared skeleton with
+//! normal-layout rope (adjacent pairs), grouped-query attention and SwiGLU.
+//!
+//! Tensors per layer `il` (GGUF `[in, out]`, `nq = n_head * hd`, `nkv = n_head_kv * hd`):
+//! `attn_norm [n_embd]`, `attn_q [n_embd, nq]`, `attn_k`/`attn_v [n_embd, nkv]`,
+//! `attn_output [nq, n_embd]`, `ffn_norm [n_embd]`, `ffn_gate`/`ffn_up [n_embd, n_ff]`,
+//! `ffn_down [n_ff, n_embd]`. Optional, as llama.cpp reads them: `output.weight` (absent:
+//! the lm head is the token embedding), q/k/v biases (all three or none), and
+//! `rope_freqs.weight [hd / 2]`, the Llama 3 frequency factors that divide each rope pair's
+//! angle. Files with tensors this graph has no term for (an attention output or FFN bias,
+//! a fused `attn_qkv`, experts) are refused by name rather than run without them.
+
+use minfer_gguf::GgufFile;
+use minfer_graph::{FusedQkvMeta, GraphBuilder, NodeId, RopeStyle};
+
+use crate::common::{named_matmul, qkv_concat_name, rope_and_store, LayerCx};
+use crate::error::ModelError;
+use crate::hparams::HParams;
+use crate::model::Decoder;
+use crate::weights::{blk, blk_bias, matrix, vector, LayerWeights, Weights, ROPE_FREQS};
+use crate::ModelDef;
+
+/// The `general.architecture` value.
+pub const ARCH: &str = "llama";
+
+/// Reads and validates a Llama model's hyperparameters and tensors.
+pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
+    let hp = HParams::read(file, ARCH, RopeStyle::Interleaved)?;
+    refuse_unsupported(file, &hp)?;
+    let (tok_embd, output_norm, output, tied) = Weights::globals(file, hp.n_embd, hp.n_vocab)?;
+    let (nq, nkv, ne) = (hp.n_q_embd(), hp.n_kv_embd(), hp.n_embd);
+    let rope_freqs = match file.tensor(ROPE_FREQS) {
+        Some(_) => Some(vector(file, ROPE_FREQS, hp.head_dim / 2)?),
+        None => None,
+    };
+    let layers = (0..hp.n_layer)
+        .map(|il| {
+            Ok(LayerWeights {
+                attn_norm: vector(file, &blk(il, "attn_norm"), ne)?,
+                wq: matrix(file, &blk(il, "attn_q"), ne, nq)?,
+                wk: matrix(file, &blk(il, "attn_k"), ne, nkv)?,
+                wv: matrix(file, &blk(il, "attn_v"), ne, nkv)?,
+                wo: matrix(file, &blk(il, "attn_output"), nq, ne)?,
+                bias: qkv_biases(file, il, nq, nkv)?,
+                qk_norm: None,
+                ffn_norm: vector(file, &blk(il, "ffn_norm"), ne)?,
+                gate: matrix(file, &blk(il, "ffn_gate"), ne, hp.n_ff)?,
+                up: matrix(file, &blk(il, "ffn_up"), ne, hp.n_ff)?,
+                down: matrix(file, &blk(il, "ffn_down"), hp.n_ff, ne)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    let weights = Weights {
+        tok_embd,
+        output_norm,
+        output,
+        tied,
+        rope_freqs,
+        layers,
+    };
+    Ok(Box::new(Decoder::new(ARCH, hp, weights, qkv_block)))
+}
+
+/// The q/k/v biases some Llama fine-tunes carry: all three, or none.
+fn qkv_biases(
+    file: &GgufFile,
+    il: usize,
+    nq: usize,
+    nkv: usize,
+) -> Result<Option<[minfer_graph::WeightRef; 3]>, ModelError> {
+    let names = ["attn_q", "attn_k", "attn_v"].map(|t| blk_bias(il, t));
+    let present = names.iter().filter(|n| file.tensor(n).is_some()).count();
+    match present {
+        0 => Ok(None),
+        3 => Ok(Some([
+            vector(file, &names[0], nq)?,
+            vector(file, &names[1], nkv)?,
+            vector(file, &names[2], nkv)?,
+        ])),
+        _ => {
+            let missing = names.iter().find(|n| file.tensor(n).is_none());
+            Err(ModelError::MissingTensor {
+                name: missing.cloned().unwrap_or_default(),
+            })
+        }
+    }
+}
+
+/// Keys and tensors of the Llama family this graph has no term for, refused by name.
+fn refuse_unsupported(file: &GgufFile, hp: &HParams) -> Result<(), ModelError> {
+    let key = |name: &str| format!("{ARCH}.{name}");
+    let experts = key("expert_count");
+    let n_expert = match file.get(&experts) {
+        Some(_) => file.get_u32(&experts)?,
+        None => 0,
+    };
+    if n_expert > 0 {
+        return Err(ModelError::BadHparam {
+            key: experts,
+            value: n_expert.to_string(),
+            reason: "mixture-of-experts Llama files are not supported".into(),
+        });
+    }
+    // llama.cpp requires the rotated dimensions to be the whole head for this family.
+    let rot = key("rope.dimension_count");
+    if file.get(&rot).is_some() {
+        let n_rot = file.get_u32(&rot)? as usize;
+        if n_rot != hp.head_dim {
+            return Err(ModelError::BadHparam {
+                key: rot,
+                value: n_rot.to_string(),
+                reason: format!("must equal the head dimension {}", hp.head_dim),
+            });
+        }
+    }
+    for il in 0..hp.n_layer {
+        for (name, what) in [
+            (blk(il, "attn_qkv"), "a fused q|k|v projection"),
+            (blk_bias(il, "attn_output"), "an attention output bias"),
+            (blk_bias(il, "ffn_gate"), "an FFN bias"),
+            (blk_bias(il, "ffn_up"), "an FFN bias"),
+            (blk_bias(il, "ffn_down"), "an FFN bias"),
+            (blk(il, "ffn_gate_inp"), "an expert router"),
+        ] {
+            if file.tensor(&name).is_some() {
+                return Err(ModelError::UnsupportedTensor {
+                    name,
+                    reason: format!("{what} is not supported for {ARCH}"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Q/K/V for one layer. Decode with QKV fusion allowed and a concatenable q|k|v becomes
+/// one `fused_qkv` (with the biases when the file has them); otherwise three matmuls,
+/// rope on q and k, and the KV store.
+fn qkv_block(b: &mut GraphBuilder, cx: &LayerCx<'_>, normed: NodeId) -> NodeId {
+    let lw = cx.lw;
+    let hp = cx.hp;
+    let bias = lw.bias.as_ref();
+    if cx.fuse_qkv && lw.qkv_concat_feasible() {
+        let meta = FusedQkvMeta {
+            qkv_weight: qkv_concat_name(cx.il),
+            wtype: lw.wq.wtype,
+            n_embd: hp.n_embd,
+            nqt: hp.n_q_embd(),
+            nkt: hp.n_kv_embd(),
+            q_bias: bias.map(|[q, _, _]| q.name.clone()),
+            k_bias: bias.map(|[_, k, _]| k.name.clone()),
+            v_bias: bias.map(|[_, _, v]| v.name.clone()),
+            rope: cx.rope_meta(hp.n_head),
+            n_ctx: cx.n_ctx,
+            kv_elems: cx.kv_elems(),
+        };
+        let f = b.fused_qkv(normed, cx.pos, cx.il, meta);
+        b.set_name(f, &cx.name("qkv_fused"));
+        return f;
+    }
+    let [bq, bk, bv] = match bias {
+        Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+        None => [None; 3],
+    };
+    let q = named_matmul(b, cx, "Qcur", normed, &lw.wq, bq);
+    let k = named_matmul(b, cx, "Kcur", normed, &lw.wk, bk);
+    let v = named_matmul(b, cx, "Vcur", normed, &lw.wv, bv);
+    rope_and_store(b, cx, q, k, v)
+}
