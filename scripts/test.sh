@@ -29,4 +29,6 @@ fi
 cargo build --release --locked --bin minfer
 ./target/release/minfer pull
 cargo test --release --locked --workspace
-cargo test --profile checked --locked -p minfer-graph -p minfer-models -p minfer-runtime
+# Without the runtime's default wgpu feature: the checked pass is for the graph invariants,
+# which the CPU tests exercise, and skips compiling the wgpu stack a second time.
+cargo test --profile checked --locked --no-default-features -p minfer-graph -p minfer-models -p minfer-runtime

@@ -40,14 +40,14 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // A mistyped `MINFER_*` value is refused before any command runs, never ignored; the
-    // backend fence's names are checked by the registry that owns them.
+    // backend fence's names are checked by the registry that owns them, probing only the
+    // backends it names (a command that runs no model loads no GPU driver otherwise).
     let env_ok = minfer_env::check_all()
         .map_err(anyhow::Error::from)
-        .and_then(|()| {
-            let cfg = minfer_graph::BackendConfig::default();
-            Ok(minfer_runtime::backends::registry(&cfg)?.fence_from_env()?)
-        })
-        .map(drop);
+        .and_then(|()| match minfer_env::BACKENDS.get()? {
+            Some(spec) => Ok(minfer_runtime::backends::check_fence(&spec).map(drop)?),
+            None => Ok(()),
+        });
     if let Err(e) = env_ok {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;

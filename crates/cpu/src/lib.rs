@@ -29,6 +29,7 @@ fn probe(_cfg: &BackendConfig) -> Result<ProbeInfo, String> {
     Ok(ProbeInfo {
         device: format!("host CPU ({:?})", ops::vec::VecIsa::detect()),
         emulated: false,
+        detail: None,
     })
 }
 

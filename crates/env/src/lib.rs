@@ -221,6 +221,21 @@ pub const REGEN_CORPUS: Flag = Flag {
     effect: "1 makes the GGUF corpus test rewrite its committed files (development only)",
 };
 
+/// `MINFER_WGPU_API`: the graphics API the wgpu backend asks for an adapter.
+pub const WGPU_API: Choice = Choice {
+    name: "MINFER_WGPU_API",
+    values: &["vulkan", "metal", "dx12"],
+    effect: "the graphics API the wgpu backend looks for adapters on; default every native one",
+};
+
+/// `MINFER_WGPU_TESTS`: the explicit opt-out of the wgpu tests on a machine without an
+/// adapter (without it they fail there, never skip silently).
+pub const WGPU_TESTS: Choice = Choice {
+    name: "MINFER_WGPU_TESTS",
+    values: &["skip"],
+    effect: "`skip` skips the wgpu backend's tests, saying so, where no adapter is found",
+};
+
 /// One entry of the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Var {
@@ -257,6 +272,8 @@ pub const ALL: &[Var] = &[
     Var::Flag(PROFILE),
     Var::Flag(GRAPH_TRACE),
     Var::Flag(REGEN_CORPUS),
+    Var::Choice(WGPU_API),
+    Var::Choice(WGPU_TESTS),
 ];
 
 /// Validates every variable of [`ALL`]; the first bad one is the error.

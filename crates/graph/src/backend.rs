@@ -76,6 +76,13 @@ pub trait BackendImpl: Send {
 
     /// Whether `op` producing `dtype` can run here.
     fn supports_op(&self, op: &Op, dtype: DType) -> bool;
+    /// Whether `node` can run here: its op and dtype ([`Self::supports_op`]) and what
+    /// else the node names, such as the storage type of its weights. The scheduler
+    /// asks this of every node, so a backend declines by capability what it cannot
+    /// execute instead of failing at execution; the default asks `supports_op` only.
+    fn supports_node(&self, node: &CNode) -> bool {
+        self.supports_op(&node.op, node.out_dtype)
+    }
     /// Whether a fusion rule may target this backend (invariant 6).
     fn supports_fused(&self, fused: FusedOp) -> bool;
     /// Whether attention with an explicit span input can run here.
@@ -95,6 +102,11 @@ pub trait BackendImpl: Send {
     /// is set and the decode fusions it claims through `supports_fused` are built.
     fn is_gpu(&self) -> bool {
         false
+    }
+
+    /// The device this backend runs on, for reports; `None` for the host.
+    fn device_info(&self) -> Option<crate::DeviceInfo> {
+        None
     }
 
     /// Makes every tensor of `file` resolvable by its name (invariant 3), without

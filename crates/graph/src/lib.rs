@@ -75,7 +75,7 @@ pub use meta::*;
 pub use params::{next_weights_version, BackendCaps, CParams, GraphParams, GraphType};
 pub use pool::HostPool;
 pub use registry::{
-    cpu_fallback_notice, emulation_reason, BackendConfig, BackendEntry, BackendFactory,
-    BackendRegistry, FenceError, KnownBackend, ProbeInfo, Selection, KNOWN_BACKENDS,
+    cpu_fallback_notice, emulation_reason, entry_for, BackendConfig, BackendEntry, BackendFactory,
+    BackendRegistry, DeviceInfo, FenceError, KnownBackend, ProbeInfo, Selection, KNOWN_BACKENDS,
 };
 pub use scheduler::{BackendScheduler, Placement, PlacementReason, Split};

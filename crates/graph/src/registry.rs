@@ -77,6 +77,8 @@ pub struct BackendEntry {
     /// The device is itself an emulation on the CPU (llvmpipe, WARP): usable only when
     /// named by the fence, never by default.
     pub emulated: bool,
+    /// The probe's detailed device description, where the backend gives one.
+    pub detail: Option<DeviceInfo>,
 }
 
 /// What a backend needs to be constructed, the same for every backend.
@@ -96,6 +98,23 @@ pub struct ProbeInfo {
     /// Adapter or device name, for `minfer info` and the server's props.
     pub device: String,
     /// Whether the device is a CPU emulation (software rasterizer adapters).
+    pub emulated: bool,
+    /// The device in detail (driver, API, class), where the backend reports one.
+    pub detail: Option<DeviceInfo>,
+}
+
+/// A backend's device as reports show it (`minfer info`, the server's health).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Adapter or device name as the driver reports it.
+    pub name: String,
+    /// Driver name and version.
+    pub driver: String,
+    /// Graphics API behind the device (`Vulkan`, `Metal`, `Dx12`), empty for the host.
+    pub api: String,
+    /// Device class (`DiscreteGpu`, `IntegratedGpu`, `Cpu`, ...).
+    pub device_type: String,
+    /// Whether the device is a CPU emulation (llvmpipe/lavapipe, WARP).
     pub emulated: bool,
 }
 
@@ -203,6 +222,7 @@ impl BackendRegistry {
                 },
                 device: None,
                 emulated: false,
+                detail: None,
             })
             .collect();
         BackendRegistry { entries }
@@ -233,6 +253,7 @@ impl BackendRegistry {
                     e.usable = Ok(());
                     e.device = Some(info.device);
                     e.emulated = info.emulated;
+                    e.detail = info.detail;
                 }
                 Err(reason) => e.usable = Err(reason),
             }
@@ -241,12 +262,22 @@ impl BackendRegistry {
     }
 
     /// The backends to construct. A fence (already checked by [`Self::parse_fence`])
-    /// chooses exactly its backends, emulated devices included. Without one: every
-    /// compiled, usable backend that is not an emulation, plus one line of notice for
-    /// each compiled one left out.
+    /// chooses its backends, emulated devices included, plus the CPU when it is
+    /// compiled and usable: the CPU is the host backend (inputs, the logits readback,
+    /// and every op the fenced backends do not claim, as splits by capability), so
+    /// `--backend wgpu` means wgpu for what it claims and the CPU for the rest, while
+    /// `--backend cpu` excludes every other backend. Without a fence: every compiled,
+    /// usable backend that is not an emulation, plus one line of notice for each
+    /// compiled one left out.
     pub fn select(&self, fence: Option<&[Backend]>) -> Selection {
         if let Some(f) = fence {
             let mut backends = f.to_vec();
+            let host = self
+                .by_name("cpu")
+                .is_some_and(|e| e.compiled && e.usable.is_ok());
+            if host {
+                backends.push(Backend::CPU);
+            }
             backends.sort();
             backends.dedup();
             return Selection {
@@ -413,6 +444,7 @@ mod tests {
         Ok(ProbeInfo {
             device: "host".into(),
             emulated: false,
+            detail: None,
         })
     }
     fn no_adapter(_: &BackendConfig) -> Result<ProbeInfo, String> {
@@ -422,12 +454,14 @@ mod tests {
         Ok(ProbeInfo {
             device: "llvmpipe".into(),
             emulated: true,
+            detail: None,
         })
     }
     fn real_adapter(_: &BackendConfig) -> Result<ProbeInfo, String> {
         Ok(ProbeInfo {
             device: "a real GPU".into(),
             emulated: false,
+            detail: None,
         })
     }
     fn make_ref(_: &BackendConfig) -> Result<Box<dyn BackendImpl>, String> {
@@ -510,6 +544,15 @@ mod tests {
         let sel = r.select(Some(&fence));
         assert_eq!(sel.backends, vec![Backend::CPU, Backend::CUDA]);
         assert!(sel.notices.is_empty());
+        // A fence naming only a device backend keeps the CPU as its host, and a CPU
+        // fence leaves every device backend out.
+        let fence = r.parse_fence("cuda").unwrap();
+        assert_eq!(
+            r.select(Some(&fence)).backends,
+            vec![Backend::CPU, Backend::CUDA]
+        );
+        let fence = r.parse_fence("cpu").unwrap();
+        assert_eq!(r.select(Some(&fence)).backends, vec![Backend::CPU]);
         // A real device is used by default, silently.
         let r = probe_all(real_adapter, no_adapter);
         let sel = r.select(None);

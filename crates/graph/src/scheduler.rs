@@ -105,7 +105,8 @@ impl BackendScheduler {
     }
 
     /// Gives every unassigned node the highest-priority backend that claims it
-    /// (op, dtype, and the explicit-span capability for such attention nodes);
+    /// (`supports_node`: op, dtype and weight types; and the explicit-span capability
+    /// for such attention nodes);
     /// CPU when none does. Deterministic: priority order comes from the registry.
     pub fn assign_backends(&mut self, graph: &mut ComputeGraph, alloc: &GraphAllocator) {
         let order = alloc.priority_order();
@@ -125,8 +126,7 @@ impl BackendScheduler {
                     let mut chosen = None;
                     for &b in &order {
                         let ok = alloc.backend(b).is_some_and(|x| {
-                            x.supports_op(&node.op, node.out_dtype)
-                                && (!span || x.supports_attn_span())
+                            x.supports_node(node) && (!span || x.supports_attn_span())
                         });
                         if ok {
                             chosen = Some(b);

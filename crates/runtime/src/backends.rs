@@ -6,21 +6,65 @@
 //! backends from this table and the fence only, never by naming a backend type.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
-use minfer_graph::{BackendConfig, BackendFactory, BackendRegistry, FenceError};
+use minfer_graph::{Backend, BackendConfig, BackendFactory, BackendRegistry, FenceError};
+
+use crate::BackendInfo;
 
 /// The factories of every backend compiled in, CPU first.
 pub fn compiled() -> Vec<BackendFactory> {
-    // One line per backend crate, each behind its feature, e.g.
-    // `#[cfg(feature = "wgpu")] v.push(minfer_wgpu::FACTORY);`
     #[allow(unused_mut)]
     let mut v = vec![minfer_cpu::FACTORY];
+    #[cfg(feature = "wgpu")]
+    v.push(minfer_wgpu::FACTORY);
     v
 }
 
 /// The registry of this build, each compiled backend probed with `cfg`.
 pub fn registry(cfg: &BackendConfig) -> Result<BackendRegistry, FenceError> {
     BackendRegistry::from_factories(&compiled(), cfg)
+}
+
+/// The factories a fence `spec` can select: the CPU (the host backend, always present
+/// when compiled) and those it names. Probing only these keeps `--backend cpu` from
+/// loading any GPU driver; names that are unknown or not compiled are left for
+/// [`BackendRegistry::parse_fence`] to refuse.
+pub fn fenced(factories: &[BackendFactory], spec: &str) -> Vec<BackendFactory> {
+    let named: Vec<&str> = spec.split(',').map(str::trim).collect();
+    factories
+        .iter()
+        .filter(|f| {
+            f.id == Backend::CPU
+                || minfer_graph::entry_for(f.id)
+                    .is_some_and(|e| named.iter().any(|n| n.eq_ignore_ascii_case(e.name)))
+        })
+        .copied()
+        .collect()
+}
+
+/// Checks a `--backend` fence against this build and machine before anything is
+/// loaded: unknown, not compiled in and not usable are distinct refusals, the last
+/// with the probe's reason. Probes only the backends the fence names.
+pub fn check_fence(spec: &str) -> Result<Vec<Backend>, FenceError> {
+    let cfg = BackendConfig::default();
+    BackendRegistry::from_factories(&fenced(&compiled(), spec), &cfg)?.parse_fence(spec)
+}
+
+/// The backends of the engine built last in this process, as
+/// [`crate::Engine::backend_info`] describes them: what a server process (one engine)
+/// reports on `/health` without reaching into the thread that owns its engine.
+static IN_USE: Mutex<Vec<BackendInfo>> = Mutex::new(Vec::new());
+
+/// The backends the engine built last in this process runs on (empty before any).
+pub fn in_use() -> Vec<BackendInfo> {
+    IN_USE.lock().map(|v| v.clone()).unwrap_or_default()
+}
+
+pub(crate) fn record_in_use(info: Vec<BackendInfo>) {
+    if let Ok(mut v) = IN_USE.lock() {
+        *v = info;
+    }
 }
 
 static NOTICED: AtomicBool = AtomicBool::new(false);
@@ -33,5 +77,34 @@ pub(crate) fn print_notices_once(notices: &[String]) {
     }
     for n in notices {
         eprintln!("{n}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fence_probes_the_host_and_the_backends_it_names_only() {
+        let all = compiled();
+        assert_eq!(all[0].id, Backend::CPU, "the CPU comes first");
+        let ids = |spec| fenced(&all, spec).iter().map(|f| f.id).collect::<Vec<_>>();
+        assert_eq!(ids("cpu"), vec![Backend::CPU]);
+        assert_eq!(ids("vulkan"), vec![Backend::CPU]);
+        #[cfg(feature = "wgpu")]
+        {
+            assert_eq!(all.iter().filter(|f| f.id == Backend::WGPU).count(), 1);
+            assert_eq!(ids(" WGPU "), vec![Backend::CPU, Backend::WGPU]);
+            assert_eq!(ids("cpu,wgpu"), vec![Backend::CPU, Backend::WGPU]);
+        }
+        assert!(matches!(
+            check_fence("vulkan"),
+            Err(FenceError::Unknown { .. })
+        ));
+        assert!(matches!(
+            check_fence("cuda"),
+            Err(FenceError::NotCompiled { .. })
+        ));
+        assert_eq!(check_fence("cpu").expect("cpu"), vec![Backend::CPU]);
     }
 }

@@ -87,6 +87,18 @@ impl Default for EngineOptions {
     }
 }
 
+/// One participating backend as reports describe it (`minfer info`, the server's
+/// health and props), highest priority first in [`Engine::backend_info`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BackendInfo {
+    /// Registry name (`cpu`, `wgpu`).
+    pub name: String,
+    /// Whether it executes on a GPU.
+    pub gpu: bool,
+    /// Its device (adapter, driver, class), where it runs on one.
+    pub device: Option<minfer_graph::DeviceInfo>,
+}
+
 /// Per-token inputs of one explicit-span step ([`Engine::forward_rows`]): the tokens of
 /// one or more sequences, each placed in the KV arena by the caller.
 #[derive(Debug, Clone, Copy)]
@@ -260,10 +272,20 @@ impl Engine {
             fault: fault.clone(),
             kv_types,
         };
-        let registry = minfer_graph::BackendRegistry::from_factories(factories, &cfg)?;
-        let fence = match &opts.backend {
+        // A fence probes only the host and the backends it names (`--backend cpu` loads
+        // no GPU driver); without one every compiled backend is probed.
+        let spec = match &opts.backend {
+            Some(spec) => Some(spec.clone()),
+            None => minfer_env::BACKENDS.get()?,
+        };
+        let factories = match &spec {
+            Some(spec) => crate::backends::fenced(factories, spec),
+            None => factories.to_vec(),
+        };
+        let registry = minfer_graph::BackendRegistry::from_factories(&factories, &cfg)?;
+        let fence = match &spec {
             Some(spec) => Some(registry.parse_fence(spec)?),
-            None => registry.fence_from_env()?,
+            None => None,
         };
         let model = minfer_models::load_model(&file)?;
         let hp = model.hparams();
@@ -315,9 +337,10 @@ impl Engine {
             backends.push(b);
         }
         let mut alloc = GraphAllocator::new(backends)?;
-        alloc.set_fence(fence);
+        // The selection, not the bare fence: it adds the host CPU to a device fence.
+        alloc.set_fence(fence.map(|_| selection.backends.clone()));
         let caps = alloc.backend_caps();
-        Ok(Engine {
+        let engine = Engine {
             file,
             model,
             cache: GraphCache::new(alloc),
@@ -336,7 +359,9 @@ impl Engine {
             check_reuse: cfg!(debug_assertions),
             kv_types,
             identity: std::sync::OnceLock::new(),
-        })
+        };
+        crate::backends::record_in_use(engine.backend_info());
+        Ok(engine)
     }
 
     /// The storage formats of the K and V rows.
@@ -478,6 +503,22 @@ impl Engine {
             .priority_order()
             .into_iter()
             .map(|b| alloc.backend_name(b))
+            .collect()
+    }
+
+    /// The participating backends and their devices, highest priority first: the one
+    /// description every report (command line, health, props) prints.
+    pub fn backend_info(&self) -> Vec<BackendInfo> {
+        let alloc = self.cache.alloc();
+        alloc
+            .priority_order()
+            .into_iter()
+            .filter_map(|b| alloc.backend(b))
+            .map(|b| BackendInfo {
+                name: b.id().name(),
+                gpu: b.is_gpu(),
+                device: b.device_info(),
+            })
             .collect()
     }
 

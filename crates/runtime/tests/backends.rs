@@ -29,6 +29,7 @@ fn usable(_: &BackendConfig) -> Result<ProbeInfo, String> {
     Ok(ProbeInfo {
         device: "reference device".into(),
         emulated: false,
+        detail: None,
     })
 }
 fn no_adapter(_: &BackendConfig) -> Result<ProbeInfo, String> {
@@ -53,7 +54,7 @@ const DEVICE: BackendFactory = BackendFactory {
 
 #[test]
 fn the_cpu_build_derives_no_gpu_flags_and_names_its_backend() {
-    let e = Engine::from_arc(file(), &opts(None)).expect("engine");
+    let e = Engine::with_factories(file(), &opts(None), &[minfer_cpu::FACTORY]).expect("engine");
     assert_eq!(e.backend_caps(), BackendCaps::default());
     assert_eq!(e.backend_names(), vec!["cpu".to_string()]);
     let p = e.params(1, 1);

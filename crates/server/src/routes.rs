@@ -198,7 +198,10 @@ async fn method_not_allowed(req: Request) -> ApiError {
 }
 
 async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+    // The backends the engine runs on and the adapter of the first with a device.
+    let backends = minfer_runtime::backends::in_use();
+    let adapter = backends.iter().find_map(|b| b.device.clone());
+    Json(json!({"status": "ok", "backends": backends, "adapter": adapter}))
 }
 
 /// Every served model; the loaded ones with their `meta`.

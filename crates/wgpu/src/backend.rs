@@ -106,6 +106,9 @@ pub struct WgpuBackend {
     encoder: Option<wgpu::CommandEncoder>,
     /// Validation errors the device reported asynchronously.
     errors: Arc<Mutex<Vec<String>>>,
+    /// Whether the KV regions may live here: the kernels store f32 rows only, so with
+    /// a packed KV format the stores and attention stay on the host by capability.
+    kv_here: bool,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -174,7 +177,30 @@ impl WgpuBackend {
             snapshots: HashMap::new(),
             encoder: None,
             errors,
+            kv_here: true,
         })
+    }
+
+    /// Takes the engine's KV storage formats: the kernels hold f32 rows only, so any
+    /// other format leaves KV stores, loads and attention to a backend that has it.
+    pub fn set_kv_types(&mut self, types: [minfer_graph::KvType; 2]) {
+        self.kv_here = types == [minfer_graph::KvType::F32; 2];
+    }
+
+    /// Whether every weight `node` names is one the kernels decode. A weight of a type
+    /// no shader reads (remembered at registration) declines the node, so it runs
+    /// where its type is implemented instead of failing at execution.
+    fn weights_decoded(&self, node: &CNode) -> bool {
+        let decoded = |name: &str| !self.skipped.contains_key(name);
+        match &node.meta {
+            NodeMeta::MatMul(m) => {
+                decoded(&m.weight_name) && m.bias_name.as_deref().is_none_or(decoded)
+            }
+            NodeMeta::Embed(m) => decoded(&m.weight_name),
+            NodeMeta::Norm(m) => m.weight_name.as_deref().is_none_or(decoded),
+            NodeMeta::FusedFfn(m) => decoded(&m.gate_weight) && decoded(&m.up_weight),
+            _ => true,
+        }
     }
 
     /// The adapter in use, for `minfer info` and health output.
@@ -1230,6 +1256,10 @@ impl BackendImpl for WgpuBackend {
         true
     }
 
+    fn device_info(&self) -> Option<minfer_graph::DeviceInfo> {
+        Some(self.gpu.summary.device_info())
+    }
+
     fn name(&self) -> &str {
         "wgpu"
     }
@@ -1255,6 +1285,16 @@ impl BackendImpl for WgpuBackend {
                     | Op::KvcacheLoad { .. }
                     | Op::FusedFFN
             )
+    }
+
+    fn supports_node(&self, node: &CNode) -> bool {
+        let kv = matches!(
+            node.op,
+            Op::KvcacheStore { .. } | Op::KvcacheLoad { .. } | Op::Attn { .. }
+        );
+        self.supports_op(&node.op, node.out_dtype)
+            && (self.kv_here || !kv)
+            && self.weights_decoded(node)
     }
 
     fn supports_fused(&self, fused: FusedOp) -> bool {

@@ -1,6 +1,7 @@
 //! Adapter choice and device creation.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 /// Why the wgpu backend cannot run on this machine; the message names the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +44,17 @@ impl fmt::Display for AdapterSummary {
 }
 
 impl AdapterSummary {
+    /// The adapter as the engine's reports describe a device.
+    pub fn device_info(&self) -> minfer_graph::DeviceInfo {
+        minfer_graph::DeviceInfo {
+            name: self.name.clone(),
+            driver: self.driver.clone(),
+            api: self.api.clone(),
+            device_type: self.device_type.clone(),
+            emulated: self.is_cpu_emulation,
+        }
+    }
+
     fn of(info: &wgpu::AdapterInfo) -> Self {
         let driver = [info.driver.as_str(), info.driver_info.as_str()]
             .iter()
@@ -78,43 +90,121 @@ fn rank(t: wgpu::DeviceType) -> u8 {
     }
 }
 
-/// Opens the best adapter, or says why none is usable.
-pub(crate) fn open(allow_cpu_adapter: bool) -> Result<Gpu, NotUsable> {
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
-        backends: wgpu::Backends::PRIMARY,
-        ..wgpu::InstanceDescriptor::new_without_display_handle()
-    });
-    let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
-    if adapters.is_empty() {
-        return Err(NotUsable {
-            reason: "no GPU adapter found (no Vulkan, Metal or DX12 driver answered)".into(),
-        });
+/// The graphics APIs the probe asks for adapters: all native ones, or the one
+/// `MINFER_WGPU_API` names (a bad value reads as the default here; the engine refuses
+/// it at startup through `minfer_env::check_all`).
+fn requested_apis() -> (wgpu::Backends, &'static str) {
+    match minfer_env::WGPU_API.get() {
+        Ok(Some("vulkan")) => (wgpu::Backends::VULKAN, "Vulkan"),
+        Ok(Some("metal")) => (wgpu::Backends::METAL, "Metal"),
+        Ok(Some("dx12")) => (wgpu::Backends::DX12, "DX12"),
+        _ => (wgpu::Backends::PRIMARY, "Vulkan, Metal or DX12"),
     }
-    adapters.sort_by_key(|a| rank(a.get_info().device_type));
+}
+
+/// One enumerated adapter and whether the kernels can run on it.
+struct Candidate {
+    adapter: wgpu::Adapter,
+    summary: AdapterSummary,
+    /// `Err` names what the adapter lacks.
+    fit: Result<(), String>,
+}
+
+/// Every adapter of this process, best first; `Err` when none answered.
+struct Candidates {
+    /// Kept alive beside its adapters.
+    _instance: wgpu::Instance,
+    list: Vec<Candidate>,
+}
+
+/// Whether `adapter` has what the kernels need, or what it lacks.
+fn fitness(adapter: &wgpu::Adapter, name: &str) -> Result<(), String> {
+    let down = adapter.get_downlevel_capabilities();
+    if !down.flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS) {
+        return Err(format!("{name} lacks compute shaders"));
+    }
+    let limits = adapter.limits();
+    if limits.max_compute_workgroup_size_x < 256
+        || limits.max_compute_invocations_per_workgroup < 256
+    {
+        return Err(format!(
+            "{name} allows {} invocations per workgroup, the kernels need 256",
+            limits.max_compute_invocations_per_workgroup
+        ));
+    }
+    Ok(())
+}
+
+/// Enumerates the adapters once per process: each enumeration loads the drivers and
+/// their layers (tens of milliseconds, and some print to stderr), and the answer does
+/// not change while the process runs. Devices are then requested from these adapters.
+fn candidates() -> &'static Result<Candidates, NotUsable> {
+    static CANDIDATES: OnceLock<Result<Candidates, NotUsable>> = OnceLock::new();
+    CANDIDATES.get_or_init(|| {
+        let (apis, named) = requested_apis();
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: apis,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let adapters = pollster::block_on(instance.enumerate_adapters(apis));
+        if adapters.is_empty() {
+            return Err(NotUsable {
+                reason: format!("no GPU adapter found (no {named} driver answered)"),
+            });
+        }
+        let mut list: Vec<Candidate> = adapters
+            .into_iter()
+            .map(|adapter| {
+                let summary = AdapterSummary::of(&adapter.get_info());
+                let fit = fitness(&adapter, &summary.name);
+                Candidate {
+                    adapter,
+                    summary,
+                    fit,
+                }
+            })
+            .collect();
+        list.sort_by_key(|c| rank(c.adapter.get_info().device_type));
+        Ok(Candidates {
+            _instance: instance,
+            list,
+        })
+    })
+}
+
+/// The adapter [`open`] would choose, without opening a device: the best one the
+/// kernels can run on, a CPU emulation only when `allow_cpu_adapter` is set.
+pub(crate) fn best(allow_cpu_adapter: bool) -> Result<AdapterSummary, NotUsable> {
+    let c = candidates().as_ref().map_err(Clone::clone)?;
     let mut refusals = Vec::new();
-    for adapter in adapters {
-        let info = adapter.get_info();
-        let summary = AdapterSummary::of(&info);
-        if summary.is_cpu_emulation && !allow_cpu_adapter {
-            refusals.push(format!(
-                "{} is a CPU emulation, used only when the wgpu backend is named explicitly",
-                summary.name
-            ));
-            continue;
+    for cand in &c.list {
+        match eligible(cand, allow_cpu_adapter) {
+            Ok(()) => return Ok(cand.summary.clone()),
+            Err(why) => refusals.push(why),
         }
-        let down = adapter.get_downlevel_capabilities();
-        if !down.flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS) {
-            refusals.push(format!("{} lacks compute shaders", summary.name));
-            continue;
-        }
-        let limits = adapter.limits();
-        if limits.max_compute_workgroup_size_x < 256
-            || limits.max_compute_invocations_per_workgroup < 256
-        {
-            refusals.push(format!(
-                "{} allows {} invocations per workgroup, the kernels need 256",
-                summary.name, limits.max_compute_invocations_per_workgroup
-            ));
+    }
+    Err(NotUsable {
+        reason: format!("no usable GPU adapter: {}", refusals.join("; ")),
+    })
+}
+
+fn eligible(c: &Candidate, allow_cpu_adapter: bool) -> Result<(), String> {
+    if c.summary.is_cpu_emulation && !allow_cpu_adapter {
+        return Err(format!(
+            "{} is a CPU emulation, used only when the wgpu backend is named explicitly",
+            c.summary.name
+        ));
+    }
+    c.fit.clone()
+}
+
+/// Opens a device on the best adapter, or says why none is usable.
+pub(crate) fn open(allow_cpu_adapter: bool) -> Result<Gpu, NotUsable> {
+    let c = candidates().as_ref().map_err(Clone::clone)?;
+    let mut refusals = Vec::new();
+    for cand in &c.list {
+        if let Err(why) = eligible(cand, allow_cpu_adapter) {
+            refusals.push(why);
             continue;
         }
         // Everything the adapter offers: the largest weights (the embedding table)
@@ -122,20 +212,20 @@ pub(crate) fn open(allow_cpu_adapter: bool) -> Result<Gpu, NotUsable> {
         let desc = wgpu::DeviceDescriptor {
             label: Some("minfer"),
             required_features: wgpu::Features::empty(),
-            required_limits: limits,
+            required_limits: cand.adapter.limits(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        match pollster::block_on(adapter.request_device(&desc)) {
+        match pollster::block_on(cand.adapter.request_device(&desc)) {
             Ok((device, queue)) => {
                 return Ok(Gpu {
                     device,
                     queue,
-                    summary,
+                    summary: cand.summary.clone(),
                 })
             }
-            Err(e) => refusals.push(format!("{}: device request failed: {e}", summary.name)),
+            Err(e) => refusals.push(format!("{}: device request failed: {e}", cand.summary.name)),
         }
     }
     Err(NotUsable {

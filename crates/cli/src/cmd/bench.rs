@@ -108,6 +108,13 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let mut engine = args.model.load()?;
     let n_vocab = engine.n_vocab();
     let threads = args.model.engine_options().n_threads;
+    // As llama-bench's column: the backends that ran, highest priority first.
+    let backend = engine
+        .backend_info()
+        .iter()
+        .map(|b| b.name.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
     let mut results = Vec::new();
 
@@ -167,6 +174,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                     "model": model_name,
                     "model_size": file.file_size(),
                     "test": r.name,
+                    "backend": backend,
                     "n_prompt": r.n_prompt,
                     "n_gen": r.n_gen,
                     "n_threads": threads,
@@ -183,7 +191,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         println!("| --- | ---: | --- | ---: | ---: | ---: |");
         for r in &results {
             println!(
-                "| {model_name} | {size_mib:.2} MiB | cpu | {threads} | {} | {:.2} ± {:.2} |",
+                "| {model_name} | {size_mib:.2} MiB | {backend} | {threads} | {} | {:.2} ± {:.2} |",
                 r.name,
                 r.mean(),
                 r.stddev()

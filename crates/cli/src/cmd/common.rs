@@ -48,7 +48,7 @@ impl ModelArgs {
         if let Some(spec) = &opts.backend {
             // Refuse a bad fence before any download or mapping (`MINFER_BACKENDS` was
             // checked at startup).
-            minfer_graph::BackendRegistry::new().parse_fence(spec)?;
+            minfer_runtime::backends::check_fence(spec)?;
         }
         let path = minfer_hub::resolve_model(self.model.as_deref(), true)?;
         Engine::load(&path, &opts).with_context(|| format!("loading {}", path.display()))

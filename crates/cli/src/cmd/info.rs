@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use minfer_gguf::{GgmlType, GgufFile, MetaValue};
+use minfer_graph::{Backend, BackendEntry};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -34,12 +35,24 @@ const SPECIAL_TOKENS: [(&str, &str); 4] = [
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = minfer_hub::resolve_model(args.model.as_deref(), true)?;
     let file = GgufFile::open(&path).with_context(|| format!("cannot load {}", path.display()))?;
+    // This build's backends, each probed once (the adapter a GPU backend would use).
+    let registry = minfer_runtime::backends::registry(&minfer_graph::BackendConfig::default())?;
+    let default = registry.select(None).backends;
+    let backends: Vec<&BackendEntry> = registry
+        .identity_order()
+        .into_iter()
+        .filter(|e| e.compiled)
+        .collect();
     let report = if args.json {
-        let mut s = serde_json::to_string_pretty(&json_report(&path, &file))?;
+        let mut j = json_report(&path, &file);
+        j["backends"] = backends_json(&backends, &default);
+        let mut s = serde_json::to_string_pretty(&j)?;
         s.push('\n');
         s
     } else {
-        text_report(&path, &file)
+        let mut s = text_report(&path, &file);
+        s.push_str(&backends_text(&backends, &default));
+        s
     };
     let mut out = std::io::stdout().lock();
     match out.write_all(report.as_bytes()).and_then(|()| out.flush()) {
@@ -47,6 +60,59 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
     }
+}
+
+/// How a compiled backend stands on this machine, in words.
+fn backend_status(e: &BackendEntry, default: &[Backend]) -> String {
+    match &e.usable {
+        Err(reason) => format!("not usable: {reason}"),
+        Ok(()) if default.contains(&e.id) => "used by default".into(),
+        Ok(()) => format!("used only with --backend {}", e.name),
+    }
+}
+
+/// The `backends:` section: every backend of this build, whether it runs here, and
+/// its device (for a GPU backend, the adapter: name, API, class, driver).
+fn backends_text(backends: &[&BackendEntry], default: &[Backend]) -> String {
+    let mut s = String::from("\nbackends:\n");
+    for e in backends {
+        let _ = write!(s, "  {:<6} {}", e.name, backend_status(e, default));
+        match (&e.detail, &e.device) {
+            (Some(d), _) => {
+                let _ = write!(s, "; {} ({}, {}", d.name, d.api, d.device_type);
+                if !d.driver.is_empty() {
+                    let _ = write!(s, ", {}", d.driver);
+                }
+                s.push(')');
+                if d.emulated {
+                    s.push_str(", a CPU emulation");
+                }
+            }
+            (None, Some(device)) => {
+                let _ = write!(s, "; {device}");
+            }
+            (None, None) => {}
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// The backends section of `--json`: one object per compiled backend.
+fn backends_json(backends: &[&BackendEntry], default: &[Backend]) -> Value {
+    backends
+        .iter()
+        .map(|e| {
+            json!({
+                "name": e.name,
+                "usable": e.usable.is_ok(),
+                "reason": e.usable.as_ref().err(),
+                "default": default.contains(&e.id),
+                "device": e.device,
+                "detail": e.detail,
+            })
+        })
+        .collect()
 }
 
 /// Per-type tensor count and byte total, in type-id order.

@@ -83,7 +83,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(spec) = &args.backend {
         // Refuse a bad fence before any download or mapping.
-        minfer_graph::BackendRegistry::new().parse_fence(spec)?;
+        minfer_runtime::backends::check_fence(spec)?;
     }
     // Every number is checked before any download or model load.
     let max_timeout = minfer_server::MAX_REQUEST_TIMEOUT.as_secs();

@@ -205,7 +205,7 @@ pub fn run_cases(
                         .nodes
                         .iter()
                         .filter(|n| n.op.name() == case.op)
-                        .all(|n| b.supports_op(&n.op, n.out_dtype))
+                        .all(|n| b.supports_node(n))
                 });
                 if claims {
                     return Err(format!(

@@ -40,6 +40,9 @@ impl BackendImpl for Declining {
     fn supports_op(&self, op: &Op, dtype: DType) -> bool {
         !self.declines(op.name()) && self.inner.supports_op(op, dtype)
     }
+    fn supports_node(&self, node: &CNode) -> bool {
+        !self.declines(node.op.name()) && self.inner.supports_node(node)
+    }
     fn supports_fused(&self, fused: FusedOp) -> bool {
         let result = match fused {
             FusedOp::SwiGLU => "swiglu",
@@ -56,6 +59,9 @@ impl BackendImpl for Declining {
     }
     fn is_gpu(&self) -> bool {
         self.inner.is_gpu()
+    }
+    fn device_info(&self) -> Option<crate::DeviceInfo> {
+        self.inner.device_info()
     }
     fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, String> {
         self.inner.register_gguf(file)

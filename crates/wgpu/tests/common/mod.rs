@@ -17,25 +17,12 @@ use minfer_models::{
 };
 use minfer_wgpu::WgpuBackend;
 
-/// Set to `skip` to skip the wgpu tests explicitly on a machine without an adapter.
-pub const OPT_OUT: &str = "MINFER_WGPU_TESTS";
-
 /// The wgpu backend on any adapter, CPU emulation included (tests name it explicitly).
 ///
 /// No adapter is a failure, never a silent skip: CI installs lavapipe. Only the
-/// explicit opt-out returns `None`, and it says so.
+/// explicit opt-out (`MINFER_WGPU_TESTS=skip`) returns `None`, and it says so.
 pub fn gpu() -> Option<WgpuBackend> {
-    match WgpuBackend::probe(true) {
-        Ok(b) => Some(b),
-        Err(e) if std::env::var(OPT_OUT).as_deref() == Ok("skip") => {
-            eprintln!("wgpu test skipped because {OPT_OUT}=skip: {e}");
-            None
-        }
-        Err(e) => panic!(
-            "no usable wgpu adapter: {e}. Install Mesa's lavapipe (Debian: mesa-vulkan-drivers) \
-             or set {OPT_OUT}=skip to skip the wgpu tests explicitly"
-        ),
-    }
+    minfer_wgpu::testing::gpu()
 }
 
 /// Deterministic values in [-1, 1).

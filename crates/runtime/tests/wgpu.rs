@@ -1,0 +1,151 @@
+//! The wgpu backend plugged into the engine through this build's table, on tiny models:
+//! the fence keeps the CPU as the host, a node whose weight type the shaders do not
+//! decode is placed on the CPU by capability, and the engine reports the adapter.
+//! Needs an adapter (CI: Mesa's lavapipe); without one these tests fail, unless
+//! `MINFER_WGPU_TESTS=skip` skips them explicitly.
+
+#![cfg(feature = "wgpu")]
+
+use std::sync::Arc;
+
+use minfer_gguf::{GgmlType, GgufFile};
+use minfer_graph::{Backend, NodeMeta, Op, WeightType};
+use minfer_models::testing::{tiny_model_bytes, TinySpec};
+use minfer_runtime::{Engine, EngineOptions, KvType};
+
+fn file(spec: &TinySpec) -> Arc<GgufFile> {
+    Arc::new(GgufFile::from_bytes(tiny_model_bytes(spec).expect("writer")).expect("reader"))
+}
+
+fn opts(backend: &str) -> EngineOptions {
+    EngineOptions {
+        n_threads: 2,
+        n_ctx: Some(64),
+        backend: Some(backend.to_string()),
+        ..EngineOptions::default()
+    }
+}
+
+/// Max absolute difference relative to the reference's largest magnitude (at least 1).
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    got.iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
+}
+
+/// Prefill of a short prompt, then two decode steps: every logits row.
+fn logits(e: &mut Engine) -> Vec<f32> {
+    let prompt = [3u32, 17, 5, 42, 9];
+    let mut out = e.forward(&prompt, 0, prompt.len()).expect("prefill");
+    out.extend(e.forward(&[11], 5, 1).expect("decode"));
+    out.extend(e.forward(&[7], 6, 1).expect("decode"));
+    out
+}
+
+#[test]
+fn the_wgpu_fence_keeps_the_cpu_as_host_and_the_cpu_fence_excludes_wgpu() {
+    if !minfer_wgpu::testing::adapter_or_skip() {
+        return;
+    }
+    let f = file(&TinySpec::qwen2(GgmlType::Q8_0, 75));
+    let mut g = Engine::from_arc(Arc::clone(&f), &opts("wgpu")).expect("wgpu engine");
+    let info = g.backend_info();
+    let names: Vec<&str> = info.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["wgpu", "cpu"], "wgpu first, the CPU as host");
+    assert!(info[0].gpu && !info[1].gpu);
+    let adapter = info[0].device.as_ref().expect("the adapter is named");
+    assert!(!adapter.name.is_empty() && !adapter.api.is_empty());
+    assert!(info[1].device.is_none());
+    assert!(g.backend_caps().gpu && g.params(1, 1).cparams.gpu);
+    // Inputs stay on the host, the rest runs on the device.
+    let graph = g.preview_graph(1, 1).expect("graph");
+    for n in &graph.nodes {
+        let want = if matches!(n.op, Op::Input) {
+            Backend::CPU
+        } else {
+            Backend::WGPU
+        };
+        assert_eq!(
+            n.backend,
+            Some(want),
+            "#{} {} ({})",
+            n.id,
+            n.name,
+            n.op.name()
+        );
+    }
+    let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
+    let names: Vec<String> = c.backend_info().into_iter().map(|b| b.name).collect();
+    assert_eq!(names, ["cpu"]);
+    assert!(!c.backend_caps().gpu);
+    let err = rel_err(&logits(&mut g), &logits(&mut c));
+    eprintln!("tiny Q8_0 model: wgpu against the CPU, relative error {err:.2e}");
+    // The CPU quantizes activations to Q8 before its Q8_0 matmuls, the shaders do not.
+    assert!(err < 2e-2, "relative error {err:e}");
+}
+
+#[test]
+fn a_weight_type_the_shaders_do_not_decode_runs_on_the_cpu_by_capability() {
+    if !minfer_wgpu::testing::adapter_or_skip() {
+        return;
+    }
+    // Q5_K weights: the CPU decodes them, no wgpu shader does.
+    let f = file(&TinySpec::qwen3_kquant(GgmlType::Q5K, 57));
+    let mut g = Engine::from_arc(Arc::clone(&f), &opts("wgpu")).expect("wgpu engine");
+    let graph = g.preview_graph(1, 1).expect("graph");
+    let (mut q5k_on_cpu, mut on_wgpu) = (0, 0);
+    for n in &graph.nodes {
+        let q5k = match &n.meta {
+            NodeMeta::MatMul(m) => m.wtype == WeightType::Q5_K,
+            NodeMeta::Embed(m) => m.wtype == WeightType::Q5_K,
+            _ => false,
+        };
+        if q5k {
+            assert_eq!(n.backend, Some(Backend::CPU), "#{} {}", n.id, n.name);
+            q5k_on_cpu += 1;
+        } else if n.backend == Some(Backend::WGPU) {
+            on_wgpu += 1;
+        }
+    }
+    assert!(q5k_on_cpu > 0 && on_wgpu > 0, "{q5k_on_cpu} / {on_wgpu}");
+    let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
+    let err = rel_err(&logits(&mut g), &logits(&mut c));
+    eprintln!("tiny Q5_K model split across wgpu and the CPU: relative error {err:.2e}");
+    assert!(err < 2e-2, "relative error {err:e}");
+}
+
+#[test]
+fn a_packed_kv_format_keeps_the_kv_and_attention_on_the_cpu() {
+    if !minfer_wgpu::testing::adapter_or_skip() {
+        return;
+    }
+    let f = file(&TinySpec::qwen2(GgmlType::Q8_0, 75));
+    let packed = EngineOptions {
+        cache_type_k: KvType::F16,
+        ..opts("wgpu")
+    };
+    let mut g = Engine::from_arc(Arc::clone(&f), &packed).expect("wgpu engine");
+    let graph = g.preview_graph(1, 1).expect("graph");
+    for n in &graph.nodes {
+        if matches!(
+            n.op,
+            Op::KvcacheStore { .. } | Op::KvcacheLoad { .. } | Op::Attn { .. }
+        ) {
+            assert_eq!(n.backend, Some(Backend::CPU), "#{} {}", n.id, n.name);
+        }
+    }
+    assert!(graph.nodes.iter().any(|n| n.backend == Some(Backend::WGPU)));
+    let mut c = Engine::from_arc(
+        f,
+        &EngineOptions {
+            cache_type_k: KvType::F16,
+            ..opts("cpu")
+        },
+    )
+    .expect("cpu engine");
+    let err = rel_err(&logits(&mut g), &logits(&mut c));
+    assert!(err < 2e-2, "relative error {err:e}");
+}
