@@ -71,6 +71,21 @@ pub struct Metrics {
     queue_len: AtomicUsize,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
+    /// Prompt tokens actually run (not served from a kept prefix).
+    prompt_processed: AtomicU64,
+    /// Nanoseconds spent processing prompts, summed over requests.
+    prompt_nanos: AtomicU64,
+    /// Nanoseconds spent generating, summed over requests.
+    predicted_nanos: AtomicU64,
+    /// Engine steps run.
+    decodes: AtomicU64,
+    /// Sequences in those steps, summed.
+    decode_seqs: AtomicU64,
+    /// Tokens whose KV the slots hold, and the positions they have in all.
+    kv_tokens: AtomicUsize,
+    kv_capacity: AtomicUsize,
+    /// The most positions one slot has held.
+    kv_high: AtomicUsize,
 }
 
 impl Default for Metrics {
@@ -84,6 +99,14 @@ impl Default for Metrics {
             queue_len: AtomicUsize::new(0),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             itl: Mutex::new(Histogram::new(ITL_BOUNDS)),
+            prompt_processed: AtomicU64::new(0),
+            prompt_nanos: AtomicU64::new(0),
+            predicted_nanos: AtomicU64::new(0),
+            decodes: AtomicU64::new(0),
+            decode_seqs: AtomicU64::new(0),
+            kv_tokens: AtomicUsize::new(0),
+            kv_capacity: AtomicUsize::new(0),
+            kv_high: AtomicUsize::new(0),
         }
     }
 }
@@ -102,6 +125,36 @@ impl Metrics {
     /// Adds prompt tokens prefilled (or reused) for a request.
     pub fn add_prompt_tokens(&self, n: usize) {
         self.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Adds prompt tokens that were run (the part after a reused prefix).
+    pub fn add_prompt_processed(&self, n: usize) {
+        self.prompt_processed.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Adds one finished request's prompt-processing and generation times.
+    pub fn add_phase_times(&self, prompt: Duration, predicted: Duration) {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.prompt_nanos.fetch_add(ns(prompt), Ordering::Relaxed);
+        self.predicted_nanos
+            .fetch_add(ns(predicted), Ordering::Relaxed);
+    }
+
+    /// Counts one engine step over `seqs` sequences.
+    pub fn add_decode(&self, seqs: usize) {
+        self.decodes.fetch_add(1, Ordering::Relaxed);
+        self.decode_seqs.fetch_add(seqs as u64, Ordering::Relaxed);
+    }
+
+    /// Sets the tokens the slots' KV holds out of `capacity` positions.
+    pub fn set_kv(&self, tokens: usize, capacity: usize) {
+        self.kv_tokens.store(tokens, Ordering::Relaxed);
+        self.kv_capacity.store(capacity, Ordering::Relaxed);
+    }
+
+    /// Raises the high-water mark of positions one slot has held.
+    pub fn observe_slot_tokens(&self, n: usize) {
+        self.kv_high.fetch_max(n, Ordering::Relaxed);
     }
 
     /// Adds one generated token.

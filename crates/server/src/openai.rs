@@ -149,6 +149,8 @@ pub async fn generate(
         deadline,
         fault,
         tx,
+        cache_prompt: g.cache_prompt,
+        slot: g.slot,
     })?;
     let reply = Reply {
         kind,

@@ -145,6 +145,30 @@ pub struct GenRequest {
     pub include_usage: bool,
     /// Report log-probabilities with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// Reuse the longest prompt prefix a slot holds (llama-server's `cache_prompt`).
+    pub cache_prompt: bool,
+    /// The slot to run in (llama-server's `id_slot`); `None` picks the best free one.
+    pub slot: Option<usize>,
+}
+
+impl Default for GenRequest {
+    /// llama-server's sampling defaults with a random seed, no limit but the context,
+    /// no stop strings, not streamed, prefix reuse on, any slot.
+    fn default() -> Self {
+        GenRequest {
+            sampling: SamplingParams {
+                seed: random_seed(),
+                ..SamplingParams::default()
+            },
+            max_tokens: None,
+            stop: Vec::new(),
+            stream: false,
+            include_usage: false,
+            logprobs: None,
+            cache_prompt: true,
+            slot: None,
+        }
+    }
 }
 
 /// Most alternatives per token that `top_logprobs` may ask for.
@@ -514,6 +538,8 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
         stream,
         include_usage,
         logprobs: None,
+        cache_prompt: true,
+        slot: None,
     })
 }
 

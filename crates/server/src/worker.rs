@@ -160,6 +160,10 @@ struct Active {
     logprobs: Vec<TokenLogprob>,
     last_token: Option<Instant>,
     done: bool,
+    /// When the job entered its slot (start of its prompt processing).
+    admitted: Instant,
+    /// When its first token was sampled (end of its prompt processing).
+    first_sample: Option<Instant>,
 }
 
 struct Slot {
@@ -282,11 +286,24 @@ impl Worker {
             let _ = job.tx.try_send(Event::Error(timed_out()));
             return;
         }
+        if let Some(want) = job.slot {
+            // The HTTP side checked the range; a busy slot cannot take the job now.
+            if self.slots.get(want).is_none_or(|s| s.active.is_some()) {
+                let _ = job.tx.try_send(Event::Error(ApiError::unavailable(
+                    format!(
+                        "slot {want} is busy with another request; retry later, or let the \
+                         server pick a slot"
+                    ),
+                    1,
+                )));
+                return;
+            }
+        }
         let Some(idx) = self
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.active.is_none())
+            .filter(|(i, s)| s.active.is_none() && job.slot.is_none_or(|w| w == *i))
             .max_by_key(|(_, s)| (s.cached.matching(&job.prompt), u64::MAX - s.last_used))
             .map(|(i, _)| i)
         else {
@@ -297,8 +314,13 @@ impl Worker {
         slot.last_used = self.clock;
         // The conversation engine's reuse rule: the longest held prefix, less the last
         // prompt token, whose logits start the generation.
+        // Without `cache_prompt` nothing is kept: the whole prompt runs again.
+        if !job.cache_prompt {
+            slot.cached.clear();
+        }
         let keep = slot.cached.reuse(&job.prompt).kept;
         self.metrics.add_prompt_tokens(job.prompt.len());
+        self.metrics.add_prompt_processed(job.prompt.len() - keep);
         let sampler = match Sampler::new(job.sampling.clone()) {
             Ok(s) => s,
             Err(e) => {
@@ -328,6 +350,8 @@ impl Worker {
             logprobs: Vec::new(),
             last_token: None,
             done: false,
+            admitted: Instant::now(),
+            first_sample: None,
             job,
         });
     }
@@ -452,6 +476,7 @@ impl Worker {
         if slow {
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.metrics.add_decode(steps.len());
         if self.has_fault(&steps, Fault::KernelPanic) {
             // Deep enough to be inside the first layer's kernels.
             self.engine.inject_kernel_panic(12);
@@ -541,6 +566,12 @@ impl Worker {
     fn publish(&self) {
         let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
         self.metrics.set_busy_slots(busy);
+        let held: usize = self.slots.iter().map(|s| s.cached.len()).sum();
+        if let Some(most) = self.slots.iter().map(|s| s.cached.len()).max() {
+            self.metrics.observe_slot_tokens(most);
+        }
+        self.metrics
+            .set_kv(held, self.slots.len() * self.engine.slot_ctx());
         let info = self
             .slots
             .iter()
@@ -589,8 +620,9 @@ fn sample_one(
         Some(prev) => metrics.observe_itl(now - prev),
     }
     a.last_token = Some(now);
+    a.first_sample.get_or_insert(now);
     if tok.is_eog(t) {
-        finish(a, Finish::Stop, true);
+        finish(a, metrics, Finish::Stop, true);
         return None;
     }
     if let (Some(k), Some(raw)) = (a.job.logprobs, raw) {
@@ -613,19 +645,19 @@ fn sample_one(
         StopEvent::Stopped(text) => {
             let logprobs = std::mem::take(&mut a.logprobs);
             a.outbox.push_back(Event::Chunk { text, logprobs });
-            finish(a, Finish::Stop, false);
+            finish(a, metrics, Finish::Stop, false);
             return None;
         }
     }
     if a.generated >= a.job.max_tokens || pos + 1 > slot_ctx {
-        finish(a, Finish::Length, true);
+        finish(a, metrics, Finish::Length, true);
         return None;
     }
     Some(t)
 }
 
 /// Ends a generation; held-back text is released unless a stop string matched.
-fn finish(a: &mut Active, reason: Finish, release: bool) {
+fn finish(a: &mut Active, metrics: &Metrics, reason: Finish, release: bool) {
     let mut rest = String::new();
     if release {
         rest = a.stops.finish();
@@ -638,11 +670,22 @@ fn finish(a: &mut Active, reason: Finish, release: bool) {
             logprobs,
         });
     }
-    a.outbox.push_back(Event::Done(Summary {
+    let now = Instant::now();
+    let first = a.first_sample.unwrap_or(now);
+    let stop_word = a
+        .stops
+        .matched()
+        .and_then(|m| a.job.stop.iter().position(|s| s == m));
+    let summary = Summary {
         finish: reason,
         prompt_tokens: a.job.prompt.len(),
         cached_tokens: a.cached_tokens,
         completion_tokens: a.generated,
-    }));
+        prompt_time: first.saturating_duration_since(a.admitted),
+        predicted_time: now.saturating_duration_since(first),
+        stop_word,
+    };
+    metrics.add_phase_times(summary.prompt_time, summary.predicted_time);
+    a.outbox.push_back(Event::Done(summary));
     a.done = true;
 }
