@@ -104,6 +104,45 @@ pub async fn generate(
     fault: Option<Fault>,
     log: RequestLog,
 ) -> Result<Response, ApiError> {
+    let Generation { rx, waits, .. } = submit(&st, prompt, &g, fault, log.start)?;
+    let reply = Reply {
+        kind,
+        id: st.next_id(kind),
+        created: now_secs(),
+        model: st.model_id.clone(),
+    };
+    if g.stream {
+        stream_reply(rx, reply, g, log, waits).await
+    } else {
+        collect_reply(rx, reply, waits).await
+    }
+}
+
+/// A queued generation: its events, each wait bounded by the request's deadline and
+/// the server's shutdown. Dropping it cancels the generation in the worker.
+pub struct Generation {
+    rx: mpsc::Receiver<Event>,
+    waits: Waits,
+    /// The most tokens it generates (the request's limit, or the rest of the context).
+    pub max_tokens: usize,
+}
+
+impl Generation {
+    /// The next event; a timeout or a shutdown arrives as an `Event::Error`.
+    pub async fn next(&mut self) -> Event {
+        next_event(&mut self.rx, &mut self.waits).await
+    }
+}
+
+/// The one admission path of every API: checks the prompt and `max_tokens` against the
+/// slot's context and the logit biases against the vocabulary, then queues the job.
+pub fn submit(
+    st: &AppState,
+    prompt: Vec<u32>,
+    g: &GenRequest,
+    fault: Option<Fault>,
+    arrived: Instant,
+) -> Result<Generation, ApiError> {
     let ctx = st.slot_ctx;
     let n = prompt.len();
     if n == 0 {
@@ -136,8 +175,13 @@ pub async fn generate(
                 format!("field `logit_bias` has {value}: must be {range} ({n_vocab} tokens)"),
             ),
         })?;
+    if let Some(slot) = g.slot.filter(|&s| s >= st.n_slots) {
+        return Err(ApiError::bad_request(format!(
+            "field `id_slot` is {slot}: must be -1 (any) or in 0..{}",
+            st.n_slots
+        )));
+    }
     let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
-    let arrived = log.start;
     let deadline = deadline(arrived, st.timeout);
     st.worker.submit(Job {
         prompt,
@@ -152,21 +196,15 @@ pub async fn generate(
         cache_prompt: g.cache_prompt,
         slot: g.slot,
     })?;
-    let reply = Reply {
-        kind,
-        id: st.next_id(kind),
-        created: now_secs(),
-        model: st.model_id.clone(),
-    };
     let waits = Waits {
         deadline,
         cancel: st.cancel.clone(),
     };
-    if g.stream {
-        stream_reply(rx, reply, g, log, waits).await
-    } else {
-        collect_reply(rx, reply, waits).await
-    }
+    Ok(Generation {
+        rx,
+        waits,
+        max_tokens,
+    })
 }
 
 /// When a request that arrived at `arrived` is abandoned. `Config::validate` bounds the
