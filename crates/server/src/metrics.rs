@@ -1,4 +1,5 @@
-//! Server counters, gauges and latency histograms, rendered as Prometheus text.
+//! Server counters, gauges and latency histograms, rendered as Prometheus text: under
+//! minfer's own `minfer_*` names, and under llama-server's `llamacpp:*` names.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -256,7 +257,109 @@ impl Metrics {
             "minfer_inter_token_latency_seconds",
             "Time between consecutive generated tokens of a request.",
         );
+        self.render_llamacpp(&mut s, gen);
         s
+    }
+
+    /// llama-server's metrics under its own names, so that its dashboards and alerts
+    /// work unchanged.
+    fn render_llamacpp(&self, s: &mut String, gen: u64) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let prompt_n = get(&self.prompt_processed);
+        let prompt_secs = get(&self.prompt_nanos) as f64 / 1e9;
+        let predicted_secs = get(&self.predicted_nanos) as f64 / 1e9;
+        let decodes = get(&self.decodes);
+        let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
+        let kv_tokens = self.kv_tokens.load(Ordering::Relaxed);
+        let kv_capacity = self.kv_capacity.load(Ordering::Relaxed);
+        let rows: [(&str, &str, &str, String); 12] = [
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Number of prompt tokens processed.",
+                prompt_n.to_string(),
+            ),
+            (
+                "prompt_seconds_total",
+                "counter",
+                "Prompt process time in seconds.",
+                format!("{prompt_secs:.6}"),
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "Number of generation tokens processed.",
+                gen.to_string(),
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                "counter",
+                "Predict process time in seconds.",
+                format!("{predicted_secs:.6}"),
+            ),
+            (
+                "n_decode_total",
+                "counter",
+                "Total number of engine steps.",
+                decodes.to_string(),
+            ),
+            (
+                "n_busy_slots_per_decode",
+                "gauge",
+                "Average number of busy slots per engine step.",
+                format!(
+                    "{:.3}",
+                    ratio(get(&self.decode_seqs) as f64, decodes as f64)
+                ),
+            ),
+            (
+                "prompt_tokens_seconds",
+                "gauge",
+                "Average prompt throughput in tokens/s.",
+                format!("{:.3}", ratio(prompt_n as f64, prompt_secs)),
+            ),
+            (
+                "predicted_tokens_seconds",
+                "gauge",
+                "Average generation throughput in tokens/s.",
+                format!("{:.3}", ratio(gen as f64, predicted_secs)),
+            ),
+            (
+                "requests_processing",
+                "gauge",
+                "Number of requests processing.",
+                self.busy_slots.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "requests_deferred",
+                "gauge",
+                "Number of requests deferred.",
+                self.queue_len().to_string(),
+            ),
+            (
+                "n_tokens_max",
+                "counter",
+                "High watermark of the context size observed.",
+                self.kv_high.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "kv_cache_usage_ratio",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                format!("{:.6}", ratio(kv_tokens as f64, kv_capacity as f64)),
+            ),
+        ];
+        for (name, kind, help, value) in rows {
+            let _ = writeln!(
+                s,
+                "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}"
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# HELP llamacpp:kv_cache_tokens KV-cache tokens.\n\
+             # TYPE llamacpp:kv_cache_tokens gauge\nllamacpp:kv_cache_tokens {kv_tokens}"
+        );
     }
 }
 
@@ -291,5 +394,43 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("minfer_tokens_per_second 5.000\n"), "{s}");
+    }
+
+    #[test]
+    fn llama_server_names_carry_the_same_information() {
+        let m = Metrics::default();
+        m.add_prompt_tokens(12);
+        m.add_prompt_processed(8);
+        m.add_generated(10);
+        m.add_phase_times(Duration::from_millis(500), Duration::from_secs(2));
+        m.add_decode(1);
+        m.add_decode(3);
+        m.set_busy_slots(2);
+        m.queue_delta(true);
+        m.set_kv(64, 256);
+        m.observe_slot_tokens(40);
+        m.observe_slot_tokens(30);
+        let s = m.render();
+        for line in [
+            "llamacpp:prompt_tokens_total 8\n",
+            "llamacpp:prompt_seconds_total 0.500000\n",
+            "llamacpp:tokens_predicted_total 10\n",
+            "llamacpp:tokens_predicted_seconds_total 2.000000\n",
+            "llamacpp:n_decode_total 2\n",
+            "llamacpp:n_busy_slots_per_decode 2.000\n",
+            "llamacpp:prompt_tokens_seconds 16.000\n",
+            "llamacpp:predicted_tokens_seconds 5.000\n",
+            "llamacpp:requests_processing 2\n",
+            "llamacpp:requests_deferred 1\n",
+            "llamacpp:n_tokens_max 40\n",
+            "llamacpp:kv_cache_usage_ratio 0.250000\n",
+            "llamacpp:kv_cache_tokens 64\n",
+            "# TYPE llamacpp:prompt_tokens_total counter\n",
+            "# TYPE llamacpp:requests_processing gauge\n",
+        ] {
+            assert!(s.contains(line), "missing {line:?} in\n{s}");
+        }
+        // The existing names stay, with their own meaning (every prompt token).
+        assert!(s.contains("minfer_prompt_tokens_total 12\n"), "{s}");
     }
 }
