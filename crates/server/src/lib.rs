@@ -17,7 +17,9 @@ mod blocking;
 pub mod error;
 mod http;
 pub mod job;
+pub mod llama_api;
 pub mod metrics;
+pub mod ollama;
 pub mod openai;
 pub mod params;
 mod routes;
@@ -101,6 +103,10 @@ pub struct Config {
     pub cache_type_k: minfer_runtime::KvType,
     /// Storage format of the KV cache's V rows (`--cache-type-v`).
     pub cache_type_v: minfer_runtime::KvType,
+    /// Answer `GET /slots` with llama-server's "not supported" error (`--no-slots`).
+    pub no_slots: bool,
+    /// Answer `GET /metrics` with llama-server's "not supported" error (`--no-metrics`).
+    pub no_metrics: bool,
 }
 
 impl Config {
@@ -133,6 +139,8 @@ impl Config {
             slot_save_path: None,
             cache_type_k: minfer_runtime::KvType::F32,
             cache_type_v: minfer_runtime::KvType::F32,
+            no_slots: false,
+            no_metrics: false,
         }
     }
 
@@ -277,6 +285,11 @@ pub struct AppState {
     created: u64,
     ids: AtomicU64,
     slot_save_path: Option<PathBuf>,
+    /// What llama-server's native routes need: the model path, its FIM tokens, and
+    /// which monitoring endpoints are on.
+    native: llama_api::Native,
+    /// The model as ollama's `/api/tags`, `/api/show` and `/api/ps` describe it.
+    facts: ollama::ModelFacts,
 }
 
 impl AppState {
@@ -492,6 +505,13 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     let (worker, loaded, worker_thread) =
         worker::spawn(load, config.queue).map_err(ServerError::Load)?;
     let template = ChatTemplate::from_tokenizer(&loaded.tokenizer)?;
+    // The engine keeps its own mapping on the worker thread; this one is read once for
+    // the metadata the native APIs report, and dropped.
+    let gguf = minfer_gguf::GgufFile::open(&config.model)
+        .map_err(|e| ServerError::Load(format!("reading {}: {e}", config.model.display())))?;
+    let native = llama_api::Native::new(&config, &gguf, &loaded.tokenizer);
+    let facts = ollama::ModelFacts::new(&config.model, &gguf);
+    drop(gguf);
     let model_id = config
         .model
         .file_stem()
@@ -539,6 +559,8 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
             .unwrap_or(0),
         ids: AtomicU64::new(0),
         slot_save_path: config.slot_save_path.clone(),
+        native,
+        facts,
     });
     let app = routes::router(state);
     let limits = http::Limits {
