@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: checks formatting and lints, installs the
-# `openai` and `ollama` Python clients (the server's end-to-end tests use them) and tmux if absent (the
-# chat test drives a terminal), builds minfer, pulls the default model through minfer's
+# `openai` and `ollama` Python clients (the server's end-to-end tests use them) and tmux
+# if absent (the chat test drives a terminal), builds minfer, pulls the default model through minfer's
 # own `pull` (verified by size and sha256), runs every test
 # in the workspace, then runs the graph, models and runtime tests again under the `checked`
 # profile (optimised, with debug assertions and overflow checks, so the graph invariant
