@@ -1,10 +1,13 @@
-//! minfer's OpenAI-compatible HTTP server.
+//! minfer's HTTP server: OpenAI-compatible, with llama-server's and ollama's APIs.
 //!
 //! One inference thread owns a `MultiEngine` with `slots` sequences; HTTP handlers
 //! (axum on tokio) queue jobs to it through a bounded queue and receive tokens through a
 //! bounded channel per request. Endpoints: `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
-//! `GET /health`, `GET /slots`, `GET /metrics`.
+//! `GET /health`, `GET /slots`, `GET /metrics`; llama-server's native routes
+//! (`llama_api`: `/completion`, `/infill`, `/props`, `/apply-template`) and ollama's
+//! (`ollama`: `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/version`,
+//! `/api/ps`), each a codec into the same `params::GenRequest` and `openai::submit`.
 //!
 //! Under the router, the server's own accept loop (`http`) bounds every client in time
 //! and number, and shuts down gracefully; `security` keeps web pages from driving it;
