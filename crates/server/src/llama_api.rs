@@ -1225,6 +1225,132 @@ mod tests {
         assert_eq!(timings(&s)["predicted_per_second"], 0.0);
     }
 
+    /// The tiny model's tokenizer (byte-level vocabulary with three control tokens).
+    fn tiny_tokenizer() -> Tokenizer {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("tiny.gguf");
+        let spec = minfer_models::testing::TinySpec::qwen2(minfer_gguf::GgmlType::Q8_0, 7);
+        minfer_models::testing::write_tiny_model(&path, &spec).expect("tiny model");
+        let file = GgufFile::open(&path).expect("opens");
+        Tokenizer::from_gguf(&file).expect("tokenizer")
+    }
+
+    #[test]
+    fn options_take_llama_server_s_names_and_special_values() {
+        let tok = tiny_tokenizer();
+        let o = parse_options(
+            &obj(
+                json!({"temperature": -1, "top_k": -1, "seed": -1, "repeat_last_n": -1,
+                "max_tokens": 9, "stream": true, "id_slot": -1, "cache_prompt": false}),
+            ),
+            &tok,
+        )
+        .unwrap();
+        assert_eq!(o.g.sampling.temperature, 0.0);
+        assert_eq!(o.g.sampling.top_k, 0);
+        assert_eq!(o.g.sampling.penalty_last_n, 65536);
+        assert_eq!(o.g.max_tokens, Some(9));
+        assert_eq!(o.g.slot, None);
+        assert!(!o.g.cache_prompt);
+        // A stream reports token ids, which come with the log-probabilities.
+        assert_eq!(o.g.logprobs, Some(0));
+        let o = parse_options(
+            &obj(json!({"n_predict": -1, "seed": 7, "id_slot": 2})),
+            &tok,
+        )
+        .unwrap();
+        assert_eq!(
+            (o.g.max_tokens, o.g.sampling.seed, o.g.slot),
+            (None, 7, Some(2))
+        );
+        assert_eq!(o.g.logprobs, None);
+        // Defaults are llama-server's.
+        let d = parse_options(&Map::new(), &tok).unwrap();
+        assert_eq!(d.g.sampling.temperature, 0.8);
+        assert_eq!(d.g.sampling.top_p, 0.95);
+        assert!(d.g.cache_prompt);
+    }
+
+    #[test]
+    fn logit_bias_takes_arrays_objects_texts_and_false() {
+        let tok = tiny_tokenizer();
+        let ab = tok.encode("ab", false, false);
+        assert!(!ab.is_empty());
+        let o = parse_options(
+            &obj(json!({"logit_bias": [[5, 1.5], [7, false], ["ab", -2], [5, 3]]})),
+            &tok,
+        )
+        .unwrap();
+        // Applied in order: the last bias of a token wins.
+        let mut want = std::collections::BTreeMap::new();
+        want.insert(5, 1.5);
+        want.insert(7, LOGIT_BIAS_BAN);
+        for &t in &ab {
+            want.insert(t, -2.0);
+        }
+        want.insert(5, 3.0);
+        let mut got = o.g.sampling.logit_bias.clone();
+        got.sort_by_key(|b| b.0);
+        assert_eq!(got, want.into_iter().collect::<Vec<_>>());
+        let o = parse_options(&obj(json!({"logit_bias": {"5": 2, "ab": false}})), &tok).unwrap();
+        assert!(o.g.sampling.logit_bias.contains(&(5, 2.0)));
+        assert!(ab
+            .iter()
+            .all(|t| o.g.sampling.logit_bias.contains(&(*t, LOGIT_BIAS_BAN))));
+        // ignore_eos bans every end-of-generation token.
+        let o = parse_options(&obj(json!({"ignore_eos": true})), &tok).unwrap();
+        for &id in tok.eog_ids() {
+            assert!(o.g.sampling.logit_bias.contains(&(id, LOGIT_BIAS_BAN)));
+        }
+        for (bad, want) in [
+            (json!({"logit_bias": [[5]]}), "[token, bias] pairs"),
+            (json!({"logit_bias": [[5, 200]]}), "`logit_bias[0]`"),
+            (json!({"logit_bias": [[999999, 1]]}), "below"),
+            (json!({"logit_bias": 5}), "`logit_bias`"),
+        ] {
+            let e = parse_options(&obj(bad.clone()), &tok).unwrap_err();
+            assert!(e.message.contains(want), "{bad}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn prompts_are_strings_ids_or_both_mixed() {
+        let tok = tiny_tokenizer();
+        let hello = tok.encode("hello", true, true);
+        assert_eq!(
+            prompt_tokens(&json!("hello"), "prompt", &tok).unwrap(),
+            hello
+        );
+        assert_eq!(
+            prompt_tokens(&json!(["hello"]), "prompt", &tok).unwrap(),
+            hello
+        );
+        assert_eq!(
+            prompt_tokens(&json!([[1, 2]]), "prompt", &tok).unwrap(),
+            vec![1, 2]
+        );
+        let mut want = vec![3];
+        want.extend(tok.encode("hi", false, true));
+        want.push(4);
+        assert_eq!(
+            prompt_tokens(&json!([3, "hi", 4]), "prompt", &tok).unwrap(),
+            want
+        );
+        for (bad, msg) in [
+            (json!(["a", "b"]), "several prompts"),
+            (json!([[1], [2]]), "several prompts"),
+            (json!([1, 100000]), "token 100000"),
+            (
+                json!({"prompt_string": "a", "multimodal_data": ["x"]}),
+                "multimodal",
+            ),
+            (json!(true), "`prompt`"),
+        ] {
+            let e = prompt_tokens(&bad, "prompt", &tok).unwrap_err();
+            assert!(e.message.contains(msg), "{bad}: {}", e.message);
+        }
+    }
+
     #[test]
     fn unsupported_features_are_refused_only_off_their_neutral_value() {
         for (name, bad) in [

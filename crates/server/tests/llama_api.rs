@@ -381,3 +381,65 @@ async fn infill_fills_a_function_body_with_the_default_model() {
     assert!(props.contains("\"infill\":true"), "{props}");
     drop(running);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn id_slot_runs_in_that_slot_and_a_busy_one_is_a_503() {
+    let s = tiny_server(2, |c: &mut Config| c.fault_injection = true);
+    // A slow request holds slot 0 (10 ms per token) while the others arrive.
+    let slow = with(
+        greedy(
+            json!(format!("hold {}", minfer_server::openai::SLOW_MARKER)),
+            150,
+        ),
+        json!({"id_slot": 0}),
+    );
+    let base = s.base.clone();
+    let holder = tokio::spawn(async move { post(&base, "/completion", slow).await });
+    let t0 = std::time::Instant::now();
+    let busy = loop {
+        let (_, body) = get(&s.base, "/slots").await;
+        let v: Value = serde_json::from_str(&body).expect("slots");
+        if v[0]["is_processing"] == true {
+            break v;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "the request for slot 0 never ran in slot 0: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    assert_eq!(busy[1]["is_processing"], false, "{busy}");
+    let (st, v) = post(
+        &s.base,
+        "/completion",
+        with(greedy(json!("a"), 2), json!({"id_slot": 0})),
+    )
+    .await;
+    assert_eq!(st, 503, "{v}");
+    assert!(message(&v).contains("slot 0 is busy"), "{v}");
+    let (st, v) = post(
+        &s.base,
+        "/completion",
+        with(greedy(json!("a"), 2), json!({"id_slot": 1})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = holder.await.expect("holder");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["tokens_predicted"], 150);
+    // Both idle: a fresh prompt would go to the least recently used slot, 0; id_slot
+    // sends it to 1.
+    let prompt = "a fresh prompt of some length";
+    let (st, v) = post(
+        &s.base,
+        "/completion",
+        with(greedy(json!(prompt), 2), json!({"id_slot": 1})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let (_, body) = get(&s.base, "/slots").await;
+    let slots: Value = serde_json::from_str(&body).expect("slots");
+    assert_eq!(slots[1]["prompt_tokens"], v["tokens_evaluated"], "{slots}");
+    assert_ne!(slots[0]["prompt_tokens"], v["tokens_evaluated"], "{slots}");
+    s.stop().expect("stops");
+}
