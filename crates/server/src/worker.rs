@@ -312,12 +312,12 @@ impl Worker {
         self.clock += 1;
         let slot = &mut self.slots[idx];
         slot.last_used = self.clock;
-        // The conversation engine's reuse rule: the longest held prefix, less the last
-        // prompt token, whose logits start the generation.
         // Without `cache_prompt` nothing is kept: the whole prompt runs again.
         if !job.cache_prompt {
             slot.cached.clear();
         }
+        // The conversation engine's reuse rule: the longest held prefix, less the last
+        // prompt token, whose logits start the generation.
         let keep = slot.cached.reuse(&job.prompt).kept;
         self.metrics.add_prompt_tokens(job.prompt.len());
         self.metrics.add_prompt_processed(job.prompt.len() - keep);
