@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: checks formatting and lints, installs the
-# `openai` Python client (the server's end-to-end test uses it) and tmux if absent (the
-# chat test drives a terminal), builds minfer, pulls the default model through minfer's
-# own `pull` (verified by size and sha256), runs every test
-# in the workspace, then runs the graph, models and runtime tests again under the `checked`
+# `openai` and `ollama` Python clients (the server's end-to-end tests use them) and tmux
+# if absent (the chat test drives a terminal), builds minfer, pulls the default model
+# through minfer's own `pull` (verified by size and sha256), runs every test in the
+# workspace, then runs the graph, models and runtime tests again under the `checked`
 # profile (optimised, with debug assertions and overflow checks, so the graph invariant
 # checks and integer overflow traps run too). The wgpu backend's tests need a Vulkan
 # adapter; on a machine without a GPU, Mesa's software driver (lavapipe) provides one,
@@ -19,7 +19,7 @@ if command -v dpkg >/dev/null && ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; 
 fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-python3 -m pip install -q --disable-pip-version-check openai
+python3 -m pip install -q --disable-pip-version-check openai ollama
 # The chat test drives `minfer chat` in a real terminal through tmux.
 if ! command -v tmux >/dev/null; then
     sudo=""

@@ -1,6 +1,7 @@
 //! The real `minfer serve` binary on a loopback port, driven by real clients: a raw
-//! HTTP request and the official `openai` Python package (scripts/e2e_openai.py), and
-//! its shutdown on SIGTERM and SIGINT with a stream in flight.
+//! HTTP request, the official `openai` and `ollama` Python packages
+//! (scripts/e2e_openai.py, scripts/e2e_ollama.py), llama-server's native routes and
+//! switches, and its shutdown on SIGTERM and SIGINT with a stream in flight.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -106,6 +107,128 @@ fn openai_python_client_against_the_minfer_serve_binary() {
         "e2e script failed\nstdout: {stdout}\nstderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+fn http_post(addr: &str, path: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read response");
+    out
+}
+
+#[test]
+fn ollama_python_client_against_the_minfer_serve_binary() {
+    let probe = Command::new("python3")
+        .args(["-c", "import ollama"])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        probe.status.success(),
+        "the ollama Python package is not importable (scripts/test.sh installs it with \
+         `python3 -m pip install ollama`): {}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    let model = minfer_hub::default_model_path();
+    assert!(
+        model.exists(),
+        "run `minfer pull` first: {} is missing",
+        model.display()
+    );
+    let (_server, addr) = serve(&[
+        "-m",
+        model.to_str().unwrap(),
+        "--slots",
+        "2",
+        "-c",
+        "2048",
+        "-t",
+        "2",
+    ]);
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/e2e_ollama.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["--host", &format!("http://{addr}")])
+        .output()
+        .expect("run the e2e script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("e2e ok"),
+        "e2e script failed\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn llama_server_native_routes_and_switches_on_the_binary() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let model = dir.path().join("tiny-qwen2.gguf");
+    minfer_models::testing::write_tiny_model(
+        &model,
+        &minfer_models::testing::TinySpec::qwen2(minfer_gguf::GgmlType::Q8_0, 7),
+    )
+    .expect("write tiny model");
+    let path = model.to_str().unwrap();
+    let (server, addr) = serve(&["-m", path, "-c", "512", "-t", "1"]);
+    let r = http_post(
+        &addr,
+        "/completion",
+        r#"{"prompt":"hello","n_predict":3,"temperature":0,"ignore_eos":true,"n_probs":1}"#,
+    );
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    for field in [
+        "\"timings\"",
+        "\"predicted_n\":3",
+        "\"completion_probabilities\"",
+        "\"stop_type\":\"limit\"",
+    ] {
+        assert!(r.contains(field), "{field} missing: {r}");
+    }
+    let r = http_post(
+        &addr,
+        "/completion",
+        r#"{"prompt":"hello","n_predict":2,"temperature":0,"ignore_eos":true,"stream":true}"#,
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.contains("text/event-stream"),
+        "{r}"
+    );
+    assert!(r.contains("\"stop\":true") && !r.contains("[DONE]"), "{r}");
+    assert!(http_get(&addr, "/props").contains("\"total_slots\":4"));
+    // /slots and /metrics are on by default.
+    assert!(http_get(&addr, "/slots").starts_with("HTTP/1.1 200"));
+    let m = http_get(&addr, "/metrics");
+    assert!(
+        m.starts_with("HTTP/1.1 200") && m.contains("llamacpp:tokens_predicted_total 5"),
+        "{m}"
+    );
+    drop(server);
+
+    let (_server, addr) = serve(&[
+        "-m",
+        path,
+        "-c",
+        "512",
+        "-t",
+        "1",
+        "--no-slots",
+        "--no-metrics",
+    ]);
+    for (route, flag) in [("/slots", "--no-slots"), ("/metrics", "--no-metrics")] {
+        let r = http_get(&addr, route);
+        assert!(r.starts_with("HTTP/1.1 501"), "{route}: {r}");
+        assert!(
+            r.contains("not_supported_error") && r.contains(flag),
+            "{route}: {r}"
+        );
+    }
 }
 
 /// Runs `minfer serve` on a tiny model with `args`, which must make it exit on its own

@@ -6,6 +6,7 @@
 pub struct StopScanner {
     stops: Vec<String>,
     pending: String,
+    matched: Option<String>,
 }
 
 /// What one `push` released.
@@ -23,19 +24,22 @@ impl StopScanner {
         StopScanner {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             pending: String::new(),
+            matched: None,
         }
     }
 
     /// Feeds newly decoded text.
     pub fn push(&mut self, text: &str) -> StopEvent {
         self.pending.push_str(text);
+        // The earliest match wins; at one position, the first stop string listed.
         let hit = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = hit {
+            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = hit {
             let out = self.pending[..at].to_string();
+            self.matched = Some(stop.clone());
             self.pending.clear();
             return StopEvent::Stopped(out);
         }
@@ -44,6 +48,11 @@ impl StopScanner {
         let out = self.pending[..cut].to_string();
         self.pending.drain(..cut);
         StopEvent::Text(out)
+    }
+
+    /// The stop string that ended the text, once `push` has returned `Stopped`.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Releases whatever is still held back (generation ended for another reason).
@@ -101,6 +110,17 @@ mod tests {
         let mut s = StopScanner::new(&stops(&["日本語"]));
         assert_eq!(s.push("x日本"), StopEvent::Text("x".into()));
         assert_eq!(s.finish(), "日本");
+    }
+
+    #[test]
+    fn the_matching_stop_string_is_reported() {
+        let mut s = StopScanner::new(&stops(&["xyz", "END", "D"]));
+        assert_eq!(s.matched(), None);
+        assert_eq!(s.push("abc E"), StopEvent::Text("abc ".into()));
+        assert_eq!(s.matched(), None);
+        // "END" starts before "D": the earliest match is reported, not the shortest.
+        assert_eq!(s.push("ND"), StopEvent::Stopped(String::new()));
+        assert_eq!(s.matched(), Some("END"));
     }
 
     #[test]

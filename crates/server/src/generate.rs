@@ -126,8 +126,8 @@ impl Outcome {
     }
 }
 
-/// Checks the prompt against the model's slots, queues the job and returns its
-/// generation. `arrived` is when the request arrived (its deadline counts from there).
+/// Checks the prompt against the model's slots (and `id_slot` against their number),
+/// queues the job and returns its generation. `arrived` is when the request arrived (its deadline counts from there).
 pub fn start(
     st: &AppState,
     m: Arc<Model>,
@@ -169,6 +169,20 @@ pub fn start(
                 format!("field `logit_bias` has {value}: must be {range} ({n_vocab} tokens)"),
             ),
         })?;
+    if let Some(slot) = g.slot.filter(|&s| s >= m.n_slots) {
+        return Err(ApiError::bad_request(format!(
+            "field `id_slot` is {slot}: must be -1 (any) or in 0..{}",
+            m.n_slots
+        ))
+        .with_param("id_slot"));
+    }
+    if g.slot.is_some() && g.n > 1 {
+        // Each choice needs its own slot; one named slot cannot hold them all.
+        return Err(ApiError::bad_request(
+            "field `id_slot` names one slot, but `n` asks for several choices, each in its own slot",
+        )
+        .with_param("id_slot"));
+    }
     let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
     let deadline = deadline(arrived, st.timeout);
     m.worker.submit(Job {
@@ -182,6 +196,8 @@ pub fn start(
         deadline,
         fault,
         tx,
+        cache_prompt: g.cache_prompt,
+        slot: g.slot,
     })?;
     Ok(Generation {
         model: m,

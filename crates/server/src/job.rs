@@ -1,7 +1,7 @@
 //! What flows between the HTTP side and the inference worker: jobs in, events out,
 //! and the log-probability report of a sampled token.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use minfer_runtime::SamplingParams;
 use minfer_tokenizer::Tokenizer;
@@ -41,6 +41,8 @@ pub struct Candidate {
     pub bytes: Vec<u8>,
     /// Natural-log probability under the model.
     pub logprob: f32,
+    /// The token's id.
+    pub id: u32,
 }
 
 /// The sampled token's log-probability and the most likely alternatives.
@@ -65,6 +67,12 @@ pub struct Summary {
     pub cached_tokens: usize,
     /// Generated tokens.
     pub completion_tokens: usize,
+    /// From admission into a slot to the first sampled token (the prompt's prefill).
+    pub prompt_time: Duration,
+    /// From the first sampled token to the end of the generation.
+    pub predicted_time: Duration,
+    /// Index into the request's stop strings of the one that ended it, if one did.
+    pub stop_word: Option<usize>,
 }
 
 /// What the worker tells a request.
@@ -120,6 +128,10 @@ pub struct Job {
     pub fault: Option<Fault>,
     /// Where events go; closing it cancels the generation.
     pub tx: mpsc::Sender<Event>,
+    /// Reuse the longest prefix a slot holds (`false` prefills the whole prompt).
+    pub cache_prompt: bool,
+    /// The slot the job must run in (llama-server's `id_slot`); `None` picks one.
+    pub slot: Option<usize>,
 }
 
 /// A slot as `/slots` reports it.
@@ -161,6 +173,7 @@ fn candidate(tok: &Tokenizer, id: u32, logprob: f32) -> Candidate {
         text: String::from_utf8_lossy(&bytes).into_owned(),
         bytes,
         logprob,
+        id,
     }
 }
 

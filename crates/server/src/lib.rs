@@ -1,11 +1,14 @@
-//! minfer's OpenAI-compatible HTTP server.
+//! minfer's HTTP server: OpenAI-compatible, with llama-server's and ollama's APIs.
 //!
 //! Each loaded model has one inference thread owning a `MultiEngine` with `slots`
 //! sequences (`models` keeps at most `max_models` loaded, loading on first use); HTTP handlers
 //! (axum on tokio) queue jobs to it through a bounded queue and receive tokens through a
 //! bounded channel per request. Endpoints: `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
-//! `GET /health`, `GET /slots`, `GET /metrics`.
+//! `GET /health`, `GET /slots`, `GET /metrics`; llama-server's native routes
+//! (`llama_api`: `/completion`, `/infill`, `/props`, `/apply-template`) and ollama's
+//! (`ollama`: `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/version`,
+//! `/api/ps`), each a codec into the same `params::GenRequest` and `generate::start`.
 //!
 //! Under the router, the server's own accept loop (`http`) bounds every client in time
 //! and number, and shuts down gracefully; `security` keeps web pages from driving it;
@@ -19,8 +22,10 @@ pub mod error;
 pub mod generate;
 mod http;
 pub mod job;
+pub mod llama_api;
 pub mod metrics;
 pub mod models;
+pub mod ollama;
 pub mod openai;
 pub mod params;
 mod routes;
@@ -109,6 +114,10 @@ pub struct Config {
     pub cache_type_k: minfer_runtime::KvType,
     /// Storage format of the KV cache's V rows (`--cache-type-v`).
     pub cache_type_v: minfer_runtime::KvType,
+    /// Answer `GET /slots` with llama-server's "not supported" error (`--no-slots`).
+    pub no_slots: bool,
+    /// Answer `GET /metrics` with llama-server's "not supported" error (`--no-metrics`).
+    pub no_metrics: bool,
 }
 
 impl Config {
@@ -142,6 +151,8 @@ impl Config {
             slot_save_path: None,
             cache_type_k: minfer_runtime::KvType::F32,
             cache_type_v: minfer_runtime::KvType::F32,
+            no_slots: false,
+            no_metrics: false,
         }
     }
 
@@ -292,6 +303,8 @@ pub struct AppState {
     created: u64,
     ids: AtomicU64,
     slot_save_path: Option<PathBuf>,
+    /// Which of llama-server's monitoring endpoints are on.
+    native: llama_api::Native,
 }
 
 impl AppState {
@@ -567,6 +580,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
             .unwrap_or(0),
         ids: AtomicU64::new(0),
         slot_save_path: config.slot_save_path.clone(),
+        native: llama_api::Native::new(&config),
     });
     let app = routes::router(state);
     let limits = http::Limits {

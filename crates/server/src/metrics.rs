@@ -1,4 +1,5 @@
-//! Server counters, gauges and latency histograms, rendered as Prometheus text.
+//! Server counters, gauges and latency histograms, rendered as Prometheus text: under
+//! minfer's own `minfer_*` names, and under llama-server's `llamacpp:*` names.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -72,6 +73,19 @@ pub struct Metrics {
     queue_len: AtomicUsize,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
+    /// Nanoseconds spent processing prompts, summed over requests.
+    prompt_nanos: AtomicU64,
+    /// Nanoseconds spent generating, summed over requests.
+    predicted_nanos: AtomicU64,
+    /// Engine steps run.
+    decodes: AtomicU64,
+    /// Sequences in those steps, summed.
+    decode_seqs: AtomicU64,
+    /// Tokens whose KV the slots hold, and the positions they have in all.
+    kv_tokens: AtomicUsize,
+    kv_capacity: AtomicUsize,
+    /// The most positions one slot has held.
+    kv_high: AtomicUsize,
 }
 
 impl Default for Metrics {
@@ -86,6 +100,13 @@ impl Default for Metrics {
             queue_len: AtomicUsize::new(0),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             itl: Mutex::new(Histogram::new(ITL_BOUNDS)),
+            prompt_nanos: AtomicU64::new(0),
+            predicted_nanos: AtomicU64::new(0),
+            decodes: AtomicU64::new(0),
+            decode_seqs: AtomicU64::new(0),
+            kv_tokens: AtomicUsize::new(0),
+            kv_capacity: AtomicUsize::new(0),
+            kv_high: AtomicUsize::new(0),
         }
     }
 }
@@ -110,6 +131,40 @@ impl Metrics {
     /// once for several choices, is not run again and not counted again).
     pub fn add_prefilled(&self, n: usize) {
         self.prefill_tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Adds one finished request's prompt-processing and generation times.
+    pub fn add_phase_times(&self, prompt: Duration, predicted: Duration) {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.prompt_nanos.fetch_add(ns(prompt), Ordering::Relaxed);
+        self.predicted_nanos
+            .fetch_add(ns(predicted), Ordering::Relaxed);
+    }
+
+    /// Counts one engine step over `seqs` sequences.
+    pub fn add_decode(&self, seqs: usize) {
+        self.decodes.fetch_add(1, Ordering::Relaxed);
+        self.decode_seqs.fetch_add(seqs as u64, Ordering::Relaxed);
+    }
+
+    /// Moves one model's share of the KV gauges from `before` to `now`, each a pair of
+    /// (tokens its slots hold, positions they have): every loaded model's worker adds
+    /// its own share, so the gauges cover all of them.
+    pub fn move_kv(&self, before: (usize, usize), now: (usize, usize)) {
+        let shift = |a: &AtomicUsize, from: usize, to: usize| {
+            if to >= from {
+                a.fetch_add(to - from, Ordering::Relaxed);
+            } else {
+                a.fetch_sub(from - to, Ordering::Relaxed);
+            }
+        };
+        shift(&self.kv_tokens, before.0, now.0);
+        shift(&self.kv_capacity, before.1, now.1);
+    }
+
+    /// Raises the high-water mark of positions one slot has held.
+    pub fn observe_slot_tokens(&self, n: usize) {
+        self.kv_high.fetch_max(n, Ordering::Relaxed);
     }
 
     /// Adds one generated token.
@@ -217,7 +272,110 @@ impl Metrics {
             "minfer_inter_token_latency_seconds",
             "Time between consecutive generated tokens of a request.",
         );
+        self.render_llamacpp(&mut s, gen);
         s
+    }
+
+    /// llama-server's metrics under its own names, so that its dashboards and alerts
+    /// work unchanged.
+    fn render_llamacpp(&self, s: &mut String, gen: u64) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // llama-server counts the prompt tokens it ran, which is minfer's prefill count.
+        let prompt_n = get(&self.prefill_tokens);
+        let prompt_secs = get(&self.prompt_nanos) as f64 / 1e9;
+        let predicted_secs = get(&self.predicted_nanos) as f64 / 1e9;
+        let decodes = get(&self.decodes);
+        let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
+        let kv_tokens = self.kv_tokens.load(Ordering::Relaxed);
+        let kv_capacity = self.kv_capacity.load(Ordering::Relaxed);
+        let rows: [(&str, &str, &str, String); 12] = [
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Number of prompt tokens processed.",
+                prompt_n.to_string(),
+            ),
+            (
+                "prompt_seconds_total",
+                "counter",
+                "Prompt process time in seconds.",
+                format!("{prompt_secs:.6}"),
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "Number of generation tokens processed.",
+                gen.to_string(),
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                "counter",
+                "Predict process time in seconds.",
+                format!("{predicted_secs:.6}"),
+            ),
+            (
+                "n_decode_total",
+                "counter",
+                "Total number of engine steps.",
+                decodes.to_string(),
+            ),
+            (
+                "n_busy_slots_per_decode",
+                "gauge",
+                "Average number of busy slots per engine step.",
+                format!(
+                    "{:.3}",
+                    ratio(get(&self.decode_seqs) as f64, decodes as f64)
+                ),
+            ),
+            (
+                "prompt_tokens_seconds",
+                "gauge",
+                "Average prompt throughput in tokens/s.",
+                format!("{:.3}", ratio(prompt_n as f64, prompt_secs)),
+            ),
+            (
+                "predicted_tokens_seconds",
+                "gauge",
+                "Average generation throughput in tokens/s.",
+                format!("{:.3}", ratio(gen as f64, predicted_secs)),
+            ),
+            (
+                "requests_processing",
+                "gauge",
+                "Number of requests processing.",
+                self.busy_slots.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "requests_deferred",
+                "gauge",
+                "Number of requests deferred.",
+                self.queue_len().to_string(),
+            ),
+            (
+                "n_tokens_max",
+                "counter",
+                "High watermark of the context size observed.",
+                self.kv_high.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "kv_cache_usage_ratio",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                format!("{:.6}", ratio(kv_tokens as f64, kv_capacity as f64)),
+            ),
+        ];
+        for (name, kind, help, value) in rows {
+            let _ = writeln!(
+                s,
+                "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}"
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# HELP llamacpp:kv_cache_tokens KV-cache tokens.\n\
+             # TYPE llamacpp:kv_cache_tokens gauge\nllamacpp:kv_cache_tokens {kv_tokens}"
+        );
     }
 }
 
@@ -254,5 +412,44 @@ mod tests {
         );
         assert!(s.contains("minfer_tokens_per_second 5.000\n"), "{s}");
         assert!(s.contains("minfer_prefill_tokens_total 7\n"), "{s}");
+    }
+
+    #[test]
+    fn llama_server_names_carry_the_same_information() {
+        let m = Metrics::default();
+        m.add_prompt_tokens(12);
+        m.add_prefilled(8);
+        m.add_generated(10);
+        m.add_phase_times(Duration::from_millis(500), Duration::from_secs(2));
+        m.add_decode(1);
+        m.add_decode(3);
+        m.set_busy_slots(2);
+        m.queue_delta(true);
+        m.move_kv((0, 0), (70, 256));
+        m.move_kv((70, 256), (64, 256));
+        m.observe_slot_tokens(40);
+        m.observe_slot_tokens(30);
+        let s = m.render();
+        for line in [
+            "llamacpp:prompt_tokens_total 8\n",
+            "llamacpp:prompt_seconds_total 0.500000\n",
+            "llamacpp:tokens_predicted_total 10\n",
+            "llamacpp:tokens_predicted_seconds_total 2.000000\n",
+            "llamacpp:n_decode_total 2\n",
+            "llamacpp:n_busy_slots_per_decode 2.000\n",
+            "llamacpp:prompt_tokens_seconds 16.000\n",
+            "llamacpp:predicted_tokens_seconds 5.000\n",
+            "llamacpp:requests_processing 2\n",
+            "llamacpp:requests_deferred 1\n",
+            "llamacpp:n_tokens_max 40\n",
+            "llamacpp:kv_cache_usage_ratio 0.250000\n",
+            "llamacpp:kv_cache_tokens 64\n",
+            "# TYPE llamacpp:prompt_tokens_total counter\n",
+            "# TYPE llamacpp:requests_processing gauge\n",
+        ] {
+            assert!(s.contains(line), "missing {line:?} in\n{s}");
+        }
+        // The existing names stay, with their own meaning (every prompt token).
+        assert!(s.contains("minfer_prompt_tokens_total 12\n"), "{s}");
     }
 }

@@ -53,6 +53,12 @@ pub struct Model {
     pub n_slots: usize,
     /// OpenAI's `system_fingerprint` for its answers.
     pub fingerprint: String,
+    /// Its GGUF file (llama-server's `/props` reports it).
+    pub path: PathBuf,
+    /// Its fill-in-the-middle tokens, or why `/infill` cannot run on it.
+    pub fim: Result<crate::llama_api::Fim, String>,
+    /// The model as ollama's listing routes describe it.
+    pub facts: crate::ollama::ModelFacts,
 }
 
 /// How every model is loaded.
@@ -156,6 +162,26 @@ impl Models {
         self.entries.iter().map(|e| e.id.as_str()).collect()
     }
 
+    /// The file of the served model with this id.
+    pub fn path(&self, id: &str) -> Option<&Path> {
+        self.entries
+            .iter()
+            .find(|e| e.id == id)
+            .map(|e| e.path.as_path())
+    }
+
+    /// The id of the served model that `name` names exactly (its id, file stem or a
+    /// catalog name, with or without `:latest`), never loading it. Unlike a request's
+    /// `model`, a single model does not answer to every name here: ollama's clients
+    /// expect an unknown name to be refused.
+    pub fn find(&self, name: &str) -> Option<&str> {
+        let want = normalise(name);
+        self.entries
+            .iter()
+            .find(|e| e.names.contains(&want))
+            .map(|e| e.id.as_str())
+    }
+
     /// The loaded model of this id, if it is loaded (never loads).
     pub fn loaded(&self, id: &str) -> Option<Arc<Model>> {
         lock(&self.loaded)
@@ -231,6 +257,13 @@ impl Models {
         lock(&self.threads).push(thread);
         let template = ChatTemplate::from_tokenizer(&loaded.tokenizer)
             .map_err(|err| format!("chat template: {err}"))?;
+        // The engine keeps its own mapping on the worker thread; this one is read once
+        // for the metadata the native APIs report, and dropped.
+        let gguf = minfer_gguf::GgufFile::open(&e.path)
+            .map_err(|err| format!("reading {}: {err}", e.path.display()))?;
+        let fim = crate::llama_api::Fim::find(&gguf, &loaded.tokenizer);
+        let facts = crate::ollama::ModelFacts::new(&e.path, &gguf);
+        drop(gguf);
         Ok(Model {
             id: e.id.clone(),
             worker,
@@ -239,6 +272,9 @@ impl Models {
             slot_ctx: loaded.slot_ctx,
             n_slots: slots,
             fingerprint: crate::openai::fingerprint(&loaded.digest),
+            path: e.path.clone(),
+            fim,
+            facts,
         })
     }
 }

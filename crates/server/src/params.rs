@@ -150,11 +150,16 @@ pub struct GenRequest {
     pub n: usize,
     /// The `model` the request names, if any (selects among several served models).
     pub model: Option<String>,
+    /// Reuse the longest prompt prefix a slot holds (llama-server's `cache_prompt`).
+    pub cache_prompt: bool,
+    /// The slot to run in (llama-server's `id_slot`); `None` picks the best free one.
+    pub slot: Option<usize>,
 }
 
 impl Default for GenRequest {
     /// llama-server's sampling defaults with a fresh random seed, one choice, no stop
-    /// strings, no streaming, the slot's context as the limit: what a codec starts from.
+    /// strings, no streaming, the slot's context as the limit, prefix reuse on, any
+    /// slot, the default model: what a codec starts from.
     fn default() -> Self {
         GenRequest {
             sampling: SamplingParams {
@@ -168,6 +173,8 @@ impl Default for GenRequest {
             logprobs: None,
             n: 1,
             model: None,
+            cache_prompt: true,
+            slot: None,
         }
     }
 }
@@ -339,13 +346,6 @@ fn check_no_effect_and_features(obj: &Object) -> Result<(), ApiError> {
     }
     // Meaningless without tools, and there are none.
     opt_bool(obj, "parallel_tool_calls")?;
-    // The slot's prefix is always reused; turning that off is not offered.
-    if opt_bool(obj, "cache_prompt")? == Some(false) {
-        return Err(unsupported(
-            "cache_prompt",
-            "prompt prefixes are always reused; only `true` is accepted",
-        ));
-    }
     Ok(())
 }
 
@@ -552,6 +552,10 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
         logprobs: None,
         n,
         model: opt_str(obj, "model")?.map(str::to_string),
+        // llama-server's extension on OpenAI's routes too: `false` prefills the whole
+        // prompt instead of reusing what the slot holds.
+        cache_prompt: opt_bool(obj, "cache_prompt")?.unwrap_or(true),
+        slot: None,
     })
 }
 
@@ -758,6 +762,9 @@ mod tests {
         assert_eq!(g.sampling.top_k, 40);
         assert_eq!(g.max_tokens, None);
         assert!(!g.stream);
+        assert!(g.cache_prompt);
+        let (_, g) = parse_completion(&obj(json!({"prompt": "x", "cache_prompt": false}))).unwrap();
+        assert!(!g.cache_prompt);
         let (m, g) = parse_chat(&obj(json!({
             "messages": [{"role":"system","content":"s"},
                          {"role":"user","content":[{"type":"text","text":"hi"}]}],
@@ -978,7 +985,7 @@ mod tests {
                 json!({"stream": true, "stream_options": {"include_obfuscation": true}}),
             ),
             ("top_logprobs", json!({"top_logprobs": 2})),
-            ("cache_prompt", json!({"cache_prompt": false})),
+            ("cache_prompt", json!({"cache_prompt": "no"})),
             ("mirostat", json!({"mirostat": 2})),
             ("echo", json!({"echo": true})),
         ] {

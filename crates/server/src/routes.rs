@@ -21,7 +21,7 @@ use crate::worker::Summary;
 use crate::{AppState, RequestLog, StreamLogged};
 
 type St = State<Arc<AppState>>;
-type Body = Result<Bytes, BytesRejection>;
+pub(crate) type Body = Result<Bytes, BytesRejection>;
 
 /// Every route, behind the body limit, the API key check and the request log.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -39,6 +39,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/slots", get(slots))
         .route("/slots/{id}", post(crate::slots::slot_action))
         .route("/metrics", get(metrics))
+        .merge(crate::llama_api::routes())
+        .merge(crate::ollama::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -67,6 +69,12 @@ const JSON_ROUTES: &[&str] = &[
     "/completions",
     "/tokenize",
     "/detokenize",
+    "/completion",
+    "/infill",
+    "/apply-template",
+    "/api/chat",
+    "/api/generate",
+    "/api/show",
 ];
 
 /// Checks the Host, the Origin and the key, reads the body within the body timeout,
@@ -170,7 +178,7 @@ async fn read_body(
 }
 
 /// The body bytes, or 413 past the limit.
-fn body(b: Body, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) fn body(b: Body, limit: usize) -> Result<Bytes, ApiError> {
     b.map_err(|rej| {
         if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
@@ -335,11 +343,15 @@ async fn detokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
     Ok(json_response(out))
 }
 
-/// The default model's slots (`?model=NAME` for another's).
+/// The default model's slots (`?model=NAME` for another's); llama-server's 501 with
+/// `--no-slots`.
 async fn slots(
     State(st): St,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
+    if let Some(refusal) = crate::llama_api::slots_refusal(&st) {
+        return Ok(refusal);
+    }
     let s = Arc::clone(&st);
     let m = st
         .blocking
@@ -351,10 +363,13 @@ async fn slots(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    Ok(Json(json!(info)))
+    Ok(Json(json!(info)).into_response())
 }
 
 async fn metrics(State(st): St) -> Response {
+    if let Some(refusal) = crate::llama_api::metrics_refusal(&st) {
+        return refusal;
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         st.metrics.render(),

@@ -170,6 +170,10 @@ struct Active {
     logprobs: Vec<TokenLogprob>,
     last_token: Option<Instant>,
     done: bool,
+    /// When the job entered its slot (start of its prompt processing).
+    admitted: Instant,
+    /// When its first token was sampled (end of its prompt processing).
+    first_sample: Option<Instant>,
 }
 
 struct Slot {
@@ -190,6 +194,8 @@ struct Worker {
     /// worker's share of it as last published.
     busy_total: Arc<AtomicUsize>,
     busy_mine: std::cell::Cell<usize>,
+    /// This worker's share of the KV gauges as last published: (tokens held, positions).
+    kv_mine: std::cell::Cell<(usize, usize)>,
     slots: Vec<Slot>,
     clock: u64,
     /// A request for more choices than there are free slots: it waits, ahead of the
@@ -228,6 +234,7 @@ impl Worker {
             info,
             busy_total,
             busy_mine: std::cell::Cell::new(0),
+            kv_mine: std::cell::Cell::new((0, 0)),
             slots,
             clock: 0,
             waiting: None,
@@ -249,6 +256,8 @@ impl Worker {
             }
             let busy = self.slots.iter().any(|s| s.active.is_some());
             if closed && !busy {
+                // This model's share of the KV gauges leaves with it.
+                self.metrics.move_kv(self.kv_mine.get(), (0, 0));
                 return;
             }
             let t0 = Instant::now();
@@ -324,11 +333,24 @@ impl Worker {
             self.waiting = Some(job);
             return false;
         }
+        if let Some(want) = job.slot {
+            // The HTTP side checked the range; a busy slot cannot take the job now.
+            if self.slots.get(want).is_none_or(|s| s.active.is_some()) {
+                let _ = job.tx.try_send(Event::Error(ApiError::unavailable(
+                    format!(
+                        "slot {want} is busy with another request; retry later, or let the \
+                         server pick a slot"
+                    ),
+                    1,
+                )));
+                return true;
+            }
+        }
         let Some(idx) = self
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.active.is_none())
+            .filter(|(i, s)| s.active.is_none() && job.slot.is_none_or(|w| w == *i))
             .max_by_key(|(_, s)| (s.cached.matching(&job.prompt), u64::MAX - s.last_used))
             .map(|(i, _)| i)
         else {
@@ -339,6 +361,10 @@ impl Worker {
             .collect();
         others.sort_by_key(|&i| self.slots[i].last_used);
         others.truncate(n - 1);
+        // Without `cache_prompt` nothing is kept: the whole prompt runs again.
+        if !job.cache_prompt {
+            self.slots[idx].cached.clear();
+        }
         // The conversation engine's reuse rule: the longest held prefix, less the last
         // prompt token, whose logits start the generation.
         let keep = self.slots[idx].cached.reuse(&job.prompt).kept;
@@ -383,6 +409,8 @@ impl Worker {
                 logprobs: Vec::new(),
                 last_token: None,
                 done: false,
+                admitted: Instant::now(),
+                first_sample: None,
                 job,
             });
         }
@@ -539,6 +567,7 @@ impl Worker {
         if slow {
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.metrics.add_decode(steps.len());
         if self.has_fault(&steps, Fault::KernelPanic) {
             // Deep enough to be inside the first layer's kernels.
             self.engine.inject_kernel_panic(12);
@@ -640,6 +669,12 @@ impl Worker {
             self.busy_total.fetch_sub(before - busy, Ordering::AcqRel) - (before - busy)
         };
         self.metrics.set_busy_slots(total);
+        let held: usize = self.slots.iter().map(|s| s.cached.len()).sum();
+        if let Some(most) = self.slots.iter().map(|s| s.cached.len()).max() {
+            self.metrics.observe_slot_tokens(most);
+        }
+        let kv = (held, self.slots.len() * self.engine.slot_ctx());
+        self.metrics.move_kv(self.kv_mine.replace(kv), kv);
         let info = self
             .slots
             .iter()
@@ -688,8 +723,9 @@ fn sample_one(
         Some(prev) => metrics.observe_itl(now - prev),
     }
     a.last_token = Some(now);
+    a.first_sample.get_or_insert(now);
     if tok.is_eog(t) {
-        finish(a, Finish::Stop, true);
+        finish(a, metrics, Finish::Stop, true);
         return None;
     }
     if let (Some(k), Some(raw)) = (a.job.logprobs, raw) {
@@ -720,19 +756,19 @@ fn sample_one(
                 text,
                 logprobs,
             });
-            finish(a, Finish::Stop, false);
+            finish(a, metrics, Finish::Stop, false);
             return None;
         }
     }
     if a.generated >= a.job.max_tokens || pos + 1 > slot_ctx {
-        finish(a, Finish::Length, true);
+        finish(a, metrics, Finish::Length, true);
         return None;
     }
     Some(t)
 }
 
 /// Ends a generation; held-back text is released unless a stop string matched.
-fn finish(a: &mut Active, reason: Finish, release: bool) {
+fn finish(a: &mut Active, metrics: &Metrics, reason: Finish, release: bool) {
     let mut rest = String::new();
     if release {
         rest = a.stops.finish();
@@ -746,12 +782,30 @@ fn finish(a: &mut Active, reason: Finish, release: bool) {
             logprobs,
         });
     }
-    a.outbox.push_back(Event::Done(Summary {
+    let now = Instant::now();
+    let first = a.first_sample.unwrap_or(now);
+    let stop_word = a
+        .stops
+        .matched()
+        .and_then(|m| a.job.stop.iter().position(|s| s == m));
+    let summary = Summary {
         choice: a.choice,
         finish: reason,
         prompt_tokens: a.job.prompt.len(),
         cached_tokens: a.cached_tokens,
         completion_tokens: a.generated,
-    }));
+        prompt_time: first.saturating_duration_since(a.admitted),
+        predicted_time: now.saturating_duration_since(first),
+        stop_word,
+    };
+    // The prompt ran once for all choices: only the first counts its time, as the
+    // prefill counter counts its tokens once.
+    let prompt_time = if a.choice == 0 {
+        summary.prompt_time
+    } else {
+        Duration::ZERO
+    };
+    metrics.add_phase_times(prompt_time, summary.predicted_time);
+    a.outbox.push_back(Event::Done(summary));
     a.done = true;
 }

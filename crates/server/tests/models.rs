@@ -1,7 +1,7 @@
 //! Several models behind one server: the request's `model` selects, `/v1/models` lists
 //! them all, at most `max_models` are loaded (least recently used dropped), an unknown
 //! name is OpenAI's `model_not_found`, and a model that fails to load fails only the
-//! requests for it.
+//! requests for it; llama-server's and ollama's routes select and list the same way.
 
 mod common;
 
@@ -95,6 +95,73 @@ async fn the_model_field_selects_and_loads_on_first_use() {
     );
     let (st, _) = complete(&base, "beta").await;
     assert_eq!(st, 200);
+    running.stop().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_and_ollama_routes_select_and_list_every_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("alpha.gguf");
+    let b = dir.path().join("beta.gguf");
+    write_tiny_model(&a, &TinySpec::qwen2(GgmlType::Q8_0, 7)).unwrap();
+    write_tiny_model(&b, &TinySpec::qwen3(GgmlType::Q8_0, 11)).unwrap();
+    let mut c = tiny_config(&a, 1);
+    c.models.push(ModelSpec::new(&b));
+    c.max_models = 2;
+    let running = start(c).expect("starting the server");
+    let base = format!("http://{}", running.addr());
+    let names = |v: &Value| -> Vec<String> {
+        v["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Every served model is listed, loaded or not; only the loaded ones run.
+    let (st, body) = get(&base, "/api/tags").await;
+    assert_eq!(st, 200);
+    let tags: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(names(&tags), ["alpha:latest", "beta:latest"]);
+    let (_, body) = get(&base, "/api/ps").await;
+    assert_eq!(
+        names(&serde_json::from_str(&body).unwrap()),
+        ["alpha:latest"]
+    );
+
+    let chat = json!({"model": "beta:latest", "stream": false,
+        "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 3}});
+    let (st, v) = post(&base, "/api/chat", chat).await;
+    assert_eq!((st, &v["model"]), (200, &json!("beta:latest")), "{v}");
+    let (_, body) = get(&base, "/api/ps").await;
+    assert_eq!(
+        names(&serde_json::from_str(&body).unwrap()),
+        ["alpha:latest", "beta:latest"]
+    );
+    // ollama refuses a name it does not serve, even where OpenAI's routes would not.
+    let (st, v) = post(&base, "/api/show", json!({"model": "gamma"})).await;
+    assert_eq!(st, 404, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("alpha:latest"), "{v}");
+
+    // llama-server's routes: `model` selects, `/props` describes the default.
+    let (st, v) = post(
+        &base,
+        "/completion",
+        json!({"model": "beta", "prompt": "one two", "n_predict": 2}),
+    )
+    .await;
+    assert_eq!((st, &v["model"]), (200, &json!("beta")), "{v}");
+    let (st, body) = get(&base, "/props").await;
+    assert_eq!(st, 200);
+    let props: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(props["model_alias"], "alpha");
+    let (st, v) = post(
+        &base,
+        "/completion",
+        json!({"model": "gamma", "prompt": "x"}),
+    )
+    .await;
+    assert_eq!((st, &v["error"]["code"]), (404, &json!(404)), "{v}");
     running.stop().unwrap();
 }
 

@@ -77,6 +77,12 @@ pub struct Args {
     /// Storage format of the KV cache's V rows: f32, f16 or q8_0.
     #[arg(long = "cache-type-v", default_value = "f32", value_parser = minfer_graph::KvType::parse)]
     pub cache_type_v: minfer_graph::KvType,
+    /// Turn off `GET /slots` (it answers llama-server's 501 "not supported").
+    #[arg(long = "no-slots")]
+    pub no_slots: bool,
+    /// Turn off `GET /metrics` (on by default; it answers llama-server's 501 then).
+    #[arg(long = "no-metrics")]
+    pub no_metrics: bool,
 }
 
 /// Runs `minfer serve` until Ctrl-C.
@@ -127,6 +133,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.slot_save_path = args.slot_save_path;
     config.cache_type_k = args.cache_type_k;
     config.cache_type_v = args.cache_type_v;
+    config.no_slots = args.no_slots;
+    config.no_metrics = args.no_metrics;
     config.validate()?;
     let mut specs: Vec<Option<&str>> = args.model.iter().map(|m| Some(m.as_str())).collect();
     if specs.is_empty() && args.models_dir.is_none() {

@@ -1,0 +1,448 @@
+//! llama-server's native routes over real HTTP: `/completion` streaming and not (with
+//! `n_probs`, `timings`, token and mixed prompts, its `logit_bias`, stop words and
+//! `cache_prompt`), `/infill` on a code sample with the default model, `/props`,
+//! `/apply-template`, `--no-slots`, `--no-metrics` and the `llamacpp:*` metrics.
+
+mod common;
+
+use common::*;
+use minfer_server::{start, Config};
+use serde_json::{json, Value};
+
+fn message(v: &Value) -> &str {
+    v["error"]["message"].as_str().unwrap_or_default()
+}
+
+/// A greedy request that always runs `n` tokens (no end-of-generation).
+fn greedy(prompt: Value, n: usize) -> Value {
+    json!({"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": true})
+}
+
+fn with(mut body: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().expect("object") {
+        body[k] = v.clone();
+    }
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_answers_in_llama_server_s_shape() {
+    let s = tiny_server(1, |_| {});
+    let body = with(
+        greedy(json!("hello world"), 4),
+        json!({"n_probs": 2, "return_tokens": true, "no_such_field": 1}),
+    );
+    let (st, v) = post(&s.base, "/completion", body).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["stop"], true);
+    assert_eq!(v["stop_type"], "limit");
+    assert_eq!(v["stopping_word"], "");
+    assert_eq!(v["truncated"], false);
+    assert_eq!(v["model"], "tiny-qwen2");
+    assert_eq!(v["tokens_predicted"], 4);
+    let tokens = v["tokens"].as_array().expect("tokens");
+    assert_eq!(tokens.len(), 4, "{v}");
+    let probs = v["completion_probabilities"].as_array().expect("probs");
+    assert_eq!(probs.len(), 4, "{v}");
+    for (p, t) in probs.iter().zip(tokens) {
+        assert_eq!(&p["id"], t, "{p}");
+        assert!(p["logprob"].as_f64().is_some_and(|x| x <= 0.0), "{p}");
+        assert!(p["bytes"].is_array() && p["token"].is_string(), "{p}");
+        let top = p["top_logprobs"].as_array().expect("top_logprobs");
+        assert_eq!(top.len(), 2, "{p}");
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["id"], p["id"], "{p}");
+    }
+    let t = &v["timings"];
+    for k in [
+        "prompt_n",
+        "prompt_ms",
+        "prompt_per_token_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_token_ms",
+        "predicted_per_second",
+        "cache_n",
+    ] {
+        assert!(t[k].is_number(), "timings.{k}: {t}");
+    }
+    assert_eq!(t["predicted_n"], 4);
+    let n_prompt = v["tokens_evaluated"].as_u64().expect("tokens_evaluated");
+    assert_eq!(
+        t["prompt_n"].as_u64().unwrap() + t["cache_n"].as_u64().unwrap(),
+        n_prompt
+    );
+    assert_eq!(v["generation_settings"]["n_predict"], 4);
+    assert_eq!(v["generation_settings"]["n_probs"], 2);
+    assert_eq!(v["generation_settings"]["n_ctx"], 256);
+    let content = v["content"].as_str().expect("content").to_string();
+
+    // The same prompt as token ids, and mixed with text, gives the same greedy answer.
+    let tokenize = |text: &str| {
+        let base = s.base.clone();
+        let body = json!({"content": text, "add_special": true});
+        async move {
+            let (_, v) = post(&base, "/tokenize", body).await;
+            v["tokens"].as_array().expect("ids").clone()
+        }
+    };
+    let ids = tokenize("hello world").await;
+    let (st, v) = post(&s.base, "/completion", greedy(json!(ids), 4)).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["content"], content.as_str());
+    // Mixed: the ids of "hello", then the text " world" (no BOS inside a prompt).
+    let head = tokenize("hello").await;
+    if ids.starts_with(&head) {
+        let mut mixed = head.clone();
+        mixed.push(json!(" world"));
+        let (st, v) = post(&s.base, "/completion", greedy(json!(mixed), 4)).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["tokens_evaluated"], ids.len(), "{v}");
+        assert_eq!(v["content"], content.as_str());
+    }
+
+    // Streaming: the pieces, then the final object; no `[DONE]` on llama-server's route.
+    let (st, frames) = post_stream(
+        &s.base,
+        "/completion",
+        with(greedy(json!("hello world"), 4), json!({"stream": true})),
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert!(!frames.iter().any(|f| f == "[DONE]"), "{frames:?}");
+    let objs: Vec<Value> = frames
+        .iter()
+        .map(|f| serde_json::from_str(f).expect("JSON frame"))
+        .collect();
+    let (last, pieces) = objs.split_last().expect("frames");
+    assert_eq!(last["stop"], true, "{last}");
+    assert_eq!(last["content"], "");
+    assert_eq!(last["timings"]["predicted_n"], 4, "{last}");
+    let mut streamed = String::new();
+    let mut n = 0;
+    for p in pieces {
+        assert_eq!(p["stop"], false, "{p}");
+        streamed.push_str(p["content"].as_str().expect("content"));
+        n += p["tokens"].as_array().expect("tokens").len();
+        assert_eq!(p["tokens_predicted"], n, "{p}");
+    }
+    assert_eq!(n, 4);
+    assert_eq!(streamed, content);
+    s.stop().expect("stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_stop_words_and_cache_prompt_take_effect() {
+    let s = tiny_server(1, |_| {});
+    let base = greedy(json!("the quick brown fox"), 6);
+    let (_, v) = post(
+        &s.base,
+        "/completion",
+        with(base.clone(), json!({"return_tokens": true})),
+    )
+    .await;
+    let first = v["tokens"][0].as_u64().expect("a first token");
+    let content = v["content"].as_str().expect("content").to_string();
+
+    // `false` bans the greedy choice; +100 forces another token.
+    let (st, v) = post(
+        &s.base,
+        "/completion",
+        with(
+            base.clone(),
+            json!({"return_tokens": true, "logit_bias": [[first, false]]}),
+        ),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_ne!(v["tokens"][0].as_u64(), Some(first), "{v}");
+    let forced = (first + 1) % 200;
+    let (_, v) = post(
+        &s.base,
+        "/completion",
+        with(
+            base.clone(),
+            json!({"return_tokens": true, "logit_bias": [[forced, 100]]}),
+        ),
+    )
+    .await;
+    assert!(
+        v["tokens"].as_array().unwrap().iter().all(|t| t == forced),
+        "{v}"
+    );
+
+    // A stop word ends the text before it and is reported.
+    let stop: String = content.chars().skip(1).take(1).collect();
+    if let Some(at) = content.find(&stop).filter(|_| !stop.is_empty()) {
+        let (_, v) = post(
+            &s.base,
+            "/completion",
+            with(base.clone(), json!({"stop": [stop]})),
+        )
+        .await;
+        let before = &content[..at];
+        assert_eq!(v["stop_type"], "word", "{v}");
+        assert_eq!(v["stopping_word"], stop.as_str(), "{v}");
+        assert_eq!(v["content"], before, "{v}");
+    }
+
+    // The kept prefix is reused by default and not with `cache_prompt: false`.
+    let (_, a) = post(&s.base, "/completion", base.clone()).await;
+    let n_prompt = a["tokens_evaluated"].as_u64().unwrap();
+    assert_eq!(a["timings"]["cache_n"], n_prompt - 1, "{a}");
+    let (_, b) = post(
+        &s.base,
+        "/completion",
+        with(base.clone(), json!({"cache_prompt": false})),
+    )
+    .await;
+    assert_eq!(b["timings"]["cache_n"], 0, "{b}");
+    assert_eq!(b["timings"]["prompt_n"], n_prompt, "{b}");
+    assert_eq!(b["content"], a["content"]);
+    s.stop().expect("stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_native_requests_are_400s_naming_the_problem() {
+    let s = tiny_server(1, |_| {});
+    for (body, want) in [
+        (
+            with(greedy(json!("a"), 2), json!({"id_slot": 3})),
+            "`id_slot`",
+        ),
+        (
+            with(greedy(json!("a"), 2), json!({"mirostat": 2})),
+            "`mirostat`",
+        ),
+        (
+            with(greedy(json!("a"), 2), json!({"grammar": "root ::= \"x\""})),
+            "`grammar`",
+        ),
+        (json!({"prompt": "a", "n_predict": 0}), "`n_predict` is 0"),
+        (json!({"prompt": [1, 99999999]}), "token 99999999"),
+        (json!({"prompt": ["one", "two"]}), "several prompts"),
+        (
+            with(greedy(json!("a"), 2), json!({"n_probs": 101})),
+            "`n_probs`",
+        ),
+        (
+            with(greedy(json!("a"), 2), json!({"logit_bias": [[1, 500]]})),
+            "`logit_bias[0]`",
+        ),
+        (json!({"n_predict": 2}), "`prompt` is required"),
+    ] {
+        let (st, v) = post(&s.base, "/completion", body.clone()).await;
+        assert_eq!(st, 400, "{body}: {v}");
+        assert!(message(&v).contains(want), "{body}: {v}");
+        // llama-server's error shape: the status as a number in `code`.
+        assert_eq!(v["error"]["code"], 400, "{body}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{body}: {v}");
+    }
+    // The tiny model has no FIM tokens: /infill names what is missing.
+    let (st, v) = post(
+        &s.base,
+        "/infill",
+        json!({"input_prefix": "def f(", "input_suffix": ")"}),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(message(&v).contains("fill-in-the-middle"), "{v}");
+    s.stop().expect("stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn props_apply_template_and_metrics() {
+    let (dir, path) = tiny_model();
+    let mut c = tiny_config(&path, 2);
+    c.port = 0;
+    let running = start(c).expect("server");
+    let base = format!("http://{}", running.addr());
+    let (st, v) = get(&base, "/props").await;
+    assert_eq!(st, 200);
+    let v: Value = serde_json::from_str(&v).expect("JSON");
+    assert_eq!(v["total_slots"], 2);
+    assert_eq!(v["model_path"], path.display().to_string());
+    assert_eq!(v["n_ctx"], 256);
+    assert_eq!(v["default_generation_settings"]["n_ctx"], 256);
+    let params = &v["default_generation_settings"]["params"];
+    assert_eq!(params["top_k"], 40);
+    assert_eq!(params["n_predict"], -1);
+    assert!(
+        v["build_info"].as_str().unwrap().starts_with("minfer "),
+        "{v}"
+    );
+    assert!(v["chat_template"].is_string());
+
+    let (st, v) = post(
+        &base,
+        "/apply-template",
+        json!({"messages": [{"role": "user", "content": "hi there"}]}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let prompt = v["prompt"].as_str().expect("prompt");
+    assert!(
+        prompt.contains("hi there") && prompt.contains("assistant"),
+        "{prompt}"
+    );
+    let (st, v) = post(&base, "/apply-template", json!({"messages": []})).await;
+    assert_eq!(st, 400, "{v}");
+
+    let (_, v) = post(&base, "/completion", greedy(json!("count me"), 3)).await;
+    let n_prompt = v["tokens_evaluated"].as_u64().unwrap();
+    let (st, m) = get(&base, "/metrics").await;
+    assert_eq!(st, 200);
+    for line in [
+        format!("llamacpp:prompt_tokens_total {n_prompt}\n"),
+        "llamacpp:tokens_predicted_total 3\n".to_string(),
+        "llamacpp:requests_processing 0\n".to_string(),
+        "llamacpp:requests_deferred 0\n".to_string(),
+    ] {
+        assert!(m.contains(&line), "missing {line:?} in\n{m}");
+    }
+    for name in [
+        "llamacpp:prompt_seconds_total",
+        "llamacpp:tokens_predicted_seconds_total",
+        "llamacpp:n_decode_total",
+        "llamacpp:n_busy_slots_per_decode",
+        "llamacpp:prompt_tokens_seconds",
+        "llamacpp:predicted_tokens_seconds",
+        "llamacpp:kv_cache_usage_ratio",
+        "llamacpp:kv_cache_tokens",
+    ] {
+        assert!(m.contains(&format!("\n{name} ")), "missing {name} in\n{m}");
+    }
+    let decodes: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("llamacpp:n_decode_total "))
+        .and_then(|x| x.parse().ok())
+        .expect("n_decode_total");
+    // One step prefills the prompt and yields the first token; each further token is one.
+    assert_eq!(decodes, 3, "{m}");
+    drop(running);
+    drop(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_slots_and_no_metrics_answer_llama_server_s_501() {
+    let s = tiny_server(1, |c: &mut Config| {
+        c.no_slots = true;
+        c.no_metrics = true;
+    });
+    for (path, flag) in [("/slots", "--no-slots"), ("/metrics", "--no-metrics")] {
+        let (st, body) = get(&s.base, path).await;
+        assert_eq!(st, 501, "{path}: {body}");
+        let v: Value = serde_json::from_str(&body).expect("JSON error");
+        assert_eq!(v["error"]["type"], "not_supported_error", "{v}");
+        assert_eq!(v["error"]["code"], 501, "{v}");
+        assert!(message(&v).contains(flag), "{v}");
+    }
+    // Everything else still works.
+    let (st, _) = post(&s.base, "/completion", greedy(json!("a"), 1)).await;
+    assert_eq!(st, 200);
+    s.stop().expect("stops");
+    // And both are on by default.
+    let s = tiny_server(1, |_| {});
+    assert_eq!(get(&s.base, "/slots").await.0, 200);
+    assert_eq!(get(&s.base, "/metrics").await.0, 200);
+    s.stop().expect("stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn infill_fills_a_function_body_with_the_default_model() {
+    let mut c = Config::new(real_model());
+    c.port = 0;
+    c.slots = 1;
+    c.ctx = Some(1024);
+    let running = start(c).expect("server");
+    let base = format!("http://{}", running.addr());
+    let body = json!({
+        "input_extra": [{"filename": "util.py", "text": "ZERO = 0\n"}],
+        "input_prefix": "def add(a, b):\n    ",
+        "input_suffix": "\n\nprint(add(1, 2))\n",
+        "n_predict": 8,
+        "temperature": 0,
+    });
+    let (st, v) = post(&base, "/infill", body).await;
+    assert_eq!(st, 200, "{v}");
+    let content = v["content"].as_str().expect("content");
+    assert!(!content.trim().is_empty(), "{v}");
+    // llama-server's repo-level layout, with `prompt` reporting the tokens as text.
+    assert_eq!(
+        v["prompt"],
+        "<|repo_name|>myproject\n<|file_sep|>util.py\nZERO = 0\n<|file_sep|>filename\n\
+         <|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_middle|>",
+        "{v}"
+    );
+    // Qwen2.5-Coder fills the body with the sum.
+    assert!(
+        content.contains("a + b") || content.contains("a+b"),
+        "{content:?}"
+    );
+    let (_, props) = get(&base, "/props").await;
+    assert!(props.contains("\"infill\":true"), "{props}");
+    drop(running);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn id_slot_runs_in_that_slot_and_a_busy_one_is_a_503() {
+    let s = tiny_server(2, |c: &mut Config| c.fault_injection = true);
+    // A slow request holds slot 0 (10 ms per token) while the others arrive.
+    let slow = with(
+        greedy(
+            json!(format!("hold {}", minfer_server::openai::SLOW_MARKER)),
+            150,
+        ),
+        json!({"id_slot": 0}),
+    );
+    let base = s.base.clone();
+    let holder = tokio::spawn(async move { post(&base, "/completion", slow).await });
+    let t0 = std::time::Instant::now();
+    let busy = loop {
+        let (_, body) = get(&s.base, "/slots").await;
+        let v: Value = serde_json::from_str(&body).expect("slots");
+        if v[0]["is_processing"] == true {
+            break v;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "the request for slot 0 never ran in slot 0: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    assert_eq!(busy[1]["is_processing"], false, "{busy}");
+    let (st, v) = post(
+        &s.base,
+        "/completion",
+        with(greedy(json!("a"), 2), json!({"id_slot": 0})),
+    )
+    .await;
+    assert_eq!(st, 503, "{v}");
+    assert!(message(&v).contains("slot 0 is busy"), "{v}");
+    let (st, v) = post(
+        &s.base,
+        "/completion",
+        with(greedy(json!("a"), 2), json!({"id_slot": 1})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = holder.await.expect("holder");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["tokens_predicted"], 150);
+    // Both idle: a fresh prompt would go to the least recently used slot, 0; id_slot
+    // sends it to 1.
+    let prompt = "a fresh prompt of some length";
+    let (st, v) = post(
+        &s.base,
+        "/completion",
+        with(greedy(json!(prompt), 2), json!({"id_slot": 1})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let (_, body) = get(&s.base, "/slots").await;
+    let slots: Value = serde_json::from_str(&body).expect("slots");
+    assert_eq!(slots[1]["prompt_tokens"], v["tokens_evaluated"], "{slots}");
+    assert_ne!(slots[0]["prompt_tokens"], v["tokens_evaluated"], "{slots}");
+    s.stop().expect("stops");
+}
