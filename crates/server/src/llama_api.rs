@@ -1064,6 +1064,9 @@ async fn props(
         return_tokens: false,
         ignore_eos: false,
     };
+    // The backends the engine runs on and the adapter in use, as `/health` reports them.
+    let backends = minfer_runtime::backends::in_use();
+    let adapter = backends.iter().find_map(|b| b.device.clone());
     let mut params = settings_json(&m, &defaults);
     // The default seed is drawn per request: llama-server reports it as -1 (u32::MAX).
     params["seed"] = json!(u32::MAX);
@@ -1091,6 +1094,8 @@ async fn props(
         "infill": m.fim.is_ok(),
         "build_info": format!("minfer {}", env!("CARGO_PKG_VERSION")),
         "is_sleeping": false,
+        "backends": backends,
+        "adapter": adapter,
     })))
 }
 

@@ -273,6 +273,13 @@ async fn props_apply_template_and_metrics() {
         "{v}"
     );
     assert!(v["chat_template"].is_string());
+    // The engine's backends are named, the CPU among them.
+    let backends = v["backends"].as_array().expect("backends");
+    assert!(
+        backends.iter().any(|b| b["name"] == "cpu"),
+        "{}",
+        v["backends"]
+    );
 
     let (st, v) = post(
         &base,
