@@ -38,6 +38,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quiet_headless_vulkan();
     let cli = Cli::parse();
     // A mistyped `MINFER_*` value is refused before any command runs, never ignored; the
     // backend fence's names are checked by the registry that owns them, probing only the
@@ -69,5 +70,19 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Keeps Mesa's Vulkan device-selection layer from printing an error on every run of a
+/// headless machine: with no `XDG_RUNTIME_DIR` it fails to reach a Wayland display while
+/// the GPU backend is probed, and says so on stderr, although nothing is wrong. The layer
+/// only reorders adapters, and the backend enumerates them all itself, so it is switched
+/// off for this process when there is no session directory and the user has not chosen.
+fn quiet_headless_vulkan() {
+    let headless = std::env::var_os("XDG_RUNTIME_DIR").is_none_or(|d| d.is_empty());
+    if headless && std::env::var_os("NODEVICE_SELECT").is_none() {
+        // Called first thing in `main`, before any thread exists, so no other thread
+        // can read the environment while it changes.
+        std::env::set_var("NODEVICE_SELECT", "1");
     }
 }
