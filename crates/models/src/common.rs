@@ -9,8 +9,8 @@
 //! suffix here (`Qcur_rope-0`), because a trace needs one node per name.
 
 use minfer_graph::{
-    AttnMeta, AttnMode, ComputeGraph, DType, FusedFfnMeta, GraphBuilder, GraphParams, NodeId,
-    RoPEMeta,
+    AttnMeta, AttnMode, ComputeGraph, DType, FusedFfnMeta, FusedQkvMeta, GraphBuilder, GraphParams,
+    NodeId, RoPEMeta,
 };
 
 use crate::hparams::HParams;
@@ -238,4 +238,39 @@ pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -
     b.set_name(logits, "result_output");
     b.output(logits);
     b.build()
+}
+
+/// Q/K/V for one layer of the architectures without a per-head norm (design §4.2). Decode with QKV fusion allowed and a concatenable q|k|v becomes
+/// one `fused_qkv` (with the biases when the file has them); otherwise three matmuls,
+/// rope on q and k, and the KV store.
+pub(crate) fn qkv_block(b: &mut GraphBuilder, cx: &LayerCx<'_>, normed: NodeId) -> NodeId {
+    let lw = cx.lw;
+    let hp = cx.hp;
+    let bias = lw.bias.as_ref();
+    if cx.fuse_qkv && lw.qkv_concat_feasible() {
+        let meta = FusedQkvMeta {
+            qkv_weight: qkv_concat_name(cx.il),
+            wtype: lw.wq.wtype,
+            n_embd: hp.n_embd,
+            nqt: hp.n_q_embd(),
+            nkt: hp.n_kv_embd(),
+            q_bias: bias.map(|[q, _, _]| q.name.clone()),
+            k_bias: bias.map(|[_, k, _]| k.name.clone()),
+            v_bias: bias.map(|[_, _, v]| v.name.clone()),
+            rope: cx.rope_meta(hp.n_head),
+            n_ctx: cx.n_ctx,
+            kv_elems: cx.kv_elems(),
+        };
+        let f = b.fused_qkv(normed, cx.pos, cx.il, meta);
+        b.set_name(f, &cx.name("qkv_fused"));
+        return f;
+    }
+    let [bq, bk, bv] = match bias {
+        Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+        None => [None; 3],
+    };
+    let q = named_matmul(b, cx, "Qcur", normed, &lw.wq, bq);
+    let k = named_matmul(b, cx, "Kcur", normed, &lw.wk, bk);
+    let v = named_matmul(b, cx, "Vcur", normed, &lw.wv, bv);
+    rope_and_store(b, cx, q, k, v)
 }

@@ -11,9 +11,9 @@
 //! a fused `attn_qkv`, experts) are refused by name rather than run without them.
 
 use minfer_gguf::GgufFile;
-use minfer_graph::{FusedQkvMeta, GraphBuilder, NodeId, RopeStyle};
+use minfer_graph::RopeStyle;
 
-use crate::common::{named_matmul, qkv_concat_name, rope_and_store, LayerCx};
+use crate::common::qkv_block;
 use crate::error::ModelError;
 use crate::hparams::HParams;
 use crate::model::Decoder;
@@ -131,39 +131,4 @@ fn refuse_unsupported(file: &GgufFile, hp: &HParams) -> Result<(), ModelError> {
         }
     }
     Ok(())
-}
-
-/// Q/K/V for one layer. Decode with QKV fusion allowed and a concatenable q|k|v becomes
-/// one `fused_qkv` (with the biases when the file has them); otherwise three matmuls,
-/// rope on q and k, and the KV store.
-fn qkv_block(b: &mut GraphBuilder, cx: &LayerCx<'_>, normed: NodeId) -> NodeId {
-    let lw = cx.lw;
-    let hp = cx.hp;
-    let bias = lw.bias.as_ref();
-    if cx.fuse_qkv && lw.qkv_concat_feasible() {
-        let meta = FusedQkvMeta {
-            qkv_weight: qkv_concat_name(cx.il),
-            wtype: lw.wq.wtype,
-            n_embd: hp.n_embd,
-            nqt: hp.n_q_embd(),
-            nkt: hp.n_kv_embd(),
-            q_bias: bias.map(|[q, _, _]| q.name.clone()),
-            k_bias: bias.map(|[_, k, _]| k.name.clone()),
-            v_bias: bias.map(|[_, _, v]| v.name.clone()),
-            rope: cx.rope_meta(hp.n_head),
-            n_ctx: cx.n_ctx,
-            kv_elems: cx.kv_elems(),
-        };
-        let f = b.fused_qkv(normed, cx.pos, cx.il, meta);
-        b.set_name(f, &cx.name("qkv_fused"));
-        return f;
-    }
-    let [bq, bk, bv] = match bias {
-        Some([q, k, v]) => [Some(q), Some(k), Some(v)],
-        None => [None; 3],
-    };
-    let q = named_matmul(b, cx, "Qcur", normed, &lw.wq, bq);
-    let k = named_matmul(b, cx, "Kcur", normed, &lw.wk, bk);
-    let v = named_matmul(b, cx, "Vcur", normed, &lw.wv, bv);
-    rope_and_store(b, cx, q, k, v)
 }

@@ -7,9 +7,9 @@
 //! required, as llama.cpp requires them for this architecture.
 
 use minfer_gguf::GgufFile;
-use minfer_graph::{FusedQkvMeta, GraphBuilder, NodeId, RopeStyle};
+use minfer_graph::RopeStyle;
 
-use crate::common::{named_matmul, qkv_concat_name, rope_and_store, LayerCx};
+use crate::common::qkv_block;
 use crate::error::ModelError;
 use crate::hparams::HParams;
 use crate::model::Decoder;
@@ -54,42 +54,4 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
         layers,
     };
     Ok(Box::new(Decoder::new(ARCH, hp, weights, qkv_block)))
-}
-
-/// Q/K/V for one layer (design §4.2). Decode with QKV fusion allowed and a concatenable
-/// q|k|v becomes one `fused_qkv` (concat matmul, biases, rope and KV store in one op);
-/// everything else is three biased matmuls, rope on q and k, and the KV store.
-///
-/// Mixed-type q/k/v (the mixed-quant epilogue class) keeps the unfused chain: that
-/// epilogue is CUDA-only in the design and no graph parameter says CUDA is present.
-fn qkv_block(b: &mut GraphBuilder, cx: &LayerCx<'_>, normed: NodeId) -> NodeId {
-    let lw = cx.lw;
-    let hp = cx.hp;
-    let bias = lw.bias.as_ref();
-    if let Some([bq, bk, bv]) = bias.filter(|_| cx.fuse_qkv && lw.qkv_concat_feasible()) {
-        let meta = FusedQkvMeta {
-            qkv_weight: qkv_concat_name(cx.il),
-            wtype: lw.wq.wtype,
-            n_embd: hp.n_embd,
-            nqt: hp.n_q_embd(),
-            nkt: hp.n_kv_embd(),
-            q_bias: Some(bq.name.clone()),
-            k_bias: Some(bk.name.clone()),
-            v_bias: Some(bv.name.clone()),
-            rope: cx.rope_meta(hp.n_head),
-            n_ctx: cx.n_ctx,
-            kv_elems: cx.kv_elems(),
-        };
-        let f = b.fused_qkv(normed, cx.pos, cx.il, meta);
-        b.set_name(f, &cx.name("qkv_fused"));
-        return f;
-    }
-    let [bq, bk, bv] = match bias {
-        Some([q, k, v]) => [Some(q), Some(k), Some(v)],
-        None => [None; 3],
-    };
-    let q = named_matmul(b, cx, "Qcur", normed, &lw.wq, bq);
-    let k = named_matmul(b, cx, "Kcur", normed, &lw.wk, bk);
-    let v = named_matmul(b, cx, "Vcur", normed, &lw.wv, bv);
-    rope_and_store(b, cx, q, k, v)
 }
