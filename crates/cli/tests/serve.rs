@@ -59,16 +59,17 @@ fn http_get(addr: &str, path: &str) -> String {
     out
 }
 
-#[test]
-fn openai_python_client_against_the_minfer_serve_binary() {
+/// Checks that the Python client package `module` is importable and the default model is
+/// pulled, then serves the default model with two slots.
+fn serve_default_model_for(module: &str) -> (Server, String) {
     let probe = Command::new("python3")
-        .args(["-c", "import openai"])
+        .args(["-c", &format!("import {module}")])
         .output()
         .expect("python3 runs");
     assert!(
         probe.status.success(),
-        "the openai Python package is not importable (scripts/test.sh installs it with \
-         `python3 -m pip install openai`): {}",
+        "the {module} Python package is not importable (scripts/test.sh installs it with \
+         `python3 -m pip install {module}`): {}",
         String::from_utf8_lossy(&probe.stderr)
     );
     let model = minfer_hub::default_model_path();
@@ -77,7 +78,7 @@ fn openai_python_client_against_the_minfer_serve_binary() {
         "run `minfer pull` first: {} is missing",
         model.display()
     );
-    let (_server, addr) = serve(&[
+    serve(&[
         "-m",
         model.to_str().unwrap(),
         "--slots",
@@ -86,7 +87,30 @@ fn openai_python_client_against_the_minfer_serve_binary() {
         "2048",
         "-t",
         "2",
-    ]);
+    ])
+}
+
+/// Runs `scripts/NAME` with `args` and asserts it finished with `e2e ok`.
+fn run_e2e_script(name: &str, args: &[&str]) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name);
+    let out = Command::new("python3")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run the e2e script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("e2e ok"),
+        "{name} failed\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn openai_python_client_against_the_minfer_serve_binary() {
+    let (_server, addr) = serve_default_model_for("openai");
     let health = http_get(&addr, "/health");
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     let missing = http_get(&addr, "/v2/nothing");
@@ -94,18 +118,9 @@ fn openai_python_client_against_the_minfer_serve_binary() {
         missing.starts_with("HTTP/1.1 404") && missing.contains("\"error\""),
         "{missing}"
     );
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/e2e_openai.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .args(["--base-url", &format!("http://{addr}/v1")])
-        .output()
-        .expect("run the e2e script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("e2e ok"),
-        "e2e script failed\nstdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run_e2e_script(
+        "e2e_openai.py",
+        &["--base-url", &format!("http://{addr}/v1")],
     );
 }
 
@@ -125,45 +140,8 @@ fn http_post(addr: &str, path: &str, body: &str) -> String {
 
 #[test]
 fn ollama_python_client_against_the_minfer_serve_binary() {
-    let probe = Command::new("python3")
-        .args(["-c", "import ollama"])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        probe.status.success(),
-        "the ollama Python package is not importable (scripts/test.sh installs it with \
-         `python3 -m pip install ollama`): {}",
-        String::from_utf8_lossy(&probe.stderr)
-    );
-    let model = minfer_hub::default_model_path();
-    assert!(
-        model.exists(),
-        "run `minfer pull` first: {} is missing",
-        model.display()
-    );
-    let (_server, addr) = serve(&[
-        "-m",
-        model.to_str().unwrap(),
-        "--slots",
-        "2",
-        "-c",
-        "2048",
-        "-t",
-        "2",
-    ]);
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/e2e_ollama.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .args(["--host", &format!("http://{addr}")])
-        .output()
-        .expect("run the e2e script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("e2e ok"),
-        "e2e script failed\nstdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (_server, addr) = serve_default_model_for("ollama");
+    run_e2e_script("e2e_ollama.py", &["--host", &format!("http://{addr}")]);
 }
 
 #[test]
