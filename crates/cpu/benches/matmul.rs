@@ -3,16 +3,24 @@
 //! length is not a whole number of blocks are skipped (896 columns take no k-quant).
 //!
 //! Types with a repacked layout are measured both ways (`x8`: [`RepackedMatrix`]; Q6_K too,
-//! whose layout exists but is not yet used by default).
+//! whose tiles are used where [`RepackedMatrix::supports`] says so).
 //! Decode cycles through enough copies of each matrix to exceed the last-level cache, so
-//! the figure is memory streaming, not cache bandwidth. Run with
-//! `cargo bench -p minfer-cpu --bench matmul [-- filter]`; the filter matches the type name.
+//! the figure is memory streaming, not cache bandwidth. A read-bandwidth probe runs first
+//! (a plain sum over a buffer far above the last-level cache, 1 and 2 threads, each thread
+//! reading one contiguous half as the decode split does), and every decode line gives its
+//! GB/s as a share of the probe's figure for its thread count.
+//!
+//! Run with `cargo bench -p minfer-cpu --bench matmul [-- [--decode] [filter...]]`; the
+//! filter matches the type name, `--decode` runs only the probe and the decode kernels at
+//! the shapes of the two real models (Qwen2.5-Coder 0.5B and 1.5B Q4_K_M).
+//! `MINFER_ISA=avx2` measures the AVX2 path on a CPU with AVX-512.
 
 use minfer_cpu::matmul::{matmul, matmul_repacked, MatmulScratch, QMatrix, RepackedMatrix};
 use minfer_cpu::quant::Isa;
-use minfer_cpu::threadpool::ThreadPool;
+use minfer_cpu::threadpool::{chunk_range, ThreadPool};
 use minfer_gguf::quant::quantize_to_vec;
 use minfer_gguf::GgmlType;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// Bytes of weights cycled through in decode runs (well above a 32 MiB L3).
@@ -47,6 +55,46 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize) -> (Vec<u64>, usize) {
     (store, total)
 }
 
+/// Bytes the bandwidth probe reads (far above any last-level cache).
+const PROBE_BYTES: usize = 512 << 20;
+
+/// Read bandwidth in GB/s per thread count of `pools` (index = position in `pools`): the
+/// best of several passes in which each thread sums its own contiguous half of a buffer,
+/// as the decode split streams weights.
+fn bandwidth(pools: &[ThreadPool]) -> Vec<f64> {
+    let buf: Vec<u64> = (0..PROBE_BYTES / 8).map(|i| i as u64).collect();
+    let sink = AtomicU64::new(0);
+    pools
+        .iter()
+        .map(|pool| {
+            let mut best = f64::INFINITY;
+            for _ in 0..6 {
+                let start = Instant::now();
+                pool.run(&|ith, nth| {
+                    let part = &buf[chunk_range(buf.len(), ith, nth)];
+                    // Eight independent sums so the loop is load-bound, not add-bound.
+                    let mut acc = [0u64; 8];
+                    for c in part.chunks_exact(8) {
+                        for (a, v) in acc.iter_mut().zip(c) {
+                            *a = a.wrapping_add(*v);
+                        }
+                    }
+                    sink.fetch_add(acc.iter().fold(0, |a, v| a ^ v), Relaxed);
+                });
+                best = best.min(start.elapsed().as_secs_f64());
+            }
+            let gbs = PROBE_BYTES as f64 / best / 1e9;
+            println!(
+                "memory  read bandwidth  {:>6} MiB t={}  {:>6.2} GB/s",
+                PROBE_BYTES >> 20,
+                pool.n_threads(),
+                gbs
+            );
+            gbs
+        })
+        .collect()
+}
+
 /// Runs `f` repeatedly for at least `min` and returns the mean seconds per call.
 fn time(min: Duration, mut f: impl FnMut()) -> f64 {
     f();
@@ -59,14 +107,22 @@ fn time(min: Duration, mut f: impl FnMut()) -> f64 {
     start.elapsed().as_secs_f64() / n as f64
 }
 
-fn decode(ty: GgmlType, rows: usize, cols: usize, pools: &[ThreadPool], repacked: bool) {
+fn decode(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    pools: &[ThreadPool],
+    bw: &[f64],
+    repacked: bool,
+) {
     if !cols.is_multiple_of(ty.block_size())
         || (repacked && !(RepackedMatrix::supports(ty) || ty == GgmlType::Q6K))
     {
         return;
     }
     let (store, len) = matrix(ty, rows, cols);
-    let copies = (STREAM_BYTES / len).clamp(1, 64);
+    // Small matrices take many copies: a real decode step reads each of them cold.
+    let copies = STREAM_BYTES.div_ceil(len).max(1);
     fn q(ty: GgmlType, s: &[u64], len: usize, rows: usize, cols: usize) -> QMatrix<'_> {
         QMatrix {
             ty,
@@ -75,7 +131,12 @@ fn decode(ty: GgmlType, rows: usize, cols: usize, pools: &[ThreadPool], repacked
             cols,
         }
     }
-    let stores: Vec<Vec<u64>> = (0..copies).map(|_| store.clone()).collect();
+    // Only the layout being measured is held, so the large heads fit beside each other.
+    let stores: Vec<Vec<u64>> = if repacked {
+        Vec::new()
+    } else {
+        (0..copies).map(|_| store.clone()).collect()
+    };
     let packed: Vec<RepackedMatrix> = if repacked {
         let start = Instant::now();
         let one =
@@ -96,7 +157,7 @@ fn decode(ty: GgmlType, rows: usize, cols: usize, pools: &[ThreadPool], repacked
     let x = rand_f32(cols, 3);
     let mut y = vec![0.0; rows];
     let mut scratch = MatmulScratch::new();
-    for pool in pools {
+    for (pool, bw) in pools.iter().zip(bw) {
         let mut i = 0;
         let secs = time(Duration::from_millis(600), || {
             if repacked {
@@ -114,20 +175,23 @@ fn decode(ty: GgmlType, rows: usize, cols: usize, pools: &[ThreadPool], repacked
             .expect("valid shapes");
             i += 1;
         });
+        let gbs = len as f64 / secs / 1e9;
         println!(
-            "decode  {:<5}{} {:>6}x{:<5} t={}  {:>8.1} us  {:>6.2} GB/s",
+            "decode  {:<5}{} {:>6}x{:<5} t={}  {:>8.1} us  {:>6.2} GB/s  {:>4.0}% of bw",
             ty.name(),
             if repacked { "x8" } else { "  " },
             rows,
             cols,
             pool.n_threads(),
             secs * 1e6,
-            len as f64 / secs / 1e9
+            gbs,
+            100.0 * gbs / bw
         );
     }
 }
 
-/// Cache-resident decode (64 rows, one thread): the kernels' compute ceiling.
+/// Cache-resident decode (64 rows, one thread): the kernels' compute ceiling, in the
+/// layout the backend uses for `ty` on this CPU.
 fn cached(ty: GgmlType, pool: &ThreadPool) {
     let (rows, cols) = (64, 4864);
     let (store, len) = matrix(ty, rows, cols);
@@ -141,12 +205,19 @@ fn cached(ty: GgmlType, pool: &ThreadPool) {
         rows,
         cols,
     };
+    let packed = RepackedMatrix::supports(ty)
+        .then(|| RepackedMatrix::from_qmatrix(&m).expect("valid shapes"));
     let secs = time(Duration::from_millis(300), || {
-        matmul(pool, &m, &x, 1, &mut y, &mut scratch).expect("valid shapes");
+        match &packed {
+            Some(p) => matmul_repacked(pool, p, &x, 1, &mut y, &mut scratch),
+            None => matmul(pool, &m, &x, 1, &mut y, &mut scratch),
+        }
+        .expect("valid shapes");
     });
     println!(
-        "cached  {:<5} {:>6}x{:<5} t=1  {:>8.1} us  {:>6.2} GB/s  {:>6.2} Gelem/s",
+        "cached  {:<5}{} {:>6}x{:<5} t=1  {:>8.1} us  {:>6.2} GB/s  {:>6.2} Gelem/s",
         ty.name(),
+        if packed.is_some() { "x8" } else { "  " },
         rows,
         cols,
         secs * 1e6,
@@ -210,8 +281,41 @@ fn main() {
     let wanted = |ty: GgmlType| {
         filter.is_empty() || filter.iter().any(|f| f.eq_ignore_ascii_case(ty.name()))
     };
+    let decode_only = std::env::args().any(|a| a == "--decode");
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     println!("isa: {}", Isa::detect().name());
+    let bw = bandwidth(&pools);
+    use GgmlType::*;
+    if decode_only {
+        for ty in [Q5_0, Q8_0, Q4K, Q6K].into_iter().filter(|t| wanted(*t)) {
+            cached(ty, &pools[0]);
+        }
+        // Every decode matmul of the two real models, by (type, rows, cols), the lm heads
+        // last: Qwen2.5-Coder 0.5B (Q5_0 q/k/o/gate/up and half of v, Q8_0 the other v and
+        // the head, Q4_K/Q6_K ffn_down), then 1.5B (Q4_K everywhere, Q6_K half of v and
+        // ffn_down, and the head).
+        let shapes = [
+            (Q5_0, 896, 896),
+            (Q5_0, 128, 896),
+            (Q8_0, 128, 896),
+            (Q5_0, 4864, 896),
+            (Q4K, 896, 4864),
+            (Q6K, 896, 4864),
+            (Q8_0, 151936, 896),
+            (Q4K, 1536, 1536),
+            (Q4K, 256, 1536),
+            (Q6K, 256, 1536),
+            (Q4K, 8960, 1536),
+            (Q4K, 1536, 8960),
+            (Q6K, 1536, 8960),
+            (Q6K, 151936, 1536),
+        ];
+        for (ty, rows, cols) in shapes.into_iter().filter(|s| wanted(s.0)) {
+            let repacked = RepackedMatrix::supports(ty);
+            decode(ty, rows, cols, &pools, &bw, repacked);
+        }
+        return;
+    }
     for pool in &pools {
         for share_us in [0.0, 2.0] {
             let mut laps: Vec<f64> = (0..20_000)
@@ -237,7 +341,6 @@ fn main() {
             );
         }
     }
-    use GgmlType::*;
     let main_types = [Q5_0, Q8_0, Q4K, Q6K, Q4_0, Q5K, F16, F32];
     for ty in main_types.into_iter().filter(|t| wanted(*t)) {
         cached(ty, &pools[0]);
@@ -246,13 +349,13 @@ fn main() {
     for ty in main_types.into_iter().filter(|t| wanted(*t)) {
         for repacked in [false, true] {
             for (rows, cols) in decode_shapes {
-                decode(ty, rows, cols, &pools, repacked);
+                decode(ty, rows, cols, &pools, &bw, repacked);
             }
         }
     }
     for ty in [Q8_0].into_iter().filter(|t| wanted(*t)) {
         for repacked in [false, true] {
-            decode(ty, 151936, 896, &pools, repacked);
+            decode(ty, 151936, 896, &pools, &bw, repacked);
         }
     }
     for ty in main_types.into_iter().filter(|t| wanted(*t)) {
@@ -267,7 +370,7 @@ fn main() {
     for ty in [Q4K, Q6K].into_iter().filter(|t| wanted(*t)) {
         for repacked in [false, true] {
             for (rows, cols) in large_shapes {
-                decode(ty, rows, cols, &pools, repacked);
+                decode(ty, rows, cols, &pools, &bw, repacked);
             }
             for (rows, cols) in large_shapes {
                 prefill(ty, rows, cols, 512, &pools, repacked);
