@@ -25,7 +25,9 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 mod repacked;
-pub use repacked::{matmul_repacked, matmul_repacked_with, RepackedMatrix};
+pub use repacked::{
+    matmul_repacked, matmul_repacked_multi, matmul_repacked_with, RepackedMatrix, MULTI_MAX_PARTS,
+};
 
 /// Tokens per kernel call in prefill.
 const TOKEN_GROUP: usize = 4;
@@ -96,6 +98,10 @@ pub enum MatmulError {
         /// Columns.
         cols: usize,
     },
+    /// The matrices of one multi-matrix product do not fit together (type, width, count,
+    /// or output rows outside or overlapping).
+    #[error("multi-matrix product: {0}")]
+    Multi(String),
     /// `y` is not `nt x rows`.
     #[error("output: {got} values, expected {nt} tokens x {rows}")]
     Output {

@@ -134,7 +134,9 @@ fn unsupported_ops_are_declined_and_refused_with_a_message() {
         "I32 inputs land on the CPU by default"
     );
     assert!(!cpu.supports_op(&Op::Softmax { dim: 1 }, DType::F32));
-    assert!(!cpu.supports_op(&Op::FusedQKV { layer: 0 }, DType::F32));
+    // The mixed-type QKV epilogue is never built for the CPU (three matmuls instead).
+    assert!(!cpu.supports_op(&Op::QkvBiasRopeStore { layer: 0 }, DType::F32));
+    assert!(cpu.supports_op(&Op::FusedQKV { layer: 0 }, DType::F32));
     assert!(cpu.supports_fused(FusedOp::SwiGLU));
     assert_eq!((cpu.id(), cpu.name()), (Backend::CPU, "cpu"));
 

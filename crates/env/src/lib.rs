@@ -203,6 +203,13 @@ pub const REPACK: Flag = Flag {
     effect: "0 keeps weights in their file layout instead of the repacked one; default 1",
 };
 
+/// `MINFER_FUSE`: the CPU decode fusions.
+pub const FUSE: Choice = Choice {
+    name: "MINFER_FUSE",
+    values: &["1", "0", "qkv", "ffn"],
+    effect: "the CPU decode fusions: 1 both (default), 0 none, qkv or ffn only that one (same results, only the speed changes)",
+};
+
 /// `MINFER_PROFILE`: per-op wall time.
 pub const PROFILE: Flag = Flag {
     name: "MINFER_PROFILE",
@@ -269,6 +276,7 @@ pub const ALL: &[Var] = &[
     Var::Choice(ISA),
     Var::Flag(BATCH),
     Var::Flag(REPACK),
+    Var::Choice(FUSE),
     Var::Flag(PROFILE),
     Var::Flag(GRAPH_TRACE),
     Var::Flag(REGEN_CORPUS),

@@ -40,28 +40,44 @@ pub struct CParams {
 }
 
 /// The topology flags of [`CParams`] that follow from the participating backends
-/// (design §5.3): never set by hand, so a CPU-only engine builds exactly the graphs it
-/// always built.
+/// (design §5.3): never set by hand. With a GPU backend participating, the decode fusions
+/// are the ones a GPU backend claims (the host's claims are ignored, so no fused node
+/// pulls decode work off the device); with none, the ones the host backends claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct BackendCaps {
     /// A GPU backend participates.
     pub gpu: bool,
-    /// A participating GPU backend executes the decode QKV fusions.
+    /// A participating backend executes the decode QKV fusions (see above which).
     pub fuse_qkv: bool,
-    /// A participating GPU backend executes the decode FFN fusion.
+    /// A participating backend executes the decode FFN fusion (see above which).
     pub fuse_ffn: bool,
 }
 
 impl BackendCaps {
-    /// The flags of `backends`: each fusion needs a GPU backend that claims it.
+    /// The flags of `backends`: each fusion needs a backend of the deciding kind (GPU when
+    /// one participates, host otherwise) that claims it.
     pub fn of<'a>(backends: impl IntoIterator<Item = &'a dyn crate::BackendImpl>) -> Self {
-        let mut caps = BackendCaps::default();
-        for b in backends.into_iter().filter(|b| b.is_gpu()) {
-            caps.gpu = true;
+        let mut device = BackendCaps {
+            gpu: true,
+            ..BackendCaps::default()
+        };
+        let mut host = BackendCaps::default();
+        let mut any_gpu = false;
+        for b in backends {
+            let caps = if b.is_gpu() {
+                any_gpu = true;
+                &mut device
+            } else {
+                &mut host
+            };
             caps.fuse_qkv |= b.supports_fused(crate::FusedOp::DecodeQkv);
             caps.fuse_ffn |= b.supports_fused(crate::FusedOp::DecodeFfn);
         }
-        caps
+        if any_gpu {
+            device
+        } else {
+            host
+        }
     }
 
     /// Writes these flags into `cp`.
@@ -105,8 +121,22 @@ mod tests {
         let cpu = RefBackend::cpu();
         let dev = RefBackend::test_device();
         let as_dyn = |v: &[&dyn BackendImpl]| BackendCaps::of(v.iter().copied());
-        // No GPU: every flag off, whatever the backends fuse.
-        assert_eq!(as_dyn(&[&cpu, &dev]), BackendCaps::default());
+        // No GPU: the host backends' claims decide (the reference backends claim the
+        // FFN fusion only), and a host that claims none gets none.
+        assert_eq!(
+            as_dyn(&[&cpu, &dev]),
+            BackendCaps {
+                gpu: false,
+                fuse_qkv: false,
+                fuse_ffn: true
+            }
+        );
+        let plain = RefBackend::cpu().with_fusion(false);
+        assert_eq!(as_dyn(&[&plain]), BackendCaps::default());
+        // With a GPU, the host's claims are ignored.
+        let gpu_plain = RefBackend::test_device().as_gpu(true).with_fusion(false);
+        let caps = as_dyn(&[&cpu, &gpu_plain]);
+        assert!(caps.gpu && !caps.fuse_ffn && !caps.fuse_qkv);
         let gpu = RefBackend::test_device().as_gpu(true);
         assert_eq!(
             as_dyn(&[&cpu, &gpu]),

@@ -131,7 +131,9 @@ pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -
     let nt = p.n_tokens.max(1);
     let n_out = p.n_out.clamp(1, nt);
     let cp = &p.cparams;
-    let decode_fusion = cp.gpu && nt == 1;
+    // The decode fusions are one-token shapes; `fuse_qkv` / `fuse_ffn` say whether the
+    // participating backends execute them (GPU or host, see `BackendCaps`).
+    let decode_fusion = nt == 1;
     let mode = if cp.flash_attn {
         AttnMode::Flash
     } else {

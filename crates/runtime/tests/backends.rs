@@ -53,12 +53,25 @@ const DEVICE: BackendFactory = BackendFactory {
 };
 
 #[test]
-fn the_cpu_build_derives_no_gpu_flags_and_names_its_backend() {
+fn the_cpu_build_derives_no_gpu_flag_its_own_fusions_and_names_its_backend() {
     let e = Engine::with_factories(file(), &opts(None), &[minfer_cpu::FACTORY]).expect("engine");
-    assert_eq!(e.backend_caps(), BackendCaps::default());
+    // The CPU executes both decode fusions (unless `MINFER_FUSE` says otherwise).
+    let want = minfer_cpu::backend::Fusions::from_env();
+    assert_eq!(
+        e.backend_caps(),
+        BackendCaps {
+            gpu: false,
+            fuse_qkv: want.qkv,
+            fuse_ffn: want.ffn
+        }
+    );
     assert_eq!(e.backend_names(), vec!["cpu".to_string()]);
     let p = e.params(1, 1);
-    assert!(!p.cparams.gpu && !p.cparams.fuse_qkv && !p.cparams.fuse_ffn);
+    assert!(!p.cparams.gpu);
+    assert_eq!(
+        (p.cparams.fuse_qkv, p.cparams.fuse_ffn),
+        (want.qkv, want.ffn)
+    );
 }
 
 #[test]

@@ -45,6 +45,9 @@ struct Scratch {
     attn: AttnScratch,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// K and V rows of a fused QKV node gathered for the KV store (several tokens).
+    k_rows: Vec<f32>,
+    v_rows: Vec<f32>,
 }
 
 /// The fault hook, shared with the engine through the backend seam.
@@ -74,6 +77,47 @@ pub struct CpuBackend {
     fault: FaultInjector,
     /// Storage formats of the K and V regions (per backend, so per engine: ADR-0006).
     kv_types: [KvType; 2],
+    /// The decode fusions this backend claims (`MINFER_FUSE`): QKV, FFN.
+    fuse: Fusions,
+    /// The q, k and v weight names behind each q|k|v concatenation name a fused node
+    /// references, resolved on first use so decode steps do not allocate.
+    qkv_parts: std::collections::HashMap<String, [String; 3]>,
+}
+
+/// Which decode fusions the CPU backend executes (and so reports in `supports_fused`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fusions {
+    /// `FusedQKV` / `FusedQkvNorm`: one activation quantisation and one pool region for
+    /// q, k and v, then bias, q/k norm, RoPE and the KV store.
+    pub qkv: bool,
+    /// `FusedFFN`: gate and up in one pool region, then SwiGLU.
+    pub ffn: bool,
+}
+
+impl Fusions {
+    /// What `MINFER_FUSE` asks for: unset or `1` both, `0` none, `qkv` or `ffn` one. A bad
+    /// value is refused at startup (`minfer_env::check_all`); this infallible read keeps
+    /// the default.
+    pub fn from_env() -> Self {
+        match minfer_env::FUSE.get() {
+            Ok(Some("0")) => Fusions {
+                qkv: false,
+                ffn: false,
+            },
+            Ok(Some("qkv")) => Fusions {
+                qkv: true,
+                ffn: false,
+            },
+            Ok(Some("ffn")) => Fusions {
+                qkv: false,
+                ffn: true,
+            },
+            _ => Fusions {
+                qkv: true,
+                ffn: true,
+            },
+        }
+    }
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -101,7 +145,15 @@ impl CpuBackend {
             repack: minfer_env::REPACK.get_or(true).unwrap_or(true),
             fault: FaultInjector::default(),
             kv_types: [KvType::F32; 2],
+            fuse: Fusions::from_env(),
+            qkv_parts: std::collections::HashMap::new(),
         }
+    }
+
+    /// Sets the decode fusions this backend claims (`MINFER_FUSE` unless set). Set it
+    /// before the engine derives its graph parameters from the backend.
+    pub fn set_fusions(&mut self, f: Fusions) {
+        self.fuse = f;
     }
 
     /// Stores K rows as `k` and V rows as `v` (F32 unless set). Set it before the first
@@ -204,6 +256,9 @@ impl CpuBackend {
         match node.op {
             Op::Input | Op::KvcacheLoad { .. } => return Ok(()),
             Op::KvcacheStore { layer } => return self.kv_store(node, layer, in_bufs, kv_pair),
+            Op::FusedQKV { layer } | Op::FusedQkvNorm { layer } => {
+                return self.fused_qkv(node, layer, in_bufs, out_buf.id, kv_pair)
+            }
             _ => {}
         }
         let out_id = out_buf.id;
@@ -275,6 +330,79 @@ impl CpuBackend {
         r.unwrap_or_else(|payload| resume_unwind(payload))
     }
 
+    /// `FusedQKV` / `FusedQkvNorm`: q, k and v in one product ([`matmul_group`]), then
+    /// the biases, the per-head q/k norm, RoPE on q and k and the KV store, each with the
+    /// kernel the unfused chain uses, so the bits are the unfused chain's. Output rows hold
+    /// q, k, v (`nqt + 2 * nkt` per token).
+    fn fused_qkv(
+        &mut self,
+        node: &CNode,
+        layer: usize,
+        in_bufs: &[BufRef],
+        out_id: usize,
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        let spec = QkvSpec::of(node)?;
+        let (k_id, v_id) = kv_pair.ok_or_else(|| format!("no KV region for layer {layer}"))?;
+        let n = self.mem.buffers.len();
+        if k_id == v_id || k_id >= n || v_id >= n || out_id == k_id || out_id == v_id {
+            return Err(format!(
+                "layer {layer}: bad KV pair ({k_id}, {v_id}) in a pool of {n} (output {out_id})"
+            ));
+        }
+        let [x_id, pos_id] = match in_bufs {
+            [a, b] => [a.id, b.id],
+            _ => return Err(format!("takes 2 sources, got {}", in_bufs.len())),
+        };
+        if [x_id, pos_id]
+            .iter()
+            .any(|&i| i == k_id || i == v_id || i == out_id)
+        {
+            return Err(format!(
+                "layer {layer}: an input aliases the output or the KV region"
+            ));
+        }
+        if !self.qkv_parts.contains_key(spec.concat) {
+            let parts = qkv_part_names(spec.concat).ok_or_else(|| {
+                format!(
+                    "'{}' does not name a q|k|v concatenation (blk.N.attn_qkv.weight)",
+                    spec.concat
+                )
+            })?;
+            self.qkv_parts.insert(spec.concat.to_string(), parts);
+        }
+        let mut out = std::mem::take(&mut self.mem.buffers[out_id]);
+        let mut kr = std::mem::take(&mut self.mem.buffers[k_id]);
+        let mut vr = std::mem::take(&mut self.mem.buffers[v_id]);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            if self.fault.fire() {
+                injected_panic(&self.pool, node, &mut out);
+            }
+            let names = &self.qkv_parts[spec.concat];
+            let b = &self.mem.buffers;
+            let io = QkvIo {
+                x: &b[x_id],
+                pos: &b[pos_id],
+                out: &mut out,
+                k_region: &mut kr,
+                v_region: &mut vr,
+            };
+            let nt = node.out_shape[1].max(1);
+            let cx = QkvCx {
+                pool: &self.pool,
+                weights: &self.weights,
+                repack: self.repack,
+                kv_types: self.kv_types,
+            };
+            fused_qkv_compute(&cx, layer, &spec, names, nt, io, &mut self.scratch)
+        }));
+        // Back into the pool before anything else, unwinding included.
+        self.mem.buffers[out_id] = out;
+        self.mem.buffers[k_id] = kr;
+        self.mem.buffers[v_id] = vr;
+        r.unwrap_or_else(|payload| resume_unwind(payload))
+    }
+
     fn compute(
         &mut self,
         node: &CNode,
@@ -307,6 +435,7 @@ impl CpuBackend {
             attn: attn_scratch,
             gate,
             up,
+            ..
         } = scratch;
         let is_attn = matches!(node.op, Op::Attn { .. });
         let in_place = matches!(node.op, Op::Silu | Op::RoPE { .. })
@@ -478,23 +607,19 @@ impl CpuBackend {
                     ));
                 }
                 let x = src(0)?;
-                for (buf, name) in [(&mut *gate, &m.gate_weight), (&mut *up, &m.up_weight)] {
-                    buf.resize(nt * nf, 0.0);
-                    let mmx = MatIn {
-                        x,
-                        nt,
-                        packed: &mut *packed,
-                    };
-                    matmul_named(pool, weights, name, m.n_embd, nf, mmx, mm, buf, repack)?;
-                }
-                for ((row, g), u) in out
-                    .chunks_exact_mut(2 * nf)
-                    .zip(gate.chunks_exact(nf))
-                    .zip(up.chunks_exact(nf))
-                {
-                    let (s, rest) = row.split_at_mut(nf);
-                    ew::swiglu_slice(g, u, s);
-                    rest.copy_from_slice(u);
+                let group = [
+                    (m.gate_weight.as_str(), 0, nf),
+                    (m.up_weight.as_str(), nf, nf),
+                ];
+                let mmx = MatIn { x, nt, packed };
+                matmul_group(pool, weights, &group, m.n_embd, mmx, mm, out, repack, up)?;
+                // SwiGLU over the gate rows, in place; the up rows stay (the output's
+                // second half, as the node's contract says).
+                gate.resize(nf, 0.0);
+                for row in out.chunks_exact_mut(2 * nf) {
+                    let (s, u) = row.split_at_mut(nf);
+                    gate.copy_from_slice(s);
+                    ew::swiglu_slice(gate, u, s);
                 }
                 Ok(())
             }
@@ -545,16 +670,7 @@ fn matmul_named(
             y.len()
         ));
     }
-    let x: &[f32] = if stride == in_dim {
-        &a.x[..nt * in_dim]
-    } else {
-        a.packed.clear();
-        for t in 0..nt {
-            a.packed
-                .extend_from_slice(&a.x[t * stride..t * stride + in_dim]);
-        }
-        a.packed
-    };
+    let x = contiguous(a.x, nt, in_dim, a.packed)?;
     if let Some(r) = w.repacked(pool, repack) {
         return matmul::matmul_repacked(pool, r, x, nt, y, mm)
             .map_err(|e| format!("matmul with '{name}': {e}"));
@@ -566,6 +682,308 @@ fn matmul_named(
         cols: in_dim,
     };
     matmul::matmul(pool, &q, x, nt, y, mm).map_err(|e| format!("matmul with '{name}': {e}"))
+}
+
+/// The product of several weights that read the same activations, written into `y`
+/// (`nt` rows of `ld`): `group` lists `(name, first output row, rows)`. Where every weight
+/// is repacked and they fit one [`matmul::matmul_repacked_multi`] call, the activations
+/// are quantized once and all rows run in one pool region; otherwise each weight runs on
+/// its own through `tmp`. Either way each output is the bits of the weight's own matmul.
+#[allow(clippy::too_many_arguments)]
+fn matmul_group(
+    pool: &ThreadPool,
+    weights: &WeightRegistry,
+    group: &[(&str, usize, usize)],
+    in_dim: usize,
+    a: MatIn,
+    mm: &mut MatmulScratch,
+    y: &mut [f32],
+    repack: bool,
+    tmp: &mut Vec<f32>,
+) -> Result<(), String> {
+    const MAX: usize = matmul::MULTI_MAX_PARTS;
+    let nt = a.nt;
+    let ld = y.len() / nt.max(1);
+    if group.is_empty() || group.len() > MAX || ld * nt != y.len() {
+        return Err(format!(
+            "{} weights into {} outputs for {nt} rows",
+            group.len(),
+            y.len()
+        ));
+    }
+    let mut packed: [Option<&matmul::RepackedMatrix>; MAX] = [None; MAX];
+    for (slot, &(name, off, rows)) in packed.iter_mut().zip(group) {
+        let w = weights
+            .get(name)
+            .ok_or_else(|| format!("weight '{name}' is not registered"))?;
+        if w.in_dim != in_dim || w.out_dim != rows || off + rows > ld {
+            return Err(format!(
+                "weight '{name}' is [{}, {}], the node expects [{in_dim}, {rows}] at row {off} of {ld}",
+                w.in_dim, w.out_dim
+            ));
+        }
+        *slot = w.repacked(pool, repack);
+    }
+    let n = group.len();
+    if let Some(first) = packed[0] {
+        let fits = packed[..n]
+            .iter()
+            .all(|p| p.is_some_and(|w| w.ty() == first.ty() && w.cols() == first.cols()));
+        if fits {
+            let parts: [(&matmul::RepackedMatrix, usize); MAX] = std::array::from_fn(|i| {
+                (packed[i].unwrap_or(first), group.get(i).map_or(0, |g| g.1))
+            });
+            let x = contiguous(a.x, nt, in_dim, a.packed)
+                .map_err(|e| format!("matmul with '{}': {e}", group[0].0))?;
+            return matmul::matmul_repacked_multi(
+                crate::quant::Isa::detect(),
+                pool,
+                &parts[..n],
+                x,
+                nt,
+                y,
+                ld,
+                mm,
+            )
+            .map_err(|e| format!("matmul with '{}': {e}", group[0].0));
+        }
+    }
+    for &(name, off, rows) in group {
+        tmp.resize(nt * rows, 0.0);
+        let mmx = MatIn {
+            x: a.x,
+            nt,
+            packed: &mut *a.packed,
+        };
+        matmul_named(pool, weights, name, in_dim, rows, mmx, mm, tmp, repack)?;
+        for (yr, tr) in y.chunks_exact_mut(ld).zip(tmp.chunks_exact(rows)) {
+            yr[off..off + rows].copy_from_slice(tr);
+        }
+    }
+    Ok(())
+}
+
+/// `nt` rows of `in_dim` from `x`, whose rows may be wider (a fused producer): `x` itself
+/// when they are not, else the rows copied into `packed`.
+fn contiguous<'a>(
+    x: &'a [f32],
+    nt: usize,
+    in_dim: usize,
+    packed: &'a mut Vec<f32>,
+) -> Result<&'a [f32], String> {
+    let stride = x.len() / nt.max(1);
+    if stride < in_dim {
+        return Err(format!(
+            "input {} values for {nt} rows of {in_dim}",
+            x.len()
+        ));
+    }
+    if stride == in_dim {
+        return Ok(&x[..nt * in_dim]);
+    }
+    packed.clear();
+    for t in 0..nt {
+        packed.extend_from_slice(&x[t * stride..t * stride + in_dim]);
+    }
+    Ok(packed)
+}
+
+/// The fields of a `FusedQKV` / `FusedQkvNorm` node the CPU kernel uses.
+struct QkvSpec<'a> {
+    concat: &'a str,
+    n_embd: usize,
+    nqt: usize,
+    nkt: usize,
+    biases: [Option<&'a str>; 3],
+    norms: Option<([&'a str; 2], f32)>,
+    rope: &'a minfer_graph::RoPEMeta,
+    n_ctx: usize,
+}
+
+impl<'a> QkvSpec<'a> {
+    fn of(node: &'a CNode) -> Result<Self, String> {
+        let (layer, spec) = match (&node.op, &node.meta) {
+            (Op::FusedQKV { layer }, NodeMeta::FusedQkv(m)) => (
+                *layer,
+                QkvSpec {
+                    concat: &m.qkv_weight,
+                    n_embd: m.n_embd,
+                    nqt: m.nqt,
+                    nkt: m.nkt,
+                    biases: [
+                        m.q_bias.as_deref(),
+                        m.k_bias.as_deref(),
+                        m.v_bias.as_deref(),
+                    ],
+                    norms: None,
+                    rope: &m.rope,
+                    n_ctx: m.n_ctx,
+                },
+            ),
+            (Op::FusedQkvNorm { layer }, NodeMeta::FusedQkvNorm(m)) => (
+                *layer,
+                QkvSpec {
+                    concat: &m.qkv_weight,
+                    n_embd: m.n_embd,
+                    nqt: m.nqt,
+                    nkt: m.nkt,
+                    biases: [None; 3],
+                    norms: Some(([&m.q_norm, &m.k_norm], m.eps)),
+                    rope: &m.rope,
+                    n_ctx: m.n_ctx,
+                },
+            ),
+            (op, meta) => return Err(format!("{} with metadata {meta:?}", op.name())),
+        };
+        let r = spec.rope;
+        let hd = r.hd;
+        if r.freq_factors.is_some()
+            || hd == 0
+            || spec.nqt != r.n_head * hd
+            || spec.nkt == 0
+            || !spec.nkt.is_multiple_of(hd)
+            || node.out_shape[0] != spec.nqt + 2 * spec.nkt
+        {
+            return Err(format!(
+                "layer {layer}: q {} / kv {} rows, rope {r:?}, output {:?} do not fit",
+                spec.nqt, spec.nkt, node.out_shape
+            ));
+        }
+        Ok(spec)
+    }
+}
+
+/// The q, k and v weight names behind a q|k|v concatenation name (`blk.N.attn_qkv.weight`,
+/// as the model builders name it): the layer's own `attn_q`, `attn_k` and `attn_v`.
+fn qkv_part_names(concat: &str) -> Option<[String; 3]> {
+    let prefix = concat.strip_suffix("attn_qkv.weight")?;
+    Some(["q", "k", "v"].map(|p| format!("{prefix}attn_{p}.weight")))
+}
+
+/// What the fused QKV kernel reads and writes.
+struct QkvIo<'a> {
+    x: &'a [f32],
+    pos: &'a [f32],
+    out: &'a mut [f32],
+    k_region: &'a mut [f32],
+    v_region: &'a mut [f32],
+}
+
+/// The backend state the fused QKV kernel uses.
+struct QkvCx<'a> {
+    pool: &'a ThreadPool,
+    weights: &'a WeightRegistry,
+    repack: bool,
+    kv_types: [KvType; 2],
+}
+
+/// The body of [`CpuBackend::fused_qkv`], step for step the unfused chain's kernels.
+fn fused_qkv_compute(
+    cx: &QkvCx<'_>,
+    layer: usize,
+    spec: &QkvSpec<'_>,
+    names: &[String; 3],
+    nt: usize,
+    io: QkvIo<'_>,
+    scratch: &mut Scratch,
+) -> Result<(), String> {
+    let (nqt, nkt) = (spec.nqt, spec.nkt);
+    let w = nqt + 2 * nkt;
+    let n = w * nt;
+    if io.out.len() < n || io.pos.len() < nt {
+        return Err(format!(
+            "output holds {}, node needs {n}; {} positions for {nt} tokens",
+            io.out.len(),
+            io.pos.len()
+        ));
+    }
+    let out = &mut io.out[..n];
+    let pos = &io.pos[..nt];
+    let group = [
+        (names[0].as_str(), 0, nqt),
+        (names[1].as_str(), nqt, nkt),
+        (names[2].as_str(), nqt + nkt, nkt),
+    ];
+    let mmx = MatIn {
+        x: io.x,
+        nt,
+        packed: &mut scratch.packed,
+    };
+    matmul_group(
+        cx.pool,
+        cx.weights,
+        &group,
+        spec.n_embd,
+        mmx,
+        &mut scratch.matmul,
+        out,
+        cx.repack,
+        &mut scratch.up,
+    )?;
+    // Biases, as the unfused matmul adds them (`y += b` element by element).
+    for (&(_, off, rows), bias) in group.iter().zip(spec.biases) {
+        let Some(name) = bias else { continue };
+        let b = vector(cx.weights, name)?;
+        if b.len() != rows {
+            return Err(format!("bias '{name}' holds {}, expected {rows}", b.len()));
+        }
+        for row in out.chunks_exact_mut(w) {
+            for (v, &z) in row[off..off + rows].iter_mut().zip(b) {
+                *v += z;
+            }
+        }
+    }
+    let hd = spec.rope.hd;
+    // Qwen3's per-head norms of q and k, each head as `qk_norm` normalizes it.
+    if let Some(([qn, kn], eps)) = spec.norms {
+        let tmp = &mut scratch.gate;
+        tmp.resize(hd, 0.0);
+        for (name, off, rows) in [(qn, 0, nqt), (kn, nqt, nkt)] {
+            let wn = vector(cx.weights, name)?;
+            if wn.len() != hd {
+                return Err(format!("norm '{name}' holds {}, expected {hd}", wn.len()));
+            }
+            for row in out.chunks_exact_mut(w) {
+                for head in row[off..off + rows].chunks_exact_mut(hd) {
+                    tmp.copy_from_slice(head);
+                    norm::rms_norm_row(tmp, head, eps, Some(wn));
+                }
+            }
+        }
+    }
+    let cache = &mut scratch.rope;
+    rope::rope_inplace(cx.pool, out, w, nt, pos, spec.rope, None, cache)?;
+    let k_meta = minfer_graph::RoPEMeta {
+        n_head: nkt / hd,
+        ..spec.rope.clone()
+    };
+    for (t, row) in out.chunks_exact_mut(w).enumerate() {
+        let k = &mut row[nqt..nqt + nkt];
+        rope::rope_inplace(cx.pool, k, nkt, 1, &pos[t..t + 1], &k_meta, None, cache)?;
+    }
+    let (k, v): (&[f32], &[f32]) = if nt == 1 {
+        (&out[nqt..nqt + nkt], &out[nqt + nkt..w])
+    } else {
+        let (kr, vr) = (&mut scratch.k_rows, &mut scratch.v_rows);
+        kr.clear();
+        vr.clear();
+        for row in out.chunks_exact(w) {
+            kr.extend_from_slice(&row[nqt..nqt + nkt]);
+            vr.extend_from_slice(&row[nqt + nkt..]);
+        }
+        (kr, vr)
+    };
+    kv::store(
+        layer,
+        nkt,
+        spec.n_ctx,
+        cx.kv_types,
+        k,
+        v,
+        pos,
+        io.k_region,
+        io.v_region,
+    )
 }
 
 /// A vector weight read as f32.
@@ -625,11 +1043,17 @@ impl BackendImpl for CpuBackend {
                     | Op::Permute { .. }
                     | Op::SwiGLU
                     | Op::FusedFFN
+                    | Op::FusedQKV { .. }
+                    | Op::FusedQkvNorm { .. }
             )
     }
 
     fn supports_fused(&self, fused: FusedOp) -> bool {
-        fused == FusedOp::SwiGLU
+        match fused {
+            FusedOp::SwiGLU => true,
+            FusedOp::DecodeQkv => self.fuse.qkv,
+            FusedOp::DecodeFfn => self.fuse.ffn,
+        }
     }
 
     fn supports_attn_span(&self) -> bool {

@@ -521,6 +521,194 @@ fn run_k<T: KTile>(
     );
 }
 
+/// The most matrices one [`matmul_repacked_multi`] call takes (q, k and v).
+pub const MULTI_MAX_PARTS: usize = 4;
+
+/// Several matrices that read the same activations, as one product: `x` (`nt x cols`) is
+/// quantized once, and the row groups of all `parts` are split into one contiguous run per
+/// thread, so the call costs one pool region instead of one per matrix. Part `p` = `(w,
+/// off)` writes `y[t * ld + off + r]` for its rows `r`; the parts' column ranges must lie
+/// inside `ld` and not overlap.
+///
+/// Every output element is the same kernel call on the same quantized activations as in
+/// [`matmul_repacked_with`] on that part alone, so the results are bitwise equal to the
+/// separate products. Meant for decode (a few tokens): every row group loops over all
+/// tokens, so prefill-sized `nt` runs correctly but without the chunked schedule.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_repacked_multi(
+    isa: Isa,
+    pool: &ThreadPool,
+    parts: &[(&RepackedMatrix, usize)],
+    x: &[f32],
+    nt: usize,
+    y: &mut [f32],
+    ld: usize,
+    scratch: &mut MatmulScratch,
+) -> Result<(), MatmulError> {
+    if parts.len() > MULTI_MAX_PARTS || parts.is_empty() {
+        return Err(MatmulError::Multi(format!(
+            "{} matrices, expected 1 to {MULTI_MAX_PARTS}",
+            parts.len()
+        )));
+    }
+    let first = parts[0].0;
+    let (ty, cols) = (first.ty, first.cols);
+    if let Some((w, _)) = parts.iter().find(|(w, _)| w.ty != ty || w.cols != cols) {
+        return Err(MatmulError::Multi(format!(
+            "{} weights of {} columns beside {ty} of {cols}",
+            w.ty, w.cols
+        )));
+    }
+    // Column ranges inside `ld` and pairwise disjoint: the writes below rely on it.
+    for (i, (w, off)) in parts.iter().enumerate() {
+        if off.checked_add(w.rows).is_none_or(|end| end > ld) {
+            return Err(MatmulError::Multi(format!(
+                "rows {off}..{off}+{} outside an output row of {ld}",
+                w.rows
+            )));
+        }
+        for (v, o2) in &parts[..i] {
+            if *off < o2 + v.rows && *o2 < off + w.rows {
+                return Err(MatmulError::Multi(format!(
+                    "output rows {off}..{} overlap {o2}..{}",
+                    off + w.rows,
+                    o2 + v.rows
+                )));
+            }
+        }
+    }
+    if nt.checked_mul(cols) != Some(x.len()) {
+        return Err(MatmulError::Activations {
+            got: x.len(),
+            nt,
+            cols,
+        });
+    }
+    if nt.checked_mul(ld) != Some(y.len()) {
+        return Err(MatmulError::Output {
+            got: y.len(),
+            nt,
+            rows: ld,
+        });
+    }
+    if nt == 0 {
+        return Ok(());
+    }
+    let mut start = [0usize; MULTI_MAX_PARTS + 1];
+    for (i, (w, _)) in parts.iter().enumerate() {
+        start[i + 1] = start[i] + w.rows.div_ceil(ROWS);
+    }
+    let total = start[parts.len()];
+    let out = Disjoint::new(y);
+    // One row group `g` of part `p` for tokens `t..t+n`, written to its rows.
+    let emit = |p: usize, g: usize, t: usize, n: usize, res: [[f32; ROWS]; TOKEN_GROUP]| {
+        let (w, off) = parts[p];
+        let valid = (w.rows - g * ROWS).min(ROWS);
+        for (k, r8) in res[..n].iter().enumerate() {
+            for (r, &v) in r8[..valid].iter().enumerate() {
+                // SAFETY: (token, row) pairs of one row group belong to it alone, each
+                // group is handled by one thread, and the parts' rows do not overlap.
+                unsafe { out.write((t + k) * ld + off + g * ROWS + r, v) };
+            }
+        }
+    };
+    let locate = |gg: usize| {
+        let p = (0..parts.len())
+            .find(|&p| gg < start[p + 1])
+            .unwrap_or(parts.len() - 1);
+        (p, gg - start[p])
+    };
+    let nb_q8 = cols / 32;
+    let nb_k = cols / 256;
+    match first.tiles {
+        Tiles::Q8_0(_) | Tiles::Q5_0(_) => {
+            let (q, d, s) = quantize(isa, pool, x, nt, nb_q8, scratch);
+            let act = |t: usize| Act {
+                q: &q[t * nb_q8..(t + 1) * nb_q8],
+                d: &d[t * nb_q8..(t + 1) * nb_q8],
+                s: &s[t * nb_q8..(t + 1) * nb_q8],
+            };
+            fn one<'a, T: Tile>(
+                isa: Isa,
+                tiles: &[T],
+                nb: usize,
+                g: usize,
+                t: usize,
+                n: usize,
+                act: &dyn Fn(usize) -> Act<'a>,
+            ) -> [[f32; ROWS]; TOKEN_GROUP] {
+                let w = &tiles[g * nb..(g + 1) * nb];
+                by_count(
+                    n,
+                    t,
+                    act,
+                    |a| gemv(isa, w, a),
+                    |a| gemv(isa, w, a),
+                    |a| gemv(isa, w, a),
+                    |a| gemv(isa, w, a),
+                )
+            }
+            pool.run(&|ith, nth| {
+                for gg in chunk_range(total, ith, nth) {
+                    let (p, g) = locate(gg);
+                    let mut t = 0;
+                    while t < nt {
+                        let n = (nt - t).min(TOKEN_GROUP);
+                        let res = match &parts[p].0.tiles {
+                            Tiles::Q8_0(tl) => one(isa, tl, nb_q8, g, t, n, &act),
+                            Tiles::Q5_0(tl) => one(isa, tl, nb_q8, g, t, n, &act),
+                            _ => unreachable!("one tile type per call (checked)"),
+                        };
+                        emit(p, g, t, n, res);
+                        t += n;
+                    }
+                }
+            });
+        }
+        Tiles::Q4K(_) | Tiles::Q6K(_) => {
+            let q = quantize_k(isa, pool, x, nt, nb_k, scratch);
+            fn one<T: KTile>(
+                isa: Isa,
+                tiles: &[T],
+                q: &[BlockQ8K],
+                nb: usize,
+                g: usize,
+                t: usize,
+                n: usize,
+            ) -> [[f32; ROWS]; TOKEN_GROUP] {
+                let w = &tiles[g * nb..(g + 1) * nb];
+                let act = |t: usize| &q[t * nb..(t + 1) * nb];
+                by_count(
+                    n,
+                    t,
+                    act,
+                    |a| T::gemv(isa, w, a),
+                    |a| T::gemv(isa, w, a),
+                    |a| T::gemv(isa, w, a),
+                    |a| T::gemv(isa, w, a),
+                )
+            }
+            pool.run(&|ith, nth| {
+                for gg in chunk_range(total, ith, nth) {
+                    let (p, g) = locate(gg);
+                    let mut t = 0;
+                    while t < nt {
+                        let n = (nt - t).min(TOKEN_GROUP);
+                        let res = match &parts[p].0.tiles {
+                            Tiles::Q4K(tl) => one(isa, tl, q, nb_k, g, t, n),
+                            Tiles::Q6K(tl) => one(isa, tl, q, nb_k, g, t, n),
+                            _ => unreachable!("one tile type per call (checked)"),
+                        };
+                        emit(p, g, t, n, res);
+                        t += n;
+                    }
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -660,6 +848,107 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// One multi-matrix product gives each matrix's own bits, at its place in the shared
+    /// output rows, for every type, token count, thread count and ISA.
+    #[test]
+    fn multi_matches_the_separate_products_bitwise() {
+        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+            let cols = 512;
+            // q, k, v shaped: 37 rows (not whole row groups), then 8 and 13.
+            let mats: Vec<RepackedMatrix> = [37usize, 8, 13]
+                .iter()
+                .enumerate()
+                .map(|(i, &rows)| {
+                    let wf = rand_f32(rows * cols, 100 + i as u64 + ty.id() as u64, 1.0);
+                    let bytes = quantize_to_vec(ty, &wf).unwrap();
+                    let store = aligned(&bytes);
+                    let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
+                    RepackedMatrix::from_qmatrix(&QMatrix {
+                        ty,
+                        data,
+                        rows,
+                        cols,
+                    })
+                    .unwrap()
+                })
+                .collect();
+            // Output rows: k first, a gap, then q, then v (any placement is allowed).
+            let offs = [10usize, 0, 47];
+            let ld = 64;
+            for nt in [1, 2, 4, 5] {
+                let x = rand_f32(nt * cols, nt as u64 + 3, 2.0);
+                let parts: Vec<(&RepackedMatrix, usize)> = mats.iter().zip(offs).collect();
+                for isa in isas() {
+                    for threads in [1, 2, 3] {
+                        let pool = ThreadPool::new(threads);
+                        let mut y = vec![f32::NAN; nt * ld];
+                        let mut s = MatmulScratch::new();
+                        matmul_repacked_multi(isa, &pool, &parts, &x, nt, &mut y, ld, &mut s)
+                            .unwrap();
+                        for (m, off) in &parts {
+                            let want = run_repacked(isa, 1, m, &x, nt);
+                            for t in 0..nt {
+                                for r in 0..m.rows() {
+                                    let (g, w) = (y[t * ld + off + r], want[t * m.rows() + r]);
+                                    assert_eq!(
+                                        g.to_bits(),
+                                        w.to_bits(),
+                                        "{ty} nt={nt} {isa:?} t={threads} row {r} at {off}"
+                                    );
+                                }
+                            }
+                        }
+                        // The gap (rows 8..10) is not written.
+                        assert!((0..nt).all(|t| y[t * ld + 8].is_nan() && y[t * ld + 9].is_nan()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Matrices that do not fit one product are refused with the reason, never computed.
+    #[test]
+    fn multi_refuses_parts_that_do_not_fit() {
+        let mk = |ty: GgmlType, rows: usize, cols: usize| {
+            let wf = rand_f32(rows * cols, 5, 1.0);
+            let bytes = quantize_to_vec(ty, &wf).unwrap();
+            let store = aligned(&bytes);
+            let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
+            RepackedMatrix::from_qmatrix(&QMatrix {
+                ty,
+                data,
+                rows,
+                cols,
+            })
+            .unwrap()
+        };
+        let (a, b) = (mk(GgmlType::Q8_0, 16, 256), mk(GgmlType::Q8_0, 8, 256));
+        let (c, d) = (mk(GgmlType::Q5_0, 8, 256), mk(GgmlType::Q8_0, 8, 512));
+        let pool = ThreadPool::new(2);
+        let x = rand_f32(256, 1, 1.0);
+        let run = |parts: &[(&RepackedMatrix, usize)], ld: usize| {
+            let mut y = vec![0.0; ld];
+            let e = matmul_repacked_multi(
+                Isa::detect(),
+                &pool,
+                parts,
+                &x,
+                1,
+                &mut y,
+                ld,
+                &mut MatmulScratch::new(),
+            );
+            e.unwrap_err().to_string()
+        };
+        assert!(run(&[(&a, 0), (&b, 8)], 24).contains("overlap"));
+        assert!(run(&[(&a, 0), (&b, 20)], 24).contains("outside"));
+        assert!(run(&[(&a, 0), (&c, 16)], 24).contains("Q5_0"));
+        assert!(run(&[(&a, 0), (&d, 16)], 24).contains("512"));
+        assert!(run(&[], 24).contains("0 matrices"));
+        let five = [(&b, 0), (&b, 8), (&b, 16), (&b, 24), (&b, 32)];
+        assert!(run(&five, 40).contains("5 matrices"));
     }
 
     /// Long rows cut prefill into several token chunks; the split must not change a bit.
