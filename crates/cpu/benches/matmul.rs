@@ -15,7 +15,9 @@
 //! the shapes of the two real models (Qwen2.5-Coder 0.5B and 1.5B Q4_K_M).
 //! `MINFER_ISA=avx2` measures the AVX2 path on a CPU with AVX-512.
 
-use minfer_cpu::matmul::{matmul, matmul_repacked, MatmulScratch, QMatrix, RepackedMatrix};
+use minfer_cpu::matmul::{
+    matmul, matmul_repacked, matmul_repacked_multi, MatmulScratch, QMatrix, RepackedMatrix,
+};
 use minfer_cpu::quant::Isa;
 use minfer_cpu::threadpool::{chunk_range, ThreadPool};
 use minfer_gguf::quant::quantize_to_vec;
@@ -190,6 +192,65 @@ fn decode(
     }
 }
 
+/// Decode of matrices that read one activation (`shapes`, all of `ty`), as separate
+/// products and as one [`matmul_repacked_multi`] call, each with 1 and 2 threads.
+fn fused(label: &str, ty: GgmlType, shapes: &[(usize, usize)], pools: &[ThreadPool]) {
+    let cols = shapes[0].1;
+    let one: Vec<RepackedMatrix> = shapes
+        .iter()
+        .map(|&(rows, cols)| {
+            let (store, len) = matrix(ty, rows, cols);
+            let q = QMatrix {
+                ty,
+                data: &bytemuck::cast_slice::<u64, u8>(&store)[..len],
+                rows,
+                cols,
+            };
+            RepackedMatrix::from_qmatrix(&q).expect("valid shapes")
+        })
+        .collect();
+    let bytes: usize = one.iter().map(RepackedMatrix::bytes).sum();
+    let copies = STREAM_BYTES.div_ceil(bytes).max(1);
+    let sets: Vec<Vec<RepackedMatrix>> = (0..copies).map(|_| one.clone()).collect();
+    let ld: usize = shapes.iter().map(|s| s.0).sum();
+    let x = rand_f32(cols, 3);
+    let mut y = vec![0.0; ld];
+    let mut scratch = MatmulScratch::new();
+    for pool in pools {
+        let mut i = 0;
+        let separate = time(Duration::from_millis(600), || {
+            let mut off = 0;
+            for m in &sets[i % copies] {
+                let out = &mut y[off..off + m.rows()];
+                matmul_repacked(pool, m, &x, 1, out, &mut scratch).expect("valid shapes");
+                off += m.rows();
+            }
+            i += 1;
+        });
+        let isa = Isa::detect();
+        let multi = time(Duration::from_millis(600), || {
+            let set = &sets[i % copies];
+            let mut parts = Vec::with_capacity(set.len());
+            let mut off = 0;
+            for m in set {
+                parts.push((m, off));
+                off += m.rows();
+            }
+            matmul_repacked_multi(isa, pool, &parts, &x, 1, &mut y, ld, &mut scratch)
+                .expect("valid shapes");
+            i += 1;
+        });
+        println!(
+            "fused   {label:<5} {ty:<5} {ld:>6}x{cols:<5} t={}  separate {:>7.1} us  multi {:>7.1} us  ({:>5.3}x)  {:>6.2} GB/s",
+            pool.n_threads(),
+            separate * 1e6,
+            multi * 1e6,
+            separate / multi,
+            bytes as f64 / multi / 1e9
+        );
+    }
+}
+
 /// Cache-resident decode (64 rows, one thread): the kernels' compute ceiling, in the
 /// layout the backend uses for `ty` on this CPU.
 fn cached(ty: GgmlType, pool: &ThreadPool) {
@@ -313,6 +374,20 @@ fn main() {
         for (ty, rows, cols) in shapes.into_iter().filter(|s| wanted(s.0)) {
             let repacked = RepackedMatrix::supports(ty);
             decode(ty, rows, cols, &pools, &bw, repacked);
+        }
+        // The decode fusions' products: q|k|v and gate|up of the two models.
+        if wanted(Q5_0) {
+            fused("qkv", Q5_0, &[(896, 896), (128, 896), (128, 896)], &pools);
+            fused("ffn", Q5_0, &[(4864, 896), (4864, 896)], &pools);
+        }
+        if wanted(Q4K) {
+            fused(
+                "qkv",
+                Q4K,
+                &[(1536, 1536), (256, 1536), (256, 1536)],
+                &pools,
+            );
+            fused("ffn", Q4K, &[(8960, 1536), (8960, 1536)], &pools);
         }
         return;
     }

@@ -206,8 +206,8 @@ pub const REPACK: Flag = Flag {
 /// `MINFER_FUSE`: the CPU decode fusions.
 pub const FUSE: Choice = Choice {
     name: "MINFER_FUSE",
-    values: &["1", "0", "qkv", "ffn"],
-    effect: "the CPU decode fusions: 1 both (default), 0 none, qkv or ffn only that one (same results, only the speed changes)",
+    values: &["0", "1", "qkv", "ffn"],
+    effect: "the CPU decode fusions: 0 none (default), 1 both, qkv or ffn only that one (same results, only the speed changes)",
 };
 
 /// `MINFER_PROFILE`: per-op wall time.

@@ -95,28 +95,18 @@ pub struct Fusions {
 }
 
 impl Fusions {
-    /// What `MINFER_FUSE` asks for: unset or `1` both, `0` none, `qkv` or `ffn` one. A bad
-    /// value is refused at startup (`minfer_env::check_all`); this infallible read keeps
-    /// the default.
+    /// What `MINFER_FUSE` asks for: `1` both, unset or `0` none, `qkv` or `ffn` one. Off by
+    /// default: on the machines measured so far the fused decode step was not faster than
+    /// the unfused one (BENCHMARKS.md). A bad value is refused at startup
+    /// (`minfer_env::check_all`); this infallible read keeps the default.
     pub fn from_env() -> Self {
-        match minfer_env::FUSE.get() {
-            Ok(Some("0")) => Fusions {
-                qkv: false,
-                ffn: false,
-            },
-            Ok(Some("qkv")) => Fusions {
-                qkv: true,
-                ffn: false,
-            },
-            Ok(Some("ffn")) => Fusions {
-                qkv: false,
-                ffn: true,
-            },
-            _ => Fusions {
-                qkv: true,
-                ffn: true,
-            },
-        }
+        let (qkv, ffn) = match minfer_env::FUSE.get() {
+            Ok(Some("1")) => (true, true),
+            Ok(Some("qkv")) => (true, false),
+            Ok(Some("ffn")) => (false, true),
+            _ => (false, false),
+        };
+        Fusions { qkv, ffn }
     }
 }
 
