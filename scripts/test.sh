@@ -34,6 +34,11 @@ if ! command -v chromium >/dev/null; then
     if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
     $sudo apt-get update -q && $sudo apt-get install -y -q chromium
 fi
+if ! command -v npm >/dev/null; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
+    $sudo apt-get update -q && $sudo apt-get install -y -q nodejs npm
+fi
 if [ ! -d target/viz-npm/node_modules/playwright-core ]; then
     mkdir -p target/viz-npm
     npm install --prefix target/viz-npm --no-audit --no-fund --silent playwright-core@1.65.1

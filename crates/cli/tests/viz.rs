@@ -429,3 +429,125 @@ fn the_default_model_graph_lays_out_in_seconds() {
         "{r}"
     );
 }
+
+/// One tensor in llama-eval-callback's format: header, the first and last three values of
+/// each row (all of a short one), and the sum.
+fn eval_callback_block(name: &str, op: &str, ne0: usize, rows: &[Vec<f64>]) -> String {
+    let mut s = format!(
+        "common_debug_cb_eval: {name:>24} = (f32) {op:>10}(x{{1, 1, 1, 1}}, }}) = {{{ne0}, {}, 1, 1}}\n    [\n        [\n",
+        rows.len()
+    );
+    let f = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:12.4}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for r in rows {
+        if ne0 > 6 {
+            s += &format!("            [{}, ..., {}],\n", f(&r[..3]), f(&r[ne0 - 3..]));
+        } else {
+            s += &format!("            [{}],\n", f(r));
+        }
+    }
+    let sum: f64 = rows.iter().flatten().sum();
+    s + &format!("        ],\n    ]\n    sum = {sum:.6}\n")
+}
+
+#[test]
+fn trace_diff_names_the_first_node_that_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let path = dir.path().join("t.json");
+    let out = minfer(
+        &[
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "--temp",
+            "0",
+            "-n",
+            "1",
+            "-p",
+            "a",
+        ],
+        Some(&path),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc = read_json(&path);
+    let graph = &doc["phases"][0]["graph"]["nodes"];
+    let step = &doc["phases"][0]["steps"][0]["nodes"];
+    // One token, so each node is traced whole. A llama.cpp dump of four nodes from the
+    // trace's own values, `l_out-0` moved by a tenth of its RMS in one printed element:
+    // the script must name it, and nothing else.
+    let dump = |perturb: bool| {
+        let mut s = String::new();
+        for (name, op) in [
+            ("attn_norm-0", "MUL"),
+            ("ffn_out-0", "MUL_MAT"),
+            ("l_out-0", "ADD"),
+            ("attn_norm-1", "MUL"),
+        ] {
+            let node = graph
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["name"] == name)
+                .unwrap();
+            let e = step
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["id"] == node["id"])
+                .unwrap();
+            let ne0 = node["shape"][0].as_u64().unwrap() as usize;
+            let mut vals: Vec<f64> = e["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            assert_eq!(e["stride"], 1, "small enough to be traced whole");
+            if perturb && name == "l_out-0" {
+                vals[1] += 0.1 * e["stats"]["rms"].as_f64().unwrap();
+            }
+            let rows: Vec<Vec<f64>> = vals.chunks(ne0).map(<[f64]>::to_vec).collect();
+            s += &eval_callback_block(name, op, ne0, &rows);
+        }
+        s
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/trace_diff.py");
+    let diff = |body: String| {
+        let d = dir.path().join("dump.txt");
+        std::fs::write(&d, body).unwrap();
+        Command::new("python3")
+            .arg(&script)
+            .arg(&path)
+            .arg(&d)
+            .output()
+            .unwrap()
+    };
+    let same = diff(dump(false));
+    assert_eq!(
+        same.status.code(),
+        Some(0),
+        "{}{}",
+        text(&same.stdout),
+        text(&same.stderr)
+    );
+    assert!(
+        text(&same.stdout).contains("4 nodes matched"),
+        "{}",
+        text(&same.stdout)
+    );
+    let parted = diff(dump(true));
+    let o = text(&parted.stdout);
+    assert_eq!(parted.status.code(), Some(1), "{o}{}", text(&parted.stderr));
+    assert!(
+        o.contains("first node beyond the bound") && o.contains(" l_out-0 "),
+        "{o}"
+    );
+    let bad = diff("not a dump".into());
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad.stderr).contains("no tensors found"));
+}
