@@ -8,6 +8,7 @@
 # checks and integer overflow traps run too). The wgpu backend's tests need a Vulkan
 # adapter; on a machine without a GPU, Mesa's software driver (lavapipe) provides one,
 # installed here when absent. Those tests fail, not skip, when no adapter is found.
+# The visualizer's browser test needs Chromium and playwright-core, installed here too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +26,22 @@ if ! command -v tmux >/dev/null; then
     sudo=""
     if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
     $sudo apt-get update -q && $sudo apt-get install -y -q tmux
+fi
+# The viz page's browser test drives Debian's Chromium through playwright-core, kept
+# under target/ so a warm run installs nothing.
+if ! command -v chromium >/dev/null; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
+    $sudo apt-get update -q && $sudo apt-get install -y -q chromium
+fi
+if ! command -v npm >/dev/null; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
+    $sudo apt-get update -q && $sudo apt-get install -y -q nodejs npm
+fi
+if [ ! -d target/viz-npm/node_modules/playwright-core ]; then
+    mkdir -p target/viz-npm
+    npm install --prefix target/viz-npm --no-audit --no-fund --silent playwright-core@1.65.1
 fi
 cargo build --release --locked --bin minfer
 ./target/release/minfer pull

@@ -35,6 +35,9 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Measure prompt and generation throughput, as llama-bench does.
     Bench(cmd::bench::Args),
+    /// Draw the compute graph in the browser and watch every node's values, live or
+    /// from a recorded trace.
+    Viz(cmd::viz::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Viz(a) => cmd::viz::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -222,6 +222,12 @@ pub const GRAPH_TRACE: Flag = Flag {
     effect: "1 prints each new graph's splits and why each node landed where it did",
 };
 
+/// `MINFER_TRACE`: the per-node trace file `minfer run` writes.
+pub const TRACE: Path = Path {
+    name: "MINFER_TRACE",
+    effect: "`minfer run` records every node's output statistics and a sample of its values per step, and writes them to this file (the `minfer-trace` JSON `minfer viz --trace` opens)",
+};
+
 /// `MINFER_REGEN_CORPUS`: rewrites the GGUF reader's committed test corpus.
 pub const REGEN_CORPUS: Flag = Flag {
     name: "MINFER_REGEN_CORPUS",
@@ -279,6 +285,7 @@ pub const ALL: &[Var] = &[
     Var::Choice(FUSE),
     Var::Flag(PROFILE),
     Var::Flag(GRAPH_TRACE),
+    Var::Path(TRACE),
     Var::Flag(REGEN_CORPUS),
     Var::Choice(WGPU_API),
     Var::Choice(WGPU_TESTS),

@@ -146,6 +146,12 @@ pub trait BackendImpl: Send {
 
     /// A borrowed host view of buffer `id`; `None` where memory is not host-visible.
     fn read_host(&self, id: usize) -> Option<&[f32]>;
+    /// The host view the per-node trace reads right after a node executed (`None`: the
+    /// backend cannot show a node's output without a synchronisation per node, so a
+    /// trace with it in use is refused). The default is [`Self::read_host`].
+    fn trace_view(&self, id: usize) -> Option<&[f32]> {
+        self.read_host(id)
+    }
     /// A host copy of buffer `id` (device backends override with a real readback).
     fn copy_to_host(&mut self, id: usize) -> Option<Vec<f32>> {
         self.synchronize();

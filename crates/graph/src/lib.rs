@@ -16,6 +16,7 @@
 //! | §3.7 / §6 params and reuse cache | [`params`], [`cache`] |
 //! | §5 fusion | [`fusion`] |
 //! | §8.1 DOT, §8.2 JSON (+ import) | [`export::dot`], [`export::json`] |
+//! | §8.3 per-node capture, the `minfer-trace` file | [`trace`] |
 //! | test backend for CPU-only CI, the op-case table every backend runs | [`testing`], [`testing::cases`] |
 //!
 //! # Naming
@@ -58,6 +59,7 @@ pub mod pool;
 pub mod registry;
 pub mod scheduler;
 pub mod testing;
+pub mod trace;
 
 pub use alloc::{GraphAllocator, KvRegion};
 pub use backend::{BackendImpl, CrossCopy, FaultInjector, KvProvider};

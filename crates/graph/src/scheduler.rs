@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use crate::alloc::GraphAllocator;
 use crate::error::GraphError;
 use crate::ir::*;
+use crate::trace::{capture, is_captured, NodeTrace};
 
 /// A maximal run of consecutive live nodes on one backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +64,16 @@ pub struct BackendScheduler {
     in_bufs: RefCell<Vec<BufRef>>,
     /// Per-op wall time and count while `MINFER_PROFILE=1` (see [`Self::take_profile`]).
     profile: RefCell<BTreeMap<&'static str, (std::time::Duration, usize)>>,
+    /// The per-node capture while a trace is on (see [`Self::set_trace`]); `None` costs
+    /// one branch per node and nothing else.
+    trace: RefCell<Option<TraceCapture>>,
+}
+
+/// The nodes captured since the last [`BackendScheduler::take_trace`].
+#[derive(Debug)]
+struct TraceCapture {
+    max_values: usize,
+    nodes: Vec<NodeTrace>,
 }
 
 /// `MINFER_PROFILE=1`, read once per process. A bad value is refused at startup
@@ -97,6 +108,24 @@ impl BackendScheduler {
             .collect();
         v.sort_by_key(|x| std::cmp::Reverse(x.1));
         v
+    }
+
+    /// Turns the per-node capture on (`Some(max values sampled per node)`) or off.
+    pub fn set_trace(&mut self, max_values: Option<usize>) {
+        *self.trace.get_mut() = max_values.map(|max_values| TraceCapture {
+            max_values,
+            nodes: Vec::new(),
+        });
+    }
+
+    /// The nodes captured by the executions since the last call, in execution order;
+    /// empty while the capture is off.
+    pub fn take_trace(&self) -> Vec<NodeTrace> {
+        self.trace
+            .borrow_mut()
+            .as_mut()
+            .map(|t| std::mem::take(&mut t.nodes))
+            .unwrap_or_default()
     }
 
     /// The placements recorded by the last `assign_backends`.
@@ -210,6 +239,7 @@ impl BackendScheduler {
             None => return Ok(()),
         };
         let mut in_bufs = self.in_bufs.borrow_mut();
+        let mut trace = self.trace.borrow_mut();
         alloc.begin_pass();
         for split in splits {
             let bk = split.backend;
@@ -238,6 +268,9 @@ impl BackendScheduler {
                     return Err(mismatch("buffer", out.backend, alloc));
                 }
                 if matches!(node.op, Op::Input | Op::KvcacheLoad { .. }) {
+                    if let Some(t) = trace.as_mut() {
+                        t.record(node, out, alloc)?;
+                    }
                     continue; // host-filled leaf or KV view: nothing to execute
                 }
                 in_bufs.clear();
@@ -287,12 +320,46 @@ impl BackendScheduler {
                     e.0 += t0.elapsed();
                     e.1 += 1;
                 }
+                // Right after the node: a later node of the split may reuse its buffer.
+                if let Some(t) = trace.as_mut() {
+                    t.record(node, out, alloc)?;
+                }
             }
             alloc.sync_backend(bk);
         }
         alloc.drain_cross()
     }
+}
 
+impl TraceCapture {
+    /// Captures `node`'s output buffer `out`, skipping KV views and stores. A backend
+    /// whose buffers are not host-visible refuses the trace rather than sending a
+    /// synchronisation per node.
+    fn record(
+        &mut self,
+        node: &CNode,
+        out: BufRef,
+        alloc: &GraphAllocator,
+    ) -> Result<(), GraphError> {
+        if !is_captured(node) {
+            return Ok(());
+        }
+        let b = alloc
+            .backend(out.backend)
+            .ok_or(GraphError::BackendMissing(out.backend))?;
+        let data = b.trace_view(out.id).ok_or_else(|| GraphError::Backend {
+            backend: b.name().to_string(),
+            context: format!("tracing node {} '{}'", node.id, node.name),
+            message: "this backend's buffers are not readable by the per-node trace \
+                      (MINFER_TRACE); trace with --backend cpu"
+                .into(),
+        })?;
+        self.nodes.push(capture(node, data, self.max_values));
+        Ok(())
+    }
+}
+
+impl BackendScheduler {
     /// The `MINFER_GRAPH_TRACE=1` text: splits, per-op and per-backend counts, and
     /// why each node landed where it did.
     pub fn trace_report(&self, graph: &ComputeGraph, splits: &[Split]) -> String {

@@ -16,12 +16,40 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use minfer_gguf::GgufFile;
+use minfer_graph::trace::{logits_top, NodeTrace};
 use minfer_graph::{
     Backend, BackendCaps, BackendConfig, BackendImpl, BackendScheduler, CParams, CacheCounters,
     ComputeGraph, FaultInjector, FenceError, FusionPass, GraphAllocator, GraphCache, GraphParams,
     GraphType, KvType,
 };
 use minfer_models::{HParams, ModelDef};
+
+/// Entries of a traced step's `logits_top`.
+pub const TRACE_LOGITS_TOP: usize = 5;
+
+/// One step as the per-node trace records it (see [`Engine::set_trace`]).
+#[derive(Debug, Clone)]
+pub struct TracedStep {
+    /// `prefill` (more than one token) or `decode`.
+    pub kind: &'static str,
+    /// The uid of the graph the step ran; a new uid starts a new phase.
+    pub graph_uid: u64,
+    /// The graph's `minfer-graph` export, on the first step of each graph only.
+    pub graph: Option<serde_json::Value>,
+    /// Every captured node, in execution order.
+    pub nodes: Vec<NodeTrace>,
+    /// The largest logits of the step's last output row, `(token id, logit)`.
+    pub logits_top: Vec<(u32, f32)>,
+}
+
+/// Where traced steps go: called once per executed step.
+pub type TraceSink = Box<dyn FnMut(TracedStep) + Send>;
+
+/// The engine's side of an active trace.
+struct EngineTrace {
+    sink: TraceSink,
+    last_uid: Option<u64>,
+}
 
 /// Errors of loading a model into an engine and running it.
 #[derive(Debug, thiserror::Error)]
@@ -197,6 +225,8 @@ pub struct Engine {
     check_reuse: bool,
     /// Storage formats of the K and V rows.
     kv_types: [KvType; 2],
+    /// The per-node trace's sink while one is on.
+    trace: Option<EngineTrace>,
     /// The model's identity digest for KV sessions, computed on first use.
     identity: std::sync::OnceLock<[u8; 32]>,
 }
@@ -358,6 +388,7 @@ impl Engine {
             caps,
             check_reuse: cfg!(debug_assertions),
             kv_types,
+            trace: None,
             identity: std::sync::OnceLock::new(),
         };
         crate::backends::record_in_use(engine.backend_info());
@@ -648,6 +679,26 @@ impl Engine {
         }
     }
 
+    /// Turns the per-node trace on (`Some(sink)`: every later step's captured nodes, at
+    /// most `max_values` sampled values each, go to `sink`) or off (`None`). Only the
+    /// host backend's buffers are readable node by node: a step that runs a node on
+    /// another backend fails while the trace is on, naming the backend.
+    pub fn set_trace(&mut self, sink: Option<TraceSink>, max_values: usize) {
+        self.scheduler
+            .set_trace(sink.is_some().then_some(max_values));
+        self.trace = sink.map(|sink| EngineTrace {
+            sink,
+            last_uid: None,
+        });
+    }
+
+    /// The `general.name` the graph exports carry (the architecture when unnamed).
+    pub fn model_name(&self) -> &str {
+        self.file
+            .get_str("general.name")
+            .unwrap_or(self.model.arch())
+    }
+
     /// The graph a live step of this shape runs (after assignment and fusion), for export.
     pub fn preview_graph(&mut self, nt: usize, n_out: usize) -> Result<ComputeGraph, EngineError> {
         let params = self.params(nt, n_out);
@@ -840,6 +891,23 @@ impl Engine {
             return Err(EngineError::Param {
                 name: "logits",
                 message: "output buffer is not readable".into(),
+            });
+        }
+        if let Some(t) = self.trace.as_mut() {
+            let kind = if nt > 1 { "prefill" } else { "decode" };
+            let new_graph = t.last_uid != Some(graph.uid);
+            t.last_uid = Some(graph.uid);
+            let name = self
+                .file
+                .get_str("general.name")
+                .unwrap_or(self.model.arch());
+            let n_vocab = out.len() / n_out.max(1);
+            (t.sink)(TracedStep {
+                kind,
+                graph_uid: graph.uid,
+                graph: new_graph.then(|| minfer_graph::export_graph_json(graph, name, kind)),
+                nodes: self.scheduler.take_trace(),
+                logits_top: logits_top(&out[out.len() - n_vocab..], TRACE_LOGITS_TOP),
             });
         }
         Ok(())

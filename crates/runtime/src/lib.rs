@@ -15,7 +15,7 @@ pub use conversation::{
     Conversation, ConversationError, ConversationOptions, KvHistory, OverflowPolicy, Reuse,
     TurnStats,
 };
-pub use engine::{BackendInfo, Engine, EngineError, EngineOptions};
+pub use engine::{BackendInfo, Engine, EngineError, EngineOptions, TraceSink, TracedStep};
 pub use generate::{
     generate, generate_reusing, greedy_tokens, FinishReason, GenerateOptions, GenerationStats,
 };

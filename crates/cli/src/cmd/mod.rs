@@ -9,3 +9,5 @@ pub mod pull;
 pub mod run;
 pub mod serve;
 pub mod tokenize;
+pub mod trace;
+pub mod viz;

@@ -247,6 +247,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let shift = overflow == Some(OverflowPolicy::Shift);
+    let trace = super::trace::start(&mut engine, args.session.is_some() || shift)?;
     let capped = !shift && args.gen.n_predict > room;
     let mut kv = KvHistory::new();
     if let Some(path) = args.session.as_deref().filter(|p| p.exists()) {
@@ -289,7 +290,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             true
         },
-    )?;
+    );
+    if let Some((path, rec)) = &trace {
+        // Written whether or not the run succeeded: a failed step's trace explains it.
+        let tokens = run
+            .as_ref()
+            .map(|r| r.stats.tokens.as_slice())
+            .unwrap_or(&[]);
+        let chunks = prompt.len().div_ceil(engine.n_batch().max(1));
+        let steps = rec.take();
+        let sampled = super::trace::sampled_tokens(steps.len(), chunks.saturating_sub(1), tokens);
+        let doc = super::trace::document(engine.model_name(), &text, &steps, &sampled, &tok);
+        super::trace::write(path, &doc)?;
+    }
+    let run = run?;
     let stats = run.stats;
     if let Some(e) = write_err {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
