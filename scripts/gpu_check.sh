@@ -54,7 +54,7 @@ step() {
 step build cargo build --release -p minfer-cli --features cuda
 step pull ./target/release/minfer pull
 step unit cargo test --release -p minfer-cuda --lib -- --nocapture
-step op_cases cargo test --release -p minfer-cuda --test op_cases --test prefill --test engine -- --nocapture
+step op_cases cargo test --release -p minfer-cuda --test op_cases --test prefill --test engine --test model -- --nocapture
 step default_model cargo test --release -p minfer-cuda --test default_model -- --nocapture --test-threads 1
 step bench cargo test --release -p minfer-cuda --test bench -- --ignored --nocapture
 step cli_bench ./target/release/minfer bench --backend cuda

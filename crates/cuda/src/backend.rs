@@ -19,7 +19,8 @@ use std::sync::Arc;
 
 use minfer_gguf::{GgmlType, GgufFile};
 use minfer_graph::{
-    Backend, BackendImpl, BufRef, CNode, DType, FusedOp, KvType, NodeMeta, Op, RopeStyle,
+    Backend, BackendImpl, BufRef, CNode, DType, FusedOp, KvType, NodeMeta, Op,
+    QkvBiasRopeStoreMeta, RoPEMeta, RopeStyle,
 };
 
 use crate::device::{DevLauncher, DevMem, Gpu, GraphExec, Pinned};
@@ -62,9 +63,35 @@ struct MatmulArgs<'a> {
     y_off: usize,
 }
 
+/// The name the model builders give layer `il`'s q|k|v concatenation (a backend that
+/// executes the decode QKV fusions registers it; checked against the builders' own
+/// name in this crate's tests).
+pub fn qkv_concat_name(il: usize) -> String {
+    format!("blk.{il}.attn_qkv.weight")
+}
+
+/// What the two concat-matmul QKV fusions share (`FusedQkvMeta`, `FusedQkvNormMeta`).
+struct FusedQkvParts<'a> {
+    layer: usize,
+    weight: &'a str,
+    n_embd: usize,
+    nqt: usize,
+    nkt: usize,
+    q_bias: Option<&'a str>,
+    k_bias: Option<&'a str>,
+    v_bias: Option<&'a str>,
+    /// q norm, k norm, eps (Qwen3).
+    norms: Option<(&'a str, &'a str, f32)>,
+    rope: &'a RoPEMeta,
+    n_ctx: usize,
+}
+
 /// Largest host-written buffer whose values the pool remembers (index inputs are a few
 /// values per token; staged activations are never indices).
 const HOST_COPY_MAX: usize = 1 << 16;
+
+/// Values the mat-vec, int8 and embedding kernels decode at a time along a row.
+const SUB_BLOCK: usize = 32;
 
 /// How many splits ran in each mode since the backend was made (for tests and reports).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,7 +119,6 @@ pub fn process_replay_stats() -> ReplayStats {
 
 /// The CUDA graph backend (id [`Backend::CUDA`], name "cuda").
 pub struct CudaBackend {
-    gpu: Gpu,
     bufs: Vec<DevBuf>,
     free: Vec<usize>,
     weights: HashMap<String, DevWeight>,
@@ -100,7 +126,7 @@ pub struct CudaBackend {
     /// Tensors of a registered file whose type no kernel decodes, kept to name it.
     skipped: HashMap<String, GgmlType>,
     scratch: Option<DevMem>,
-    snaps: HashMap<usize, DevMem>,
+    snaps: HashMap<(usize, usize), DevMem>,
     /// The split being recorded: commands, upload data, node id range.
     pending: Vec<Cmd>,
     staged: Vec<f32>,
@@ -112,9 +138,23 @@ pub struct CudaBackend {
     generation: u64,
     stats: ReplayStats,
     kv_here: bool,
+    /// Whether every layer's q|k|v concatenation is registered in rows the kernels
+    /// cover: only then are the QKV fusions claimed, since the host has no kernel for a
+    /// fused node this backend would decline.
+    qkv_fusable: bool,
     /// An error of a split that `synchronize` (which cannot fail) ran, reported by the
     /// next call that can.
     failed: Option<String>,
+    /// Last: fields drop in order, so memory and graphs are freed while the context lives.
+    gpu: Gpu,
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // The fields' destructors free device memory: the context must be current on the
+        // dropping thread, which may not be the one that made the backend.
+        let _ = self.gpu.bind();
+    }
 }
 
 // SAFETY: the backend owns its device memory, pinned memory and graphs exclusively; the
@@ -162,7 +202,6 @@ impl CudaBackend {
     pub fn with_graphs(graphs: bool) -> Result<CudaBackend, String> {
         let gpu = Gpu::open()?;
         Ok(CudaBackend {
-            gpu,
             bufs: Vec::new(),
             free: Vec::new(),
             weights: HashMap::new(),
@@ -179,7 +218,9 @@ impl CudaBackend {
             generation: 0,
             stats: ReplayStats::default(),
             kv_here: true,
+            qkv_fusable: false,
             failed: None,
+            gpu,
         })
     }
 
@@ -238,11 +279,9 @@ impl CudaBackend {
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| err(format!("dims {dims:?} overflow")))?;
         let block = ty.block_size();
-        // The kernels decode whole 32-value sub-blocks (every block size is a multiple).
-        if in_dim == 0 || !in_dim.is_multiple_of(block.max(32)) {
+        if in_dim == 0 || !in_dim.is_multiple_of(block) {
             return Err(err(format!(
-                "rows of {in_dim} values are not a positive multiple of {}",
-                block.max(32)
+                "rows of {in_dim} values are not a positive multiple of the {ty} block of {block}"
             )));
         }
         let row_bytes = in_dim / block * ty.type_size();
@@ -279,6 +318,56 @@ impl CudaBackend {
         self.register_weight(name, GgmlType::F32, dims, &bytes)
     }
 
+    /// Registers each layer's q|k|v concatenation (rows of q, then k, then v: GGUF
+    /// rows are contiguous, so it is the three tensors' bytes in a row) under the name
+    /// the model builders give it, where the three share type and input width; the
+    /// decode QKV fusions multiply against it in one launch. Returns how many.
+    fn register_qkv_concats(&mut self, file: &GgufFile) -> Result<usize, String> {
+        let mut added = 0;
+        let mut all = true;
+        let mut layers = 0;
+        for il in 0.. {
+            let part = |w: &str| {
+                file.tensors()
+                    .iter()
+                    .find(|t| t.name == format!("blk.{il}.attn_{w}.weight"))
+            };
+            let (Some(q), Some(k), Some(v)) = (part("q"), part("k"), part("v")) else {
+                break;
+            };
+            layers += 1;
+            let name = qkv_concat_name(il);
+            all &= q.dims.first().is_some_and(|&d| d % SUB_BLOCK as u64 == 0);
+            let same = q.ggml_type == k.ggml_type
+                && k.ggml_type == v.ggml_type
+                && q.dims.first() == k.dims.first()
+                && k.dims.first() == v.dims.first()
+                && [q, k, v].iter().all(|t| t.dims.len() == 2);
+            if self.weights.contains_key(&name) {
+                continue;
+            }
+            if !same || !WEIGHT_TYPES.contains(&q.ggml_type) {
+                all = false;
+                continue;
+            }
+            let rows: u64 = [q, k, v].iter().map(|t| t.dims[1]).sum();
+            let dims = [q.dims[0], rows]
+                .iter()
+                .map(|&d| usize::try_from(d))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| format!("weight '{name}': rows {rows} do not fit in memory"))?;
+            let mut bytes = Vec::new();
+            for t in [q, k, v] {
+                bytes.extend_from_slice(file.tensor_data(t));
+            }
+            if self.register_weight(&name, q.ggml_type, &dims, &bytes)? {
+                added += 1;
+            }
+        }
+        self.qkv_fusable = layers > 0 && all;
+        Ok(added)
+    }
+
     fn weight(&self, name: &str) -> Result<&DevWeight, String> {
         self.weights
             .get(name)
@@ -303,13 +392,37 @@ impl CudaBackend {
         }
     }
 
+    /// Whether every weight `node` names is one the kernels decode, in rows the kernels
+    /// cover: they walk rows in sub-blocks of 32 values, so a row of another length (an
+    /// f32 test matrix, say) declines the node instead of losing its tail.
     fn weights_decoded(&self, node: &CNode) -> bool {
         let ok = |name: &str| !self.skipped.contains_key(name);
+        let rows_fit = |d: usize| d.is_multiple_of(SUB_BLOCK);
         match &node.meta {
-            NodeMeta::MatMul(m) => ok(&m.weight_name) && m.bias_name.as_deref().is_none_or(ok),
-            NodeMeta::Embed(m) => ok(&m.weight_name),
+            NodeMeta::MatMul(m) => {
+                ok(&m.weight_name) && m.bias_name.as_deref().is_none_or(ok) && rows_fit(m.in_dim)
+            }
+            NodeMeta::Embed(m) => ok(&m.weight_name) && rows_fit(m.n_embd),
             NodeMeta::Norm(m) => m.weight_name.as_deref().is_none_or(ok),
-            NodeMeta::FusedFfn(m) => ok(&m.gate_weight) && ok(&m.up_weight),
+            NodeMeta::FusedFfn(m) => ok(&m.gate_weight) && ok(&m.up_weight) && rows_fit(m.n_embd),
+            // The concatenation exists only where this backend made it; one token only.
+            NodeMeta::FusedQkv(m) => {
+                self.weights.contains_key(&m.qkv_weight)
+                    && m.q_bias
+                        .iter()
+                        .chain(&m.k_bias)
+                        .chain(&m.v_bias)
+                        .all(|b| ok(b))
+                    && rows_fit(m.n_embd)
+                    && node.out_shape[1] == 1
+            }
+            NodeMeta::FusedQkvNorm(m) => {
+                self.weights.contains_key(&m.qkv_weight)
+                    && ok(&m.q_norm)
+                    && ok(&m.k_norm)
+                    && rows_fit(m.n_embd)
+                    && node.out_shape[1] == 1
+            }
             _ => true,
         }
     }
@@ -359,18 +472,19 @@ impl CudaBackend {
         if id != out {
             return Ok(Arg::Buf(id));
         }
-        let len = self.len(id);
-        if !self.snaps.contains_key(&len) {
+        self.snapshot(0, Arg::Buf(id), self.len(id))
+    }
+
+    /// A copy of `len` values at `src` in snapshot area `slot` (made on first use).
+    fn snapshot(&mut self, slot: usize, src: Arg, len: usize) -> Result<Arg, String> {
+        if !self.snaps.contains_key(&(slot, len)) {
             self.gpu.bind()?;
-            self.snaps.insert(len, DevMem::zeroed(len * 4)?);
+            self.snaps.insert((slot, len), DevMem::zeroed(len * 4)?);
             self.bump();
         }
-        self.pending.push(Cmd::Copy {
-            src: Arg::Buf(id),
-            dst: Arg::Snap(len),
-            len,
-        });
-        Ok(Arg::Snap(len))
+        let dst = Arg::Snap(slot, len);
+        self.pending.push(Cmd::Copy { src, dst, len });
+        Ok(dst)
     }
 
     /// Makes the scratch area hold at least `bytes`.
@@ -400,6 +514,12 @@ impl CudaBackend {
             return Err(format!(
                 "weight '{}' is [{}, {}], the node expects [{}, {}]",
                 a.name, w.in_dim, w.out_dim, a.in_dim, a.out_dim
+            ));
+        }
+        if !a.in_dim.is_multiple_of(SUB_BLOCK) {
+            return Err(format!(
+                "matmul with '{}': rows of {} values are not whole sub-blocks of {SUB_BLOCK}",
+                a.name, a.in_dim
             ));
         }
         let stride = x_len / nt;
@@ -563,6 +683,33 @@ impl CudaBackend {
                 self.len(v_in)
             ));
         }
+        let kv = (k_id, v_id);
+        self.store_rows(
+            layer,
+            Arg::Buf(k_in),
+            Arg::Buf(v_in),
+            cells,
+            nt,
+            n_embd,
+            n_ctx,
+            kv,
+        )
+    }
+
+    /// Records the store of `nt` rows of `n_embd` values at `k` and `v` into rows
+    /// `cells[t]` of the layer's regions `kv`, after checking the regions and the cells.
+    #[allow(clippy::too_many_arguments)]
+    fn store_rows(
+        &mut self,
+        layer: usize,
+        k: Arg,
+        v: Arg,
+        cells: usize,
+        nt: usize,
+        n_embd: usize,
+        n_ctx: usize,
+        (k_id, v_id): (usize, usize),
+    ) -> Result<(), String> {
         let need = n_embd * n_ctx;
         if self.len(k_id) < need || self.len(v_id) < need {
             return Err(format!(
@@ -589,8 +736,8 @@ impl CudaBackend {
             Kernel::KvStore,
             geom,
             vec![
-                Arg::Buf(k_in),
-                Arg::Buf(v_in),
+                k,
+                v,
                 Arg::Buf(cells),
                 Arg::Buf(k_id),
                 Arg::Buf(v_id),
@@ -601,6 +748,221 @@ impl CudaBackend {
         self.bufs[k_id].host = Host::Unknown;
         self.bufs[v_id].host = Host::Unknown;
         Ok(())
+    }
+
+    /// Records rope in place over `n_head` heads at `target`, in token rows of `stride`
+    /// values, at the positions in buffer `pos`.
+    fn rope_at(
+        &mut self,
+        pos: usize,
+        target: Arg,
+        nt: usize,
+        n_head: usize,
+        m: &RoPEMeta,
+        stride: usize,
+    ) -> Result<(), String> {
+        // No frequency-factor term in the kernel; `supports_op` declines such nodes.
+        if m.freq_factors.is_some() {
+            return Err("rope with frequency factors is not implemented here".into());
+        }
+        if m.n_dims == 0 || !m.n_dims.is_multiple_of(2) || m.n_dims > m.hd {
+            return Err(format!(
+                "rope: n_dims {} must be even, positive and at most hd {}",
+                m.n_dims, m.hd
+            ));
+        }
+        if self.len(pos) < nt {
+            return Err(format!("rope: {} positions for {nt} tokens", self.len(pos)));
+        }
+        let theta_scale = m.freq_base.powf(-2.0 / m.n_dims as f32);
+        let geom = dispatch::elementwise_geom(nt * n_head * (m.n_dims / 2))?;
+        self.launch(
+            Kernel::Rope,
+            geom,
+            vec![
+                Arg::Buf(pos),
+                target,
+                Arg::U32(u32_of(nt, "tokens")?),
+                Arg::U32(u32_of(n_head, "heads")?),
+                Arg::U32(u32_of(m.hd, "head dim")?),
+                Arg::U32(u32_of(m.n_dims, "rotated dims")?),
+                Arg::U32(u32_of(stride, "row stride")?),
+                Arg::U32(u32::from(m.style == RopeStyle::Interleaved)),
+                f32_arg(m.freq_scale),
+                f32_arg(theta_scale),
+            ],
+        );
+        Ok(())
+    }
+
+    /// Records `x[i] += b[i % len]` over `n` values at `x` with the f32 vector weight `b`.
+    fn add_bias(&mut self, x: Arg, n: usize, bias: &str, len: usize) -> Result<(), String> {
+        let b = self.vector(bias, len)?;
+        let geom = dispatch::elementwise_geom(n)?;
+        self.launch(
+            Kernel::Add,
+            geom,
+            vec![
+                x,
+                Arg::Weight(b),
+                x,
+                Arg::U32(u32_of(n, "elements")?),
+                Arg::U32(u32_of(len, "elements")?),
+            ],
+        );
+        Ok(())
+    }
+
+    /// Records the per-head RMS norm in place over `rows` rows of `hd` at `x`.
+    fn norm_rows(
+        &mut self,
+        x: Arg,
+        rows: usize,
+        hd: usize,
+        w: &str,
+        eps: f32,
+    ) -> Result<(), String> {
+        if eps.is_nan() || eps < 0.0 {
+            return Err(format!("rms norm: eps {eps} is not a non-negative number"));
+        }
+        let w = self.vector(w, hd)?;
+        let geom = dispatch::norm_geom(rows)?;
+        self.launch(
+            Kernel::RmsNorm,
+            geom,
+            vec![
+                x,
+                Arg::Weight(w),
+                x,
+                Arg::U32(u32_of(hd, "row length")?),
+                f32_arg(eps),
+                Arg::U32(1),
+            ],
+        );
+        Ok(())
+    }
+
+    /// The decode QKV fusions (`fused_qkv`, `fused_qkv_norm`): one matmul against the
+    /// registered q|k|v concatenation into `[q | k | v]`, then the q/k/v biases or the
+    /// per-head q/k norms, rope on q and k, and the store of k and v at the positions
+    /// (which are the KV rows: the builder emits these only without explicit spans).
+    /// One token: the segments of a row are contiguous only then.
+    fn fused_qkv(
+        &mut self,
+        node: &CNode,
+        f: &FusedQkvParts<'_>,
+        ids: &[usize],
+        out: usize,
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        let nt = node.out_shape[1].max(1);
+        let (nqt, nkt) = (f.nqt, f.nkt);
+        let rows = nqt + 2 * nkt;
+        if nt != 1 || node.n_elements() != rows {
+            return Err(format!(
+                "output {:?} is not one token of [{nqt} + 2 x {nkt}]",
+                node.out_shape
+            ));
+        }
+        let hd = f.rope.hd;
+        if hd == 0 || !nqt.is_multiple_of(hd) || !nkt.is_multiple_of(hd) {
+            return Err(format!(
+                "q rows {nqt} and k rows {nkt} are not whole heads of {hd}"
+            ));
+        }
+        let [x_id, pos] = match ids {
+            [a, b] => [*a, *b],
+            _ => return Err(format!("takes 2 sources, got {}", ids.len())),
+        };
+        let xl = self.len(x_id);
+        let x = self.src_arg(x_id, out)?;
+        let mm = MatmulArgs {
+            name: f.weight,
+            in_dim: f.n_embd,
+            out_dim: rows,
+            bias: None,
+            y_stride: rows,
+            y_off: 0,
+        };
+        self.matmul(&mm, x, xl, 1, out)?;
+        let (q, k, v) = (
+            Arg::BufAt(out, 0),
+            Arg::BufAt(out, nqt),
+            Arg::BufAt(out, nqt + nkt),
+        );
+        for (b, at, len) in [(f.q_bias, q, nqt), (f.k_bias, k, nkt), (f.v_bias, v, nkt)] {
+            if let Some(b) = b {
+                self.add_bias(at, len, b, len)?;
+            }
+        }
+        if let Some((qn, kn, eps)) = f.norms {
+            self.norm_rows(q, nqt / hd, hd, qn, eps)?;
+            self.norm_rows(k, nkt / hd, hd, kn, eps)?;
+        }
+        self.rope_at(pos, q, 1, nqt / hd, f.rope, rows)?;
+        self.rope_at(pos, k, 1, nkt / hd, f.rope, rows)?;
+        let kv = kv_pair.ok_or_else(|| format!("no KV region for layer {}", f.layer))?;
+        if kv.0 == kv.1 || [kv.0, kv.1].contains(&out) || [kv.0, kv.1].contains(&pos) {
+            return Err(format!("layer {}: bad KV pair {kv:?}", f.layer));
+        }
+        self.store_rows(f.layer, k, v, pos, 1, nkt, f.n_ctx, kv)
+    }
+
+    /// The mixed-quant epilogue (`qkv_bias_rope_store`): biases on the three matmul
+    /// outputs, rope on q (the output) and k, and the store of k and v at the positions.
+    /// k and v are worked on in snapshot areas, leaving their sources as they were.
+    fn qkv_bias_rope_store(
+        &mut self,
+        node: &CNode,
+        m: &QkvBiasRopeStoreMeta,
+        layer: usize,
+        ids: &[usize],
+        out: usize,
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        let nt = node.out_shape[1].max(1);
+        let (nqt, nkt, hd) = (m.nqt, m.nkt, m.rope.hd);
+        let [q_in, k_in, v_in, pos] = match ids {
+            [a, b, c, d] => [*a, *b, *c, *d],
+            _ => return Err(format!("takes 4 sources, got {}", ids.len())),
+        };
+        if hd == 0
+            || !nqt.is_multiple_of(hd)
+            || !nkt.is_multiple_of(hd)
+            || node.n_elements() != nqt * nt
+        {
+            return Err(format!(
+                "output {:?} is not [{nqt}, {nt}] in heads of {hd} (k rows {nkt})",
+                node.out_shape
+            ));
+        }
+        if self.len(q_in) < nqt * nt || self.len(k_in) < nkt * nt || self.len(v_in) < nkt * nt {
+            return Err(format!(
+                "q {} / k {} / v {} values for {nt} tokens of {nqt} / {nkt}",
+                self.len(q_in),
+                self.len(k_in),
+                self.len(v_in)
+            ));
+        }
+        if q_in != out {
+            self.pending.push(Cmd::Copy {
+                src: Arg::Buf(q_in),
+                dst: Arg::Buf(out),
+                len: nqt * nt,
+            });
+        }
+        let k = self.snapshot(1, Arg::Buf(k_in), nkt * nt)?;
+        let v = self.snapshot(2, Arg::Buf(v_in), nkt * nt)?;
+        self.add_bias(Arg::Buf(out), nqt * nt, &m.q_bias, nqt)?;
+        self.add_bias(k, nkt * nt, &m.k_bias, nkt)?;
+        self.add_bias(v, nkt * nt, &m.v_bias, nkt)?;
+        self.rope_at(pos, Arg::Buf(out), nt, nqt / hd, &m.rope, nqt)?;
+        self.rope_at(pos, k, nt, nkt / hd, &m.rope, nkt)?;
+        let kv = kv_pair.ok_or_else(|| format!("no KV region for layer {layer}"))?;
+        if kv.0 == kv.1 || [kv.0, kv.1].contains(&out) || [kv.0, kv.1].contains(&pos) {
+            return Err(format!("layer {layer}: bad KV pair {kv:?}"));
+        }
+        self.store_rows(layer, k, v, pos, nt, nkt, m.n_ctx, kv)
     }
 
     fn run(
@@ -866,27 +1228,45 @@ impl CudaBackend {
                         len: n,
                     });
                 }
-                let theta_scale = m.freq_base.powf(-2.0 / m.n_dims as f32);
-                let geom = dispatch::elementwise_geom(nt * m.n_head * (m.n_dims / 2))?;
-                self.launch(
-                    Kernel::Rope,
-                    geom,
-                    vec![
-                        Arg::Buf(src_id(1)?),
-                        Arg::Buf(out),
-                        un(nt, "tokens")?,
-                        un(m.n_head, "heads")?,
-                        un(m.hd, "head dim")?,
-                        un(m.n_dims, "rotated dims")?,
-                        un(stride, "row stride")?,
-                        Arg::U32(u32::from(m.style == RopeStyle::Interleaved)),
-                        f32_arg(m.freq_scale),
-                        f32_arg(theta_scale),
-                    ],
-                );
+                self.rope_at(src_id(1)?, Arg::Buf(out), nt, m.n_head, m, stride)?;
             }
             (Op::KvcacheStore { layer }, meta) => {
                 return self.kv_store(*layer, meta, &ids, kv_pair);
+            }
+            (Op::FusedQKV { layer }, NodeMeta::FusedQkv(m)) => {
+                let parts = FusedQkvParts {
+                    layer: *layer,
+                    weight: &m.qkv_weight,
+                    n_embd: m.n_embd,
+                    nqt: m.nqt,
+                    nkt: m.nkt,
+                    q_bias: m.q_bias.as_deref(),
+                    k_bias: m.k_bias.as_deref(),
+                    v_bias: m.v_bias.as_deref(),
+                    norms: None,
+                    rope: &m.rope,
+                    n_ctx: m.n_ctx,
+                };
+                self.fused_qkv(node, &parts, &ids, out, kv_pair)?;
+            }
+            (Op::FusedQkvNorm { layer }, NodeMeta::FusedQkvNorm(m)) => {
+                let parts = FusedQkvParts {
+                    layer: *layer,
+                    weight: &m.qkv_weight,
+                    n_embd: m.n_embd,
+                    nqt: m.nqt,
+                    nkt: m.nkt,
+                    q_bias: None,
+                    k_bias: None,
+                    v_bias: None,
+                    norms: Some((&m.q_norm, &m.k_norm, m.eps)),
+                    rope: &m.rope,
+                    n_ctx: m.n_ctx,
+                };
+                self.fused_qkv(node, &parts, &ids, out, kv_pair)?;
+            }
+            (Op::QkvBiasRopeStore { layer }, NodeMeta::QkvBiasRopeStore(m)) => {
+                self.qkv_bias_rope_store(node, m, *layer, &ids, out, kv_pair)?;
             }
             (Op::Attn { explicit_span, .. }, NodeMeta::Attn(m)) => {
                 let (k_id, v_id) =
@@ -1044,6 +1424,7 @@ impl CudaBackend {
 
     fn readback(&mut self, id: usize) -> Result<Vec<f32>, String> {
         self.take_failure()?;
+        self.gpu.bind()?;
         self.flush()?;
         let b = self
             .bufs
@@ -1106,6 +1487,7 @@ impl BackendImpl for CudaBackend {
                 added += 1;
             }
         }
+        added += self.register_qkv_concats(file)?;
         Ok(added)
     }
 
@@ -1137,22 +1519,27 @@ impl BackendImpl for CudaBackend {
                     | Op::KvcacheStore { .. }
                     | Op::KvcacheLoad { .. }
                     | Op::FusedFFN
+                    | Op::FusedQKV { .. }
+                    | Op::FusedQkvNorm { .. }
+                    | Op::QkvBiasRopeStore { .. }
             )
     }
 
     fn supports_node(&self, node: &CNode) -> bool {
-        let kv = matches!(
-            node.op,
-            Op::KvcacheStore { .. } | Op::KvcacheLoad { .. } | Op::Attn { .. }
-        );
+        // Every op that touches the KV regions (the QKV fusions store into them).
+        let kv = node.kv_layer().is_some();
         self.supports_op(&node.op, node.out_dtype)
             && (self.kv_here || !kv)
             && self.weights_decoded(node)
     }
 
     fn supports_fused(&self, fused: FusedOp) -> bool {
-        // The QKV decode fusions are not implemented here; the builder keeps them off.
-        matches!(fused, FusedOp::SwiGLU | FusedOp::DecodeFfn)
+        match fused {
+            FusedOp::SwiGLU | FusedOp::DecodeFfn => true,
+            // Claimed only where every fused node would run here: the host has no kernel
+            // for them, and with a packed KV format the stores stay on the host.
+            FusedOp::DecodeQkv => self.kv_here && self.qkv_fusable,
+        }
     }
 
     fn supports_attn_span(&self) -> bool {

@@ -139,6 +139,9 @@ impl DevMem {
         // SAFETY: `ptr` addresses `bytes` bytes just allocated.
         unsafe { result::memset_d8_sync(ptr, 0, bytes) }
             .map_err(|e| format!("clearing device memory failed: {e:?}"))?;
+        // A memset of device memory returns before it completes, on the legacy stream,
+        // which the backend's non-blocking stream does not wait for: finish it here.
+        result::ctx::synchronize().map_err(|e| format!("clearing device memory failed: {e:?}"))?;
         Ok(m)
     }
 
@@ -148,6 +151,9 @@ impl DevMem {
         if !data.is_empty() {
             // SAFETY: `m` holds at least `data.len()` bytes; the copy is synchronous.
             unsafe { result::memcpy_htod_sync(m.ptr, data) }
+                .map_err(|e| format!("uploading {} bytes failed: {e:?}", data.len()))?;
+            // From pageable memory the call may return before the data lands.
+            result::ctx::synchronize()
                 .map_err(|e| format!("uploading {} bytes failed: {e:?}", data.len()))?;
         }
         Ok(m)
@@ -316,8 +322,8 @@ pub struct DevLauncher<'a> {
     pub weights: Vec<sys::CUdeviceptr>,
     /// The quantized-activation scratch area.
     pub scratch: Option<sys::CUdeviceptr>,
-    /// Snapshot areas by length.
-    pub snaps: HashMap<usize, sys::CUdeviceptr>,
+    /// Snapshot areas by (slot, length).
+    pub snaps: HashMap<(usize, usize), sys::CUdeviceptr>,
     /// The upload staging area (already filled with this flush's data).
     pub staging: Option<&'a Pinned>,
 }
@@ -340,11 +346,12 @@ impl DevLauncher<'_> {
                 .scratch
                 .map(|p| p + off as u64)
                 .ok_or_else(|| "no scratch area".to_string()),
-            Arg::Snap(len) => self
+            Arg::BufAt(id, off) => Ok(self.addr(Arg::Buf(id))? + 4 * off as u64),
+            Arg::Snap(slot, len) => self
                 .snaps
-                .get(&len)
+                .get(&(slot, len))
                 .copied()
-                .ok_or_else(|| format!("no snapshot area of {len} values")),
+                .ok_or_else(|| format!("no snapshot area {slot} of {len} values")),
             Arg::U32(_) | Arg::F32(_) => Err(format!("{a:?} is a value, not an address")),
         }
     }

@@ -36,8 +36,11 @@ pub enum Arg {
     Weight(usize),
     /// The quantized-activation scratch area at this byte offset.
     Scratch(usize),
-    /// The snapshot area of this many f32s (a source that aliases the output).
-    Snap(usize),
+    /// Element `offset` of a pool buffer (a segment of a fused node's output).
+    BufAt(usize, usize),
+    /// Snapshot area `(slot, len)`: a copy of a source that aliases the output, or a
+    /// temporary of a fused epilogue.
+    Snap(usize, usize),
     /// A 32-bit unsigned value.
     U32(u32),
     /// A 32-bit float, by its bits (so commands hash and compare exactly).
