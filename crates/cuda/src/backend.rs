@@ -25,7 +25,7 @@ use minfer_graph::{
 
 use crate::device::{DevLauncher, DevMem, Gpu, GraphExec, Pinned};
 use crate::dispatch::{self, Geom};
-use crate::kernels::{Kernel, WEIGHT_TYPES};
+use crate::kernels::{Kernel, Param, WEIGHT_TYPES};
 use crate::replay::{Arg, Cmd, Mode, ReplayCache, SplitKey};
 
 /// What the host knows about a pool buffer's contents.
@@ -142,6 +142,8 @@ pub struct CudaBackend {
     /// cover: only then are the QKV fusions claimed, since the host has no kernel for a
     /// fused node this backend would decline.
     qkv_fusable: bool,
+    /// A recorded launch whose arguments do not fit its kernel.
+    bad_launch: Option<String>,
     /// An error of a split that `synchronize` (which cannot fail) ran, reported by the
     /// next call that can.
     failed: Option<String>,
@@ -170,6 +172,18 @@ impl std::fmt::Debug for CudaBackend {
             .field("generation", &self.generation)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether `args` fit the kinds of `kernel`'s parameters, one for one.
+fn args_match(kernel: Kernel, args: &[Arg]) -> bool {
+    let params = kernel.params();
+    params.len() == args.len()
+        && params.iter().zip(args).all(|(p, a)| match (p, a) {
+            (Param::U32, Arg::U32(_)) | (Param::F32, Arg::F32(_)) => true,
+            (Param::Ptr, Arg::U32(_) | Arg::F32(_)) => false,
+            (Param::Ptr, _) => true,
+            _ => false,
+        })
 }
 
 fn u32_of(v: usize, what: &str) -> Result<u32, String> {
@@ -219,6 +233,7 @@ impl CudaBackend {
             stats: ReplayStats::default(),
             kv_here: true,
             qkv_fusable: false,
+            bad_launch: None,
             failed: None,
             gpu,
         })
@@ -462,7 +477,16 @@ impl CudaBackend {
         }
     }
 
+    /// Records a launch. Arguments that do not match the kernel's declared parameters
+    /// (a dispatcher bug) fail the split at its flush, naming the kernel, instead of
+    /// handing the device a wrong parameter block.
     fn launch(&mut self, kernel: Kernel, geom: Geom, args: Vec<Arg>) {
+        if self.bad_launch.is_none() && !args_match(kernel, &args) {
+            self.bad_launch = Some(format!(
+                "internal: {kernel:?} launched with {args:?}, its signature is {:?}",
+                kernel.params()
+            ));
+        }
         self.pending.push(Cmd::Launch { kernel, geom, args });
     }
 
@@ -1377,6 +1401,12 @@ impl CudaBackend {
         if self.pending.is_empty() {
             return Ok(());
         }
+        if let Some(e) = self.bad_launch.take() {
+            self.pending.clear();
+            self.staged.clear();
+            self.nodes = None;
+            return Err(e);
+        }
         self.gpu.bind()?;
         let cmds = std::mem::take(&mut self.pending);
         let staged = std::mem::take(&mut self.staged);
@@ -1709,5 +1739,41 @@ impl BackendImpl for CudaBackend {
             data: Some(data),
             token: 0,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_arguments_are_checked_against_the_kernel_signature() {
+        let ok = [
+            Arg::Buf(0),
+            Arg::Weight(1),
+            Arg::BufAt(2, 5),
+            Arg::U32(3),
+            Arg::U32(4),
+        ];
+        assert!(args_match(Kernel::Add, &ok));
+        // A value where an address goes, a missing argument, a float for an integer.
+        assert!(!args_match(
+            Kernel::Add,
+            &[Arg::U32(0), ok[1], ok[2], ok[3], ok[4]]
+        ));
+        assert!(!args_match(Kernel::Add, &ok[..4]));
+        assert!(!args_match(
+            Kernel::Add,
+            &[ok[0], ok[1], ok[2], Arg::F32(0), ok[4]]
+        ));
+        let norm = [
+            Arg::Buf(0),
+            Arg::Buf(0),
+            Arg::Snap(0, 8),
+            Arg::U32(8),
+            Arg::F32(0),
+            Arg::U32(1),
+        ];
+        assert!(args_match(Kernel::RmsNorm, &norm));
     }
 }

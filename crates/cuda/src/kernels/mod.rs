@@ -166,6 +166,95 @@ impl Kernel {
     }
 }
 
+/// The kind of one kernel parameter: what the launch passes for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    /// A device address (any pointer type).
+    Ptr,
+    /// A 32-bit unsigned value.
+    U32,
+    /// A 32-bit float.
+    F32,
+}
+
+impl Kernel {
+    /// The kernel's parameter list, in order, as its `.cu` signature declares it
+    /// (checked against the sources by this module's tests, and against every recorded
+    /// launch by the backend).
+    pub fn params(self) -> &'static [Param] {
+        use Param::{Ptr as P, F32 as F, U32 as U};
+        match self {
+            Kernel::Add | Kernel::Mul | Kernel::Gather => &[P, P, P, U, U],
+            Kernel::Silu => &[P, P, U],
+            Kernel::SwiGlu => &[P, P, P, U],
+            Kernel::SwiGluRows => &[P, U, U],
+            Kernel::RmsNorm => &[P, P, P, U, F, U],
+            Kernel::Embed(_) => &[P, P, P, U, U],
+            Kernel::MatVec(_) => &[P, P, P, P, U, U, U, U, U, U, U, U],
+            Kernel::Quant(_) => &[P, P, P, U, U],
+            Kernel::Mmq(_) => &[P, P, P, P, P, U, U, U, U, U, U, U, U],
+            Kernel::Rope => &[P, P, U, U, U, U, U, U, F, F],
+            Kernel::KvStore => &[P, P, P, P, P, U, U],
+            Kernel::Attn => &[P, P, P, P, P, P, U, U, U, U, U, F, U],
+        }
+    }
+}
+
+/// The parameter kinds of every kernel defined in `src`, by name: from the signature of
+/// each `__global__` function, the per-type macros' signatures applied to each of their
+/// uses.
+pub fn parse_params(src: &str) -> Vec<(String, Vec<Param>)> {
+    fn kinds(list: &str) -> Vec<Param> {
+        list.split(',')
+            .map(|p| p.replace('\\', " "))
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| {
+                if p.contains('*') {
+                    Param::Ptr
+                } else if p.contains("float") {
+                    Param::F32
+                } else {
+                    Param::U32
+                }
+            })
+            .collect()
+    }
+    // The parameter list after `void NAME(` up to the matching `)`.
+    fn list_after(s: &str) -> Option<(&str, &str)> {
+        let open = s.find('(')?;
+        let close = s[open..].find(')')? + open;
+        Some((s[..open].trim(), &s[open + 1..close]))
+    }
+    let mut out = Vec::new();
+    let mut macros: Vec<(String, Vec<Param>)> = Vec::new();
+    for chunk in src.split("__global__ void ").skip(1) {
+        if let Some((name, list)) = list_after(chunk) {
+            if name == "NAME" {
+                continue;
+            }
+            out.push((name.to_string(), kinds(list)));
+        }
+    }
+    for def in src.split("#define ").skip(1) {
+        let Some(open) = def.find('(') else { continue };
+        let mac = def[..open].trim().to_string();
+        if let Some(sig) = def.split("__global__ void NAME").nth(1) {
+            if let Some((_, list)) = list_after(sig) {
+                macros.push((mac, kinds(list)));
+            }
+        }
+    }
+    for line in src.lines() {
+        for (mac, params) in &macros {
+            if let Some(rest) = line.strip_prefix(&format!("{mac}(")) {
+                let name = rest.split(',').next().unwrap_or("").trim().to_string();
+                out.push((name, params.clone()));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +305,34 @@ mod tests {
                 "kernel '{f}' in the sources is never dispatched"
             );
         }
+    }
+
+    #[test]
+    fn every_kernels_parameter_list_matches_its_cu_signature() {
+        let parsed = parse_params(&program());
+        for k in Kernel::all() {
+            let name = k.name().unwrap();
+            let found: Vec<_> = parsed.iter().filter(|(n, _)| *n == name).collect();
+            assert_eq!(found.len(), 1, "{name}: {} signatures", found.len());
+            assert_eq!(
+                found[0].1,
+                k.params(),
+                "{name}: the dispatcher's parameter kinds"
+            );
+        }
+    }
+
+    #[test]
+    fn the_signature_parser_reads_pointers_values_and_macros() {
+        let src = "extern \"C\" __global__ void f(const float* a, u32 n, float s) {}\n\
+                   #define M(NAME, D) \\\n extern \"C\" __global__ void NAME(u8* w, \\\n u32 k) {}\n\
+                   M(g_q8, d)\n";
+        let p = parse_params(src);
+        assert_eq!(
+            p[0],
+            ("f".to_string(), vec![Param::Ptr, Param::U32, Param::F32])
+        );
+        assert_eq!(p[1], ("g_q8".to_string(), vec![Param::Ptr, Param::U32]));
     }
 
     #[test]
