@@ -42,6 +42,21 @@ fn probe_uncached() -> Result<DeviceSummary, String> {
         );
     }
     result::init().map_err(err("the CUDA driver did not initialize"))?;
+    let mut driver = 0;
+    // SAFETY: writes one int through a valid pointer.
+    unsafe { sys::cuDriverGetVersion(&mut driver) }
+        .result()
+        .map_err(err("the CUDA driver version"))?;
+    // Older drivers lack entry points the backend calls (looked up by name at run time).
+    if driver < MIN_DRIVER {
+        return Err(format!(
+            "the CUDA driver supports CUDA {}.{}; the backend needs {}.{} or newer",
+            driver / 1000,
+            driver % 1000 / 10,
+            MIN_DRIVER / 1000,
+            MIN_DRIVER % 1000 / 10
+        ));
+    }
     let n = result::device::get_count().map_err(err("the CUDA driver cannot count devices"))?;
     if n == 0 {
         return Err("the CUDA driver reports no device".into());
@@ -64,11 +79,6 @@ fn probe_uncached() -> Result<DeviceSummary, String> {
     }
     // SAFETY: as above.
     let memory = unsafe { result::device::total_mem(dev) }.map_err(err("CUDA device memory"))?;
-    let mut driver = 0;
-    // SAFETY: writes one int through a valid pointer.
-    unsafe { sys::cuDriverGetVersion(&mut driver) }
-        .result()
-        .map_err(err("the CUDA driver version"))?;
     // SAFETY: only tries to open the library by name.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(format!(
@@ -83,10 +93,26 @@ fn probe_uncached() -> Result<DeviceSummary, String> {
     })
 }
 
-/// The first CUDA device, or why there is none; probed once per process.
+/// Oldest driver API version the backend runs on (12.0).
+pub const MIN_DRIVER: i32 = 12_000;
+
+/// The first CUDA device, or why there is none; probed once per process. The bindings
+/// panic on a driver entry point they cannot find: such a driver is reported as not
+/// usable, never as a crash of the process probing it.
 pub fn probe() -> Result<DeviceSummary, String> {
     static PROBE: OnceLock<Result<DeviceSummary, String>> = OnceLock::new();
-    PROBE.get_or_init(probe_uncached).clone()
+    PROBE
+        .get_or_init(|| {
+            std::panic::catch_unwind(probe_uncached).unwrap_or_else(|p| {
+                let what = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown failure".into());
+                Err(format!("the CUDA driver library is unusable: {what}"))
+            })
+        })
+        .clone()
 }
 
 /// The NVRTC architecture option for a compute capability.
