@@ -45,7 +45,22 @@ if [ ! -d target/viz-npm/node_modules/playwright-core ]; then
 fi
 cargo build --release --locked --bin minfer
 ./target/release/minfer pull
-cargo test --release --locked --workspace
+# NVRTC alone (no driver, no device) lets the CUDA backend's unit tests compile every
+# kernel source as a GPU machine does at run time; its device tests skip, saying so.
+nvrtc_dir="${XDG_CACHE_HOME:-$HOME/.cache}/minfer-ci/nvrtc"
+if [ ! -e "$nvrtc_dir/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
+    python3 -m pip install -q --disable-pip-version-check --target "$nvrtc_dir" nvidia-cuda-nvrtc-cu12
+fi
+LD_LIBRARY_PATH="$nvrtc_dir/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test --release --locked --workspace
 # Without the runtime's default wgpu feature: the checked pass is for the graph invariants,
 # which the CPU tests exercise, and skips compiling the wgpu stack a second time.
 cargo test --profile checked --locked --no-default-features -p minfer-graph -p minfer-models -p minfer-runtime
+# The binary with the CUDA backend (off by default) builds and links here, with no CUDA
+# toolkit or driver (both are loaded at run time), and refuses `--backend cuda` naming
+# the reason where no device is usable. Last, since it replaces target/release/minfer.
+cargo test --release --locked -p minfer-runtime --features cuda --lib backends
+cargo build --release --locked -p minfer-cli --features cuda
+if ! out=$(./target/release/minfer run --backend cuda -p hi -n 1 2>&1); then
+    grep -q "backend 'cuda' is not usable on this machine: " <<<"$out" || { echo "$out"; exit 1; }
+fi

@@ -249,6 +249,20 @@ pub const WGPU_TESTS: Choice = Choice {
     effect: "`skip` skips the wgpu backend's tests, saying so, where no adapter is found",
 };
 
+/// `MINFER_CUDA_GRAPHS`: CUDA Graph capture and replay of the CUDA backend's splits.
+pub const CUDA_GRAPHS: Flag = Flag {
+    name: "MINFER_CUDA_GRAPHS",
+    effect: "0 makes the CUDA backend launch every kernel directly instead of replaying captured CUDA Graphs; default 1",
+};
+
+/// `MINFER_CUDA_TESTS`: makes the CUDA backend's device tests fail where no device is
+/// found (without it they skip there, saying so).
+pub const CUDA_TESTS: Choice = Choice {
+    name: "MINFER_CUDA_TESTS",
+    values: &["require"],
+    effect: "`require` makes the CUDA device tests fail instead of skipping where no CUDA device is usable",
+};
+
 /// One entry of the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Var {
@@ -289,6 +303,8 @@ pub const ALL: &[Var] = &[
     Var::Flag(REGEN_CORPUS),
     Var::Choice(WGPU_API),
     Var::Choice(WGPU_TESTS),
+    Var::Flag(CUDA_GRAPHS),
+    Var::Choice(CUDA_TESTS),
 ];
 
 /// Validates every variable of [`ALL`]; the first bad one is the error.

@@ -18,6 +18,8 @@ pub fn compiled() -> Vec<BackendFactory> {
     let mut v = vec![minfer_cpu::FACTORY];
     #[cfg(feature = "wgpu")]
     v.push(minfer_wgpu::FACTORY);
+    #[cfg(feature = "cuda")]
+    v.push(minfer_cuda::FACTORY);
     v
 }
 
@@ -101,10 +103,22 @@ mod tests {
             check_fence("vulkan"),
             Err(FenceError::Unknown { .. })
         ));
+        #[cfg(not(feature = "cuda"))]
         assert!(matches!(
             check_fence("cuda"),
             Err(FenceError::NotCompiled { .. })
         ));
+        // With the backend compiled in, a machine without the driver or a device refuses
+        // it with the probe's reason; one with a device accepts it.
+        #[cfg(feature = "cuda")]
+        match check_fence("cuda") {
+            Ok(v) => assert_eq!(v, vec![Backend::CUDA]),
+            Err(FenceError::NotUsable { name, reason }) => {
+                assert_eq!(name, "cuda");
+                assert!(!reason.is_empty());
+            }
+            Err(e) => panic!("unexpected refusal: {e}"),
+        }
         assert_eq!(check_fence("cpu").expect("cpu"), vec![Backend::CPU]);
     }
 }
