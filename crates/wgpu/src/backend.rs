@@ -1775,7 +1775,22 @@ impl BackendImpl for WgpuBackend {
     }
 
     fn supports_fused(&self, fused: FusedOp) -> bool {
-        matches!(fused, FusedOp::SwiGLU | FusedOp::DecodeQkv)
+        match fused {
+            FusedOp::SwiGLU => true,
+            // A claim turns the fusion on for the whole model, and a fused node this
+            // backend then declined would land on a backend that may not have it: claim
+            // it only when every one will run here, i.e. the KV lives here and no
+            // attention q/k/v tensor is of a type the shaders do not decode.
+            FusedOp::DecodeQkv => {
+                self.kv_here
+                    && !self.skipped.keys().any(|n| {
+                        [".attn_q", ".attn_k", ".attn_v"]
+                            .iter()
+                            .any(|a| n.contains(a))
+                    })
+            }
+            FusedOp::DecodeFfn => false,
+        }
     }
 
     fn supports_attn_span(&self) -> bool {
