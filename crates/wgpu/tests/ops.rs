@@ -853,3 +853,109 @@ fn an_op_the_backend_does_not_claim_is_an_error_not_a_fallback() {
     }
     assert!(!g.supports_op(&Op::Add, minfer_graph::DType::I32));
 }
+
+/// `QkvBiasRopeStore` (the epilogue after three separate matmuls) against its unfused
+/// chain on wgpu: q + q_bias then rope is the output, k + k_bias then rope and
+/// v + v_bias are stored at the positions, all bit for bit.
+#[test]
+fn qkv_bias_rope_store_is_bit_identical_to_its_unfused_chain() {
+    use minfer_graph::QkvBiasRopeStoreMeta;
+    let (n_head, n_head_kv, hd, n_ctx) = (4usize, 2usize, 16usize, 8usize);
+    let (nqt, nkt) = (n_head * hd, n_head_kv * hd);
+    let mut r = Rng::new(31);
+    let bias = |name: &str, n: usize, r: &mut Rng| W {
+        name: name.into(),
+        ty: GgmlType::F32,
+        dims: vec![n as u64],
+        values: r.vec(n),
+    };
+    let ws = [
+        bias("bq", nqt, &mut r),
+        bias("bk", nkt, &mut r),
+        bias("bv", nkt, &mut r),
+    ];
+    let Some(mut g) = gpu() else { return };
+    g.register_gguf(&common::gguf(&ws), "").expect("biases");
+    let rope = |n_head| RoPEMeta {
+        n_dims: hd,
+        freq_base: 1_000_000.0,
+        freq_scale: 1.0,
+        n_head,
+        hd,
+        style: RopeStyle::NonInterleaved,
+        freq_factors: None,
+    };
+    let nt = 3;
+    let positions = ints(&[2, 5, 7]);
+    let (q, k, v) = (r.vec(nqt * nt), r.vec(nkt * nt), r.vec(nkt * nt));
+    let (k0, v0) = (r.vec(nkt * n_ctx), r.vec(nkt * n_ctx));
+    let meta = QkvBiasRopeStoreMeta {
+        q_bias: "bq".into(),
+        k_bias: "bk".into(),
+        v_bias: "bv".into(),
+        rope: rope(n_head),
+        nqt,
+        nkt,
+        n_ctx,
+        kv_elems: nkt * n_ctx,
+    };
+    let fused = node(
+        Op::QkvBiasRopeStore { layer: 0 },
+        4,
+        [nqt, nt, 1, 1],
+        NodeMeta::QkvBiasRopeStore(meta),
+    );
+    let srcs = [
+        Src::Output(q.clone()),
+        Src::Data(k.clone()),
+        Src::Data(v.clone()),
+        Src::Data(positions.clone()),
+    ];
+    let got = run(&mut g, &fused, &srcs, Some((&k0, &v0))).expect("fused");
+    // The chain: bias adds, rope on q and k, then the store.
+    let add = |g: &mut minfer_wgpu::WgpuBackend, x: &[f32], b: &str, n: usize| {
+        let bv = &ws.iter().find(|w| w.name == b).unwrap().values;
+        let nd = node(Op::Add, 2, [n, nt, 1, 1], NodeMeta::None);
+        run(
+            g,
+            &nd,
+            &[Src::Data(x.to_vec()), Src::Data(bv.clone())],
+            None,
+        )
+        .unwrap()
+        .out
+    };
+    let roped = |g: &mut minfer_wgpu::WgpuBackend, x: Vec<f32>, heads: usize| {
+        let op = Op::RoPE {
+            style: RopeStyle::NonInterleaved,
+            freq_factors: false,
+        };
+        let nd = node(op, 2, [heads * hd, nt, 1, 1], NodeMeta::Rope(rope(heads)));
+        run(g, &nd, &[Src::Data(x), Src::Data(positions.clone())], None)
+            .unwrap()
+            .out
+    };
+    let qa = add(&mut g, &q, "bq", nqt);
+    let want_q = roped(&mut g, qa, n_head);
+    let ka = add(&mut g, &k, "bk", nkt);
+    let want_k = roped(&mut g, ka, n_head_kv);
+    let want_v = add(&mut g, &v, "bv", nkt);
+    let store = node(
+        Op::KvcacheStore { layer: 0 },
+        3,
+        [nkt, nt, 1, 1],
+        kv_meta(0, nkt, n_ctx),
+    );
+    let srcs = [
+        Src::Data(want_k),
+        Src::Data(want_v),
+        Src::Data(positions.clone()),
+    ];
+    let chain = run(&mut g, &store, &srcs, Some((&k0, &v0))).expect("store");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got.out), bits(&want_q), "roped q");
+    let (gk, gv) = got.kv.expect("fused KV");
+    let (ck, cv) = chain.kv.expect("chain KV");
+    assert_eq!(bits(&gk), bits(&ck), "stored K");
+    assert_eq!(bits(&gv), bits(&cv), "stored V");
+}
