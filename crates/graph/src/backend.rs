@@ -157,6 +157,24 @@ pub trait BackendImpl: Send {
         self.synchronize();
         self.read_host(id).map(<[f32]>::to_vec)
     }
+    /// A host copy of elements `offset..offset + len` of buffer `id`, or why not; device
+    /// backends override it to read back only that window (KV rows of a session).
+    fn read_host_window(
+        &mut self,
+        id: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<f32>, String> {
+        self.synchronize();
+        let buf = self
+            .read_host(id)
+            .ok_or_else(|| format!("buffer {id} is not host-readable"))?;
+        offset
+            .checked_add(len)
+            .and_then(|end| buf.get(offset..end))
+            .map(<[f32]>::to_vec)
+            .ok_or_else(|| format!("window {offset}+{len} exceeds buffer {id} ({})", buf.len()))
+    }
     /// Overwrites buffer `id`; `data.len()` must equal the buffer length.
     fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String>;
     /// Overwrites `data.len()` elements of buffer `id` starting at `offset`.

@@ -463,17 +463,19 @@ impl Engine {
     ) -> Result<(), EngineError> {
         self.ensure_kv_regions()?;
         let (kw, vw, regions) = self.kv_layout()?;
-        let alloc = self.cache.alloc();
+        let alloc = self.cache.alloc_mut();
         for r in regions {
             for (id, w) in [(r.k, kw), (r.v, vw)] {
+                let unreadable = |why: String| EngineError::Param {
+                    name: "KV",
+                    message: format!("rows {base}..{} are not readable: {why}", base + n),
+                };
+                // Through the backend, so regions on a device are read back from it.
                 let buf = alloc
-                    .backend(r.backend)
-                    .and_then(|b| b.read_host(id))
-                    .and_then(|b| b.get(base * w..(base + n) * w))
-                    .ok_or_else(|| EngineError::Param {
-                        name: "KV",
-                        message: format!("rows {base}..{} are not readable", base + n),
-                    })?;
+                    .backend_mut(r.backend)
+                    .ok_or_else(|| unreadable(format!("backend {} is not registered", r.backend)))?
+                    .read_host_window(id, base * w, n * w)
+                    .map_err(unreadable)?;
                 out.extend(buf.iter().map(|x| x.to_bits()));
             }
         }

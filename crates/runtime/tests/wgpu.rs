@@ -60,6 +60,8 @@ fn the_wgpu_fence_keeps_the_cpu_as_host_and_the_cpu_fence_excludes_wgpu() {
     assert!(!adapter.name.is_empty() && !adapter.api.is_empty());
     assert!(info[1].device.is_none());
     assert!(g.backend_caps().gpu && g.params(1, 1).cparams.gpu);
+    // f32 KV and every tensor decoded: the decode QKV fusion runs here.
+    assert!(g.params(1, 1).cparams.fuse_qkv);
     // Inputs stay on the host, the rest runs on the device.
     let graph = g.preview_graph(1, 1).expect("graph");
     for n in &graph.nodes {
@@ -83,7 +85,7 @@ fn the_wgpu_fence_keeps_the_cpu_as_host_and_the_cpu_fence_excludes_wgpu() {
     assert!(!c.backend_caps().gpu);
     let err = rel_err(&logits(&mut g), &logits(&mut c));
     eprintln!("tiny Q8_0 model: wgpu against the CPU, relative error {err:.2e}");
-    // The CPU quantizes activations to Q8 before its Q8_0 matmuls, the shaders do not.
+    // Same Q8 activation levels on both; float order differs (amplified by roundings).
     assert!(err < 2e-2, "relative error {err:e}");
 }
 
@@ -111,6 +113,8 @@ fn a_weight_type_the_shaders_do_not_decode_runs_on_the_cpu_by_capability() {
         }
     }
     assert!(q5k_on_cpu > 0 && on_wgpu > 0, "{q5k_on_cpu} / {on_wgpu}");
+    // Q5_K attention weights: no fused QKV node would run here, so none is built.
+    assert!(!g.params(1, 1).cparams.fuse_qkv);
     let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
     let err = rel_err(&logits(&mut g), &logits(&mut c));
     eprintln!("tiny Q5_K model split across wgpu and the CPU: relative error {err:.2e}");
@@ -138,6 +142,8 @@ fn a_packed_kv_format_keeps_the_kv_and_attention_on_the_cpu() {
         }
     }
     assert!(graph.nodes.iter().any(|n| n.backend == Some(Backend::WGPU)));
+    // A fused QKV node would store into the KV the backend does not hold.
+    assert!(!g.params(1, 1).cparams.fuse_qkv);
     let mut c = Engine::from_arc(
         f,
         &EngineOptions {
@@ -148,4 +154,70 @@ fn a_packed_kv_format_keeps_the_kv_and_attention_on_the_cpu() {
     .expect("cpu engine");
     let err = rel_err(&logits(&mut g), &logits(&mut c));
     assert!(err < 2e-2, "relative error {err:e}");
+}
+
+/// Greedy decode of `n` steps from `logits` at `pos`: every logits row's bits.
+fn greedy_bits(e: &mut Engine, mut logits: Vec<f32>, mut pos: usize, n: usize) -> Vec<Vec<u32>> {
+    let mut rows = Vec::new();
+    for _ in 0..n {
+        rows.push(logits.iter().map(|x| x.to_bits()).collect());
+        let t = minfer_runtime::sampling::argmax(&logits);
+        logits = e.forward(&[t], pos, 1).expect("decode");
+        pos += 1;
+    }
+    rows
+}
+
+#[test]
+fn a_session_saved_with_the_kv_on_wgpu_continues_bit_for_bit_after_loading() {
+    if !minfer_wgpu::testing::adapter_or_skip() {
+        return;
+    }
+    let f = file(&TinySpec::qwen2(GgmlType::Q8_0, 75));
+    let prompt = [3u32, 17, 5, 42, 9];
+    let (kept, more) = (3, 4);
+    let engine = || Engine::from_arc(Arc::clone(&f), &opts("wgpu")).expect("wgpu engine");
+    // Prefill, `kept` decode steps: the history the KV holds, and the next logits.
+    let run_to = |e: &mut Engine| {
+        let mut hist = prompt.to_vec();
+        let mut logits = e.prefill(&hist, 0).expect("prefill");
+        for _ in 0..kept {
+            let t = minfer_runtime::sampling::argmax(&logits);
+            logits = e.forward(&[t], hist.len(), 1).expect("decode");
+            hist.push(t);
+        }
+        (hist, logits)
+    };
+    let mut straight = engine();
+    let graph = straight.preview_graph(1, 1).expect("graph");
+    assert!(
+        graph
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::KvcacheStore { .. }))
+            .all(|n| n.backend == Some(Backend::WGPU)),
+        "the KV regions live on the device"
+    );
+    let (_, logits) = run_to(&mut straight);
+    let want = greedy_bits(&mut straight, logits, prompt.len() + kept, more);
+
+    let dir = std::env::temp_dir().join(format!("minfer-wgpu-session-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("s.kv");
+    let mut first = engine();
+    let (hist, _) = run_to(&mut first);
+    minfer_runtime::session::save(&mut first, &hist, &path).expect("save with the KV on wgpu");
+    drop(first);
+    let mut second = engine();
+    let restored = minfer_runtime::session::load(&mut second, &path);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(restored.expect("load onto wgpu"), hist);
+    // The last stored token's logits come from running it again at its position.
+    let last = *hist.last().expect("history");
+    let logits = second
+        .forward(&[last], hist.len() - 1, 1)
+        .expect("rerun the last token");
+    let got = greedy_bits(&mut second, logits, hist.len(), more);
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "the restored session's continuation differs");
 }

@@ -26,12 +26,13 @@ use minfer_tokenizer::Tokenizer;
 use serde_json::Value;
 
 /// Tokens of each teacher-forced reference prompt that are scored (all four prompts).
-const TEACHER_PREFIX: usize = 16;
+const TEACHER_PREFIX: usize = 32;
 /// Largest lead, in logits, that one backend's top-1 may have over the other's where
-/// the two disagree: the CPU quantizes activations to Q8 before its quantized matmuls
-/// (as llama.cpp's CPU path does), the shaders keep them f32, so near-ties may flip;
-/// a kernel bug would flip rows with a clear winner. Measured: at most 0.19 over the
-/// first 32 tokens of each prompt.
+/// the two disagree. Both backends round a quantized matmul's activations to the same
+/// Q8 levels, so they differ by float summation order only; where that moves an
+/// activation across a rounding boundary the difference grows, which may flip a
+/// near-tie but not a row with a clear winner. Measured: one disagreement, leads of
+/// 0.021 and 0.002.
 const TIE: f32 = 0.25;
 /// Perplexity over the first chunk of this many tokens of the reference text (its
 /// second half scored), on both backends.
@@ -96,7 +97,8 @@ fn teacher_forced_top1_agrees_with_the_cpu_backend() {
     assert_eq!(g.backend_info()[0].name, "wgpu");
     let n_vocab = g.n_vocab();
     let (mut agree, mut total, mut max_err) = (0, 0, 0f32);
-    // Agreement of each backend with llama.cpp's top-1 (its CPU path, Q8 activations).
+    // Agreement of each backend with llama.cpp's top-1 (its CPU path, Q8 activations),
+    // for the record.
     let (mut g_llama, mut c_llama) = (0, 0);
     let t0 = Instant::now();
     for case in reference()["teacher_forced"].as_array().expect("cases") {
@@ -139,14 +141,16 @@ fn teacher_forced_top1_agrees_with_the_cpu_backend() {
         t0.elapsed()
     );
     assert!(total >= 4 * TEACHER_PREFIX, "{total} positions");
-    // Measured on lavapipe: 61/64 (95.3%); over the first 32 tokens of each prompt
-    // 125/128 (97.7%), the same three near-ties. The 99% is not reached: every
-    // disagreement is a near-tie (checked above), where wgpu sides with llama.cpp about
-    // as often as the CPU does (126/128 against 127/128).
-    assert!(pct >= 90.0, "top-1 agreement {pct:.2}%");
-    // The CPU quantizes activations to Q8 before its quantized matmuls, the shaders do not.
+    // The acceptance: at least 99%. Measured on lavapipe: 127/128 (99.22%), the one
+    // disagreement a near-tie (checked above); before the shaders rounded activations
+    // as the CPU does, 125/128.
+    assert!(pct >= 99.0, "top-1 agreement {pct:.2}%");
+    // Float order amplified through 24 layers of roundings: an activation that lands
+    // on the other side of a rounding boundary moves by a whole level. Measured: most
+    // rows 1-2.5e-2, the largest 6.5e-2 (one row); a row without such a crossing
+    // agrees to 3.3e-7 (the first prompt's first).
     assert!(
-        max_err < 5e-2,
+        max_err < 1e-1,
         "largest relative logits difference {max_err:e}"
     );
 }
@@ -180,10 +184,10 @@ fn ppl_pair(n_ctx: usize, chunks: usize) -> f64 {
     rel
 }
 
-/// The CI check, on the first chunk of [`PPL_CTX`] tokens (its last half scored). Over
-/// so few scored tokens the two backends' near-tie noise does not average out: measured
-/// 2.31% on lavapipe (wgpu 9.368, cpu 9.590). The longer comparison below is within
-/// 0.5%.
+/// The CI check, on the first chunk of [`PPL_CTX`] tokens of the reference text (its
+/// last 32 scored), 77-111 s on lavapipe. Over so few scored tokens the two backends'
+/// remaining differences do not average out: measured 2.38% (wgpu 9.3622, cpu 9.5899).
+/// The longer comparison below is within 0.5%.
 #[test]
 fn perplexity_on_a_short_prefix_is_close_to_the_cpu_backend() {
     if !minfer_wgpu::testing::adapter_or_skip() {
@@ -193,12 +197,13 @@ fn perplexity_on_a_short_prefix_is_close_to_the_cpu_backend() {
     assert!(rel < 0.03, "relative difference {:.3}%", rel * 100.0);
 }
 
-/// The acceptance figure: two chunks of 256 tokens (256 scored). Measured 0.16% on
-/// lavapipe (wgpu 4.8440, cpu 4.8518), but it takes about nine minutes there, so it
-/// runs on demand: `cargo test --release -p minfer-runtime --test wgpu_default_model
-/// -- --ignored --nocapture`.
+/// The acceptance figure: two chunks of 256 tokens (256 scored). Measured 0.28% on
+/// lavapipe (wgpu 4.8655, cpu 4.8518; 0.16% before the activations were rounded as the
+/// CPU rounds them), but it takes about seven minutes there, so it runs on demand:
+/// `cargo test --release -p minfer-runtime --test wgpu_default_model -- --ignored
+/// --nocapture`.
 #[test]
-#[ignore = "about nine minutes on lavapipe; run with --ignored"]
+#[ignore = "about seven minutes on lavapipe; run with --ignored"]
 fn perplexity_is_within_half_a_percent_of_the_cpu_backend() {
     if !minfer_wgpu::testing::adapter_or_skip() {
         return;
@@ -373,7 +378,7 @@ fn a_decode_graph_split_between_wgpu_and_the_cpu_matches_the_cpu() {
         assert_eq!(argmax(&lm), argmax(&lc), "decode step {i}: top-1 differs");
     }
     eprintln!("split graph against the CPU: largest relative logits difference {max_err:.2e}");
-    // As for the all-wgpu graph: only the CPU's Q8 activations differ in precision.
+    // As for the all-wgpu graph: float order, amplified where it crosses a rounding.
     assert!(
         max_err < 5e-2,
         "largest relative logits difference {max_err:e}"

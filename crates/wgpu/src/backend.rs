@@ -14,11 +14,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use minfer_gguf::{GgmlType, GgufFile};
-use minfer_graph::{Backend, BackendImpl, BufRef, CNode, DType, FusedOp, NodeMeta, Op, RopeStyle};
+use minfer_graph::{
+    Backend, BackendImpl, BufRef, CNode, DType, FusedOp, NodeMeta, Op, RoPEMeta, RopeStyle,
+};
 use wgpu::util::DeviceExt;
 
 use crate::device::{self, AdapterSummary, Gpu, NotUsable};
-use crate::kernels::{Bind, Kernel, WEIGHT_TYPES};
+use crate::kernels::{ActFormat, Bind, Kernel, WEIGHT_TYPES};
 
 /// A weight registration refused, with the name and the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,6 +77,38 @@ struct MatmulArgs<'a> {
     y_stride: usize,
     /// First output column written.
     y_off: usize,
+    /// `x` already holds the activations rounded for this weight's type (a fused node
+    /// rounds its input once for several matmuls).
+    rounded: bool,
+}
+
+/// The k and v token rows one KV store reads: the buffer, its length and the first
+/// column of each, `stride` values between token rows, and the pool buffer of the
+/// cells they land in (host-written, so range checked before the dispatch).
+struct KvRows {
+    layer: usize,
+    n_embd: usize,
+    n_ctx: usize,
+    nt: usize,
+    stride: usize,
+    k: (Res, usize, usize),
+    v: (Res, usize, usize),
+    cells: usize,
+}
+
+/// One decode QKV fusion (`FusedQKV`, or `FusedQkvNorm` with `norms`): the q|k|v
+/// weight, the geometry, the optional biases and per-head norms, and the rope.
+struct QkvPlan<'a> {
+    layer: usize,
+    weight: &'a str,
+    n_embd: usize,
+    nqt: usize,
+    nkt: usize,
+    biases: [Option<&'a str>; 3],
+    /// q and k norm weights and their epsilon.
+    norms: Option<([&'a str; 2], f32)>,
+    rope: &'a RoPEMeta,
+    n_ctx: usize,
 }
 
 /// A resource bound into a kernel's bind group.
@@ -84,6 +118,10 @@ enum Res {
     Weight(usize),
     /// The snapshot buffer of this many f32s (an input that aliases the output).
     Snap(usize),
+    /// The rounded-activation scratch of this many f32s (a quantized matmul's input).
+    Act(usize),
+    /// Scratch `slot` of this many f32s, for values a fused node keeps to itself.
+    Tmp(u8, usize),
 }
 
 /// u32 slots of a kernel's uniform parameter block (a multiple of four: 16-byte rows).
@@ -103,6 +141,11 @@ pub struct WgpuBackend {
     pipelines: HashMap<Kernel, (wgpu::ComputePipeline, wgpu::BindGroupLayout)>,
     bind_groups: HashMap<BindKey, wgpu::BindGroup>,
     snapshots: HashMap<usize, wgpu::Buffer>,
+    /// Rounded-activation scratch by length: each quantized matmul rounds its input
+    /// here first, as the CPU quantizes into its matmul scratch.
+    act_scratch: HashMap<usize, wgpu::Buffer>,
+    /// A fused node's own intermediate values, by slot and length.
+    tmp_scratch: HashMap<(u8, usize), wgpu::Buffer>,
     encoder: Option<wgpu::CommandEncoder>,
     /// Validation errors the device reported asynchronously.
     errors: Arc<Mutex<Vec<String>>>,
@@ -143,6 +186,16 @@ fn grid(groups: usize) -> Result<(u32, u32), String> {
     Ok((gx, gy))
 }
 
+/// The names a q|k|v concatenation weight stands for: itself, and for the
+/// `..attn_qkv.weight` form the three matrices `..attn_{q,k,v}.weight`.
+fn qkv_names(concat: &str) -> Vec<String> {
+    let mut v = vec![concat.to_string()];
+    if let Some(stem) = concat.strip_suffix("attn_qkv.weight") {
+        v.extend(["q", "k", "v"].map(|x| format!("{stem}attn_{x}.weight")));
+    }
+    v
+}
+
 fn u32_of(v: usize, what: &str) -> Result<u32, String> {
     u32::try_from(v).map_err(|_| format!("{what} {v} does not fit the kernels' 32-bit indices"))
 }
@@ -175,6 +228,8 @@ impl WgpuBackend {
             pipelines: HashMap::new(),
             bind_groups: HashMap::new(),
             snapshots: HashMap::new(),
+            act_scratch: HashMap::new(),
+            tmp_scratch: HashMap::new(),
             encoder: None,
             errors,
             kv_here: true,
@@ -199,6 +254,25 @@ impl WgpuBackend {
             NodeMeta::Embed(m) => decoded(&m.weight_name),
             NodeMeta::Norm(m) => m.weight_name.as_deref().is_none_or(decoded),
             NodeMeta::FusedFfn(m) => decoded(&m.gate_weight) && decoded(&m.up_weight),
+            NodeMeta::FusedQkv(m) => {
+                qkv_names(&m.qkv_weight).iter().all(|n| decoded(n))
+                    && [&m.q_bias, &m.k_bias, &m.v_bias]
+                        .iter()
+                        .all(|b| b.as_deref().is_none_or(decoded))
+                    && m.rope.freq_factors.is_none()
+            }
+            NodeMeta::FusedQkvNorm(m) => {
+                qkv_names(&m.qkv_weight).iter().all(|n| decoded(n))
+                    && decoded(&m.q_norm)
+                    && decoded(&m.k_norm)
+                    && m.rope.freq_factors.is_none()
+            }
+            NodeMeta::QkvBiasRopeStore(m) => {
+                decoded(&m.q_bias)
+                    && decoded(&m.k_bias)
+                    && decoded(&m.v_bias)
+                    && m.rope.freq_factors.is_none()
+            }
             _ => true,
         }
     }
@@ -422,15 +496,36 @@ impl WgpuBackend {
             .map_err(|e| format!("waiting for the device failed: {e}"))
     }
 
-    /// Reads `len` f32s of a pool buffer back to the host.
+    /// Reads a whole pool buffer back to the host.
     fn readback(&mut self, id: usize) -> Result<Vec<f32>, String> {
-        let (len, bytes) = {
-            let b = self
-                .bufs
-                .get(id)
-                .ok_or_else(|| format!("buffer {id} does not exist"))?;
-            (b.len, (b.len.max(1) * 4) as u64)
-        };
+        let len = self
+            .bufs
+            .get(id)
+            .ok_or_else(|| format!("buffer {id} does not exist"))?
+            .len;
+        self.readback_window(id, 0, len)
+    }
+
+    /// Reads values `offset..offset + len` of a pool buffer back to the host.
+    fn readback_window(
+        &mut self,
+        id: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<f32>, String> {
+        let have = self
+            .bufs
+            .get(id)
+            .ok_or_else(|| format!("buffer {id} does not exist"))?
+            .len;
+        if offset.checked_add(len).is_none_or(|end| end > have) {
+            return Err(format!(
+                "window {offset}+{len} exceeds buffer {id} ({have})"
+            ));
+        }
+        // A copy may not be empty: an empty window still moves one word.
+        let bytes = (len.max(1) * 4) as u64;
+        let src_off = (offset.min(have.saturating_sub(1)) * 4) as u64;
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: bytes,
@@ -439,7 +534,7 @@ impl WgpuBackend {
         });
         let src = self.bufs[id].buf.clone();
         self.encoder()
-            .copy_buffer_to_buffer(&src, 0, &staging, 0, bytes);
+            .copy_buffer_to_buffer(&src, src_off, &staging, 0, bytes);
         self.submit();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -516,6 +611,20 @@ impl WgpuBackend {
                     self.snapshots.insert(len, b);
                 }
                 self.snapshots[&len].clone()
+            }
+            Res::Act(len) => {
+                if !self.act_scratch.contains_key(&len) {
+                    let b = self.new_buffer(len);
+                    self.act_scratch.insert(len, b);
+                }
+                self.act_scratch[&len].clone()
+            }
+            Res::Tmp(slot, len) => {
+                if !self.tmp_scratch.contains_key(&(slot, len)) {
+                    let b = self.new_buffer(len);
+                    self.tmp_scratch.insert((slot, len), b);
+                }
+                self.tmp_scratch[&(slot, len)].clone()
             }
         })
     }
@@ -773,6 +882,7 @@ impl WgpuBackend {
                     bias: m.bias_name.as_deref(),
                     y_stride: m.out_dim,
                     y_off: 0,
+                    rounded: false,
                 };
                 self.matmul(&mm, x, xl, nt, out)?;
             }
@@ -796,12 +906,50 @@ impl WgpuBackend {
                         bias: None,
                         y_stride: 2 * nf,
                         y_off,
+                        rounded: false,
                     };
                     self.matmul(&mm, x, xl, nt, out)?;
                 }
                 let (gx, gy) = grid((nt * nf).div_ceil(256))?;
                 let p = [u32_of(nt * nf, "elements")?, u32_of(nf, "FFN width")?];
                 self.dispatch(Kernel::SwiGluRows, &[Res::Pool(out)], &p, (gx, gy, 1))?;
+            }
+            (Op::FusedQKV { layer }, NodeMeta::FusedQkv(m)) => {
+                let plan = QkvPlan {
+                    layer: *layer,
+                    weight: &m.qkv_weight,
+                    n_embd: m.n_embd,
+                    nqt: m.nqt,
+                    nkt: m.nkt,
+                    biases: [
+                        m.q_bias.as_deref(),
+                        m.k_bias.as_deref(),
+                        m.v_bias.as_deref(),
+                    ],
+                    norms: None,
+                    rope: &m.rope,
+                    n_ctx: m.n_ctx,
+                };
+                let x = src(0, self)?;
+                self.fused_qkv(&plan, node, x, &ids, out, kv_pair)?;
+            }
+            (Op::FusedQkvNorm { layer }, NodeMeta::FusedQkvNorm(m)) => {
+                let plan = QkvPlan {
+                    layer: *layer,
+                    weight: &m.qkv_weight,
+                    n_embd: m.n_embd,
+                    nqt: m.nqt,
+                    nkt: m.nkt,
+                    biases: [None; 3],
+                    norms: Some(([&m.q_norm, &m.k_norm], m.eps)),
+                    rope: &m.rope,
+                    n_ctx: m.n_ctx,
+                };
+                let x = src(0, self)?;
+                self.fused_qkv(&plan, node, x, &ids, out, kv_pair)?;
+            }
+            (Op::QkvBiasRopeStore { layer }, NodeMeta::QkvBiasRopeStore(m)) => {
+                self.qkv_bias_rope_store(*layer, m, node, &ids, out, kv_pair)?;
             }
             (Op::GetRows, NodeMeta::Embed(m)) => {
                 let w = self.weight(&m.weight_name)?;
@@ -911,20 +1059,7 @@ impl WgpuBackend {
                         .copy_buffer_to_buffer(&a, 0, &b, 0, (n * 4) as u64);
                 }
                 let pos = src(1, self)?;
-                let theta_scale = m.freq_base.powf(-2.0 / m.n_dims as f32);
-                let pairs = nt * m.n_head * (m.n_dims / 2);
-                let (gx, gy) = grid(pairs.div_ceil(256))?;
-                let p = [
-                    u32_of(nt, "tokens")?,
-                    u32_of(m.n_head, "heads")?,
-                    u32_of(m.hd, "head dim")?,
-                    u32_of(m.n_dims, "rotated dims")?,
-                    u32_of(stride, "row stride")?,
-                    u32::from(m.style == RopeStyle::Interleaved),
-                    m.freq_scale.to_bits(),
-                    theta_scale.to_bits(),
-                ];
-                self.dispatch(Kernel::Rope, &[pos, Res::Pool(out)], &p, (gx, gy, 1))?;
+                self.rope_rows(m, pos, Res::Pool(out), nt, stride, 0)?;
             }
             (Op::KvcacheStore { layer }, meta) => {
                 self.kv_store(*layer, meta, &ids, kv_pair)?;
@@ -1082,6 +1217,14 @@ impl WgpuBackend {
             Some(b) => Some(self.vector(b, a.out_dim)?),
             None => None,
         };
+        // Quantized weights multiply the activations rounded as the CPU rounds them.
+        let (x, stride) = match ActFormat::of(ty) {
+            Some(fmt) if !a.rounded => (
+                self.round_activations(fmt, x, a.in_dim, stride, nt)?,
+                a.in_dim,
+            ),
+            _ => (x, stride),
+        };
         let tiles = u32_of(nt.div_ceil(8), "token tiles")?;
         for part in parts {
             // Four rows per workgroup (see matmul.wgsl).
@@ -1108,6 +1251,333 @@ impl WgpuBackend {
             )?;
         }
         Ok(())
+    }
+
+    /// The weights of a q|k|v concatenation: the tensor itself when the file has one
+    /// under that name, else the three matrices it stands for (`..attn_qkv.weight`
+    /// names `..attn_q.weight`, `..attn_k.weight` and `..attn_v.weight`), each with its
+    /// first output column.
+    fn qkv_weights(&self, p: &QkvPlan) -> Result<Vec<(String, usize, usize)>, String> {
+        let total = p.nqt + 2 * p.nkt;
+        if self.weights.contains_key(p.weight) {
+            return Ok(vec![(p.weight.to_string(), 0, total)]);
+        }
+        let stem = p.weight.strip_suffix("attn_qkv.weight").ok_or_else(|| {
+            format!(
+                "weight '{}' is neither registered nor a q|k|v concatenation name",
+                p.weight
+            )
+        })?;
+        Ok(vec![
+            (format!("{stem}attn_q.weight"), 0, p.nqt),
+            (format!("{stem}attn_k.weight"), p.nqt, p.nkt),
+            (format!("{stem}attn_v.weight"), p.nqt + p.nkt, p.nkt),
+        ])
+    }
+
+    /// `FusedQKV` / `FusedQkvNorm`: q, k and v of every token into the columns of one
+    /// output row (`[nqt | nkt | nkt]`), each plus its bias, the per-head norms when
+    /// given, rope on the q and k columns, and k and v stored at the positions. Each
+    /// step is the unfused chain's kernel over the same values, so the q columns and
+    /// the stored rows equal the chain's bit for bit, with fewer nodes and buffers.
+    fn fused_qkv(
+        &mut self,
+        p: &QkvPlan,
+        node: &CNode,
+        x: Res,
+        ids: &[usize],
+        out: usize,
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        let nt = node.out_shape[1].max(1);
+        let width = p.nqt + 2 * p.nkt;
+        let hd = p.rope.hd;
+        if node.n_elements() != width * nt
+            || hd == 0
+            || p.rope.n_head * hd != p.nqt
+            || !p.nkt.is_multiple_of(hd)
+        {
+            return Err(format!(
+                "output {:?} with q {} / kv {} columns and {} heads of {hd}",
+                node.out_shape, p.nqt, p.nkt, p.rope.n_head
+            ));
+        }
+        let n_head_kv = p.nkt / hd;
+        let pos_id = *ids
+            .get(1)
+            .ok_or("a fused QKV node needs a positions source")?;
+        let x_len = ids.first().map_or(0, |&i| self.len(i));
+        let parts = self.qkv_weights(p)?;
+        // One rounding of the input serves the three matmuls when they share a format.
+        let formats: Vec<Option<ActFormat>> = parts
+            .iter()
+            .map(|(name, ..)| self.weight(name).map(|w| ActFormat::of(w.ty)))
+            .collect::<Result<_, _>>()?;
+        let shared = formats.iter().all(|f| *f == formats[0]);
+        let (x_in, x_in_len, rounded) = match formats[0] {
+            Some(fmt) if shared => {
+                let stride = x_len / nt;
+                if stride < p.n_embd {
+                    return Err(format!(
+                        "fused QKV: input {x_len} values for {nt} rows of {}",
+                        p.n_embd
+                    ));
+                }
+                let r = self.round_activations(fmt, x, p.n_embd, stride, nt)?;
+                (r, nt * p.n_embd, true)
+            }
+            _ => (x, x_len, false),
+        };
+        let mut bias_at = p.biases.iter();
+        for (name, y_off, out_dim) in &parts {
+            // The concatenation's one bias would need one vector; only the split form has
+            // the three.
+            let bias = if parts.len() == 3 {
+                bias_at.next().copied().flatten()
+            } else if p.biases.iter().any(Option::is_some) {
+                return Err(format!(
+                    "weight '{}' is one q|k|v tensor; its biases are three vectors",
+                    p.weight
+                ));
+            } else {
+                None
+            };
+            let mm = MatmulArgs {
+                name,
+                in_dim: p.n_embd,
+                out_dim: *out_dim,
+                bias,
+                y_stride: width,
+                y_off: *y_off,
+                rounded,
+            };
+            self.matmul(&mm, x_in, x_in_len, nt, out)?;
+        }
+        if let Some(([qn, kn], eps)) = p.norms {
+            let (qw, kw) = (self.vector(qn, hd)?, self.vector(kn, hd)?);
+            // The norms read the matmul results from a snapshot and write them back.
+            let len = self.len(out);
+            let snap = self.resource(Res::Snap(len))?;
+            let b = self.bufs[out].buf.clone();
+            self.encoder()
+                .copy_buffer_to_buffer(&b, 0, &snap, 0, (len.max(1) * 4) as u64);
+            let (sq, heads) = (Res::Snap(len), p.rope.n_head);
+            self.norm_rows(sq, Some(qw), hd, nt * heads, eps, (heads, width, 0), out)?;
+            let kl = (n_head_kv, width, p.nqt);
+            self.norm_rows(sq, Some(kw), hd, nt * n_head_kv, eps, kl, out)?;
+        }
+        let pos = Res::Pool(pos_id);
+        self.rope_rows(p.rope, pos, Res::Pool(out), nt, width, 0)?;
+        let rope_k = RoPEMeta {
+            n_head: n_head_kv,
+            ..p.rope.clone()
+        };
+        self.rope_rows(&rope_k, pos, Res::Pool(out), nt, width, p.nqt)?;
+        let len = self.len(out);
+        let rows = KvRows {
+            layer: p.layer,
+            n_embd: p.nkt,
+            n_ctx: p.n_ctx,
+            nt,
+            stride: width,
+            k: (Res::Pool(out), len, p.nqt),
+            v: (Res::Pool(out), len, p.nqt + p.nkt),
+            cells: pos_id,
+        };
+        self.store_rows(&rows, kv_pair)
+    }
+
+    /// `QkvBiasRopeStore`: over three matmul outputs, q + q_bias into the output (q's
+    /// own buffer), k + k_bias and v + v_bias into scratch, rope on q and k, then k and
+    /// v stored at the positions. The output is the roped q.
+    fn qkv_bias_rope_store(
+        &mut self,
+        layer: usize,
+        m: &minfer_graph::QkvBiasRopeStoreMeta,
+        node: &CNode,
+        ids: &[usize],
+        out: usize,
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        let nt = node.out_shape[1].max(1);
+        let hd = m.rope.hd;
+        let (nqt, nkt) = (m.nqt, m.nkt);
+        let [q_id, k_id, v_id, pos_id] = match ids {
+            [a, b, c, d] => [*a, *b, *c, *d],
+            _ => {
+                return Err(format!(
+                    "takes q, k, v and positions, got {} sources",
+                    ids.len()
+                ))
+            }
+        };
+        if node.n_elements() != nqt * nt
+            || hd == 0
+            || m.rope.n_head * hd != nqt
+            || !nkt.is_multiple_of(hd)
+            || self.len(q_id) < nqt * nt
+            || self.len(k_id) < nkt * nt
+            || self.len(v_id) < nkt * nt
+        {
+            return Err(format!(
+                "q {} / k {} / v {} values for {nt} tokens of q {nqt}, kv {nkt} ({} heads of {hd})",
+                self.len(q_id),
+                self.len(k_id),
+                self.len(v_id),
+                m.rope.n_head
+            ));
+        }
+        let (bq, bk, bv) = (
+            self.vector(&m.q_bias, nqt)?,
+            self.vector(&m.k_bias, nkt)?,
+            self.vector(&m.v_bias, nkt)?,
+        );
+        // q is the output's own buffer: the add reads it from a snapshot.
+        let q = if q_id == out {
+            let len = self.len(out);
+            let snap = self.resource(Res::Snap(len))?;
+            let b = self.bufs[out].buf.clone();
+            self.encoder()
+                .copy_buffer_to_buffer(&b, 0, &snap, 0, (len.max(1) * 4) as u64);
+            Res::Snap(len)
+        } else {
+            Res::Pool(q_id)
+        };
+        let (kt, vt) = (Res::Tmp(0, nkt * nt), Res::Tmp(1, nkt * nt));
+        self.elementwise(
+            Kernel::Add,
+            &[q, Res::Weight(bq), Res::Pool(out)],
+            nqt * nt,
+            nqt,
+        )?;
+        self.elementwise(
+            Kernel::Add,
+            &[Res::Pool(k_id), Res::Weight(bk), kt],
+            nkt * nt,
+            nkt,
+        )?;
+        self.elementwise(
+            Kernel::Add,
+            &[Res::Pool(v_id), Res::Weight(bv), vt],
+            nkt * nt,
+            nkt,
+        )?;
+        let pos = Res::Pool(pos_id);
+        self.rope_rows(&m.rope, pos, Res::Pool(out), nt, nqt, 0)?;
+        let rope_k = RoPEMeta {
+            n_head: nkt / hd,
+            ..m.rope.clone()
+        };
+        self.rope_rows(&rope_k, pos, kt, nt, nkt, 0)?;
+        let rows = KvRows {
+            layer,
+            n_embd: nkt,
+            n_ctx: m.n_ctx,
+            nt,
+            stride: nkt,
+            k: (kt, nkt * nt, 0),
+            v: (vt, nkt * nt, 0),
+            cells: pos_id,
+        };
+        self.store_rows(&rows, kv_pair)
+    }
+
+    /// Records the rounding of `nt` rows of `k` activations (at `stride`) to `fmt`'s
+    /// levels into the scratch, which it returns, rows dense.
+    fn round_activations(
+        &mut self,
+        fmt: ActFormat,
+        x: Res,
+        k: usize,
+        stride: usize,
+        nt: usize,
+    ) -> Result<Res, String> {
+        if !k.is_multiple_of(fmt.block()) {
+            return Err(format!(
+                "{k} input features are not a multiple of the {}-value activation block",
+                fmt.block()
+            ));
+        }
+        let len = nt * k;
+        let scratch = Res::Act(len);
+        let (gx, gy) = grid(len / fmt.block())?;
+        let p = [
+            u32_of(k, "input features")?,
+            u32_of(nt, "tokens")?,
+            u32_of(stride, "row stride")?,
+            0,
+        ];
+        self.dispatch(Kernel::QuantAct(fmt), &[x, scratch], &p, (gx, gy, 1))?;
+        Ok(scratch)
+    }
+
+    /// Records rope of `m.n_head` heads of every token row (`stride` apart, heads from
+    /// `off`) of `out`, in place, at the positions `pos`.
+    fn rope_rows(
+        &mut self,
+        m: &RoPEMeta,
+        pos: Res,
+        out: Res,
+        nt: usize,
+        stride: usize,
+        off: usize,
+    ) -> Result<(), String> {
+        if m.freq_factors.is_some() {
+            return Err("rope with frequency factors is not implemented here".into());
+        }
+        if m.n_dims == 0 || !m.n_dims.is_multiple_of(2) || m.n_dims > m.hd {
+            return Err(format!(
+                "rope: n_dims {} must be even, positive and at most hd {}",
+                m.n_dims, m.hd
+            ));
+        }
+        let theta_scale = m.freq_base.powf(-2.0 / m.n_dims as f32);
+        let pairs = nt * m.n_head * (m.n_dims / 2);
+        let (gx, gy) = grid(pairs.div_ceil(256))?;
+        let p = [
+            u32_of(nt, "tokens")?,
+            u32_of(m.n_head, "heads")?,
+            u32_of(m.hd, "head dim")?,
+            u32_of(m.n_dims, "rotated dims")?,
+            u32_of(stride, "row stride")?,
+            u32::from(m.style == RopeStyle::Interleaved),
+            m.freq_scale.to_bits(),
+            theta_scale.to_bits(),
+            u32_of(off, "head offset")?,
+        ];
+        self.dispatch(Kernel::Rope, &[pos, out], &p, (gx, gy, 1))
+    }
+
+    /// Records the RMS norm of `rows` rows of `d` values from `x` into pool buffer
+    /// `out`, scaled by weight buffer `w` when given; rows are `per_tok` to a token row
+    /// of `stride` values from `off` (dense rows: `per_tok == rows`).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rows(
+        &mut self,
+        x: Res,
+        w: Option<usize>,
+        d: usize,
+        rows: usize,
+        eps: f32,
+        (per_tok, stride, off): (usize, usize, usize),
+        out: usize,
+    ) -> Result<(), String> {
+        if eps.is_nan() || eps < 0.0 {
+            return Err(format!("rms norm: eps {eps} is not a non-negative number"));
+        }
+        let (gx, gy) = grid(rows)?;
+        let p = [
+            u32_of(d, "row length")?,
+            u32_of(rows, "rows")?,
+            eps.to_bits(),
+            u32::from(w.is_some()),
+            u32_of(per_tok.max(1), "rows per token")?,
+            u32_of(stride, "row stride")?,
+            u32_of(off, "row offset")?,
+        ];
+        // Without a scale vector the kernel never reads binding 1; the input stands in.
+        let wres = w.map_or(x, Res::Weight);
+        self.dispatch(Kernel::RmsNorm, &[x, wres, Res::Pool(out)], &p, (gx, gy, 1))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1139,20 +1609,7 @@ impl WgpuBackend {
             other => return Err(format!("norm with foreign metadata {other:?}")),
         };
         let rows = n / d;
-        let (gx, gy) = grid(rows)?;
-        let p = [
-            u32_of(d, "row length")?,
-            u32_of(rows, "rows")?,
-            eps.to_bits(),
-            u32::from(w.is_some()),
-            0,
-            0,
-            0,
-            0,
-        ];
-        // Without a scale vector the kernel never reads binding 1; the input stands in.
-        let wres = w.map_or(x, Res::Weight);
-        self.dispatch(Kernel::RmsNorm, &[x, wres, Res::Pool(out)], &p, (gx, gy, 1))
+        self.norm_rows(x, w, d, rows, eps, (rows, 0, 0), out)
     }
 
     fn kv_store(
@@ -1168,6 +1625,28 @@ impl WgpuBackend {
         if m.layer != layer {
             return Err(format!("op layer {layer} but metadata layer {}", m.layer));
         }
+        let [k_in, v_in, cells] = match ids {
+            [a, b, c] => [*a, *b, *c],
+            _ => return Err(format!("KV store takes 3 sources, got {}", ids.len())),
+        };
+        let nt = self.len(cells);
+        let rows = KvRows {
+            layer,
+            n_embd: m.n_embd,
+            n_ctx: m.n_ctx,
+            nt,
+            stride: m.n_embd,
+            k: (Res::Pool(k_in), self.len(k_in), 0),
+            v: (Res::Pool(v_in), self.len(v_in), 0),
+            cells,
+        };
+        self.store_rows(&rows, kv_pair)
+    }
+
+    /// Records the store of `r`'s k and v token rows at their cells into the layer's
+    /// KV regions, after checking every index on the host.
+    fn store_rows(&mut self, r: &KvRows, kv_pair: Option<(usize, usize)>) -> Result<(), String> {
+        let layer = r.layer;
         let (k_id, v_id) = kv_pair.ok_or_else(|| format!("no KV region for layer {layer}"))?;
         let nb = self.bufs.len();
         if k_id == v_id || k_id >= nb || v_id >= nb {
@@ -1175,22 +1654,22 @@ impl WgpuBackend {
                 "layer {layer}: bad KV pair ({k_id}, {v_id}) in a pool of {nb}"
             ));
         }
-        let [k_in, v_in, cells] = match ids {
-            [a, b, c] => [*a, *b, *c],
-            _ => return Err(format!("KV store takes 3 sources, got {}", ids.len())),
-        };
-        if [k_in, v_in, cells].iter().any(|&i| i == k_id || i == v_id) {
+        let ((k_in, k_len, k_off), (v_in, v_len, v_off), cells) = (r.k, r.v, r.cells);
+        let region = |x: Res| matches!(x, Res::Pool(i) if i == k_id || i == v_id);
+        if region(k_in) || region(v_in) || cells == k_id || cells == v_id {
             return Err(format!(
                 "layer {layer}: a store input aliases the KV region"
             ));
         }
-        let nt = self.len(cells);
-        let (n_embd, n_ctx) = (m.n_embd, m.n_ctx);
-        if n_embd == 0 || self.len(k_in) < nt * n_embd || self.len(v_in) < nt * n_embd {
+        let (nt, n_embd, n_ctx) = (r.nt, r.n_embd, r.n_ctx);
+        // The last token's row must end inside each source.
+        let need_in = |off: usize| match nt {
+            0 => 0,
+            _ => (nt - 1) * r.stride + off + n_embd,
+        };
+        if n_embd == 0 || r.stride < n_embd || k_len < need_in(k_off) || v_len < need_in(v_off) {
             return Err(format!(
-                "KV store layer {layer}: k {} / v {} values for {nt} rows of {n_embd}",
-                self.len(k_in),
-                self.len(v_in)
+                "KV store layer {layer}: k {k_len} / v {v_len} values for {nt} rows of {n_embd}"
             ));
         }
         let need = n_embd * n_ctx;
@@ -1219,17 +1698,15 @@ impl WgpuBackend {
             u32_of(n_embd, "row width")?,
             u32_of(nt, "rows")?,
             u32_of(n_ctx, "context")?,
-            0,
-            0,
-            0,
-            0,
-            0,
+            u32_of(r.stride, "row stride")?,
+            u32_of(k_off, "k offset")?,
+            u32_of(v_off, "v offset")?,
         ];
         self.dispatch(
             Kernel::KvStore,
             &[
-                Res::Pool(k_in),
-                Res::Pool(v_in),
+                k_in,
+                v_in,
                 Res::Pool(cells),
                 Res::Pool(k_id),
                 Res::Pool(v_id),
@@ -1284,21 +1761,36 @@ impl BackendImpl for WgpuBackend {
                     | Op::KvcacheStore { .. }
                     | Op::KvcacheLoad { .. }
                     | Op::FusedFFN
+                    | Op::FusedQKV { .. }
+                    | Op::QkvBiasRopeStore { .. }
+                    | Op::FusedQkvNorm { .. }
             )
     }
 
     fn supports_node(&self, node: &CNode) -> bool {
-        let kv = matches!(
-            node.op,
-            Op::KvcacheStore { .. } | Op::KvcacheLoad { .. } | Op::Attn { .. }
-        );
+        let kv = node.kv_layer().is_some();
         self.supports_op(&node.op, node.out_dtype)
             && (self.kv_here || !kv)
             && self.weights_decoded(node)
     }
 
     fn supports_fused(&self, fused: FusedOp) -> bool {
-        fused == FusedOp::SwiGLU
+        match fused {
+            FusedOp::SwiGLU => true,
+            // A claim turns the fusion on for the whole model, and a fused node this
+            // backend then declined would land on a backend that may not have it: claim
+            // it only when every one will run here, i.e. the KV lives here and no
+            // attention q/k/v tensor is of a type the shaders do not decode.
+            FusedOp::DecodeQkv => {
+                self.kv_here
+                    && !self.skipped.keys().any(|n| {
+                        [".attn_q", ".attn_k", ".attn_v"]
+                            .iter()
+                            .any(|a| n.contains(a))
+                    })
+            }
+            FusedOp::DecodeFfn => false,
+        }
     }
 
     fn supports_attn_span(&self) -> bool {
@@ -1354,6 +1846,15 @@ impl BackendImpl for WgpuBackend {
 
     fn copy_to_host(&mut self, id: usize) -> Option<Vec<f32>> {
         self.readback(id).ok()
+    }
+
+    fn read_host_window(
+        &mut self,
+        id: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<f32>, String> {
+        self.readback_window(id, offset, len)
     }
 
     fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {

@@ -87,3 +87,31 @@ fn default_model_on_wgpu_agrees_with_the_cpu_top1() {
     );
     assert!(err <= 5e-2, "max logits error {err:e}");
 }
+
+/// Decode step time on wgpu with the QKV fusions against the unfused chain (on demand:
+/// `cargo test --release -p minfer-wgpu --test default_model -- --ignored --nocapture`).
+/// The fusion is claimed only where it is not slower; the figures are in BENCHMARKS.md.
+#[test]
+#[ignore = "a measurement, about a minute on lavapipe"]
+fn decode_qkv_fusion_speed() {
+    let file = Arc::new(GgufFile::open(&minfer_hub::default_model_path()).expect("default model"));
+    let model = minfer_models::load_model(&file).expect("model");
+    let decode = [264u32, 1140, 311, 3378, 1140, 13];
+    let prompt = &PROMPT[..2];
+    let mut report = Vec::new();
+    // Alternating, so drifting machine load hits both alike.
+    for round in 0..2 {
+        for fuse in [false, true] {
+            let steps =
+                common::run_model_fused(&*model, &file, true, false, &[], prompt, 1, &decode, fuse)
+                    .expect("adapter");
+            assert_eq!(steps[1].fused_qkv > 0, fuse);
+            let mut t: Vec<f64> = steps[1..].iter().map(|s| s.time.as_secs_f64()).collect();
+            t.sort_by(f64::total_cmp);
+            report.push((round, fuse, t[t.len() / 2]));
+        }
+    }
+    for (round, fuse, median) in &report {
+        eprintln!("round {round}: fused {fuse}: median decode step {median:.3} s");
+    }
+}

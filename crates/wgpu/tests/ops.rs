@@ -161,20 +161,37 @@ fn wtype(ty: GgmlType) -> WeightType {
     WeightType(ty.id())
 }
 
-/// Weight types with the bound of their case against the CPU backend: the CPU
-/// quantizes the activations to Q8 for quantized weights while the shader multiplies
-/// in f32, so quantized cases carry the activation quantization error (about 1/127 of
-/// each block's scale). Every case is also held to 1e-5 against the exact product.
+/// Weight types with the bound of their case against the CPU backend. Both round the
+/// activations of a quantized matmul to the same Q8 levels (Q8_0 beside Q8_0 and
+/// Q5_0, Q8_K beside the K-quants), so every case differs only in float summation
+/// order; each is also held to 1e-5 against the exact product of the dequantized
+/// weight and the activations rounded by the reference quantizer.
 fn matmul_cases() -> Vec<(GgmlType, usize, f32)> {
     vec![
         (GgmlType::F32, 37, 1e-5),
         (GgmlType::F32, 256, 1e-5),
         (GgmlType::F16, 96, 1e-5),
-        (GgmlType::Q8_0, 512, 1e-2),
-        (GgmlType::Q5_0, 256, 1e-2),
-        (GgmlType::Q4K, 512, 1e-2),
-        (GgmlType::Q6K, 256, 1e-2),
+        (GgmlType::Q8_0, 512, 1e-5),
+        (GgmlType::Q5_0, 256, 1e-5),
+        (GgmlType::Q4K, 512, 1e-5),
+        (GgmlType::Q6K, 256, 1e-5),
     ]
+}
+
+/// The activations as the CPU rounds them before a matmul against `ty`: dequantized
+/// Q8_0 or Q8_K levels of each row of `k`, unchanged for float weights.
+fn rounded_activations(ty: GgmlType, x: &[f32], k: usize) -> Vec<f32> {
+    let act = match ty {
+        GgmlType::Q8_0 | GgmlType::Q5_0 => GgmlType::Q8_0,
+        GgmlType::Q4K | GgmlType::Q6K => GgmlType::Q8K,
+        _ => return x.to_vec(),
+    };
+    x.chunks(k)
+        .flat_map(|row| {
+            let q = quantize_to_vec(act, row).expect("quantize activations");
+            dequantize_to_vec(act, &q, k).expect("dequantize activations")
+        })
+        .collect()
 }
 
 #[test]
@@ -221,8 +238,9 @@ fn matmul_matches_the_cpu_for_every_weight_type_nt_and_bias() {
                     bound,
                     &what,
                 );
-                // Against the exact product of the dequantized weight: the shader
-                // dequantizes and multiplies in f32 without quantizing x.
+                // Against the exact product of the dequantized weight and the
+                // activations rounded as the CPU rounds them.
+                let xr = rounded_activations(ty, &x, k);
                 let wv = &ws
                     .iter()
                     .find(|w| w.name == format!("w.{ty}.{k}"))
@@ -235,7 +253,7 @@ fn matmul_matches_the_cpu_for_every_weight_type_nt_and_bias() {
                     .map(|i| {
                         let (t, o) = (i / n_out, i % n_out);
                         let d: f64 = (0..k)
-                            .map(|j| wq[o * k + j] as f64 * x[t * k + j] as f64)
+                            .map(|j| wq[o * k + j] as f64 * xr[t * k + j] as f64)
                             .sum();
                         (d + bias.as_ref().map_or(0.0, |_| bv[o] as f64)) as f32
                     })
@@ -245,6 +263,92 @@ fn matmul_matches_the_cpu_for_every_weight_type_nt_and_bias() {
                 assert!(e <= 1e-5, "{what}: error {e:e} against the exact product");
             }
         }
+    }
+}
+
+/// One-hot weights read the rounded activations out one by one: row r of W holds a
+/// single nonzero at column r, so `y[t, r]` is that weight times the activation the
+/// kernel multiplied, bit for bit. They must be the levels of the CPU's quantizers
+/// (`quantize_row_q8_0`: f16 scale, ties away from zero; `quantize_row_q8_K`: signed
+/// maximum, f32 scale, ties to even), exact ties included.
+#[test]
+fn quantized_matmuls_round_activations_exactly_as_the_cpu() {
+    let cases = [
+        (GgmlType::Q8_0, 64usize),
+        (GgmlType::Q5_0, 64),
+        (GgmlType::Q4K, 512),
+        (GgmlType::Q6K, 512),
+    ];
+    let one_hot = |k: usize| -> Vec<f32> {
+        let mut w = vec![0.0; k * k];
+        for r in 0..k {
+            w[r * k + r] = 1.0;
+        }
+        w
+    };
+    let ws: Vec<W> = cases
+        .iter()
+        .map(|&(ty, k)| W {
+            name: format!("eye.{ty}"),
+            ty,
+            dims: vec![k as u64, k as u64],
+            values: one_hot(k),
+        })
+        .collect();
+    let Some(mut g) = gpu() else { return };
+    g.register_gguf(&common::gguf(&ws), "").expect("weights");
+    let mut r = Rng::new(21);
+    for &(ty, k) in &cases {
+        let wq = dequantize_to_vec(ty, &quantize_to_vec(ty, &one_hot(k)).unwrap(), k * k).unwrap();
+        for (i, v) in wq.iter().enumerate() {
+            assert!(
+                (*v != 0.0) == (i / k == i % k),
+                "{ty}: the one-hot weight does not dequantize to one nonzero per row"
+            );
+        }
+        let nt = 3;
+        // Token 0: random; token 1: wide magnitudes; token 2: exact half levels (the
+        // block's largest value 127, so the scale is 1 and x.5 is a tie).
+        let mut x = r.vec(k);
+        x.extend((0..k).map(|i| r.f32() * (1u32 << (i % 16)) as f32));
+        x.extend((0..k).map(|i| {
+            if i % 32 == 0 {
+                127.0
+            } else {
+                (i % 64) as f32 - 32.5
+            }
+        }));
+        let want = rounded_activations(ty, &x, k);
+        let meta = NodeMeta::MatMul(MatMulMeta {
+            weight_name: format!("eye.{ty}"),
+            in_dim: k,
+            out_dim: k,
+            wtype: wtype(ty),
+            bias_name: None,
+        });
+        let nd = node(Op::MatMul { transpose_b: true }, 1, [k, nt, 1, 1], meta);
+        let got = run(&mut g, &nd, &[Src::Data(x.clone())], None).unwrap().out;
+        let mut wrong = 0;
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let e = wq[(i % k) * k + i % k] * b;
+            if *a != e {
+                if wrong < 5 {
+                    eprintln!(
+                        "{ty}: token {} value {}: x {} got {a}, want {e}",
+                        i / k,
+                        i % k,
+                        x[i]
+                    );
+                }
+                wrong += 1;
+            }
+        }
+        assert_eq!(
+            wrong,
+            0,
+            "{ty}: {wrong} of {} activations rounded unlike the CPU",
+            nt * k
+        );
     }
 }
 
@@ -735,11 +839,7 @@ fn fused_ffn_matches_the_cpu_and_is_bit_identical_to_the_unfused_chain() {
 #[test]
 fn an_op_the_backend_does_not_claim_is_an_error_not_a_fallback() {
     let Some(mut g) = gpu() else { return };
-    for op in [
-        Op::Scale(2.0),
-        Op::Softmax { dim: 0 },
-        Op::FusedQKV { layer: 0 },
-    ] {
+    for op in [Op::Scale(2.0), Op::Softmax { dim: 0 }, Op::BatchMatMul] {
         assert!(
             !g.supports_op(&op, minfer_graph::DType::F32),
             "{op:?} is not claimed"
@@ -752,4 +852,110 @@ fn an_op_the_backend_does_not_claim_is_an_error_not_a_fallback() {
         );
     }
     assert!(!g.supports_op(&Op::Add, minfer_graph::DType::I32));
+}
+
+/// `QkvBiasRopeStore` (the epilogue after three separate matmuls) against its unfused
+/// chain on wgpu: q + q_bias then rope is the output, k + k_bias then rope and
+/// v + v_bias are stored at the positions, all bit for bit.
+#[test]
+fn qkv_bias_rope_store_is_bit_identical_to_its_unfused_chain() {
+    use minfer_graph::QkvBiasRopeStoreMeta;
+    let (n_head, n_head_kv, hd, n_ctx) = (4usize, 2usize, 16usize, 8usize);
+    let (nqt, nkt) = (n_head * hd, n_head_kv * hd);
+    let mut r = Rng::new(31);
+    let bias = |name: &str, n: usize, r: &mut Rng| W {
+        name: name.into(),
+        ty: GgmlType::F32,
+        dims: vec![n as u64],
+        values: r.vec(n),
+    };
+    let ws = [
+        bias("bq", nqt, &mut r),
+        bias("bk", nkt, &mut r),
+        bias("bv", nkt, &mut r),
+    ];
+    let Some(mut g) = gpu() else { return };
+    g.register_gguf(&common::gguf(&ws), "").expect("biases");
+    let rope = |n_head| RoPEMeta {
+        n_dims: hd,
+        freq_base: 1_000_000.0,
+        freq_scale: 1.0,
+        n_head,
+        hd,
+        style: RopeStyle::NonInterleaved,
+        freq_factors: None,
+    };
+    let nt = 3;
+    let positions = ints(&[2, 5, 7]);
+    let (q, k, v) = (r.vec(nqt * nt), r.vec(nkt * nt), r.vec(nkt * nt));
+    let (k0, v0) = (r.vec(nkt * n_ctx), r.vec(nkt * n_ctx));
+    let meta = QkvBiasRopeStoreMeta {
+        q_bias: "bq".into(),
+        k_bias: "bk".into(),
+        v_bias: "bv".into(),
+        rope: rope(n_head),
+        nqt,
+        nkt,
+        n_ctx,
+        kv_elems: nkt * n_ctx,
+    };
+    let fused = node(
+        Op::QkvBiasRopeStore { layer: 0 },
+        4,
+        [nqt, nt, 1, 1],
+        NodeMeta::QkvBiasRopeStore(meta),
+    );
+    let srcs = [
+        Src::Output(q.clone()),
+        Src::Data(k.clone()),
+        Src::Data(v.clone()),
+        Src::Data(positions.clone()),
+    ];
+    let got = run(&mut g, &fused, &srcs, Some((&k0, &v0))).expect("fused");
+    // The chain: bias adds, rope on q and k, then the store.
+    let add = |g: &mut minfer_wgpu::WgpuBackend, x: &[f32], b: &str, n: usize| {
+        let bv = &ws.iter().find(|w| w.name == b).unwrap().values;
+        let nd = node(Op::Add, 2, [n, nt, 1, 1], NodeMeta::None);
+        run(
+            g,
+            &nd,
+            &[Src::Data(x.to_vec()), Src::Data(bv.clone())],
+            None,
+        )
+        .unwrap()
+        .out
+    };
+    let roped = |g: &mut minfer_wgpu::WgpuBackend, x: Vec<f32>, heads: usize| {
+        let op = Op::RoPE {
+            style: RopeStyle::NonInterleaved,
+            freq_factors: false,
+        };
+        let nd = node(op, 2, [heads * hd, nt, 1, 1], NodeMeta::Rope(rope(heads)));
+        run(g, &nd, &[Src::Data(x), Src::Data(positions.clone())], None)
+            .unwrap()
+            .out
+    };
+    let qa = add(&mut g, &q, "bq", nqt);
+    let want_q = roped(&mut g, qa, n_head);
+    let ka = add(&mut g, &k, "bk", nkt);
+    let want_k = roped(&mut g, ka, n_head_kv);
+    let want_v = add(&mut g, &v, "bv", nkt);
+    let store = node(
+        Op::KvcacheStore { layer: 0 },
+        3,
+        [nkt, nt, 1, 1],
+        kv_meta(0, nkt, n_ctx),
+    );
+    let srcs = [
+        Src::Data(want_k),
+        Src::Data(want_v),
+        Src::Data(positions.clone()),
+    ];
+    let chain = run(&mut g, &store, &srcs, Some((&k0, &v0))).expect("store");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got.out), bits(&want_q), "roped q");
+    let (gk, gv) = got.kv.expect("fused KV");
+    let (ck, cv) = chain.kv.expect("chain KV");
+    assert_eq!(bits(&gk), bits(&ck), "stored K");
+    assert_eq!(bits(&gv), bits(&cv), "stored V");
 }

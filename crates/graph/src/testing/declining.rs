@@ -99,6 +99,14 @@ impl BackendImpl for Declining {
     fn copy_to_host(&mut self, id: usize) -> Option<Vec<f32>> {
         self.inner.copy_to_host(id)
     }
+    fn read_host_window(
+        &mut self,
+        id: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<f32>, String> {
+        self.inner.read_host_window(id, offset, len)
+    }
     fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
         self.inner.write_host(id, data)
     }

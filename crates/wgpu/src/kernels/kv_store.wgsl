@@ -1,11 +1,17 @@
 // KV store: token row t of k and v lands in row cells[t] of the layer's regions. The
-// cells were range checked on the host before dispatch.
+// cells were range checked on the host before dispatch. Token rows of k and v are
+// `stride` apart starting at `k_off` / `v_off`: dense rows (stride n_embd, offsets 0),
+// or the k and v columns of a fused q|k|v row.
 
 struct P {
     n_embd: u32,
     nt: u32,
     n_ctx: u32,
+    stride: u32,
+    k_off: u32,
+    v_off: u32,
     _p0: u32,
+    _p1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> k: array<f32>;
@@ -23,6 +29,6 @@ fn kv_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let t = i / p.n_embd;
     let j = i % p.n_embd;
     let row = min(u32(max(cells[t], 0)), p.n_ctx - 1u);
-    kr[row * p.n_embd + j] = k[i];
-    vr[row * p.n_embd + j] = vv[i];
+    kr[row * p.n_embd + j] = k[t * p.stride + p.k_off + j];
+    vr[row * p.n_embd + j] = vv[t * p.stride + p.v_off + j];
 }

@@ -29,6 +29,8 @@ pub(crate) enum Kernel {
     Matmul(GgmlType),
     /// Token embedding lookup from a table of this storage type.
     Embed(GgmlType),
+    /// Activations rounded to this activation format's levels (the CPU's Q8_0 or Q8_K).
+    QuantAct(ActFormat),
     Rope,
     KvStore,
     Attn,
@@ -44,6 +46,36 @@ const EMBED: &str = include_str!("embed.wgsl");
 const ROPE: &str = include_str!("rope.wgsl");
 const KV_STORE: &str = include_str!("kv_store.wgsl");
 const ATTN: &str = include_str!("attn.wgsl");
+const QUANT_ACT: &str = include_str!("quant_act.wgsl");
+
+/// How the CPU backend quantizes a matmul's activations for a weight type, which the
+/// wgpu matmul reproduces so both backends multiply the same rounded values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum ActFormat {
+    /// Blocks of 32 with an f16 scale (beside Q8_0 and the legacy 32-blocks).
+    Q8_0,
+    /// Blocks of 256 with an f32 scale (beside the K-quants).
+    Q8K,
+}
+
+impl ActFormat {
+    /// The activation format of a weight type, `None` for float weights (no rounding).
+    pub(crate) fn of(ty: GgmlType) -> Option<ActFormat> {
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q5_0 => Some(ActFormat::Q8_0),
+            GgmlType::Q4K | GgmlType::Q6K => Some(ActFormat::Q8K),
+            _ => None,
+        }
+    }
+
+    /// Values per block.
+    pub(crate) fn block(self) -> usize {
+        match self {
+            ActFormat::Q8_0 => 32,
+            ActFormat::Q8K => 256,
+        }
+    }
+}
 
 /// The weight types whose blocks the shaders can dequantize.
 pub(crate) const WEIGHT_TYPES: [GgmlType; 6] = [
@@ -88,6 +120,8 @@ impl Kernel {
             Kernel::Gather => (GET_ROWS.into(), "gather", &[Ro, Ro, Rw, Uniform]),
             Kernel::Matmul(ty) => (quant(MATMUL, ty)?, "matmul", &[Ro, Ro, Ro, Rw, Uniform]),
             Kernel::Embed(ty) => (quant(EMBED, ty)?, "embed", &[Ro, Ro, Rw, Uniform]),
+            Kernel::QuantAct(ActFormat::Q8_0) => (QUANT_ACT.into(), "q8_0", &[Ro, Rw, Uniform]),
+            Kernel::QuantAct(ActFormat::Q8K) => (QUANT_ACT.into(), "q8_k", &[Ro, Rw, Uniform]),
             Kernel::Rope => (ROPE.into(), "rope", &[Ro, Rw, Uniform]),
             Kernel::KvStore => (KV_STORE.into(), "kv_store", &[Ro, Ro, Ro, Rw, Rw, Uniform]),
             Kernel::Attn => (ATTN.into(), "attn", &[Ro, Ro, Ro, Ro, Ro, Rw, Uniform]),

@@ -11,6 +11,10 @@ struct P {
     interleaved: u32,  // 1: pairs (2i, 2i+1); 0: pairs (i, i + n_dims/2)
     freq_scale: f32,
     theta_scale: f32,
+    off: u32,          // first value of head 0 inside a token row
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> pos: array<i32>;
@@ -31,7 +35,7 @@ fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let a = p.freq_scale * theta;
     let c = cos(a);
     let s = sin(a);
-    let base = t * p.stride + h * p.hd;
+    let base = t * p.stride + p.off + h * p.hd;
     var i0 = base + i;
     var i1 = base + i + half;
     if (p.interleaved == 1u) {

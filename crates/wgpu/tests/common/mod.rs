@@ -223,6 +223,8 @@ pub struct Step {
     pub splits: usize,
     /// Wall time of the step: graph build, assignment, allocation, execution, readback.
     pub time: std::time::Duration,
+    /// Decode QKV fusion nodes (`fused_qkv`, `fused_qkv_norm`) the graph ran on wgpu.
+    pub fused_qkv: usize,
 }
 
 /// Runs prefill of `prompt` (logits of its last `prompt_rows` tokens) then decode of
@@ -239,6 +241,32 @@ pub fn run_model(
     prompt: &[u32],
     prompt_rows: usize,
     decode: &[u32],
+) -> Option<Vec<Step>> {
+    run_model_fused(
+        model,
+        file,
+        with_gpu,
+        explicit_span,
+        on_cpu,
+        prompt,
+        prompt_rows,
+        decode,
+        false,
+    )
+}
+
+/// [`run_model`] with the decode QKV fusion flag (`CParams::fuse_qkv`) as given.
+#[allow(clippy::too_many_arguments)]
+pub fn run_model_fused(
+    model: &dyn ModelDef,
+    file: &std::sync::Arc<GgufFile>,
+    with_gpu: bool,
+    explicit_span: bool,
+    on_cpu: &[&str],
+    prompt: &[u32],
+    prompt_rows: usize,
+    decode: &[u32],
+    fuse_qkv: bool,
 ) -> Option<Vec<Step>> {
     let mut cpu = CpuBackend::new(2);
     cpu.register_gguf(std::sync::Arc::clone(file), "")
@@ -275,7 +303,7 @@ pub fn run_model(
                 n_ctx,
                 flash_attn: false,
                 gpu: with_gpu,
-                fuse_qkv: false,
+                fuse_qkv,
                 fuse_ffn: false,
                 explicit_span,
             },
@@ -331,10 +359,19 @@ pub fn run_model(
                 "most nodes run on wgpu ({on_gpu})"
             );
         }
+        let fused_qkv = graph
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.backend == Some(Backend::WGPU)
+                    && matches!(n.op, Op::FusedQKV { .. } | Op::FusedQkvNorm { .. })
+            })
+            .count();
         steps.push(Step {
             logits,
             splits,
             time: t0.elapsed(),
+            fused_qkv,
         });
         pos0 += nt;
     }
