@@ -564,24 +564,28 @@ impl Worker {
                 Ok(Some(t)) => {
                     // With speculation the step runs `t` and the tokens drafted after
                     // it, all rows wanted; `cached` gains the drafted ones once accepted.
-                    let tokens = match a.spec.as_mut() {
-                        Some(sp) => {
-                            let history = &slot.cached.tokens()[..pos];
-                            match sp.plan(history, t, ctx - pos, &a.sampler) {
-                                Ok(block) => block.to_vec(),
-                                Err(_) => vec![t],
-                            }
-                        }
-                        None => vec![t],
+                    let block = match a.spec.as_mut() {
+                        Some(sp) => sp
+                            .plan(slot.cached.tokens(), t, ctx - pos, &a.sampler)
+                            .map(<[u32]>::to_vec),
+                        None => Ok(vec![t]),
                     };
-                    a.verifying = a.spec.is_some();
-                    slot.cached.push(t);
-                    steps.push(SeqStep {
-                        slot: idx,
-                        n_out: tokens.len(),
-                        tokens,
-                        pos0: pos,
-                    });
+                    match block {
+                        Ok(tokens) => {
+                            a.verifying = a.spec.is_some();
+                            slot.cached.push(t);
+                            steps.push(SeqStep {
+                                slot: idx,
+                                n_out: tokens.len(),
+                                tokens,
+                                pos0: pos,
+                            });
+                        }
+                        Err(e) => {
+                            let tx = a.job.tx.clone();
+                            self.fail_slot(idx, &tx, engine_error(e));
+                        }
+                    }
                 }
                 Ok(None) => {}
                 Err(p) => {
