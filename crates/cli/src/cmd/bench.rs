@@ -304,6 +304,7 @@ fn spec_test(
     let mut plain = Vec::new();
     let mut specd = Vec::new();
     let mut n_gen = 0;
+    let mut reference: Option<Vec<u32>> = None;
     for rep in 0..=args.reps {
         let order = if rep % 2 == 0 {
             [false, true]
@@ -315,6 +316,16 @@ fn spec_test(
             let st = generate_speculative(engine, &tok, &prompt, 0, &opts, s, |_| true)?;
             let tps = st.gen_tokens as f64 / st.gen_time.as_secs_f64().max(1e-9);
             n_gen = st.gen_tokens;
+            // Greedy speculation must give plain decode's tokens: a run that does not
+            // measures something else, and is a bug to report, not a figure.
+            match &reference {
+                None => reference = Some(st.tokens),
+                Some(r) if *r != st.tokens => bail!(
+                    "speculative and plain decoding produced different tokens ({} run of repetition {rep})",
+                    if use_spec { "speculative" } else { "plain" }
+                ),
+                Some(_) => {}
+            }
             // The first pair warms both paths up, untimed.
             if rep > 0 {
                 if use_spec { &mut specd } else { &mut plain }.push(tps);
