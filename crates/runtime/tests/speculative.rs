@@ -354,3 +354,49 @@ fn sampled_speculation_keeps_the_target_distribution() {
         assert_eq!(again, runs[0], "{what}: same seed, same tokens");
     }
 }
+
+/// A chat with speculation answers every turn as a plain chat does, and its KV history
+/// (what the next turn reuses) is the plain chat's: tokens drafted and run past the end
+/// of an answer are not kept. Turns end by length in the middle of blocks, and the
+/// small context makes later turns shift.
+#[test]
+fn speculative_chat_turns_and_history_match_a_plain_chat() {
+    use minfer_runtime::{Conversation, ConversationOptions, OverflowPolicy};
+    const N_CTX: usize = 96;
+    let target_file = tiny(&TinySpec::qwen2(GgmlType::Q8_0, 75));
+    let other_file = tiny(&TinySpec::qwen2(GgmlType::Q8_0, 76));
+    let tok = Tokenizer::from_gguf(&target_file).expect("tokenizer");
+    let opts = ConversationOptions {
+        overflow: OverflowPolicy::Shift,
+        n_keep: 0,
+    };
+    let turns = ["ab ab ab ab", "cd cd cd", "ab cd ab cd ab", "xyz"];
+    let run = |spec: Option<Speculator>| {
+        let mut c = Conversation::new(engine(&target_file, N_CTX), opts).unwrap();
+        c.set_speculator(spec);
+        let mut out = Vec::new();
+        for (i, t) in turns.iter().enumerate() {
+            let st = c.turn(t, &greedy(7 + 3 * i), |_| true).expect("turn");
+            out.push((st.tokens, c.history().to_vec()));
+        }
+        (out, c.speculator().map(|s| s.stats()))
+    };
+    let (plain, _) = run(None);
+    let mut lookup = Speculator::new(Box::new(NgramLookup::new()), 7).unwrap();
+    lookup.set_fixed_depth(Some(3));
+    let mut other = Speculator::new(draft_of(&other_file, &tok, N_CTX), 7).unwrap();
+    other.set_fixed_depth(Some(3));
+    // All accepted: every block is full, so the answers end inside blocks.
+    let mut same = Speculator::new(draft_of(&target_file, &tok, N_CTX), 7).unwrap();
+    same.set_fixed_depth(Some(3));
+    let sources = [
+        ("lookup", lookup),
+        ("other draft", other),
+        ("self draft", same),
+    ];
+    for (what, spec) in sources {
+        let (got, stats) = run(Some(spec));
+        assert_eq!(got, plain, "{what}");
+        assert!(stats.is_some_and(|s| s.drafted > 0), "{what}: {stats:?}");
+    }
+}
