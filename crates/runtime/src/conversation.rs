@@ -22,9 +22,12 @@ use std::time::{Duration, Instant};
 use minfer_tokenizer::{ChatMessage, ChatTemplate, TemplateError, Tokenizer};
 
 use crate::engine::{Engine, EngineError};
-use crate::generate::{decode_loop, FinishReason, GenerateOptions, GenerationStats};
+use crate::generate::{
+    decode_blocks, run_block, sample_next, FinishReason, GenerateOptions, GenerationStats,
+};
 use crate::sampling::Sampler;
 use crate::session::{self, SavedChat, SessionError};
+use crate::speculative::Speculator;
 
 /// Length of the longest common prefix of two token sequences.
 pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -322,6 +325,22 @@ pub fn generate_shifting(
     opts: &GenerateOptions,
     on_text: impl FnMut(&str) -> bool,
 ) -> Result<ShiftedGeneration, ConversationError> {
+    generate_shifting_with(engine, tokenizer, kv, prompt, n_keep, opts, None, on_text)
+}
+
+/// [`generate_shifting`] with speculative decoding through `spec` when given (blocks
+/// need room in the context: the steps next to a shift are plain ones).
+#[allow(clippy::too_many_arguments)]
+pub fn generate_shifting_with(
+    engine: &mut Engine,
+    tokenizer: &Tokenizer,
+    kv: &mut KvHistory,
+    prompt: &[u32],
+    n_keep: usize,
+    opts: &GenerateOptions,
+    mut spec: Option<&mut Speculator>,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<ShiftedGeneration, ConversationError> {
     let n_ctx = engine.n_ctx();
     if prompt.is_empty() || prompt.len() >= n_ctx {
         return Err(ConversationError::ContextFull {
@@ -345,27 +364,37 @@ pub fn generate_shifting(
     }
     let t1 = Instant::now();
     let mut shifted = 0;
-    let (finish, tokens) = decode_loop(
+    let mut buf = Vec::new();
+    let (finish, tokens, unrun) = decode_blocks(
         tokenizer,
         &mut sampler,
         logits,
         opts,
         on_text,
-        |tok, logits| {
+        |tok, sampler, block| {
             if kv.len() < n_ctx {
-                engine.forward_into(&[tok], kv.len(), 1, logits)?;
-                kv.push(tok);
+                run_block(
+                    engine,
+                    kv,
+                    spec.as_deref_mut(),
+                    sampler,
+                    tok,
+                    &mut buf,
+                    block,
+                )?;
                 return Ok(true);
             }
-            match shift_and_run(engine, kv, n_keep, tok, logits)? {
+            match shift_and_run(engine, kv, n_keep, tok, &mut buf)? {
                 Some(d) => {
                     shifted += d;
+                    block.push(sample_next(sampler, &mut buf));
                     Ok(true)
                 }
                 None => Ok(false),
             }
         },
     )?;
+    kv.truncate(kv.len() - unrun);
     Ok(ShiftedGeneration {
         stats: GenerationStats {
             prompt_tokens: prompt.len() - reuse.kept,
@@ -393,6 +422,8 @@ pub struct Conversation {
     dropped: usize,
     opts: ConversationOptions,
     last: Option<TurnStats>,
+    /// Speculative decoding of the answers, when set.
+    spec: Option<Speculator>,
 }
 
 impl Conversation {
@@ -411,6 +442,7 @@ impl Conversation {
             dropped: 0,
             opts,
             last: None,
+            spec: None,
         })
     }
 
@@ -439,6 +471,16 @@ impl Conversation {
         c.messages = messages;
         c.kv = KvHistory::from_tokens(history);
         Ok(c)
+    }
+
+    /// Decodes the answers speculatively through `spec` (`None`: plain decode).
+    pub fn set_speculator(&mut self, spec: Option<Speculator>) {
+        self.spec = spec;
+    }
+
+    /// The speculator in use, if any (its counters).
+    pub fn speculator(&self) -> Option<&Speculator> {
+        self.spec.as_ref()
     }
 
     fn param(e: impl std::fmt::Display) -> ConversationError {
@@ -694,9 +736,11 @@ impl Conversation {
             kv,
             dropped,
             opts,
+            spec,
             ..
         } = self;
-        let (finish, tokens) = decode_loop(
+        let mut buf = Vec::new();
+        let (finish, tokens, unrun) = decode_blocks(
             tokenizer,
             &mut sampler,
             logits,
@@ -705,10 +749,9 @@ impl Conversation {
                 answer.push_str(t);
                 on_text(t)
             },
-            |tok, logits| {
+            |tok, sampler, block| {
                 if kv.len() < n_ctx {
-                    engine.forward_into(&[tok], kv.len(), 1, logits)?;
-                    kv.push(tok);
+                    run_block(engine, kv, spec.as_mut(), sampler, tok, &mut buf, block)?;
                     return Ok(true);
                 }
                 if opts.overflow == OverflowPolicy::Refuse {
@@ -716,12 +759,13 @@ impl Conversation {
                     return Ok(false);
                 }
                 let t = Instant::now();
-                let r = shift_and_run(engine, kv, n_keep, tok, logits)?;
+                let r = shift_and_run(engine, kv, n_keep, tok, &mut buf)?;
                 reprefill += t.elapsed();
                 match r {
                     Some(discard) => {
                         *dropped += discard;
                         shifted += discard;
+                        block.push(sample_next(sampler, &mut buf));
                         Ok(true)
                     }
                     None => {
@@ -731,6 +775,7 @@ impl Conversation {
                 }
             },
         )?;
+        kv.truncate(kv.len() - unrun);
         prefill_time += reprefill;
         let stats = TurnStats {
             prompt_tokens: prompt.len(),

@@ -5,8 +5,10 @@ use std::time::{Duration, Instant};
 
 use minfer_tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::conversation::KvHistory;
 use crate::engine::{Engine, EngineError};
 use crate::sampling::{Sampler, SamplingParams};
+use crate::speculative::Speculator;
 use crate::stop::{StopEvent, StopScanner};
 
 /// What to generate.
@@ -71,6 +73,21 @@ pub fn generate_reusing(
     opts: &GenerateOptions,
     on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats, EngineError> {
+    generate_speculative(engine, tokenizer, prompt, reuse, opts, None, on_text)
+}
+
+/// [`generate_reusing`] with speculative decoding through `spec` when it is given: the
+/// same tokens as without it under greedy sampling (and, for a fixed seed, the same
+/// distribution under sampling), in fewer target forwards when the drafts are good.
+pub fn generate_speculative(
+    engine: &mut Engine,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    reuse: usize,
+    opts: &GenerateOptions,
+    mut spec: Option<&mut Speculator>,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats, EngineError> {
     if reuse > 0 && (reuse >= prompt.len() || reuse > engine.seq_len()) {
         return Err(EngineError::Param {
             name: "reused prefix",
@@ -111,19 +128,29 @@ pub fn generate_reusing(
     }
 
     let t1 = Instant::now();
-    let mut pos = prompt.len();
-    let (finish, tokens) = decode_loop(
+    let mut kv = KvHistory::from_tokens(prompt.to_vec());
+    let mut buf = Vec::new();
+    let (finish, tokens, unrun) = decode_blocks(
         tokenizer,
         &mut sampler,
         logits,
         opts,
         on_text,
-        |tok, logits| {
-            engine.forward_into(&[tok], pos, 1, logits)?;
-            pos += 1;
+        |tok, sampler, block| {
+            run_block(
+                engine,
+                &mut kv,
+                spec.as_deref_mut(),
+                sampler,
+                tok,
+                &mut buf,
+                block,
+            )?;
             Ok(true)
         },
     )?;
+    // The local history is dropped here: the unrun tail needs no trimming.
+    let _ = unrun;
     Ok(GenerationStats {
         prompt_tokens: prompt.len() - reuse,
         prompt_time,
@@ -134,54 +161,107 @@ pub fn generate_reusing(
     })
 }
 
-/// The sampling loop shared by [`generate`] and the conversation engine: samples from
-/// `logits`, streams text through the stop scanner, and hands each kept token to
-/// `advance`, which runs it through the model and refills `logits`; `advance` returns
-/// `false` when the token cannot run (the context is full), which ends as a length limit.
-/// Returns why generation ended and the generated tokens; all of them have been run
-/// through `advance` when an end-of-generation token ended it, all but the last otherwise.
-pub(crate) fn decode_loop(
+/// Runs `tok` (sampled, not yet run) at `kv.len()` and appends the next tokens to
+/// `block`, each accepted into `sampler`: through `spec` when there is one and the
+/// context leaves room for a block (then possibly several tokens), else one plain step.
+/// `kv` records every token whose KV rows are written: `tok` and all of `block` but its
+/// last token.
+pub(crate) fn run_block(
+    engine: &mut Engine,
+    kv: &mut KvHistory,
+    spec: Option<&mut Speculator>,
+    sampler: &mut Sampler,
+    tok: u32,
+    buf: &mut Vec<f32>,
+    block: &mut Vec<u32>,
+) -> Result<(), EngineError> {
+    match spec {
+        Some(spec) if kv.len() + 2 <= engine.n_ctx() => {
+            spec.step(engine, sampler, kv.tokens(), tok, buf, block)?;
+            kv.push(tok);
+            kv.extend(&block[..block.len().saturating_sub(1)]);
+        }
+        _ => {
+            engine.forward_into(&[tok], kv.len(), 1, buf)?;
+            kv.push(tok);
+            block.push(sample_next(sampler, buf));
+        }
+    }
+    Ok(())
+}
+
+/// Samples the next token from `logits` and records it in the penalty window.
+pub(crate) fn sample_next(sampler: &mut Sampler, logits: &mut [f32]) -> u32 {
+    let t = sampler.sample(logits);
+    sampler.accept(t);
+    t
+}
+
+/// The generation loop over blocks of tokens (one per plain step, several per
+/// speculative step): samples the first token from `logits`, then streams each token
+/// through the stop scanner and hands the last token of each block to `advance`, which
+/// runs it (with anything drafted) and appends the next block, its tokens sampled and
+/// accepted into the sampler; `advance` returns `false` when the token cannot run (the
+/// context is full), which ends as a length limit. Returns why generation ended, the
+/// generated tokens, and how many tokens of the last block `advance` ran but generation
+/// did not reach (the caller's KV history drops them): so that, as in plain decode, all
+/// generated tokens have run when an end-of-generation token ended it, all but the last
+/// otherwise.
+pub(crate) fn decode_blocks(
     tokenizer: &Tokenizer,
     sampler: &mut Sampler,
     mut logits: Vec<f32>,
     opts: &GenerateOptions,
     mut on_text: impl FnMut(&str) -> bool,
-    mut advance: impl FnMut(u32, &mut Vec<f32>) -> Result<bool, EngineError>,
-) -> Result<(FinishReason, Vec<u32>), EngineError> {
+    mut advance: impl FnMut(u32, &mut Sampler, &mut Vec<u32>) -> Result<bool, EngineError>,
+) -> Result<(FinishReason, Vec<u32>, usize), EngineError> {
     let mut stream = StreamDecoder::new(false);
     let mut stops = StopScanner::new(&opts.stop);
     let mut tokens = Vec::new();
     let mut finish = FinishReason::Length;
-    while tokens.len() < opts.max_tokens {
-        let tok = sampler.sample(&mut logits);
-        if tokenizer.is_eog(tok) {
-            finish = FinishReason::Stop;
-            break;
-        }
-        sampler.accept(tok);
-        tokens.push(tok);
-        let piece = stream
-            .push(tokenizer, tok)
-            .map_err(|e| EngineError::Param {
-                name: "token",
-                message: e.to_string(),
-            })?;
-        match stops.push(&piece) {
-            StopEvent::Text(t) => {
-                if !t.is_empty() && !on_text(&t) {
-                    finish = FinishReason::Cancelled;
-                    break;
-                }
-            }
-            StopEvent::Stopped(t) => {
-                if !t.is_empty() {
-                    on_text(&t);
-                }
+    let mut block = Vec::new();
+    let mut unrun = 0;
+    if opts.max_tokens > 0 {
+        block.push(sample_next(sampler, &mut logits));
+    }
+    'gen: while !block.is_empty() {
+        for (k, &tok) in block.iter().enumerate() {
+            // Tokens of this block after `tok` ran in the model but are not generated.
+            unrun = block.len() - k - 1;
+            if tokenizer.is_eog(tok) {
                 finish = FinishReason::Stop;
-                break;
+                break 'gen;
+            }
+            tokens.push(tok);
+            let piece = stream
+                .push(tokenizer, tok)
+                .map_err(|e| EngineError::Param {
+                    name: "token",
+                    message: e.to_string(),
+                })?;
+            match stops.push(&piece) {
+                StopEvent::Text(t) => {
+                    if !t.is_empty() && !on_text(&t) {
+                        finish = FinishReason::Cancelled;
+                        break 'gen;
+                    }
+                }
+                StopEvent::Stopped(t) => {
+                    if !t.is_empty() {
+                        on_text(&t);
+                    }
+                    finish = FinishReason::Stop;
+                    break 'gen;
+                }
+            }
+            if tokens.len() == opts.max_tokens {
+                break 'gen;
             }
         }
-        if tokens.len() == opts.max_tokens || !advance(tok, &mut logits)? {
+        unrun = 0;
+        let last = block[block.len() - 1];
+        block.clear();
+        if !advance(last, sampler, &mut block)? {
             break;
         }
     }
@@ -192,7 +272,7 @@ pub(crate) fn decode_loop(
             on_text(&rest);
         }
     }
-    Ok((finish, tokens))
+    Ok((finish, tokens, unrun))
 }
 
 /// Greedy continuation of `prompt` by `n` tokens, ignoring end-of-generation tokens

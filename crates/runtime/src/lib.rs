@@ -9,6 +9,7 @@ pub mod multi;
 pub mod perplexity;
 pub mod sampling;
 pub mod session;
+pub mod speculative;
 pub mod stop;
 
 pub use conversation::{
@@ -17,11 +18,13 @@ pub use conversation::{
 };
 pub use engine::{BackendInfo, Engine, EngineError, EngineOptions, TraceSink, TracedStep};
 pub use generate::{
-    generate, generate_reusing, greedy_tokens, FinishReason, GenerateOptions, GenerationStats,
+    generate, generate_reusing, generate_speculative, greedy_tokens, FinishReason, GenerateOptions,
+    GenerationStats,
 };
 pub use minfer_graph::KvType;
 pub use multi::{MultiEngine, SeqStep};
 pub use perplexity::PplAccumulator;
 pub use sampling::{Sampler, SamplerError, SamplingParams, LOGIT_BIAS_BAN, LOGIT_BIAS_MAX};
 pub use session::SessionError;
+pub use speculative::{DraftModel, DraftSource, NgramLookup, SpecStats, Speculator};
 pub use stop::{StopEvent, StopScanner};

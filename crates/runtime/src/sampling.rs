@@ -291,6 +291,74 @@ impl Sampler {
     /// and the penalties). NaN and -inf logits (banned tokens included) are never drawn
     /// unless every logit is one, where the lowest id is returned, as `argmax` does.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        if let Some(t) = self.prepare(logits) {
+            return t;
+        }
+        let r = self.rng.next_f64();
+        self.pick(r)
+    }
+
+    /// The distribution [`Sampler::sample`] would draw from for `logits` (modified in
+    /// place as there), as `(token, probability)` pairs with positive mass, without
+    /// drawing: a single pair of mass 1 under greedy. Speculative decoding compares the
+    /// target's and the draft's distributions with it.
+    pub fn distribution(&mut self, logits: &mut [f32]) -> Vec<(u32, f64)> {
+        if let Some(t) = self.prepare(logits) {
+            return vec![(t, 1.0)];
+        }
+        self.cand
+            .iter()
+            .zip(&self.probs)
+            .filter(|(_, &p)| p > 0.0)
+            .map(|(c, &p)| (c.0, p))
+            .collect()
+    }
+
+    /// The next uniform number in [0, 1) of the seeded stream (the acceptance test of
+    /// speculative decoding draws from the same stream as the sampler).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+
+    /// Draws a token from `dist` (`(token, weight)` pairs, weights >= 0, normalised here)
+    /// with the seeded stream; the last token with any weight when rounding leaves the
+    /// draw above the total, and 0 for an empty or weightless `dist`.
+    pub fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
+        let total: f64 = dist.iter().map(|d| d.1).sum();
+        let r = self.rng.next_f64() * total;
+        let mut cum = 0.0;
+        let mut last = None;
+        for &(t, w) in dist {
+            if w > 0.0 {
+                last = Some(t);
+                cum += w;
+                if r < cum {
+                    return t;
+                }
+            }
+        }
+        last.unwrap_or(0)
+    }
+
+    /// Restarts the random stream at `seed`, keeping the parameters and the penalty window.
+    pub fn reseed(&mut self, seed: u64) {
+        self.rng = Rng(seed);
+    }
+
+    /// Makes this sampler's penalty window a copy of `other`'s (a draft model's sampler
+    /// follows the target's history).
+    pub fn copy_window_from(&mut self, other: &Sampler) {
+        self.recent.clear();
+        let skip = other
+            .recent
+            .len()
+            .saturating_sub(self.params.penalty_last_n);
+        self.recent.extend(other.recent.iter().skip(skip));
+    }
+
+    /// Every stage before the draw: the greedy pick, or `None` with `cand` and `probs`
+    /// holding the candidates and their probabilities.
+    fn prepare(&mut self, logits: &mut [f32]) -> Option<u32> {
         if !self.params.logit_bias.is_empty() {
             self.apply_logit_bias(logits);
         }
@@ -298,7 +366,7 @@ impl Sampler {
             self.apply_penalties(logits);
         }
         if self.params.is_greedy() {
-            return argmax(logits);
+            return Some(argmax(logits));
         }
         let p = &self.params;
         let cand = &mut self.cand;
@@ -341,21 +409,25 @@ impl Sampler {
         // The temperature scales inside the softmax, in f64: dividing f32 logits by a tiny
         // temperature would overflow them to infinities and the softmax to NaN.
         softmax(cand, p.temperature, probs);
-        let r = self.rng.next_f64();
+        None
+    }
+
+    /// The candidate the uniform number `r` selects from `cand` and `probs`.
+    fn pick(&self, r: f64) -> u32 {
         let mut cum = 0.0;
         let mut last = 0;
-        for (i, &pr) in probs.iter().enumerate() {
+        for (i, &pr) in self.probs.iter().enumerate() {
             if pr > 0.0 {
                 last = i;
                 cum += pr;
                 if r < cum {
-                    return cand[i].0;
+                    return self.cand[i].0;
                 }
             }
         }
         // Rounding left `r` above the final sum: the last token with any mass, never a
         // banned one. (An empty row has no token at all; 0, as `argmax` answers.)
-        cand.get(last).map_or(0, |c| c.0)
+        self.cand.get(last).map_or(0, |c| c.0)
     }
 }
 

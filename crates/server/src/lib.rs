@@ -118,6 +118,9 @@ pub struct Config {
     pub no_slots: bool,
     /// Answer `GET /metrics` with llama-server's "not supported" error (`--no-metrics`).
     pub no_metrics: bool,
+    /// Speculative decoding with n-gram lookup in every slot (`--lookup`), drafting at
+    /// most this many tokens per step (`--draft-max`); `None` decodes plainly.
+    pub lookup: Option<usize>,
 }
 
 impl Config {
@@ -153,6 +156,7 @@ impl Config {
             cache_type_v: minfer_runtime::KvType::F32,
             no_slots: false,
             no_metrics: false,
+            lookup: None,
         }
     }
 
@@ -171,6 +175,10 @@ impl Config {
             }
         };
         range("slots (--slots)", self.slots, 1, MAX_SLOTS)?;
+        if let Some(max) = self.lookup {
+            let top = minfer_runtime::speculative::DRAFT_MAX_LIMIT;
+            range("draft length (--draft-max)", max, 1, top)?;
+        }
         range("max models (--max-models)", self.max_models, 1, MAX_MODELS)?;
         if self.models.is_empty() {
             return Err(ServerError::Param {
@@ -532,6 +540,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         queue: config.queue,
         metrics: Arc::clone(&metrics),
         busy: Arc::default(),
+        lookup: config.lookup,
     };
     let workers = Arc::new(Mutex::new(Vec::new()));
     let models = models::Models::new(

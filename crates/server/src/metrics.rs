@@ -86,6 +86,9 @@ pub struct Metrics {
     kv_capacity: AtomicUsize,
     /// The most positions one slot has held.
     kv_high: AtomicUsize,
+    /// Tokens drafted by speculative decoding, and those the model accepted.
+    drafted: AtomicU64,
+    accepted: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -107,6 +110,8 @@ impl Default for Metrics {
             kv_tokens: AtomicUsize::new(0),
             kv_capacity: AtomicUsize::new(0),
             kv_high: AtomicUsize::new(0),
+            drafted: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
         }
     }
 }
@@ -167,6 +172,12 @@ impl Metrics {
         self.kv_high.fetch_max(n, Ordering::Relaxed);
     }
 
+    /// Adds the tokens one speculative step drafted and how many of them were accepted.
+    pub fn add_draft(&self, drafted: usize, accepted: usize) {
+        self.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
+        self.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+    }
+
     /// Adds one generated token.
     pub fn add_generated(&self, n: usize) {
         self.generated_tokens.fetch_add(n as u64, Ordering::Relaxed);
@@ -218,7 +229,7 @@ impl Metrics {
         let gen = self.generated_tokens.load(Ordering::Relaxed);
         let busy = self.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9;
         let rate = if busy > 0.0 { gen as f64 / busy } else { 0.0 };
-        let scalars: [(&str, &str, &str, String); 6] = [
+        let scalars: [(&str, &str, &str, String); 8] = [
             (
                 "minfer_prompt_tokens_total",
                 "counter",
@@ -254,6 +265,18 @@ impl Metrics {
                 "gauge",
                 "Requests waiting for a free slot.",
                 self.queue_len().to_string(),
+            ),
+            (
+                "minfer_draft_tokens_total",
+                "counter",
+                "Tokens drafted by speculative decoding (llama-server's n_draft_total).",
+                self.drafted.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "minfer_draft_accepted_tokens_total",
+                "counter",
+                "Drafted tokens the model accepted (llama-server's n_draft_accepted).",
+                self.accepted.load(Ordering::Relaxed).to_string(),
             ),
         ];
         for (name, kind, help, value) in scalars {

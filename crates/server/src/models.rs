@@ -74,6 +74,8 @@ pub struct LoadOptions {
     pub metrics: Arc<Metrics>,
     /// Busy slots over every model's worker (what the `busy_slots` gauge shows).
     pub busy: Arc<std::sync::atomic::AtomicUsize>,
+    /// Speculative decoding with n-gram lookup per slot, at most this many drafted tokens.
+    pub lookup: Option<usize>,
 }
 
 struct Entry {
@@ -253,6 +255,7 @@ impl Models {
             self.opts.queue,
             Arc::clone(&self.opts.metrics),
             Arc::clone(&self.opts.busy),
+            self.opts.lookup,
         )?;
         lock(&self.threads).push(thread);
         let template = ChatTemplate::from_tokenizer(&loaded.tokenizer)
@@ -329,6 +332,7 @@ mod tests {
             queue: 1,
             metrics: Arc::new(Metrics::default()),
             busy: Arc::default(),
+            lookup: None,
         };
         Models::new(&specs, 1, opts, Arc::default())
     }

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use minfer_runtime::{
-    EngineError, KvHistory, MultiEngine, Sampler, SeqStep, StopEvent, StopScanner,
+    EngineError, KvHistory, MultiEngine, NgramLookup, Sampler, SeqStep, Speculator, StopEvent,
+    StopScanner,
 };
 use minfer_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
@@ -95,6 +96,7 @@ pub fn spawn(
     queue_capacity: usize,
     metrics: Arc<Metrics>,
     busy_total: Arc<AtomicUsize>,
+    lookup: Option<usize>,
 ) -> Result<(WorkerHandle, Loaded, std::thread::JoinHandle<()>), String> {
     let (qtx, qrx) = std::sync::mpsc::channel::<Job>();
     let (otx, orx) = std::sync::mpsc::channel::<crate::slots::SlotOp>();
@@ -133,7 +135,8 @@ pub fn spawn(
             };
             // The slots are published before the server is reported ready, so /slots
             // never shows an empty list to the first client.
-            let worker = Worker::new(engine, tokenizer, m2, s2, busy_total);
+            let mut worker = Worker::new(engine, tokenizer, m2, s2, busy_total);
+            worker.lookup = lookup;
             let _ = ready_tx.send(Ok(loaded));
             worker.run(qrx, orx, &pending2);
         })
@@ -174,6 +177,12 @@ struct Active {
     admitted: Instant,
     /// When its first token was sampled (end of its prompt processing).
     first_sample: Option<Instant>,
+    /// Speculative decoding of this request (n-gram lookup), when the server runs it.
+    spec: Option<Speculator>,
+    /// The next token, sampled by a verify step and not yet emitted.
+    next: Option<u32>,
+    /// Whether the slot's entry in the current step is a speculative block to verify.
+    verifying: bool,
 }
 
 struct Slot {
@@ -201,6 +210,8 @@ struct Worker {
     /// A request for more choices than there are free slots: it waits, ahead of the
     /// queue, until enough slots are free.
     waiting: Option<Job>,
+    /// Speculative decoding with n-gram lookup, at most this many drafted tokens a step.
+    lookup: Option<usize>,
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
@@ -238,6 +249,7 @@ impl Worker {
             slots,
             clock: 0,
             waiting: None,
+            lookup: None,
         };
         w.publish();
         w
@@ -389,6 +401,7 @@ impl Worker {
         }
         for (slot_idx, choice, job, sampler) in choices {
             self.clock += 1;
+            let spec = self.speculator(&job);
             let slot = &mut self.slots[slot_idx];
             slot.last_used = self.clock;
             slot.last_prompt = job.prompt.len();
@@ -411,10 +424,23 @@ impl Worker {
                 done: false,
                 admitted: Instant::now(),
                 first_sample: None,
+                spec,
+                next: None,
+                verifying: false,
                 job,
             });
         }
         true
+    }
+
+    /// A speculator for `job` when the server speculates. Requests for log-probabilities
+    /// decode plainly: a verify step's rows are not kept per token.
+    fn speculator(&self, job: &Job) -> Option<Speculator> {
+        let max = self.lookup?;
+        if job.logprobs.is_some() {
+            return None;
+        }
+        Speculator::new(Box::new(NgramLookup::new()), max).ok()
     }
 
     /// Starts the other choices of the request in slot `lead`, whose prompt has just
@@ -523,7 +549,7 @@ impl Worker {
                 });
                 continue;
             }
-            if a.done || !a.outbox.is_empty() || a.logits.is_none() {
+            if a.done || !a.outbox.is_empty() || (a.logits.is_none() && a.next.is_none()) {
                 continue;
             }
             if Instant::now() >= a.job.deadline {
@@ -536,13 +562,30 @@ impl Worker {
             let r = catch_unwind(AssertUnwindSafe(|| sample_one(a, &tok, &metrics, pos, ctx)));
             match r {
                 Ok(Some(t)) => {
-                    slot.cached.push(t);
-                    steps.push(SeqStep {
-                        slot: idx,
-                        tokens: vec![t],
-                        pos0: pos,
-                        n_out: 1,
-                    });
+                    // With speculation the step runs `t` and the tokens drafted after
+                    // it, all rows wanted; `cached` gains the drafted ones once accepted.
+                    let block = match a.spec.as_mut() {
+                        Some(sp) => sp
+                            .plan(slot.cached.tokens(), t, ctx - pos, &a.sampler)
+                            .map(<[u32]>::to_vec),
+                        None => Ok(vec![t]),
+                    };
+                    match block {
+                        Ok(tokens) => {
+                            a.verifying = a.spec.is_some();
+                            slot.cached.push(t);
+                            steps.push(SeqStep {
+                                slot: idx,
+                                n_out: tokens.len(),
+                                tokens,
+                                pos0: pos,
+                            });
+                        }
+                        Err(e) => {
+                            let tx = a.job.tx.clone();
+                            self.fail_slot(idx, &tx, engine_error(e));
+                        }
+                    }
                 }
                 Ok(None) => {}
                 Err(p) => {
@@ -573,12 +616,18 @@ impl Worker {
             self.engine.inject_kernel_panic(12);
         }
         let engine = &mut self.engine;
+        let t0 = Instant::now();
         match catch_unwind(AssertUnwindSafe(|| engine.step(&steps))) {
             Ok(Ok(rows)) => {
+                let elapsed = t0.elapsed();
                 for (s, row) in steps.iter().zip(rows) {
                     let Some(a) = self.slots[s.slot].active.as_mut() else {
                         continue;
                     };
+                    if std::mem::take(&mut a.verifying) {
+                        self.verify(s, row, elapsed);
+                        continue;
+                    }
                     if !a.followers.is_empty() {
                         self.fork(s.slot, &row);
                     }
@@ -597,6 +646,42 @@ impl Worker {
             }
         }
         true
+    }
+
+    /// Verifies a slot's speculative block against its logits rows: the accepted drafted
+    /// tokens are emitted now (their KV rows are written: `cached` records them), and the
+    /// target's own next token waits in `next` to be emitted and run by the next step.
+    fn verify(&mut self, s: &SeqStep, mut rows: Vec<f32>, elapsed: Duration) {
+        let n_vocab = self.engine.n_vocab();
+        let ctx = self.engine.slot_ctx();
+        let slot = &mut self.slots[s.slot];
+        let Some(a) = slot.active.as_mut() else {
+            return;
+        };
+        let Some(sp) = a.spec.as_mut() else {
+            return;
+        };
+        let before = sp.stats();
+        let mut out = Vec::with_capacity(s.tokens.len());
+        sp.verify(&mut a.sampler, &mut rows, n_vocab, elapsed, &mut out);
+        let after = sp.stats();
+        self.metrics.add_draft(
+            (after.drafted - before.drafted) as usize,
+            (after.accepted - before.accepted) as usize,
+        );
+        let Some(next) = out.pop() else {
+            return;
+        };
+        for (i, &t) in out.iter().enumerate() {
+            // `t` ran at this position; plain decode would have sampled it there.
+            let pos = s.pos0 + 1 + i;
+            if emit(a, &self.tok, &self.metrics, t, pos, ctx).is_none() {
+                return;
+            }
+            slot.cached.push(t);
+        }
+        a.next = Some(next);
+        slot.last_generated = a.generated;
     }
 
     /// Whether a request in `steps` asked for `fault`.
@@ -714,9 +799,35 @@ fn sample_one(
     pos: usize,
     slot_ctx: usize,
 ) -> Option<u32> {
-    let mut logits = a.logits.take()?;
-    let raw = a.job.logprobs.map(|_| logits.clone());
-    let t = a.sampler.sample(&mut logits);
+    let t = match a.next.take() {
+        // Sampled by a verify step, already in the sampler's window.
+        Some(t) => t,
+        None => {
+            let mut logits = a.logits.take()?;
+            let raw = a.job.logprobs.map(|_| logits.clone());
+            let t = a.sampler.sample(&mut logits);
+            if !tok.is_eog(t) {
+                if let (Some(k), Some(raw)) = (a.job.logprobs, raw) {
+                    a.logprobs.push(logprob_of(tok, &raw, t, k));
+                }
+                a.sampler.accept(t);
+            }
+            t
+        }
+    };
+    emit(a, tok, metrics, t, pos, slot_ctx)
+}
+
+/// Hands the sampled token `t` of `a` to its request (text, stop strings, limits);
+/// returns it when the generation continues (it must then run at position `pos`).
+fn emit(
+    a: &mut Active,
+    tok: &Tokenizer,
+    metrics: &Metrics,
+    t: u32,
+    pos: usize,
+    slot_ctx: usize,
+) -> Option<u32> {
     let now = Instant::now();
     match a.last_token {
         None => metrics.observe_ttft(now - a.job.arrived),
@@ -728,10 +839,6 @@ fn sample_one(
         finish(a, metrics, Finish::Stop, true);
         return None;
     }
-    if let (Some(k), Some(raw)) = (a.job.logprobs, raw) {
-        a.logprobs.push(logprob_of(tok, &raw, t, k));
-    }
-    a.sampler.accept(t);
     a.generated += 1;
     metrics.add_generated(1);
     let piece = match a.decoder.push(tok, t) {

@@ -9,6 +9,7 @@ use anyhow::bail;
 use serde_json::json;
 
 use super::common::{usize_in, ModelArgs, MAX_CTX};
+use super::run::{print_spec_stats, SpecArgs};
 
 /// Arguments of `minfer bench`.
 #[derive(clap::Args, Debug)]
@@ -42,7 +43,23 @@ pub struct Args {
     /// Output format.
     #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "json"])]
     pub output: String,
+    /// With --draft or --lookup: the prompt of the speculative test (default: a short
+    /// code-editing request), greedy-decoded -n tokens plainly and speculatively (this
+    /// test replaces tg).
+    #[arg(short = 'f', long = "prompt-file")]
+    pub prompt_file: Option<std::path::PathBuf>,
+    /// Render the speculative test's prompt through the chat template as a user message.
+    #[arg(long = "chat")]
+    pub chat: bool,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
+
+/// The speculative test's prompt without --prompt-file: an edit that copies its input.
+const SPEC_PROMPT: &str = "Rename the variable `total` to `sum` in this function and \
+return the whole function.\n\n```python\ndef mean(values):\n    total = 0\n    count = 0\n    \
+for v in values:\n        total += v\n        count += 1\n    if count == 0:\n        \
+return 0.0\n    return total / count\n```\n";
 
 /// One test's samples.
 struct TestResult {
@@ -102,8 +119,14 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     if args.n_prompt == 0 && args.n_gen == 0 {
         bail!("nothing to measure: both -p and -n are 0");
     }
+    let speculative = args.spec.draft.is_some() || args.spec.lookup;
+    if !speculative && (args.prompt_file.is_some() || args.chat) {
+        bail!("--prompt-file and --chat set the speculative test's prompt: add --draft MODEL or --lookup");
+    }
     if args.model.ctx.is_none() {
-        args.model.ctx = Some(args.n_prompt.max(args.n_gen).max(1));
+        // The speculative test's prompt is not known yet: room for a long one.
+        let spec_room = if speculative { 4096 } else { 1 };
+        args.model.ctx = Some(args.n_prompt.max(args.n_gen).max(spec_room));
     }
     let mut engine = args.model.load()?;
     let n_vocab = engine.n_vocab();
@@ -138,7 +161,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         });
     }
     print_profile(&engine, "pp");
-    if args.n_gen > 0 {
+    // With a draft source the speculative test replaces tg: random tokens say nothing
+    // about drafts.
+    if args.n_gen > 0 && !speculative {
         let mut samples = Vec::new();
         for rep in 0..=args.reps {
             let tokens = random_tokens(args.n_gen, n_vocab, &mut seed);
@@ -161,6 +186,15 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     }
 
     print_profile(&engine, "tg");
+    let mut spec_summary = None;
+    if speculative && args.n_gen > 0 {
+        let (plain, specd, spec) = spec_test(&args, &mut engine)?;
+        let source = spec.source_name();
+        results.push(plain);
+        results.push(specd);
+        print_spec_stats(&spec);
+        spec_summary = Some((source, spec.stats()));
+    }
     let file = engine.file();
     let model_name = file
         .get_str("general.name")
@@ -184,6 +218,21 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                 })
             })
             .collect();
+        let arr: Vec<_> = arr
+            .into_iter()
+            .map(|mut v| {
+                if let (Some((source, st)), Some(name)) =
+                    (spec_summary, v["test"].as_str().map(str::to_string))
+                {
+                    if name.ends_with(source) {
+                        v["drafted"] = json!(st.drafted);
+                        v["accepted"] = json!(st.accepted);
+                        v["acceptance"] = json!(st.acceptance());
+                    }
+                }
+                v
+            })
+            .collect();
         println!("{}", serde_json::to_string_pretty(&arr)?);
     } else {
         let size_mib = file.file_size() as f64 / (1024.0 * 1024.0);
@@ -198,5 +247,105 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             );
         }
     }
+    if let (Some((source, st)), false) = (spec_summary, args.output == "json") {
+        println!(
+            "\nspeculative ({source}): acceptance {:.1}% ({} of {} drafted tokens)",
+            100.0 * st.acceptance(),
+            st.accepted,
+            st.drafted
+        );
+    }
     Ok(())
+}
+
+/// The speculative test: greedy decoding of -n tokens from the prompt, plainly and
+/// speculatively in alternating repetitions (ABBA: plain first in odd pairs, last in
+/// even ones, so drift on a busy machine falls on both alike). Both produce the same
+/// tokens; t/s counts generated tokens over the decode time.
+fn spec_test(
+    args: &Args,
+    engine: &mut minfer_runtime::Engine,
+) -> anyhow::Result<(TestResult, TestResult, minfer_runtime::Speculator)> {
+    use minfer_runtime::{generate_speculative, GenerateOptions, SamplingParams};
+    use minfer_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+    let tok = Tokenizer::from_gguf(engine.file())?;
+    let text = match &args.prompt_file {
+        Some(p) => std::fs::read_to_string(p)
+            .map_err(|e| anyhow::anyhow!("reading --prompt-file {}: {e}", p.display()))?,
+        None => SPEC_PROMPT.to_string(),
+    };
+    let prompt = if args.chat {
+        let tpl = ChatTemplate::from_tokenizer(&tok)?;
+        let msgs = [ChatMessage::new("user", text.as_str())];
+        tpl.render_spans(&msgs, true)?.encode(&tok, &msgs, true)?
+    } else {
+        tok.encode(&text, true, true)
+    };
+    if prompt.len() + args.n_gen > engine.n_ctx() {
+        bail!(
+            "the speculative test's prompt is {} tokens and -n {}: more than the context of {} (raise -c)",
+            prompt.len(),
+            args.n_gen,
+            engine.n_ctx()
+        );
+    }
+    let mut spec = args
+        .spec
+        .speculator(&args.model, engine, &tok)?
+        .ok_or_else(|| anyhow::anyhow!("no draft source"))?;
+    let opts = GenerateOptions {
+        max_tokens: args.n_gen,
+        stop: Vec::new(),
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+    };
+    let mut plain = Vec::new();
+    let mut specd = Vec::new();
+    let mut n_gen = 0;
+    let mut reference: Option<Vec<u32>> = None;
+    for rep in 0..=args.reps {
+        let order = if rep % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for use_spec in order {
+            let s = if use_spec { Some(&mut spec) } else { None };
+            let st = generate_speculative(engine, &tok, &prompt, 0, &opts, s, |_| true)?;
+            let tps = st.gen_tokens as f64 / st.gen_time.as_secs_f64().max(1e-9);
+            n_gen = st.gen_tokens;
+            // Greedy speculation must give plain decode's tokens: a run that does not
+            // measures something else, and is a bug to report, not a figure.
+            match &reference {
+                None => reference = Some(st.tokens),
+                Some(r) if *r != st.tokens => bail!(
+                    "speculative and plain decoding produced different tokens ({} run of repetition {rep})",
+                    if use_spec { "speculative" } else { "plain" }
+                ),
+                Some(_) => {}
+            }
+            // The first pair warms both paths up, untimed.
+            if rep > 0 {
+                if use_spec { &mut specd } else { &mut plain }.push(tps);
+            }
+        }
+    }
+    let name = |what: &str| format!("tg{n_gen} {what}");
+    Ok((
+        TestResult {
+            name: name("plain"),
+            n_prompt: prompt.len(),
+            n_gen,
+            samples: plain,
+        },
+        TestResult {
+            name: name(spec.source_name()),
+            n_prompt: prompt.len(),
+            n_gen,
+            samples: specd,
+        },
+        spec,
+    ))
 }

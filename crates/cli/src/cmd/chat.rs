@@ -12,6 +12,7 @@ use minfer_runtime::{
     Conversation, ConversationError, ConversationOptions, FinishReason, GenerateOptions,
     OverflowPolicy,
 };
+use minfer_tokenizer::Tokenizer;
 use rustyline::error::ReadlineError;
 
 use super::common::ModelArgs;
@@ -242,6 +243,15 @@ fn stats_line(conv: &Conversation) -> String {
             }
         }
     }
+    if let Some(sp) = conv.speculator() {
+        let st = sp.stats();
+        s.push_str(&format!(
+            " | speculative ({}): {} of {} drafted tokens accepted",
+            sp.source_name(),
+            st.accepted,
+            st.drafted
+        ));
+    }
     s
 }
 
@@ -258,7 +268,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         overflow,
         n_keep: args.keep,
     };
+    let tok = Tokenizer::from_gguf(engine.file())?;
+    let spec = args.gen.spec.speculator(&args.model, &engine, &tok)?;
     let mut conv = Conversation::new(engine, opts)?;
+    conv.set_speculator(spec);
     if conv.is_fallback_template() {
         eprintln!("note: the model has no chat template; using ChatML");
     }

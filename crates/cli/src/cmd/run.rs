@@ -4,11 +4,13 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use minfer_runtime::conversation::generate_shifting;
+use minfer_runtime::conversation::generate_shifting_with;
 use minfer_runtime::sampling::MAX_PENALTY_WINDOW;
 use minfer_runtime::session;
+use minfer_runtime::speculative::{DEFAULT_DRAFT_MAX, DRAFT_MAX_LIMIT};
 use minfer_runtime::{
-    FinishReason, GenerateOptions, KvHistory, OverflowPolicy, SamplerError, SamplingParams,
+    DraftModel, DraftSource, Engine, FinishReason, GenerateOptions, KvHistory, NgramLookup,
+    OverflowPolicy, SamplerError, SamplingParams, Speculator,
 };
 use minfer_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
@@ -110,6 +112,74 @@ pub struct GenArgs {
     /// Stop before this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding flags, shared by `minfer run`, `chat` and `bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding with this draft model (a GGUF path, catalog name or URL),
+    /// which must share the target's vocabulary.
+    #[arg(
+        long = "draft",
+        visible_alias = "model-draft",
+        conflicts_with = "lookup"
+    )]
+    pub draft: Option<String>,
+    /// Speculative decoding with n-gram lookup: drafts copied from the prompt and the
+    /// output so far, costing no forward pass.
+    #[arg(long = "lookup")]
+    pub lookup: bool,
+    /// Most tokens drafted per step, 1..=16 (the depth adapts below it, down to none).
+    #[arg(
+        long = "draft-max",
+        default_value_t = DEFAULT_DRAFT_MAX,
+        value_parser = usize_in(1..=DRAFT_MAX_LIMIT as u64)
+    )]
+    pub draft_max: usize,
+}
+
+impl SpecArgs {
+    /// The speculator these flags select for `target` (`None` without --draft or
+    /// --lookup); a draft model loads with the target's threads, backends and context.
+    pub fn speculator(
+        &self,
+        model: &ModelArgs,
+        target: &Engine,
+        tok: &Tokenizer,
+    ) -> anyhow::Result<Option<Speculator>> {
+        let source: Box<dyn DraftSource> = if let Some(name) = &self.draft {
+            let path = minfer_hub::resolve_model(Some(name), true)?;
+            let mut opts = model.engine_options();
+            opts.n_ctx = Some(target.n_ctx());
+            let engine = Engine::load(&path, &opts)
+                .with_context(|| format!("loading the draft model {}", path.display()))?;
+            Box::new(
+                DraftModel::new(engine, tok, target.n_ctx())
+                    .with_context(|| format!("--draft {}", path.display()))?,
+            )
+        } else if self.lookup {
+            Box::new(NgramLookup::new())
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(Speculator::new(source, self.draft_max)?))
+    }
+}
+
+/// One line on stderr with a speculator's counters.
+pub fn print_spec_stats(spec: &Speculator) {
+    let s = spec.stats();
+    eprintln!(
+        "speculative ({}): {} drafted, {} accepted ({:.1}%), {} verify and {} plain steps",
+        spec.source_name(),
+        s.drafted,
+        s.accepted,
+        100.0 * s.acceptance(),
+        s.verify_steps,
+        s.plain_steps
+    );
 }
 
 impl GenArgs {
@@ -274,15 +344,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stop: args.gen.stop.clone(),
         sampling,
     };
+    let mut spec = args.gen.spec.speculator(&args.model, &engine, &tok)?;
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
-    let run = generate_shifting(
+    let run = generate_shifting_with(
         &mut engine,
         &tok,
         &mut kv,
         &prompt,
         args.keep,
         &opts,
+        spec.as_mut(),
         |piece| {
             if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
                 write_err = Some(e);
@@ -336,6 +408,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             0.0
         }
     };
+    if let Some(spec) = &spec {
+        print_spec_stats(spec);
+    }
     eprintln!(
         "load {:.2} s | prompt {} tokens, {:.1} t/s | generated {} tokens, {:.1} t/s",
         engine.load_time().as_secs_f64(),

@@ -83,6 +83,21 @@ pub struct Args {
     /// Turn off `GET /metrics` (on by default; it answers llama-server's 501 then).
     #[arg(long = "no-metrics")]
     pub no_metrics: bool,
+    /// Speculative decoding in every slot with n-gram lookup (drafts copied from the
+    /// prompt and the output so far; requests asking for logprobs decode plainly).
+    #[arg(long = "lookup")]
+    pub lookup: bool,
+    /// A draft model for speculative decoding: `minfer run`, `chat` and `bench` take one;
+    /// the server does not yet, and refuses it by name.
+    #[arg(long = "draft", visible_alias = "model-draft")]
+    pub draft: Option<String>,
+    /// Most tokens drafted per step with --lookup, 1..=16.
+    #[arg(
+        long = "draft-max",
+        default_value_t = minfer_runtime::speculative::DEFAULT_DRAFT_MAX,
+        value_parser = super::common::usize_in(1..=minfer_runtime::speculative::DRAFT_MAX_LIMIT as u64)
+    )]
+    pub draft_max: usize,
 }
 
 /// Runs `minfer serve` until Ctrl-C.
@@ -100,6 +115,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let shutdown = shutdown_timeout(args.shutdown_timeout)?;
+    if args.draft.is_some() {
+        anyhow::bail!(
+            "--draft: the server does not run a draft model yet; use --lookup for \
+             speculative decoding in serve (run, chat and bench take --draft)"
+        );
+    }
     // Aliases name the --model values in order; without any, the one default model.
     // Models found under --models-dir are named by their file stems.
     let named = match (args.model.len(), &args.models_dir) {
@@ -135,6 +156,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.cache_type_v = args.cache_type_v;
     config.no_slots = args.no_slots;
     config.no_metrics = args.no_metrics;
+    config.lookup = args.lookup.then_some(args.draft_max);
     config.validate()?;
     let mut specs: Vec<Option<&str>> = args.model.iter().map(|m| Some(m.as_str())).collect();
     if specs.is_empty() && args.models_dir.is_none() {
