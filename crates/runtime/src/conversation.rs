@@ -23,7 +23,6 @@ use minfer_tokenizer::{ChatMessage, ChatTemplate, TemplateError, Tokenizer};
 
 use crate::engine::{Engine, EngineError};
 use crate::generate::{decode_loop, FinishReason, GenerateOptions, GenerationStats};
-use crate::sampling::Sampler;
 use crate::session::{self, SavedChat, SessionError};
 
 /// Length of the longest common prefix of two token sequences.
@@ -330,11 +329,7 @@ pub fn generate_shifting(
         });
     }
     let n_keep = n_keep.min(prompt.len());
-    let mut sampler =
-        Sampler::new(opts.sampling.clone()).map_err(|e| ConversationError::Param {
-            name: "sampling",
-            message: e.to_string(),
-        })?;
+    let mut sampler = opts.sampler()?;
     let reuse = kv.reuse(prompt);
     let t0 = Instant::now();
     let logits = engine.prefill(&prompt[reuse.kept..], reuse.kept)?;
@@ -637,11 +632,7 @@ impl Conversation {
         interrupted: &mut dyn FnMut() -> bool,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<(TurnStats, String), ConversationError> {
-        let mut sampler =
-            Sampler::new(gen.sampling.clone()).map_err(|e| ConversationError::Param {
-                name: "sampling",
-                message: e.to_string(),
-            })?;
+        let mut sampler = gen.sampler()?;
         let n_ctx = self.engine.n_ctx();
         let full = self.render(&self.all_messages(), true)?;
         let n_keep = self.n_keep(&full)?;

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use minfer_tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::constraint::{CompiledGrammar, Prefetch};
 use crate::engine::{Engine, EngineError};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::{StopEvent, StopScanner};
@@ -18,6 +19,21 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// The sampler chain's parameters.
     pub sampling: SamplingParams,
+    /// A grammar every generated token must follow (structured output); `None` is free
+    /// text.
+    pub constraint: Option<CompiledGrammar>,
+}
+
+impl GenerateOptions {
+    /// The sampler these options describe, with a fresh constraint of their grammar (its
+    /// next mask computed on a helper thread while the engine runs each step).
+    pub fn sampler(&self) -> Result<Sampler, EngineError> {
+        let s = Sampler::new(self.sampling.clone()).map_err(|e| EngineError::Param {
+            name: "sampling",
+            message: e.to_string(),
+        })?;
+        Ok(s.with_constraint(self.constraint.as_ref().map(|g| g.start(Prefetch::Helper))))
+    }
 }
 
 /// Why generation ended.
@@ -96,10 +112,7 @@ pub fn generate_reusing(
             n_ctx: engine.n_ctx(),
         });
     }
-    let mut sampler = Sampler::new(opts.sampling.clone()).map_err(|e| EngineError::Param {
-        name: "sampling",
-        message: e.to_string(),
-    })?;
+    let mut sampler = opts.sampler()?;
     if reuse == 0 {
         engine.reset();
     }
@@ -153,7 +166,12 @@ pub(crate) fn decode_loop(
     let mut tokens = Vec::new();
     let mut finish = FinishReason::Length;
     while tokens.len() < opts.max_tokens {
-        let tok = sampler.sample(&mut logits);
+        let tok = sampler
+            .try_sample(&mut logits)
+            .map_err(|e| EngineError::Param {
+                name: "grammar",
+                message: e.to_string(),
+            })?;
         if tokenizer.is_eog(tok) {
             finish = FinishReason::Stop;
             break;

@@ -8,7 +8,8 @@ use minfer_runtime::conversation::generate_shifting;
 use minfer_runtime::sampling::MAX_PENALTY_WINDOW;
 use minfer_runtime::session;
 use minfer_runtime::{
-    FinishReason, GenerateOptions, KvHistory, OverflowPolicy, SamplerError, SamplingParams,
+    CompiledGrammar, FinishReason, GenerateOptions, Grammar, GrammarVocab, KvHistory,
+    OverflowPolicy, SamplerError, SamplingParams,
 };
 use minfer_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
@@ -56,6 +57,12 @@ pub struct Args {
     /// Leading tokens a context shift never drops.
     #[arg(long = "keep", default_value_t = 0)]
     pub keep: usize,
+    /// Constrain the output to the GBNF grammar in FILE (llama.cpp's format).
+    #[arg(long = "grammar", conflicts_with = "json_schema")]
+    pub grammar: Option<PathBuf>,
+    /// Constrain the output to JSON valid for the JSON schema in FILE.
+    #[arg(long = "json-schema")]
+    pub json_schema: Option<PathBuf>,
 }
 
 /// Generation and sampling flags, shared by `minfer run` and `minfer chat`.
@@ -151,6 +158,29 @@ impl Args {
     }
 }
 
+/// The grammar of `--grammar` or `--json-schema`, compiled against the model's vocabulary.
+fn constraint(args: &Args, tok: &Tokenizer) -> anyhow::Result<Option<CompiledGrammar>> {
+    let (path, flag) = match (&args.grammar, &args.json_schema) {
+        (Some(p), _) => (p, "--grammar"),
+        (None, Some(p)) => (p, "--json-schema"),
+        (None, None) => return Ok(None),
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading {flag} file {}", path.display()))?;
+    let grammar = if args.grammar.is_some() {
+        Grammar::Gbnf(text)
+    } else {
+        Grammar::JsonSchema(
+            serde_json::from_str(&text)
+                .with_context(|| format!("{flag} file {} is not valid JSON", path.display()))?,
+        )
+    };
+    let vocab = GrammarVocab::new(tok)?;
+    let g = CompiledGrammar::new(&vocab, &grammar)
+        .with_context(|| format!("{flag} file {}", path.display()))?;
+    Ok(Some(g))
+}
+
 /// Renders the prompt (optionally through the chat template) and tokenizes it.
 fn prompt_tokens(args: &Args, tok: &Tokenizer, text: &str) -> anyhow::Result<Vec<u32>> {
     if args.chat {
@@ -203,6 +233,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut engine = args.model.load()?;
     let tok = Tokenizer::from_gguf(engine.file())?;
     let prompt = prompt_tokens(&args, &tok, &text)?;
+    let grammar = if dumping {
+        None
+    } else {
+        constraint(&args, &tok)?
+    };
 
     if dumping {
         let nt = if args.dump_kind == "decode" {
@@ -272,6 +307,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         stop: args.gen.stop.clone(),
         sampling,
+        constraint: grammar,
     };
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
