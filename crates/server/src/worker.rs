@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use minfer_runtime::{
-    EngineError, KvHistory, MultiEngine, Sampler, SeqStep, StopEvent, StopScanner,
+    EngineError, KvHistory, MultiEngine, Prefetch, Sampler, SeqStep, StopEvent, StopScanner,
 };
 use minfer_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
@@ -373,8 +373,9 @@ impl Worker {
         for (choice, &slot) in std::iter::once(&idx).chain(&others).enumerate() {
             let mut job = job.clone();
             job.sampling.seed = choice_seed(job.sampling.seed, choice);
+            let constraint = job.constraint.as_ref().map(|g| g.start(Prefetch::Helper));
             let mut sampler = match Sampler::new(job.sampling.clone()) {
-                Ok(s) => s,
+                Ok(s) => s.with_constraint(constraint),
                 Err(e) => {
                     let _ = job
                         .tx
@@ -716,7 +717,16 @@ fn sample_one(
 ) -> Option<u32> {
     let mut logits = a.logits.take()?;
     let raw = a.job.logprobs.map(|_| logits.clone());
-    let t = a.sampler.sample(&mut logits);
+    let t = match a.sampler.try_sample(&mut logits) {
+        Ok(t) => t,
+        Err(e) => {
+            // The grammar's own failure: the request ends with it, never unconstrained.
+            a.outbox
+                .push_back(Event::Error(ApiError::internal(e.to_string())));
+            a.done = true;
+            return None;
+        }
+    };
     let now = Instant::now();
     match a.last_token {
         None => metrics.observe_ttft(now - a.job.arrived),
