@@ -181,14 +181,14 @@ impl CompiledGrammar {
         let kind = grammar.kind();
         let bad = |reason: String| ConstraintError::Compile { kind, reason };
         let top = match grammar {
-            Grammar::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
-            }
+            Grammar::JsonObject => TopLevelGrammar::from_json_schema(bounded_whitespace(
+                serde_json::json!({"type": "object"}),
+            )),
             Grammar::JsonSchema(s) => {
                 if !s.is_object() && !s.is_boolean() {
                     return Err(bad("a schema must be a JSON object".into()));
                 }
-                TopLevelGrammar::from_json_schema(s.clone())
+                TopLevelGrammar::from_json_schema(bounded_whitespace(s.clone()))
             }
             Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
             Grammar::Lark(l) => TopLevelGrammar::from_lark(l.clone()),
@@ -230,6 +230,23 @@ impl CompiledGrammar {
             active,
         }
     }
+}
+
+/// Whitespace a JSON grammar allows between two tokens: a space or two, or a newline and
+/// an indent of up to 32 columns. llguidance's default is any run of whitespace, in which
+/// a small model that hesitates before a required key can spend every remaining token;
+/// this bound keeps pretty-printed JSON (what models write unconstrained) and compact
+/// JSON, and forces progress.
+pub const JSON_WHITESPACE: &str = r"[\x20\x09]{1,2}|\x0D?\x0A[\x20\x09]{0,32}";
+
+/// `schema` with [`JSON_WHITESPACE`] as its whitespace rule, unless it sets llguidance's
+/// own options (`x-guidance`) or is a boolean schema.
+pub fn bounded_whitespace(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({"whitespace_pattern": JSON_WHITESPACE}));
+    }
+    schema
 }
 
 /// Where the next mask is computed.
