@@ -136,7 +136,11 @@ fn gbnf_and_regex_grammars_constrain_the_model() {
     let out = run(&mut e, &prompt, &greedy(20, Some(g)));
     assert!(out == "Yes." || out == "No.", "{out:?}");
     let g = compile(Grammar::Regex("[0-9]{3}-[0-9]{4}".into()));
-    let out = run(&mut e, &chat("Give me a phone number."), &greedy(20, Some(g)));
+    let out = run(
+        &mut e,
+        &chat("Give me a phone number."),
+        &greedy(20, Some(g)),
+    );
     let b = out.as_bytes();
     assert!(
         out.len() == 8 && b[3] == b'-' && out.bytes().filter(u8::is_ascii_digit).count() == 7,
@@ -222,13 +226,18 @@ fn bad_grammars_are_refused_with_the_reason() {
     let vocab = &model().vocab;
     for (g, want) in [
         (
-            Grammar::JsonSchema(json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})),
+            Grammar::JsonSchema(
+                json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}),
+            ),
             "JSON schema cannot be compiled",
         ),
         (Grammar::JsonSchema(json!({"type": "strnig"})), "strnig"),
         (Grammar::JsonSchema(json!([1, 2])), "must be a JSON object"),
         (Grammar::Regex("(unclosed".into()), "regular expression"),
-        (Grammar::Lark("start: undefined_rule".into()), "undefined_rule"),
+        (
+            Grammar::Lark("start: undefined_rule".into()),
+            "undefined_rule",
+        ),
         (Grammar::Gbnf("root ::= (".into()), "GBNF line 1"),
     ] {
         let e = CompiledGrammar::new(vocab, &g).unwrap_err().to_string();
