@@ -25,7 +25,6 @@ use crate::engine::{Engine, EngineError};
 use crate::generate::{
     decode_blocks, run_block, sample_next, FinishReason, GenerateOptions, GenerationStats,
 };
-use crate::sampling::Sampler;
 use crate::session::{self, SavedChat, SessionError};
 use crate::speculative::Speculator;
 
@@ -349,11 +348,7 @@ pub fn generate_shifting_with(
         });
     }
     let n_keep = n_keep.min(prompt.len());
-    let mut sampler =
-        Sampler::new(opts.sampling.clone()).map_err(|e| ConversationError::Param {
-            name: "sampling",
-            message: e.to_string(),
-        })?;
+    let mut sampler = opts.sampler()?;
     let reuse = kv.reuse(prompt);
     let t0 = Instant::now();
     let logits = engine.prefill(&prompt[reuse.kept..], reuse.kept)?;
@@ -387,7 +382,7 @@ pub fn generate_shifting_with(
             match shift_and_run(engine, kv, n_keep, tok, &mut buf)? {
                 Some(d) => {
                     shifted += d;
-                    block.push(sample_next(sampler, &mut buf));
+                    block.push(sample_next(sampler, &mut buf)?);
                     Ok(true)
                 }
                 None => Ok(false),
@@ -679,11 +674,7 @@ impl Conversation {
         interrupted: &mut dyn FnMut() -> bool,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<(TurnStats, String), ConversationError> {
-        let mut sampler =
-            Sampler::new(gen.sampling.clone()).map_err(|e| ConversationError::Param {
-                name: "sampling",
-                message: e.to_string(),
-            })?;
+        let mut sampler = gen.sampler()?;
         let n_ctx = self.engine.n_ctx();
         let full = self.render(&self.all_messages(), true)?;
         let n_keep = self.n_keep(&full)?;
@@ -765,7 +756,7 @@ impl Conversation {
                     Some(discard) => {
                         *dropped += discard;
                         shifted += discard;
-                        block.push(sample_next(sampler, &mut buf));
+                        block.push(sample_next(sampler, &mut buf)?);
                         Ok(true)
                     }
                     None => {

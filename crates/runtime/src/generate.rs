@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use minfer_tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::constraint::{CompiledGrammar, Prefetch};
 use crate::conversation::KvHistory;
 use crate::engine::{Engine, EngineError};
 use crate::sampling::{Sampler, SamplingParams};
@@ -20,6 +21,21 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// The sampler chain's parameters.
     pub sampling: SamplingParams,
+    /// A grammar every generated token must follow (structured output); `None` is free
+    /// text. A constrained generation never speculates.
+    pub constraint: Option<CompiledGrammar>,
+}
+
+impl GenerateOptions {
+    /// The sampler these options describe, with a fresh constraint of their grammar (its
+    /// next mask computed on a helper thread while the engine runs each step).
+    pub fn sampler(&self) -> Result<Sampler, EngineError> {
+        let s = Sampler::new(self.sampling.clone()).map_err(|e| EngineError::Param {
+            name: "sampling",
+            message: e.to_string(),
+        })?;
+        Ok(s.with_constraint(self.constraint.as_ref().map(|g| g.start(Prefetch::Helper))))
+    }
 }
 
 /// Why generation ended.
@@ -113,10 +129,7 @@ pub fn generate_speculative(
             n_ctx: engine.n_ctx(),
         });
     }
-    let mut sampler = Sampler::new(opts.sampling.clone()).map_err(|e| EngineError::Param {
-        name: "sampling",
-        message: e.to_string(),
-    })?;
+    let mut sampler = opts.sampler()?;
     if reuse == 0 {
         engine.reset();
     }
@@ -176,7 +189,9 @@ pub(crate) fn run_block(
     block: &mut Vec<u32>,
 ) -> Result<(), EngineError> {
     match spec {
-        Some(spec) if kv.len() + 2 <= engine.n_ctx() => {
+        // The drafts are verified against the unconstrained chain: a grammar turns
+        // speculation off (one plain step per token).
+        Some(spec) if !sampler.is_constrained() && kv.len() + 2 <= engine.n_ctx() => {
             spec.step(engine, sampler, kv.tokens(), tok, buf, block)?;
             kv.push(tok);
             kv.extend(&block[..block.len().saturating_sub(1)]);
@@ -184,17 +199,21 @@ pub(crate) fn run_block(
         _ => {
             engine.forward_into(&[tok], kv.len(), 1, buf)?;
             kv.push(tok);
-            block.push(sample_next(sampler, buf));
+            block.push(sample_next(sampler, buf)?);
         }
     }
     Ok(())
 }
 
-/// Samples the next token from `logits` and records it in the penalty window.
-pub(crate) fn sample_next(sampler: &mut Sampler, logits: &mut [f32]) -> u32 {
-    let t = sampler.sample(logits);
+/// Samples the next token from `logits` (under the sampler's grammar, if any) and records
+/// it in the penalty window.
+pub(crate) fn sample_next(sampler: &mut Sampler, logits: &mut [f32]) -> Result<u32, EngineError> {
+    let t = sampler.try_sample(logits).map_err(|e| EngineError::Param {
+        name: "grammar",
+        message: e.to_string(),
+    })?;
     sampler.accept(t);
-    t
+    Ok(t)
 }
 
 /// The generation loop over blocks of tokens (one per plain step, several per
@@ -222,7 +241,7 @@ pub(crate) fn decode_blocks(
     let mut block = Vec::new();
     let mut unrun = 0;
     if opts.max_tokens > 0 {
-        block.push(sample_next(sampler, &mut logits));
+        block.push(sample_next(sampler, &mut logits)?);
     }
     'gen: while !block.is_empty() {
         for (k, &tok) in block.iter().enumerate() {

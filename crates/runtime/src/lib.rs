@@ -2,6 +2,7 @@
 //! the sampler chain, stop strings, perplexity, the generation loop and conversations.
 
 pub mod backends;
+pub mod constraint;
 pub mod conversation;
 pub mod engine;
 pub mod generate;
@@ -12,6 +13,9 @@ pub mod session;
 pub mod speculative;
 pub mod stop;
 
+pub use constraint::{
+    CompiledGrammar, Constraint, ConstraintError, Grammar, GrammarVocab, Prefetch,
+};
 pub use conversation::{
     Conversation, ConversationError, ConversationOptions, KvHistory, OverflowPolicy, Reuse,
     TurnStats,

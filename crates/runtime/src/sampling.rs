@@ -1,6 +1,6 @@
-//! The sampler chain, in llama.cpp's default order: logit bias, penalties, top-k, top-p,
-//! min-p, temperature, then a seeded draw. A temperature of 0 means greedy (argmax after the
-//! penalties), as llama.cpp's temperature sampler does for `temp <= 0`.
+//! The sampler chain, in llama.cpp's default order: logit bias, penalties, the grammar
+//! constraint (when there is one), top-k, top-p, min-p, temperature, then a seeded draw.
+//! A temperature of 0 means greedy (argmax after the penalties), as llama.cpp's temperature sampler does for `temp <= 0`.
 //!
 //! Every stage is total over its inputs: any finite parameter that `validate` accepts and
 //! any logit row (±inf, NaN, huge magnitudes) yields a valid distribution, so the draw
@@ -8,6 +8,8 @@
 //! the argmax as its limit does, and +inf logits share the whole mass.
 
 use std::collections::VecDeque;
+
+use crate::constraint::{Constraint, ConstraintError};
 
 /// Sampling parameters; `validate` names any absurd value.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,9 +187,12 @@ impl Rng {
 }
 
 /// A stateful sampler: the parameters, the penalty window and the random stream.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
+    /// Masks the logits after the penalties, so that no later stage gives mass to a token
+    /// the grammar forbids; advanced with every sampled token.
+    constraint: Option<Constraint>,
     recent: VecDeque<u32>,
     rng: Rng,
     cand: Vec<(u32, f32)>,
@@ -205,6 +210,7 @@ impl Sampler {
         let window = params.penalty_last_n;
         Ok(Sampler {
             params,
+            constraint: None,
             recent: VecDeque::with_capacity(window),
             rng,
             cand: Vec::new(),
@@ -216,6 +222,63 @@ impl Sampler {
     /// The parameters in force.
     pub fn params(&self) -> &SamplingParams {
         &self.params
+    }
+
+    /// This sampler with a grammar constraint on every token it samples.
+    pub fn with_constraint(mut self, constraint: Option<Constraint>) -> Self {
+        self.constraint = constraint;
+        self
+    }
+
+    /// Whether a grammar constrains the samples.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// [`Sampler::sample`] under the constraint, if any: the allowed-token mask is applied
+    /// after the logit bias and the penalties and before every stage that shapes the
+    /// distribution, and the chosen token advances the grammar. A grammar failure is an
+    /// error, never an unconstrained token.
+    pub fn try_sample(&mut self, logits: &mut [f32]) -> Result<u32, ConstraintError> {
+        let Some(mut c) = self.constraint.take() else {
+            return Ok(self.sample(logits));
+        };
+        let r = self.sample_masked(logits, &mut c);
+        self.constraint = Some(c);
+        r
+    }
+
+    fn sample_masked(
+        &mut self,
+        logits: &mut [f32],
+        c: &mut Constraint,
+    ) -> Result<u32, ConstraintError> {
+        self.pre_stages(logits);
+        c.mask(logits)?;
+        if c.is_active() && !logits.iter().any(|&l| l > f32::NEG_INFINITY) {
+            return Err(ConstraintError::Runtime(
+                "the grammar allows no token here".into(),
+            ));
+        }
+        let t = match self.shape(logits) {
+            Some(t) => t,
+            None => {
+                let r = self.rng.next_f64();
+                self.pick(r)
+            }
+        };
+        c.advance(t)?;
+        Ok(t)
+    }
+
+    /// The stages before the constraint: logit bias, then penalties.
+    fn pre_stages(&mut self, logits: &mut [f32]) {
+        if !self.params.logit_bias.is_empty() {
+            self.apply_logit_bias(logits);
+        }
+        if self.penalties_active() {
+            self.apply_penalties(logits);
+        }
     }
 
     /// Records a token (prompt or generated) in the penalty window.
@@ -290,6 +353,7 @@ impl Sampler {
     /// Picks the next token from one row of logits (modified in place by the logit bias
     /// and the penalties). NaN and -inf logits (banned tokens included) are never drawn
     /// unless every logit is one, where the lowest id is returned, as `argmax` does.
+    /// The constraint, if any, is not consulted: use [`Sampler::try_sample`] for that.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         if let Some(t) = self.prepare(logits) {
             return t;
@@ -359,12 +423,13 @@ impl Sampler {
     /// Every stage before the draw: the greedy pick, or `None` with `cand` and `probs`
     /// holding the candidates and their probabilities.
     fn prepare(&mut self, logits: &mut [f32]) -> Option<u32> {
-        if !self.params.logit_bias.is_empty() {
-            self.apply_logit_bias(logits);
-        }
-        if self.penalties_active() {
-            self.apply_penalties(logits);
-        }
+        self.pre_stages(logits);
+        self.shape(logits)
+    }
+
+    /// The stages after the constraint: the greedy pick, or `None` with `cand` and `probs`
+    /// holding what top-k / top-p / min-p / temperature leave.
+    fn shape(&mut self, logits: &mut [f32]) -> Option<u32> {
         if self.params.is_greedy() {
             return Some(argmax(logits));
         }

@@ -522,7 +522,7 @@ fn read_chat(r: &mut Reader) -> Result<Option<SavedChat>, String> {
                 let role = text(r, n, "a message role")?;
                 let n = u32::from_le_bytes(r.take("a message")?) as usize;
                 let content = text(r, n, "a message")?;
-                messages.push(ChatMessage { role, content });
+                messages.push(ChatMessage::new(role, content));
             }
             Some(SavedChat {
                 system,

@@ -242,7 +242,14 @@ impl DraftSource for DraftModel {
         }
         let sampler = match &mut self.sampler {
             Some(s) if s.params() == target.params() => s,
-            slot => slot.insert(target.clone()),
+            // A fresh chain of the target's parameters, never its grammar: the stream is
+            // reseeded and the penalty window copied below.
+            slot => slot.insert(Sampler::new(target.params().clone()).map_err(|e| {
+                EngineError::Param {
+                    name: "sampling",
+                    message: e.to_string(),
+                }
+            })?),
         };
         // The draft's stream is a function of the seed and the position alone, so a
         // fixed seed gives the same drafts (and output) however generations interleave.

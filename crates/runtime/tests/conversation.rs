@@ -21,6 +21,7 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
             temperature: 0.0,
             ..SamplingParams::default()
         },
+        constraint: None,
     }
 }
 

@@ -64,6 +64,7 @@ fn greedy(n: usize) -> GenerateOptions {
             temperature: 0.0,
             ..SamplingParams::default()
         },
+        constraint: None,
     }
 }
 
@@ -278,6 +279,7 @@ fn sampled_speculation_keeps_the_target_distribution() {
             seed,
             ..SamplingParams::default()
         },
+        constraint: None,
     };
     // Token `i` of each generation, over the seeds (end-of-generation as a cell of its own).
     let column = |runs: &[Vec<u32>], i: usize| -> Vec<u32> {

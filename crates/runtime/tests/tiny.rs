@@ -156,6 +156,7 @@ fn a_huge_max_tokens_is_refused_before_generating_not_wrapped() {
                 temperature: 0.0,
                 ..SamplingParams::default()
             },
+            constraint: None,
         };
         let mut pieces = 0;
         let err = generate(&mut e, &tok, &[72, 101, 108], &opts, |_| {

@@ -13,6 +13,7 @@ use crate::error::ApiError;
 use crate::params::{GenRequest, Prompt};
 use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
 use crate::{AppState, Model};
+use minfer_runtime::CompiledGrammar;
 use minfer_tokenizer::ChatMessage;
 
 /// Text in a prompt that makes inference panic when fault injection is on (tests only).
@@ -70,9 +71,22 @@ pub fn chat_prompt(
     m: &Model,
     msgs: &[ChatMessage],
 ) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
+    chat_prompt_with_tools(st, m, msgs, None)
+}
+
+/// [`chat_prompt`] with the request's `tools` array shown to the template.
+pub fn chat_prompt_with_tools(
+    st: &AppState,
+    m: &Model,
+    msgs: &[ChatMessage],
+    tools: Option<&serde_json::Value>,
+) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
     let bad =
         |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
-    let rendered = m.template.render_spans(msgs, true).map_err(bad)?;
+    let rendered = m
+        .template
+        .render_spans_with_tools(msgs, tools, true)
+        .map_err(bad)?;
     let ids = if st.allow_special_in_content {
         m.tok.encode(&rendered.text, true, true)
     } else {
@@ -124,6 +138,23 @@ impl Outcome {
             .sum();
         u
     }
+}
+
+/// The request's output grammar or tool-call grammar compiled against the model's
+/// vocabulary; one that does not compile is a 400 naming the field and the reason.
+pub fn compile_constraint(m: &Model, g: &GenRequest) -> Result<Option<CompiledGrammar>, ApiError> {
+    let (grammar, field, trigger) = match (&g.grammar, g.tools.as_ref().and_then(|t| t.grammar())) {
+        (Some((gr, field)), _) => (gr.clone(), *field, None),
+        (None, Some((gr, trigger))) => (gr, "tools", trigger),
+        (None, None) => return Ok(None),
+    };
+    let vocab = m.grammar_vocab().map_err(ApiError::internal)?;
+    let c = CompiledGrammar::new(&vocab, &grammar)
+        .map_err(|e| ApiError::bad_request(format!("field `{field}`: {e}")).with_param(field))?;
+    Ok(Some(match trigger {
+        Some(t) => c.triggered_by(t),
+        None => c,
+    }))
 }
 
 /// Checks the prompt against the model's slots (and `id_slot` against their number),
@@ -183,6 +214,7 @@ pub fn start(
         )
         .with_param("id_slot"));
     }
+    let constraint = compile_constraint(&m, g)?;
     let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
     let deadline = deadline(arrived, st.timeout);
     m.worker.submit(Job {
@@ -198,6 +230,7 @@ pub fn start(
         tx,
         cache_prompt: g.cache_prompt,
         slot: g.slot,
+        constraint,
     })?;
     Ok(Generation {
         model: m,

@@ -132,6 +132,8 @@ pub struct Job {
     pub cache_prompt: bool,
     /// The slot the job must run in (llama-server's `id_slot`); `None` picks one.
     pub slot: Option<usize>,
+    /// The grammar every choice's tokens must follow; each choice runs its own state.
+    pub constraint: Option<minfer_runtime::CompiledGrammar>,
 }
 
 /// A slot as `/slots` reports it.

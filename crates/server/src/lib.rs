@@ -31,6 +31,7 @@ pub mod params;
 mod routes;
 pub mod security;
 pub mod slots;
+pub mod tools;
 pub mod worker;
 
 use std::net::SocketAddr;

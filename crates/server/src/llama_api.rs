@@ -269,8 +269,6 @@ fn opt_int(obj: &Object, name: &str) -> Result<Option<i64>, ApiError> {
 /// value is refused by name, since ignoring it would change the output.
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("mirostat", "0"),
-    ("grammar", "\"\""),
-    ("json_schema", "null"),
     ("dynatemp_range", "0"),
     ("typical_p", "1"),
     ("dry_multiplier", "0"),
@@ -400,6 +398,8 @@ pub fn parse_options(obj: &Object, tok: &Tokenizer) -> Result<Options, ApiError>
     g.stop = stop(obj)?;
     g.stream = opt_bool(obj, "stream")?.unwrap_or(false);
     g.cache_prompt = opt_bool(obj, "cache_prompt")?.unwrap_or(true);
+    // `grammar` (GBNF), `json_schema` and `response_format`, as on the OpenAI routes.
+    g.grammar = params::output_grammar(obj)?;
     g.slot = match opt_int(obj, "id_slot")? {
         None | Some(-1) => None,
         Some(n) => Some(usize::try_from(n).map_err(|_| wrong("id_slot", "-1 or a slot id"))?),
@@ -638,7 +638,10 @@ fn settings_json(m: &Model, o: &Options) -> Value {
         "logit_bias": s.logit_bias.iter().map(|&(t, b)| json!([t, b])).collect::<Vec<_>>(),
         "n_probs": o.n_probs,
         "min_keep": 0,
-        "grammar": "",
+        "grammar": match &o.g.grammar {
+            Some((minfer_runtime::Grammar::Gbnf(g), _)) => g.as_str(),
+            _ => "",
+        },
         "samplers": ["logit_bias", "penalties", "top_k", "top_p", "min_p", "temperature"],
         "timings_per_token": false,
         "cache_prompt": o.g.cache_prompt,
@@ -1398,8 +1401,6 @@ mod tests {
     fn unsupported_features_are_refused_only_off_their_neutral_value() {
         for (name, bad) in [
             ("mirostat", json!(2)),
-            ("grammar", json!("root ::= \"a\"")),
-            ("json_schema", json!({})),
             ("typical_p", json!(0.5)),
             ("post_sampling_probs", json!(true)),
             ("n_cmpl", json!(2)),
@@ -1409,8 +1410,10 @@ mod tests {
             let e = check_unsupported(&o).unwrap_err();
             assert!(e.message.contains(&format!("`{name}`")), "{}", e.message);
         }
-        let ok = obj(json!({"mirostat": 0, "grammar": "", "typical_p": 1.0,
-            "post_sampling_probs": false, "lora": [], "no_such_field": 5}));
+        let ok = obj(
+            json!({"mirostat": 0, "grammar": "root ::= \"a\"", "typical_p": 1.0,
+            "post_sampling_probs": false, "lora": [], "no_such_field": 5}),
+        );
         assert!(check_unsupported(&ok).is_ok());
     }
 }

@@ -59,6 +59,17 @@ pub struct Model {
     pub fim: Result<crate::llama_api::Fim, String>,
     /// The model as ollama's listing routes describe it.
     pub facts: crate::ollama::ModelFacts,
+    /// Its vocabulary for constrained decoding, built by the first request that needs it.
+    pub grammar: std::sync::OnceLock<Result<Arc<minfer_runtime::GrammarVocab>, String>>,
+}
+
+impl Model {
+    /// The vocabulary grammars compile against (built once, on first use).
+    pub fn grammar_vocab(&self) -> Result<Arc<minfer_runtime::GrammarVocab>, String> {
+        self.grammar
+            .get_or_init(|| minfer_runtime::GrammarVocab::new(&self.tok).map_err(|e| e.to_string()))
+            .clone()
+    }
 }
 
 /// How every model is loaded.
@@ -278,6 +289,7 @@ impl Models {
             path: e.path.clone(),
             fim,
             facts,
+            grammar: std::sync::OnceLock::new(),
         })
     }
 }

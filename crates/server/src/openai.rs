@@ -15,9 +15,11 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::generate::{self, Generation};
 pub use crate::generate::{
-    chat_prompt, completion_prompt, fault_of, KERNEL_PANIC_MARKER, PANIC_MARKER, SLOW_MARKER,
+    chat_prompt, chat_prompt_with_tools, completion_prompt, fault_of, KERNEL_PANIC_MARKER,
+    PANIC_MARKER, SLOW_MARKER,
 };
 use crate::params::GenRequest;
+use crate::tools;
 use crate::worker::{Event, Fault, Summary, TokenLogprob};
 use crate::{AppState, Model, RequestLog, StreamLogged};
 
@@ -55,10 +57,12 @@ pub async fn generate(
         fingerprint: model.fingerprint.clone(),
     };
     let gen = generate::start(&st, model, prompt, &g, fault, log.start)?;
+    // Calls are parsed out of chat answers whenever the model was shown tools.
+    let tools = kind == Kind::Chat && g.tools.as_ref().is_some_and(|t| t.enabled());
     if g.stream {
-        stream_reply(gen, reply, g, log).await
+        stream_reply(gen, reply, g, log, tools).await
     } else {
-        collect_reply(gen, reply).await
+        collect_reply(gen, reply, tools).await
     }
 }
 
@@ -117,7 +121,21 @@ fn text_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
     })
 }
 
-async fn collect_reply(gen: Generation, r: Reply) -> Result<Response, ApiError> {
+/// OpenAI's `tool_calls` entry for call `k` of a choice.
+fn tool_call(r: &Reply, choice: usize, k: usize, c: &tools::Call) -> Value {
+    json!({
+        "id": call_id(r, choice, k), "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments},
+    })
+}
+
+/// A call id unique to the response, its choice and the call's place in it.
+fn call_id(r: &Reply, choice: usize, k: usize) -> String {
+    let tail = r.id.rsplit('-').next().unwrap_or(&r.id);
+    format!("call_{tail}_{choice}_{k}")
+}
+
+async fn collect_reply(gen: Generation, r: Reply, tools: bool) -> Result<Response, ApiError> {
     let out = gen.collect().await?;
     let summary = out.usage();
     let choices: Vec<Value> = out
@@ -126,6 +144,29 @@ async fn collect_reply(gen: Generation, r: Reply) -> Result<Response, ApiError> 
         .map(|c| {
             let lp = (!c.logprobs.is_empty()).then_some(&c.logprobs);
             match r.kind {
+                Kind::Chat if tools => {
+                    let (text, calls) = tools::split(&c.text);
+                    let mut message =
+                        json!({"role": "assistant", "content": text, "refusal": null});
+                    let mut finish = c.summary.finish.as_str();
+                    if !calls.is_empty() {
+                        if text.is_empty() {
+                            message["content"] = Value::Null;
+                        }
+                        message["tool_calls"] = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(k, call)| tool_call(&r, c.summary.choice, k, call))
+                            .collect();
+                        finish = "tool_calls";
+                    }
+                    json!({
+                        "index": c.summary.choice,
+                        "message": message,
+                        "logprobs": lp.map_or(Value::Null, |l| chat_logprobs(l)),
+                        "finish_reason": finish,
+                    })
+                }
                 Kind::Chat => json!({
                     "index": c.summary.choice,
                     "message": {"role": "assistant", "content": c.text, "refusal": null},
@@ -218,6 +259,8 @@ struct StreamState {
     offsets: Vec<usize>,
     /// Choices that have ended, with their counts.
     finished: Vec<Option<Summary>>,
+    /// Per choice, when tools are on: the splitter of its text and its calls so far.
+    splitters: Option<Vec<(tools::StreamSplitter, usize)>>,
     done: bool,
     log: RequestLog,
 }
@@ -234,6 +277,10 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
             let Some(offset) = s.offsets.get_mut(choice) else {
                 return Vec::new();
             };
+            if let Some((sp, n)) = s.splitters.as_mut().and_then(|v| v.get_mut(choice)) {
+                let pieces = sp.push(&text);
+                return tool_frames(&s.reply, s.include_usage, choice, pieces, n, &logprobs);
+            }
             let c = chunk_choice(kind, choice, Some(&text), &logprobs, *offset, None);
             *offset += text.len();
             vec![data(&s.reply.chunk(c, s.include_usage))]
@@ -244,15 +291,17 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
             };
             *slot = Some(sum);
             let offset = s.offsets.get(sum.choice).copied().unwrap_or(0);
-            let c = chunk_choice(
-                kind,
-                sum.choice,
-                None,
-                &[],
-                offset,
-                Some(sum.finish.as_str()),
-            );
-            let mut out = vec![data(&s.reply.chunk(c, s.include_usage))];
+            let mut out = Vec::new();
+            let mut finish = sum.finish.as_str();
+            if let Some((sp, n)) = s.splitters.as_mut().and_then(|v| v.get_mut(sum.choice)) {
+                let rest = sp.finish();
+                out = tool_frames(&s.reply, s.include_usage, sum.choice, rest, n, &[]);
+                if *n > 0 {
+                    finish = "tool_calls";
+                }
+            }
+            let c = chunk_choice(kind, sum.choice, None, &[], offset, Some(finish));
+            out.push(data(&s.reply.chunk(c, s.include_usage)));
             if s.finished.iter().all(Option::is_some) {
                 s.done = true;
                 let mut total = sum;
@@ -285,11 +334,51 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
     }
 }
 
+/// The chunks of a tools-mode chat stream for what the splitter passed on: content
+/// deltas, and each complete call as OpenAI streams one (its index, id, type and name
+/// first, with empty arguments; then its arguments). `n` counts the choice's calls.
+fn tool_frames(
+    r: &Reply,
+    include_usage: bool,
+    choice: usize,
+    pieces: Vec<tools::Piece>,
+    n: &mut usize,
+    logprobs: &[TokenLogprob],
+) -> Vec<Sse> {
+    let mut out = Vec::new();
+    let mut lps = logprobs;
+    for p in pieces {
+        let delta = match p {
+            tools::Piece::Text(t) => vec![json!({"content": t})],
+            tools::Piece::Call(c) => {
+                let k = *n;
+                *n += 1;
+                vec![
+                    json!({"tool_calls": [{"index": k, "id": call_id(r, choice, k),
+                        "type": "function", "function": {"name": c.name, "arguments": ""}}]}),
+                    json!({"tool_calls": [{"index": k, "function": {"arguments": c.arguments}}]}),
+                ]
+            }
+        };
+        for d in delta {
+            let c = json!({
+                "index": choice, "delta": d,
+                "logprobs": if lps.is_empty() { Value::Null } else { chat_logprobs(lps) },
+                "finish_reason": null,
+            });
+            lps = &[];
+            out.push(data(&r.chunk(c, include_usage)));
+        }
+    }
+    out
+}
+
 async fn stream_reply(
     mut gen: Generation,
     reply: Reply,
     g: GenRequest,
     mut log: RequestLog,
+    tools: bool,
 ) -> Result<Response, ApiError> {
     // The status is decided by the first event: a failure before any token is a plain
     // JSON error, not a 200 stream.
@@ -316,6 +405,7 @@ async fn stream_reply(
         include_usage: g.include_usage,
         offsets: vec![0; n],
         finished: vec![None; n],
+        splitters: tools.then(|| (0..n).map(|_| Default::default()).collect()),
         done: false,
         log,
     };

@@ -5,16 +5,17 @@
 //!
 //! Every field a request may carry is on an accept list ([`CHAT_FIELDS`],
 //! [`COMPLETION_FIELDS`]); any other field that is not `null` is refused by name, so a
-//! typo (`temprature`) or a feature this server does not have (`tools`,
-//! `response_format: json_object`) is an error instead of a silent no-op. A few fields
+//! typo (`temprature`) or a feature this server does not have (`functions`, `echo`) is
+//! an error instead of a silent no-op. A few fields
 //! are accepted without effect by design ([`NO_EFFECT_FIELDS`]): they carry client
 //! metadata that changes nothing in OpenAI's own answer either.
 
-use minfer_runtime::{SamplerError, SamplingParams, LOGIT_BIAS_MAX};
-use minfer_tokenizer::ChatMessage;
+use minfer_runtime::{Grammar, SamplerError, SamplingParams, LOGIT_BIAS_MAX};
+use minfer_tokenizer::{ChatMessage, ToolCall};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::tools::{self, ToolSpec};
 
 /// A JSON object body.
 pub type Object = Map<String, Value>;
@@ -154,6 +155,11 @@ pub struct GenRequest {
     pub cache_prompt: bool,
     /// The slot to run in (llama-server's `id_slot`); `None` picks the best free one.
     pub slot: Option<usize>,
+    /// The grammar the output must follow, and the request field that gave it (named
+    /// when it does not compile).
+    pub grammar: Option<(Grammar, &'static str)>,
+    /// The tools the model may call.
+    pub tools: Option<ToolSpec>,
 }
 
 impl Default for GenRequest {
@@ -175,6 +181,8 @@ impl Default for GenRequest {
             model: None,
             cache_prompt: true,
             slot: None,
+            grammar: None,
+            tools: None,
         }
     }
 }
@@ -227,6 +235,8 @@ pub const CHAT_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "grammar",
+    "json_schema",
     "cache_prompt",
     "user",
     "metadata",
@@ -256,6 +266,9 @@ pub const COMPLETION_FIELDS: &[&str] = &[
     "stop",
     "stream",
     "stream_options",
+    "response_format",
+    "grammar",
+    "json_schema",
     "cache_prompt",
     "user",
     "metadata",
@@ -285,8 +298,8 @@ pub fn check_fields(obj: &Object, known: &[&str]) -> Result<(), ApiError> {
 }
 
 /// Fields of one chat message (`tool_call_id` only on `tool` messages, where it is
-/// checked against the calls before it).
-const MESSAGE_FIELDS: &[&str] = &["role", "content", "tool_call_id"];
+/// checked against the calls before it; `tool_calls` only on assistant messages).
+const MESSAGE_FIELDS: &[&str] = &["role", "content", "tool_call_id", "tool_calls"];
 
 /// Refuses every non-null field of `obj` missing from `known`, naming it (`prefix`
 /// places it, e.g. `messages[2].`).
@@ -301,9 +314,8 @@ fn only_known(obj: &Object, known: &[&str], prefix: &str) -> Result<(), ApiError
     Ok(())
 }
 
-/// Type checks of the fields accepted without effect, and refusal of the values of
-/// feature fields that would need a feature this server does not have.
-fn check_no_effect_and_features(obj: &Object) -> Result<(), ApiError> {
+/// Type checks of the fields accepted without effect.
+fn check_no_effect(obj: &Object) -> Result<(), ApiError> {
     opt_str(obj, "model")?;
     opt_str(obj, "user")?;
     opt_bool(obj, "store")?;
@@ -312,41 +324,73 @@ fn check_no_effect_and_features(obj: &Object) -> Result<(), ApiError> {
             return Err(wrong("metadata", "an object"));
         }
     }
+    Ok(())
+}
+
+/// The output grammar a request asks for: OpenAI's `response_format` (`text`,
+/// `json_object`, `json_schema` with its `schema` and `strict`), or llama-server's
+/// `json_schema` (a schema) and `grammar` (GBNF); at most one of them.
+pub fn output_grammar(obj: &Object) -> Result<Option<(Grammar, &'static str)>, ApiError> {
+    let mut found: Vec<(Grammar, &'static str)> = Vec::new();
     if let Some(rf) = field(obj, "response_format") {
-        let ty = rf
+        let o = rf
             .as_object()
-            .and_then(|o| o.get("type"))
+            .ok_or_else(|| wrong("response_format", "an object with a string `type`"))?;
+        only_known(o, &["type", "json_schema"], "response_format.")?;
+        let ty = o
+            .get("type")
             .and_then(Value::as_str)
             .ok_or_else(|| wrong("response_format", "an object with a string `type`"))?;
-        if ty != "text" {
-            return Err(unsupported(
-                "response_format",
-                &format!("type `{ty}` needs constrained decoding; only `text` is available"),
-            ));
+        match ty {
+            "text" => {}
+            "json_object" => found.push((Grammar::JsonObject, "response_format")),
+            "json_schema" => {
+                let js = o.get("json_schema").and_then(Value::as_object).ok_or_else(|| {
+                    wrong(
+                        "response_format.json_schema",
+                        "an object with `name` and `schema`",
+                    )
+                })?;
+                only_known(
+                    js,
+                    &["name", "description", "schema", "strict"],
+                    "response_format.json_schema.",
+                )?;
+                opt_str(js, "name").map_err(|_| wrong("response_format.json_schema.name", "a string"))?;
+                // `strict` asks for exactly the schema; the output is always constrained
+                // to it here, strict or not.
+                opt_bool(js, "strict")
+                    .map_err(|_| wrong("response_format.json_schema.strict", "a boolean"))?;
+                let schema = field(js, "schema").cloned().unwrap_or_else(|| {
+                    // OpenAI's default: any JSON object.
+                    serde_json::json!({"type": "object"})
+                });
+                found.push((Grammar::JsonSchema(schema), "response_format"));
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "field `response_format.type` is `{other}`: expected text, json_object or json_schema"
+                ))
+                .with_param("response_format"))
+            }
         }
     }
-    match field(obj, "tools") {
-        None => {}
-        Some(Value::Array(a)) if a.is_empty() => {}
-        Some(Value::Array(_)) => {
-            return Err(unsupported("tools", "tool calls are not implemented"))
+    if let Some(s) = field(obj, "json_schema") {
+        if !s.is_object() {
+            return Err(wrong("json_schema", "a JSON schema object"));
         }
-        Some(_) => return Err(wrong("tools", "an array")),
+        found.push((Grammar::JsonSchema(s.clone()), "json_schema"));
     }
-    match field(obj, "tool_choice") {
-        // Without tools, "auto" and "none" both mean plain text.
-        None => {}
-        Some(Value::String(s)) if s == "none" || s == "auto" => {}
-        Some(_) => {
-            return Err(unsupported(
-                "tool_choice",
-                "tool calls are not implemented; only `none` or `auto` without tools",
-            ))
-        }
+    if let Some(g) = opt_str(obj, "grammar")?.filter(|g| !g.trim().is_empty()) {
+        found.push((Grammar::Gbnf(g.to_string()), "grammar"));
     }
-    // Meaningless without tools, and there are none.
-    opt_bool(obj, "parallel_tool_calls")?;
-    Ok(())
+    if found.len() > 1 {
+        return Err(ApiError::bad_request(format!(
+            "fields `{}` and `{}` both constrain the output: give one",
+            found[0].1, found[1].1
+        )));
+    }
+    Ok(found.pop())
 }
 
 fn random_seed() -> u64 {
@@ -477,7 +521,7 @@ fn stop_strings(obj: &Object) -> Result<Vec<String>, ApiError> {
 }
 
 fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
-    check_no_effect_and_features(obj)?;
+    check_no_effect(obj)?;
     let mut s = GenRequest::default().sampling;
     if let Some(v) = opt_f32_in(obj, "temperature", 0.0, MAX_TEMPERATURE, "in [0, 100]")? {
         s.temperature = v;
@@ -556,6 +600,8 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
         // prompt instead of reusing what the slot holds.
         cache_prompt: opt_bool(obj, "cache_prompt")?.unwrap_or(true),
         slot: None,
+        grammar: output_grammar(obj)?,
+        tools: None,
     })
 }
 
@@ -591,23 +637,7 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            "tool" => {
-                // Assistant messages cannot carry `tool_calls` here (tool calls are not
-                // implemented), so no call precedes any tool result: name the id.
-                let id = opt_str(m, "tool_call_id")
-                    .map_err(|_| wrong(&format!("messages[{i}].tool_call_id"), "a string"))?;
-                return Err(ApiError::bad_request(match id {
-                    None => format!(
-                        "field `messages[{i}].tool_call_id` is required: a `tool` message \
-                         answers a tool call of a preceding assistant message"
-                    ),
-                    Some(id) => format!(
-                        "messages[{i}] is a `tool` message for tool_call_id `{id}`, but no \
-                         preceding assistant message has a tool call with that id"
-                    ),
-                })
-                .with_param(format!("messages[{i}]")));
-            }
+            "tool" => "tool",
             other => {
                 return Err(ApiError::bad_request(format!(
                     "field `messages[{i}].role` is `{other}`: expected system, developer, \
@@ -616,15 +646,67 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
                 .with_param(format!("messages[{i}].role")))
             }
         };
-        if field(m, "tool_call_id").is_some() {
+        let tool_call_id = opt_str(m, "tool_call_id")
+            .map_err(|_| wrong(&format!("messages[{i}].tool_call_id"), "a string"))?;
+        if role != "tool" && tool_call_id.is_some() {
             return Err(ApiError::bad_request(format!(
                 "field `messages[{i}].tool_call_id` belongs only on `tool` messages"
             )));
         }
-        let content = message_content(m.get("content"), i)?;
-        out.push(ChatMessage::new(role, content));
+        let calls = match field(m, "tool_calls") {
+            None => Vec::new(),
+            Some(_) if role != "assistant" => {
+                return Err(ApiError::bad_request(format!(
+                    "field `messages[{i}].tool_calls` belongs only on assistant messages"
+                )))
+            }
+            Some(v) => history_calls(v, i)?,
+        };
+        if role == "tool" {
+            let id = tool_call_id.ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "field `messages[{i}].tool_call_id` is required: a `tool` message \
+                     answers a tool call of a preceding assistant message"
+                ))
+                .with_param(format!("messages[{i}]"))
+            })?;
+            let known = out
+                .iter()
+                .rev()
+                .take_while(|p: &&ChatMessage| p.role != "user")
+                .any(|p| p.tool_calls.iter().any(|c| c.id == id));
+            if !known {
+                return Err(ApiError::bad_request(format!(
+                    "messages[{i}] is a `tool` message for tool_call_id `{id}`, but no \
+                     preceding assistant message has a tool call with that id"
+                ))
+                .with_param(format!("messages[{i}]")));
+            }
+        }
+        // An assistant message that only calls tools has no content (OpenAI sends null).
+        let content = if role == "assistant" && !calls.is_empty() && field(m, "content").is_none() {
+            String::new()
+        } else {
+            message_content(m.get("content"), i)?
+        };
+        let mut msg = ChatMessage::new(role, content);
+        msg.tool_calls = calls;
+        msg.tool_call_id = tool_call_id.map(str::to_string);
+        out.push(msg);
     }
     let mut g = common(obj, &["max_completion_tokens", "max_tokens"])?;
+    g.tools = tools::parse(
+        field(obj, "tools"),
+        field(obj, "tool_choice"),
+        opt_bool(obj, "parallel_tool_calls")?,
+    )?;
+    if g.tools.as_ref().is_some_and(|t| t.grammar().is_some()) && g.grammar.is_some() {
+        return Err(ApiError::bad_request(
+            "a tool call and an output grammar (`response_format`, `json_schema` or \
+             `grammar`) cannot both constrain one answer: use `tool_choice: none`",
+        )
+        .with_param("tool_choice"));
+    }
     let top = opt_usize(obj, "top_logprobs")?;
     if opt_bool(obj, "logprobs")?.unwrap_or(false) {
         g.logprobs = Some(check_top("top_logprobs", top.unwrap_or(0))?);
@@ -634,6 +716,39 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
         ));
     }
     Ok((out, g))
+}
+
+/// The `tool_calls` of an assistant message in the history.
+fn history_calls(v: &Value, i: usize) -> Result<Vec<ToolCall>, ApiError> {
+    let at = format!("messages[{i}].tool_calls");
+    let arr = v
+        .as_array()
+        .ok_or_else(|| wrong(&at, "an array of tool calls"))?;
+    arr.iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let bad = || {
+                wrong(
+                    &format!("{at}[{k}]"),
+                    "{\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}",
+                )
+            };
+            let id = c.get("id").and_then(Value::as_str).ok_or_else(bad)?;
+            let f = c.get("function").ok_or_else(bad)?;
+            let name = f.get("name").and_then(Value::as_str).ok_or_else(bad)?;
+            let arguments = match f.get("arguments") {
+                Some(Value::String(s)) => s.clone(),
+                None | Some(Value::Null) => "{}".into(),
+                Some(o @ Value::Object(_)) => o.to_string(),
+                Some(_) => return Err(bad()),
+            };
+            Ok(ToolCall {
+                id: id.to_string(),
+                name: name.to_string(),
+                arguments,
+            })
+        })
+        .collect()
 }
 
 /// A message's content: a string, or an array of `{"type":"text","text":...}` parts.
@@ -966,14 +1081,16 @@ mod tests {
     fn fields_without_an_effect_here_are_refused_by_name() {
         for (field, extra) in [
             ("temprature", json!({"temprature": 0.5})),
-            (
-                "tools",
-                json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
-            ),
+            ("tools", json!({"tools": "f"})),
             ("tool_choice", json!({"tool_choice": "required"})),
             (
-                "response_format",
-                json!({"response_format": {"type": "json_object"}}),
+                "response_format.type",
+                json!({"response_format": {"type": "xml"}}),
+            ),
+            (
+                "response_format.json_schema.strictly",
+                json!({"response_format": {"type": "json_schema",
+                    "json_schema": {"name": "a", "strictly": true}}}),
             ),
             ("functions", json!({"functions": [{"name": "f"}]})),
             (

@@ -256,7 +256,8 @@ async fn chat(
             let obj = params::parse_object(&bytes)?;
             let (msgs, g) = params::parse_chat(&obj)?;
             let m = s.model(g.model.as_deref())?;
-            let (prompt, inject) = openai::chat_prompt(&s, &m, &msgs)?;
+            let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
+            let (prompt, inject) = openai::chat_prompt_with_tools(&s, &m, &msgs, tools)?;
             Ok((m, prompt, g, inject))
         })
         .await??;

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use minfer_runtime::{
-    EngineError, KvHistory, MultiEngine, NgramLookup, Sampler, SeqStep, Speculator, StopEvent,
-    StopScanner,
+    EngineError, KvHistory, MultiEngine, NgramLookup, Prefetch, Sampler, SeqStep, Speculator,
+    StopEvent, StopScanner,
 };
 use minfer_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
@@ -385,8 +385,9 @@ impl Worker {
         for (choice, &slot) in std::iter::once(&idx).chain(&others).enumerate() {
             let mut job = job.clone();
             job.sampling.seed = choice_seed(job.sampling.seed, choice);
+            let constraint = job.constraint.as_ref().map(|g| g.start(Prefetch::Helper));
             let mut sampler = match Sampler::new(job.sampling.clone()) {
-                Ok(s) => s,
+                Ok(s) => s.with_constraint(constraint),
                 Err(e) => {
                     let _ = job
                         .tx
@@ -434,10 +435,11 @@ impl Worker {
     }
 
     /// A speculator for `job` when the server speculates. Requests for log-probabilities
-    /// decode plainly: a verify step's rows are not kept per token.
+    /// decode plainly (a verify step's rows are not kept per token), and so do requests
+    /// under a grammar (drafts are verified against the unconstrained chain).
     fn speculator(&self, job: &Job) -> Option<Speculator> {
         let max = self.lookup?;
-        if job.logprobs.is_some() {
+        if job.logprobs.is_some() || job.constraint.is_some() {
             return None;
         }
         Speculator::new(Box::new(NgramLookup::new()), max).ok()
@@ -805,7 +807,17 @@ fn sample_one(
         None => {
             let mut logits = a.logits.take()?;
             let raw = a.job.logprobs.map(|_| logits.clone());
-            let t = a.sampler.sample(&mut logits);
+            let t = match a.sampler.try_sample(&mut logits) {
+                Ok(t) => t,
+                Err(e) => {
+                    // The grammar's own failure: the request ends with it, never
+                    // unconstrained.
+                    a.outbox
+                        .push_back(Event::Error(ApiError::internal(e.to_string())));
+                    a.done = true;
+                    return None;
+                }
+            };
             if !tok.is_eog(t) {
                 if let (Some(k), Some(raw)) = (a.job.logprobs, raw) {
                     a.logprobs.push(logprob_of(tok, &raw, t, k));

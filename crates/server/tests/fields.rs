@@ -57,10 +57,13 @@ async fn out_of_range_numbers_and_unknown_fields_are_400s_naming_them() {
         ("temperature", chat(json!({"temperature": 1e6}))),
         ("stop", chat(json!({"stop": vec!["x"; 100]}))),
         ("temprature", chat(json!({"temprature": 0}))),
-        ("tools", chat(json!({"tools": [{"type": "function"}]}))),
         (
-            "response_format",
-            chat(json!({"response_format": {"type": "json_object"}})),
+            "tools[0].function",
+            chat(json!({"tools": [{"type": "function"}]})),
+        ),
+        (
+            "response_format.type",
+            chat(json!({"response_format": {"type": "xml"}})),
         ),
     ] {
         let (st, v) = post(&s.base, "/v1/chat/completions", body).await;

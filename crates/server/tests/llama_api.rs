@@ -216,8 +216,8 @@ async fn bad_native_requests_are_400s_naming_the_problem() {
             "`mirostat`",
         ),
         (
-            with(greedy(json!("a"), 2), json!({"grammar": "root ::= \"x\""})),
-            "`grammar`",
+            with(greedy(json!("a"), 2), json!({"grammar": "root ::= (\"x\""})),
+            "`grammar`: the GBNF grammar cannot be compiled: GBNF line 1: unclosed `(`",
         ),
         (json!({"prompt": "a", "n_predict": 0}), "`n_predict` is 0"),
         (json!({"prompt": [1, 99999999]}), "token 99999999"),

@@ -24,6 +24,6 @@ mod vocab;
 pub use error::{TemplateError, TokenizerError};
 pub use pretok::{PreKind, PreTokenizer};
 pub use stream::StreamDecoder;
-pub use template::{ChatMessage, ChatTemplate, RenderedChat, CHATML_TEMPLATE};
+pub use template::{ChatMessage, ChatTemplate, RenderedChat, ToolCall, CHATML_TEMPLATE};
 pub use tokenizer::Tokenizer;
 pub use vocab::{TokenType, EOG_TEXTS};

@@ -22,6 +22,13 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// The function calls an assistant message made (rendered by templates that know
+    /// `message.tool_calls`, such as Qwen2.5's); absent from the template when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -30,7 +37,36 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
+    }
+}
+
+/// One function call of an assistant message, as OpenAI's history carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call's id, which a later `tool` message names.
+    pub id: String,
+    /// The function called.
+    pub name: String,
+    /// The arguments as JSON text (OpenAI sends them as a string).
+    pub arguments: String,
+}
+
+impl Serialize for ToolCall {
+    /// `{"id", "type": "function", "function": {"name", "arguments"}}`, the arguments as
+    /// a JSON value when they parse: templates write them with `tojson`, as transformers
+    /// does with the parsed object, so a string would come out quoted twice.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let args = serde_json::from_str::<serde_json::Value>(&self.arguments)
+            .unwrap_or_else(|_| serde_json::Value::String(self.arguments.clone()));
+        serde_json::json!({
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": args},
+        })
+        .serialize(s)
     }
 }
 
@@ -99,9 +135,20 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Renders messages with the OpenAI `tools` array (function definitions) given to
+    /// the template as `tools`; `None` renders as a template without tools expects.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         self.render_values(
             Value::from_serialize(messages),
-            Value::from(()),
+            tools.map_or(Value::from(()), Value::from_serialize),
             add_generation_prompt,
         )
     }
@@ -117,18 +164,28 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<RenderedChat, TemplateError> {
-        let text = self.render(messages, add_generation_prompt)?;
+        self.render_spans_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render_spans`] with the OpenAI `tools` array given to the template.
+    pub fn render_spans_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<RenderedChat, TemplateError> {
+        let text = self.render_with_tools(messages, tools, add_generation_prompt)?;
         let content = match pick_marker(&text, messages) {
             Some(mark) => {
                 let marked: Vec<ChatMessage> = messages
                     .iter()
                     .enumerate()
                     .map(|(i, m)| ChatMessage {
-                        role: m.role.clone(),
                         content: wrap_core(&m.content, mark, i),
+                        ..m.clone()
                     })
                     .collect();
-                let out = self.render(&marked, add_generation_prompt)?;
+                let out = self.render_with_tools(&marked, tools, add_generation_prompt)?;
                 unmark(&out, mark)
                     .filter(|(plain, _)| *plain == text)
                     .map(|(_, r)| r)

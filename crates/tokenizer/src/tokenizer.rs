@@ -353,6 +353,21 @@ impl Tokenizer {
         Ok(self.vocab.piece(id))
     }
 
+    /// Every token's rendered bytes in id order, with whether it is special (CONTROL or
+    /// UNKNOWN, hidden from plain decoding): what a grammar engine's token trie is built
+    /// from. Byte-level BPE texts come back as the bytes they stand for, not the GPT-2
+    /// alphabet; unused slots are empty.
+    pub fn token_pieces(&self) -> impl Iterator<Item = (&[u8], bool)> + '_ {
+        (0..self.n_vocab() as u32).map(|id| {
+            let special = self
+                .vocab
+                .types
+                .get(id as usize)
+                .is_some_and(|t| t.is_special());
+            (self.vocab.piece(id), special)
+        })
+    }
+
     /// The token's text as stored in the vocabulary (byte-level alphabet for normal tokens).
     pub fn token_text(&self, id: u32) -> Option<&str> {
         self.vocab.texts.text(id)

@@ -88,3 +88,27 @@ fn streaming_flush_reports_a_cut_character() {
     assert_eq!(dec.flush(), "\u{fffd}");
     assert!(!dec.has_pending());
 }
+
+#[test]
+fn token_pieces_are_the_bytes_each_token_decodes_to_with_specials_marked() {
+    let tok = tokenizer();
+    let pieces: Vec<(&[u8], bool)> = tok.token_pieces().collect();
+    assert_eq!(pieces.len(), tok.n_vocab());
+    // A byte-level token comes back as raw bytes, not in the GPT-2 alphabet ("Ġ" is a space).
+    let hello = tok.encode(" hello", false, false);
+    assert_eq!(hello.len(), 1, "{hello:?}");
+    assert_eq!(pieces[hello[0] as usize], (&b" hello"[..], false));
+    // Control tokens are marked special and keep their text; a tool-call tag is plain text.
+    let im_end = tok.token_id("<|im_end|>").expect("ChatML end token");
+    assert_eq!(pieces[im_end as usize], (&b"<|im_end|>"[..], true));
+    let call = tok.token_id("<tool_call>").expect("tool-call tag");
+    assert_eq!(pieces[call as usize], (&b"<tool_call>"[..], false));
+    // Concatenated pieces of any text are that text.
+    let text = "fn main() { println!(\"é 😀\"); }";
+    let ids = tok.encode(text, false, false);
+    let joined: Vec<u8> = ids
+        .iter()
+        .flat_map(|&i| pieces[i as usize].0.to_vec())
+        .collect();
+    assert_eq!(joined, text.as_bytes());
+}

@@ -141,3 +141,42 @@ fn llama_family_templates_match_jinja2() {
     }
     assert_eq!(checked, 24);
 }
+
+#[test]
+fn tool_calls_and_tool_results_render_in_the_model_s_own_format() {
+    let tok = tokenizer();
+    let tmpl = ChatTemplate::from_tokenizer(tok).unwrap();
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = vec![minfer_tokenizer::ToolCall {
+        id: "call_1".into(),
+        name: "get_weather".into(),
+        arguments: "{\"city\":\"Paris\"}".into(),
+    }];
+    let mut result = ChatMessage::new("tool", "21 C <|im_end|>");
+    result.tool_call_id = Some("call_1".into());
+    let msgs = [ChatMessage::new("user", "Weather?"), call, result];
+    let r = tmpl
+        .render_spans_with_tools(&msgs, Some(&tools), true)
+        .unwrap();
+    // Tool definitions in the system turn; the call with its arguments as an object (not
+    // a quoted string); the result in the user turn Qwen2.5 wraps tool responses in.
+    let defs = r
+        .text
+        .split("<tools>\n")
+        .nth(1)
+        .and_then(|t| t.split("\n</tools>").next());
+    let defs: serde_json::Value = serde_json::from_str(defs.expect("a <tools> block")).unwrap();
+    assert_eq!(defs, tools[0]);
+    assert!(r.text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>"), "{}", r.text);
+    assert!(r.text.contains("<|im_start|>user\n<tool_response>\n21 C <|im_end|>\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{}", r.text);
+    // The tool's content is text: its special-token text does not become a control token.
+    let ids = r.encode(tok, &msgs, true).unwrap();
+    let im_end = tok.token_id("<|im_end|>").unwrap();
+    let ends = ids.iter().filter(|&&t| t == im_end).count();
+    assert_eq!(
+        ends, 4,
+        "system, user, assistant and tool turns end; the content's text does not"
+    );
+}

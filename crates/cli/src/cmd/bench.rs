@@ -300,6 +300,7 @@ fn spec_test(
             temperature: 0.0,
             ..SamplingParams::default()
         },
+        constraint: None,
     };
     let mut plain = Vec::new();
     let mut specd = Vec::new();

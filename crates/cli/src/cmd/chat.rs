@@ -296,6 +296,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_tokens: args.gen.n_predict,
         stop: args.gen.stop.clone(),
         sampling,
+        constraint: None,
     };
 
     // Ctrl-C while an answer streams stops that answer; at the prompt of piped input it

@@ -9,8 +9,8 @@ use minfer_runtime::sampling::MAX_PENALTY_WINDOW;
 use minfer_runtime::session;
 use minfer_runtime::speculative::{DEFAULT_DRAFT_MAX, DRAFT_MAX_LIMIT};
 use minfer_runtime::{
-    DraftModel, DraftSource, Engine, FinishReason, GenerateOptions, KvHistory, NgramLookup,
-    OverflowPolicy, SamplerError, SamplingParams, Speculator,
+    CompiledGrammar, DraftModel, DraftSource, Engine, FinishReason, GenerateOptions, Grammar,
+    GrammarVocab, KvHistory, NgramLookup, OverflowPolicy, SamplerError, SamplingParams, Speculator,
 };
 use minfer_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
@@ -58,6 +58,12 @@ pub struct Args {
     /// Leading tokens a context shift never drops.
     #[arg(long = "keep", default_value_t = 0)]
     pub keep: usize,
+    /// Constrain the output to the GBNF grammar in FILE (llama.cpp's format).
+    #[arg(long = "grammar", conflicts_with = "json_schema")]
+    pub grammar: Option<PathBuf>,
+    /// Constrain the output to JSON valid for the JSON schema in FILE.
+    #[arg(long = "json-schema")]
+    pub json_schema: Option<PathBuf>,
 }
 
 /// Generation and sampling flags, shared by `minfer run` and `minfer chat`.
@@ -221,6 +227,29 @@ impl Args {
     }
 }
 
+/// The grammar of `--grammar` or `--json-schema`, compiled against the model's vocabulary.
+fn constraint(args: &Args, tok: &Tokenizer) -> anyhow::Result<Option<CompiledGrammar>> {
+    let (path, flag) = match (&args.grammar, &args.json_schema) {
+        (Some(p), _) => (p, "--grammar"),
+        (None, Some(p)) => (p, "--json-schema"),
+        (None, None) => return Ok(None),
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading {flag} file {}", path.display()))?;
+    let grammar = if args.grammar.is_some() {
+        Grammar::Gbnf(text)
+    } else {
+        Grammar::JsonSchema(
+            serde_json::from_str(&text)
+                .with_context(|| format!("{flag} file {} is not valid JSON", path.display()))?,
+        )
+    };
+    let vocab = GrammarVocab::new(tok)?;
+    let g = CompiledGrammar::new(&vocab, &grammar)
+        .with_context(|| format!("{flag} file {}", path.display()))?;
+    Ok(Some(g))
+}
+
 /// Renders the prompt (optionally through the chat template) and tokenizes it.
 fn prompt_tokens(args: &Args, tok: &Tokenizer, text: &str) -> anyhow::Result<Vec<u32>> {
     if args.chat {
@@ -273,6 +302,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut engine = args.model.load()?;
     let tok = Tokenizer::from_gguf(engine.file())?;
     let prompt = prompt_tokens(&args, &tok, &text)?;
+    let grammar = if dumping {
+        None
+    } else {
+        constraint(&args, &tok)?
+    };
 
     if dumping {
         let nt = if args.dump_kind == "decode" {
@@ -343,6 +377,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         stop: args.gen.stop.clone(),
         sampling,
+        constraint: grammar,
     };
     let mut spec = args.gen.spec.speculator(&args.model, &engine, &tok)?;
     let mut out = std::io::stdout().lock();

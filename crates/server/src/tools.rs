@@ -1,0 +1,428 @@
+//! OpenAI tool calls in the `<tool_call>` format of Qwen-style chat templates: the request's
+//! `tools` and `tool_choice` read into a [`ToolSpec`], the grammar that constrains a call
+//! to `{"name": <a tool>, "arguments": <its parameters schema>}`, and the parser that
+//! splits generated text into content and calls, whole ([`split`]) or as it streams
+//! ([`StreamSplitter`]).
+
+use minfer_runtime::Grammar;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+
+/// The tag that opens a call in the generated text.
+pub const OPEN: &str = "<tool_call>";
+/// The tag that closes it.
+pub const CLOSE: &str = "</tool_call>";
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides: text, or a call once it opens one (the call is then constrained).
+    Auto,
+    /// No call: the tools are not shown to the model.
+    None,
+    /// At least one call, of any tool.
+    Required,
+    /// One call of this function.
+    Named(String),
+}
+
+/// One function the model may call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Function {
+    /// Its name.
+    pub name: String,
+    /// The JSON schema of its arguments (`{"type": "object"}` when the tool gives none).
+    pub parameters: Value,
+}
+
+/// A request's tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// The `tools` array as given, for the chat template.
+    pub defs: Value,
+    /// The functions, in order.
+    pub functions: Vec<Function>,
+    /// `tool_choice`.
+    pub choice: ToolChoice,
+    /// `parallel_tool_calls`: several calls in one answer (default true, as OpenAI's).
+    pub parallel: bool,
+}
+
+fn wrong(field: &str, what: &str) -> ApiError {
+    ApiError::bad_request(format!("field `{field}` must be {what}")).with_param(field.to_string())
+}
+
+/// Reads `tools`, `tool_choice` and `parallel_tool_calls`; `None` when there are no tools
+/// (where `tool_choice` may only be `none` or `auto`).
+pub fn parse(
+    tools: Option<&Value>,
+    choice: Option<&Value>,
+    parallel: Option<bool>,
+) -> Result<Option<ToolSpec>, ApiError> {
+    let arr = match tools {
+        None => &[][..],
+        Some(Value::Array(a)) => a.as_slice(),
+        Some(_) => return Err(wrong("tools", "an array of tools")),
+    };
+    let mut functions = Vec::with_capacity(arr.len());
+    for (i, t) in arr.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(wrong(&format!("{at}.type"), "\"function\""));
+        }
+        let f = t
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| wrong(&format!("{at}.function"), "an object"))?;
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| {
+                !n.is_empty()
+                    && n.len() <= 64
+                    && n.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            })
+            .ok_or_else(|| {
+                wrong(
+                    &format!("{at}.function.name"),
+                    "1 to 64 letters, digits, `_` or `-`",
+                )
+            })?;
+        if functions.iter().any(|g: &Function| g.name == name) {
+            return Err(ApiError::bad_request(format!(
+                "field `{at}.function.name`: `{name}` names two tools"
+            )));
+        }
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object"}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => return Err(wrong(&format!("{at}.function.parameters"), "an object")),
+        };
+        functions.push(Function {
+            name: name.to_string(),
+            parameters,
+        });
+    }
+    let choice = match choice {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "none" => ToolChoice::None,
+        Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+        Some(v @ Value::Object(_)) => {
+            let name = v
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| v.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    wrong(
+                        "tool_choice",
+                        "`auto`, `none`, `required` or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    )
+                })?;
+            ToolChoice::Named(name.to_string())
+        }
+        Some(_) => return Err(wrong(
+            "tool_choice",
+            "`auto`, `none`, `required` or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+        )),
+    };
+    if functions.is_empty() {
+        return match choice {
+            ToolChoice::Auto | ToolChoice::None => Ok(None),
+            _ => Err(ApiError::bad_request(
+                "field `tool_choice` asks for a tool call, but `tools` is empty",
+            )
+            .with_param("tool_choice")),
+        };
+    }
+    if let ToolChoice::Named(n) = &choice {
+        if !functions.iter().any(|f| &f.name == n) {
+            return Err(ApiError::bad_request(format!(
+                "field `tool_choice` names function `{n}`, which is not in `tools`"
+            ))
+            .with_param("tool_choice"));
+        }
+    }
+    Ok(Some(ToolSpec {
+        defs: Value::Array(arr.to_vec()),
+        functions,
+        choice,
+        parallel: parallel.unwrap_or(true),
+    }))
+}
+
+impl ToolSpec {
+    /// Whether the tools are shown to the model and calls are parsed from its output.
+    pub fn enabled(&self) -> bool {
+        self.choice != ToolChoice::None
+    }
+
+    /// The grammar that constrains calls, and the text that starts it when the model may
+    /// answer in text instead (`auto`). `None` when no call may be made.
+    pub fn grammar(&self) -> Option<(Grammar, Option<&'static str>)> {
+        let funcs: Vec<&Function> = match &self.choice {
+            ToolChoice::None => return None,
+            ToolChoice::Named(n) => self.functions.iter().filter(|f| &f.name == n).collect(),
+            ToolChoice::Auto | ToolChoice::Required => self.functions.iter().collect(),
+        };
+        let parallel = self.parallel && !matches!(self.choice, ToolChoice::Named(_));
+        let mut g = String::new();
+        let body = "\"\\n\" call \"\\n</tool_call>\"";
+        let repeat = if parallel {
+            format!(" (\"\\n<tool_call>\" {body})*")
+        } else {
+            String::new()
+        };
+        match self.choice {
+            // After the trigger (the model's own `<tool_call>`), the call itself.
+            ToolChoice::Auto => g.push_str(&format!("start: {body}{repeat}\n")),
+            _ => g.push_str(&format!("start: \"<tool_call>\" {body}{repeat}\n")),
+        }
+        let alts: Vec<String> = (0..funcs.len()).map(|i| format!("f{i}")).collect();
+        g.push_str(&format!("call: {}\n", alts.join(" | ")));
+        for (i, f) in funcs.iter().enumerate() {
+            let schema = json!({
+                "type": "object",
+                "properties": {
+                    "name": {"const": f.name},
+                    "arguments": f.parameters,
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            });
+            // Calls are one line in this format: at most a space between two tokens.
+            let mut schema = schema;
+            schema["x-guidance"] = json!({"whitespace_pattern": r"\x20"});
+            g.push_str(&format!("f{i}: %json {schema}\n"));
+        }
+        let trigger = (self.choice == ToolChoice::Auto).then_some(OPEN);
+        Some((Grammar::Lark(g), trigger))
+    }
+}
+
+/// One call found in the output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments as JSON text.
+    pub arguments: String,
+}
+
+/// A call's body (the text between the tags) as a call; `None` when it is not one.
+fn parse_call(body: &str) -> Option<Call> {
+    let v: Value = serde_json::from_str(body.trim()).ok()?;
+    let name = v.get("name")?.as_str()?.to_string();
+    let args = v.get("arguments").cloned().unwrap_or_else(|| json!({}));
+    // Arguments sent as a JSON string stay that string; an object is written compactly.
+    let arguments = match args {
+        Value::String(s) => s,
+        other => other.to_string(),
+    };
+    Some(Call { name, arguments })
+}
+
+/// Splits a whole output into its text and its calls. A block that does not parse as a
+/// call (cut off by the token limit) stays in the text, as generated.
+pub fn split(text: &str) -> (String, Vec<Call>) {
+    let mut s = StreamSplitter::default();
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    for piece in s.push(text).into_iter().chain(s.finish()) {
+        match piece {
+            Piece::Text(t) => content.push_str(&t),
+            Piece::Call(c) => calls.push(c),
+        }
+    }
+    (content, calls)
+}
+
+/// What the splitter hands on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// Text outside any call.
+    Text(String),
+    /// A complete call.
+    Call(Call),
+}
+
+/// Splits streamed text into content and calls: text is passed on as soon as it cannot
+/// be the start of an opening tag; a call is passed on once its closing tag arrives.
+#[derive(Debug, Default)]
+pub struct StreamSplitter {
+    buf: String,
+    in_call: bool,
+    /// A call has ended: the blank between it and the next call, or the end, is no text.
+    after_call: bool,
+}
+
+/// Length of the longest suffix of `s` that is a proper prefix of `tag`.
+fn partial_tag(s: &str, tag: &str) -> usize {
+    (1..tag.len().min(s.len() + 1))
+        .rev()
+        .find(|&n| s.is_char_boundary(s.len() - n) && s.ends_with(&tag[..n]))
+        .unwrap_or(0)
+}
+
+impl StreamSplitter {
+    /// Takes the next piece of output; returns what can be passed on now.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            if self.in_call {
+                let Some(end) = self.buf.find(CLOSE) else {
+                    break;
+                };
+                let body = self.buf[..end].to_string();
+                self.buf.drain(..end + CLOSE.len());
+                self.in_call = false;
+                match parse_call(&body) {
+                    Some(c) => out.push(Piece::Call(c)),
+                    None => out.push(Piece::Text(format!("{OPEN}{body}{CLOSE}"))),
+                }
+                self.after_call = true;
+            } else if self.after_call && self.buf.starts_with('\n') {
+                // The newline between consecutive calls belongs to neither.
+                let next = format!("\n{OPEN}");
+                if self.buf.starts_with(&next) {
+                    self.buf.drain(..1);
+                } else if next.starts_with(&self.buf) {
+                    break;
+                } else {
+                    self.after_call = false;
+                }
+            } else if let Some(at) = self.buf.find(OPEN) {
+                let before = self.buf[..at].to_string();
+                if !before.is_empty() {
+                    out.push(Piece::Text(before));
+                }
+                self.buf.drain(..at + OPEN.len());
+                self.in_call = true;
+            } else {
+                let keep = partial_tag(&self.buf, OPEN);
+                let cut = self.buf.len() - keep;
+                if cut > 0 {
+                    out.push(Piece::Text(self.buf[..cut].to_string()));
+                    self.buf.drain(..cut);
+                }
+                break;
+            }
+        }
+        out
+    }
+
+    /// The end of the output: whatever is held back, as text (an unclosed call too).
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let rest = std::mem::take(&mut self.buf);
+        let text = if std::mem::take(&mut self.in_call) {
+            format!("{OPEN}{rest}")
+        } else if self.after_call && rest.trim().is_empty() {
+            String::new()
+        } else {
+            rest
+        };
+        if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![Piece::Text(text)]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_are_split_from_text_whole_and_streamed_in_any_pieces() {
+        let out = "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"t\", \"arguments\": {}}\n</tool_call>\n";
+        let (text, calls) = split(out);
+        assert_eq!(text, "Let me check.");
+        assert_eq!(
+            calls,
+            vec![
+                Call {
+                    name: "get_weather".into(),
+                    arguments: "{\"city\":\"Paris\"}".into()
+                },
+                Call {
+                    name: "t".into(),
+                    arguments: "{}".into()
+                }
+            ]
+        );
+        for step in 1..8 {
+            let mut s = StreamSplitter::default();
+            let mut got = Vec::new();
+            let chars: Vec<char> = out.chars().collect();
+            for chunk in chars.chunks(step) {
+                got.extend(s.push(&chunk.iter().collect::<String>()));
+            }
+            got.extend(s.finish());
+            let text: String = got
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::Text(t) => Some(t.as_str()),
+                    _ => None,
+                })
+                .collect();
+            let n = got.iter().filter(|p| matches!(p, Piece::Call(_))).count();
+            assert_eq!((text.as_str(), n), ("Let me check.", 2), "step {step}");
+        }
+        // Text that only looks like the start of a tag is passed on at the end.
+        assert_eq!(split("a <tool"), ("a <tool".into(), vec![]));
+        // A cut-off call stays text.
+        assert_eq!(
+            split("<tool_call>\n{\"name\": "),
+            ("<tool_call>\n{\"name\": ".into(), vec![])
+        );
+    }
+
+    #[test]
+    fn tool_choices_are_read_and_checked_by_name() {
+        let tools = json!([{"type": "function", "function": {"name": "f",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]);
+        let s = parse(Some(&tools), None, None).unwrap().unwrap();
+        assert_eq!(s.choice, ToolChoice::Auto);
+        assert!(s.parallel);
+        let (_, trigger) = s.grammar().unwrap();
+        assert_eq!(trigger, Some(OPEN));
+        let named = json!({"type": "function", "function": {"name": "f"}});
+        let s = parse(Some(&tools), Some(&named), Some(false))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.choice, ToolChoice::Named("f".into()));
+        assert!(s.grammar().unwrap().1.is_none());
+        let none = parse(Some(&tools), Some(&json!("none")), None)
+            .unwrap()
+            .unwrap();
+        assert!(none.grammar().is_none() && !none.enabled());
+        assert!(parse(None, Some(&json!("auto")), None).unwrap().is_none());
+        for (t, c, want) in [
+            (
+                tools.clone(),
+                json!({"type": "function", "function": {"name": "g"}}),
+                "`g`",
+            ),
+            (json!([]), json!("required"), "`tools` is empty"),
+            (tools.clone(), json!("sometimes"), "`tool_choice`"),
+            (
+                json!([{"type": "function", "function": {"name": "a b"}}]),
+                json!("auto"),
+                "tools[0].function.name",
+            ),
+            (
+                json!([{"type": "retrieval"}]),
+                json!("auto"),
+                "tools[0].type",
+            ),
+        ] {
+            let e = parse(Some(&t), Some(&c), None).unwrap_err();
+            assert!(e.message.contains(want), "{}", e.message);
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Constrained output over real HTTP on a tiny random-weight model, whose unconstrained
+//! output is noise: whatever it generates under a grammar follows the grammar. GBNF on
+//! llama-server's `/completion`, JSON schemas on the OpenAI routes (streaming and not),
+//! tool calls with `tool_choice` required and named, and the 400s that name a grammar
+//! that does not compile.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn message(v: &Value) -> &str {
+    v["error"]["message"].as_str().unwrap_or_default()
+}
+
+fn streamed_text(frames: &[String], key: impl Fn(&Value) -> Option<String>) -> String {
+    frames
+        .iter()
+        .filter(|f| f.as_str() != "[DONE]")
+        .filter_map(|f| serde_json::from_str::<Value>(f).ok())
+        .filter_map(|v| key(&v))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gbnf_constrains_the_native_completion_route_streaming_and_not() {
+    let s = tiny_server(1, |_| {});
+    let grammar = "root ::= \"id-\" [0-9]{3} (\",\" [a-c])?";
+    let body = json!({"prompt": "hello", "n_predict": 12, "temperature": 0, "grammar": grammar});
+    let (st, v) = post(&s.base, "/completion", body.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    let text = v["content"].as_str().expect("content").to_string();
+    let b = text.as_bytes();
+    assert!(text.starts_with("id-") && b.len() >= 6, "{text:?}");
+    assert!(b[3..6].iter().all(u8::is_ascii_digit), "{text:?}");
+    assert!(b.len() == 6 || (b.len() == 8 && b[6] == b',' && (b'a'..=b'c').contains(&b[7])));
+    assert_eq!(v["generation_settings"]["grammar"], grammar);
+    let mut sbody = body;
+    sbody["stream"] = json!(true);
+    let (st, frames) = post_stream(&s.base, "/completion", sbody).await;
+    assert_eq!(st, 200);
+    let streamed = streamed_text(&frames, |v| v["content"].as_str().map(str::to_string));
+    assert_eq!(streamed, text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schemas_constrain_the_openai_routes() {
+    let s = tiny_server(1, |_| {});
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "level": {"enum": ["low", "high"]},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9}
+        },
+        "required": ["ok", "level", "n"],
+        "additionalProperties": false
+    });
+    let fmt = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}});
+    let check = |text: &str| {
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(v["ok"].is_boolean(), "{text}");
+        assert!(v["level"] == "low" || v["level"] == "high", "{text}");
+        assert!(v["n"].as_u64().is_some_and(|n| n <= 9), "{text}");
+        assert_eq!(v.as_object().map(|o| o.len()), Some(3), "{text}");
+    };
+    let chat = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 120,
+                      "temperature": 0, "response_format": fmt});
+    let (st, v) = post(&s.base, "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    check(text);
+    let mut sc = chat;
+    sc["stream"] = json!(true);
+    let (_, frames) = post_stream(&s.base, "/v1/chat/completions", sc).await;
+    let streamed = streamed_text(&frames, |v| {
+        v["choices"][0]["delta"]["content"]
+            .as_str()
+            .map(str::to_string)
+    });
+    assert_eq!(streamed, text);
+    // Sampled at a high temperature, every answer still follows the schema.
+    let body = json!({"prompt": "x", "max_tokens": 120, "temperature": 1.5, "seed": 5,
+                      "n": 1, "json_schema": schema});
+    let (st, v) = post(&s.base, "/v1/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+    check(v["choices"][0]["text"].as_str().expect("text"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_and_named_tool_calls_follow_the_tool_s_schema() {
+    let s = tiny_server(1, |_| {});
+    let tools = json!([
+        {"type": "function", "function": {"name": "set_mode", "parameters": {
+            "type": "object", "properties": {"mode": {"enum": ["on", "off"]}},
+            "required": ["mode"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "ping", "parameters": {
+            "type": "object", "properties": {}, "additionalProperties": false}}}
+    ]);
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "set_mode"}}),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+            "tool_choice": choice, "parallel_tool_calls": false, "max_tokens": 120,
+            "temperature": 0});
+        let (st, v) = post(&s.base, "/v1/chat/completions", body).await;
+        assert_eq!(st, 200, "{v}");
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        let calls = c["message"]["tool_calls"].as_array().expect("tool_calls");
+        assert_eq!(calls.len(), 1, "{v}");
+        let f = &calls[0]["function"];
+        let args: Value = serde_json::from_str(f["arguments"].as_str().expect("string"))
+            .expect("arguments are JSON text");
+        match f["name"].as_str() {
+            Some("set_mode") => assert!(args["mode"] == "on" || args["mode"] == "off"),
+            Some("ping") => assert_eq!(args, json!({})),
+            other => panic!("{other:?}"),
+        }
+        if choice.is_object() {
+            assert_eq!(f["name"], "set_mode");
+        }
+        assert_eq!(calls[0]["type"], "function");
+        assert!(calls[0]["id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("call_")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grammars_that_do_not_compile_are_400s_with_the_reason() {
+    let s = tiny_server(1, |_| {});
+    let msgs = json!([{"role": "user", "content": "x"}]);
+    for (extra, want) in [
+        (
+            json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": "a", "schema": {"type": "strnig"}}}}),
+            "strnig",
+        ),
+        (json!({"grammar": "root ::= (\"a\""}), "unclosed `(`"),
+        (json!({"grammar": "root ::= missing"}), "g_missing"),
+        (
+            json!({"json_schema": {"type": "object"}, "grammar": "root ::= \"a\""}),
+            "give one",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                   "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "`g`",
+        ),
+    ] {
+        let mut body = json!({"messages": msgs, "max_tokens": 4});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let (st, v) = post(&s.base, "/v1/chat/completions", body).await;
+        assert_eq!(st, 400, "{extra}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert!(message(&v).contains(want), "{extra}: {}", message(&v));
+    }
+}
