@@ -1320,48 +1320,15 @@ impl CudaBackend {
                         node.out_shape, m.n_head, m.hd
                     ));
                 }
-                let q_stride = src_len(0, self) / nt;
-                if q_stride < qrow {
-                    return Err(format!(
-                        "attention: q holds {} values, {nt} tokens of {qrow} needed",
-                        src_len(0, self)
-                    ));
-                }
-                let region = m.nkt() * m.n_ctx;
-                if self.len(k_id) < region || self.len(v_id) < region {
-                    return Err(format!(
-                        "attention: layer {} K/V regions hold {}/{} values, {region} needed",
-                        m.layer,
-                        self.len(k_id),
-                        self.len(v_id)
-                    ));
-                }
+                let q_stride =
+                    m.check_q_and_kv(nt, src_len(0, self), self.len(k_id), self.len(v_id))?;
                 let pos_id = *ids.get(2).ok_or("attention needs a positions source")?;
                 let span_id = if *explicit_span {
                     let s = *ids.get(3).ok_or("span attention needs a span source")?;
-                    let pairs = self.host_ints(s, 2 * nt, "attention spans")?;
-                    for t in 0..nt {
-                        let (lo, hi) = (pairs[2 * t] as i64, pairs[2 * t + 1] as i64);
-                        if lo < 0 || lo >= hi || hi > m.n_ctx as i64 {
-                            return Err(format!(
-                                "token {t}: key range [{lo}, {hi}) invalid for the {}-row KV region of layer {}",
-                                m.n_ctx, m.layer
-                            ));
-                        }
-                    }
+                    m.check_spans(&self.host_ints(s, 2 * nt, "attention spans")?)?;
                     s
                 } else {
-                    let pos = self.host_ints(pos_id, nt, "attention positions")?;
-                    if let Some((t, p)) = pos
-                        .iter()
-                        .enumerate()
-                        .find(|&(_, &p)| p < 0 || p as usize >= m.n_ctx)
-                    {
-                        return Err(format!(
-                            "token {t}: position {p} outside the {}-row KV region of layer {}",
-                            m.n_ctx, m.layer
-                        ));
-                    }
+                    m.check_positions(&self.host_ints(pos_id, nt, "attention positions")?)?;
                     pos_id
                 };
                 let q = self.src_arg(src_id(0)?, out)?;

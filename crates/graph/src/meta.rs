@@ -104,6 +104,64 @@ impl AttnMeta {
     pub fn nkt(&self) -> usize {
         self.n_head_kv * self.hd
     }
+
+    /// Checks a device backend's attention inputs for a step of `nt` tokens: the q source
+    /// (`q_len` values) holds `nt` rows of `n_head * hd`, and the K and V regions (`k_len`,
+    /// `v_len` values) hold `n_ctx` rows each. Returns q's per-token stride; an error names
+    /// the shortfall.
+    pub fn check_q_and_kv(
+        &self,
+        nt: usize,
+        q_len: usize,
+        k_len: usize,
+        v_len: usize,
+    ) -> Result<usize, String> {
+        let qrow = self.n_head * self.hd;
+        let q_stride = q_len / nt;
+        if q_stride < qrow {
+            return Err(format!(
+                "attention: q holds {q_len} values, {nt} tokens of {qrow} needed"
+            ));
+        }
+        let region = self.nkt() * self.n_ctx;
+        if k_len < region || v_len < region {
+            return Err(format!(
+                "attention: layer {} K/V regions hold {k_len}/{v_len} values, {region} needed",
+                self.layer
+            ));
+        }
+        Ok(q_stride)
+    }
+
+    /// Checks explicit key ranges (`[lo, hi)` pairs, one per token) lie inside the KV
+    /// region and are not empty; an error names the token and its range.
+    pub fn check_spans(&self, pairs: &[i32]) -> Result<(), String> {
+        for (t, pair) in pairs.chunks_exact(2).enumerate() {
+            let (lo, hi) = (pair[0] as i64, pair[1] as i64);
+            if lo < 0 || lo >= hi || hi > self.n_ctx as i64 {
+                return Err(format!(
+                    "token {t}: key range [{lo}, {hi}) invalid for the {}-row KV region of layer {}",
+                    self.n_ctx, self.layer
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every token's position lies inside the KV region; an error names the token.
+    pub fn check_positions(&self, pos: &[i32]) -> Result<(), String> {
+        match pos
+            .iter()
+            .enumerate()
+            .find(|&(_, &p)| p < 0 || p as usize >= self.n_ctx)
+        {
+            Some((t, p)) => Err(format!(
+                "token {t}: position {p} outside the {}-row KV region of layer {}",
+                self.n_ctx, self.layer
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 /// KV region geometry of a store or load node.
