@@ -66,6 +66,8 @@ struct Shared {
     /// The first panic payload of the current run's shares other than the caller's,
     /// re-raised by the caller so the original message reaches whoever catches it.
     payload: Mutex<Option<Box<dyn Any + Send>>>,
+    /// Workers that have entered their loop; `new` waits for all of them.
+    started: AtomicUsize,
     /// Tells workers to exit.
     shutdown: AtomicBool,
     /// Guards the two condition variables.
@@ -106,6 +108,7 @@ impl ThreadPool {
             caller_waiting: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             payload: Mutex::new(None),
+            started: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -120,6 +123,14 @@ impl ThreadPool {
                     .expect("spawning a thread pool worker")
             })
             .collect();
+        // Thread start-up allocates (the runtime's per-thread state). Waiting here keeps it
+        // inside `new`, so a worker the OS schedules late never allocates in the middle of
+        // a decode step, and the first run finds every worker polling.
+        let mut guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+        while shared.started.load(SeqCst) < n_threads - 1 {
+            guard = shared.done.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(guard);
         ThreadPool {
             shared,
             workers,
@@ -228,6 +239,11 @@ fn wait_for_workers(s: &Shared) {
 
 /// The body of each spawned worker.
 fn worker_loop(s: &Shared, ith: usize, nth: usize) {
+    {
+        let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+        s.started.fetch_add(1, SeqCst);
+        s.done.notify_all();
+    }
     let mut seen = 0u64;
     loop {
         let mut spun = false;
