@@ -1,5 +1,5 @@
 //! The matmul kernel's tile widths: matmul.wgsl with its per-token lines written out
-//! for a tile of 4 or 8 tokens, so every register of the tile is a named variable
+//! for a tile of 1, 4 or 8 tokens, so every register of the tile is a named variable
 //! (no per-thread array) whatever the width.
 
 const TEMPLATE: &str = include_str!("matmul.wgsl");
@@ -8,7 +8,9 @@ const TEMPLATE: &str = include_str!("matmul.wgsl");
 /// same order, so the choice never changes a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Tile {
-    /// 4 tokens: decode and short batches.
+    /// 1 token: a decode step of one sequence, scalar sums (no lanes of repeats).
+    Single,
+    /// 4 tokens: short batches.
     Narrow,
     /// 8 tokens: prompts, where a decoded weight serves twice as many tokens.
     Wide,
@@ -17,16 +19,17 @@ pub(crate) enum Tile {
 impl Tile {
     /// The width for `nt` tokens.
     pub(crate) fn for_tokens(nt: usize) -> Tile {
-        if nt >= 8 {
-            Tile::Wide
-        } else {
-            Tile::Narrow
+        match nt {
+            0 | 1 => Tile::Single,
+            2..=7 => Tile::Narrow,
+            _ => Tile::Wide,
         }
     }
 
     /// Tokens per workgroup.
     pub(crate) fn tokens(self) -> usize {
         match self {
+            Tile::Single => 1,
             Tile::Narrow => 4,
             Tile::Wide => 8,
         }
@@ -36,7 +39,11 @@ impl Tile {
 /// matmul.wgsl for `tile`, its marked lines written out.
 pub(crate) fn source(tile: Tile) -> String {
     let tt = tile.tokens();
-    let nv = tt / 4;
+    // A one-token tile sums in f32 scalars, the wider ones in vec4s of tokens; both
+    // do the same IEEE operations on each output.
+    let single = tt == 1;
+    let nv = tt.div_ceil(4);
+    let acc = if single { "f32" } else { "vec4<f32>" };
     let comp = ["x", "y", "z", "w"];
     let mut setup = String::new();
     for j in 0..tt {
@@ -45,7 +52,7 @@ pub(crate) fn source(tile: Tile) -> String {
     }
     for r in 0..4 {
         for v in 0..nv {
-            setup += &format!("    var a{r}_{v} = vec4<f32>(0.0);\n");
+            setup += &format!("    var a{r}_{v} = {acc}(0.0);\n");
         }
     }
     let mut scales = String::new();
@@ -55,7 +62,7 @@ pub(crate) fn source(tile: Tile) -> String {
     let mut sums = String::new();
     for r in 0..4 {
         for v in 0..nv {
-            scales += &format!("        var s{r}_{v} = vec4<f32>(0.0);\n");
+            scales += &format!("        var s{r}_{v} = {acc}(0.0);\n");
             sums += &format!("        a{r}_{v} += s{r}_{v};\n");
         }
     }
@@ -66,6 +73,10 @@ pub(crate) fn source(tile: Tile) -> String {
     for c in comp {
         for r in 0..4 {
             for v in 0..nv {
+                if single {
+                    products += &format!("            s{r}_0 += w{r}.{c} * x0.{c};\n");
+                    continue;
+                }
                 let xs: Vec<String> = (0..4).map(|i| format!("x{}.{c}", 4 * v + i)).collect();
                 products += &format!(
                     "            s{r}_{v} += vec4<f32>(w{r}.{c}) * vec4<f32>({});\n",
@@ -77,7 +88,12 @@ pub(crate) fn source(tile: Tile) -> String {
     let mut parts = String::new();
     for r in 0..4 {
         for v in 0..nv {
-            parts += &format!("    part[{}u * WG + lid] = a{r}_{v};\n", r * nv + v);
+            let a = if single {
+                format!("vec4<f32>(a{r}_{v}, 0.0, 0.0, 0.0)")
+            } else {
+                format!("a{r}_{v}")
+            };
+            parts += &format!("    part[{}u * WG + lid] = {a};\n", r * nv + v);
         }
     }
     TEMPLATE
@@ -97,7 +113,7 @@ mod tests {
 
     #[test]
     fn every_marker_is_written_out_for_both_widths() {
-        for tile in [Tile::Narrow, Tile::Wide] {
+        for tile in [Tile::Single, Tile::Narrow, Tile::Wide] {
             let src = source(tile);
             for line in src.lines().filter(|l| !l.trim_start().starts_with("//")) {
                 assert!(!line.contains("{{"), "{tile:?}: unexpanded line {line}");
@@ -108,8 +124,9 @@ mod tests {
     }
 
     #[test]
-    fn prompts_take_the_wide_tile_and_decode_the_narrow_one() {
-        assert_eq!(Tile::for_tokens(1), Tile::Narrow);
+    fn prompts_take_the_wide_tile_and_decode_the_single_one() {
+        assert_eq!(Tile::for_tokens(1), Tile::Single);
+        assert_eq!(Tile::for_tokens(2), Tile::Narrow);
         assert_eq!(Tile::for_tokens(7), Tile::Narrow);
         assert_eq!(Tile::for_tokens(8), Tile::Wide);
         assert_eq!(Tile::for_tokens(512), Tile::Wide);

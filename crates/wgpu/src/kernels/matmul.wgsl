@@ -2,7 +2,7 @@
 // weight buffer (a weight larger than the adapter's largest binding is split by rows
 // into several buffers, one dispatch each).
 //
-// One workgroup per 16 weight rows and per tile of TT tokens (4 or 8): 4 row groups
+// One workgroup per 16 weight rows and per tile of TT tokens (1, 4 or 8): 4 row groups
 // of LANES threads, each thread holding a register tile of 4 rows by TT tokens (NV
 // vec4s of tokens a row). A thread takes the 32-value chunks lane, lane + LANES, ...
 // of its rows; per chunk it decodes each row's values four at a time (`chunk_at` and
