@@ -20,7 +20,7 @@ use minfer_graph::{
 use wgpu::util::DeviceExt;
 
 use crate::device::{self, AdapterSummary, Gpu, NotUsable};
-use crate::kernels::{ActFormat, Bind, Kernel, WEIGHT_TYPES};
+use crate::kernels::{ActFormat, Bind, Kernel, Tile, WEIGHT_TYPES};
 
 /// A weight registration refused, with the name and the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -1192,10 +1192,11 @@ impl WgpuBackend {
             ),
             _ => (x, stride),
         };
-        let tiles = u32_of(nt.div_ceil(8), "token tiles")?;
+        let tile = Tile::for_tokens(nt);
+        let tiles = u32_of(nt.div_ceil(tile.tokens()), "token tiles")?;
         for part in parts {
-            // Four rows per workgroup (see matmul.wgsl).
-            let (gx, gy) = grid(part.rows.div_ceil(4))?;
+            // 16 rows by a tile of tokens per workgroup (see matmul.wgsl).
+            let (gx, gy) = grid(part.rows.div_ceil(16))?;
             let p = [
                 u32_of(a.in_dim, "input features")?,
                 u32_of(a.out_dim, "output features")?,
@@ -1211,7 +1212,7 @@ impl WgpuBackend {
             // Without a bias the kernel never reads binding 2; the weight stands in.
             let b = Res::Weight(bias.unwrap_or(part.index));
             self.dispatch(
-                Kernel::Matmul(ty),
+                Kernel::Matmul(ty, tile),
                 &[Res::Weight(part.index), x, b, Res::Pool(out)],
                 &p,
                 (gx, gy, tiles),
@@ -1450,7 +1451,8 @@ impl WgpuBackend {
     }
 
     /// Records the rounding of `nt` rows of `k` activations (at `stride`) to `fmt`'s
-    /// levels into the scratch, which it returns, rows dense.
+    /// levels into the scratch, which it returns packed as quant_act.wgsl describes
+    /// (levels then scales, rows dense; a quarter of its `nt * k` words and a 32nd).
     fn round_activations(
         &mut self,
         fmt: ActFormat,

@@ -266,6 +266,77 @@ fn matmul_matches_the_cpu_for_every_weight_type_nt_and_bias() {
     }
 }
 
+/// A token's output row does not depend on which other tokens share its dispatch: the
+/// same row alone (decode), in a short batch (the narrow tile) and at several places
+/// of a prompt (the wide tile, its last tile partly filled) is bitwise the same, for
+/// every weight type. A batched request's bitwise identity with the request alone
+/// rests on this.
+#[test]
+fn a_token_row_is_bitwise_the_same_alone_batched_and_in_a_prompt() {
+    let mut r = Rng::new(11);
+    let n_out = 41;
+    let ws: Vec<W> = matmul_cases()
+        .into_iter()
+        .map(|(ty, k, _)| W {
+            name: format!("w.{ty}.{k}"),
+            ty,
+            dims: vec![k as u64, n_out as u64],
+            values: r.vec(k * n_out),
+        })
+        .collect();
+    let Some(mut g) = gpu() else {
+        return;
+    };
+    g.register_gguf(&common::gguf(&ws), "").expect("weights");
+    let nt = 37;
+    for (ty, k, _) in matmul_cases() {
+        let x = r.vec(k * nt);
+        let mut mm = |rows: std::ops::Range<usize>| {
+            let meta = NodeMeta::MatMul(MatMulMeta {
+                weight_name: format!("w.{ty}.{k}"),
+                in_dim: k,
+                out_dim: n_out,
+                wtype: wtype(ty),
+                bias_name: None,
+            });
+            let nd = node(
+                Op::MatMul { transpose_b: true },
+                1,
+                [n_out, rows.len(), 1, 1],
+                meta,
+            );
+            let xs = x[rows.start * k..rows.end * k].to_vec();
+            let out = run(&mut g, &nd, &[Src::Data(xs)], None)
+                .expect("matmul")
+                .out;
+            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let prompt = mm(0..nt);
+        let row = |t: usize| prompt[t * n_out..(t + 1) * n_out].to_vec();
+        for t in [0, 5, 16, 36] {
+            assert_eq!(mm(t..t + 1), row(t), "{ty}: token {t} alone");
+        }
+        let batch = mm(30..35);
+        for t in 30..35 {
+            let i = t - 30;
+            assert_eq!(
+                batch[i * n_out..(i + 1) * n_out],
+                row(t),
+                "{ty}: token {t} in a batch"
+            );
+        }
+        let tail = mm(13..37);
+        for t in 13..37 {
+            let i = t - 13;
+            assert_eq!(
+                tail[i * n_out..(i + 1) * n_out],
+                row(t),
+                "{ty}: token {t} shifted"
+            );
+        }
+    }
+}
+
 /// One-hot weights read the rounded activations out one by one: row r of W holds a
 /// single nonzero at column r, so `y[t, r]` is that weight times the activation the
 /// kernel multiplied, bit for bit. They must be the levels of the CPU's quantizers

@@ -3,6 +3,10 @@
 
 use minfer_gguf::GgmlType;
 
+mod matmul;
+
+pub(crate) use matmul::Tile;
+
 /// How a kernel binds one resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Bind {
@@ -25,8 +29,8 @@ pub(crate) enum Kernel {
     SwiGluRows,
     RmsNorm,
     Gather,
-    /// Matrix product against a weight of this storage type.
-    Matmul(GgmlType),
+    /// Matrix product against a weight of this storage type, in tiles of this width.
+    Matmul(GgmlType, Tile),
     /// Token embedding lookup from a table of this storage type.
     Embed(GgmlType),
     /// Activations rounded to this activation format's levels (the CPU's Q8_0 or Q8_K).
@@ -41,7 +45,8 @@ const SWIGLU_ROWS: &str = include_str!("swiglu_rows.wgsl");
 const NORM: &str = include_str!("norm.wgsl");
 const GET_ROWS: &str = include_str!("get_rows.wgsl");
 const QUANT_COMMON: &str = include_str!("quant_common.wgsl");
-const MATMUL: &str = include_str!("matmul.wgsl");
+const X_F32: &str = include_str!("xs_f32.wgsl");
+const X_Q8: &str = include_str!("xs_q8.wgsl");
 const EMBED: &str = include_str!("embed.wgsl");
 const ROPE: &str = include_str!("rope.wgsl");
 const KV_STORE: &str = include_str!("kv_store.wgsl");
@@ -87,6 +92,20 @@ pub(crate) const WEIGHT_TYPES: [GgmlType; 6] = [
     GgmlType::Q6K,
 ];
 
+/// The matmul's `chunk_at` and `group` of a weight type (values four at a time), or
+/// `None` for a type no shader decodes.
+fn group_source(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::F32 => include_str!("dg_f32.wgsl"),
+        GgmlType::F16 => include_str!("dg_f16.wgsl"),
+        GgmlType::Q8_0 => include_str!("dg_q8_0.wgsl"),
+        GgmlType::Q5_0 => include_str!("dg_q5_0.wgsl"),
+        GgmlType::Q4K => include_str!("dg_q4_k.wgsl"),
+        GgmlType::Q6K => include_str!("dg_q6_k.wgsl"),
+        _ => return None,
+    })
+}
+
 /// The `load_chunk` of a weight type, or `None` for a type no shader decodes.
 fn dequant_source(ty: GgmlType) -> Option<&'static str> {
     Some(match ty {
@@ -110,6 +129,16 @@ impl Kernel {
                 .map(|dq| format!("{QUANT_COMMON}\n{dq}\n{body}"))
                 .ok_or_else(|| format!("no wgpu kernel decodes {ty} weights"))
         };
+        // A quantized weight's activations come packed by the rounding pass.
+        let grouped = |body: &str, ty: GgmlType| {
+            let xs = match ActFormat::of(ty) {
+                Some(_) => X_Q8,
+                None => X_F32,
+            };
+            group_source(ty)
+                .map(|dq| format!("{QUANT_COMMON}\n{dq}\n{xs}\n{body}"))
+                .ok_or_else(|| format!("no wgpu kernel decodes {ty} weights"))
+        };
         Ok(match self {
             Kernel::Add => (ELEMENTWISE.into(), "add", &[Ro, Ro, Rw, Uniform]),
             Kernel::Mul => (ELEMENTWISE.into(), "mul", &[Ro, Ro, Rw, Uniform]),
@@ -118,7 +147,11 @@ impl Kernel {
             Kernel::SwiGluRows => (SWIGLU_ROWS.into(), "swiglu_rows", &[Rw, Uniform]),
             Kernel::RmsNorm => (NORM.into(), "rms_norm", &[Ro, Ro, Rw, Uniform]),
             Kernel::Gather => (GET_ROWS.into(), "gather", &[Ro, Ro, Rw, Uniform]),
-            Kernel::Matmul(ty) => (quant(MATMUL, ty)?, "matmul", &[Ro, Ro, Ro, Rw, Uniform]),
+            Kernel::Matmul(ty, tile) => (
+                grouped(&matmul::source(tile), ty)?,
+                "matmul",
+                &[Ro, Ro, Ro, Rw, Uniform],
+            ),
             Kernel::Embed(ty) => (quant(EMBED, ty)?, "embed", &[Ro, Ro, Rw, Uniform]),
             Kernel::QuantAct(ActFormat::Q8_0) => (QUANT_ACT.into(), "q8_0", &[Ro, Rw, Uniform]),
             Kernel::QuantAct(ActFormat::Q8K) => (QUANT_ACT.into(), "q8_k", &[Ro, Rw, Uniform]),

@@ -1,7 +1,7 @@
 // Rounds matmul activations exactly as the CPU backend quantizes them before a
 // quantized dot product (ggml's quantize_row_q8_0 and quantize_row_q8_K), and writes
-// each value back as f32 level * scale. The matmul then multiplies the same rounded
-// activations the CPU's integer dot products see, so the two backends differ only in
+// each value as a level and a scale (below). The matmul then multiplies the same
+// rounded activations the CPU's integer dot products see, so the two backends differ only in
 // float summation order, not by the activation rounding (about 1/254 of a block's
 // largest value, enough to flip near-tied logits).
 //
@@ -12,7 +12,12 @@
 //   largest magnitude (the first of equals), iscale = -127 / max, q = min(round half
 //   to even(iscale * x), 127), d = 1 / iscale kept in f32.
 //
-// One workgroup per block; x rows of `k` values at `x_stride`, output rows dense.
+// One workgroup per block; x rows of `k` values at `x_stride`. The output is packed,
+// rows dense: first the levels, four signed bytes a word (value e of token t in byte
+// e % 4 of word t * k / 4 + e / 4), then one f32 scale per 32 values (scale of values
+// 32c.. of token t at word nt * k / 4 + t * k / 32 + c; a Q8_K block's scale repeats
+// for its eight 32-value parts). The matmul reads a value back as f32(level) * scale,
+// the very product the CPU's rounding stands for, at a quarter of the loads.
 
 struct P {
     k: u32,        // values per token row (a multiple of the block)
@@ -22,11 +27,29 @@ struct P {
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<u32>;
 @group(0) @binding(2) var<uniform> p: P;
 
 var<workgroup> red: array<f32, 256>;
 var<workgroup> idx: array<u32, 256>;
+var<workgroup> lvl: array<i32, 256>;
+
+// Writes block `c` (of `n` values, a multiple of 32) of token `t`: the levels each
+// invocation left in `lvl`, packed by the first n / 4 invocations, and its scale.
+fn store_block(t: u32, c: u32, n: u32, lid: u32, scale: f32, valid: bool) {
+    workgroupBarrier();
+    if (!valid) { return; }
+    if (lid < n / 4u) {
+        var word = 0u;
+        for (var b = 0u; b < 4u; b++) {
+            word |= (u32(lvl[4u * lid + b]) & 0xffu) << (8u * b);
+        }
+        y[(t * p.k + c * n) / 4u + lid] = word;
+    }
+    if (lid < n / 32u) {
+        y[p.nt * p.k / 4u + (t * p.k + c * n) / 32u + lid] = bitcast<u32>(scale);
+    }
+}
 
 fn block_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.y * nwg.x + wid.x;
@@ -79,9 +102,8 @@ fn q8_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var id = 0.0;
     if (d != 0.0) { id = 1.0 / d; }
     let q = clamp(round_away(v * id), -128.0, 127.0);
-    if (valid) {
-        y[t * p.k + c * 32u + lid] = q * f16_round(d);
-    }
+    lvl[lid] = i32(q);
+    store_block(t, c, 32u, lid, f16_round(d), valid);
 }
 
 @compute @workgroup_size(256)
@@ -113,14 +135,15 @@ fn q8_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
     }
     let amax = red[0];
-    var out = 0.0;
+    // An all-zero block is levels 0 at scale 0, which reads back as 0 as before.
+    var q = 0.0;
+    var scale = 0.0;
     if (amax != 0.0) {
         let mx = x[t * p.x_stride + c * 256u + min(idx[0], 255u)];
         let iscale = -127.0 / mx;
-        let q = min(round(iscale * v), 127.0);
-        out = q * (1.0 / iscale);
+        q = min(round(iscale * v), 127.0);
+        scale = 1.0 / iscale;
     }
-    if (valid) {
-        y[t * p.k + c * 256u + lid] = out;
-    }
+    lvl[lid] = i32(q);
+    store_block(t, c, 256u, lid, scale, valid);
 }
