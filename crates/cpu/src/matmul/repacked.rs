@@ -673,7 +673,9 @@ pub fn matmul_repacked_multi_then(
         }
         let ((gate, g_off), (_, u_off)) = (parts[0], parts[1]);
         let gs = mine(0, ith, nth);
-        let rows = gs.start * ROWS..(gs.end * ROWS).min(gate.rows);
+        // Both ends clamped: a thread that owns no group gets `groups..groups`, whose
+        // start lies past the rows when they are not whole groups.
+        let rows = (gs.start * ROWS).min(gate.rows)..(gs.end * ROWS).min(gate.rows);
         for t in 0..nt {
             let (g0, u0) = (t * ld + g_off, t * ld + u_off);
             // SAFETY: these rows of gate and of up (equal sizes, so the same groups) were
@@ -1074,7 +1076,8 @@ mod tests {
                     );
                     let mut want = vec![0.0; nt * rows];
                     crate::ops::elementwise::swiglu_slice(&g, &u, &mut want);
-                    for threads in [1, 2, 3] {
+                    // 12 threads: more than the 10 row groups, so some threads own none.
+                    for threads in [1, 2, 3, 12] {
                         let pool = ThreadPool::new(threads);
                         let mut y = vec![f32::NAN; nt * ld];
                         let mut s = MatmulScratch::new();
