@@ -10,12 +10,17 @@ build); pass its path with --llama-bench or set LLAMA_BENCH. If neither is given
 builds it under ./target/llama.cpp from the sdist fetched with pip.
 
     python3 scripts/bench_compare.py [--model PATH] [--threads 2] [--rounds 10] \
-        [--pp 512] [--tg 128] [--reps 1] [--llama-bench PATH]
+        [--pp 512] [--tg 128] [--reps 1] [--llama-bench PATH] [--minfer-isa avx2]
+
+--minfer-isa caps minfer's kernels (MINFER_ISA for its runs only: `avx2` against a
+llama.cpp built for AVX2 alone compares like with like on an AVX-512 host); without it
+minfer uses MINFER_ISA from the environment, or the best the CPU has.
 
 Before the rounds it prints the instruction set each program runs with: minfer's from the
 CPU backend line of `minfer info` (its matmul kernels: avx2, avx2+vnni or scalar, after
 MINFER_ISA), llama.cpp's from the ggml CPU features line (system_info) that
-llama-perplexity, built beside llama-bench, prints at start.
+llama-perplexity, built beside llama-bench, prints at start, or else from the GGML_*
+instruction-set switches of the build's CMakeCache.txt.
 """
 import argparse
 import json
@@ -56,18 +61,26 @@ def run_llama(binary, model, threads, test, n, reps):
     return json.loads(out)[0]["avg_ts"]
 
 
-def run_minfer(binary, model, threads, test, n, reps):
+def minfer_env(isa):
+    """The environment of minfer's runs: MINFER_ISA set to `isa` when one is given."""
+    env = dict(os.environ)
+    if isa:
+        env["MINFER_ISA"] = isa
+    return env
+
+
+def run_minfer(binary, model, threads, test, n, reps, isa=None):
     p, g = (n, 0) if test == "pp" else (0, n)
     out = subprocess.run([binary, "bench", "-m", model, "-t", str(threads), "-p", str(p),
                           "-n", str(g), "-r", str(reps), "-o", "json"], capture_output=True,
-                         text=True, check=True).stdout
+                         text=True, check=True, env=minfer_env(isa)).stdout
     return json.loads(out)[0]["avg_ts"]
 
 
-def minfer_isa(binary, model):
+def minfer_isa(binary, model, isa=None):
     """The CPU backend's device line of `minfer info`, e.g. `host CPU (avx2+vnni)`."""
     out = subprocess.run([binary, "info", "-m", model, "--json"], capture_output=True,
-                         text=True, check=True).stdout
+                         text=True, check=True, env=minfer_env(isa)).stdout
     for b in json.loads(out).get("backends", []):
         if b.get("name") == "cpu":
             return b.get("device") or "unknown"
@@ -78,7 +91,7 @@ def llama_isa(bench_binary, model, threads):
     """ggml's CPU feature flags that are on, from llama-perplexity's system_info line."""
     ppl = os.path.join(os.path.dirname(bench_binary), "llama-perplexity")
     if not os.path.exists(ppl):
-        return "unknown (no llama-perplexity beside llama-bench)"
+        return llama_build_isa(bench_binary)
     import tempfile
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
         f.write("one two three four five six seven eight nine ten\n" * 4)
@@ -91,6 +104,29 @@ def llama_isa(bench_binary, model, threads):
             on = [x.split("=")[0].strip() for x in feats if x.strip().endswith("= 1")]
             return " ".join(on)
     return "unknown (no system_info line)"
+
+
+def llama_build_isa(bench_binary):
+    """The instruction-set switches that are on in the CMakeCache.txt of llama-bench's build
+    (`bin/` sits in the build directory), for a build without llama-perplexity."""
+    cache = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(bench_binary))),
+                         "CMakeCache.txt")
+    if not os.path.exists(cache):
+        return "unknown (no llama-perplexity and no CMakeCache.txt beside llama-bench)"
+    on, native = [], False
+    with open(cache) as f:
+        for line in f:
+            name, _, value = line.strip().partition("=")
+            key = name.split(":")[0]
+            if key == "GGML_NATIVE":
+                native = value.upper() in ("ON", "1", "TRUE")
+            elif key.startswith("GGML_") and value.upper() in ("ON", "1", "TRUE"):
+                feat = key[len("GGML_"):]
+                if feat.startswith(("AVX", "FMA", "F16C", "BMI2", "SSE", "AMX")):
+                    on.append(feat)
+    if native:
+        return "native build (GGML_NATIVE=ON: the host's instruction sets)"
+    return "build flags: " + (" ".join(on) or "none")
 
 
 def quartiles(xs):
@@ -108,12 +144,15 @@ def main():
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"))
     ap.add_argument("--minfer", default=os.path.join(ROOT, "target", "release", "minfer"))
+    ap.add_argument("--minfer-isa", default=None, choices=["avx2", "scalar"],
+                    help="MINFER_ISA for minfer's runs (e.g. avx2 against an AVX2-only "
+                         "llama.cpp build)")
     a = ap.parse_args()
     if a.model is None:
         a.model = subprocess.run([a.minfer, "pull"], capture_output=True, text=True,
                                  check=True).stdout.strip()
     llama = a.llama_bench or build_llama_bench()
-    print(f"isa: minfer {minfer_isa(a.minfer, a.model)}; llama.cpp "
+    print(f"isa: minfer {minfer_isa(a.minfer, a.model, a.minfer_isa)}; llama.cpp "
           f"{llama_isa(llama, a.model, a.threads)}")
     tests = [(t, n) for t, n in (("pp", a.pp), ("tg", a.tg)) if n > 0]
     for test, n in tests:
@@ -121,11 +160,11 @@ def main():
         for r in range(a.rounds):
             # A B B A: alternate which program goes first so drift cancels.
             if r % 2 == 0:
-                m = run_minfer(a.minfer, a.model, a.threads, test, n, a.reps)
+                m = run_minfer(a.minfer, a.model, a.threads, test, n, a.reps, a.minfer_isa)
                 l = run_llama(llama, a.model, a.threads, test, n, a.reps)
             else:
                 l = run_llama(llama, a.model, a.threads, test, n, a.reps)
-                m = run_minfer(a.minfer, a.model, a.threads, test, n, a.reps)
+                m = run_minfer(a.minfer, a.model, a.threads, test, n, a.reps, a.minfer_isa)
             ms.append(m)
             ls.append(l)
             ratios.append(m / l)

@@ -12,12 +12,15 @@
 //!
 //! Run with `cargo bench -p minfer-cpu --bench matmul [-- [--decode] [filter...]]`; the
 //! filter matches the type name, `--decode` runs only the probe and the decode kernels at
-//! the shapes of the two real models (Qwen2.5-Coder 0.5B and 1.5B Q4_K_M).
+//! the shapes of the two real models (Qwen2.5-Coder 0.5B and 1.5B Q4_K_M), `--fused` only
+//! the decode fusions' products (separate against one multi call, SwiGLU included).
 //! `MINFER_ISA=avx2` measures the AVX2 path on a CPU with AVX-512.
 
 use minfer_cpu::matmul::{
-    matmul, matmul_repacked, matmul_repacked_multi, MatmulScratch, QMatrix, RepackedMatrix,
+    matmul, matmul_repacked, matmul_repacked_multi_then, MatmulScratch, MultiEpilogue, QMatrix,
+    RepackedMatrix,
 };
+use minfer_cpu::ops::elementwise::swiglu_slice;
 use minfer_cpu::quant::Isa;
 use minfer_cpu::threadpool::{chunk_range, ThreadPool};
 use minfer_gguf::quant::quantize_to_vec;
@@ -193,8 +196,13 @@ fn decode(
 }
 
 /// Decode of matrices that read one activation (`shapes`, all of `ty`), as separate
-/// products and as one [`matmul_repacked_multi`] call, each with 1 and 2 threads.
+/// products and as one [`matmul_repacked_multi_then`] call, each with 1 and 2 threads.
+/// With `swiglu` (gate and up), the separate side runs the serial SwiGLU after the two
+/// products, as the unfused nodes do, and the multi call its in-region epilogue. The two
+/// sides alternate in short laps and the figure is the median of the lap ratios, so a
+/// machine whose load drifts still compares them fairly.
 fn fused(label: &str, ty: GgmlType, shapes: &[(usize, usize)], pools: &[ThreadPool]) {
+    let swiglu = label == "ffn";
     let cols = shapes[0].1;
     let one: Vec<RepackedMatrix> = shapes
         .iter()
@@ -215,38 +223,59 @@ fn fused(label: &str, ty: GgmlType, shapes: &[(usize, usize)], pools: &[ThreadPo
     let ld: usize = shapes.iter().map(|s| s.0).sum();
     let x = rand_f32(cols, 3);
     let mut y = vec![0.0; ld];
+    let mut act = vec![0.0; shapes[0].0];
     let mut scratch = MatmulScratch::new();
+    let isa = Isa::detect();
+    let epi = if swiglu {
+        MultiEpilogue::SwiGlu
+    } else {
+        MultiEpilogue::None
+    };
     for pool in pools {
         let mut i = 0;
-        let separate = time(Duration::from_millis(600), || {
-            let mut off = 0;
-            for m in &sets[i % copies] {
-                let out = &mut y[off..off + m.rows()];
-                matmul_repacked(pool, m, &x, 1, out, &mut scratch).expect("valid shapes");
-                off += m.rows();
-            }
-            i += 1;
-        });
-        let isa = Isa::detect();
-        let multi = time(Duration::from_millis(600), || {
-            let set = &sets[i % copies];
-            let mut parts = Vec::with_capacity(set.len());
-            let mut off = 0;
-            for m in set {
-                parts.push((m, off));
-                off += m.rows();
-            }
-            matmul_repacked_multi(isa, pool, &parts, &x, 1, &mut y, ld, &mut scratch)
-                .expect("valid shapes");
-            i += 1;
-        });
+        let (mut ratios, mut seps, mut muls) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..15 {
+            let separate = time(Duration::from_millis(40), || {
+                let mut off = 0;
+                for m in &sets[i % copies] {
+                    let out = &mut y[off..off + m.rows()];
+                    matmul_repacked(pool, m, &x, 1, out, &mut scratch).expect("valid shapes");
+                    off += m.rows();
+                }
+                if swiglu {
+                    let (g, u) = y.split_at(shapes[0].0);
+                    swiglu_slice(g, u, &mut act);
+                }
+                i += 1;
+            });
+            let multi = time(Duration::from_millis(40), || {
+                let set = &sets[i % copies];
+                let mut parts = Vec::with_capacity(set.len());
+                let mut off = 0;
+                for m in set {
+                    parts.push((m, off));
+                    off += m.rows();
+                }
+                matmul_repacked_multi_then(isa, pool, &parts, &x, 1, &mut y, ld, &mut scratch, epi)
+                    .expect("valid shapes");
+                i += 1;
+            });
+            ratios.push(separate / multi);
+            seps.push(separate);
+            muls.push(multi);
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (r, sep, mul) = (med(&mut ratios), med(&mut seps), med(&mut muls));
         println!(
-            "fused   {label:<5} {ty:<5} {ld:>6}x{cols:<5} t={}  separate {:>7.1} us  multi {:>7.1} us  ({:>5.3}x)  {:>6.2} GB/s",
+            "fused   {label:<5} {ty:<5} {ld:>6}x{cols:<5} t={}  separate {:>7.1} us  multi {:>7.1} us  (median lap ratio {:>5.3}x)  {:>6.2} GB/s",
             pool.n_threads(),
-            separate * 1e6,
-            multi * 1e6,
-            separate / multi,
-            bytes as f64 / multi / 1e9
+            sep * 1e6,
+            mul * 1e6,
+            r,
+            bytes as f64 / mul / 1e9
         );
     }
 }
@@ -343,12 +372,16 @@ fn main() {
         filter.is_empty() || filter.iter().any(|f| f.eq_ignore_ascii_case(ty.name()))
     };
     let decode_only = std::env::args().any(|a| a == "--decode");
+    let fused_only = std::env::args().any(|a| a == "--fused");
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     println!("isa: {}", Isa::detect().name());
     let bw = bandwidth(&pools);
     use GgmlType::*;
-    if decode_only {
-        for ty in [Q5_0, Q8_0, Q4K, Q6K].into_iter().filter(|t| wanted(*t)) {
+    if decode_only || fused_only {
+        for ty in [Q5_0, Q8_0, Q4K, Q6K]
+            .into_iter()
+            .filter(|t| wanted(*t) && !fused_only)
+        {
             cached(ty, &pools[0]);
         }
         // Every decode matmul of the two real models, by (type, rows, cols), the lm heads
@@ -371,7 +404,7 @@ fn main() {
             (Q6K, 1536, 8960),
             (Q6K, 151936, 1536),
         ];
-        for (ty, rows, cols) in shapes.into_iter().filter(|s| wanted(s.0)) {
+        for (ty, rows, cols) in shapes.into_iter().filter(|s| wanted(s.0) && !fused_only) {
             let repacked = RepackedMatrix::supports(ty);
             decode(ty, rows, cols, &pools, &bw, repacked);
         }

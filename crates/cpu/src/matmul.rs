@@ -26,7 +26,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 mod repacked;
 pub use repacked::{
-    matmul_repacked, matmul_repacked_multi, matmul_repacked_with, RepackedMatrix, MULTI_MAX_PARTS,
+    matmul_repacked, matmul_repacked_multi, matmul_repacked_multi_then, matmul_repacked_with,
+    MultiEpilogue, RepackedMatrix, MULTI_MAX_PARTS,
 };
 
 /// Tokens per kernel call in prefill.

@@ -602,16 +602,12 @@ impl CpuBackend {
                     (m.up_weight.as_str(), nf, nf),
                 ];
                 let mmx = MatIn { x, nt, packed };
-                matmul_group(pool, weights, &group, m.n_embd, mmx, mm, out, repack, up)?;
                 // SwiGLU over the gate rows, in place; the up rows stay (the output's
                 // second half, as the node's contract says).
-                gate.resize(nf, 0.0);
-                for row in out.chunks_exact_mut(2 * nf) {
-                    let (s, u) = row.split_at_mut(nf);
-                    gate.copy_from_slice(s);
-                    ew::swiglu_slice(gate, u, s);
-                }
-                Ok(())
+                let epi = Epilogue::SwiGlu { nf, gate };
+                matmul_group(
+                    pool, weights, &group, m.n_embd, mmx, mm, out, repack, up, epi,
+                )
             }
             (op, meta) => Err(format!(
                 "{} with metadata {meta:?} is not implemented by the cpu backend",
@@ -674,11 +670,22 @@ fn matmul_named(
     matmul::matmul(pool, &q, x, nt, y, mm).map_err(|e| format!("matmul with '{name}': {e}"))
 }
 
+/// What [`matmul_group`] applies to its outputs after the products.
+enum Epilogue<'a> {
+    /// Nothing.
+    None,
+    /// Gate (the first `nf` rows) and up (the next `nf`): each gate row becomes
+    /// `silu(gate) * up`, as the unfused SwiGLU node computes it; `gate` is scratch.
+    SwiGlu { nf: usize, gate: &'a mut Vec<f32> },
+}
+
 /// The product of several weights that read the same activations, written into `y`
-/// (`nt` rows of `ld`): `group` lists `(name, first output row, rows)`. Where every weight
-/// is repacked and they fit one [`matmul::matmul_repacked_multi`] call, the activations
-/// are quantized once and all rows run in one pool region; otherwise each weight runs on
-/// its own through `tmp`. Either way each output is the bits of the weight's own matmul.
+/// (`nt` rows of `ld`): `group` lists `(name, first output row, rows)`, then `epi`. Where
+/// every weight is repacked and they fit one [`matmul::matmul_repacked_multi_then`] call,
+/// the activations are quantized once and all rows and the epilogue run in one pool
+/// region; otherwise each weight runs on its own through `tmp` and the epilogue follows on
+/// the caller. Either way each output is the bits of the weight's own matmul and of the
+/// unfused epilogue node.
 #[allow(clippy::too_many_arguments)]
 fn matmul_group(
     pool: &ThreadPool,
@@ -690,6 +697,7 @@ fn matmul_group(
     y: &mut [f32],
     repack: bool,
     tmp: &mut Vec<f32>,
+    epi: Epilogue<'_>,
 ) -> Result<(), String> {
     const MAX: usize = matmul::MULTI_MAX_PARTS;
     let nt = a.nt;
@@ -715,17 +723,34 @@ fn matmul_group(
         *slot = w.repacked(pool, repack);
     }
     let n = group.len();
+    let swiglu = match &epi {
+        Epilogue::None => None,
+        Epilogue::SwiGlu { nf, .. } => {
+            let nf = *nf;
+            if n != 2 || group[0].1 != 0 || group[1].1 != nf || group[0].2 != nf || group[1].2 != nf
+            {
+                return Err(format!(
+                    "a SwiGLU epilogue takes gate and up of {nf} rows at 0 and {nf}, got {group:?}"
+                ));
+            }
+            Some(nf)
+        }
+    };
     if let Some(first) = packed[0] {
         let fits = packed[..n]
             .iter()
-            .all(|p| p.is_some_and(|w| w.ty() == first.ty() && w.cols() == first.cols()));
+            .all(|p| p.is_some_and(|w| w.shares_activations(first)));
         if fits {
             let parts: [(&matmul::RepackedMatrix, usize); MAX] = std::array::from_fn(|i| {
                 (packed[i].unwrap_or(first), group.get(i).map_or(0, |g| g.1))
             });
             let x = contiguous(a.x, nt, in_dim, a.packed)
                 .map_err(|e| format!("matmul with '{}': {e}", group[0].0))?;
-            return matmul::matmul_repacked_multi(
+            let epi = match swiglu {
+                Some(_) => matmul::MultiEpilogue::SwiGlu,
+                None => matmul::MultiEpilogue::None,
+            };
+            return matmul::matmul_repacked_multi_then(
                 crate::quant::Isa::detect(),
                 pool,
                 &parts[..n],
@@ -734,6 +759,7 @@ fn matmul_group(
                 y,
                 ld,
                 mm,
+                epi,
             )
             .map_err(|e| format!("matmul with '{}': {e}", group[0].0));
         }
@@ -748,6 +774,14 @@ fn matmul_group(
         matmul_named(pool, weights, name, in_dim, rows, mmx, mm, tmp, repack)?;
         for (yr, tr) in y.chunks_exact_mut(ld).zip(tmp.chunks_exact(rows)) {
             yr[off..off + rows].copy_from_slice(tr);
+        }
+    }
+    if let (Some(nf), Epilogue::SwiGlu { gate, .. }) = (swiglu, epi) {
+        gate.resize(nf, 0.0);
+        for row in y.chunks_exact_mut(ld) {
+            let (s, u) = row.split_at_mut(nf);
+            gate.copy_from_slice(s);
+            ew::swiglu_slice(gate, &u[..nf], s);
         }
     }
     Ok(())
@@ -909,6 +943,7 @@ fn fused_qkv_compute(
         out,
         cx.repack,
         &mut scratch.up,
+        Epilogue::None,
     )?;
     // Biases, as the unfused matmul adds them (`y += b` element by element).
     for (&(_, off, rows), bias) in group.iter().zip(spec.biases) {
