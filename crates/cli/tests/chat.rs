@@ -4,42 +4,21 @@
 //! a chat that never stopped; and interactively in a real terminal (tmux) on the default
 //! model, with Ctrl-C in the middle of an answer and in the middle of a long prompt.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use minfer_gguf::GgmlType;
-use minfer_models::testing::{write_tiny_model, TinySpec};
+use common::{minfer_command, number_before, run_piped, test_home, tiny_qwen2};
 
 fn home() -> PathBuf {
-    std::env::temp_dir().join("minfer-chat-test-home")
-}
-
-fn tiny(dir: &Path) -> PathBuf {
-    let p = dir.join("tiny-qwen2.gguf");
-    write_tiny_model(&p, &TinySpec::qwen2(GgmlType::Q8_0, 7)).expect("write tiny model");
-    p
+    test_home("chat")
 }
 
 /// Runs `minfer ARGS` with `input` on a pipe as stdin.
 fn chat_piped(args: &[&str], input: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
-        .args(args)
-        .env("MINFER_HOME", home())
-        .env_remove("MINFER_BACKENDS")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run minfer");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("wait")
+    run_piped(minfer_command(&home()).args(args), input)
 }
 
 fn text(b: &[u8]) -> String {
@@ -49,7 +28,7 @@ fn text(b: &[u8]) -> String {
 #[test]
 fn piped_chat_answers_each_line_as_run_answers_the_same_prompt() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let m = m.to_str().unwrap();
     let base = ["chat", "-m", m, "--temp", "0", "-n", "8", "-t", "1"];
     let out = chat_piped(&base, "Hello\n/stats\nHow are you\n/help\n/frob\n");
@@ -93,7 +72,7 @@ fn piped_chat_answers_each_line_as_run_answers_the_same_prompt() {
 #[test]
 fn a_small_context_shifts_or_refuses_as_asked() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let m = m.to_str().unwrap();
     let turns = "one two three four\nfive six seven eight\nnine ten eleven\ntwelve\nthirteen\n";
     let args = |policy: &'static str| {
@@ -134,12 +113,9 @@ fn a_small_context_shifts_or_refuses_as_asked() {
 }
 
 fn default_model() -> String {
-    let model = minfer_hub::default_model_path();
-    assert!(
-        model.exists(),
-        "the default model is missing: run `minfer pull`"
-    );
-    model.to_string_lossy().into_owned()
+    minfer_hub::testing::default_model()
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The number before ` reused` on the last `/stats` line of `stdout`.
@@ -489,13 +465,4 @@ fn at_prompt(p: &str) -> bool {
         .find(|l| !l.trim().is_empty())
         .map(str::trim_end)
         == Some(">>>")
-}
-
-/// The number that ends right before `marker` in `text`.
-fn number_before(text: &str, marker: &str) -> usize {
-    text.split(marker)
-        .next()
-        .and_then(|s| s.rsplit(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no number before `{marker}` in:\n{text}"))
 }

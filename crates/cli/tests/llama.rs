@@ -3,18 +3,17 @@
 //! the project's writer, driven through the real binary — `info`, `run`, `chat`, `bench`,
 //! and `serve` answered over real HTTP.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+mod common;
 
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{http, minfer_command, run_piped, start_server, test_home};
 use minfer_gguf::GgmlType;
 use minfer_models::testing::{write_tiny_model, TinySpec};
 
 fn home() -> PathBuf {
-    std::env::temp_dir().join("minfer-llama-test-home")
+    test_home("llama")
 }
 
 fn tiny_llama(dir: &Path) -> PathBuf {
@@ -28,22 +27,7 @@ fn tiny_llama(dir: &Path) -> PathBuf {
 }
 
 fn minfer(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
-        .args(args)
-        .env("MINFER_HOME", home())
-        .env_remove("MINFER_BACKENDS")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run minfer");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("wait")
+    run_piped(minfer_command(&home()).args(args), stdin)
 }
 
 fn ok(out: &Output, what: &str) -> String {
@@ -51,16 +35,6 @@ fn ok(out: &Output, what: &str) -> String {
     assert!(out.status.success(), "{what} failed: {err}");
     assert!(!err.contains("panicked"), "{what}: {err}");
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
@@ -111,49 +85,19 @@ fn info_run_chat_bench_and_serve_work_on_a_llama_file() {
         "{bench}"
     );
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
-        .args([
-            "serve",
-            "-m",
-            m,
-            "-t",
-            "2",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-        ])
-        .env("MINFER_HOME", home())
-        .env_remove("MINFER_BACKENDS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start minfer serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let server = Server(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(addr.trim().to_string());
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the server prints its address");
+    let (server, addr) = start_server(minfer_command(&home()).args([
+        "serve",
+        "-m",
+        m,
+        "-t",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+    ]));
     let body = r#"{"model":"tiny","prompt":"Hello","max_tokens":6,"temperature":0}"#;
-    let mut s = TcpStream::connect(&addr).expect("connect");
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read response");
+    let resp = http(&addr, "POST /v1/completions", body);
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     let json = resp.split("\r\n\r\n").nth(1).unwrap_or_default();
     let v: serde_json::Value = serde_json::from_str(json).expect("JSON body");

@@ -1,50 +1,38 @@
 //! `minfer run` and `minfer perplexity` as a user runs them: the real binary on a tiny
 //! model written by the project's writer, and on bad parameters.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-use minfer_gguf::{GgmlType, GgufWriter, MetaValue};
-use minfer_models::testing::{write_tiny_model, TinySpec};
+use std::process::Output;
+
+use common::{assert_refused, minfer_command, number_before, test_home, tiny_qwen2};
+use minfer_gguf::{GgufWriter, MetaValue};
 
 fn minfer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_minfer"))
+    minfer_command(&test_home("run"))
         .args(args)
-        .env(
-            "MINFER_HOME",
-            std::env::temp_dir().join("minfer-run-test-home"),
-        )
-        .env_remove("MINFER_BACKENDS")
         .output()
         .expect("run minfer")
 }
 
-fn tiny(dir: &Path) -> PathBuf {
-    let p = dir.join("tiny-qwen2.gguf");
-    write_tiny_model(&p, &TinySpec::qwen2(GgmlType::Q8_0, 7)).expect("write tiny model");
-    p
-}
-
-/// A refused invocation: non-zero exit, one `error:` line naming `needle`, no panic.
-fn assert_refused(out: &Output, needle: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure, stderr: {err}");
-    assert!(!err.contains("panicked"), "panic: {err}");
+/// A run that succeeded; its stderr is the failure message otherwise.
+fn assert_ran(out: &Output) {
     assert!(
-        err.contains(needle),
-        "stderr does not name `{needle}`: {err}"
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
 #[test]
 fn greedy_run_streams_text_and_prints_a_timing_summary() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let m = m.to_str().unwrap();
     let a = minfer(&[
         "run", "-m", m, "--temp", "0", "-n", "12", "-t", "2", "Hello",
     ]);
-    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert_ran(&a);
     let err = String::from_utf8_lossy(&a.stderr);
     assert!(
         err.contains("prompt") && err.contains("generated") && err.contains("t/s"),
@@ -72,26 +60,27 @@ fn greedy_run_streams_text_and_prints_a_timing_summary() {
 #[test]
 fn graph_dumps_write_dot_and_json_and_exit_before_decoding() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let dot = dir.path().join("g.dot");
     let json = dir.path().join("g.json");
+    let (m, d, j) = (
+        m.to_str().unwrap(),
+        dot.to_str().unwrap(),
+        json.to_str().unwrap(),
+    );
     let out = minfer(&[
         "run",
         "-m",
-        m.to_str().unwrap(),
+        m,
         "--dump-graph",
-        dot.to_str().unwrap(),
+        d,
         "--dump-graph-json",
-        json.to_str().unwrap(),
+        j,
         "--dump-kind",
         "decode",
         "hi",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ran(&out);
     assert!(out.stdout.is_empty(), "no decoding happens");
     let d = std::fs::read_to_string(&dot).unwrap();
     assert!(d.starts_with("digraph") && d.contains("lightyellow"), "{d}");
@@ -113,7 +102,7 @@ fn graph_dumps_write_dot_and_json_and_exit_before_decoding() {
 #[test]
 fn bad_parameters_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let m = m.to_str().unwrap();
     assert_refused(
         &minfer(&["run", "-m", m, "--temp", "-1", "hi"]),
@@ -154,27 +143,17 @@ fn bad_parameters_are_refused_by_name() {
 #[test]
 fn perplexity_reports_a_ppl_line() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let text = dir.path().join("t.txt");
     std::fs::write(
         &text,
         "the quick brown fox jumps over the lazy dog. ".repeat(40),
     )
     .unwrap();
-    let out = minfer(&[
-        "perplexity",
-        "-m",
-        m.to_str().unwrap(),
-        "-f",
-        text.to_str().unwrap(),
-        "-c",
-        "64",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (m, t) = (m.to_str().unwrap(), text.to_str().unwrap());
+    let perplexity = |ctx: &str| minfer(&["perplexity", "-m", m, "-f", t, "-c", ctx]);
+    let out = perplexity("64");
+    assert_ran(&out);
     let s = String::from_utf8_lossy(&out.stdout);
     let ppl: f64 = s
         .trim()
@@ -183,24 +162,13 @@ fn perplexity_reports_a_ppl_line() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no PPL line: {s}"));
     assert!(ppl.is_finite() && ppl > 1.0, "{ppl}");
-    assert_refused(
-        &minfer(&[
-            "perplexity",
-            "-m",
-            m.to_str().unwrap(),
-            "-f",
-            text.to_str().unwrap(),
-            "-c",
-            "0",
-        ]),
-        "--ctx-size",
-    );
+    assert_refused(&perplexity("0"), "--ctx-size");
 }
 
 #[test]
 fn numeric_flags_outside_their_range_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let m = m.to_str().unwrap();
     let text = dir.path().join("t.txt");
     std::fs::write(&text, "some text to score. ".repeat(20)).unwrap();
@@ -265,7 +233,7 @@ fn numeric_flags_outside_their_range_are_refused_by_name() {
 #[test]
 fn a_huge_n_predict_stops_cleanly_at_the_end_of_the_context() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let m = m.to_str().unwrap();
     for n in ["100", "18446744073709551615"] {
         // Greedy decoding of this tiny model meets no end-of-generation token within 16
@@ -300,7 +268,7 @@ fn a_huge_n_predict_stops_cleanly_at_the_end_of_the_context() {
 #[test]
 fn bad_minfer_variables_are_refused_at_startup() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let m = m.to_str().unwrap();
     let cases = [
         ("MINFER_ISA", "bogus", vec!["info", "-m", m]),
@@ -318,10 +286,8 @@ fn bad_minfer_variables_are_refused_at_startup() {
         ("MINFER_GRAPH_TRACE", "true", vec!["pull", "--list"]),
     ];
     for (var, value, args) in cases {
-        let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+        let out = minfer_command(dir.path())
             .args(&args)
-            .env("MINFER_HOME", dir.path())
-            .env_remove("MINFER_BACKENDS")
             .env(var, value)
             .output()
             .expect("run minfer");
@@ -333,40 +299,26 @@ fn bad_minfer_variables_are_refused_at_startup() {
             String::from_utf8_lossy(&out.stdout)
         );
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+    let out = minfer_command(dir.path())
         .args(["pull", "--list"])
-        .env("MINFER_HOME", dir.path())
         .env("MINFER_BACKENDS", "cpu,warp")
         .output()
         .expect("run minfer");
     assert_refused(&out, "unknown backend 'warp'");
     assert!(out.stdout.is_empty());
     // The accepted values still work.
-    let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_minfer"))
         .args(["info", "-m", m])
         .env("MINFER_ISA", "scalar")
         .output()
         .expect("run minfer");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The number before `marker` in `text`.
-fn number_before(text: &str, marker: &str) -> usize {
-    text.split(marker)
-        .next()
-        .and_then(|s| s.rsplit(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no number before `{marker}` in:\n{text}"))
+    assert_ran(&out);
 }
 
 #[test]
 fn a_small_context_shifts_or_refuses_as_ctx_overflow_asks() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let m = m.to_str().unwrap();
     let run = |extra: &[&str]| {
         let mut a = vec![
@@ -432,21 +384,13 @@ fn a_small_context_shifts_or_refuses_as_ctx_overflow_asks() {
         "refuse",
         "hi",
     ]);
-    assert!(
-        fits.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fits.stderr)
-    );
+    assert_ran(&fits);
     assert_refused(&run(&["--ctx-overflow", "drop"]), "--ctx-overflow");
     // A shifted run's session holds what its KV holds, and restores.
     let s = dir.path().join("s.kv");
     let s = s.to_str().unwrap();
     let first = run(&["--ctx-overflow", "shift", "--session", s]);
-    assert!(
-        first.status.success(),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
+    assert_ran(&first);
     let again = run(&["--ctx-overflow", "shift", "--session", s]);
     let err = String::from_utf8_lossy(&again.stderr);
     assert!(again.status.success() && err.contains("reusing"), "{err}");

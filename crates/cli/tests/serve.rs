@@ -3,60 +3,31 @@
 //! (scripts/e2e_openai.py, scripts/e2e_ollama.py), llama-server's native routes and
 //! switches, and its shutdown on SIGTERM and SIGINT with a stream in flight.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{http, start_server, tiny_qwen2, write_tiny_qwen2, Server};
 
 /// Starts `minfer serve` on an ephemeral port and returns it with its address.
 fn serve(args: &[&str]) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
-        .arg("serve")
-        .args(args)
-        .args(["--host", "127.0.0.1", "--port", "0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start minfer serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        // Keep draining the log so the server never blocks on a full pipe.
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(addr.trim().to_string());
-            }
-        }
-    });
-    let server = Server(child);
-    let addr = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the server prints its address");
-    (server, addr)
+    start_server(
+        Command::new(env!("CARGO_BIN_EXE_minfer"))
+            .arg("serve")
+            .args(args)
+            .args(["--host", "127.0.0.1", "--port", "0"]),
+    )
 }
 
 fn http_get(addr: &str, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read response");
-    out
+    http(addr, &format!("GET {path}"), "")
+}
+
+fn http_post(addr: &str, path: &str, body: &str) -> String {
+    http(addr, &format!("POST {path}"), body)
 }
 
 /// Checks that the Python client package `module` is importable and the default model is
@@ -72,12 +43,7 @@ fn serve_default_model_for(module: &str) -> (Server, String) {
          `python3 -m pip install {module}`): {}",
         String::from_utf8_lossy(&probe.stderr)
     );
-    let model = minfer_hub::default_model_path();
-    assert!(
-        model.exists(),
-        "run `minfer pull` first: {} is missing",
-        model.display()
-    );
+    let model = minfer_hub::testing::default_model();
     serve(&[
         "-m",
         model.to_str().unwrap(),
@@ -124,20 +90,6 @@ fn openai_python_client_against_the_minfer_serve_binary() {
     );
 }
 
-fn http_post(addr: &str, path: &str, body: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read response");
-    out
-}
-
 #[test]
 fn ollama_python_client_against_the_minfer_serve_binary() {
     let (_server, addr) = serve_default_model_for("ollama");
@@ -147,12 +99,7 @@ fn ollama_python_client_against_the_minfer_serve_binary() {
 #[test]
 fn llama_server_native_routes_and_switches_on_the_binary() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let model = dir.path().join("tiny-qwen2.gguf");
-    minfer_models::testing::write_tiny_model(
-        &model,
-        &minfer_models::testing::TinySpec::qwen2(minfer_gguf::GgmlType::Q8_0, 7),
-    )
-    .expect("write tiny model");
+    let model = tiny_qwen2(dir.path());
     let path = model.to_str().unwrap();
     let (server, addr) = serve(&["-m", path, "-c", "512", "-t", "1"]);
     let r = http_post(
@@ -255,12 +202,7 @@ fn serve_refused_with(args: &[&str]) -> String {
 #[test]
 fn numeric_flags_outside_their_range_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let model = dir.path().join("tiny-qwen2.gguf");
-    minfer_models::testing::write_tiny_model(
-        &model,
-        &minfer_models::testing::TinySpec::qwen2(minfer_gguf::GgmlType::Q8_0, 7),
-    )
-    .expect("write tiny model");
+    let model = tiny_qwen2(dir.path());
     for (flag, args) in [
         ("--queue", ["--queue", "18446744073709551615"]),
         ("--queue", ["--queue", "1000000000"]),
@@ -278,23 +220,11 @@ fn numeric_flags_outside_their_range_are_refused_by_name() {
 #[test]
 fn several_models_by_flag_and_directory_with_aliases() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let tiny = |name: &str, seed| {
-        let p = dir.path().join(name);
-        minfer_models::testing::write_tiny_model(
-            &p,
-            &minfer_models::testing::TinySpec::qwen2(minfer_gguf::GgmlType::Q8_0, seed),
-        )
-        .expect("write tiny model");
-        p
-    };
-    let a = tiny("a.gguf", 7);
+    let a = dir.path().join("a.gguf");
+    write_tiny_qwen2(&a, 7);
     let zoo = dir.path().join("zoo");
     std::fs::create_dir(&zoo).unwrap();
-    minfer_models::testing::write_tiny_model(
-        &zoo.join("b.gguf"),
-        &minfer_models::testing::TinySpec::qwen2(minfer_gguf::GgmlType::Q8_0, 9),
-    )
-    .expect("write tiny model");
+    write_tiny_qwen2(&zoo.join("b.gguf"), 9);
     let err = serve_refused(&a, &["--alias", "x", "--alias", "y"]);
     assert!(err.contains("one --alias per --model"), "{err}");
     // Models of --models-dir are named by their file stems, never by --alias.
@@ -330,16 +260,7 @@ fn several_models_by_flag_and_directory_with_aliases() {
     );
     for (name, want) in [("coder", "coder"), ("b", "b"), ("nope", "model_not_found")] {
         let body = format!(r#"{{"model":"{name}","prompt":"x","max_tokens":2}}"#);
-        let mut s = TcpStream::connect(&addr).expect("connect");
-        write!(
-            s,
-            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\nconnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).expect("read response");
+        let out = http_post(&addr, "/v1/completions", &body);
         assert!(out.contains(&format!("\"{want}\"")), "{name}: {out}");
     }
 }
@@ -392,17 +313,13 @@ fn exited(server: &mut Server, limit: Duration) -> (std::process::ExitStatus, Du
     }
 }
 
-#[test]
-fn sigterm_ends_a_stream_in_flight_cleanly_and_exits_within_the_shutdown_timeout() {
-    let model = minfer_hub::default_model_path();
-    assert!(
-        model.exists(),
-        "run `minfer pull` first: {} is missing",
-        model.display()
-    );
-    let (mut server, addr) = serve(&[
+/// Serves the default model with one slot and `--shutdown-timeout SECS`.
+fn serve_default_model_with_shutdown_timeout(secs: &str) -> (Server, String) {
+    let model = minfer_hub::testing::default_model();
+    let model = model.to_str().expect("UTF-8 path");
+    serve(&[
         "-m",
-        model.to_str().expect("UTF-8 path"),
+        model,
         "--slots",
         "1",
         "-c",
@@ -410,8 +327,13 @@ fn sigterm_ends_a_stream_in_flight_cleanly_and_exits_within_the_shutdown_timeout
         "-t",
         "2",
         "--shutdown-timeout",
-        "1",
-    ]);
+        secs,
+    ])
+}
+
+#[test]
+fn sigterm_ends_a_stream_in_flight_cleanly_and_exits_within_the_shutdown_timeout() {
+    let (mut server, addr) = serve_default_model_with_shutdown_timeout("1");
     let (mut s, mut seen) = stream_in_flight(&addr);
     // A client trickling its headers must not hold the exit up.
     let mut slow = TcpStream::connect(&addr).expect("connect");
@@ -451,24 +373,7 @@ fn sigterm_ends_a_stream_in_flight_cleanly_and_exits_within_the_shutdown_timeout
 
 #[test]
 fn a_second_signal_exits_at_once() {
-    let model = minfer_hub::default_model_path();
-    assert!(
-        model.exists(),
-        "run `minfer pull` first: {} is missing",
-        model.display()
-    );
-    let (mut server, addr) = serve(&[
-        "-m",
-        model.to_str().expect("UTF-8 path"),
-        "--slots",
-        "1",
-        "-c",
-        "2048",
-        "-t",
-        "2",
-        "--shutdown-timeout",
-        "60",
-    ]);
+    let (mut server, addr) = serve_default_model_with_shutdown_timeout("60");
     let (_s, _) = stream_in_flight(&addr);
     signal(&server, "-TERM");
     std::thread::sleep(Duration::from_millis(300));

@@ -6,34 +6,19 @@
 
 #![cfg(feature = "wgpu")]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+mod common;
 
-use minfer_gguf::GgmlType;
-use minfer_models::testing::{write_tiny_model, TinySpec};
+use std::process::Output;
+
+use common::{http, minfer_command, start_server, test_home, tiny_qwen2};
 
 fn minfer(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_minfer"))
+    minfer_command(&test_home("wgpu"))
         .args(args)
-        .env(
-            "MINFER_HOME",
-            std::env::temp_dir().join("minfer-wgpu-test-home"),
-        )
-        .env_remove("MINFER_BACKENDS")
         .env_remove("MINFER_WGPU_API")
         .envs(env.iter().copied())
         .output()
         .expect("run minfer")
-}
-
-fn tiny(dir: &Path) -> PathBuf {
-    let p = dir.join("tiny-qwen2.gguf");
-    write_tiny_model(&p, &TinySpec::qwen2(GgmlType::Q8_0, 7)).expect("write tiny model");
-    p
 }
 
 fn text(b: &[u8]) -> String {
@@ -54,7 +39,7 @@ fn run_with_backend_wgpu_generates_what_the_cpu_generates_and_traces_its_splits(
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let m = m.to_str().unwrap();
     let args = |b: &'static str| {
         [
@@ -94,7 +79,7 @@ fn the_default_selection_leaves_an_emulated_adapter_out_in_one_line() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let out = minfer(
         &["run", "-m", m.to_str().unwrap(), "-p", "Hi", "-n", "2"],
         &[],
@@ -133,7 +118,7 @@ fn the_default_selection_leaves_an_emulated_adapter_out_in_one_line() {
 #[test]
 fn without_an_adapter_the_default_runs_on_the_cpu_and_backend_wgpu_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
+    let m = tiny_qwen2(dir.path());
     let m = m.to_str().unwrap();
     let no_gpu = [("MINFER_WGPU_API", "metal")];
     let reason = "no GPU adapter found (no Metal driver answered)";
@@ -171,12 +156,7 @@ fn bench_with_backend_wgpu_reports_the_backends_that_ran() {
     if !minfer_wgpu::testing::adapter_or_skip() {
         return;
     }
-    let model = minfer_hub::default_model_path();
-    assert!(
-        model.exists(),
-        "run `minfer pull` first: {}",
-        model.display()
-    );
+    let model = minfer_hub::testing::default_model();
     let out = minfer(
         &[
             "bench",
@@ -212,32 +192,6 @@ fn bench_with_backend_wgpu_reports_the_backends_that_ran() {
     eprintln!("{so}");
 }
 
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn request(addr: &str, head: &str, body: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120)))
-        .expect("timeout");
-    write!(
-        s,
-        "{head} HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read response");
-    out
-}
-
 fn json_body(resp: &str) -> serde_json::Value {
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     let body = resp.split("\r\n\r\n").nth(1).expect("a body");
@@ -250,30 +204,14 @@ fn serve_with_backend_wgpu_answers_and_names_the_adapter_on_health() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
-        .args(["serve", "-m", m.to_str().unwrap(), "--backend", "wgpu"])
-        .args(["--host", "127.0.0.1", "--port", "0", "--slots", "2"])
-        .env_remove("MINFER_BACKENDS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start minfer serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let server = Server(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(addr.trim().to_string());
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the server prints its address");
-    let health = json_body(&request(&addr, "GET /health", ""));
+    let m = tiny_qwen2(dir.path());
+    let (server, addr) = start_server(
+        std::process::Command::new(env!("CARGO_BIN_EXE_minfer"))
+            .args(["serve", "-m", m.to_str().unwrap(), "--backend", "wgpu"])
+            .args(["--host", "127.0.0.1", "--port", "0", "--slots", "2"])
+            .env_remove("MINFER_BACKENDS"),
+    );
+    let health = json_body(&http(&addr, "GET /health", ""));
     assert_eq!(health["status"], "ok", "{health}");
     let names: Vec<&str> = health["backends"]
         .as_array()
@@ -289,7 +227,7 @@ fn serve_with_backend_wgpu_answers_and_names_the_adapter_on_health() {
         "{health}"
     );
     let body = r#"{"prompt":"Hello","max_tokens":6,"temperature":0}"#;
-    let done = json_body(&request(&addr, "POST /v1/completions", body));
+    let done = json_body(&http(&addr, "POST /v1/completions", body));
     assert_eq!(done["usage"]["completion_tokens"], 6, "{done}");
     drop(server);
 }

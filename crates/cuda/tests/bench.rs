@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use minfer_gguf::GgufFile;
+use minfer_hub::testing::default_model_file;
 use minfer_runtime::engine::TokenRows;
 use minfer_runtime::sampling::argmax;
-use minfer_runtime::{Engine, EngineOptions};
+use minfer_runtime::testing::fenced;
+use minfer_runtime::Engine;
 
 /// H200 HBM3e peak bandwidth, bytes/s (the figure the decode share is taken against).
 const H200_BANDWIDTH: f64 = 4.8e12;
@@ -18,28 +20,10 @@ const DECODE_STEPS: usize = 128;
 const PREFILL: usize = 512;
 const STREAM_STEPS: usize = 64;
 
-fn opts(n_ctx: usize) -> EngineOptions {
-    EngineOptions {
-        n_threads: 4,
-        n_ctx: Some(n_ctx),
-        backend: Some("cuda".into()),
-        ..EngineOptions::default()
-    }
-}
-
 fn engine(f: &Arc<GgufFile>, n_ctx: usize) -> Engine {
     let factories = [minfer_cpu::FACTORY, minfer_cuda::FACTORY];
-    Engine::with_factories(Arc::clone(f), &opts(n_ctx), &factories).expect("cuda engine")
-}
-
-fn file() -> Arc<GgufFile> {
-    let p = minfer_hub::default_model_path();
-    assert!(
-        p.exists(),
-        "the default model is missing at {}",
-        p.display()
-    );
-    Arc::new(GgufFile::open(&p).expect("default model opens"))
+    Engine::with_factories(Arc::clone(f), &fenced("cuda", n_ctx, 4), &factories)
+        .expect("cuda engine")
 }
 
 fn tokens(n: usize, salt: u32) -> Vec<u32> {
@@ -52,7 +36,7 @@ fn cuda_throughput_on_the_default_model() {
     if !minfer_cuda::testing::device_or_skip("cuda benchmark") {
         return;
     }
-    let f = file();
+    let f = default_model_file();
     // Bytes a decode step reads: every weight once (the tied embedding as the lm head).
     let weight_bytes: usize = f.tensors().iter().map(|t| f.tensor_data(t).len()).sum();
     let mut e = engine(&f, 1024);

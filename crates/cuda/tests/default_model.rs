@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use minfer_gguf::GgufFile;
+use minfer_hub::testing::default_model_file;
 use minfer_runtime::perplexity::perplexity;
 use minfer_runtime::sampling::argmax;
-use minfer_runtime::{Engine, EngineOptions};
+use minfer_runtime::testing::{fenced, ids, reference};
+use minfer_runtime::Engine;
 use minfer_tokenizer::Tokenizer;
-use serde_json::Value;
 
 /// Perplexity: chunks of this many tokens of the reference text (second halves scored).
 const PPL_CTX: usize = 256;
@@ -22,45 +23,15 @@ const PPL_CHUNKS: usize = 2;
 /// Decode steps of the replay parity check (past warm-up and capture).
 const PARITY_STEPS: usize = 24;
 
+/// CPU threads of each engine.
+const THREADS: usize = 4;
+
 /// The build's backend table as a binary with the `cuda` feature has it.
 const FACTORIES: [minfer_graph::BackendFactory; 2] = [minfer_cpu::FACTORY, minfer_cuda::FACTORY];
 
 fn engine(f: &Arc<GgufFile>, backend: &str, n_ctx: usize) -> Engine {
-    Engine::with_factories(Arc::clone(f), &opts(backend, n_ctx), &FACTORIES).expect("engine")
-}
-
-fn file() -> Arc<GgufFile> {
-    let p = minfer_hub::default_model_path();
-    assert!(
-        p.exists(),
-        "the default model is missing at {}: run `minfer pull`",
-        p.display()
-    );
-    Arc::new(GgufFile::open(&p).expect("default model opens"))
-}
-
-fn opts(backend: &str, n_ctx: usize) -> EngineOptions {
-    EngineOptions {
-        n_threads: 4,
-        n_ctx: Some(n_ctx),
-        backend: Some(backend.to_string()),
-        ..EngineOptions::default()
-    }
-}
-
-fn reference() -> Value {
-    serde_json::from_str(include_str!(
-        "../../runtime/tests/golden/llama_reference.json"
-    ))
-    .expect("the reference file parses")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array of ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    Engine::with_factories(Arc::clone(f), &fenced(backend, n_ctx, THREADS), &FACTORIES)
+        .expect("engine")
 }
 
 #[test]
@@ -68,7 +39,7 @@ fn teacher_forced_top1_agrees_with_the_cpu_backend() {
     if !minfer_cuda::testing::device_or_skip("cuda teacher-forced top-1") {
         return;
     }
-    let f = file();
+    let f = default_model_file();
     let mut g = engine(&f, "cuda", 512);
     let mut c = engine(&f, "cpu", 512);
     assert_eq!(g.backend_info()[0].name, "cuda");
@@ -120,7 +91,7 @@ fn perplexity_is_within_half_a_percent_of_the_cpu_backend() {
     if !minfer_cuda::testing::device_or_skip("cuda perplexity") {
         return;
     }
-    let f = file();
+    let f = default_model_file();
     let (pg, pc) = (ppl(&f, "cuda"), ppl(&f, "cpu"));
     let rel = (pg - pc).abs() / pc;
     println!(
@@ -138,8 +109,8 @@ fn perplexity_is_within_half_a_percent_of_the_cpu_backend() {
 fn greedy(f: &Arc<GgufFile>, factory: minfer_graph::BackendFactory) -> Vec<Vec<u32>> {
     let mut factories = vec![minfer_cpu::FACTORY, factory];
     factories.dedup_by_key(|f| f.id);
-    let mut e =
-        Engine::with_factories(Arc::clone(f), &opts("cuda", 256), &factories).expect("cuda engine");
+    let mut e = Engine::with_factories(Arc::clone(f), &fenced("cuda", 256, THREADS), &factories)
+        .expect("cuda engine");
     let prompt = [750u32, 3974, 6860, 10939, 982, 262, 4210, 10231];
     let mut out = Vec::new();
     let mut logits = e.forward(&prompt, 0, 1).expect("prefill");
@@ -159,7 +130,7 @@ fn graph_replay_gives_the_bits_of_direct_launches() {
     if !minfer_cuda::graphs_enabled().expect("env") {
         panic!("replay parity needs CUDA Graphs on: unset MINFER_CUDA_GRAPHS, MINFER_GRAPH_TRACE and MINFER_PROFILE");
     }
-    let f = file();
+    let f = default_model_file();
     let before = minfer_cuda::process_replay_stats();
     let replayed = greedy(&f, minfer_cuda::FACTORY);
     let mid = minfer_cuda::process_replay_stats();

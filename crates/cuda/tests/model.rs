@@ -9,7 +9,8 @@ use minfer_gguf::{GgmlType, GgufFile};
 use minfer_graph::{Backend, BackendFactory};
 use minfer_models::testing::{tiny_model_bytes, TinySpec};
 use minfer_runtime::sampling::argmax;
-use minfer_runtime::{Engine, EngineOptions};
+use minfer_runtime::testing::{fenced, rel_err};
+use minfer_runtime::Engine;
 
 const FACTORIES: [BackendFactory; 2] = [minfer_cpu::FACTORY, minfer_cuda::FACTORY];
 /// Max abs logits error relative to the logits' scale: the CPU quantizes activations
@@ -24,15 +25,6 @@ fn the_concat_weight_name_is_the_builders() {
             minfer_models::qkv_concat_name(il)
         );
     }
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-    got.iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale
 }
 
 #[test]
@@ -52,12 +44,7 @@ fn tiny_models_of_every_architecture_agree_with_the_cpu_through_decode() {
         let what = format!("{} {}", spec.arch, spec.wtype);
         let bytes = tiny_model_bytes(&spec).expect("tiny model");
         let file = Arc::new(GgufFile::from_bytes(bytes).expect("parses"));
-        let opts = |b: &str| EngineOptions {
-            n_threads: 1,
-            n_ctx: Some(64),
-            backend: Some(b.into()),
-            ..EngineOptions::default()
-        };
+        let opts = |b: &str| fenced(b, 64, 1);
         let mut g = Engine::with_factories(Arc::clone(&file), &opts("cuda"), &FACTORIES)
             .expect("cuda engine");
         let mut c = Engine::with_factories(file, &opts("cpu"), &FACTORIES).expect("cpu");

@@ -156,6 +156,40 @@ impl HostPool {
     }
 }
 
+/// The pool bookkeeping of a [`BackendImpl`](crate::BackendImpl) whose buffers live in a
+/// [`HostPool`] field named `$pool`: `alloc_buffer`, `alloc_fresh`, `free_buffer`,
+/// `pool_len`, `pool_elems` and `release_unused`, each the pool's own method, written once
+/// so that every host-memory backend keeps the same bookkeeping. Used inside the impl:
+/// `impl BackendImpl for B { minfer_graph::host_pool_methods!(mem); ... }`.
+#[macro_export]
+macro_rules! host_pool_methods {
+    ($pool:ident) => {
+        fn alloc_buffer(&mut self, size: usize) -> usize {
+            self.$pool.alloc(size)
+        }
+
+        fn alloc_fresh(&mut self, size: usize) -> usize {
+            self.$pool.alloc_fresh(size)
+        }
+
+        fn free_buffer(&mut self, id: usize) {
+            self.$pool.free(id)
+        }
+
+        fn pool_len(&self) -> usize {
+            self.$pool.len()
+        }
+
+        fn pool_elems(&self) -> usize {
+            self.$pool.elems()
+        }
+
+        fn release_unused(&mut self, in_use: &[usize]) {
+            self.$pool.release_unused(in_use)
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,8 @@ mod lock;
 mod progress;
 mod resolve;
 pub mod store;
+#[doc(hidden)]
+pub mod testing;
 pub mod wheels;
 
 #[cfg(test)]

@@ -12,6 +12,8 @@ pub mod sampling;
 pub mod session;
 pub mod speculative;
 pub mod stop;
+#[doc(hidden)]
+pub mod testing;
 
 pub use constraint::{
     CompiledGrammar, Constraint, ConstraintError, Grammar, GrammarVocab, Prefetch,

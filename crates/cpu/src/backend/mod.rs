@@ -1095,29 +1095,7 @@ impl BackendImpl for CpuBackend {
             .map_err(|e| e.to_string())
     }
 
-    fn alloc_buffer(&mut self, size: usize) -> usize {
-        self.mem.alloc(size)
-    }
-
-    fn alloc_fresh(&mut self, size: usize) -> usize {
-        self.mem.alloc_fresh(size)
-    }
-
-    fn free_buffer(&mut self, id: usize) {
-        self.mem.free(id)
-    }
-
-    fn pool_len(&self) -> usize {
-        self.mem.len()
-    }
-
-    fn pool_elems(&self) -> usize {
-        self.mem.elems()
-    }
-
-    fn release_unused(&mut self, in_use: &[usize]) {
-        self.mem.release_unused(in_use)
-    }
+    minfer_graph::host_pool_methods!(mem);
 
     fn execute_node(
         &mut self,

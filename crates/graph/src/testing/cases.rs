@@ -236,6 +236,76 @@ pub fn run_cases(
     report
 }
 
+/// Runs the whole table on a device backend as its integration test does: `device`
+/// builds the CPU host and the device `target` (called `name`) afresh for each case,
+/// the scalar f32 reference backend is the yardstick, and each case's outcome is printed
+/// with a summary line. The run passes [`check_device_report`] against `decoded`, the
+/// weight types the device's kernels decode; `Err` says every way it did not.
+pub fn run_device_cases(
+    target: Backend,
+    name: &str,
+    device: MakeBackends,
+    decoded: &[GgmlType],
+) -> Result<CaseReport, String> {
+    let cases = op_cases();
+    let t0 = std::time::Instant::now();
+    let reference =
+        || -> Vec<Box<dyn BackendImpl>> { vec![Box::new(crate::testing::RefBackend::cpu())] };
+    let report = run_cases(&cases, target, device, &reference);
+    for o in &report.passed {
+        println!("{:<60} {:.2e} (bound {:.0e})", o.name, o.error, o.bound);
+    }
+    println!(
+        "RESULT op_cases {} of {} on {name} in {:.1?}",
+        report.passed.len(),
+        cases.len(),
+        t0.elapsed()
+    );
+    println!("declined by capability: {:?}", report.unclaimed);
+    check_device_report(&report, cases.len(), name, decoded)?;
+    Ok(report)
+}
+
+/// `Ok` when a device backend's run of a table of `n_cases` cases shows full coverage:
+/// no case failed; every case it did not run is one it declines by capability (a matmul
+/// over a weight type outside `decoded`, or rope with Llama 3 frequency factors, which
+/// no device kernel has a term for: those nodes run on the CPU in a real graph); at
+/// least one matmul case ran for each type in `decoded`; and every case is accounted for.
+pub fn check_device_report(
+    report: &CaseReport,
+    n_cases: usize,
+    name: &str,
+    decoded: &[GgmlType],
+) -> Result<(), String> {
+    report.check()?;
+    for case in &report.unclaimed {
+        let mut words = case.split_whitespace();
+        let (op, ty) = (words.next(), words.next().unwrap_or(""));
+        let declined_rope = op == Some("rope") && case.contains("freq_factors");
+        let declined_matmul = op == Some("matmul") && !decoded.iter().any(|d| d.name() == ty);
+        if !(declined_rope || declined_matmul) {
+            return Err(format!(
+                "'{case}' was not run on {name}, though the backend implements it"
+            ));
+        }
+    }
+    for ty in decoded {
+        let prefix = format!("matmul {} ", ty.name());
+        if !report.passed.iter().any(|o| o.name.starts_with(&prefix)) {
+            return Err(format!("no {ty} matmul case ran on {name}"));
+        }
+    }
+    let counted = report.passed.len() + report.unclaimed.len();
+    if counted != n_cases {
+        return Err(format!(
+            "{counted} of {n_cases} cases accounted for on {name} ({} passed, {} declined)",
+            report.passed.len(),
+            report.unclaimed.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Deterministic values in `[-0.5, 0.5)` (a fixed LCG: the table is the same everywhere).
 pub fn values(seed: u64, n: usize) -> Vec<f32> {
     let mut s = seed
@@ -715,5 +785,78 @@ mod tests {
         report.check().expect("split");
         assert!(report.passed.iter().all(|o| o.name.starts_with("add ")));
         assert!(!report.unclaimed.is_empty());
+    }
+
+    fn outcome(name: &str) -> CaseOutcome {
+        CaseOutcome {
+            name: name.to_string(),
+            error: 0.0,
+            bound: 1e-5,
+        }
+    }
+
+    #[test]
+    fn a_device_report_passes_only_with_full_coverage_and_names_each_gap() {
+        let decoded = [GgmlType::Q8_0, GgmlType::Q4K];
+        let good = CaseReport {
+            passed: vec![
+                outcome("matmul Q8_0 [64x8] nt=1"),
+                outcome("matmul Q4_K [256x8] nt=1"),
+                outcome("add nt=1"),
+            ],
+            unclaimed: vec![
+                "matmul Q2_K [256x8] nt=1".into(),
+                "rope Neox freq_factors hd=64 nh=2 nt=1".into(),
+            ],
+            failures: vec![],
+        };
+        check_device_report(&good, 5, "dev", &decoded).expect("full coverage");
+
+        let gap = |edit: &dyn Fn(&mut CaseReport), n: usize| {
+            let mut r = good.clone();
+            edit(&mut r);
+            check_device_report(&r, n, "dev", &decoded).expect_err("a gap")
+        };
+        let e = gap(&|r| r.unclaimed.push("add nt=3".into()), 6);
+        assert_eq!(
+            e,
+            "'add nt=3' was not run on dev, though the backend implements it"
+        );
+        let e = gap(&|r| r.unclaimed.push("matmul Q8_0 [64x8] nt=3".into()), 6);
+        assert!(
+            e.starts_with("'matmul Q8_0 [64x8] nt=3' was not run"),
+            "{e}"
+        );
+        let e = gap(&|r| r.unclaimed.push("rope Neox hd=64 nh=2 nt=1".into()), 6);
+        assert!(
+            e.starts_with("'rope Neox hd=64 nh=2 nt=1' was not run"),
+            "{e}"
+        );
+        let e = gap(
+            &|r| r.passed.retain(|o| !o.name.starts_with("matmul Q4_K")),
+            4,
+        );
+        assert_eq!(e, "no Q4_K matmul case ran on dev");
+        let e = gap(&|r| r.failures.push("add nt=5: error 1e0".into()), 6);
+        assert!(
+            e.contains("1 of 6 op cases failed") && e.contains("add nt=5"),
+            "{e}"
+        );
+        let e = gap(&|_| {}, 7);
+        assert!(e.starts_with("5 of 7 cases accounted for on dev"), "{e}");
+    }
+
+    #[test]
+    fn the_device_runner_passes_a_device_that_runs_every_case() {
+        let device = || -> Vec<Box<dyn BackendImpl>> {
+            vec![
+                Box::new(RefBackend::cpu()),
+                Box::new(RefBackend::test_device()),
+            ]
+        };
+        let types: Vec<GgmlType> = MATMUL_TYPES.iter().map(|&(t, _)| t).collect();
+        let report =
+            run_device_cases(Backend::METAL, "test", &device, &types).expect("full coverage");
+        assert_eq!(report.passed.len(), op_cases().len());
     }
 }

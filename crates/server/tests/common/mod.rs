@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod mixed;
+pub mod python;
 
 use std::path::PathBuf;
 
@@ -60,13 +61,7 @@ pub fn tiny_server(slots: usize, edit: impl FnOnce(&mut Config)) -> TestServer {
 
 /// The real default model, or a loud failure telling how to get it.
 pub fn real_model() -> PathBuf {
-    let p = minfer_hub::default_model_path();
-    assert!(
-        p.exists(),
-        "the default model is missing at {}: run `minfer pull` first",
-        p.display()
-    );
-    p
+    minfer_hub::testing::default_model()
 }
 
 /// A client without connection reuse surprises.
