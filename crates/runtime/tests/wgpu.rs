@@ -11,6 +11,7 @@ use std::sync::Arc;
 use minfer_gguf::{GgmlType, GgufFile};
 use minfer_graph::{Backend, NodeMeta, Op, WeightType};
 use minfer_models::testing::{tiny_model_bytes, TinySpec};
+use minfer_runtime::testing::rel_err;
 use minfer_runtime::{Engine, EngineOptions, KvType};
 
 fn file(spec: &TinySpec) -> Arc<GgufFile> {
@@ -24,16 +25,6 @@ fn opts(backend: &str) -> EngineOptions {
         backend: Some(backend.to_string()),
         ..EngineOptions::default()
     }
-}
-
-/// Max absolute difference relative to the reference's largest magnitude (at least 1).
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-    got.iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale
 }
 
 /// Prefill of a short prompt, then two decode steps: every logits row.

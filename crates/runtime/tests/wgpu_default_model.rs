@@ -22,9 +22,9 @@ use minfer_graph::testing::Declining;
 use minfer_graph::{Backend, BackendConfig, BackendFactory, BackendImpl, BackendScheduler};
 use minfer_runtime::perplexity::perplexity;
 use minfer_runtime::sampling::argmax;
+use minfer_runtime::testing::{fenced, ids, reference, rel_err};
 use minfer_runtime::{Engine, EngineOptions, MultiEngine, SeqStep};
 use minfer_tokenizer::Tokenizer;
-use serde_json::Value;
 
 /// Tokens of each teacher-forced reference prompt that are scored (all four prompts).
 const TEACHER_PREFIX: usize = 32;
@@ -45,50 +45,18 @@ const PPL_CHUNKS: usize = 2;
 /// Greedy decode steps compared across graph reuse.
 const GREEDY_STEPS: usize = 4;
 
+/// The default model, shared by the engines of one test.
 fn file() -> Arc<GgufFile> {
-    let p = minfer_hub::default_model_path();
-    assert!(
-        p.exists(),
-        "the default model is missing at {}: run `minfer pull` (scripts/test.sh does)",
-        p.display()
-    );
-    Arc::new(GgufFile::open(&p).expect("default model opens"))
+    minfer_hub::testing::default_model_file()
 }
 
+/// Two CPU threads beside the fenced backend, as every comparison here runs.
 fn opts(backend: &str, n_ctx: usize) -> EngineOptions {
-    EngineOptions {
-        n_threads: 2,
-        n_ctx: Some(n_ctx),
-        backend: Some(backend.to_string()),
-        ..EngineOptions::default()
-    }
-}
-
-fn reference() -> Value {
-    serde_json::from_str(include_str!("golden/llama_reference.json"))
-        .expect("golden/llama_reference.json parses")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array of ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    fenced(backend, n_ctx, 2)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
-}
-
-/// Max absolute difference relative to the reference's largest magnitude (at least 1).
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-    got.iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale
 }
 
 #[test]
