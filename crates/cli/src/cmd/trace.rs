@@ -9,18 +9,14 @@ use minfer_runtime::{Engine, TracedStep};
 use minfer_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-/// Refuses a trace on an engine that runs nodes on a backend whose buffers the trace
-/// cannot read node by node (every device backend today), before anything runs.
+/// Refuses a trace on an engine that runs nodes on a backend whose outputs the trace
+/// cannot read (neither host-visible nor staged by the backend), before anything runs.
 pub fn check_backends(engine: &Engine) -> anyhow::Result<()> {
-    let others: Vec<String> = engine
-        .backend_names()
-        .into_iter()
-        .filter(|b| b != "cpu")
-        .collect();
+    let others = engine.untraceable_backends();
     if !others.is_empty() {
         anyhow::bail!(
-            "the per-node trace reads every node's output on the host, which the {} backend \
-             cannot do without a synchronisation per node: trace with --backend cpu",
+            "the per-node trace cannot read node outputs on the {} backend (it stages no \
+             trace copies): trace with --backend cpu or --backend wgpu",
             others.join(", ")
         );
     }
