@@ -286,7 +286,10 @@ mod tests {
     /// Stages `outputs` (overwriting one device buffer between stages, as a later node
     /// reusing it would) with `st`, and returns what the host capture makes of them and
     /// the waits it cost.
-    fn staged(st: Staging, outputs: &[Vec<f32>]) -> Option<(Vec<(usize, Vec<f32>)>, usize)> {
+    /// Each staged output as the capture received it: node id and values.
+    type Received = Vec<(usize, Vec<f32>)>;
+
+    fn staged(st: Staging, outputs: &[Vec<f32>]) -> Option<(Received, usize)> {
         let mut g = crate::testing::gpu()?;
         let waits = g.waits();
         let len = outputs.iter().map(Vec::len).max().unwrap_or(1);
