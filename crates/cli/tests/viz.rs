@@ -183,36 +183,84 @@ fn a_trace_that_cannot_be_recorded_faithfully_is_refused() {
     let m = tiny(dir.path());
     let m = m.to_str().unwrap();
     let t = dir.path().join("t.json");
-    let sess = dir.path().join("s.bin");
     let out = minfer(
-        &[
-            "run",
-            "-m",
-            m,
-            "-n",
-            "2",
-            "--session",
-            sess.to_str().unwrap(),
-            "Hi",
-        ],
-        Some(&t),
-    );
-    assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("MINFER_TRACE") && text(&out.stderr).contains("--session"));
-    assert!(!t.exists() && !sess.exists(), "nothing was run or written");
-    // A device backend's buffers are not read node by node: refused before running,
-    // naming the backend and the way out.
-    let out = minfer(
-        &["run", "-m", m, "-n", "2", "--backend", "wgpu", "Hi"],
+        &["run", "-m", m, "-n", "2", "--ctx-overflow", "shift", "Hi"],
         Some(&t),
     );
     let err = text(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("wgpu") && err.contains("--backend cpu"),
+        err.contains("MINFER_TRACE") && err.contains("--ctx-overflow shift"),
         "{err}"
     );
-    assert!(!t.exists());
+    assert!(!t.exists(), "nothing was run or written");
+}
+
+/// The tokens taken from each step of a trace, phase after phase.
+fn step_tokens(doc: &Value) -> Vec<Value> {
+    doc["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| {
+            p["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["token"].clone())
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_over_a_loaded_session_is_traced_from_the_steps_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    let sess = dir.path().join("s.bin");
+    let traced = |name: &str| {
+        let t = dir.path().join(name);
+        let out = minfer(
+            &[
+                "run",
+                "-m",
+                m,
+                "--temp",
+                "0",
+                "-t",
+                "2",
+                "--backend",
+                "cpu",
+                "-n",
+                "3",
+                "--session",
+                sess.to_str().unwrap(),
+                "-p",
+                "Hello world, hello",
+            ],
+            Some(&t),
+        );
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let doc = read_json(&t);
+        minfer_graph::trace::check_trace(&doc).expect("the trace follows the schema");
+        (doc, err)
+    };
+    let (fresh, _) = traced("fresh.json");
+    let (resumed, err) = traced("resumed.json");
+    assert!(
+        err.contains("reusing"),
+        "the second run loaded the session: {err}"
+    );
+    // The resumed run re-runs only the last prompt token, a one-token step, yet takes
+    // the same greedy tokens from the same steps as the fresh run.
+    let n_tokens = |d: &Value| d["phases"][0]["steps"].as_array().unwrap().len();
+    assert_eq!(fresh["phases"][0]["kind"], "prefill");
+    assert_eq!(resumed["phases"][0]["kind"], "decode");
+    assert!(n_tokens(&resumed) >= 1);
+    let (a, b) = (step_tokens(&fresh), step_tokens(&resumed));
+    assert!(a.iter().all(|t| t.is_u64()), "{a:?}");
+    assert_eq!(a, b, "the same tokens from the same steps");
 }
 
 #[test]

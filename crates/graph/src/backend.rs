@@ -147,10 +147,47 @@ pub trait BackendImpl: Send {
     /// A borrowed host view of buffer `id`; `None` where memory is not host-visible.
     fn read_host(&self, id: usize) -> Option<&[f32]>;
     /// The host view the per-node trace reads right after a node executed (`None`: the
-    /// backend cannot show a node's output without a synchronisation per node, so a
-    /// trace with it in use is refused). The default is [`Self::read_host`].
+    /// backend cannot show a node's output without a synchronisation per node, so the
+    /// trace stages it through [`Self::trace_stage`]). The default is [`Self::read_host`].
     fn trace_view(&self, id: usize) -> Option<&[f32]> {
         self.read_host(id)
+    }
+    /// Whether the per-node trace can read this backend's node outputs: a host backend
+    /// through [`Self::trace_view`], a device backend by implementing
+    /// [`Self::trace_stage`] and [`Self::trace_collect`]. The default: host backends only.
+    fn supports_trace(&self) -> bool {
+        !self.is_gpu()
+    }
+    /// Records, in order after the work already queued and without waiting, a copy of
+    /// the first `len` values of buffer `id` (node `node`'s output, which a later node
+    /// may overwrite) into `staging`. Staged values reach `read` by the next
+    /// [`Self::trace_collect`] at the latest; a backend whose staging is full may hand
+    /// over what it holds first (one more wait). The default refuses, naming why.
+    fn trace_stage(
+        &mut self,
+        staging: &mut crate::trace::TraceStaging,
+        node: crate::ir::NodeId,
+        id: usize,
+        len: usize,
+        read: &mut dyn FnMut(crate::ir::NodeId, &[f32]),
+    ) -> Result<(), String> {
+        let _ = (staging, node, id, len, read);
+        Err(format!(
+            "the {} backend cannot stage node outputs for the per-node trace",
+            self.name()
+        ))
+    }
+    /// Ends a split traced through [`Self::trace_stage`]: waits for all queued work (as
+    /// [`Self::synchronize`], and in its place: one wait per split) and hands every
+    /// staged output to `read`, in staging order, leaving the staging empty.
+    fn trace_collect(
+        &mut self,
+        staging: &mut crate::trace::TraceStaging,
+        read: &mut dyn FnMut(crate::ir::NodeId, &[f32]),
+    ) -> Result<(), String> {
+        let _ = (staging, read);
+        self.synchronize();
+        Ok(())
     }
     /// A host copy of buffer `id` (device backends override with a real readback).
     fn copy_to_host(&mut self, id: usize) -> Option<Vec<f32>> {

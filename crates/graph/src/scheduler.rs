@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use crate::alloc::GraphAllocator;
 use crate::error::GraphError;
 use crate::ir::*;
-use crate::trace::{capture, is_captured, NodeTrace};
+use crate::trace::{capture, is_captured, NodeTrace, TraceStaging};
 
 /// A maximal run of consecutive live nodes on one backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,11 +69,15 @@ pub struct BackendScheduler {
     trace: RefCell<Option<TraceCapture>>,
 }
 
-/// The nodes captured since the last [`BackendScheduler::take_trace`].
+/// The nodes captured since the last [`BackendScheduler::take_trace`], and the staging
+/// of each device backend the trace reads through [`BackendImpl::trace_stage`].
 #[derive(Debug)]
 struct TraceCapture {
     max_values: usize,
     nodes: Vec<NodeTrace>,
+    staging: Vec<(Backend, TraceStaging)>,
+    /// Whether the current split staged an output (it then ends in `trace_collect`).
+    staged: bool,
 }
 
 /// `MINFER_PROFILE=1`, read once per process. A bad value is refused at startup
@@ -115,6 +119,8 @@ impl BackendScheduler {
         *self.trace.get_mut() = max_values.map(|max_values| TraceCapture {
             max_values,
             nodes: Vec::new(),
+            staging: Vec::new(),
+            staged: false,
         });
     }
 
@@ -240,6 +246,12 @@ impl BackendScheduler {
         };
         let mut in_bufs = self.in_bufs.borrow_mut();
         let mut trace = self.trace.borrow_mut();
+        if let Some(t) = trace.as_mut().filter(|t| t.staged) {
+            // The last execution failed inside a staged split: what it staged is not
+            // this graph's, so the staging starts afresh.
+            t.staging.clear();
+            t.staged = false;
+        }
         alloc.begin_pass();
         for split in splits {
             let bk = split.backend;
@@ -269,7 +281,7 @@ impl BackendScheduler {
                 }
                 if matches!(node.op, Op::Input | Op::KvcacheLoad { .. }) {
                     if let Some(t) = trace.as_mut() {
-                        t.record(node, out, alloc)?;
+                        t.record(graph, node, out, alloc)?;
                     }
                     continue; // host-filled leaf or KV view: nothing to execute
                 }
@@ -322,24 +334,28 @@ impl BackendScheduler {
                 }
                 // Right after the node: a later node of the split may reuse its buffer.
                 if let Some(t) = trace.as_mut() {
-                    t.record(node, out, alloc)?;
+                    t.record(graph, node, out, alloc)?;
                 }
             }
-            alloc.sync_backend(bk);
+            match trace.as_mut() {
+                Some(t) if t.staged => t.collect(graph, bk, alloc)?,
+                _ => alloc.sync_backend(bk),
+            }
         }
         alloc.drain_cross()
     }
 }
 
 impl TraceCapture {
-    /// Captures `node`'s output buffer `out`, skipping KV views and stores. A backend
-    /// whose buffers are not host-visible refuses the trace rather than sending a
-    /// synchronisation per node.
+    /// Captures `node`'s output buffer `out`, skipping KV views and stores: read in
+    /// place where the backend shows its buffers to the host, else staged by the
+    /// backend (collected at the end of the split, so one wait per split, not per node).
     fn record(
         &mut self,
+        graph: &ComputeGraph,
         node: &CNode,
         out: BufRef,
-        alloc: &GraphAllocator,
+        alloc: &mut GraphAllocator,
     ) -> Result<(), GraphError> {
         if !is_captured(node) {
             return Ok(());
@@ -347,15 +363,83 @@ impl TraceCapture {
         let b = alloc
             .backend(out.backend)
             .ok_or(GraphError::BackendMissing(out.backend))?;
-        let data = b.trace_view(out.id).ok_or_else(|| GraphError::Backend {
-            backend: b.name().to_string(),
-            context: format!("tracing node {} '{}'", node.id, node.name),
-            message: "this backend's buffers are not readable by the per-node trace \
-                      (MINFER_TRACE); trace with --backend cpu"
-                .into(),
-        })?;
-        self.nodes.push(capture(node, data, self.max_values));
+        if let Some(data) = b.trace_view(out.id) {
+            self.nodes.push(capture(node, data, self.max_values));
+            return Ok(());
+        }
+        let b = alloc
+            .backend_mut(out.backend)
+            .ok_or(GraphError::BackendMissing(out.backend))?;
+        let Self {
+            max_values,
+            nodes,
+            staging,
+            staged,
+        } = self;
+        let st = staging_of(staging, out.backend);
+        let mut read = reader(graph, nodes, *max_values);
+        b.trace_stage(st, node.id, out.id, node.n_elements(), &mut read)
+            .map_err(|message| GraphError::Backend {
+                backend: b.name().to_string(),
+                context: format!("tracing node {} '{}' (MINFER_TRACE)", node.id, node.name),
+                message,
+            })?;
+        *staged = true;
         Ok(())
+    }
+
+    /// Ends a split on `bk` that staged outputs: the backend's one wait, then the
+    /// staged outputs captured in execution order.
+    fn collect(
+        &mut self,
+        graph: &ComputeGraph,
+        bk: Backend,
+        alloc: &mut GraphAllocator,
+    ) -> Result<(), GraphError> {
+        let b = alloc
+            .backend_mut(bk)
+            .ok_or(GraphError::BackendMissing(bk))?;
+        let Self {
+            max_values,
+            nodes,
+            staging,
+            staged,
+        } = self;
+        *staged = false;
+        let st = staging_of(staging, bk);
+        let mut read = reader(graph, nodes, *max_values);
+        b.trace_collect(st, &mut read)
+            .map_err(|message| GraphError::Backend {
+                backend: b.name().to_string(),
+                context: "collecting the split's traced outputs (MINFER_TRACE)".into(),
+                message,
+            })
+    }
+}
+
+/// The staging of backend `b`, created on its first staged output.
+fn staging_of(staging: &mut Vec<(Backend, TraceStaging)>, b: Backend) -> &mut TraceStaging {
+    let i = match staging.iter().position(|(x, _)| *x == b) {
+        Some(i) => i,
+        None => {
+            staging.push((b, TraceStaging::default()));
+            staging.len() - 1
+        }
+    };
+    &mut staging[i].1
+}
+
+/// The callback a backend hands staged outputs to: each becomes its node's capture.
+/// An id outside the graph (which no backend stages) is ignored.
+fn reader<'a>(
+    graph: &'a ComputeGraph,
+    nodes: &'a mut Vec<NodeTrace>,
+    max_values: usize,
+) -> impl FnMut(NodeId, &[f32]) + 'a {
+    move |id, data| {
+        if let Some(node) = graph.nodes.get(id) {
+            nodes.push(capture(node, data, max_values));
+        }
     }
 }
 

@@ -58,6 +58,38 @@ pub struct NodeTrace {
     pub n: usize,
 }
 
+/// A device backend's staging for the per-node trace, owned by the scheduler's trace
+/// state for as long as the trace is on (dropped with it, so tracing off holds none).
+///
+/// The backend alone knows what it keeps here (its staging buffers and the outputs
+/// staged in them since the last collection, see [`crate::BackendImpl::trace_stage`]).
+#[derive(Default)]
+pub struct TraceStaging {
+    state: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl std::fmt::Debug for TraceStaging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceStaging")
+            .field("used", &self.state.is_some())
+            .finish()
+    }
+}
+
+impl TraceStaging {
+    /// The backend's state of type `T`, created empty on first use (a slot holding
+    /// another type, which one backend never stores, is replaced).
+    pub fn state_mut<T: std::any::Any + Send + Default>(&mut self) -> &mut T {
+        if !self.state.as_ref().is_some_and(|s| s.is::<T>()) {
+            self.state = Some(Box::new(T::default()));
+        }
+        match self.state.as_mut().and_then(|s| s.downcast_mut::<T>()) {
+            Some(t) => t,
+            None => unreachable!("the slot was just filled with a T"),
+        }
+    }
+}
+
 /// Whether `node`'s output is captured: executed nodes only, and no KV region.
 pub fn is_captured(node: &CNode) -> bool {
     !matches!(node.op, Op::KvcacheLoad { .. } | Op::KvcacheStore { .. })

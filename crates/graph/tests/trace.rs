@@ -7,6 +7,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::*;
+use minfer_graph::testing::RefBackend;
 use minfer_graph::trace::NodeTrace;
 use minfer_graph::*;
 
@@ -85,4 +86,50 @@ fn nothing_is_recorded_while_the_trace_is_off() {
     sched.set_trace(None);
     run(&mut cache, &sched, &TOKENS, &POS).unwrap();
     assert!(sched.take_trace().is_empty());
+}
+
+#[test]
+fn a_device_that_stages_traces_the_same_values_with_one_collection_per_split() {
+    let collects = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let device = RefBackend::test_device()
+        .claiming(DEVICE_OPS)
+        .with_staged_trace(collects.clone());
+    let (g, staged, _) = traced(split_alloc_with(device), 5);
+    let (_, cpu, _) = traced(cpu_only(), 5);
+    assert_eq!(
+        staged, cpu,
+        "staged captures are the host's, in execution order"
+    );
+    let sched = BackendScheduler::new();
+    let device_splits = sched
+        .split_graph(&g)
+        .iter()
+        .filter(|s| s.backend != Backend::CPU)
+        .count();
+    assert!(device_splits >= 2, "the graph alternates backends");
+    assert_eq!(
+        collects.load(std::sync::atomic::Ordering::SeqCst),
+        device_splits,
+        "one collection per device split, none per node"
+    );
+}
+
+#[test]
+fn a_device_that_cannot_stage_fails_the_traced_step_naming_it() {
+    let device = RefBackend::test_device()
+        .claiming(DEVICE_OPS)
+        .hidden_from_trace();
+    let p = params(4, false);
+    let mut cache = GraphCache::new(split_alloc_with(device));
+    let mut sched = BackendScheduler::new();
+    ensure(&mut cache, &mut sched, &p);
+    run(&mut cache, &sched, &TOKENS, &POS).expect("untraced, it runs");
+    sched.set_trace(Some(8));
+    let e = run(&mut cache, &sched, &TOKENS, &POS)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("test") && e.contains("stages no trace copies"),
+        "{e}"
+    );
 }

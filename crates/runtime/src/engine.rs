@@ -539,6 +539,18 @@ impl Engine {
             .collect()
     }
 
+    /// The participating backends whose node outputs the per-node trace cannot read
+    /// (`BackendImpl::supports_trace`), by name; empty when a trace can run.
+    pub fn untraceable_backends(&self) -> Vec<String> {
+        let alloc = self.cache.alloc();
+        alloc
+            .priority_order()
+            .into_iter()
+            .filter(|&b| alloc.backend(b).is_some_and(|x| !x.supports_trace()))
+            .map(|b| alloc.backend_name(b))
+            .collect()
+    }
+
     /// The participating backends and their devices, highest priority first: the one
     /// description every report (command line, health, props) prints.
     pub fn backend_info(&self) -> Vec<BackendInfo> {
@@ -682,9 +694,10 @@ impl Engine {
     }
 
     /// Turns the per-node trace on (`Some(sink)`: every later step's captured nodes, at
-    /// most `max_values` sampled values each, go to `sink`) or off (`None`). Only the
-    /// host backend's buffers are readable node by node: a step that runs a node on
-    /// another backend fails while the trace is on, naming the backend.
+    /// most `max_values` sampled values each, go to `sink`) or off (`None`). The host
+    /// backend's buffers are read in place, a device backend's are staged and read once
+    /// per split; a step that runs a node on a backend that can do neither (see
+    /// [`Self::untraceable_backends`]) fails while the trace is on, naming the backend.
     pub fn set_trace(&mut self, sink: Option<TraceSink>, max_values: usize) {
         self.scheduler
             .set_trace(sink.is_some().then_some(max_values));

@@ -22,6 +22,10 @@ use wgpu::util::DeviceExt;
 use crate::device::{self, AdapterSummary, Gpu, NotUsable};
 use crate::kernels::{ActFormat, Bind, Kernel, Tile, WEIGHT_TYPES};
 
+// The per-node trace's staging; a child module, so it reaches the pool and the encoder.
+#[path = "trace.rs"]
+mod trace;
+
 /// A weight registration refused, with the name and the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("weight '{name}': {problem}")]
@@ -152,6 +156,8 @@ pub struct WgpuBackend {
     /// Whether the KV regions may live here: the kernels store f32 rows only, so with
     /// a packed KV format the stores and attention stay on the host by capability.
     kv_here: bool,
+    /// Device waits so far (see `waits`).
+    waits: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -233,6 +239,7 @@ impl WgpuBackend {
             encoder: None,
             errors,
             kv_here: true,
+            waits: Arc::default(),
         })
     }
 
@@ -489,6 +496,7 @@ impl WgpuBackend {
     }
 
     fn wait(&self) -> Result<(), String> {
+        self.count_wait();
         self.gpu
             .device
             .poll(wgpu::PollType::wait_indefinitely())
@@ -1902,6 +1910,29 @@ impl BackendImpl for WgpuBackend {
                 v.push(e);
             }
         }
+    }
+
+    fn supports_trace(&self) -> bool {
+        true
+    }
+
+    fn trace_stage(
+        &mut self,
+        staging: &mut minfer_graph::trace::TraceStaging,
+        node: minfer_graph::NodeId,
+        id: usize,
+        len: usize,
+        read: &mut dyn FnMut(minfer_graph::NodeId, &[f32]),
+    ) -> Result<(), String> {
+        self.stage_trace(staging, node, id, len, read)
+    }
+
+    fn trace_collect(
+        &mut self,
+        staging: &mut minfer_graph::trace::TraceStaging,
+        read: &mut dyn FnMut(minfer_graph::NodeId, &[f32]),
+    ) -> Result<(), String> {
+        self.collect_trace(staging, read)
     }
 
     fn copy_cross(&mut self, src_id: usize) -> Result<minfer_graph::CrossCopy, String> {

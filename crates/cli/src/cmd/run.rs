@@ -351,7 +351,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let shift = overflow == Some(OverflowPolicy::Shift);
-    let trace = super::trace::start(&mut engine, args.session.is_some() || shift)?;
+    let trace = super::trace::start(&mut engine, shift)?;
     let capped = !shift && args.gen.n_predict > room;
     let mut kv = KvHistory::new();
     if let Some(path) = args.session.as_deref().filter(|p| p.exists()) {
@@ -404,7 +404,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .as_ref()
             .map(|r| r.stats.tokens.as_slice())
             .unwrap_or(&[]);
-        let chunks = prompt.len().div_ceil(engine.n_batch().max(1));
+        // The prompt tokens prefilled: a session's reused prefix runs no step.
+        let prefilled = run.as_ref().map_or(prompt.len(), |r| r.stats.prompt_tokens);
+        let chunks = prefilled.div_ceil(engine.n_batch().max(1));
         let steps = rec.take();
         let sampled = super::trace::sampled_tokens(steps.len(), chunks.saturating_sub(1), tokens);
         let doc = super::trace::document(engine.model_name(), &text, &steps, &sampled, &tok);

@@ -9,18 +9,14 @@ use minfer_runtime::{Engine, TracedStep};
 use minfer_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-/// Refuses a trace on an engine that runs nodes on a backend whose buffers the trace
-/// cannot read node by node (every device backend today), before anything runs.
+/// Refuses a trace on an engine that runs nodes on a backend whose outputs the trace
+/// cannot read (neither host-visible nor staged by the backend), before anything runs.
 pub fn check_backends(engine: &Engine) -> anyhow::Result<()> {
-    let others: Vec<String> = engine
-        .backend_names()
-        .into_iter()
-        .filter(|b| b != "cpu")
-        .collect();
+    let others = engine.untraceable_backends();
     if !others.is_empty() {
         anyhow::bail!(
-            "the per-node trace reads every node's output on the host, which the {} backend \
-             cannot do without a synchronisation per node: trace with --backend cpu",
+            "the per-node trace cannot read node outputs on the {} backend (it stages no \
+             trace copies): trace with --backend cpu or --backend wgpu",
             others.join(", ")
         );
     }
@@ -28,19 +24,21 @@ pub fn check_backends(engine: &Engine) -> anyhow::Result<()> {
 }
 
 /// Starts the `MINFER_TRACE` recording of `minfer run` when the variable is set:
-/// returns the file to write and the recorder. `resumed` (a session or a context
-/// shift) is refused: a trace records one run from an empty cache, step by step.
+/// returns the file to write and the recorder. A run that may shift its context
+/// (`shifting`) is refused: a shift re-runs the kept tokens in chunks the trace cannot
+/// tell from decode steps, so its tokens would be attributed to the wrong steps. A run
+/// over a loaded session is traced: its steps are those of the prompt part it runs.
 pub fn start(
     engine: &mut Engine,
-    resumed: bool,
+    shifting: bool,
 ) -> anyhow::Result<Option<(std::path::PathBuf, Recorder)>> {
     let Some(path) = minfer_env::TRACE.get() else {
         return Ok(None);
     };
-    if resumed {
+    if shifting {
         anyhow::bail!(
-            "MINFER_TRACE records one run from an empty cache: it is not combined with \
-             --session or --ctx-overflow shift"
+            "MINFER_TRACE is not combined with --ctx-overflow shift: a shift re-runs kept \
+             tokens, which the trace cannot tell from decode steps"
         );
     }
     check_backends(engine)?;

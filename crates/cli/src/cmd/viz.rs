@@ -100,12 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         None => {
-            let mut margs = args.model.clone();
-            if margs.backend.is_none() && minfer_env::BACKENDS.get()?.is_none() {
-                // The per-node capture reads each node's output on the host.
-                margs.backend = Some("cpu".into());
-            }
-            let mut engine = margs.load()?;
+            let mut engine = args.model.load()?;
             trace::check_backends(&engine)?;
             let tok = Tokenizer::from_gguf(engine.file())?;
             let model = engine.model_name().to_string();

@@ -147,7 +147,23 @@ pub struct RefBackend {
     fail_on: Option<String>,
     mem: HostPool,
     weights: Arc<WeightStore>,
+    trace: RefTrace,
 }
+
+/// How the per-node trace reads a [`RefBackend`]'s outputs.
+#[derive(Debug, Clone)]
+enum RefTrace {
+    /// In place, as a host backend.
+    Host,
+    /// As a device backend: staged, then collected once per split (counted here).
+    Staged(Arc<std::sync::atomic::AtomicUsize>),
+    /// Not at all: neither host-visible to the trace nor staged.
+    Hidden,
+}
+
+/// What a staging [`RefBackend`] keeps in a trace's staging: copies taken at stage time.
+#[derive(Debug, Default)]
+struct RefStaged(Vec<(crate::ir::NodeId, Vec<f32>)>);
 
 impl RefBackend {
     /// A backend on `id` called `name`, claiming every implemented op, fusing SwiGLU.
@@ -162,7 +178,21 @@ impl RefBackend {
             fail_on: None,
             mem: HostPool::new(),
             weights: Arc::new(WeightStore::new()),
+            trace: RefTrace::Host,
         }
+    }
+
+    /// Shows the per-node trace no buffer, as a device backend: outputs are staged and
+    /// handed over at the end of each split, each collection counted in `collects`.
+    pub fn with_staged_trace(mut self, collects: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        self.trace = RefTrace::Staged(collects);
+        self
+    }
+
+    /// Shows the per-node trace nothing and stages nothing (a backend without support).
+    pub fn hidden_from_trace(mut self) -> Self {
+        self.trace = RefTrace::Hidden;
+        self
     }
 
     /// The stand-in CPU: `Backend::CPU`, every implemented op.
@@ -314,6 +344,48 @@ impl BackendImpl for RefBackend {
 
     fn read_host(&self, id: usize) -> Option<&[f32]> {
         self.mem.read(id)
+    }
+
+    fn supports_trace(&self) -> bool {
+        !matches!(self.trace, RefTrace::Hidden)
+    }
+
+    fn trace_view(&self, id: usize) -> Option<&[f32]> {
+        match self.trace {
+            RefTrace::Host => self.read_host(id),
+            RefTrace::Staged(_) | RefTrace::Hidden => None,
+        }
+    }
+
+    fn trace_stage(
+        &mut self,
+        staging: &mut crate::trace::TraceStaging,
+        node: crate::ir::NodeId,
+        id: usize,
+        len: usize,
+        _read: &mut dyn FnMut(crate::ir::NodeId, &[f32]),
+    ) -> Result<(), String> {
+        if !matches!(self.trace, RefTrace::Staged(_)) {
+            return Err(format!("the {} backend stages no trace copies", self.name));
+        }
+        let b = self.buf(id)?;
+        let v = b[..len.min(b.len())].to_vec();
+        staging.state_mut::<RefStaged>().0.push((node, v));
+        Ok(())
+    }
+
+    fn trace_collect(
+        &mut self,
+        staging: &mut crate::trace::TraceStaging,
+        read: &mut dyn FnMut(crate::ir::NodeId, &[f32]),
+    ) -> Result<(), String> {
+        if let RefTrace::Staged(n) = &self.trace {
+            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        for (node, v) in std::mem::take(&mut staging.state_mut::<RefStaged>().0) {
+            read(node, &v);
+        }
+        Ok(())
     }
 
     fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
