@@ -657,7 +657,23 @@ struct Controller {
     until_probe: u32,
     interval: u32,
     min_interval: u32,
+    /// Index into `depths` of the deepest depth allowed now: it starts at the smallest
+    /// and grows one setting at a time, each time a block at the deepest allowed depth is
+    /// accepted whole, so a deep block is only ever risked after measured success.
+    level: usize,
+    /// Whether the depth just allowed has its verify cost still unmeasured: it is tried
+    /// once (an estimate alone would never be corrected).
+    explore: bool,
 }
+
+/// The acceptance every class starts from: pessimistic, so that nothing is drafted on
+/// faith (at these costs, a depth-1 block pays from about 35% acceptance); the first
+/// probes measure it, and drafting grows only on measured acceptance.
+const ALPHA_PRIOR: f64 = 0.3;
+
+/// How much faster than plain decode a depth must be expected to run to be chosen: near
+/// break-even the noise of the estimates would make drafting lose as often as it wins.
+const PAY_MARGIN: f64 = 1.05;
 
 /// What a verify width costs before it is measured: a plain step plus this share of one
 /// per extra token (measured on CPU: widths 2, 4 and 8 cost 1.3, 1.7 and 3.3 steps).
@@ -672,8 +688,7 @@ impl Controller {
             verify: vec![None; n],
             plain: None,
             draft: 0.0,
-            // Optimistic priors, corrected by the first measurements.
-            alpha: [if runs_model { 0.7 } else { 0.6 }; CLASSES],
+            alpha: [ALPHA_PRIOR; CLASSES],
             until_probe: 0,
             interval: if runs_model {
                 PROBE_MIN_MODEL
@@ -685,6 +700,8 @@ impl Controller {
             } else {
                 PROBE_MIN
             },
+            level: 0,
+            explore: false,
         }
     }
 
@@ -707,9 +724,14 @@ impl Controller {
         let Some(plain) = self.plain else {
             return 0;
         };
+        if std::mem::take(&mut self.explore) {
+            if let Some(&d) = self.depths.get(self.level).filter(|&&d| d <= avail) {
+                return d;
+            }
+        }
         let plain_rate = 1.0 / plain;
-        let mut best = (0, plain_rate);
-        for i in 0..self.depths.len() {
+        let mut best = (0, plain_rate * PAY_MARGIN);
+        for i in 0..=self.level.min(self.depths.len().saturating_sub(1)) {
             if self.depths[i] > avail {
                 break;
             }
@@ -754,6 +776,15 @@ impl Controller {
         let a = &mut self.alpha[class.min(CLASSES - 1)];
         for i in 0..drafted.min(accepted + 1) {
             Self::ewma(a, if i < accepted { 1.0 } else { 0.0 });
+        }
+        let top = self.depths.get(self.level).copied().unwrap_or(0);
+        if drafted >= top && accepted == drafted {
+            let up = (self.level + 1).min(self.depths.len().saturating_sub(1));
+            self.explore = up != self.level && self.verify[up].is_none();
+            self.level = up;
+        } else if accepted == 0 {
+            // A block lost whole: back to the smaller depths until blocks succeed again.
+            self.level = self.level.saturating_sub(1);
         }
     }
 }
@@ -1073,10 +1104,101 @@ mod tests {
         assert_eq!(c.choose(0, 7), 1);
         let plain = (0..PROBE_MIN_MODEL).filter(|_| c.choose(0, 7) == 0).count();
         assert_eq!(plain as u32, PROBE_MIN_MODEL);
-        // A cheap, accurate draft drafts deep.
+        // A cheap, accurate draft drafts deep, once blocks were accepted whole.
         c.draft = 0.01;
         c.alpha[0] = 0.95;
+        assert_eq!(
+            c.choose(0, 7),
+            1,
+            "a deep block only after measured success"
+        );
+        c.record_accept(0, 1, 1);
+        assert_eq!(c.choose(0, 7), 3);
+        c.record_accept(0, 3, 3);
         assert_eq!(c.choose(0, 7), 7);
         assert_eq!(c.choose(0, 3), 3);
+    }
+
+    /// Decodes `n` tokens under the controller with simulated costs (a plain step costs
+    /// 1, a verify of `d` drafted tokens `verify(d)`, each drafted token `draft`) and a
+    /// source whose drafted tokens are each right with probability `accept` (a fixed
+    /// pseudo-random stream). Returns the time per token against plain decode's 1, and
+    /// the deepest depth used.
+    fn simulate(
+        runs_model: bool,
+        accept: f64,
+        verify: impl Fn(usize) -> f64,
+        draft: f64,
+        n: usize,
+    ) -> (f64, usize) {
+        let mut c = Controller::new(7, runs_model);
+        // Lookup drafts from 4-gram matches here; a draft model has one class.
+        let class = if runs_model { 0 } else { NGRAM_MAX };
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut uniform = move || {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let (mut time, mut tokens, mut deepest) = (0.0, 0, 0);
+        while tokens < n {
+            let d = c.choose(class, 7);
+            deepest = deepest.max(d);
+            let v = if d == 0 { 1.0 } else { verify(d) };
+            c.record_verify(d, v);
+            time += v + draft * d as f64;
+            let mut acc = 0;
+            while acc < d && uniform() < accept {
+                acc += 1;
+            }
+            if d > 0 {
+                // The speculator measures a draft token's cost from its second proposal.
+                if runs_model && c.draft == 0.0 && deepest > 0 && time > v + 1.0 {
+                    c.draft = draft;
+                }
+                c.record_accept(class, d, acc);
+            }
+            tokens += acc + 1;
+        }
+        (time / tokens as f64, deepest)
+    }
+
+    /// What verify widths 2, 4 and 8 cost on the CPU measured (1.3, 1.7, 3.3 steps).
+    fn cpu_verify(d: usize) -> f64 {
+        match d {
+            1 => 1.3,
+            2..=3 => 1.7,
+            _ => 3.3,
+        }
+    }
+
+    #[test]
+    fn a_source_that_is_never_right_costs_at_most_a_few_percent() {
+        // 96 tokens, the length the benchmarks decode: the start-up must be cheap too.
+        for (runs_model, draft) in [(false, 0.0), (true, 0.4)] {
+            let (ratio, _) = simulate(runs_model, 0.0, cpu_verify, draft, 96);
+            assert!(
+                ratio <= 1.03,
+                "model {runs_model}: {ratio:.3} of plain decode's time per token"
+            );
+            let (ratio, _) = simulate(runs_model, 0.0, cpu_verify, draft, 2000);
+            assert!(ratio <= 1.02, "model {runs_model}, long run: {ratio:.3}");
+        }
+    }
+
+    #[test]
+    fn a_source_that_is_mostly_right_reaches_the_deep_setting() {
+        // Where a wide verify costs little more than a step (a memory-bound host), 90%
+        // acceptance pays at the deepest setting; on the measured CPU, depth 3 wins.
+        let cheap = |d: usize| 1.0 + 0.1 * d as f64;
+        for runs_model in [false, true] {
+            let draft = if runs_model { 0.05 } else { 0.0 };
+            let (ratio, deepest) = simulate(runs_model, 0.9, cheap, draft, 200);
+            assert_eq!(deepest, 7, "model {runs_model}");
+            assert!(ratio < 0.5, "model {runs_model}: {ratio:.3}");
+        }
+        let (ratio, deepest) = simulate(false, 0.9, cpu_verify, 0.0, 200);
+        assert!(deepest >= 3 && ratio < 0.7, "{deepest} {ratio:.3}");
     }
 }
