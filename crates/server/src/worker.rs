@@ -245,6 +245,8 @@ struct Active {
     spec: Option<Speculator>,
     /// The next token, sampled by a verify step and not yet emitted.
     next: Option<u32>,
+    /// Its log-probabilities (from its verify row), when the request asks for them.
+    next_logprob: Option<TokenLogprob>,
     /// Whether the slot's entry in the current step is a speculative block to verify.
     verifying: bool,
 }
@@ -500,6 +502,7 @@ impl Worker {
                 first_sample: None,
                 spec,
                 next: None,
+                next_logprob: None,
                 verifying: false,
                 job,
             });
@@ -507,11 +510,12 @@ impl Worker {
         true
     }
 
-    /// A speculator for `job` when the server speculates. Requests for log-probabilities
-    /// decode plainly (a verify step's rows are not kept per token), and so do requests
-    /// under a grammar (drafts are verified against the unconstrained chain).
+    /// A speculator for `job` when the server speculates. Requests under a grammar
+    /// decode plainly (drafts are verified against the unconstrained chain). Requests for
+    /// log-probabilities speculate: a verify row is bitwise the logits plain decode
+    /// computes at its position, so each token's log-probabilities come from its row.
     fn speculator(&self, job: &Job) -> Option<Speculator> {
-        if job.logprobs.is_some() || job.constraint.is_some() {
+        if job.constraint.is_some() {
             return None;
         }
         let mut sp = if self.draft.is_some() {
@@ -845,7 +849,15 @@ impl Worker {
         };
         let before = sp.stats();
         let mut out = Vec::with_capacity(s.tokens.len());
+        // The sampler rewrites the rows it samples (penalties, biases): log-probabilities
+        // are of the model's raw logits, as plain decode reports them.
+        let raw = a.job.logprobs.map(|k| (k, rows.clone()));
         sp.verify(&mut a.sampler, &mut rows, n_vocab, elapsed, &mut out);
+        let logprob = |i: usize, t: u32| {
+            let (k, raw) = raw.as_ref()?;
+            let row = raw.get(i * n_vocab..(i + 1) * n_vocab)?;
+            Some(logprob_of(&self.tok, row, t, *k))
+        };
         let after = sp.stats();
         self.metrics.add_draft(
             (after.drafted - before.drafted) as usize,
@@ -854,9 +866,15 @@ impl Worker {
         let Some(next) = out.pop() else {
             return;
         };
+        a.next_logprob = logprob(out.len(), next);
         for (i, &t) in out.iter().enumerate() {
             // `t` ran at this position; plain decode would have sampled it there.
             let pos = s.pos0 + 1 + i;
+            if !self.tok.is_eog(t) {
+                if let Some(lp) = logprob(i, t) {
+                    a.logprobs.push(lp);
+                }
+            }
             if emit(a, &self.tok, &self.metrics, t, pos, ctx).is_none() {
                 return;
             }
@@ -983,7 +1001,12 @@ fn sample_one(
 ) -> Option<u32> {
     let t = match a.next.take() {
         // Sampled by a verify step, already in the sampler's window.
-        Some(t) => t,
+        Some(t) => {
+            if let Some(lp) = a.next_logprob.take().filter(|_| !tok.is_eog(t)) {
+                a.logprobs.push(lp);
+            }
+            t
+        }
         None => {
             let mut logits = a.logits.take()?;
             let raw = a.job.logprobs.map(|_| logits.clone());

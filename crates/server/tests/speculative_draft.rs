@@ -1,8 +1,10 @@
-//! `serve --draft`: slots speculating with a draft model (a draft slot per slot, the
-//! draft steps of every slot in shared forwards, the verify blocks in the shared target
-//! step) answer exactly what a plain server answers, greedy and sampled with a seed,
-//! through slot reuse and prompt caching; `/metrics` counts the draft model's drafts; a
-//! draft of another vocabulary is refused at start-up by name.
+//! Server speculation. Slots speculating with a draft model (`serve --draft`: a draft
+//! slot per slot, the draft steps of every slot in shared forwards, the verify blocks in
+//! the shared target step) answer exactly what a plain server answers, greedy and sampled
+//! with a seed, through slot reuse and prompt caching; `/metrics` counts the draft
+//! model's drafts; a draft of another vocabulary is refused at start-up by name. Requests
+//! for log-probabilities speculate too (with `--lookup` and `--draft`) and report exactly
+//! plain decode's tokens and log-probabilities.
 
 mod common;
 
@@ -174,4 +176,67 @@ fn a_draft_beside_lookup_is_refused_by_name() {
     c.lookup = Some(7);
     let e = c.validate().unwrap_err().to_string();
     assert!(e.contains("--draft") && e.contains("--lookup"), "{e}");
+}
+
+/// Every prompt at once asking for 3 top log-probabilities; each choice's text and
+/// `logprobs` object in order.
+async fn logprob_answers(base: &str, temperature: f64) -> Vec<(String, Value)> {
+    let mut tasks = Vec::new();
+    for (i, p) in PROMPTS.iter().enumerate() {
+        let base = base.to_string();
+        let body = json!({
+            "prompt": p, "max_tokens": 24, "temperature": temperature, "seed": 3 + i,
+            "logprobs": 3,
+        });
+        tasks.push(tokio::spawn(async move {
+            post(&base, "/v1/completions", body).await
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        let (status, v): (u16, Value) = t.await.expect("task");
+        assert_eq!(status, 200, "{v}");
+        let c = &v["choices"][0];
+        let text = c["text"].as_str().expect("text").to_string();
+        assert!(c["logprobs"]["tokens"].is_array(), "{v}");
+        out.push((text, c["logprobs"].clone()));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_requests_speculate_and_report_plain_decodes_logprobs() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let target = write(
+        dir.path(),
+        "target.gguf",
+        &TinySpec::qwen2(GgmlType::Q8_0, 7),
+    );
+    let plain = server(&target, |_| {});
+    let mut want = Vec::new();
+    for temperature in [0.0, 0.9] {
+        want.push(logprob_answers(&plain.base, temperature).await);
+    }
+    let lookup = server(&target, |c| {
+        c.lookup = Some(7);
+        c.draft_depth = Some(3);
+    });
+    let draft = server(&target, |c| {
+        c.draft = Some(target.clone());
+        c.draft_depth = Some(3);
+    });
+    for (what, spec) in [("lookup", &lookup), ("draft", &draft)] {
+        for (temperature, want) in [0.0, 0.9].into_iter().zip(&want) {
+            let got = logprob_answers(&spec.base, temperature).await;
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert_eq!(g, w, "{what}, temperature {temperature}, prompt {i}");
+            }
+        }
+        let (_, m) = get(&spec.base, "/metrics").await;
+        let accepted = counter(&m, "minfer_draft_accepted_tokens_total");
+        assert!(
+            accepted > 0,
+            "{what}: the logprobs requests did not speculate"
+        );
+    }
 }

@@ -84,7 +84,7 @@ pub struct Args {
     #[arg(long = "no-metrics")]
     pub no_metrics: bool,
     /// Speculative decoding in every slot with n-gram lookup (drafts copied from the
-    /// prompt and the output so far; requests asking for logprobs decode plainly).
+    /// prompt and the output so far; requests under a grammar decode plainly).
     #[arg(long = "lookup")]
     pub lookup: bool,
     /// Speculative decoding in every slot with this draft model (a GGUF path, catalog
