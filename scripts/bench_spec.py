@@ -5,17 +5,22 @@ For every prompt file (scripts/spec_prompts/*.txt, ChatML already rendered) and 
 
 - minfer: `minfer bench --lookup|--draft D -f PROMPT -p 0 -n N -r R -o json`, which
   greedy-decodes the prompt plainly and speculatively in alternating repetitions (ABBA)
-  and reports both; the ratio is taken per repetition pair, then averaged.
-- llama.cpp: `llama-lookup` / `llama-speculative -md D` (their own "decoded ... speed"
-  line) against `llama-bench -p 0 -n N -d PROMPT_TOKENS` (plain decode at the prompt's
-  depth), in the order A B B A.
+  and reports both; the ratio is taken per repetition pair.
+- llama.cpp (with --llama-bin): `llama-lookup` / `llama-speculative -md D` (their own
+  "decoded ... speed" line) against `llama-bench -p 0 -n N -d PROMPT_TOKENS` (plain
+  decode at the prompt's depth), R rounds of A B B A, a ratio per pair.
+
+Every ratio column is the median of the paired ratios and their interquartile range
+(q1-q3): on a shared machine absolute speeds drift, paired ratios much less.
 
 Usage:
   python3 scripts/bench_spec.py --target T.gguf --draft D.gguf \\
-      [--minfer target/release/minfer] [--llama-bin DIR] [-t 2] [-n 128] [-r 2] \\
-      [--prompts scripts/spec_prompts] [--only edit-,free-] [--json out.json]
+      [--minfer target/release/minfer] [--llama-bin DIR] [-t 2] [-n 96] [-r 8] \\
+      [--prompts scripts/spec_prompts] [--only edit-,free-] [--sources lookup,draft] \\
+      [--json out.json]
 
-Prints one Markdown table; `--json` also writes every sample.
+Prints one Markdown table, one row per prompt and source; `--json` also writes every
+sample.
 """
 
 import argparse
@@ -34,6 +39,19 @@ def run(cmd, timeout=1800):
         sys.stderr.write(p.stderr[-4000:])
         raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
     return p.stdout, p.stderr
+
+
+def median_iqr(xs):
+    """The median and the quartiles q1, q3 of `xs` (q1 = q3 = the value for one)."""
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q2, q1, q3
+
+
+def fmt_ratio(xs):
+    m, q1, q3 = median_iqr(xs)
+    return f"{m:.2f}x ({q1:.2f}-{q3:.2f})"
 
 
 def minfer_pair(args, prompt, source):
@@ -83,8 +101,11 @@ def main():
     ap.add_argument("--minfer", default="target/release/minfer")
     ap.add_argument("--llama-bin", default=None)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("-n", "--n-gen", type=int, default=128)
-    ap.add_argument("-r", "--reps", type=int, default=2)
+    ap.add_argument("-n", "--n-gen", type=int, default=96)
+    ap.add_argument("-r", "--reps", type=int, default=8,
+                    help="minfer's ABBA repetitions (paired ratios) per row")
+    ap.add_argument("--llama-rounds", type=int, default=0,
+                    help="llama.cpp's ABBA rounds per row (default: -r)")
     ap.add_argument("--prompts", default=os.path.join(os.path.dirname(__file__), "spec_prompts"))
     ap.add_argument("--only", default="", help="comma-separated prompt name prefixes")
     ap.add_argument("--sources", default="lookup,draft")
@@ -95,8 +116,8 @@ def main():
         keep = args.only.split(",")
         prompts = [p for p in prompts if any(os.path.basename(p).startswith(k) for k in keep)]
     results = []
-    print("| prompt | source | minfer plain t/s | minfer spec t/s | minfer ratio | accept | "
-          "llama plain t/s | llama spec t/s | llama ratio | llama accept |")
+    print("| prompt | source | minfer plain t/s | minfer spec t/s | minfer ratio (IQR) | accept | "
+          "llama plain t/s | llama spec t/s | llama ratio (IQR) | llama accept |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for prompt in prompts:
         name = os.path.basename(prompt)[:-4]
@@ -104,23 +125,29 @@ def main():
             plain, spec, acc, n_prompt = minfer_pair(args, prompt, source)
             ratios = [s / p for p, s in zip(plain, spec)]
             row = {"prompt": name, "source": source, "minfer_plain": plain,
-                   "minfer_spec": spec, "minfer_ratio": statistics.mean(ratios),
-                   "minfer_accept": acc}
+                   "minfer_spec": spec, "minfer_ratios": ratios,
+                   "minfer_ratio": median_iqr(ratios)[0], "minfer_accept": acc}
             cells = ["-"] * 4
             if args.llama_bin:
-                # A B B A: plain, speculative, speculative, plain.
-                a1 = llama_plain(args, n_prompt)
-                b1, la = llama_spec(args, prompt, source)
-                b2, _ = llama_spec(args, prompt, source)
-                a2 = llama_plain(args, n_prompt)
-                lr = statistics.mean([b1 / a1, b2 / a2])
-                row.update({"llama_plain": [a1, a2], "llama_spec": [b1, b2],
-                            "llama_ratio": lr, "llama_accept": la})
-                cells = [f"{(a1 + a2) / 2:.2f}", f"{(b1 + b2) / 2:.2f}", f"{lr:.2f}x",
-                         f"{100 * la:.0f}%"]
+                lp, ls, lr, accs = [], [], [], []
+                for _ in range(args.llama_rounds or args.reps):
+                    # A B B A: plain, speculative, speculative, plain.
+                    a1 = llama_plain(args, n_prompt)
+                    b1, la1 = llama_spec(args, prompt, source)
+                    b2, la2 = llama_spec(args, prompt, source)
+                    a2 = llama_plain(args, n_prompt)
+                    lp += [a1, a2]
+                    ls += [b1, b2]
+                    lr += [b1 / a1, b2 / a2]
+                    accs += [la1, la2]
+                la = statistics.median(accs)
+                row.update({"llama_plain": lp, "llama_spec": ls, "llama_ratios": lr,
+                            "llama_ratio": median_iqr(lr)[0], "llama_accept": la})
+                cells = [f"{statistics.median(lp):.2f}", f"{statistics.median(ls):.2f}",
+                         fmt_ratio(lr), f"{100 * la:.0f}%"]
             results.append(row)
-            print(f"| {name} | {source} | {statistics.mean(plain):.2f} | "
-                  f"{statistics.mean(spec):.2f} | {row['minfer_ratio']:.2f}x | "
+            print(f"| {name} | {source} | {statistics.median(plain):.2f} | "
+                  f"{statistics.median(spec):.2f} | {fmt_ratio(ratios)} | "
                   f"{100 * acc:.0f}% | " + " | ".join(cells) + " |", flush=True)
     if args.json:
         with open(args.json, "w") as f:

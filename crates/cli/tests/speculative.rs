@@ -132,8 +132,9 @@ fn bad_speculative_flags_are_refused_by_name() {
     assert_refused(&out, "--lookup");
     let out = minfer(&["run", "-m", m, "-n", "4", "--draft", o, "hi"]);
     assert_refused(&out, "vocabulary");
-    let out = minfer(&["serve", "-m", m, "--draft", m, "--port", "0"]);
-    assert_refused(&out, "--draft");
+    // The server takes a draft model, and refuses one of another vocabulary at start-up.
+    let out = minfer(&["serve", "-m", m, "--draft", o, "--port", "0"]);
+    assert_refused(&out, "vocabulary");
     let out = minfer(&["bench", "-m", m, "-f", "prompt.txt"]);
     assert_refused(&out, "--lookup");
 }

@@ -32,5 +32,7 @@ pub use multi::{MultiEngine, SeqStep};
 pub use perplexity::PplAccumulator;
 pub use sampling::{Sampler, SamplerError, SamplingParams, LOGIT_BIAS_BAN, LOGIT_BIAS_MAX};
 pub use session::SessionError;
-pub use speculative::{DraftModel, DraftSource, NgramLookup, SpecStats, Speculator};
+pub use speculative::{
+    DraftAsk, DraftModel, DraftSource, MultiDraft, NgramLookup, SpecStats, Speculator,
+};
 pub use stop::{StopEvent, StopScanner};

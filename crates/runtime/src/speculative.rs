@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 use minfer_tokenizer::Tokenizer;
 
 use crate::engine::{Engine, EngineError};
-use crate::sampling::Sampler;
+use crate::multi::{MultiEngine, SeqStep};
+use crate::sampling::{Sampler, SamplingParams};
 
 /// Largest draft length `--draft-max` accepts.
 pub const DRAFT_MAX_LIMIT: usize = 16;
@@ -299,6 +300,220 @@ impl DraftSource for DraftModel {
     }
 }
 
+/// A draft model serving several sequences at once (a server's slots): one draft
+/// [`MultiEngine`] with a slot per target slot, so the draft steps of every slot that
+/// drafts in a turn run together in one draft forward, as their verify blocks run
+/// together in the target's.
+///
+/// Each slot remembers the tokens its draft KV rows hold and compares them with the
+/// target's context at every proposal: a new request, a reused prompt prefix, a restored
+/// or shifted context all come down to keeping the common prefix and running the rest,
+/// so the draft's KV can never disagree with the target's tokens.
+///
+/// It drafts greedily (the argmax of the draft's logits under the target's penalties and
+/// biases) and its drafts carry no distribution, so they are verified by sampling each
+/// row from the target and accepting a drafted token equal to the sample: the output is
+/// then exactly what plain decode gives for the same seed, however the depth (which
+/// follows the load and the timings) varied along the way.
+pub struct MultiDraft {
+    engine: MultiEngine,
+    seqs: Vec<DraftSeq>,
+}
+
+/// What one slot of a [`MultiDraft`] holds.
+#[derive(Default)]
+struct DraftSeq {
+    /// Where the slot's view of the context starts (see [`DraftModel`]'s `base`).
+    base: usize,
+    /// The tokens whose KV rows the slot holds, at positions `0..kv.len()`.
+    kv: Vec<u32>,
+    /// The greedy drafting chain (the target's penalties and biases).
+    sampler: Option<Sampler>,
+}
+
+/// One sequence's request to a [`MultiDraft`]: draft up to `max` tokens after `context`.
+pub struct DraftAsk<'a> {
+    /// The slot (the target's slot index).
+    pub slot: usize,
+    /// Every token so far, the pending one included.
+    pub context: &'a [u32],
+    /// Most tokens to draft.
+    pub max: usize,
+    /// The target's sampler: its penalties and window shape the drafts.
+    pub target: &'a Sampler,
+}
+
+impl MultiDraft {
+    /// A draft over `engine`, refused unless its vocabulary is the target's (`target` is
+    /// the target's tokenizer), it has `n_slots` slots and each holds `slot_ctx` positions.
+    pub fn new(
+        engine: MultiEngine,
+        target: &Tokenizer,
+        n_slots: usize,
+        slot_ctx: usize,
+    ) -> Result<Self, EngineError> {
+        let tok = Tokenizer::from_gguf(engine.file()).map_err(|e| EngineError::Param {
+            name: "draft model",
+            message: format!("its tokenizer: {e}"),
+        })?;
+        check_same_vocab(target, &tok)?;
+        let bad = |message: String| {
+            Err(EngineError::Param {
+                name: "draft model",
+                message,
+            })
+        };
+        if engine.n_vocab() != target.n_vocab() {
+            return bad(format!(
+                "its logits rows have {} entries and the vocabulary {}",
+                engine.n_vocab(),
+                target.n_vocab()
+            ));
+        }
+        if engine.n_slots() != n_slots {
+            return bad(format!(
+                "it has {} slots and the target {n_slots}",
+                engine.n_slots()
+            ));
+        }
+        if engine.slot_ctx() < slot_ctx {
+            return bad(format!(
+                "its slots hold {} positions, the target's {slot_ctx}",
+                engine.slot_ctx()
+            ));
+        }
+        let seqs = (0..n_slots).map(|_| DraftSeq::default()).collect();
+        Ok(MultiDraft { engine, seqs })
+    }
+
+    /// The draft's engine.
+    pub fn engine(&self) -> &MultiEngine {
+        &self.engine
+    }
+
+    /// Forgets what `slot` holds (its next proposal runs its whole context): for a slot
+    /// whose draft state is suspect, after a panic inside a proposal.
+    pub fn forget(&mut self, slot: usize) {
+        if let Some(s) = self.seqs.get_mut(slot) {
+            s.kv.clear();
+            s.base = 0;
+        }
+        let _ = self.engine.reset_slot(slot);
+    }
+
+    /// Drafts for every ask together, into `out` (one block per ask, in order): one draft
+    /// forward catches every slot up on its context, then one forward per drafted token
+    /// runs every slot still drafting. On an error the asking slots forget their draft KV
+    /// (the next proposal runs their context again).
+    pub fn propose(
+        &mut self,
+        asks: &[DraftAsk<'_>],
+        out: &mut Vec<Vec<u32>>,
+    ) -> Result<(), EngineError> {
+        out.clear();
+        out.resize_with(asks.len(), Vec::new);
+        let r = self.propose_inner(asks, out);
+        if r.is_err() {
+            for a in asks {
+                self.forget(a.slot);
+            }
+            out.iter_mut().for_each(Vec::clear);
+        }
+        r
+    }
+
+    fn propose_inner(
+        &mut self,
+        asks: &[DraftAsk<'_>],
+        out: &mut [Vec<u32>],
+    ) -> Result<(), EngineError> {
+        let ctx = self.engine.slot_ctx();
+        let mut max = Vec::with_capacity(asks.len());
+        let mut steps = Vec::new();
+        // Entry of `steps` -> ask index.
+        let mut who = Vec::new();
+        for (i, a) in asks.iter().enumerate() {
+            let n = self.seqs.len();
+            let seq = self
+                .seqs
+                .get_mut(a.slot)
+                .ok_or_else(|| EngineError::Param {
+                    name: "slot",
+                    message: format!("{} is not in 0..{n}", a.slot),
+                })?;
+            let m = a.max.min(ctx.saturating_sub(a.context.len()));
+            max.push(m);
+            if m == 0 || a.context.is_empty() {
+                continue;
+            }
+            let params = SamplingParams {
+                temperature: 0.0,
+                ..a.target.params().clone()
+            };
+            let sampler = match &mut seq.sampler {
+                Some(s) if s.params() == &params => s,
+                slot => slot.insert(Sampler::new(params).map_err(|e| EngineError::Param {
+                    name: "sampling",
+                    message: e.to_string(),
+                })?),
+            };
+            sampler.copy_window_from(a.target);
+            // As `DraftModel::propose`: keep the common prefix (but rerun the last token,
+            // for its logits); far behind, restart on the context's tail.
+            let view = a.context.get(seq.base..).unwrap_or_default();
+            let mut keep = crate::conversation::common_prefix(&seq.kv, view)
+                .min(view.len().saturating_sub(1))
+                .min(self.engine.slot_len(a.slot)?);
+            if keep == 0 {
+                seq.base = 0;
+            } else if view.len() - keep > DRAFT_CATCHUP_MAX {
+                seq.base = a.context.len().saturating_sub(DRAFT_WINDOW);
+                keep = 0;
+            }
+            let view = &a.context[seq.base..];
+            seq.kv.truncate(keep);
+            seq.kv.extend_from_slice(&view[keep..]);
+            steps.push(SeqStep {
+                slot: a.slot,
+                tokens: view[keep..].to_vec(),
+                pos0: keep,
+                n_out: 1,
+            });
+            who.push(i);
+        }
+        let mut round = 0;
+        while !steps.is_empty() {
+            let rows = self.engine.step(&steps)?;
+            let mut next = Vec::with_capacity(steps.len());
+            let mut next_who = Vec::with_capacity(steps.len());
+            for (mut row, &i) in rows.into_iter().zip(&who) {
+                let a = &asks[i];
+                let seq = &mut self.seqs[a.slot];
+                let Some(sampler) = seq.sampler.as_mut() else {
+                    continue;
+                };
+                let x = sampler.sample(&mut row);
+                sampler.accept(x);
+                out[i].push(x);
+                if round + 1 < max[i] {
+                    next.push(SeqStep {
+                        slot: a.slot,
+                        tokens: vec![x],
+                        pos0: seq.kv.len(),
+                        n_out: 1,
+                    });
+                    seq.kv.push(x);
+                    next_who.push(i);
+                }
+            }
+            steps = next;
+            who = next_who;
+            round += 1;
+        }
+        Ok(())
+    }
+}
+
 /// Drafts from the tokens so far: the longest recent n-gram that occurred before is
 /// continued as it went on then (prompt lookup, as llama.cpp's lookup decoding). Costs no
 /// forward pass.
@@ -361,6 +576,33 @@ impl DraftSource for NgramLookup {
     }
 }
 
+/// The source of a [`Speculator`] whose drafts come from outside it (a draft model
+/// shared by several sequences, [`MultiDraft`]): proposing here drafts nothing.
+struct SharedDraft;
+
+impl DraftSource for SharedDraft {
+    fn name(&self) -> &'static str {
+        "draft model"
+    }
+
+    fn runs_model(&self) -> bool {
+        true
+    }
+
+    fn propose(
+        &mut self,
+        _context: &[u32],
+        _max: usize,
+        _target: &Sampler,
+        out: &mut Draft,
+    ) -> Result<(), EngineError> {
+        out.tokens.clear();
+        out.probs.clear();
+        out.class = 0;
+        Ok(())
+    }
+}
+
 /// Counters of speculative decoding, summed over its steps.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SpecStats {
@@ -415,7 +657,23 @@ struct Controller {
     until_probe: u32,
     interval: u32,
     min_interval: u32,
+    /// Index into `depths` of the deepest depth allowed now: it starts at the smallest
+    /// and grows one setting at a time, each time a block at the deepest allowed depth is
+    /// accepted whole, so a deep block is only ever risked after measured success.
+    level: usize,
+    /// Whether the depth just allowed has its verify cost still unmeasured: it is tried
+    /// once (an estimate alone would never be corrected).
+    explore: bool,
 }
+
+/// The acceptance every class starts from: pessimistic, so that nothing is drafted on
+/// faith (at these costs, a depth-1 block pays from about 35% acceptance); the first
+/// probes measure it, and drafting grows only on measured acceptance.
+const ALPHA_PRIOR: f64 = 0.3;
+
+/// How much faster than plain decode a depth must be expected to run to be chosen: near
+/// break-even the noise of the estimates would make drafting lose as often as it wins.
+const PAY_MARGIN: f64 = 1.05;
 
 /// What a verify width costs before it is measured: a plain step plus this share of one
 /// per extra token (measured on CPU: widths 2, 4 and 8 cost 1.3, 1.7 and 3.3 steps).
@@ -430,8 +688,7 @@ impl Controller {
             verify: vec![None; n],
             plain: None,
             draft: 0.0,
-            // Optimistic priors, corrected by the first measurements.
-            alpha: [if runs_model { 0.7 } else { 0.6 }; CLASSES],
+            alpha: [ALPHA_PRIOR; CLASSES],
             until_probe: 0,
             interval: if runs_model {
                 PROBE_MIN_MODEL
@@ -443,6 +700,8 @@ impl Controller {
             } else {
                 PROBE_MIN
             },
+            level: 0,
+            explore: false,
         }
     }
 
@@ -465,9 +724,14 @@ impl Controller {
         let Some(plain) = self.plain else {
             return 0;
         };
+        if std::mem::take(&mut self.explore) {
+            if let Some(&d) = self.depths.get(self.level).filter(|&&d| d <= avail) {
+                return d;
+            }
+        }
         let plain_rate = 1.0 / plain;
-        let mut best = (0, plain_rate);
-        for i in 0..self.depths.len() {
+        let mut best = (0, plain_rate * PAY_MARGIN);
+        for i in 0..=self.level.min(self.depths.len().saturating_sub(1)) {
             if self.depths[i] > avail {
                 break;
             }
@@ -512,6 +776,15 @@ impl Controller {
         let a = &mut self.alpha[class.min(CLASSES - 1)];
         for i in 0..drafted.min(accepted + 1) {
             Self::ewma(a, if i < accepted { 1.0 } else { 0.0 });
+        }
+        let top = self.depths.get(self.level).copied().unwrap_or(0);
+        if drafted >= top && accepted == drafted {
+            let up = (self.level + 1).min(self.depths.len().saturating_sub(1));
+            self.explore = up != self.level && self.verify[up].is_none();
+            self.level = up;
+        } else if accepted == 0 {
+            // A block lost whole: back to the smaller depths until blocks succeed again.
+            self.level = self.level.saturating_sub(1);
         }
     }
 }
@@ -595,21 +868,10 @@ impl Speculator {
                 // The depth is chosen before the draft runs, since drafting costs.
                 let d = self.depth(0, cap);
                 if d > 0 {
-                    // A long catch-up (the prompt, or the tokens of a stretch without
-                    // drafting) is no measure of a draft step's cost.
-                    let behind = self.context.len().saturating_sub(self.drafted_to);
                     let t0 = Instant::now();
                     self.source
                         .propose(&self.context, d, sampler, &mut self.draft)?;
-                    let per = t0.elapsed().as_secs_f64() / d as f64;
-                    if self.drafted_to > 0 && behind <= max + 2 {
-                        if self.ctl.draft == 0.0 {
-                            self.ctl.draft = per;
-                        } else {
-                            Controller::ewma(&mut self.ctl.draft, per);
-                        }
-                    }
-                    self.drafted_to = self.context.len();
+                    self.note_draft_cost(self.context.len(), t0.elapsed().as_secs_f64() / d as f64);
                 }
             } else {
                 self.source
@@ -623,12 +885,77 @@ impl Speculator {
                 self.draft.tokens.truncate(d);
             }
         }
+        Ok(self.block(pending))
+    }
+
+    /// The block to run: `pending`, then the draft.
+    fn block(&mut self, pending: u32) -> &[u32] {
         let d = self.draft.tokens.len();
         self.draft.probs.truncate(d);
         self.batch.clear();
         self.batch.push(pending);
         self.batch.extend_from_slice(&self.draft.tokens);
-        Ok(&self.batch)
+        &self.batch
+    }
+
+    /// Records the measured seconds per drafted token of a proposal at a context of
+    /// `context_len` tokens.
+    fn note_draft_cost(&mut self, context_len: usize, per_token: f64) {
+        // A long catch-up (the prompt, or the tokens of a stretch without drafting) is no
+        // measure of a draft step's cost.
+        let behind = context_len.saturating_sub(self.drafted_to);
+        let max = self.ctl.depths.last().copied().unwrap_or(0);
+        if self.drafted_to > 0 && behind <= max + 2 {
+            if self.ctl.draft == 0.0 {
+                self.ctl.draft = per_token;
+            } else {
+                Controller::ewma(&mut self.ctl.draft, per_token);
+            }
+        }
+        self.drafted_to = context_len;
+    }
+
+    /// Speculation whose drafts are made outside it, by a draft model shared with other
+    /// sequences ([`MultiDraft`]): [`Self::depth_for`] says how many to draft, and
+    /// [`Self::plan_drafted`] takes them.
+    pub fn shared_draft(draft_max: usize) -> Result<Self, EngineError> {
+        Self::new(Box::new(SharedDraft), draft_max)
+    }
+
+    /// For drafts made outside (see [`Self::shared_draft`]): the depth to draft this step
+    /// with `room` positions left from the pending token's on; 0 decodes plainly.
+    pub fn depth_for(&mut self, room: usize) -> usize {
+        let max = self.fixed.unwrap_or(*self.ctl.depths.last().unwrap_or(&0));
+        let cap = room.saturating_sub(1).min(max);
+        if cap == 0 {
+            return 0;
+        }
+        self.depth(0, cap)
+    }
+
+    /// For drafts made outside: the block to run (`pending`, then `drafted`, cut to the
+    /// cap) at a context of `context_len` tokens (the pending one included), the draft
+    /// having taken `secs` per drafted token. The drafts carry no distribution, so each
+    /// row is sampled from the target and a drafted token is accepted when it is the
+    /// sample.
+    pub fn plan_drafted(
+        &mut self,
+        context_len: usize,
+        pending: u32,
+        drafted: &[u32],
+        secs: f64,
+    ) -> &[u32] {
+        let max = self.fixed.unwrap_or(*self.ctl.depths.last().unwrap_or(&0));
+        self.draft.tokens.clear();
+        self.draft.probs.clear();
+        self.draft.class = 0;
+        self.draft
+            .tokens
+            .extend_from_slice(&drafted[..drafted.len().min(max)]);
+        if !drafted.is_empty() {
+            self.note_draft_cost(context_len, secs);
+        }
+        self.block(pending)
     }
 
     /// Verifies the planned block against the target's logits `rows` (one row per token
@@ -777,10 +1104,101 @@ mod tests {
         assert_eq!(c.choose(0, 7), 1);
         let plain = (0..PROBE_MIN_MODEL).filter(|_| c.choose(0, 7) == 0).count();
         assert_eq!(plain as u32, PROBE_MIN_MODEL);
-        // A cheap, accurate draft drafts deep.
+        // A cheap, accurate draft drafts deep, once blocks were accepted whole.
         c.draft = 0.01;
         c.alpha[0] = 0.95;
+        assert_eq!(
+            c.choose(0, 7),
+            1,
+            "a deep block only after measured success"
+        );
+        c.record_accept(0, 1, 1);
+        assert_eq!(c.choose(0, 7), 3);
+        c.record_accept(0, 3, 3);
         assert_eq!(c.choose(0, 7), 7);
         assert_eq!(c.choose(0, 3), 3);
+    }
+
+    /// Decodes `n` tokens under the controller with simulated costs (a plain step costs
+    /// 1, a verify of `d` drafted tokens `verify(d)`, each drafted token `draft`) and a
+    /// source whose drafted tokens are each right with probability `accept` (a fixed
+    /// pseudo-random stream). Returns the time per token against plain decode's 1, and
+    /// the deepest depth used.
+    fn simulate(
+        runs_model: bool,
+        accept: f64,
+        verify: impl Fn(usize) -> f64,
+        draft: f64,
+        n: usize,
+    ) -> (f64, usize) {
+        let mut c = Controller::new(7, runs_model);
+        // Lookup drafts from 4-gram matches here; a draft model has one class.
+        let class = if runs_model { 0 } else { NGRAM_MAX };
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut uniform = move || {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let (mut time, mut tokens, mut deepest) = (0.0, 0, 0);
+        while tokens < n {
+            let d = c.choose(class, 7);
+            deepest = deepest.max(d);
+            let v = if d == 0 { 1.0 } else { verify(d) };
+            c.record_verify(d, v);
+            time += v + draft * d as f64;
+            let mut acc = 0;
+            while acc < d && uniform() < accept {
+                acc += 1;
+            }
+            if d > 0 {
+                // The speculator measures a draft token's cost from its second proposal.
+                if runs_model && c.draft == 0.0 && deepest > 0 && time > v + 1.0 {
+                    c.draft = draft;
+                }
+                c.record_accept(class, d, acc);
+            }
+            tokens += acc + 1;
+        }
+        (time / tokens as f64, deepest)
+    }
+
+    /// What verify widths 2, 4 and 8 cost on the CPU measured (1.3, 1.7, 3.3 steps).
+    fn cpu_verify(d: usize) -> f64 {
+        match d {
+            1 => 1.3,
+            2..=3 => 1.7,
+            _ => 3.3,
+        }
+    }
+
+    #[test]
+    fn a_source_that_is_never_right_costs_at_most_a_few_percent() {
+        // 96 tokens, the length the benchmarks decode: the start-up must be cheap too.
+        for (runs_model, draft) in [(false, 0.0), (true, 0.4)] {
+            let (ratio, _) = simulate(runs_model, 0.0, cpu_verify, draft, 96);
+            assert!(
+                ratio <= 1.03,
+                "model {runs_model}: {ratio:.3} of plain decode's time per token"
+            );
+            let (ratio, _) = simulate(runs_model, 0.0, cpu_verify, draft, 2000);
+            assert!(ratio <= 1.02, "model {runs_model}, long run: {ratio:.3}");
+        }
+    }
+
+    #[test]
+    fn a_source_that_is_mostly_right_reaches_the_deep_setting() {
+        // Where a wide verify costs little more than a step (a memory-bound host), 90%
+        // acceptance pays at the deepest setting; on the measured CPU, depth 3 wins.
+        let cheap = |d: usize| 1.0 + 0.1 * d as f64;
+        for runs_model in [false, true] {
+            let draft = if runs_model { 0.05 } else { 0.0 };
+            let (ratio, deepest) = simulate(runs_model, 0.9, cheap, draft, 200);
+            assert_eq!(deepest, 7, "model {runs_model}");
+            assert!(ratio < 0.5, "model {runs_model}: {ratio:.3}");
+        }
+        let (ratio, deepest) = simulate(false, 0.9, cpu_verify, 0.0, 200);
+        assert!(deepest >= 3 && ratio < 0.7, "{deepest} {ratio:.3}");
     }
 }

@@ -122,6 +122,14 @@ pub struct Config {
     /// Speculative decoding with n-gram lookup in every slot (`--lookup`), drafting at
     /// most this many tokens per step (`--draft-max`); `None` decodes plainly.
     pub lookup: Option<usize>,
+    /// Speculative decoding in every slot with this draft model (`--draft`), which must
+    /// share each served model's vocabulary, drafting at most `draft_max` tokens a step.
+    pub draft: Option<PathBuf>,
+    /// Most tokens drafted per step with `draft` (`--draft-max`).
+    pub draft_max: usize,
+    /// With `lookup` or `draft`, draft this many tokens at every step the context allows
+    /// instead of the adaptive depth: for tests and measurements, never set by the CLI.
+    pub draft_depth: Option<usize>,
 }
 
 impl Config {
@@ -158,6 +166,9 @@ impl Config {
             no_slots: false,
             no_metrics: false,
             lookup: None,
+            draft: None,
+            draft_max: minfer_runtime::speculative::DEFAULT_DRAFT_MAX,
+            draft_depth: None,
         }
     }
 
@@ -176,9 +187,21 @@ impl Config {
             }
         };
         range("slots (--slots)", self.slots, 1, MAX_SLOTS)?;
+        let top = minfer_runtime::speculative::DRAFT_MAX_LIMIT;
         if let Some(max) = self.lookup {
-            let top = minfer_runtime::speculative::DRAFT_MAX_LIMIT;
             range("draft length (--draft-max)", max, 1, top)?;
+        }
+        if let Some(d) = self.draft_depth {
+            range("fixed draft depth", d, 0, top)?;
+        }
+        if self.draft.is_some() {
+            range("draft length (--draft-max)", self.draft_max, 1, top)?;
+            if self.lookup.is_some() {
+                return Err(ServerError::Param {
+                    name: "speculative decoding (--draft, --lookup)",
+                    message: "give one draft source, a draft model or lookup, not both".into(),
+                });
+            }
         }
         range("max models (--max-models)", self.max_models, 1, MAX_MODELS)?;
         if self.models.is_empty() {
@@ -536,12 +559,26 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     opts.cache_type_v = config.cache_type_v;
     let metrics = Arc::new(Metrics::default());
     let load = models::LoadOptions {
-        engine: opts,
+        engine: opts.clone(),
         slots: config.slots,
         queue: config.queue,
         metrics: Arc::clone(&metrics),
         busy: Arc::default(),
-        lookup: config.lookup,
+        speculation: match (&config.draft, config.lookup) {
+            (Some(path), _) => worker::Speculation::Draft {
+                path: path.clone(),
+                max: config.draft_max,
+                fixed: config.draft_depth,
+                // The draft runs with the target's threads, backends, context and KV
+                // formats.
+                opts: opts.clone(),
+            },
+            (None, Some(max)) => worker::Speculation::Lookup {
+                max,
+                fixed: config.draft_depth,
+            },
+            (None, None) => worker::Speculation::Off,
+        },
     };
     let workers = Arc::new(Mutex::new(Vec::new()));
     let models = models::Models::new(

@@ -85,8 +85,8 @@ pub struct LoadOptions {
     pub metrics: Arc<Metrics>,
     /// Busy slots over every model's worker (what the `busy_slots` gauge shows).
     pub busy: Arc<std::sync::atomic::AtomicUsize>,
-    /// Speculative decoding with n-gram lookup per slot, at most this many drafted tokens.
-    pub lookup: Option<usize>,
+    /// Speculative decoding in every slot, and its draft source.
+    pub speculation: worker::Speculation,
 }
 
 struct Entry {
@@ -266,7 +266,7 @@ impl Models {
             self.opts.queue,
             Arc::clone(&self.opts.metrics),
             Arc::clone(&self.opts.busy),
-            self.opts.lookup,
+            self.opts.speculation.clone(),
         )?;
         lock(&self.threads).push(thread);
         let template = ChatTemplate::from_tokenizer(&loaded.tokenizer)
@@ -344,7 +344,7 @@ mod tests {
             queue: 1,
             metrics: Arc::new(Metrics::default()),
             busy: Arc::default(),
-            lookup: None,
+            speculation: worker::Speculation::Off,
         };
         Models::new(&specs, 1, opts, Arc::default())
     }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use minfer_runtime::{
-    EngineError, KvHistory, MultiEngine, NgramLookup, Prefetch, Sampler, SeqStep, Speculator,
-    StopEvent, StopScanner,
+    DraftAsk, EngineError, EngineOptions, KvHistory, MultiDraft, MultiEngine, NgramLookup,
+    Prefetch, Sampler, SeqStep, Speculator, StopEvent, StopScanner,
 };
 use minfer_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
@@ -89,6 +89,52 @@ pub struct Loaded {
     pub digest: [u8; 32],
 }
 
+/// How the worker's slots decode speculatively.
+#[derive(Debug, Clone, Default)]
+pub enum Speculation {
+    /// Plain decode.
+    #[default]
+    Off,
+    /// N-gram lookup, drafting at most `max` tokens a step.
+    Lookup {
+        /// Most tokens drafted a step.
+        max: usize,
+        /// A depth forced at every step instead of the adaptive one (tests).
+        fixed: Option<usize>,
+    },
+    /// A draft model at `path`, loaded with `opts` (the target's context given to it),
+    /// with a slot per target slot; at most `max` tokens drafted a step.
+    Draft {
+        /// The draft model's file.
+        path: std::path::PathBuf,
+        /// Most tokens drafted a step.
+        max: usize,
+        /// A depth forced at every step instead of the adaptive one (tests).
+        fixed: Option<usize>,
+        /// How to build its engine.
+        opts: EngineOptions,
+    },
+}
+
+/// Loads the draft of `speculation`, if it has one, beside `target`: the same slots of
+/// the same length, a vocabulary the target's (refused by name otherwise).
+fn load_draft(
+    speculation: &Speculation,
+    target: &MultiEngine,
+    tok: &Tokenizer,
+) -> Result<Option<MultiDraft>, String> {
+    let Speculation::Draft { path, opts, .. } = speculation else {
+        return Ok(None);
+    };
+    let mut opts = opts.clone();
+    opts.n_ctx = Some(target.engine().n_ctx());
+    let named = |e: EngineError| format!("--draft {}: {e}", path.display());
+    let engine = MultiEngine::load(path, &opts, target.n_slots()).map_err(named)?;
+    MultiDraft::new(engine, tok, target.n_slots(), target.slot_ctx())
+        .map(Some)
+        .map_err(named)
+}
+
 /// Starts the worker thread: it loads the model with `load`, reports the result, then
 /// serves the queue until every handle is dropped.
 pub fn spawn(
@@ -96,7 +142,7 @@ pub fn spawn(
     queue_capacity: usize,
     metrics: Arc<Metrics>,
     busy_total: Arc<AtomicUsize>,
-    lookup: Option<usize>,
+    speculation: Speculation,
 ) -> Result<(WorkerHandle, Loaded, std::thread::JoinHandle<()>), String> {
     let (qtx, qrx) = std::sync::mpsc::channel::<Job>();
     let (otx, orx) = std::sync::mpsc::channel::<crate::slots::SlotOp>();
@@ -123,6 +169,13 @@ pub fn spawn(
                     return;
                 }
             };
+            let draft = match load_draft(&speculation, &engine, &tokenizer) {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
             let loaded = Loaded {
                 tokenizer: Arc::clone(&tokenizer),
                 slot_ctx: engine.slot_ctx(),
@@ -136,7 +189,18 @@ pub fn spawn(
             // The slots are published before the server is reported ready, so /slots
             // never shows an empty list to the first client.
             let mut worker = Worker::new(engine, tokenizer, m2, s2, busy_total);
-            worker.lookup = lookup;
+            match speculation {
+                Speculation::Off => {}
+                Speculation::Lookup { max, fixed } => {
+                    worker.lookup = Some(max);
+                    worker.spec_fixed = fixed;
+                }
+                Speculation::Draft { max, fixed, .. } => {
+                    worker.draft_max = max;
+                    worker.spec_fixed = fixed;
+                }
+            }
+            worker.draft = draft;
             let _ = ready_tx.send(Ok(loaded));
             worker.run(qrx, orx, &pending2);
         })
@@ -181,6 +245,8 @@ struct Active {
     spec: Option<Speculator>,
     /// The next token, sampled by a verify step and not yet emitted.
     next: Option<u32>,
+    /// Its log-probabilities (from its verify row), when the request asks for them.
+    next_logprob: Option<TokenLogprob>,
     /// Whether the slot's entry in the current step is a speculative block to verify.
     verifying: bool,
 }
@@ -212,6 +278,12 @@ struct Worker {
     waiting: Option<Job>,
     /// Speculative decoding with n-gram lookup, at most this many drafted tokens a step.
     lookup: Option<usize>,
+    /// Speculative decoding with a draft model, a slot per slot, at most `draft_max`
+    /// drafted tokens a step.
+    draft: Option<MultiDraft>,
+    draft_max: usize,
+    /// A draft depth forced at every step instead of the adaptive one (tests).
+    spec_fixed: Option<usize>,
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
@@ -250,6 +322,9 @@ impl Worker {
             clock: 0,
             waiting: None,
             lookup: None,
+            draft: None,
+            draft_max: 0,
+            spec_fixed: None,
         };
         w.publish();
         w
@@ -427,6 +502,7 @@ impl Worker {
                 first_sample: None,
                 spec,
                 next: None,
+                next_logprob: None,
                 verifying: false,
                 job,
             });
@@ -434,15 +510,21 @@ impl Worker {
         true
     }
 
-    /// A speculator for `job` when the server speculates. Requests for log-probabilities
-    /// decode plainly (a verify step's rows are not kept per token), and so do requests
-    /// under a grammar (drafts are verified against the unconstrained chain).
+    /// A speculator for `job` when the server speculates. Requests under a grammar
+    /// decode plainly (drafts are verified against the unconstrained chain). Requests for
+    /// log-probabilities speculate: a verify row is bitwise the logits plain decode
+    /// computes at its position, so each token's log-probabilities come from its row.
     fn speculator(&self, job: &Job) -> Option<Speculator> {
-        let max = self.lookup?;
-        if job.logprobs.is_some() || job.constraint.is_some() {
+        if job.constraint.is_some() {
             return None;
         }
-        Speculator::new(Box::new(NgramLookup::new()), max).ok()
+        let mut sp = if self.draft.is_some() {
+            Speculator::shared_draft(self.draft_max).ok()?
+        } else {
+            Speculator::new(Box::new(NgramLookup::new()), self.lookup?).ok()?
+        };
+        sp.set_fixed_depth(self.spec_fixed);
+        Some(sp)
     }
 
     /// Starts the other choices of the request in slot `lead`, whose prompt has just
@@ -508,6 +590,10 @@ impl Worker {
     /// prompts of newly admitted ones together in one step.
     fn decode_turn(&mut self) -> bool {
         let mut steps = Vec::new();
+        // Slots whose draft model drafts this turn, all together after this loop:
+        // (slot, pending token, its position).
+        let mut to_draft = Vec::new();
+        let shared_draft = self.draft.is_some();
         for idx in 0..self.slots.len() {
             let tok = Arc::clone(&self.tok);
             let metrics = Arc::clone(&self.metrics);
@@ -563,6 +649,10 @@ impl Worker {
             let ctx = self.engine.slot_ctx();
             let r = catch_unwind(AssertUnwindSafe(|| sample_one(a, &tok, &metrics, pos, ctx)));
             match r {
+                Ok(Some(t)) if shared_draft && a.spec.is_some() => {
+                    slot.cached.push(t);
+                    to_draft.push((idx, t, pos));
+                }
                 Ok(Some(t)) => {
                     // With speculation the step runs `t` and the tokens drafted after
                     // it, all rows wanted; `cached` gains the drafted ones once accepted.
@@ -599,6 +689,9 @@ impl Worker {
             if let Some(a) = self.slots[idx].active.as_ref() {
                 self.slots[idx].last_generated = a.generated;
             }
+        }
+        if !to_draft.is_empty() {
+            self.draft_turn(&to_draft, &mut steps);
         }
         if steps.is_empty() {
             return false;
@@ -650,6 +743,97 @@ impl Worker {
         true
     }
 
+    /// Drafts for every slot in `to_draft` (slot, pending token, its position) with the
+    /// draft model, all of them in shared draft forwards, and adds each slot's block (the
+    /// pending token, then what it drafted) to `steps`.
+    fn draft_turn(&mut self, to_draft: &[(usize, u32, usize)], steps: &mut Vec<SeqStep>) {
+        let ctx = self.engine.slot_ctx();
+        let depths: Vec<usize> = to_draft
+            .iter()
+            .map(|&(idx, _, pos)| {
+                self.slots[idx]
+                    .active
+                    .as_mut()
+                    .and_then(|a| a.spec.as_mut())
+                    .map_or(0, |sp| sp.depth_for(ctx - pos))
+            })
+            .collect();
+        let deepest = depths.iter().copied().max().unwrap_or(0);
+        let mut blocks: Vec<Vec<u32>> = Vec::new();
+        let mut secs = 0.0;
+        if let (Some(draft), true) = (self.draft.as_mut(), deepest > 0) {
+            let slots = &self.slots;
+            let asks: Vec<DraftAsk<'_>> = to_draft
+                .iter()
+                .zip(&depths)
+                .filter_map(|(&(idx, _, _), &max)| {
+                    let a = slots[idx].active.as_ref()?;
+                    Some(DraftAsk {
+                        slot: idx,
+                        context: slots[idx].cached.tokens(),
+                        max,
+                        target: &a.sampler,
+                    })
+                })
+                .collect();
+            let t0 = Instant::now();
+            let r = catch_unwind(AssertUnwindSafe(|| draft.propose(&asks, &mut blocks)));
+            // Every drafting slot waited for the whole draft: its cost per drafted token
+            // is the deepest draft's.
+            secs = t0.elapsed().as_secs_f64() / deepest as f64;
+            let asked: Vec<usize> = asks.iter().map(|a| a.slot).collect();
+            drop(asks);
+            let err = match r {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(engine_error(e)),
+                Err(p) => {
+                    for &idx in &asked {
+                        draft.forget(idx);
+                    }
+                    let msg = format!("the draft model panicked: {}", panic_text(&*p));
+                    Some(ApiError::internal(msg))
+                }
+            };
+            if let Some(err) = err {
+                for &(idx, _, _) in to_draft {
+                    if let Some(tx) = self.slots[idx].active.as_ref().map(|a| a.job.tx.clone()) {
+                        self.fail_slot(idx, &tx, err.clone());
+                    }
+                }
+                return;
+            }
+            // `blocks` follows `asks`, which skipped the slots that do not draft.
+            let mut it = blocks.into_iter();
+            blocks = depths
+                .iter()
+                .map(|&d| {
+                    if d > 0 {
+                        it.next().unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect();
+        }
+        for (i, &(idx, t, pos)) in to_draft.iter().enumerate() {
+            let Some(a) = self.slots[idx].active.as_mut() else {
+                continue;
+            };
+            let Some(sp) = a.spec.as_mut() else {
+                continue;
+            };
+            let drafted = blocks.get(i).map_or(&[][..], Vec::as_slice);
+            let tokens = sp.plan_drafted(pos + 1, t, drafted, secs).to_vec();
+            a.verifying = true;
+            steps.push(SeqStep {
+                slot: idx,
+                n_out: tokens.len(),
+                tokens,
+                pos0: pos,
+            });
+        }
+    }
+
     /// Verifies a slot's speculative block against its logits rows: the accepted drafted
     /// tokens are emitted now (their KV rows are written: `cached` records them), and the
     /// target's own next token waits in `next` to be emitted and run by the next step.
@@ -665,7 +849,15 @@ impl Worker {
         };
         let before = sp.stats();
         let mut out = Vec::with_capacity(s.tokens.len());
+        // The sampler rewrites the rows it samples (penalties, biases): log-probabilities
+        // are of the model's raw logits, as plain decode reports them.
+        let raw = a.job.logprobs.map(|k| (k, rows.clone()));
         sp.verify(&mut a.sampler, &mut rows, n_vocab, elapsed, &mut out);
+        let logprob = |i: usize, t: u32| {
+            let (k, raw) = raw.as_ref()?;
+            let row = raw.get(i * n_vocab..(i + 1) * n_vocab)?;
+            Some(logprob_of(&self.tok, row, t, *k))
+        };
         let after = sp.stats();
         self.metrics.add_draft(
             (after.drafted - before.drafted) as usize,
@@ -674,9 +866,15 @@ impl Worker {
         let Some(next) = out.pop() else {
             return;
         };
+        a.next_logprob = logprob(out.len(), next);
         for (i, &t) in out.iter().enumerate() {
             // `t` ran at this position; plain decode would have sampled it there.
             let pos = s.pos0 + 1 + i;
+            if !self.tok.is_eog(t) {
+                if let Some(lp) = logprob(i, t) {
+                    a.logprobs.push(lp);
+                }
+            }
             if emit(a, &self.tok, &self.metrics, t, pos, ctx).is_none() {
                 return;
             }
@@ -803,7 +1001,12 @@ fn sample_one(
 ) -> Option<u32> {
     let t = match a.next.take() {
         // Sampled by a verify step, already in the sampler's window.
-        Some(t) => t,
+        Some(t) => {
+            if let Some(lp) = a.next_logprob.take().filter(|_| !tok.is_eog(t)) {
+                a.logprobs.push(lp);
+            }
+            t
+        }
         None => {
             let mut logits = a.logits.take()?;
             let raw = a.job.logprobs.map(|_| logits.clone());

@@ -84,14 +84,19 @@ pub struct Args {
     #[arg(long = "no-metrics")]
     pub no_metrics: bool,
     /// Speculative decoding in every slot with n-gram lookup (drafts copied from the
-    /// prompt and the output so far; requests asking for logprobs decode plainly).
+    /// prompt and the output so far; requests under a grammar decode plainly).
     #[arg(long = "lookup")]
     pub lookup: bool,
-    /// A draft model for speculative decoding: `minfer run`, `chat` and `bench` take one;
-    /// the server does not yet, and refuses it by name.
-    #[arg(long = "draft", visible_alias = "model-draft")]
+    /// Speculative decoding in every slot with this draft model (a GGUF path, catalog
+    /// name or URL), which must share the served models' vocabulary; it gets a slot per
+    /// slot, and the slots' draft steps run together.
+    #[arg(
+        long = "draft",
+        visible_alias = "model-draft",
+        conflicts_with = "lookup"
+    )]
     pub draft: Option<String>,
-    /// Most tokens drafted per step with --lookup, 1..=16.
+    /// Most tokens drafted per step with --lookup or --draft, 1..=16.
     #[arg(
         long = "draft-max",
         default_value_t = minfer_runtime::speculative::DEFAULT_DRAFT_MAX,
@@ -115,12 +120,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let shutdown = shutdown_timeout(args.shutdown_timeout)?;
-    if args.draft.is_some() {
-        anyhow::bail!(
-            "--draft: the server does not run a draft model yet; use --lookup for \
-             speculative decoding in serve (run, chat and bench take --draft)"
-        );
-    }
     // Aliases name the --model values in order; without any, the one default model.
     // Models found under --models-dir are named by their file stems.
     let named = match (args.model.len(), &args.models_dir) {
@@ -157,6 +156,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.no_slots = args.no_slots;
     config.no_metrics = args.no_metrics;
     config.lookup = args.lookup.then_some(args.draft_max);
+    config.draft_max = args.draft_max;
+    if let Some(name) = &args.draft {
+        config.draft = Some(minfer_hub::resolve_model(Some(name), true)?);
+    }
     config.validate()?;
     let mut specs: Vec<Option<&str>> = args.model.iter().map(|m| Some(m.as_str())).collect();
     if specs.is_empty() && args.models_dir.is_none() {
