@@ -98,6 +98,19 @@ pub trait DraftSource: Send {
 
     /// Whether proposing runs a model (its cost is then measured and weighed).
     fn runs_model(&self) -> bool;
+
+    /// The bytes of weights one draft step reads, where the source runs a model: what
+    /// its cost is weighed by when timings must not steer the depth (see
+    /// [`Speculator::step`]).
+    fn weight_bytes(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The bytes of weights in `file`: what one decode step streams, on a machine where
+/// decode is bound by reading them.
+fn file_weight_bytes(file: &minfer_gguf::GgufFile) -> u64 {
+    file.tensors().iter().map(|t| t.n_bytes).sum()
 }
 
 /// Refuses a draft whose vocabulary differs from the target's, naming the first
@@ -224,6 +237,10 @@ impl DraftSource for DraftModel {
 
     fn runs_model(&self) -> bool {
         true
+    }
+
+    fn weight_bytes(&self) -> Option<u64> {
+        Some(file_weight_bytes(self.engine.file()))
     }
 
     fn propose(
@@ -664,6 +681,9 @@ struct Controller {
     /// Whether the depth just allowed has its verify cost still unmeasured: it is tried
     /// once (an estimate alone would never be corrected).
     explore: bool,
+    /// Whether the costs are fixed estimates that no timing updates (see
+    /// [`Controller::fix_costs`]): the depth then follows the acceptance alone.
+    fixed_costs: bool,
 }
 
 /// The acceptance every class starts from: pessimistic, so that nothing is drafted on
@@ -702,7 +722,21 @@ impl Controller {
             },
             level: 0,
             explore: false,
+            fixed_costs: false,
         }
+    }
+
+    /// Replaces the measured costs by estimates in units of a plain step: a draft step
+    /// costs `draft_ratio` of one (the share of the target's weight bytes it reads) and a
+    /// verify width the [`EXTRA_TOKEN_COST`] model. From then on no timing moves a
+    /// choice, so the choices, and with them every random draw, are a function of the
+    /// seed and the text alone.
+    fn fix_costs(&mut self, draft_ratio: f64) {
+        self.fixed_costs = true;
+        self.plain = Some(1.0);
+        self.draft = draft_ratio;
+        self.verify.iter_mut().for_each(|v| *v = None);
+        self.explore = false;
     }
 
     fn verify_cost(&self, i: usize) -> f64 {
@@ -759,6 +793,9 @@ impl Controller {
     }
 
     fn record_verify(&mut self, depth: usize, secs: f64) {
+        if self.fixed_costs {
+            return;
+        }
         if depth == 0 {
             match &mut self.plain {
                 Some(p) => Self::ewma(p, secs),
@@ -905,7 +942,7 @@ impl Speculator {
         // measure of a draft step's cost.
         let behind = context_len.saturating_sub(self.drafted_to);
         let max = self.ctl.depths.last().copied().unwrap_or(0);
-        if self.drafted_to > 0 && behind <= max + 2 {
+        if self.drafted_to > 0 && behind <= max + 2 && !self.ctl.fixed_costs {
             if self.ctl.draft == 0.0 {
                 self.ctl.draft = per_token;
             } else {
@@ -1019,6 +1056,16 @@ impl Speculator {
         out: &mut Vec<u32>,
     ) -> Result<(), EngineError> {
         let room = engine.n_ctx().saturating_sub(history.len());
+        // Under sampling a draft model's tokens are verified by the rejection rule, whose
+        // draws depend on where blocks start and end; were the depth to follow timings,
+        // a fixed seed would give different (equally distributed) texts from run to run.
+        // Its costs are then estimated from the weight bytes each step reads instead.
+        if !sampler.params().is_greedy() && !self.ctl.fixed_costs {
+            if let Some(draft) = self.source.weight_bytes() {
+                let target = file_weight_bytes(engine.file()).max(1);
+                self.ctl.fix_costs(draft as f64 / target as f64);
+            }
+        }
         self.plan(history, pending, room, sampler)?;
         let t0 = Instant::now();
         let n = self.batch.len();
@@ -1117,6 +1164,47 @@ mod tests {
         c.record_accept(0, 3, 3);
         assert_eq!(c.choose(0, 7), 7);
         assert_eq!(c.choose(0, 3), 3);
+    }
+
+    /// The depth choices of `c` over a fixed pattern of acceptance, each block's timing
+    /// drawn from `timing` (seconds of a verify of `d` drafted tokens, step `i`).
+    fn choices(mut c: Controller, timing: impl Fn(usize, usize) -> f64) -> Vec<usize> {
+        let mut out = Vec::new();
+        for i in 0..200 {
+            let d = c.choose(0, 7);
+            c.record_verify(d, timing(d, i));
+            if d > 0 {
+                // Whole blocks mostly, a lost one every seventh step.
+                let accepted = if i % 7 == 3 { 0 } else { d };
+                c.record_accept(0, d, accepted);
+            }
+            out.push(d);
+        }
+        out
+    }
+
+    #[test]
+    fn with_fixed_costs_timings_never_move_the_depth() {
+        let fixed = || {
+            let mut c = Controller::new(7, true);
+            c.fix_costs(0.3);
+            c
+        };
+        let steady = |d: usize, _| 1.0 + 0.3 * d as f64;
+        // A machine that slows down wide verifies now and then (another process, a
+        // frequency change): measured costs follow it.
+        let noisy = |d: usize, i: usize| {
+            (1.0 + 0.3 * d as f64) * if i.is_multiple_of(5) { 3.0 } else { 1.0 }
+        };
+        assert_eq!(choices(fixed(), steady), choices(fixed(), noisy));
+        assert!(choices(fixed(), steady).iter().any(|&d| d > 0), "it drafts");
+        // Without fixed costs the same noise changes the choices: the test can fail.
+        let measured = || {
+            let mut c = Controller::new(7, true);
+            c.draft = 0.3;
+            c
+        };
+        assert_ne!(choices(measured(), steady), choices(measured(), noisy));
     }
 
     /// Decodes `n` tokens under the controller with simulated costs (a plain step costs
