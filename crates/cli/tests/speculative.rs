@@ -1,20 +1,18 @@
 //! `--lookup`, `--draft` and `--draft-max` on the real binary: the same greedy text as
 //! plain decode, the counters on stderr, bench's speculative test, and refusals by name.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{assert_refused, minfer_command, test_home};
 use minfer_gguf::GgmlType;
 use minfer_models::testing::{write_tiny_model, TinySpec};
 
 fn minfer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_minfer"))
+    minfer_command(&test_home("spec"))
         .args(args)
-        .env(
-            "MINFER_HOME",
-            std::env::temp_dir().join("minfer-spec-test-home"),
-        )
-        .env_remove("MINFER_BACKENDS")
         .output()
         .expect("run minfer")
 }
@@ -23,16 +21,6 @@ fn tiny(dir: &Path, name: &str, spec: &TinySpec) -> PathBuf {
     let p = dir.join(name);
     write_tiny_model(&p, spec).expect("write tiny model");
     p
-}
-
-fn assert_refused(out: &Output, needle: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure, stderr: {err}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-    assert!(
-        err.contains(needle),
-        "stderr does not name `{needle}`: {err}"
-    );
 }
 
 #[test]

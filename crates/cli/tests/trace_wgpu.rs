@@ -7,13 +7,16 @@
 
 #![cfg(feature = "wgpu")]
 
+mod common;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
+use common::{http, minfer_command, start_viz, test_home};
 use minfer_gguf::GgmlType;
 use minfer_models::testing::{write_tiny_model, TinySpec};
 use serde_json::Value;
@@ -25,13 +28,8 @@ use serde_json::Value;
 const STATS_BOUND: f64 = 3e-2;
 
 fn minfer(args: &[&str], trace: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_minfer"))
+    minfer_command(&test_home("trace-wgpu"))
         .args(args)
-        .env(
-            "MINFER_HOME",
-            std::env::temp_dir().join("minfer-trace-wgpu-test-home"),
-        )
-        .env_remove("MINFER_BACKENDS")
         .env_remove("MINFER_WGPU_API")
         .env("MINFER_TRACE", trace)
         .output()
@@ -203,72 +201,6 @@ fn a_wgpu_trace_records_every_node_and_agrees_with_the_cpu_trace() {
     eprintln!("{compared} node entries compared, worst statistics error {worst:.2e}");
 }
 
-/// A running `minfer viz`, stopped on drop.
-struct Viz {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Viz {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_viz(model: &str) -> Viz {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
-        .args([
-            "viz",
-            "-m",
-            model,
-            "--backend",
-            "wgpu",
-            "--port",
-            "0",
-            "-t",
-            "2",
-        ])
-        .env_remove("MINFER_BACKENDS")
-        .env_remove("MINFER_TRACE")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start minfer viz");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let url = loop {
-        let Some(Ok(line)) = lines.next() else {
-            let _ = child.kill();
-            panic!("minfer viz exited before listening");
-        };
-        if let Some(u) = line.strip_prefix("minfer viz: open ") {
-            break u.trim().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
-    Viz { child, addr }
-}
-
-fn request(addr: &str, head: &str, body: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120)))
-        .expect("timeout");
-    write!(
-        s,
-        "{head} HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read response");
-    out
-}
-
 #[test]
 fn viz_with_wgpu_streams_every_node_of_a_live_run() {
     if !minfer_wgpu::testing::adapter_or_skip() {
@@ -276,14 +208,15 @@ fn viz_with_wgpu_streams_every_node_of_a_live_run() {
     }
     let dir = tempfile::tempdir().unwrap();
     let m = tiny(dir.path());
-    let viz = start_viz(m.to_str().unwrap());
-    let mut sse = TcpStream::connect(&viz.addr).expect("connect");
+    let viz = start_viz(&["-m", m.to_str().unwrap(), "--backend", "wgpu"]);
+    let addr = viz.addr();
+    let mut sse = TcpStream::connect(&addr).expect("connect");
     sse.set_read_timeout(Some(Duration::from_secs(120)))
         .expect("timeout");
     write!(
         sse,
         "GET /viz/events HTTP/1.0\r\nHost: {}\r\naccept: text/event-stream\r\n\r\n",
-        viz.addr
+        addr
     )
     .expect("subscribe");
     let mut events = BufReader::new(sse).lines();
@@ -293,7 +226,7 @@ fn viz_with_wgpu_streams_every_node_of_a_live_run() {
             break;
         }
     }
-    let r = request(&viz.addr, "POST /viz/run", r#"{"prompt":"Hello","n":3}"#);
+    let r = http(&addr, "POST /viz/run", r#"{"prompt":"Hello","n":3}"#);
     assert!(r.starts_with("HTTP/1.1 202"), "{r}");
     let (mut graph, mut kind, mut nodes, mut steps) = (Value::Null, String::new(), 0, 0);
     let mut on_wgpu = 0;
@@ -327,7 +260,7 @@ fn viz_with_wgpu_streams_every_node_of_a_live_run() {
         on_wgpu > 0 && on_wgpu < nodes,
         "{on_wgpu} of {nodes} node events on wgpu"
     );
-    let doc = request(&viz.addr, "GET /viz/trace", "");
+    let doc = http(&addr, "GET /viz/trace", "");
     let body = doc.split("\r\n\r\n").nth(1).expect("a body");
     let doc: Value = serde_json::from_str(body).expect("the run's trace");
     minfer_graph::trace::check_trace(&doc).expect("the live run's trace follows the schema");

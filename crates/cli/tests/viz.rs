@@ -3,10 +3,12 @@
 //! the real page is driven in a headless Chromium (through playwright-core, see
 //! `viz_browser.cjs`), which `scripts/test.sh` installs.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod common;
 
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::start_viz;
 use minfer_gguf::GgmlType;
 use minfer_models::testing::{write_tiny_model, TinySpec};
 use serde_json::Value;
@@ -298,46 +300,6 @@ fn viz_refuses_a_bad_trace_file_naming_the_problem() {
     }
     let missing = minfer(&["viz", "--trace", "/nonexistent/t.json"], None);
     assert!(text(&missing.stderr).contains("reading trace /nonexistent/t.json"));
-}
-
-/// A running `minfer viz`, stopped on drop.
-struct Viz {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Viz {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `minfer viz ARGS --port 0` and waits for the address it prints.
-fn start_viz(args: &[&str]) -> Viz {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
-        .arg("viz")
-        .args(args)
-        .args(["--port", "0", "-t", "2"])
-        .env_remove("MINFER_BACKENDS")
-        .env_remove("MINFER_TRACE")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start minfer viz");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let url = loop {
-        let Some(Ok(line)) = lines.next() else {
-            let _ = child.kill();
-            panic!("minfer viz exited before listening");
-        };
-        if let Some(u) = line.strip_prefix("minfer viz: open ") {
-            break u.trim().to_string();
-        }
-    };
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Viz { child, url }
 }
 
 fn artifacts() -> PathBuf {

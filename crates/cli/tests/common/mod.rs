@@ -134,3 +134,55 @@ pub fn assert_refused(out: &Output, needle: &str) {
         "stderr does not name `{needle}`: {err}"
     );
 }
+
+/// A running `minfer viz`, stopped on drop.
+pub struct Viz {
+    child: Child,
+    /// The page's address as the server printed it (`http://HOST:PORT/`).
+    pub url: String,
+}
+
+impl Viz {
+    /// `HOST:PORT` of the page, for raw requests.
+    pub fn addr(&self) -> String {
+        self.url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string()
+    }
+}
+
+impl Drop for Viz {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `minfer viz ARGS --port 0 -t 2` (no backend fence or trace inherited) and
+/// waits for the address it prints.
+pub fn start_viz(args: &[&str]) -> Viz {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_minfer"))
+        .arg("viz")
+        .args(args)
+        .args(["--port", "0", "-t", "2"])
+        .env_remove("MINFER_BACKENDS")
+        .env_remove("MINFER_TRACE")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start minfer viz");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            panic!("minfer viz exited before listening");
+        };
+        if let Some(u) = line.strip_prefix("minfer viz: open ") {
+            break u.trim().to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Viz { child, url }
+}

@@ -3,6 +3,7 @@
 
 pub mod mixed;
 pub mod python;
+pub mod spec;
 
 use std::path::PathBuf;
 
