@@ -6,8 +6,9 @@
 //! whose tiles are used where [`RepackedMatrix::supports`] says so).
 //! Decode cycles through enough copies of each matrix to exceed the last-level cache, so
 //! the figure is memory streaming, not cache bandwidth. A read-bandwidth probe runs first
-//! (a plain sum over a buffer far above the last-level cache, 1 and 2 threads, each thread
-//! reading one contiguous half as the decode split does), and every decode line gives its
+//! (a plain sum over a buffer far above the last-level cache, on the same huge-page memory
+//! as the repacked weights, 1 and 2 threads, each thread reading one contiguous half as the
+//! decode split does), and every decode line gives its
 //! GB/s as a share of the probe's figure for its thread count.
 //!
 //! Run with `cargo bench -p minfer-cpu --bench matmul [-- [--decode] [filter...]]`; the
@@ -16,6 +17,7 @@
 //! the decode fusions' products (separate against one multi call, SwiGLU included).
 //! `MINFER_ISA=avx2` measures the AVX2 path on a CPU with AVX-512.
 
+use minfer_cpu::hugemem::HugeVec;
 use minfer_cpu::matmul::{
     matmul, matmul_repacked, matmul_repacked_multi_then, MatmulScratch, MultiEpilogue, QMatrix,
     RepackedMatrix,
@@ -67,7 +69,11 @@ const PROBE_BYTES: usize = 512 << 20;
 /// best of several passes in which each thread sums its own contiguous half of a buffer,
 /// as the decode split streams weights.
 fn bandwidth(pools: &[ThreadPool]) -> Vec<f64> {
-    let buf: Vec<u64> = (0..PROBE_BYTES / 8).map(|i| i as u64).collect();
+    // On the backend's weight memory (huge pages where the kernel gives them), as the
+    // repacked weights are: the same memory, so the same bound.
+    let vals: Vec<u64> = (0..PROBE_BYTES / 8).map(|i| i as u64).collect();
+    let buf = HugeVec::from_slice(&vals).expect("probe buffer");
+    drop(vals);
     let sink = AtomicU64::new(0);
     pools
         .iter()

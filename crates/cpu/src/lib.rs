@@ -6,8 +6,10 @@
 //! - `matmul`: quantized and float matrix products over the thread pool.
 //! - `ops`: norms, RoPE, attention and the element-wise ops.
 //! - `backend`: `CpuBackend`, the graph backend that executes nodes with the above.
+//! - `hugemem`: the huge-page memory the backend keeps its own weight layouts in.
 
 pub mod backend;
+pub mod hugemem;
 pub mod matmul;
 pub mod ops;
 pub mod quant;

@@ -81,6 +81,9 @@ pub enum MatmulError {
         /// Bytes needed (`None` renders as overflow).
         expected: Option<usize>,
     },
+    /// The system refused memory for a repacked copy of the weights.
+    #[error("no memory for repacked weights: {0}")]
+    Memory(String),
     /// The weight bytes are not aligned for the type's blocks.
     #[error("{ty} weight data is not aligned to {align} bytes")]
     Misaligned {

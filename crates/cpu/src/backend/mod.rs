@@ -663,7 +663,7 @@ fn matmul_named(
     }
     let q = QMatrix {
         ty: w.ty,
-        data: w.bytes(),
+        data: w.matmul_bytes(repack),
         rows: out_dim,
         cols: in_dim,
     };

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
+use crate::hugemem::HugeVec;
 use crate::matmul::{QMatrix, RepackedMatrix};
 use crate::threadpool::ThreadPool;
 
@@ -60,6 +61,9 @@ pub struct Weight {
     vec_f32: Option<Vec<f32>>,
     /// The matmul layout, built on first use as a matmul weight (`None`: not repackable).
     repacked: OnceLock<Option<RepackedMatrix>>,
+    /// A mapped matrix without a repacked layout, copied as it is onto huge-page memory on
+    /// first use as a matmul weight (`None`: kept in place).
+    copied: OnceLock<Option<HugeVec<u8>>>,
 }
 
 impl std::fmt::Debug for Weight {
@@ -132,6 +136,34 @@ impl Weight {
             })
             .as_ref()
     }
+
+    /// The bytes a matmul reads for a weight that has no repacked layout: with `enabled`,
+    /// a mapped matrix is copied on the first call onto the backend's huge-page memory
+    /// (`hugemem`), releasing the mapped pages slice by slice; otherwise, or where the
+    /// copy cannot be made, the stored bytes. The bytes are the same either way.
+    pub fn matmul_bytes(&self, enabled: bool) -> &[u8] {
+        if !enabled || self.out_dim <= 1 {
+            return self.bytes();
+        }
+        let Storage::Mapped { file, index } = &self.storage else {
+            return self.bytes();
+        };
+        let copy = self.copied.get_or_init(|| {
+            let info = file.tensors().get(*index)?;
+            let src = self.bytes();
+            let mut dst = HugeVec::<u8>::zeroed(src.len()).ok()?;
+            const SLICE: usize = 8 << 20;
+            for (i, (d, s)) in dst.chunks_mut(SLICE).zip(src.chunks(SLICE)).enumerate() {
+                d.copy_from_slice(s);
+                file.release_tensor_range(info, i * SLICE..i * SLICE + s.len());
+            }
+            Some(dst)
+        });
+        match copy {
+            Some(c) => c,
+            None => self.bytes(),
+        }
+    }
 }
 
 /// Tensors by name.
@@ -202,6 +234,7 @@ impl WeightRegistry {
                 },
                 vec_f32: None,
                 repacked: OnceLock::new(),
+                copied: OnceLock::new(),
             };
             // Vectors (norm scales, biases) are read as f32 by the kernels; keep a small
             // converted copy where the stored form cannot be viewed as f32 directly.
@@ -252,6 +285,7 @@ impl WeightRegistry {
                 storage: Storage::Owned(data),
                 vec_f32: None,
                 repacked: OnceLock::new(),
+                copied: OnceLock::new(),
             },
         );
         Ok(true)
@@ -287,6 +321,30 @@ mod tests {
         assert_eq!(
             reg.get("draft.b").unwrap().as_f32().unwrap(),
             &[1.0, 2.0, 3.0, 4.0]
+        );
+    }
+
+    #[test]
+    fn matmul_bytes_are_a_huge_page_copy_of_mapped_matrices_only() {
+        let mut w = GgufWriter::new();
+        let m: Vec<f32> = (0..96).map(|i| i as f32 / 8.0 - 5.0).collect();
+        w.add_tensor_f32("m", &[32, 3], GgmlType::Q8_0, &m).unwrap();
+        w.add_tensor_f32("v", &[32], GgmlType::Q8_0, &m[..32])
+            .unwrap();
+        let file = Arc::new(GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap());
+        let mut reg = WeightRegistry::default();
+        reg.register_gguf(&file, "").unwrap();
+        let q = reg.get("m").unwrap();
+        assert_eq!(q.matmul_bytes(false).as_ptr(), q.bytes().as_ptr());
+        let copy = q.matmul_bytes(true);
+        assert_eq!(copy, q.bytes());
+        assert_ne!(copy.as_ptr(), q.bytes().as_ptr(), "a copy");
+        assert_eq!(q.matmul_bytes(true).as_ptr(), copy.as_ptr(), "made once");
+        let v = reg.get("v").unwrap();
+        assert_eq!(
+            v.matmul_bytes(true).as_ptr(),
+            v.bytes().as_ptr(),
+            "vectors stay"
         );
     }
 

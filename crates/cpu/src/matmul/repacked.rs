@@ -9,6 +9,7 @@
 //! which tokens share the call, and the scalar kernel replays the AVX2 one exactly.
 
 use super::{check_shapes, Disjoint, MatmulError, MatmulScratch, QMatrix};
+use crate::hugemem::HugeVec;
 use crate::quant::repack::{act_sidecar, gemv, Act, Tile, TileQ5, TileQ8};
 use crate::quant::repack_k::{gemv_q4k, TileQ4K};
 use crate::quant::repack_k6::{gemv_q6k, TileQ6K};
@@ -28,31 +29,47 @@ const CHUNK_ACT_BYTES: usize = 96 * 1024;
 
 #[derive(Debug, Clone)]
 enum Tiles {
-    Q8_0(Vec<TileQ8>),
-    Q5_0(Vec<TileQ5>),
-    Q4K(Vec<TileQ4K>),
-    Q6K(Vec<TileQ6K>),
+    Q8_0(HugeVec<TileQ8>),
+    Q5_0(HugeVec<TileQ5>),
+    Q4K(HugeVec<TileQ4K>),
+    Q6K(HugeVec<TileQ6K>),
 }
 
 impl Tiles {
-    /// Reserves room for `groups` more row groups of a `cols`-wide matrix.
-    fn reserve_groups(&mut self, groups: usize, cols: usize) {
-        match self {
-            Tiles::Q8_0(t) => t.reserve_exact(groups * cols / 32),
-            Tiles::Q5_0(t) => t.reserve_exact(groups * cols / 32),
-            Tiles::Q4K(t) => t.reserve_exact(groups * cols / 256),
-            Tiles::Q6K(t) => t.reserve_exact(groups * cols / 256),
-        }
+    /// Zeroed tiles for `groups` row groups of a `cols`-wide matrix of `ty` (one of
+    /// [`RepackedMatrix::packable`]'s types).
+    fn zeroed(ty: GgmlType, groups: usize, cols: usize) -> Result<Tiles, MatmulError> {
+        let oom = |e: std::io::Error| MatmulError::Memory(e.to_string());
+        Ok(match ty {
+            GgmlType::Q8_0 => Tiles::Q8_0(HugeVec::zeroed(groups * cols / 32).map_err(oom)?),
+            GgmlType::Q4K => Tiles::Q4K(HugeVec::zeroed(groups * cols / 256).map_err(oom)?),
+            GgmlType::Q6K => Tiles::Q6K(HugeVec::zeroed(groups * cols / 256).map_err(oom)?),
+            _ => Tiles::Q5_0(HugeVec::zeroed(groups * cols / 32).map_err(oom)?),
+        })
     }
 
-    /// Appends the row groups of `other` (same type) after these.
-    fn append(&mut self, other: Tiles) {
-        match (self, other) {
-            (Tiles::Q8_0(a), Tiles::Q8_0(b)) => a.extend(b),
-            (Tiles::Q5_0(a), Tiles::Q5_0(b)) => a.extend(b),
-            (Tiles::Q4K(a), Tiles::Q4K(b)) => a.extend(b),
-            (Tiles::Q6K(a), Tiles::Q6K(b)) => a.extend(b),
-            _ => unreachable!("slices of one matrix share its type"),
+    /// Packs the rows of `w` into the row groups starting at group `g0` (`w.rows` is a
+    /// multiple of [`ROWS`] unless `w` holds the matrix's last rows).
+    fn pack_at(&mut self, pool: &ThreadPool, w: &QMatrix, g0: usize) -> Result<(), MatmulError> {
+        let nb = |elems: usize| w.cols / elems;
+        let groups = w.rows.div_ceil(ROWS);
+        match self {
+            Tiles::Q8_0(t) => {
+                let n = nb(32);
+                pack_blocks_into(pool, w, TileQ8::pack, &mut t[g0 * n..(g0 + groups) * n])
+            }
+            Tiles::Q5_0(t) => {
+                let n = nb(32);
+                pack_blocks_into(pool, w, TileQ5::pack, &mut t[g0 * n..(g0 + groups) * n])
+            }
+            Tiles::Q4K(t) => {
+                let n = nb(256);
+                pack_blocks_into(pool, w, TileQ4K::pack, &mut t[g0 * n..(g0 + groups) * n])
+            }
+            Tiles::Q6K(t) => {
+                let n = nb(256);
+                pack_blocks_into(pool, w, TileQ6K::pack, &mut t[g0 * n..(g0 + groups) * n])
+            }
         }
     }
 }
@@ -99,12 +116,8 @@ impl RepackedMatrix {
             return Err(MatmulError::UnsupportedType(w.ty));
         }
         check_shapes(w, 0, 0, 0)?;
-        let tiles = match w.ty {
-            GgmlType::Q8_0 => Tiles::Q8_0(pack::<TileQ8>(pool, w)?),
-            GgmlType::Q4K => Tiles::Q4K(pack_blocks(pool, w, TileQ4K::pack)?),
-            GgmlType::Q6K => Tiles::Q6K(pack_blocks(pool, w, TileQ6K::pack)?),
-            _ => Tiles::Q5_0(pack::<TileQ5>(pool, w)?),
-        };
+        let mut tiles = Tiles::zeroed(w.ty, w.rows.div_ceil(ROWS), w.cols)?;
+        tiles.pack_at(pool, w, 0)?;
         Ok(RepackedMatrix {
             ty: w.ty,
             rows: w.rows,
@@ -129,8 +142,8 @@ impl RepackedMatrix {
         check_shapes(w, 0, 0, 0)?;
         let row_bytes = w.data.len() / w.rows.max(1);
         let chunk_rows = (chunk_bytes / row_bytes.max(1)).max(ROWS) / ROWS * ROWS;
-        let groups = w.rows.div_ceil(ROWS);
-        let mut out: Option<RepackedMatrix> = None;
+        // One allocation for the whole matrix, filled slice by slice.
+        let mut tiles = Tiles::zeroed(w.ty, w.rows.div_ceil(ROWS), w.cols)?;
         let mut r0 = 0;
         while r0 < w.rows {
             let r1 = (r0 + chunk_rows).min(w.rows);
@@ -141,23 +154,16 @@ impl RepackedMatrix {
                 rows: r1 - r0,
                 cols: w.cols,
             };
-            let p = Self::from_qmatrix_in(pool, &part)?;
-            match &mut out {
-                None => {
-                    let mut p = p;
-                    // One allocation for the whole matrix: growing would copy the tiles.
-                    p.tiles
-                        .reserve_groups(groups - (r1 - r0).div_ceil(ROWS), w.cols);
-                    out = Some(p);
-                }
-                Some(o) => o.tiles.append(p.tiles),
-            }
+            tiles.pack_at(pool, &part, r0 / ROWS)?;
             done(bytes);
             r0 = r1;
         }
-        let mut o = out.ok_or(MatmulError::UnsupportedType(w.ty))?;
-        o.rows = w.rows;
-        Ok(o)
+        Ok(RepackedMatrix {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            tiles,
+        })
     }
 
     /// Whether `other` reads the same activation quantisation as this matrix (Q5_0 and
@@ -185,33 +191,30 @@ impl RepackedMatrix {
     /// Heap bytes held (the source tensor's size, rounded up to whole row groups).
     pub fn bytes(&self) -> usize {
         match &self.tiles {
-            Tiles::Q8_0(t) => std::mem::size_of_val(t.as_slice()),
-            Tiles::Q5_0(t) => std::mem::size_of_val(t.as_slice()),
-            Tiles::Q4K(t) => std::mem::size_of_val(t.as_slice()),
-            Tiles::Q6K(t) => std::mem::size_of_val(t.as_slice()),
+            Tiles::Q8_0(t) => std::mem::size_of_val(&t[..]),
+            Tiles::Q5_0(t) => std::mem::size_of_val(&t[..]),
+            Tiles::Q4K(t) => std::mem::size_of_val(&t[..]),
+            Tiles::Q6K(t) => std::mem::size_of_val(&t[..]),
         }
     }
 }
 
-/// Tiles in group-major order: `tiles[g * blocks_per_row + b]`.
-fn pack<T: Tile>(pool: &ThreadPool, w: &QMatrix) -> Result<Vec<T>, MatmulError> {
-    pack_blocks(pool, w, T::pack)
-}
-
-/// [`pack`] with an explicit tile builder `f(rows, b)` over source blocks `S`.
-fn pack_blocks<S: Block + Sync, T: bytemuck::Pod + Send>(
+/// Fills `tiles` (group-major: `tiles[g * blocks_per_row + b]`, `w.rows.div_ceil(ROWS)`
+/// groups) with the tiles `f(rows, b)` of `w`'s source blocks `S`.
+fn pack_blocks_into<S: Block + Sync, T: bytemuck::Pod + Send>(
     pool: &ThreadPool,
     w: &QMatrix,
     f: fn([Option<&[S]>; ROWS], usize) -> T,
-) -> Result<Vec<T>, MatmulError> {
+    tiles: &mut [T],
+) -> Result<(), MatmulError> {
     let blocks: &[S] = cast_blocks(w.data).ok_or(MatmulError::Misaligned {
         ty: w.ty,
         align: std::mem::align_of::<S>(),
     })?;
     let nb = w.cols / S::ELEMS;
     let groups = w.rows.div_ceil(ROWS);
-    let mut tiles = vec![T::zeroed(); groups * nb];
-    let out = Disjoint::new(&mut tiles);
+    debug_assert_eq!(tiles.len(), groups * nb);
+    let out = Disjoint::new(tiles);
     pool.run(&|ith, nth| {
         for g in chunk_range(groups, ith, nth) {
             let rows: [Option<&[S]>; ROWS] = std::array::from_fn(|r| {
@@ -225,7 +228,7 @@ fn pack_blocks<S: Block + Sync, T: bytemuck::Pod + Send>(
             }
         }
     });
-    Ok(tiles)
+    Ok(())
 }
 
 /// `y[t][r] = Σ_c W[r][c] x[t][c]` with repacked weights and the detected ISA; shapes as

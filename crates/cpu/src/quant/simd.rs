@@ -79,3 +79,24 @@ where
 pub(super) unsafe fn dot_u8i8_epi32(a: __m256i, b: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
 }
+
+/// How far ahead of the tile or block being read the weight kernels prefetch their
+/// stream. Decode is bound by the read bandwidth one core draws, and the hardware
+/// prefetchers alone keep too few lines in flight: prefetching 8 KiB ahead streamed
+/// 8% to 25% faster (paired laps over 512 MiB of 8960x1536 weights, Q4_K and Q5_0 tiles,
+/// AVX2 and VNNI kernels, 2 threads; 4 KiB gave 6% to 17%).
+const PREFETCH_AHEAD: usize = 8192;
+
+/// Prefetches into L1 the `size_of::<T>()` bytes that lie [`PREFETCH_AHEAD`] bytes past
+/// `p`, one request per cache line. The address may lie outside any allocation (past a
+/// matrix's end): it is never dereferenced.
+#[inline(always)]
+pub(super) fn prefetch_ahead<T>(p: *const T) {
+    let base = p.cast::<i8>().wrapping_add(PREFETCH_AHEAD);
+    let mut off = 0;
+    while off < std::mem::size_of::<T>() {
+        // SAFETY: a prefetch is a hint that never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(off)) };
+        off += 64;
+    }
+}
