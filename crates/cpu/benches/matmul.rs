@@ -143,10 +143,13 @@ fn decode(
         }
     }
     // Only the layout being measured is held, so the large heads fit beside each other.
-    let stores: Vec<Vec<u64>> = if repacked {
+    // On the backend's weight memory, where it copies the matrices it does not repack.
+    let stores: Vec<HugeVec<u64>> = if repacked {
         Vec::new()
     } else {
-        (0..copies).map(|_| store.clone()).collect()
+        (0..copies)
+            .map(|_| HugeVec::from_slice(&store).expect("weight copy"))
+            .collect()
     };
     let packed: Vec<RepackedMatrix> = if repacked {
         let start = Instant::now();
@@ -176,7 +179,7 @@ fn decode(
             } else {
                 matmul(
                     pool,
-                    &q(ty, &stores[i % copies], len, rows, cols),
+                    &q(ty, &stores[i % copies][..], len, rows, cols),
                     &x,
                     1,
                     &mut y,

@@ -67,7 +67,7 @@ unsafe fn dot_avx2_impl<const NT: usize>(w: &[BlockQ6K], x: [&[BlockQ8K]; NT]) -
         _mm256_set_m128i(_mm_set1_epi16(0x0f0e), _mm_set1_epi16(0x0d0c)),
     ];
     for (i, wb) in w.iter().enumerate() {
-        super::simd::prefetch_ahead(wb);
+        super::simd::prefetch_ahead::<NT, _>(wb);
         let d = f16_to_f32(wb.d.to_bits());
         // SAFETY: 16 scale bytes.
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.scales.as_ptr().cast()));

@@ -290,7 +290,7 @@ mod avx2 {
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); NT];
         for (b, tile) in w.iter().enumerate() {
-            crate::quant::simd::prefetch_ahead(tile);
+            crate::quant::simd::prefetch_ahead::<NT, _>(tile);
             // SAFETY: 16 bytes of scales.
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(tile.d.as_ptr().cast()));
             let mut sum = [_mm256_setzero_si256(); NT];
@@ -325,7 +325,7 @@ mod avx2 {
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); NT];
         for (b, tile) in w.iter().enumerate() {
-            crate::quant::simd::prefetch_ahead(tile);
+            crate::quant::simd::prefetch_ahead::<NT, _>(tile);
             // SAFETY: 16 bytes of scales, 32 of fifth bits, 4 x 32 of nibbles.
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(tile.d.as_ptr().cast()));
             let u = tile.unpack_avx2();

@@ -179,7 +179,7 @@ pub(crate) unsafe fn gemv_q4k_avx2<const NT: usize>(
     let y = y.map(|a| &a[..w.len()]);
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
-        super::simd::prefetch_ahead(tile);
+        super::simd::prefetch_ahead::<NT, _>(tile);
         // SAFETY (all loads below): offsets stay inside the tile's and the activation
         // block's arrays (16 bytes of each scale row, 8 of `sc`, 16 of `mins`, 32 of `qs`
         // at 128j + 32m < 1024, 4 of activation levels at 32j + 4k < 256, 32 of bsums).

@@ -161,7 +161,7 @@ pub(crate) unsafe fn gemv_q6k_avx2<const NT: usize>(
     let odd = _mm256_add_epi8(even, _mm256_set1_epi8(2));
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
-        super::simd::prefetch_ahead(tile);
+        super::simd::prefetch_ahead::<NT, _>(tile);
         // SAFETY (all loads below): offsets stay inside the tile's and the activation
         // block's arrays (16 bytes of `d` and of `sc` at 16j < 128, 32 of `q` at
         // 192j + 32m + 32 <= 1536 and at 192j + 128 + 32h + 32 <= 1536, 4 activation levels at

@@ -81,17 +81,23 @@ pub(super) unsafe fn dot_u8i8_epi32(a: __m256i, b: __m256i) -> __m256i {
 }
 
 /// How far ahead of the tile or block being read the weight kernels prefetch their
-/// stream. Decode is bound by the read bandwidth one core draws, and the hardware
-/// prefetchers alone keep too few lines in flight: prefetching 8 KiB ahead streamed
-/// 8% to 25% faster (paired laps over 512 MiB of 8960x1536 weights, Q4_K and Q5_0 tiles,
-/// AVX2 and VNNI kernels, 2 threads; 4 KiB gave 6% to 17%).
+/// stream when they run one token. Decode is bound by the read bandwidth one core draws,
+/// and the hardware prefetchers alone keep too few lines in flight: prefetching 8 KiB
+/// ahead streamed 8% to 25% faster (paired laps over 512 MiB of 8960x1536 weights, Q4_K
+/// and Q5_0 tiles, AVX2 and VNNI kernels, 2 threads; 4 KiB gave 6% to 17%). Calls for
+/// several tokens are compute-bound and re-read their weights from cache; there the extra
+/// requests cost up to 12% of AVX2 prefill, so they prefetch nothing.
 const PREFETCH_AHEAD: usize = 8192;
 
-/// Prefetches into L1 the `size_of::<T>()` bytes that lie [`PREFETCH_AHEAD`] bytes past
-/// `p`, one request per cache line. The address may lie outside any allocation (past a
-/// matrix's end): it is never dereferenced.
+/// In a kernel call for `NT` tokens: for one token, prefetches into L1 the
+/// `size_of::<T>()` bytes that lie [`PREFETCH_AHEAD`] bytes past `p`, one request per cache
+/// line; otherwise nothing. The address may lie outside any allocation (past a matrix's
+/// end): it is never dereferenced.
 #[inline(always)]
-pub(super) fn prefetch_ahead<T>(p: *const T) {
+pub(super) fn prefetch_ahead<const NT: usize, T>(p: *const T) {
+    if NT != 1 {
+        return;
+    }
     let base = p.cast::<i8>().wrapping_add(PREFETCH_AHEAD);
     let mut off = 0;
     while off < std::mem::size_of::<T>() {

@@ -71,7 +71,7 @@ pub(crate) unsafe fn gemv_q8<const NT: usize>(w: &[TileQ8], y: [Act<'_>; NT]) ->
     let y = y.map(|a| (&a.q[..n], &a.d[..n]));
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
-        super::simd::prefetch_ahead(tile);
+        super::simd::prefetch_ahead::<NT, _>(tile);
         // SAFETY (loads): 16 bytes of scales; register k is bytes 32k..32k+32 of 256.
         let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(tile.d.as_ptr().cast()) });
         let mut sum = [[_mm256_setzero_si256(); 2]; NT];
@@ -107,7 +107,7 @@ pub(crate) unsafe fn gemv_q5<const NT: usize>(w: &[TileQ5], y: [Act<'_>; NT]) ->
     let y = y.map(|a| (&a.q[..n], &a.d[..n], &a.s[..n]));
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
-        super::simd::prefetch_ahead(tile);
+        super::simd::prefetch_ahead::<NT, _>(tile);
         // SAFETY: 16 bytes of scales.
         let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(tile.d.as_ptr().cast()) });
         let u = tile.unpack_avx2();
@@ -135,7 +135,7 @@ pub(crate) unsafe fn gemv_q4k<const NT: usize>(
     let y = y.map(|a| &a[..w.len()]);
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
-        super::simd::prefetch_ahead(tile);
+        super::simd::prefetch_ahead::<NT, _>(tile);
         // SAFETY (all loads below): offsets stay inside the tile's and the activation
         // block's arrays (16 bytes of each scale row, 8 of `sc`, 16 of `mins`, 32 of `qs`
         // at 128j + 32m < 1024, 32 activation levels at 32j < 256, 32 of bsums).
@@ -178,7 +178,7 @@ pub(crate) unsafe fn gemv_q6k<const NT: usize>(
     let y = y.map(|a| &a[..w.len()]);
     let mut acc = [_mm256_setzero_ps(); NT];
     for (b, tile) in w.iter().enumerate() {
-        super::simd::prefetch_ahead(tile);
+        super::simd::prefetch_ahead::<NT, _>(tile);
         // SAFETY (all loads below): offsets stay inside the tile's and the activation
         // block's arrays (16 bytes of `d` and of `sc` at 16j < 128, 32 of `q` at
         // 192j + 32m + 32 <= 1536 and at 192j + 128 + 32h + 32 <= 1536, 32 activation levels at
