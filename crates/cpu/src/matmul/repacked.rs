@@ -51,25 +51,11 @@ impl Tiles {
     /// Packs the rows of `w` into the row groups starting at group `g0` (`w.rows` is a
     /// multiple of [`ROWS`] unless `w` holds the matrix's last rows).
     fn pack_at(&mut self, pool: &ThreadPool, w: &QMatrix, g0: usize) -> Result<(), MatmulError> {
-        let nb = |elems: usize| w.cols / elems;
-        let groups = w.rows.div_ceil(ROWS);
         match self {
-            Tiles::Q8_0(t) => {
-                let n = nb(32);
-                pack_blocks_into(pool, w, TileQ8::pack, &mut t[g0 * n..(g0 + groups) * n])
-            }
-            Tiles::Q5_0(t) => {
-                let n = nb(32);
-                pack_blocks_into(pool, w, TileQ5::pack, &mut t[g0 * n..(g0 + groups) * n])
-            }
-            Tiles::Q4K(t) => {
-                let n = nb(256);
-                pack_blocks_into(pool, w, TileQ4K::pack, &mut t[g0 * n..(g0 + groups) * n])
-            }
-            Tiles::Q6K(t) => {
-                let n = nb(256);
-                pack_blocks_into(pool, w, TileQ6K::pack, &mut t[g0 * n..(g0 + groups) * n])
-            }
+            Tiles::Q8_0(t) => pack_blocks_into(pool, w, TileQ8::pack, t, g0),
+            Tiles::Q5_0(t) => pack_blocks_into(pool, w, TileQ5::pack, t, g0),
+            Tiles::Q4K(t) => pack_blocks_into(pool, w, TileQ4K::pack, t, g0),
+            Tiles::Q6K(t) => pack_blocks_into(pool, w, TileQ6K::pack, t, g0),
         }
     }
 }
@@ -199,13 +185,14 @@ impl RepackedMatrix {
     }
 }
 
-/// Fills `tiles` (group-major: `tiles[g * blocks_per_row + b]`, `w.rows.div_ceil(ROWS)`
-/// groups) with the tiles `f(rows, b)` of `w`'s source blocks `S`.
+/// Fills the row groups `g0..` of `tiles` (group-major: `tiles[g * blocks_per_row + b]`,
+/// `w.rows.div_ceil(ROWS)` groups) with the tiles `f(rows, b)` of `w`'s source blocks `S`.
 fn pack_blocks_into<S: Block + Sync, T: bytemuck::Pod + Send>(
     pool: &ThreadPool,
     w: &QMatrix,
     f: fn([Option<&[S]>; ROWS], usize) -> T,
     tiles: &mut [T],
+    g0: usize,
 ) -> Result<(), MatmulError> {
     let blocks: &[S] = cast_blocks(w.data).ok_or(MatmulError::Misaligned {
         ty: w.ty,
@@ -213,8 +200,7 @@ fn pack_blocks_into<S: Block + Sync, T: bytemuck::Pod + Send>(
     })?;
     let nb = w.cols / S::ELEMS;
     let groups = w.rows.div_ceil(ROWS);
-    debug_assert_eq!(tiles.len(), groups * nb);
-    let out = Disjoint::new(tiles);
+    let out = Disjoint::new(&mut tiles[g0 * nb..(g0 + groups) * nb]);
     pool.run(&|ith, nth| {
         for g in chunk_range(groups, ith, nth) {
             let rows: [Option<&[S]>; ROWS] = std::array::from_fn(|r| {
