@@ -144,6 +144,11 @@ def quartiles(xs):
     return q[0], q[1], q[2]
 
 
+def paired(xs, ys):
+    """Quartiles of the per-round ratios xs[i] / ys[i]."""
+    return quartiles([x / y for x, y in zip(xs, ys)])
+
+
 def round_order(programs, r):
     """The order of round `r`: rotated by one every two rounds and reversed on odd ones, so
     two programs run A B, B A, B A, A B and three run through all six orders."""
@@ -214,17 +219,18 @@ def main():
             print(f"  round {r + 1:2d} {test}{n}: {line}  ratio "
                   f"{row['minfer'] / row['llama.cpp']:.3f}", file=sys.stderr)
         ms, ls = runs["minfer"], runs["llama.cpp"]
-        q1, med, q3 = quartiles([m / l for m, l in zip(ms, ls)])
+        q1, med, q3 = paired(ms, ls)
         print(f"{test}{n}: minfer {statistics.median(ms):.2f} t/s, llama.cpp "
               f"{statistics.median(ls):.2f} t/s, ratio {med:.3f} (IQR {q1:.3f}-{q3:.3f}, "
               f"{a.rounds} rounds, -t {a.threads})")
         if a.baseline:
             bs = runs["baseline"]
-            q1, med, q3 = quartiles([m / b for m, b in zip(ms, bs)])
-            lq1, lmed, lq3 = quartiles([b / l for b, l in zip(bs, ls)])
+            q1, med, q3 = paired(ms, bs)
+            lq1, lmed, lq3 = paired(bs, ls)
             print(f"{test}{n}: baseline {statistics.median(bs):.2f} t/s; minfer/baseline "
                   f"{med:.3f} (IQR {q1:.3f}-{q3:.3f}); baseline/llama.cpp {lmed:.3f} "
                   f"(IQR {lq1:.3f}-{lq3:.3f})")
+
 
 if __name__ == "__main__":
     main()
