@@ -302,6 +302,113 @@ fn viz_refuses_a_bad_trace_file_naming_the_problem() {
     assert!(text(&missing.stderr).contains("reading trace /nonexistent/t.json"));
 }
 
+/// One raw request with the given headers on a fresh connection; the whole response.
+fn raw(addr: &str, head: &str, headers: &[(&str, &str)], body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .expect("timeout");
+    let mut req = format!("{head} HTTP/1.1\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!("content-length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read response");
+    out
+}
+
+fn status(resp: &str) -> u16 {
+    resp.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn viz_guards_its_host_origin_and_body_type_as_the_server_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path());
+    let viz = start_viz(&[
+        "-m",
+        m.to_str().unwrap(),
+        "--allowed-hosts",
+        "box.lan",
+        "--cors-origins",
+        "http://app.local:3000",
+    ]);
+    let addr = viz.addr();
+    let port = addr.rsplit(':').next().unwrap().to_string();
+    let localhost = format!("localhost:{port}");
+    // A DNS-rebinding page: a foreign Host (with its own origin) starts nothing and reads
+    // nothing.
+    let evil = [
+        ("host", "evil.example:80"),
+        ("origin", "http://evil.example"),
+        ("content-type", "application/json"),
+    ];
+    let r = raw(&addr, "POST /viz/run", &evil, r#"{"prompt":"hi","n":2}"#);
+    assert_eq!(status(&r), 403, "{r}");
+    assert!(
+        r.contains("evil.example") && r.contains("--allowed-hosts"),
+        "{r}"
+    );
+    for path in ["/viz/trace", "/viz/graph", "/viz/events", "/viz/info", "/"] {
+        let r = raw(
+            &addr,
+            &format!("GET {path}"),
+            &[("host", "evil.example")],
+            "",
+        );
+        assert_eq!(status(&r), 403, "{path}: {r}");
+    }
+    // A foreign origin under a good Host is refused unless listed.
+    let r = raw(
+        &addr,
+        "POST /viz/run",
+        &[
+            ("host", &addr),
+            ("origin", "https://evil.example"),
+            ("content-type", "application/json"),
+        ],
+        r#"{"prompt":"hi","n":2}"#,
+    );
+    assert_eq!(status(&r), 403, "{r}");
+    assert!(r.contains("--cors-origins"), "{r}");
+    let r = raw(
+        &addr,
+        "GET /viz/info",
+        &[("host", &addr), ("origin", "http://app.local:3000")],
+        "",
+    );
+    assert_eq!(status(&r), 200, "{r}");
+    assert!(
+        r.to_ascii_lowercase()
+            .contains("access-control-allow-origin: http://app.local:3000"),
+        "{r}"
+    );
+    // The page's own names, and a listed one, are served; a text/plain POST (a CORS
+    // simple request) is refused.
+    for host in [addr.as_str(), localhost.as_str(), "box.lan:8000"] {
+        let own = format!("http://{host}");
+        let r = raw(
+            &addr,
+            "GET /viz/info",
+            &[("host", host), ("origin", &own)],
+            "",
+        );
+        assert_eq!(status(&r), 200, "{host}: {r}");
+    }
+    let r = raw(
+        &addr,
+        "POST /viz/run",
+        &[("host", &addr), ("content-type", "text/plain")],
+        r#"{"prompt":"hi","n":2}"#,
+    );
+    assert_eq!(status(&r), 415, "{r}");
+}
+
 fn artifacts() -> PathBuf {
     let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/viz-artifacts");
     std::fs::create_dir_all(&d).unwrap();

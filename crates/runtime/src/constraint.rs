@@ -58,9 +58,92 @@ pub enum ConstraintError {
     /// The vocabulary cannot carry a grammar (no end-of-generation token, no tokens).
     #[error("the model's vocabulary cannot be used for constrained decoding: {0}")]
     Vocab(String),
-    /// The grammar failed during generation (a token it did not allow, a limit reached).
+    /// The grammar or schema is past a limit of the grammar engine (too many alternatives
+    /// open at one point, too large a lexer or grammar); `reason` names the limit. The
+    /// request is at fault, whether this is found when compiling or while generating.
+    #[error("the {kind} exceeds a limit of the grammar engine: {reason}")]
+    Limit { kind: &'static str, reason: String },
+    /// The grammar failed during generation (a token it did not allow).
     #[error("constrained decoding failed: {0}")]
     Runtime(String),
+}
+
+impl ConstraintError {
+    /// Whether the request's grammar is at fault (it does not compile or is past a limit),
+    /// as opposed to the engine or the vocabulary.
+    pub fn is_caller_error(&self) -> bool {
+        matches!(
+            self,
+            ConstraintError::Compile { .. } | ConstraintError::Limit { .. }
+        )
+    }
+}
+
+/// Tokens the compile-time probe walks from a grammar's start (see [`CompiledGrammar::new`]).
+pub const PROBE_STEPS: usize = 24;
+
+/// The limit a grammar-engine message reports, in words that name it, or `None` when the
+/// message is not about a limit. The engine's own wording is kept after the summary.
+fn limit_reason(message: &str) -> Option<String> {
+    let first = message.lines().next().unwrap_or(message).trim();
+    // The engine asserts that a grammar's symbols fit 16-bit ids; it reaches callers as a
+    // caught panic.
+    if first.contains("symbols.len() < u16::MAX") {
+        return Some(format!(
+            "the grammar needs more than {} symbols (rules, terminals and the schemas' \
+             parts), the most the engine holds; use fewer or smaller tools or schemas",
+            u16::MAX - 10
+        ));
+    }
+    if let Some(rest) = first.split("Current row has ").nth(1) {
+        // "Current row has N items; max is M; ..."
+        let n = rest.split(' ').next().unwrap_or("?");
+        let max = rest
+            .split("max is ")
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .unwrap_or("?");
+        return Some(format!(
+            "{n} alternatives are open at one point of the grammar, and at most {max} may be \
+             (write long lists of literals as one regular expression or an enum, or split \
+             the request)"
+        ));
+    }
+    let lower = first.to_ascii_lowercase();
+    let is_limit = [
+        "too big",
+        "too large",
+        "fuel",
+        "limit for",
+        "limits.",
+        "max is",
+        "maximum",
+    ]
+    .iter()
+    .any(|k| lower.contains(k));
+    is_limit.then(|| first.to_string())
+}
+
+/// A grammar-engine error as the [`ConstraintError`] it is: a limit when it names one,
+/// else `other`.
+fn classify(
+    kind: &'static str,
+    message: String,
+    other: impl FnOnce(String) -> ConstraintError,
+) -> ConstraintError {
+    match limit_reason(&message) {
+        Some(reason) => ConstraintError::Limit { kind, reason },
+        None => other(without_backtrace(message)),
+    }
+}
+
+/// An engine message without the backtrace it appends to a caught panic (source paths of
+/// the build machine, no use to a client).
+fn without_backtrace(mut message: String) -> String {
+    if let Some(i) = message.find("\n<backtrace>") {
+        message.truncate(i);
+    }
+    message
 }
 
 /// The model's vocabulary as llguidance sees it: the token trie and the parser factory,
@@ -142,6 +225,8 @@ impl GrammarVocab {
             ParserFactory::new_simple(&env).map_err(|e| ConstraintError::Vocab(e.to_string()))?;
         // Warnings reach the caller as errors or not at all; nothing goes to stderr.
         factory.quiet();
+        // Errors reach clients: the reason, not a dump of the parser state and the tokens.
+        factory.limits_mut().verbose_errors = false;
         Ok(Arc::new(GrammarVocab { factory, n_vocab }))
     }
 
@@ -176,7 +261,12 @@ impl std::fmt::Debug for CompiledGrammar {
 }
 
 impl CompiledGrammar {
-    /// Compiles `grammar`; the error names what the compiler refused.
+    /// Compiles `grammar`; the error names what the compiler refused, or the engine limit
+    /// the grammar is past. Some limits (how many alternatives may be open at once) are
+    /// met only when tokens are applied, so the compile also walks up to [`PROBE_STEPS`]
+    /// tokens from the start (the forced ones, else the lowest-numbered allowed text
+    /// token) on a copy of the start state: a grammar that fails there fails here, as the
+    /// caller's error, not in the middle of a generation.
     pub fn new(vocab: &Arc<GrammarVocab>, grammar: &Grammar) -> Result<Self, ConstraintError> {
         let kind = grammar.kind();
         let bad = |reason: String| ConstraintError::Compile { kind, reason };
@@ -192,16 +282,19 @@ impl CompiledGrammar {
             }
             Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
             Grammar::Lark(l) => TopLevelGrammar::from_lark(l.clone()),
-            Grammar::Gbnf(g) => TopLevelGrammar::from_lark(gbnf_to_lark(g).map_err(bad)?),
+            Grammar::Gbnf(g) => {
+                TopLevelGrammar::from_lark(gbnf_to_lark(g).map_err(|e| classify(kind, e, bad))?)
+            }
         };
         let parser = vocab
             .factory
             .create_parser(top)
-            .map_err(|e| bad(e.to_string()))?;
+            .map_err(|e| classify(kind, e.to_string(), bad))?;
         let start = Matcher::new(Ok(parser));
         if let Some(e) = start.get_error() {
-            return Err(bad(e));
+            return Err(classify(kind, e, bad));
         }
+        probe(vocab, &start, PROBE_STEPS).map_err(|e| classify(kind, e, bad))?;
         Ok(CompiledGrammar {
             vocab: Arc::clone(vocab),
             start,
@@ -230,6 +323,40 @@ impl CompiledGrammar {
             active,
         }
     }
+}
+
+/// Walks up to `steps` tokens from `start` on a copy: the tokens the grammar forces, else
+/// the lowest-numbered allowed token that is text (not an end or special token). Stops
+/// early where the grammar ends or allows no text; the error is the engine's.
+fn probe(vocab: &GrammarVocab, start: &Matcher, steps: usize) -> Result<(), String> {
+    let mut m = start.clone();
+    let trie = vocab.trie();
+    let fail = |m: &Matcher, e: String| m.get_error().unwrap_or(e);
+    for _ in 0..steps {
+        if m.is_stopped() {
+            break;
+        }
+        let forced = m.consume_ff_tokens();
+        if let Some(e) = m.get_error() {
+            return Err(e);
+        }
+        if !forced.is_empty() {
+            continue;
+        }
+        let mask = m.compute_mask().map_err(|e| fail(&m, e.to_string()))?;
+        let mut next = None;
+        mask.iter_set_entries(|t| {
+            if next.is_none() {
+                let bytes = trie.token(t as TokenId);
+                if !bytes.is_empty() && bytes[0] != TokTrie::SPECIAL_TOKEN_MARKER {
+                    next = Some(t as TokenId);
+                }
+            }
+        });
+        let Some(t) = next else { break };
+        m.consume_token(t).map_err(|e| fail(&m, e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// Whitespace a JSON grammar allows between two tokens: a space or two, or a newline and
@@ -329,7 +456,7 @@ impl Constraint {
                 .recv()
                 .map_err(|_| ConstraintError::Runtime("the mask thread ended".into()))?;
             self.matcher = Some(m);
-            self.ready = Some(mask.map_err(ConstraintError::Runtime)?);
+            self.ready = Some(mask.map_err(runtime)?);
         }
         Ok(())
     }
@@ -354,7 +481,7 @@ impl Constraint {
             None => self
                 .matcher()?
                 .compute_mask_or_eos()
-                .map_err(|e| ConstraintError::Runtime(e.to_string()))?,
+                .map_err(|e| runtime(e.to_string()))?,
         };
         let n = self.vocab.n_vocab.min(logits.len());
         // Whole 32-token words at a time: most of a large vocabulary is banned.
@@ -409,8 +536,7 @@ impl Constraint {
         if m.is_stopped() {
             return Ok(());
         }
-        m.consume_token(token)
-            .map_err(|e| ConstraintError::Runtime(e.to_string()))?;
+        m.consume_token(token).map_err(|e| runtime(e.to_string()))?;
         self.ready = None;
         self.prefetch_next()
     }
@@ -445,9 +571,19 @@ impl Constraint {
         }
         self.matcher()?
             .is_accepting()
-            .map_err(|e| ConstraintError::Runtime(e.to_string()))
+            .map_err(|e| runtime(e.to_string()))
     }
 }
+
+/// An error met while generating: a limit when it names one (the grammar's kind is no
+/// longer known here), else a runtime failure.
+fn runtime(message: String) -> ConstraintError {
+    classify("grammar", message, ConstraintError::Runtime)
+}
+
+/// Most alternatives the grammar engine holds open at one point of a parse (llguidance's
+/// `max_items_in_row`); a GBNF group with more is refused when translated.
+pub const MAX_ALTERNATIVES: usize = 2000;
 
 /// Translates llama.cpp's GBNF into llguidance's Lark dialect: `root` becomes `start`,
 /// rule names are renamed injectively into Lark's lowercase names, character classes and
@@ -472,6 +608,9 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, String> {
         }
         let mut body = String::new();
         let mut depth = 0usize;
+        // Alternatives of each open group, outermost first: one group with more than the
+        // engine can hold open is refused here, before a costly compile.
+        let mut alts = vec![1usize];
         loop {
             p.space();
             if p.i >= p.s.len() || (depth == 0 && p.at_rule_start()) {
@@ -487,6 +626,7 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, String> {
                 }
                 b'(' => {
                     depth += 1;
+                    alts.push(1);
                     p.i += 1;
                     "(".into()
                 }
@@ -494,10 +634,25 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, String> {
                     depth = depth
                         .checked_sub(1)
                         .ok_or_else(|| p.err("unbalanced `)`"))?;
+                    alts.pop();
                     p.i += 1;
                     ")".into()
                 }
-                b'|' | b'*' | b'+' | b'?' => {
+                b'|' => {
+                    let n = alts.last_mut().map_or(0, |n| {
+                        *n += 1;
+                        *n
+                    });
+                    if n > MAX_ALTERNATIVES {
+                        return Err(p.err(&format!(
+                            "rule `{name}` has more than {MAX_ALTERNATIVES} alternatives in \
+                             one group, past the engine's maximum open at one point"
+                        )));
+                    }
+                    p.i += 1;
+                    "|".into()
+                }
+                b'*' | b'+' | b'?' => {
                     p.i += 1;
                     (c as char).to_string()
                 }
@@ -727,6 +882,55 @@ impl Gbnf<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_messages_about_limits_become_limit_errors_without_backtraces() {
+        let row = "Current row has 50001 items; max is 2000; consider making your grammar \
+                   left-recursive if it's right-recursive\n<state>\nTokens: ...";
+        match classify("GBNF grammar", row.into(), ConstraintError::Runtime) {
+            ConstraintError::Limit { kind, reason } => {
+                assert_eq!(kind, "GBNF grammar");
+                assert!(reason.contains("50001 alternatives") && reason.contains("at most 2000"));
+                assert!(!reason.contains("<state>"), "{reason}");
+            }
+            e => panic!("{e:?}"),
+        }
+        let panic = "panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10\n\
+                     <backtrace>\n   0: llguidance::x\n at /src/a.rs:1";
+        let e = classify("Lark grammar", panic.into(), ConstraintError::Runtime);
+        assert!(matches!(e, ConstraintError::Limit { .. }), "{e:?}");
+        assert!(!e.to_string().contains("backtrace") && e.to_string().contains("65525"));
+        // Not a limit: kept, less any backtrace; "delimiter" is no limit.
+        let other = "panic: unexpected delimiter\n<backtrace>\n   0: x";
+        let e = classify("Lark grammar", other.into(), |m| ConstraintError::Compile {
+            kind: "Lark grammar",
+            reason: m,
+        });
+        assert_eq!(
+            e.to_string(),
+            "the Lark grammar cannot be compiled: panic: unexpected delimiter"
+        );
+    }
+
+    #[test]
+    fn gbnf_groups_past_the_alternatives_limit_are_refused_naming_the_rule() {
+        let alts = |n: usize| {
+            (0..n)
+                .map(|i| format!("\"w{i}\""))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        assert!(gbnf_to_lark(&format!("root ::= {}", alts(MAX_ALTERNATIVES))).is_ok());
+        let e = gbnf_to_lark(&format!(
+            "root ::= \"a\" (x)\nx ::= {}",
+            alts(MAX_ALTERNATIVES + 1)
+        ))
+        .unwrap_err();
+        assert!(e.contains("rule `x`") && e.contains("2000"), "{e}");
+        // Alternatives of separate groups are counted apart.
+        let two = format!("root ::= ({}) ({})", alts(1500), alts(1500));
+        assert!(gbnf_to_lark(&two).is_ok());
+    }
 
     #[test]
     fn gbnf_translates_names_classes_strings_and_repeats() {

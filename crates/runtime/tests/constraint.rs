@@ -244,3 +244,55 @@ fn bad_grammars_are_refused_with_the_reason() {
         assert!(e.contains(want), "{g:?}: {e}");
     }
 }
+
+/// `root ::= "w0" | "w1" | ...` with `n` alternatives, in GBNF.
+fn alternatives(n: usize) -> String {
+    let alts: Vec<String> = (0..n).map(|i| format!("\"w{i}\"")).collect();
+    format!("root ::= {}", alts.join(" | "))
+}
+
+#[test]
+fn grammars_past_an_engine_limit_are_refused_when_compiled_naming_the_limit() {
+    let vocab = &model().vocab;
+    // One group with too many alternatives is refused as it is translated.
+    let e = CompiledGrammar::new(vocab, &Grammar::Gbnf(alternatives(50_000))).unwrap_err();
+    assert!(matches!(e, ConstraintError::Limit { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains("rule `root` has more than 2000"), "{text}");
+    // Two groups that are each under it but open together: the engine meets it only
+    // when a token is applied, so the compile's probe must find it.
+    let half = |p: &str| {
+        (0..1_500)
+            .map(|i| format!("\"{p}{i}\""))
+            .collect::<Vec<_>>()
+    };
+    let g = format!(
+        "root ::= a | b\na ::= {}\nb ::= {}",
+        half("a").join(" | "),
+        half("b").join(" | ")
+    );
+    let e = CompiledGrammar::new(vocab, &Grammar::Gbnf(g)).unwrap_err();
+    assert!(matches!(e, ConstraintError::Limit { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("alternatives are open") && text.contains("at most 2000"),
+        "{text}"
+    );
+    // Past a lexer limit.
+    let values: Vec<String> = (0..100_000).map(|i| format!("v{i}")).collect();
+    let schema = json!({"type": "object", "properties": {"a": {"enum": values}}});
+    let e = CompiledGrammar::new(vocab, &Grammar::JsonSchema(schema)).unwrap_err();
+    assert!(matches!(e, ConstraintError::Limit { .. }), "{e:?}");
+    assert!(e.is_caller_error());
+    // Just under the limit still compiles, and no message carries a backtrace.
+    CompiledGrammar::new(vocab, &Grammar::Gbnf(alternatives(1_500))).expect("1,500 alternatives");
+    let symbols = (0..4_000)
+        .map(|i| format!("r{i}: \"x{i}\""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let rules: Vec<String> = (0..4_000).map(|i| format!("r{i}")).collect();
+    let lark = format!("start: {}\n{symbols}\n", rules.join(" "));
+    if let Err(e) = CompiledGrammar::new(vocab, &Grammar::Lark(lark)) {
+        assert!(!e.to_string().contains("backtrace"), "{e}");
+    }
+}

@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::params::{GenRequest, Prompt};
 use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
 use crate::{AppState, Model};
-use minfer_runtime::CompiledGrammar;
+use minfer_runtime::{CompiledGrammar, ConstraintError, Grammar};
 use minfer_tokenizer::ChatMessage;
 
 /// Text in a prompt that makes inference panic when fault injection is on (tests only).
@@ -140,26 +140,46 @@ impl Outcome {
     }
 }
 
-/// The request's output grammar or tool-call grammar compiled against the model's
-/// vocabulary; one that does not compile is a 400 naming the field and the reason.
-pub fn compile_constraint(m: &Model, g: &GenRequest) -> Result<Option<CompiledGrammar>, ApiError> {
-    let (grammar, field, trigger) = match (&g.grammar, g.tools.as_ref().and_then(|t| t.grammar())) {
-        (Some((gr, field)), _) => (gr.clone(), *field, None),
-        (None, Some((gr, trigger))) => (gr, "tools", trigger),
-        (None, None) => return Ok(None),
-    };
+/// The request's output grammar or tool-call grammar, the request field that gave it and
+/// the text that starts it (a lazy tool-call grammar); `None` when nothing constrains.
+fn constraint_source(g: &GenRequest) -> Option<(Grammar, &'static str, Option<&'static str>)> {
+    match (&g.grammar, g.tools.as_ref().and_then(|t| t.grammar())) {
+        (Some((gr, field)), _) => Some((gr.clone(), *field, None)),
+        (None, Some((gr, trigger))) => Some((gr, "tools", trigger)),
+        (None, None) => None,
+    }
+}
+
+/// `grammar` compiled against the model's vocabulary; one that does not compile, or is
+/// past a limit of the grammar engine, is a 400 naming `field` and the reason.
+fn compile_constraint(
+    m: &Model,
+    grammar: &Grammar,
+    field: &'static str,
+    trigger: Option<&'static str>,
+) -> Result<CompiledGrammar, ApiError> {
     let vocab = m.grammar_vocab().map_err(ApiError::internal)?;
-    let c = CompiledGrammar::new(&vocab, &grammar)
-        .map_err(|e| ApiError::bad_request(format!("field `{field}`: {e}")).with_param(field))?;
-    Ok(Some(match trigger {
+    let c = CompiledGrammar::new(&vocab, grammar).map_err(|e| constraint_error(field, &e))?;
+    Ok(match trigger {
         Some(t) => c.triggered_by(t),
         None => c,
-    }))
+    })
+}
+
+/// The answer to a failed constraint: a 400 naming `field` when the request's grammar is
+/// at fault (it does not compile, or is past an engine limit, even mid-generation), else
+/// a 500.
+pub fn constraint_error(field: &str, e: &ConstraintError) -> ApiError {
+    if e.is_caller_error() {
+        ApiError::bad_request(format!("field `{field}`: {e}")).with_param(field)
+    } else {
+        ApiError::internal(e.to_string())
+    }
 }
 
 /// Checks the prompt against the model's slots (and `id_slot` against their number),
 /// queues the job and returns its generation. `arrived` is when the request arrived (its deadline counts from there).
-pub fn start(
+pub async fn start(
     st: &AppState,
     m: Arc<Model>,
     prompt: Vec<u32>,
@@ -167,6 +187,20 @@ pub fn start(
     fault: Option<Fault>,
     arrived: Instant,
 ) -> Result<Generation, ApiError> {
+    // The grammar is compiled first, so that a grammar past the engine's limits is the
+    // error whatever else the request asks (2,000 tools also overflow the context), and
+    // off the async threads, since a large one takes a while.
+    let constraint = match constraint_source(g) {
+        None => None,
+        Some((grammar, field, trigger)) => {
+            let model = Arc::clone(&m);
+            let c = st
+                .blocking
+                .run(move || compile_constraint(&model, &grammar, field, trigger))
+                .await??;
+            Some((c, field))
+        }
+    };
     let ctx = m.slot_ctx;
     let n = prompt.len();
     if n == 0 {
@@ -214,7 +248,6 @@ pub fn start(
         )
         .with_param("id_slot"));
     }
-    let constraint = compile_constraint(&m, g)?;
     let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
     let deadline = deadline(arrived, st.timeout);
     m.worker.submit(Job {
@@ -230,7 +263,8 @@ pub fn start(
         tx,
         cache_prompt: g.cache_prompt,
         slot: g.slot,
-        constraint,
+        constraint_field: constraint.as_ref().map_or("grammar", |c| c.1),
+        constraint: constraint.map(|c| c.0),
     })?;
     Ok(Generation {
         model: m,

@@ -134,6 +134,8 @@ pub struct Job {
     pub slot: Option<usize>,
     /// The grammar every choice's tokens must follow; each choice runs its own state.
     pub constraint: Option<minfer_runtime::CompiledGrammar>,
+    /// The request field that gave the constraint, named when it fails mid-generation.
+    pub constraint_field: &'static str,
 }
 
 /// A slot as `/slots` reports it.

@@ -749,7 +749,7 @@ async fn run(
         prompt_text,
         model: m.id.clone(),
     };
-    let mut gen = generate::start(&st, m, prompt, &echo.opts.g, fault, log.start)?;
+    let mut gen = generate::start(&st, m, prompt, &echo.opts.g, fault, log.start).await?;
     if !echo.opts.g.stream {
         let (mut text, mut lps) = (String::new(), Vec::new());
         let summary = loop {

@@ -761,7 +761,7 @@ async fn answer(
         return Ok(load_answer(shape, &model));
     }
     let prompt_ids = (shape == Shape::Generate).then(|| p.prompt.clone());
-    let mut gen = generate::start(&st, m, p.prompt, &p.g, None, log.start)?;
+    let mut gen = generate::start(&st, m, p.prompt, &p.g, None, log.start).await?;
     if !p.g.stream {
         let (mut text, mut ids) = (String::new(), Vec::new());
         let summary = loop {

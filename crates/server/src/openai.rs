@@ -56,7 +56,7 @@ pub async fn generate(
         model: model.id.clone(),
         fingerprint: model.fingerprint.clone(),
     };
-    let gen = generate::start(&st, model, prompt, &g, fault, log.start)?;
+    let gen = generate::start(&st, model, prompt, &g, fault, log.start).await?;
     // Calls are parsed out of chat answers whenever the model was shown tools.
     let tools = kind == Kind::Chat && g.tools.as_ref().is_some_and(|t| t.enabled());
     if g.stream {

@@ -108,12 +108,9 @@ async fn admit(
     req: Request,
     origin: &mut Option<HeaderValue>,
 ) -> Result<Result<Request, Response>, ApiError> {
-    // The Host check comes first: a DNS-rebinding page is same-origin under its name.
-    st.policy.check_host(req.headers())?;
-    *origin = st.policy.check_origin(req.headers())?;
-    if req.method() == Method::OPTIONS {
-        // Browsers send preflights without credentials: no key is asked for.
-        return Ok(Err(security::preflight(req.headers(), origin.clone())));
+    // Browsers send preflights without credentials: no key is asked for them.
+    if let Some(preflight) = st.policy.admit(req.method(), req.headers(), origin)? {
+        return Ok(Err(preflight));
     }
     if req.uri().path() != "/health" && !authorized(st, &req) {
         return Err(ApiError::invalid_api_key());

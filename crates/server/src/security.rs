@@ -2,9 +2,17 @@
 //! check (against DNS rebinding), the `Origin` check with CORS for the origins the user
 //! allows, and the `application/json` requirement on the JSON routes (a `text/plain` POST
 //! is a CORS "simple request" that a browser sends without asking first).
+//!
+//! One policy for every HTTP surface minfer opens: `minfer serve` applies it in its gate
+//! (with the API key and the body limits), any other surface (`minfer viz`) through
+//! [`guard`], with the same flags and defaults.
 
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
-use axum::response::Response;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
 
@@ -112,6 +120,24 @@ impl Policy {
             origins.push(o.trim_end_matches('/').to_ascii_lowercase());
         }
         Ok(Policy { hosts, origins })
+    }
+
+    /// The Host check, then the Origin check (the Host comes first: a DNS-rebinding page
+    /// is same-origin under its own name). `origin` is set to the allowed cross-origin
+    /// caller, if any, so that even a later refusal carries the CORS headers its page
+    /// needs to read it. An `OPTIONS` request is answered here: `Ok(Some(preflight))`.
+    pub fn admit(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        origin: &mut Option<HeaderValue>,
+    ) -> Result<Option<Response>, ApiError> {
+        self.check_host(headers)?;
+        *origin = self.check_origin(headers)?;
+        if method == Method::OPTIONS {
+            return Ok(Some(preflight(headers, origin.clone())));
+        }
+        Ok(None)
     }
 
     /// Refuses a request whose `Host` is not a name of this server (a DNS-rebinding
@@ -227,6 +253,23 @@ pub fn preflight(req_headers: &HeaderMap, origin: Option<HeaderValue>) -> Respon
             HeaderValue::from_static("600"),
         );
     }
+    decorate(&mut resp, origin);
+    resp
+}
+
+/// Middleware applying `policy` to a surface whose every POST body is JSON: the Host and
+/// Origin checks, preflights, the `application/json` requirement and the CORS headers
+/// (use with `axum::middleware::from_fn_with_state`).
+pub async fn guard(State(policy): State<Arc<Policy>>, req: Request, next: Next) -> Response {
+    let mut origin = None;
+    let admitted = policy
+        .admit(req.method(), req.headers(), &mut origin)
+        .and_then(|pre| require_json(req.method(), req.headers()).map(|()| pre));
+    let mut resp = match admitted {
+        Ok(None) => next.run(req).await,
+        Ok(Some(preflight)) => preflight,
+        Err(e) => e.into_response(),
+    };
     decorate(&mut resp, origin);
     resp
 }

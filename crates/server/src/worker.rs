@@ -1014,9 +1014,9 @@ fn sample_one(
                 Ok(t) => t,
                 Err(e) => {
                     // The grammar's own failure: the request ends with it, never
-                    // unconstrained.
-                    a.outbox
-                        .push_back(Event::Error(ApiError::internal(e.to_string())));
+                    // unconstrained; a grammar past an engine limit is the caller's error.
+                    let err = crate::generate::constraint_error(a.job.constraint_field, &e);
+                    a.outbox.push_back(Event::Error(err));
                     a.done = true;
                     return None;
                 }

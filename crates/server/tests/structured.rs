@@ -163,3 +163,79 @@ async fn grammars_that_do_not_compile_are_400s_with_the_reason() {
         assert!(message(&v).contains(want), "{extra}: {}", message(&v));
     }
 }
+
+/// `root ::= "w0" | "w1" | ...` with `n` alternatives, in GBNF.
+fn alternatives(n: usize) -> String {
+    let alts: Vec<String> = (0..n).map(|i| format!("\"w{i}\"")).collect();
+    format!("root ::= {}", alts.join(" | "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grammars_past_the_engine_limits_are_400s_naming_the_field_on_every_route() {
+    let s = tiny_server(1, |c| c.body_limit = 4 << 20);
+    let gbnf = alternatives(50_000);
+    let values: Vec<String> = (0..100_000).map(|i| format!("v{i}")).collect();
+    let schema =
+        json!({"type": "object", "properties": {"a": {"enum": values}}, "required": ["a"]});
+    let tools: Vec<Value> = (0..2_000)
+        .map(|i| {
+            json!({"type": "function", "function": {"name": format!("f{i}"),
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}})
+        })
+        .collect();
+    let fmt = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}});
+    let chat = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4});
+    let text = json!({"prompt": "x", "max_tokens": 4});
+    let native = json!({"prompt": "x", "n_predict": 4});
+    let mut cases: Vec<(&str, Value, &str, Value)> = Vec::new();
+    for path in ["/v1/chat/completions", "/chat/completions"] {
+        cases.push((path, chat.clone(), "grammar", json!(gbnf)));
+        cases.push((path, chat.clone(), "response_format", fmt.clone()));
+        cases.push((path, chat.clone(), "tools", json!(tools)));
+    }
+    for path in ["/v1/completions", "/completions"] {
+        cases.push((path, text.clone(), "grammar", json!(gbnf)));
+        cases.push((path, text.clone(), "response_format", fmt.clone()));
+    }
+    cases.push(("/completion", native.clone(), "grammar", json!(gbnf)));
+    cases.push(("/completion", native.clone(), "json_schema", schema.clone()));
+    for (path, base, field, value) in cases {
+        for stream in [false, true] {
+            let mut body = base.clone();
+            body[field] = value.clone();
+            body["stream"] = json!(stream);
+            let (st, v) = post(&s.base, path, body).await;
+            assert_eq!(st, 400, "{path} {field} stream={stream}: {v}");
+            let m = message(&v);
+            assert!(
+                m.contains(&format!("field `{field}`")) && m.contains("limit"),
+                "{path} {field}: {m}"
+            );
+            assert!(!m.contains("backtrace"), "{path} {field}: {m}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_met_only_mid_generation_is_the_callers_error_naming_the_field() {
+    let s = tiny_server(1, |c| c.body_limit = 4 << 20);
+    // Forty letters (past the compile's probe) before two groups of 1,500 alternatives
+    // that open together (each alone is under the translation's per-group check).
+    let half = |p: &str| {
+        (0..1_500)
+            .map(|i| format!("\"{p}{i}\""))
+            .collect::<Vec<_>>()
+    };
+    let grammar = format!(
+        "root ::= [a-z]{{40}} (a | b)\na ::= {}\nb ::= {}",
+        half("a").join(" | "),
+        half("b").join(" | ")
+    );
+    let body = json!({"prompt": "x", "n_predict": 60, "grammar": grammar});
+    let (st, v) = post(&s.base, "/completion", body).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(message(&v).contains("field `grammar`"), "{v}");
+    assert!(message(&v).contains("alternatives are open"), "{v}");
+    // Met while generating (the compile would name the GBNF grammar).
+    assert!(message(&v).contains("the grammar exceeds"), "{v}");
+}

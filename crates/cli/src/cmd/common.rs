@@ -18,6 +18,20 @@ pub fn usize_in(range: std::ops::RangeInclusive<u64>) -> RangedU64ValueParser<us
     RangedU64ValueParser::<usize>::new().range(range)
 }
 
+/// Who may call an HTTP surface (`minfer serve`, `minfer viz`): one policy, the same
+/// flags and defaults everywhere (see `minfer_server::security`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct HttpPolicyArgs {
+    /// Origins whose web pages may call this server (comma-separated
+    /// `scheme://host[:port]`, or `*`); default: none besides the server's own.
+    #[arg(long = "cors-origins", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+    /// Extra names the Host header may carry (comma-separated `name` or `name:port`, or
+    /// `*`); bound to loopback, only localhost, 127.0.0.1 and [::1] are accepted otherwise.
+    #[arg(long = "allowed-hosts", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+}
+
 /// Model, threads, context and backend options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {

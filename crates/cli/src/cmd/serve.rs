@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use super::common::HttpPolicyArgs;
+
 /// Arguments of `minfer serve`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -54,14 +56,8 @@ pub struct Args {
     /// control tokens (lets a user forge conversation turns; off by default).
     #[arg(long = "allow-special-in-content")]
     pub allow_special_in_content: bool,
-    /// Origins whose web pages may call the server (comma-separated
-    /// `scheme://host[:port]`, or `*`); default: none besides the server's own.
-    #[arg(long = "cors-origins", value_delimiter = ',')]
-    pub cors_origins: Vec<String>,
-    /// Extra names the Host header may carry (comma-separated `name` or `name:port`, or
-    /// `*`); bound to loopback, only localhost, 127.0.0.1 and [::1] are accepted otherwise.
-    #[arg(long = "allowed-hosts", value_delimiter = ',')]
-    pub allowed_hosts: Vec<String>,
+    #[command(flatten)]
+    pub http: HttpPolicyArgs,
     /// Most connections open at once; beyond it new ones get 503.
     #[arg(long = "max-connections", default_value_t = 512)]
     pub max_connections: usize,
@@ -146,8 +142,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.queue = args.queue;
     config.request_timeout = Duration::from_secs(args.timeout);
     config.allow_special_in_content = args.allow_special_in_content;
-    config.cors_origins = args.cors_origins;
-    config.allowed_hosts = args.allowed_hosts;
+    config.cors_origins = args.http.cors_origins;
+    config.allowed_hosts = args.http.allowed_hosts;
     config.max_connections = args.max_connections;
     config.shutdown_timeout = shutdown;
     config.slot_save_path = args.slot_save_path;

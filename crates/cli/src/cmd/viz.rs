@@ -12,6 +12,11 @@
 //! (events while a run is live: `phase`, one `node` per node per step, `step`, `done`),
 //! and `POST /viz/run` (`{"prompt", "n"}`: starts a greedy run; a second concurrent run
 //! is refused with 409).
+//!
+//! The page shows prompts and outputs and starts runs, so it is guarded as `minfer serve`
+//! is (`minfer_server::security`): a foreign `Host` (DNS rebinding) and a foreign `Origin`
+//! are refused with 403 unless listed with `--allowed-hosts`/`--cors-origins`, and a POST
+//! body must be `application/json`.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -21,17 +26,19 @@ use std::sync::{mpsc, Arc, Mutex};
 use anyhow::Context;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
+use axum::middleware;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream};
 use minfer_runtime::{Engine, TracedStep};
+use minfer_server::security::{guard, Policy};
 use minfer_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-use super::common::ModelArgs;
+use super::common::{HttpPolicyArgs, ModelArgs};
 use super::trace::{self, Recorder};
 
 /// Most tokens one run from the page may generate (bounds the run's trace in memory).
@@ -56,6 +63,8 @@ pub struct Args {
     /// Port to listen on (0 picks a free one).
     #[arg(long = "port", default_value_t = 8081)]
     pub port: u16,
+    #[command(flatten)]
+    pub http: HttpPolicyArgs,
 }
 
 /// A run asked for by the page.
@@ -169,6 +178,10 @@ fn serve(state: AppState, args: &Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
         let addr = listener.local_addr()?;
+        // The policy needs the bound address (its port is a name of this server).
+        let policy = Policy::new(addr, &args.http.allowed_hosts, &args.http.cors_origins)
+            .map_err(|e| anyhow::anyhow!("--allowed-hosts or --cors-origins: {e}"))?;
+        let app = app.layer(middleware::from_fn_with_state(Arc::new(policy), guard));
         eprintln!("minfer viz: open http://{addr}/");
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
