@@ -95,6 +95,17 @@ impl ApiError {
         }
     }
 
+    /// The answer to a failed constraint: a 400 naming `field` when the request's grammar
+    /// is at fault (it does not compile, or is past an engine limit, even mid-generation),
+    /// else a 500.
+    pub fn constraint(field: &str, e: &minfer_runtime::ConstraintError) -> Self {
+        if e.is_caller_error() {
+            Self::bad_request(format!("field `{field}`: {e}")).with_param(field)
+        } else {
+            Self::internal(e.to_string())
+        }
+    }
+
     /// 500: inference failed on the server side.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)

@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::params::{GenRequest, Prompt};
 use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
 use crate::{AppState, Model};
-use minfer_runtime::{CompiledGrammar, ConstraintError, Grammar};
+use minfer_runtime::{CompiledGrammar, Grammar};
 use minfer_tokenizer::ChatMessage;
 
 /// Text in a prompt that makes inference panic when fault injection is on (tests only).
@@ -159,22 +159,11 @@ fn compile_constraint(
     trigger: Option<&'static str>,
 ) -> Result<CompiledGrammar, ApiError> {
     let vocab = m.grammar_vocab().map_err(ApiError::internal)?;
-    let c = CompiledGrammar::new(&vocab, grammar).map_err(|e| constraint_error(field, &e))?;
+    let c = CompiledGrammar::new(&vocab, grammar).map_err(|e| ApiError::constraint(field, &e))?;
     Ok(match trigger {
         Some(t) => c.triggered_by(t),
         None => c,
     })
-}
-
-/// The answer to a failed constraint: a 400 naming `field` when the request's grammar is
-/// at fault (it does not compile, or is past an engine limit, even mid-generation), else
-/// a 500.
-pub fn constraint_error(field: &str, e: &ConstraintError) -> ApiError {
-    if e.is_caller_error() {
-        ApiError::bad_request(format!("field `{field}`: {e}")).with_param(field)
-    } else {
-        ApiError::internal(e.to_string())
-    }
 }
 
 /// Checks the prompt against the model's slots (and `id_slot` against their number),

@@ -1015,7 +1015,7 @@ fn sample_one(
                 Err(e) => {
                     // The grammar's own failure: the request ends with it, never
                     // unconstrained; a grammar past an engine limit is the caller's error.
-                    let err = crate::generate::constraint_error(a.job.constraint_field, &e);
+                    let err = ApiError::constraint(a.job.constraint_field, &e);
                     a.outbox.push_back(Event::Error(err));
                     a.done = true;
                     return None;
