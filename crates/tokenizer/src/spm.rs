@@ -14,10 +14,7 @@ use std::collections::BinaryHeap;
 
 use crate::error::TokenizerError;
 use crate::texts::TextTable;
-use crate::vocab::{Meta, TokenType};
-
-/// The whitespace marker SentencePiece writes in place of a space.
-pub(crate) const SPACE_MARK: char = '\u{2581}';
+use crate::vocab::{byte_token_value, Meta, TokenType, SPACE_MARK};
 
 /// Scores and byte fallback of a SentencePiece vocabulary.
 pub(crate) struct Spm {
@@ -26,15 +23,6 @@ pub(crate) struct Spm {
     byte_ids: [u32; 256],
     /// Prefix every raw-text fragment with a space (`tokenizer.ggml.add_space_prefix`).
     pub add_space_prefix: bool,
-}
-
-/// The byte a `<0xNN>` token text stands for.
-pub(crate) fn byte_token_value(text: &str) -> Option<u8> {
-    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
-    if hex.len() != 2 {
-        return None;
-    }
-    u8::from_str_radix(hex, 16).ok()
 }
 
 impl Spm {
@@ -226,15 +214,6 @@ mod tests {
 
     fn table(tokens: &[&str]) -> TextTable {
         TextTable::new(tokens.iter().copied()).unwrap()
-    }
-
-    #[test]
-    fn byte_token_texts_parse_only_in_their_exact_form() {
-        assert_eq!(byte_token_value("<0x0A>"), Some(10));
-        assert_eq!(byte_token_value("<0xff>"), Some(255));
-        for bad in ["<0x1>", "<0x100>", "0x0A", "<0xZZ>", "<0x0A"] {
-            assert_eq!(byte_token_value(bad), None, "{bad}");
-        }
     }
 
     #[test]

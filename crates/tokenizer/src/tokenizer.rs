@@ -4,8 +4,8 @@ use crate::bpe::{encode_word, Merges, Scratch, NO_BYTE_TOKEN};
 use crate::bytes::BYTE_TO_CHAR;
 use crate::error::TokenizerError;
 use crate::pretok::{PreKind, PreTokenizer};
-use crate::spm::{Spm, SpmScratch, SPACE_MARK};
-use crate::vocab::{opt_id, Meta, Rendering, TokenType, Vocab};
+use crate::spm::{Spm, SpmScratch};
+use crate::vocab::{opt_id, Meta, Rendering, TokenType, Vocab, SPACE_MARK};
 use minfer_gguf::GgufFile;
 use std::ops::Range;
 

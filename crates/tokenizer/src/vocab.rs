@@ -9,9 +9,20 @@
 
 use crate::bytes::char_to_byte;
 use crate::error::TokenizerError;
-use crate::spm::{byte_token_value, SPACE_MARK};
 use crate::texts::TextTable;
 use minfer_gguf::MetaValue;
+
+/// The whitespace marker SentencePiece writes in place of a space.
+pub(crate) const SPACE_MARK: char = '\u{2581}';
+
+/// The byte a `<0xNN>` token text stands for.
+pub(crate) fn byte_token_value(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
 
 /// A metadata lookup: full key -> value.
 pub type Meta<'a> = dyn Fn(&str) -> Option<&'a MetaValue> + 'a;
@@ -318,5 +329,19 @@ impl Vocab {
     pub fn piece(&self, id: u32) -> &[u8] {
         let i = id as usize;
         &self.piece_bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_token_texts_parse_only_in_their_exact_form() {
+        assert_eq!(byte_token_value("<0x0A>"), Some(10));
+        assert_eq!(byte_token_value("<0xff>"), Some(255));
+        for bad in ["<0x1>", "<0x100>", "0x0A", "<0xZZ>", "<0x0A"] {
+            assert_eq!(byte_token_value(bad), None, "{bad}");
+        }
     }
 }
