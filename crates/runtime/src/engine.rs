@@ -414,7 +414,7 @@ impl Engine {
     pub fn model_digest(&self) -> [u8; 32] {
         *self
             .identity
-            .get_or_init(|| crate::session::model_digest(&self.file))
+            .get_or_init(|| crate::digest::model_digest(&self.file))
     }
 
     /// Creates the KV regions (by installing the decode graph) if no step has run yet.

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use minfer_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::constraint::{CompiledGrammar, Prefetch};
-use crate::conversation::KvHistory;
 use crate::engine::{Engine, EngineError};
+use crate::history::KvHistory;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::speculative::Speculator;
 use crate::stop::{StopEvent, StopScanner};

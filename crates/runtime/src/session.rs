@@ -35,7 +35,6 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use minfer_gguf::GgufFile;
 use minfer_graph::{KvType, RopeStyle};
 use minfer_models::HParams;
 use minfer_tokenizer::ChatMessage;
@@ -52,13 +51,6 @@ pub const VERSION: u32 = 2;
 
 /// The oldest format version this build reads: version 1 lacks only the conversation.
 pub const OLDEST_VERSION: u32 = 1;
-
-/// Bytes sampled from each tensor at each of [`DIGEST_SAMPLES`] evenly spaced offsets.
-const DIGEST_CHUNK: usize = 4096;
-
-/// Sample points per tensor: enough to tell apart two quantisations or fine-tunes of one
-/// architecture without reading every weight at each save.
-const DIGEST_SAMPLES: usize = 4;
 
 /// Why a session was not saved or restored.
 #[derive(Debug, thiserror::Error)]
@@ -158,35 +150,6 @@ pub struct Restored {
     pub tokens: Vec<u32>,
     /// The conversation, when the file has one.
     pub chat: Option<SavedChat>,
-}
-
-/// SHA-256 over the tensor table (names, dims, types, offsets, sizes) and
-/// [`DIGEST_SAMPLES`] chunks of every tensor's data: another quantisation changes the
-/// table, other weights of one shape change the samples.
-pub fn model_digest(file: &GgufFile) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(b"minfer-model-digest-1");
-    for t in file.tensors() {
-        h.update((t.name.len() as u64).to_le_bytes());
-        h.update(t.name.as_bytes());
-        h.update((t.dims.len() as u64).to_le_bytes());
-        for d in &t.dims {
-            h.update(d.to_le_bytes());
-        }
-        h.update(format!("{:?}", t.ggml_type).as_bytes());
-        h.update(t.offset.to_le_bytes());
-        h.update(t.n_bytes.to_le_bytes());
-        let data = file.tensor_data(t);
-        if data.len() <= DIGEST_CHUNK * DIGEST_SAMPLES {
-            h.update(data);
-        } else {
-            let step = (data.len() - DIGEST_CHUNK) / (DIGEST_SAMPLES - 1);
-            for i in 0..DIGEST_SAMPLES {
-                h.update(&data[i * step..i * step + DIGEST_CHUNK]);
-            }
-        }
-    }
-    h.finalize().into()
 }
 
 /// The fixed part of a session: what must match the restoring engine.

@@ -281,7 +281,7 @@ impl DraftSource for DraftModel {
         // runs again, for its logits. One forward catches up; far behind, the draft
         // restarts on the context's tail (its predictions are local anyway).
         let view = context.get(self.base..).unwrap_or_default();
-        let mut keep = crate::conversation::common_prefix(&self.kv, view)
+        let mut keep = crate::history::common_prefix(&self.kv, view)
             .min(view.len().saturating_sub(1))
             .min(self.engine.seq_len());
         if keep == 0 {
@@ -478,7 +478,7 @@ impl MultiDraft {
             // As `DraftModel::propose`: keep the common prefix (but rerun the last token,
             // for its logits); far behind, restart on the context's tail.
             let view = a.context.get(seq.base..).unwrap_or_default();
-            let mut keep = crate::conversation::common_prefix(&seq.kv, view)
+            let mut keep = crate::history::common_prefix(&seq.kv, view)
                 .min(view.len().saturating_sub(1))
                 .min(self.engine.slot_len(a.slot)?);
             if keep == 0 {

@@ -450,7 +450,7 @@ fn a_plain_completion_shifts_past_the_end_of_the_context() {
     let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
     let prompt = tok.encode("once upon a time there was", true, true);
     let mut kv = minfer_runtime::KvHistory::new();
-    let r = minfer_runtime::conversation::generate_shifting(
+    let r = minfer_runtime::shift::generate_shifting(
         &mut engine,
         &tok,
         &mut kv,

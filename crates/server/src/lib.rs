@@ -18,6 +18,7 @@
 //! min_p 0.05, no penalties, a random seed, and `max_tokens` filling the slot's context.
 
 mod blocking;
+mod body;
 pub mod error;
 pub mod generate;
 mod http;

@@ -853,9 +853,9 @@ impl Streaming {
 async fn completion(
     State(st): St,
     Extension(log): Extension<RequestLog>,
-    b: crate::routes::Body,
+    b: crate::body::Body,
 ) -> Result<Response, LlamaError> {
-    let bytes = crate::routes::body(b, st.body_limit)?;
+    let bytes = crate::body::body(b, st.body_limit)?;
     let s = Arc::clone(&st);
     let (m, prompt, opts, fault) = st
         .blocking
@@ -1034,9 +1034,9 @@ pub fn fim_prompt(
 async fn infill(
     State(st): St,
     Extension(log): Extension<RequestLog>,
-    b: crate::routes::Body,
+    b: crate::body::Body,
 ) -> Result<Response, LlamaError> {
-    let bytes = crate::routes::body(b, st.body_limit)?;
+    let bytes = crate::body::body(b, st.body_limit)?;
     let s = Arc::clone(&st);
     let (m, prompt, opts) = st
         .blocking
@@ -1102,8 +1102,8 @@ async fn props(
     })))
 }
 
-async fn apply_template(State(st): St, b: crate::routes::Body) -> Result<Response, LlamaError> {
-    let bytes = crate::routes::body(b, st.body_limit)?;
+async fn apply_template(State(st): St, b: crate::body::Body) -> Result<Response, LlamaError> {
+    let bytes = crate::body::body(b, st.body_limit)?;
     let s = Arc::clone(&st);
     let out = st
         .blocking

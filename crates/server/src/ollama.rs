@@ -59,7 +59,7 @@ impl ModelFacts {
         let modified = meta.as_ref().and_then(|m| m.modified().ok());
         let family = gguf.architecture().unwrap_or("unknown").to_string();
         let parameter_count: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
-        let digest = minfer_runtime::session::model_digest(gguf)
+        let digest = minfer_runtime::digest::model_digest(gguf)
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
@@ -724,25 +724,20 @@ fn load_answer(shape: Shape, model: &str) -> Response {
     Json(Value::Object(m)).into_response()
 }
 
-async fn chat(State(st): St, Extension(log): Extension<RequestLog>, b: crate::routes::Body) -> Res {
+async fn chat(State(st): St, Extension(log): Extension<RequestLog>, b: crate::body::Body) -> Res {
     answer(st, log, b, Shape::Chat).await
 }
 
 async fn generate(
     State(st): St,
     Extension(log): Extension<RequestLog>,
-    b: crate::routes::Body,
+    b: crate::body::Body,
 ) -> Res {
     answer(st, log, b, Shape::Generate).await
 }
 
-async fn answer(
-    st: Arc<AppState>,
-    mut log: RequestLog,
-    b: crate::routes::Body,
-    shape: Shape,
-) -> Res {
-    let bytes = crate::routes::body(b, st.body_limit)?;
+async fn answer(st: Arc<AppState>, mut log: RequestLog, b: crate::body::Body, shape: Shape) -> Res {
+    let bytes = crate::body::body(b, st.body_limit)?;
     let obj = params::parse_object(&bytes)?;
     let s = Arc::clone(&st);
     let (m, p) = st
@@ -928,8 +923,8 @@ async fn version() -> Json<Value> {
     Json(json!({ "version": VERSION }))
 }
 
-async fn show(State(st): St, b: crate::routes::Body) -> Res {
-    let bytes = crate::routes::body(b, st.body_limit)?;
+async fn show(State(st): St, b: crate::body::Body) -> Res {
+    let bytes = crate::body::body(b, st.body_limit)?;
     let obj = params::parse_object(&bytes)?;
     // Older clients send `name`.
     let name = opt_str(&obj, "model")?

@@ -2,17 +2,15 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 
+use crate::body::{body, read_body, Body};
 use crate::error::ApiError;
 use crate::openai::{self, Kind};
 use crate::params::{self, opt_bool, opt_str};
@@ -21,7 +19,6 @@ use crate::worker::Summary;
 use crate::{AppState, RequestLog, StreamLogged};
 
 type St = State<Arc<AppState>>;
-pub(crate) type Body = Result<Bytes, BytesRejection>;
 
 /// Every route, behind the body limit, the API key check and the request log.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -120,72 +117,11 @@ async fn admit(
     }
     security::require_json(req.method(), req.headers())?;
     let (parts, body) = req.into_parts();
-    let bytes = read_body(st, &parts.headers, body).await?;
+    let bytes = read_body(&parts.headers, body, st.body_limit, st.body_timeout).await?;
     Ok(Ok(Request::from_parts(
         parts,
         axum::body::Body::from(bytes),
     )))
-}
-
-/// The whole body, or 413 past the limit, or 408 when it does not arrive within the
-/// body timeout (a `Content-Length` longer than what the client sends).
-async fn read_body(
-    st: &AppState,
-    headers: &axum::http::HeaderMap,
-    body: axum::body::Body,
-) -> Result<Bytes, ApiError> {
-    let limit = st.body_limit;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body exceeds the limit of {limit} bytes"),
-        )
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    let collect = async {
-        let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
-        let mut data = body.into_data_stream();
-        while let Some(chunk) = data.next().await {
-            let chunk = chunk
-                .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
-            if buf.len() + chunk.len() > limit {
-                return Err(too_large());
-            }
-            buf.extend_from_slice(&chunk);
-        }
-        Ok(Bytes::from(buf))
-    };
-    tokio::time::timeout(st.body_timeout, collect)
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the request body did not arrive within {:.1}s",
-                    st.body_timeout.as_secs_f64()
-                ),
-            )
-        })?
-}
-
-/// The body bytes, or 413 past the limit.
-pub(crate) fn body(b: Body, limit: usize) -> Result<Bytes, ApiError> {
-    b.map_err(|rej| {
-        if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the request body exceeds the limit of {limit} bytes"),
-            )
-        } else {
-            ApiError::new(rej.status(), rej.body_text())
-        }
-    })
 }
 
 async fn not_found(req: Request) -> ApiError {

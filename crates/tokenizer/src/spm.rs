@@ -14,7 +14,7 @@ use std::collections::BinaryHeap;
 
 use crate::error::TokenizerError;
 use crate::texts::TextTable;
-use crate::vocab::{byte_token_value, Meta, TokenType, SPACE_MARK};
+use crate::vocab::{byte_token_value, Meta, TokenType};
 
 /// Scores and byte fallback of a SentencePiece vocabulary.
 pub(crate) struct Spm {

@@ -4,9 +4,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use minfer_runtime::conversation::generate_shifting_with;
 use minfer_runtime::sampling::MAX_PENALTY_WINDOW;
 use minfer_runtime::session;
+use minfer_runtime::shift::generate_shifting_with;
 use minfer_runtime::speculative::{DEFAULT_DRAFT_MAX, DRAFT_MAX_LIMIT};
 use minfer_runtime::{
     CompiledGrammar, DraftModel, DraftSource, Engine, FinishReason, GenerateOptions, Grammar,
