@@ -806,7 +806,7 @@ mod tests {
     /// The activations as the kernels see them: quantized to Q8_K for k-quant weights, to
     /// Q8_0 otherwise, and widened back to f32.
     fn act_roundtrip(ty: GgmlType, x: &[f32]) -> Vec<f32> {
-        fn rt<B: Block>(x: &[f32]) -> Vec<f32> {
+        fn rt<B: minfer_gguf::quant::Quantize>(x: &[f32]) -> Vec<f32> {
             let mut out = vec![0.0; x.len()];
             for (c, o) in x.chunks_exact(B::ELEMS).zip(out.chunks_exact_mut(B::ELEMS)) {
                 B::quantize(c).dequantize(o);
