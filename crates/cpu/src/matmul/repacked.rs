@@ -11,6 +11,7 @@
 use super::{check_shapes, Disjoint, MatmulError, MatmulScratch, QMatrix};
 use crate::hugemem::HugeVec;
 use crate::quant::repack::{act_sidecar, gemv, Act, Tile, TileQ5, TileQ8};
+use crate::quant::repack_nl::TileIq4Nl;
 use crate::quant::repack_k::{gemv_q4k, TileQ4K};
 use crate::quant::repack_k6::{gemv_q6k, TileQ6K};
 use crate::quant::{q8_0_into, q8_k_into, Isa};
@@ -31,6 +32,7 @@ const CHUNK_ACT_BYTES: usize = 96 * 1024;
 enum Tiles {
     Q8_0(HugeVec<TileQ8>),
     Q5_0(HugeVec<TileQ5>),
+    Iq4Nl(HugeVec<TileIq4Nl>),
     Q4K(HugeVec<TileQ4K>),
     Q6K(HugeVec<TileQ6K>),
 }
@@ -42,6 +44,7 @@ impl Tiles {
         let oom = |e: std::io::Error| MatmulError::Memory(e.to_string());
         Ok(match ty {
             GgmlType::Q8_0 => Tiles::Q8_0(HugeVec::zeroed(groups * cols / 32).map_err(oom)?),
+            GgmlType::Iq4Nl => Tiles::Iq4Nl(HugeVec::zeroed(groups * cols / 32).map_err(oom)?),
             GgmlType::Q4K => Tiles::Q4K(HugeVec::zeroed(groups * cols / 256).map_err(oom)?),
             GgmlType::Q6K => Tiles::Q6K(HugeVec::zeroed(groups * cols / 256).map_err(oom)?),
             _ => Tiles::Q5_0(HugeVec::zeroed(groups * cols / 32).map_err(oom)?),
@@ -54,6 +57,7 @@ impl Tiles {
         match self {
             Tiles::Q8_0(t) => pack_blocks_into(pool, w, TileQ8::pack, t, g0),
             Tiles::Q5_0(t) => pack_blocks_into(pool, w, TileQ5::pack, t, g0),
+            Tiles::Iq4Nl(t) => pack_blocks_into(pool, w, TileIq4Nl::pack, t, g0),
             Tiles::Q4K(t) => pack_blocks_into(pool, w, TileQ4K::pack, t, g0),
             Tiles::Q6K(t) => pack_blocks_into(pool, w, TileQ6K::pack, t, g0),
         }
@@ -77,8 +81,10 @@ impl RepackedMatrix {
     /// GOP/s); with AVX2 alone they prefill no faster, so the GGUF layout stays. The
     /// results are the same bits either way.
     pub fn supports(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K)
-            || (ty == GgmlType::Q6K && Isa::vnni().is_some_and(|v| Isa::detect() == v))
+        matches!(
+            ty,
+            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Iq4Nl
+        ) || (ty == GgmlType::Q6K && Isa::vnni().is_some_and(|v| Isa::detect() == v))
     }
 
     /// Whether [`Self::from_qmatrix`] accepts `ty` (every type [`Self::supports`] names on
@@ -86,7 +92,7 @@ impl RepackedMatrix {
     fn packable(ty: GgmlType) -> bool {
         matches!(
             ty,
-            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K
+            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K | GgmlType::Iq4Nl
         )
     }
 
@@ -179,6 +185,7 @@ impl RepackedMatrix {
         match &self.tiles {
             Tiles::Q8_0(t) => std::mem::size_of_val(&t[..]),
             Tiles::Q5_0(t) => std::mem::size_of_val(&t[..]),
+            Tiles::Iq4Nl(t) => std::mem::size_of_val(&t[..]),
             Tiles::Q4K(t) => std::mem::size_of_val(&t[..]),
             Tiles::Q6K(t) => std::mem::size_of_val(&t[..]),
         }
@@ -264,6 +271,10 @@ pub fn matmul_repacked_with(
             run_q8(isa, pool, t, rows, cols / 32, nt, acts, y)
         }
         Tiles::Q5_0(t) => {
+            let acts = quantize(isa, pool, x, nt, cols / 32, scratch);
+            run_q8(isa, pool, t, rows, cols / 32, nt, acts, y)
+        }
+        Tiles::Iq4Nl(t) => {
             let acts = quantize(isa, pool, x, nt, cols / 32, scratch);
             run_q8(isa, pool, t, rows, cols / 32, nt, acts, y)
         }
@@ -537,7 +548,7 @@ pub enum MultiEpilogue {
 /// share it, since the activations are quantised once for all of them.
 fn act_family(t: &Tiles) -> u8 {
     match t {
-        Tiles::Q8_0(_) | Tiles::Q5_0(_) => 0,
+        Tiles::Q8_0(_) | Tiles::Q5_0(_) | Tiles::Iq4Nl(_) => 0,
         Tiles::Q4K(_) | Tiles::Q6K(_) => 1,
     }
 }
@@ -723,6 +734,7 @@ pub fn matmul_repacked_multi_then(
                         let res = match &w.tiles {
                             Tiles::Q8_0(tl) => one(isa, tl, nb_q8, g, t, n, &act),
                             Tiles::Q5_0(tl) => one(isa, tl, nb_q8, g, t, n, &act),
+                            Tiles::Iq4Nl(tl) => one(isa, tl, nb_q8, g, t, n, &act),
                             _ => unreachable!("one activation family per call (checked)"),
                         };
                         emit(p, g, t, n, res);
@@ -825,7 +837,13 @@ mod tests {
     /// dequantized operands and the unpacked [`matmul_with`].
     #[test]
     fn repacked_matches_unpacked_and_is_deterministic() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Iq4Nl,
+        ] {
             let kquant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
             let shapes = if kquant {
                 [(37, 512), (64, 256), (8, 768)]
@@ -1037,7 +1055,13 @@ mod tests {
     /// the product wrote them; it refuses parts that are not a gate and an up of one size.
     #[test]
     fn multi_swiglu_epilogue_matches_the_separate_chain() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Iq4Nl,
+        ] {
             let (rows, cols) = (77usize, 256);
             let mats: Vec<RepackedMatrix> = (0..2u64)
                 .map(|i| {
@@ -1115,7 +1139,7 @@ mod tests {
     /// Long rows cut prefill into several token chunks; the split must not change a bit.
     #[test]
     fn token_chunks_do_not_change_results() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Iq4Nl] {
             let (rows, cols, nt) = (16, 32 * 200, 30);
             let bytes = quantize_to_vec(ty, &rand_f32(rows * cols, 5, 1.0)).unwrap();
             let store = aligned(&bytes);
@@ -1246,7 +1270,13 @@ mod tests {
     /// byte exactly once, in order.
     #[test]
     fn chunked_repack_equals_whole_repack() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Iq4Nl,
+        ] {
             let (rows, cols) = (61, 512);
             let wf = rand_f32(rows * cols, 99 + ty.id() as u64, 1.0);
             let bytes = quantize_to_vec(ty, &wf).unwrap();

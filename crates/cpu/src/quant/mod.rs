@@ -43,6 +43,7 @@ mod q8_0;
 pub(crate) mod repack;
 pub(crate) mod repack_k;
 pub(crate) mod repack_k6;
+pub(crate) mod repack_nl;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 mod table32;
