@@ -11,9 +11,10 @@
 use super::{check_shapes, Disjoint, MatmulError, MatmulScratch, QMatrix};
 use crate::hugemem::HugeVec;
 use crate::quant::repack::{act_sidecar, gemv, Act, Tile, TileQ5, TileQ8};
-use crate::quant::repack_nl::TileIq4Nl;
 use crate::quant::repack_k::{gemv_q4k, TileQ4K};
 use crate::quant::repack_k6::{gemv_q6k, TileQ6K};
+use crate::quant::repack_nl::TileIq4Nl;
+use crate::quant::repack_xs::{gemv_iq4xs, TileIq4Xs};
 use crate::quant::{q8_0_into, q8_k_into, Isa};
 use crate::threadpool::{chunk_range, ThreadPool};
 use minfer_gguf::quant::{cast_blocks, Block, BlockQ8K, BlockQ8_0};
@@ -35,6 +36,7 @@ enum Tiles {
     Iq4Nl(HugeVec<TileIq4Nl>),
     Q4K(HugeVec<TileQ4K>),
     Q6K(HugeVec<TileQ6K>),
+    Iq4Xs(HugeVec<TileIq4Xs>),
 }
 
 impl Tiles {
@@ -47,6 +49,7 @@ impl Tiles {
             GgmlType::Iq4Nl => Tiles::Iq4Nl(HugeVec::zeroed(groups * cols / 32).map_err(oom)?),
             GgmlType::Q4K => Tiles::Q4K(HugeVec::zeroed(groups * cols / 256).map_err(oom)?),
             GgmlType::Q6K => Tiles::Q6K(HugeVec::zeroed(groups * cols / 256).map_err(oom)?),
+            GgmlType::Iq4Xs => Tiles::Iq4Xs(HugeVec::zeroed(groups * cols / 256).map_err(oom)?),
             _ => Tiles::Q5_0(HugeVec::zeroed(groups * cols / 32).map_err(oom)?),
         })
     }
@@ -60,6 +63,7 @@ impl Tiles {
             Tiles::Iq4Nl(t) => pack_blocks_into(pool, w, TileIq4Nl::pack, t, g0),
             Tiles::Q4K(t) => pack_blocks_into(pool, w, TileQ4K::pack, t, g0),
             Tiles::Q6K(t) => pack_blocks_into(pool, w, TileQ6K::pack, t, g0),
+            Tiles::Iq4Xs(t) => pack_blocks_into(pool, w, TileIq4Xs::pack, t, g0),
         }
     }
 }
@@ -83,7 +87,7 @@ impl RepackedMatrix {
     pub fn supports(ty: GgmlType) -> bool {
         matches!(
             ty,
-            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Iq4Nl
+            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Iq4Nl | GgmlType::Iq4Xs
         ) || (ty == GgmlType::Q6K && Isa::vnni().is_some_and(|v| Isa::detect() == v))
     }
 
@@ -92,7 +96,12 @@ impl RepackedMatrix {
     fn packable(ty: GgmlType) -> bool {
         matches!(
             ty,
-            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K | GgmlType::Iq4Nl
+            GgmlType::Q5_0
+                | GgmlType::Q8_0
+                | GgmlType::Q4K
+                | GgmlType::Q6K
+                | GgmlType::Iq4Nl
+                | GgmlType::Iq4Xs
         )
     }
 
@@ -188,6 +197,7 @@ impl RepackedMatrix {
             Tiles::Iq4Nl(t) => std::mem::size_of_val(&t[..]),
             Tiles::Q4K(t) => std::mem::size_of_val(&t[..]),
             Tiles::Q6K(t) => std::mem::size_of_val(&t[..]),
+            Tiles::Iq4Xs(t) => std::mem::size_of_val(&t[..]),
         }
     }
 }
@@ -283,6 +293,10 @@ pub fn matmul_repacked_with(
             run_k(isa, pool, t, rows, cols / 256, nt, acts, y)
         }
         Tiles::Q6K(t) => {
+            let acts = quantize_k(isa, pool, x, nt, cols / 256, scratch);
+            run_k(isa, pool, t, rows, cols / 256, nt, acts, y)
+        }
+        Tiles::Iq4Xs(t) => {
             let acts = quantize_k(isa, pool, x, nt, cols / 256, scratch);
             run_k(isa, pool, t, rows, cols / 256, nt, acts, y)
         }
@@ -477,13 +491,19 @@ fn run_q8<T: Tile>(
 
 /// A k-quant tile type with its dispatching kernel against Q8_K activations.
 trait KTile: Sized + Sync {
-    /// [`gemv_q4k`] or [`gemv_q6k`].
+    /// [`gemv_q4k`], [`gemv_q6k`] or [`gemv_iq4xs`].
     fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT];
 }
 
 impl KTile for TileQ4K {
     fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT] {
         gemv_q4k(isa, w, y)
+    }
+}
+
+impl KTile for TileIq4Xs {
+    fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT] {
+        gemv_iq4xs(isa, w, y)
     }
 }
 
@@ -549,7 +569,7 @@ pub enum MultiEpilogue {
 fn act_family(t: &Tiles) -> u8 {
     match t {
         Tiles::Q8_0(_) | Tiles::Q5_0(_) | Tiles::Iq4Nl(_) => 0,
-        Tiles::Q4K(_) | Tiles::Q6K(_) => 1,
+        Tiles::Q4K(_) | Tiles::Q6K(_) | Tiles::Iq4Xs(_) => 1,
     }
 }
 
@@ -776,6 +796,7 @@ pub fn matmul_repacked_multi_then(
                         let res = match &w.tiles {
                             Tiles::Q4K(tl) => one(isa, tl, q, nb_k, g, t, n),
                             Tiles::Q6K(tl) => one(isa, tl, q, nb_k, g, t, n),
+                            Tiles::Iq4Xs(tl) => one(isa, tl, q, nb_k, g, t, n),
                             _ => unreachable!("one activation family per call (checked)"),
                         };
                         emit(p, g, t, n, res);
@@ -825,7 +846,7 @@ mod tests {
             }
             out
         }
-        if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+        if matches!(ty, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Iq4Xs) {
             rt::<BlockQ8K>(x)
         } else {
             rt::<BlockQ8_0>(x)
@@ -843,8 +864,9 @@ mod tests {
             GgmlType::Q4K,
             GgmlType::Q6K,
             GgmlType::Iq4Nl,
+            GgmlType::Iq4Xs,
         ] {
-            let kquant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
+            let kquant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Iq4Xs);
             let shapes = if kquant {
                 [(37, 512), (64, 256), (8, 768)]
             } else {
@@ -863,10 +885,11 @@ mod tests {
                 };
                 let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
                 // Q4_K tiles add 32 bytes per eight super-blocks (unpacked scales and mins).
-                let extra = if ty == GgmlType::Q4K {
-                    32 * cols / 256
-                } else {
-                    0
+                // IQ4_XS tiles add 16 (the sub-block scales unpacked to bytes).
+                let extra = match ty {
+                    GgmlType::Q4K => 32 * cols / 256,
+                    GgmlType::Iq4Xs => 16 * cols / 256,
+                    _ => 0,
                 };
                 assert_eq!(
                     rp.bytes(),
@@ -1061,6 +1084,7 @@ mod tests {
             GgmlType::Q4K,
             GgmlType::Q6K,
             GgmlType::Iq4Nl,
+            GgmlType::Iq4Xs,
         ] {
             let (rows, cols) = (77usize, 256);
             let mats: Vec<RepackedMatrix> = (0..2u64)
@@ -1139,7 +1163,13 @@ mod tests {
     /// Long rows cut prefill into several token chunks; the split must not change a bit.
     #[test]
     fn token_chunks_do_not_change_results() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Iq4Nl] {
+        for ty in [
+            GgmlType::Q5_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Iq4Nl,
+            GgmlType::Iq4Xs,
+        ] {
             let (rows, cols, nt) = (16, 32 * 200, 30);
             let bytes = quantize_to_vec(ty, &rand_f32(rows * cols, 5, 1.0)).unwrap();
             let store = aligned(&bytes);
@@ -1276,6 +1306,7 @@ mod tests {
             GgmlType::Q4K,
             GgmlType::Q6K,
             GgmlType::Iq4Nl,
+            GgmlType::Iq4Xs,
         ] {
             let (rows, cols) = (61, 512);
             let wf = rand_f32(rows * cols, 99 + ty.id() as u64, 1.0);

@@ -44,6 +44,7 @@ pub(crate) mod repack;
 pub(crate) mod repack_k;
 pub(crate) mod repack_k6;
 pub(crate) mod repack_nl;
+pub(crate) mod repack_xs;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 mod table32;

@@ -185,10 +185,7 @@ unsafe fn gemv_vnni<const NT: usize>(w: &[TileIq4Nl], y: [Act<'_>; NT]) -> [[f32
                 s0 = _mm256_dpbusd_epi32(s0, u[k], bcast4(qs, k));
                 s1 = _mm256_dpbusd_epi32(s1, u[k + 1], bcast4(qs, k + 1));
             }
-            let s = _mm256_sub_epi32(
-                _mm256_add_epi32(s0, s1),
-                _mm256_set1_epi32(128 * y[t].2[b]),
-            );
+            let s = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_set1_epi32(128 * y[t].2[b]));
             let d = _mm256_mul_ps(dw, _mm256_set1_ps(y[t].1[b]));
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
         }
