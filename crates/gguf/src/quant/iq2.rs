@@ -174,9 +174,9 @@ mod tests {
         b.dequantize(&mut y);
         let db = 3.5 * 0.25;
         let p = IQ2XXS_GRID[1];
-        for j in 0..8 {
+        for (j, &v) in y[..8].iter().enumerate() {
             let s = if j == 0 || j == 7 { -1.0 } else { 1.0 };
-            assert_eq!(y[j], db * ((p >> (8 * j)) as u8 as f32) * s, "{j}");
+            assert_eq!(v, db * ((p >> (8 * j)) as u8 as f32) * s, "{j}");
         }
         assert_eq!(y[8], db * 8.0);
     }

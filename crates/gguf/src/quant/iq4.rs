@@ -77,7 +77,7 @@ fn dequantize_32(d: f32, qs: &[u8], out: &mut [f32]) {
 #[inline]
 pub(crate) fn nearest_level(v: f32) -> u8 {
     let k = |i: usize| KVALUES_IQ4NL[i] as f32;
-    if !(v > k(0)) {
+    if v.is_nan() || v <= k(0) {
         return 0;
     }
     if v >= k(15) {
@@ -106,7 +106,8 @@ fn fit_scale(x: &[f32]) -> f32 {
             max = v;
         }
     }
-    if !(amax >= GROUP_MAX_EPS) || !amax.is_finite() {
+    // `amax` is NaN-free (`>` never takes NaN); infinities would poison every sum.
+    if amax < GROUP_MAX_EPS || !amax.is_finite() {
         return 0.0;
     }
     let k0 = KVALUES_IQ4NL[0] as f32;

@@ -94,7 +94,7 @@ fn pack_trits(ts: impl Iterator<Item = u8>) -> u8 {
     for _ in n..5 {
         q *= 3;
     }
-    ((q * 256 + 242) / 243) as u8
+    (q * 256).div_ceil(243) as u8
 }
 
 impl Block for BlockTq1_0 {
