@@ -10,7 +10,9 @@
 //! (levels by byte shuffle, the sign trick for `maddubs`, pairs times the scale by
 //! `madd`), then `acc += (d · dy) · sumi` in super-block order without fused operations:
 //! the unpacked IQ4_XS kernel's formula (`grouped`), so results are bitwise equal to it
-//! and across ISAs. The VNNI dispatch runs the AVX2 kernel.
+//! and across ISAs. The VNNI kernel multiplies the unsigned levels `K + 128` by
+//! `vpdpbusd` and subtracts `128 * Σ_j y` (from the activation's block sums) per
+//! sub-block before scaling: the same exact integers.
 
 use minfer_gguf::quant::{BlockIq4Xs, BlockQ8K, KVALUES_IQ4NL};
 
@@ -150,21 +152,80 @@ pub(crate) unsafe fn gemv_iq4xs_avx2<const NT: usize>(
     out
 }
 
-/// Dispatches to the scalar or AVX2 IQ4_XS tile kernel (VNNI CPUs run the AVX2 one).
+/// VNNI version of [`gemv_iq4xs_scalar`]: same exact integers, same float steps.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn gemv_iq4xs_vnni<const NT: usize>(
+    w: &[TileIq4Xs],
+    y: [&[BlockQ8K]; NT],
+) -> [[f32; 8]; NT] {
+    use std::arch::x86_64::*;
+    let y = y.map(|a| &a[..w.len()]);
+    let shifted: [u8; 16] = KVALUES_IQ4NL.map(|k| (k as i32 + 128) as u8);
+    // SAFETY (all loads below): as in `gemv_iq4xs_avx2`.
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(shifted.as_ptr().cast()));
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for (b, tile) in w.iter().enumerate() {
+        super::simd::prefetch_ahead::<NT, _>(tile);
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(tile.d.as_ptr().cast()));
+        let mut sumi = [_mm256_setzero_si256(); NT];
+        for j in 0..8 {
+            let s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(tile.sc.as_ptr().add(8 * j).cast()));
+            let mut u = [_mm256_setzero_si256(); 8];
+            for m in 0..4 {
+                let n = _mm256_loadu_si256(tile.qs.as_ptr().add(128 * j + 32 * m).cast());
+                u[2 * m] = _mm256_shuffle_epi8(table, _mm256_and_si256(n, m4));
+                u[2 * m + 1] =
+                    _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(n, 4), m4));
+            }
+            for t in 0..NT {
+                let yb = &y[t][b];
+                let qs = yb.qs.as_ptr().add(32 * j);
+                // Two chains against the instruction's latency; u <= 241 and |y| <= 127
+                // keep every i32 sum far from overflow.
+                let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for k in (0..8).step_by(2) {
+                    let y0 = _mm256_set1_epi32(qs.add(4 * k).cast::<i32>().read_unaligned());
+                    let y1 = _mm256_set1_epi32(qs.add(4 * k + 4).cast::<i32>().read_unaligned());
+                    a0 = _mm256_dpbusd_epi32(a0, u[k], y0);
+                    a1 = _mm256_dpbusd_epi32(a1, u[k + 1], y1);
+                }
+                let sy = yb.bsums[2 * j] as i32 + yb.bsums[2 * j + 1] as i32;
+                let isum = _mm256_sub_epi32(_mm256_add_epi32(a0, a1), _mm256_set1_epi32(128 * sy));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_mullo_epi32(isum, s));
+            }
+        }
+        for t in 0..NT {
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(y[t][b].d));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi[t])));
+        }
+    }
+    let mut out = [[0.0f32; 8]; NT];
+    for t in 0..NT {
+        _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+    out
+}
+
+/// Dispatches to the scalar, AVX2 or VNNI IQ4_XS tile kernel.
 #[inline]
 pub(crate) fn gemv_iq4xs<const NT: usize>(
     isa: super::Isa,
     w: &[TileIq4Xs],
     y: [&[BlockQ8K]; NT],
 ) -> [[f32; 8]; NT] {
-    if !isa.is_avx2() {
-        return gemv_iq4xs_scalar(w, y);
+    match isa.0 {
+        super::IsaKind::Scalar => gemv_iq4xs_scalar(w, y),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx2` value exists only after runtime detection of AVX2, FMA, F16C.
+        super::IsaKind::Avx2 => unsafe { gemv_iq4xs_avx2(w, y) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `Vnni` value exists only after runtime detection of its features.
+        super::IsaKind::Vnni => unsafe { gemv_iq4xs_vnni(w, y) },
     }
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `is_avx2` holds only for values made after detecting AVX2, FMA and F16C.
-    unsafe {
-        gemv_iq4xs_avx2(w, y)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    gemv_iq4xs_scalar(w, y)
 }
