@@ -13,12 +13,15 @@ What the references are:
     not implement; Q8_K's reference is computed here from its definition
     (`y = d * qs` in f32; header flag bit 0 marks such files).
   * Quantization: `gguf.quants.quantize` where gguf-py implements it: F16 (numpy cast),
-    BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0. gguf-py has no k-quant quantizers, so the
-    k-quant files carry no quantize section.
+    BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, TQ1_0, TQ2_0 and MXFP4. gguf-py has no k-quant or
+    i-quant quantizers, so those files carry no quantize section.
 
 Inputs:
   * Random blocks: random bytes with the f16 scale fields (f32 for Q8_K) overwritten by
     finite values of varied magnitude (including zero, negatives and f16 subnormals).
+    IQ1_M spreads its f16 scale over the top nibbles of four u16 words; those nibbles are
+    overwritten the same way. MXFP4's E8M0 exponent byte takes every value 0..255.
+    No real i-quant, MXFP4 or ternary model file is used: the blocks are synthetic.
   * For types gguf-py can quantize, also blocks it produced from random f32 data.
   * F32/BF16: random bit patterns (NaN payloads included) plus special values.
   * F16: every bit pattern except signalling NaNs. Those are left out on purpose: numpy
@@ -63,13 +66,31 @@ TYPES = [
     (T.Q5_K, "q5_k", [(0, 2), (2, 4)]),
     (T.Q6_K, "q6_k", [(208, 210)]),
     (T.Q8_K, "q8_k", []),
+    (T.IQ2_XXS, "iq2_xxs", [(0, 2)]),
+    (T.IQ2_XS, "iq2_xs", [(0, 2)]),
+    (T.IQ3_XXS, "iq3_xxs", [(0, 2)]),
+    (T.IQ1_S, "iq1_s", [(0, 2)]),
+    (T.IQ4_NL, "iq4_nl", [(0, 2)]),
+    (T.IQ3_S, "iq3_s", [(0, 2)]),
+    (T.IQ2_S, "iq2_s", [(0, 2)]),
+    (T.IQ4_XS, "iq4_xs", [(0, 2)]),
+    (T.IQ1_M, "iq1_m", []),
+    (T.TQ1_0, "tq1_0", [(52, 54)]),
+    (T.TQ2_0, "tq2_0", [(64, 66)]),
+    (T.MXFP4, "mxfp4", []),
 ]
 
 # Types gguf-py can quantize (F32 is an identity cast and not worth storing).
-QUANTIZABLE = {T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
+QUANTIZABLE = {T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.TQ1_0, T.TQ2_0, T.MXFP4}
+
+# Types added after the first set get fewer blocks, to keep the golden files small.
+NEWER = {T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ4_NL, T.IQ3_S, T.IQ2_S, T.IQ4_XS,
+         T.IQ1_M, T.TQ1_0, T.TQ2_0, T.MXFP4}
 
 RANDOM_BLOCKS_SMALL = 256  # 32-element types
 RANDOM_BLOCKS_K = 128  # 256-element types
+RANDOM_BLOCKS_NEWER_K = 48  # 256-element types of NEWER
+QUANT_BLOCKS_K = 32  # quantize section, 256-element types
 QUANTIZED_BLOCKS = 64  # gguf-quantized blocks added to the dequantize section
 QUANT_BLOCKS_SMALL = 128  # quantize section, 32-element types
 FLOAT_ELEMS = 4096
@@ -92,6 +113,15 @@ def random_blocks(rng: np.random.Generator, qtype: T, scale_fields, n: int) -> n
     for lo, hi in scale_fields:
         assert hi - lo == 2
         blocks[:, lo:hi] = scale_values(rng, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+    if qtype == T.IQ1_M:
+        # Scale words are bytes 48..56; bits 12..15 of word i hold nibble i of the f16 scale.
+        h = scale_values(rng, n).astype(np.float16).view(np.uint16)
+        words = blocks[:, 48:56].copy().view(np.uint16)
+        for i in range(4):
+            words[:, i] = (words[:, i] & 0x0FFF) | (((h >> (4 * i)) & 0xF) << 12)
+        blocks[:, 48:56] = words.view(np.uint8)
+    if qtype == T.MXFP4:
+        blocks[: min(n, 256), 0] = np.arange(min(n, 256), dtype=np.uint8)
     if qtype == T.Q8_K:
         d = (rng.standard_normal(n) * 10.0 ** rng.uniform(-6.0, 0.0, n)).astype(np.float32)
         d[:4] = [0.0, -0.0, 1e-40, 1.0]
@@ -170,9 +200,12 @@ def build(rng: np.random.Generator, qtype: T, scale_fields) -> bytes:
         raw = float_dequant_inputs(rng, qtype)
     else:
         n_random = RANDOM_BLOCKS_K if block_size == 256 else RANDOM_BLOCKS_SMALL
+        if qtype in NEWER and block_size == 256:
+            n_random = RANDOM_BLOCKS_NEWER_K
         parts = [random_blocks(rng, qtype, scale_fields, n_random)]
         if qtype in QUANTIZABLE:
-            x = random_inputs(rng, QUANTIZED_BLOCKS, block_size)
+            n_qb = QUANTIZED_BLOCKS // 4 if block_size == 256 else QUANTIZED_BLOCKS
+            x = random_inputs(rng, n_qb, block_size)
             parts.append(np.asarray(quants.quantize(x, qtype), dtype=np.uint8).reshape(-1, type_size))
         raw = np.concatenate(parts).reshape(-1)
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
@@ -186,7 +219,8 @@ def build(rng: np.random.Generator, qtype: T, scale_fields) -> bytes:
             # Values near the f16/bf16 limits and rounding ties.
             q_in[:6] = [65504.0, 65520.0, -1e6, 5.9604645e-08, 1.0 + 2.0**-11, 1.0 + 2.0**-8]
         else:
-            q_in = random_inputs(rng, QUANT_BLOCKS_SMALL, block_size).reshape(-1)
+            n_q_blocks = QUANT_BLOCKS_K if block_size == 256 else QUANT_BLOCKS_SMALL
+            q_in = random_inputs(rng, n_q_blocks, block_size).reshape(-1)
         q_in = q_in.astype(np.float32)
         q_out = np.asarray(quants.quantize(q_in, qtype)).view(np.uint8).reshape(-1)
         n_q = q_in.size // block_size

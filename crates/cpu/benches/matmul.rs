@@ -482,9 +482,10 @@ fn main() {
             }
         }
     }
-    // The 1.5B model's projections (q/o, k/v, gate/up, down), all k-quant.
+    // The 1.5B model's projections (q/o, k/v, gate/up, down), in its k-quants and in the
+    // two 4-bit i-quants a requantized copy would use.
     let large_shapes = [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960)];
-    for ty in [Q4K, Q6K].into_iter().filter(|t| wanted(*t)) {
+    for ty in [Q4K, Q6K, Iq4Xs, Iq4Nl].into_iter().filter(|t| wanted(*t)) {
         for repacked in [false, true] {
             for (rows, cols) in large_shapes {
                 decode(ty, rows, cols, &pools, &bw, repacked);

@@ -17,8 +17,10 @@ use crate::quant::{self, dot_float, dot_unchecked, FloatWeight, Isa, QuantDot};
 use crate::threadpool::{chunk_range, ThreadPool};
 use half::{bf16, f16};
 use minfer_gguf::quant::{
-    cast_blocks, Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
-    BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
+    cast_blocks, Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S,
+    BlockIq3Xxs, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
+    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockTq1_0,
+    BlockTq2_0,
 };
 use minfer_gguf::GgmlType;
 use std::ops::Range;
@@ -205,6 +207,18 @@ pub fn matmul_with(
         GgmlType::Q4K => p.quant::<BlockQ4K>(pool, w, x, y, scratch),
         GgmlType::Q5K => p.quant::<BlockQ5K>(pool, w, x, y, scratch),
         GgmlType::Q6K => p.quant::<BlockQ6K>(pool, w, x, y, scratch),
+        GgmlType::Iq4Nl => p.quant::<BlockIq4Nl>(pool, w, x, y, scratch),
+        GgmlType::Mxfp4 => p.quant::<BlockMxfp4>(pool, w, x, y, scratch),
+        GgmlType::Iq4Xs => p.quant::<BlockIq4Xs>(pool, w, x, y, scratch),
+        GgmlType::Iq3Xxs => p.quant::<BlockIq3Xxs>(pool, w, x, y, scratch),
+        GgmlType::Iq3S => p.quant::<BlockIq3S>(pool, w, x, y, scratch),
+        GgmlType::Iq2Xxs => p.quant::<BlockIq2Xxs>(pool, w, x, y, scratch),
+        GgmlType::Iq2Xs => p.quant::<BlockIq2Xs>(pool, w, x, y, scratch),
+        GgmlType::Iq2S => p.quant::<BlockIq2S>(pool, w, x, y, scratch),
+        GgmlType::Iq1S => p.quant::<BlockIq1S>(pool, w, x, y, scratch),
+        GgmlType::Iq1M => p.quant::<BlockIq1M>(pool, w, x, y, scratch),
+        GgmlType::Tq1_0 => p.quant::<BlockTq1_0>(pool, w, x, y, scratch),
+        GgmlType::Tq2_0 => p.quant::<BlockTq2_0>(pool, w, x, y, scratch),
         GgmlType::Q8K => Err(MatmulError::UnsupportedType(GgmlType::Q8K)),
     }
 }

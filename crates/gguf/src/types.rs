@@ -21,11 +21,23 @@ pub enum GgmlType {
     Q5K = 13,
     Q6K = 14,
     Q8K = 15,
+    Iq2Xxs = 16,
+    Iq2Xs = 17,
+    Iq3Xxs = 18,
+    Iq1S = 19,
+    Iq4Nl = 20,
+    Iq3S = 21,
+    Iq2S = 22,
+    Iq4Xs = 23,
+    Iq1M = 29,
     BF16 = 30,
+    Tq1_0 = 34,
+    Tq2_0 = 35,
+    Mxfp4 = 39,
 }
 
 /// Every supported type, in id order.
-pub const ALL_TYPES: [GgmlType; 14] = [
+pub const ALL_TYPES: [GgmlType; 26] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
@@ -39,7 +51,19 @@ pub const ALL_TYPES: [GgmlType; 14] = [
     GgmlType::Q5K,
     GgmlType::Q6K,
     GgmlType::Q8K,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq1S,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq3S,
+    GgmlType::Iq2S,
+    GgmlType::Iq4Xs,
+    GgmlType::Iq1M,
     GgmlType::BF16,
+    GgmlType::Tq1_0,
+    GgmlType::Tq2_0,
+    GgmlType::Mxfp4,
 ];
 
 /// Elements per super-block for the k-quants.
@@ -60,15 +84,29 @@ impl GgmlType {
     pub fn block_size(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
-                32
-            }
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Iq4Nl
+            | GgmlType::Mxfp4 => 32,
             GgmlType::Q2K
             | GgmlType::Q3K
             | GgmlType::Q4K
             | GgmlType::Q5K
             | GgmlType::Q6K
-            | GgmlType::Q8K => QK_K,
+            | GgmlType::Q8K
+            | GgmlType::Iq2Xxs
+            | GgmlType::Iq2Xs
+            | GgmlType::Iq2S
+            | GgmlType::Iq3Xxs
+            | GgmlType::Iq3S
+            | GgmlType::Iq1S
+            | GgmlType::Iq1M
+            | GgmlType::Iq4Xs
+            | GgmlType::Tq1_0
+            | GgmlType::Tq2_0 => QK_K,
         }
     }
 
@@ -88,6 +126,18 @@ impl GgmlType {
             GgmlType::Q5K => 176,
             GgmlType::Q6K => 210,
             GgmlType::Q8K => 292,
+            GgmlType::Iq2Xxs => 66,
+            GgmlType::Iq2Xs => 74,
+            GgmlType::Iq2S => 82,
+            GgmlType::Iq3Xxs => 98,
+            GgmlType::Iq3S => 110,
+            GgmlType::Iq1S => 50,
+            GgmlType::Iq1M => 56,
+            GgmlType::Iq4Nl => 18,
+            GgmlType::Iq4Xs => 136,
+            GgmlType::Tq1_0 => 54,
+            GgmlType::Tq2_0 => 66,
+            GgmlType::Mxfp4 => 17,
         }
     }
 
@@ -118,6 +168,18 @@ impl GgmlType {
             GgmlType::Q5K => "Q5_K",
             GgmlType::Q6K => "Q6_K",
             GgmlType::Q8K => "Q8_K",
+            GgmlType::Iq2Xxs => "IQ2_XXS",
+            GgmlType::Iq2Xs => "IQ2_XS",
+            GgmlType::Iq2S => "IQ2_S",
+            GgmlType::Iq3Xxs => "IQ3_XXS",
+            GgmlType::Iq3S => "IQ3_S",
+            GgmlType::Iq1S => "IQ1_S",
+            GgmlType::Iq1M => "IQ1_M",
+            GgmlType::Iq4Nl => "IQ4_NL",
+            GgmlType::Iq4Xs => "IQ4_XS",
+            GgmlType::Tq1_0 => "TQ1_0",
+            GgmlType::Tq2_0 => "TQ2_0",
+            GgmlType::Mxfp4 => "MXFP4",
         }
     }
 
@@ -151,7 +213,7 @@ mod tests {
             assert_eq!(GgmlType::from_id(t.id()), Some(t));
             assert_eq!(GgmlType::from_name(t.name()), Some(t));
         }
-        for bad in [4u32, 5, 9, 16, 29, 31, 1000] {
+        for bad in [4u32, 5, 9, 24, 28, 31, 36, 40, 1000] {
             assert_eq!(GgmlType::from_id(bad), None);
         }
     }
@@ -161,5 +223,24 @@ mod tests {
         assert_eq!(GgmlType::Q4K.bytes_for(512), Some(288));
         assert_eq!(GgmlType::Q4_0.bytes_for(33), None);
         assert_eq!(GgmlType::F32.bytes_for(u64::MAX), None);
+        assert_eq!(GgmlType::Iq4Xs.bytes_for(512), Some(272));
+        assert_eq!(GgmlType::Mxfp4.bytes_for(64), Some(34));
+    }
+
+    #[test]
+    fn ids_and_names_are_ggmls() {
+        // A few ids from ggml's `ggml_type` enum, which GGUF files store verbatim.
+        for (id, name) in [
+            (16, "IQ2_XXS"),
+            (20, "IQ4_NL"),
+            (23, "IQ4_XS"),
+            (29, "IQ1_M"),
+        ] {
+            assert_eq!(GgmlType::from_id(id).map(GgmlType::name), Some(name));
+        }
+        for (id, name) in [(34, "TQ1_0"), (35, "TQ2_0"), (39, "MXFP4")] {
+            assert_eq!(GgmlType::from_id(id).map(GgmlType::name), Some(name));
+        }
+        assert_eq!(GgmlType::from_name("iq4_xs"), Some(GgmlType::Iq4Xs));
     }
 }

@@ -260,20 +260,21 @@ fn text_report(path: &Path, file: &GgufFile) -> String {
         );
     }
 
+    // Seven columns fit the longest type name (IQ2_XXS).
     let _ = writeln!(s, "\nper type:");
     let mut total = 0;
     for (ty, (count, bytes)) in type_totals(file) {
         total += bytes;
         let _ = writeln!(
             s,
-            "  {:<5}  {count:>4} tensors  {bytes:>12} bytes ({})",
+            "  {:<7}  {count:>4} tensors  {bytes:>12} bytes ({})",
             ty.name(),
             human_bytes(bytes)
         );
     }
     let _ = writeln!(
         s,
-        "  total  {:>4} tensors  {total:>12} bytes ({}); file size {} bytes",
+        "  total    {:>4} tensors  {total:>12} bytes ({}); file size {} bytes",
         file.tensors().len(),
         human_bytes(total),
         file.file_size()
@@ -439,8 +440,44 @@ mod tests {
         assert!(s.contains("bos            0 \"<s>\""), "{s}");
         assert!(s.contains("eos            7 (out of range)"), "{s}");
         assert!(s.contains("chat template  absent"), "{s}");
-        assert!(s.contains("Q8_0      1 tensors            68 bytes"), "{s}");
-        assert!(s.contains("total     2 tensors            84 bytes"), "{s}");
+        assert!(
+            s.contains("Q8_0        1 tensors            68 bytes"),
+            "{s}"
+        );
+        assert!(
+            s.contains("total       2 tensors            84 bytes"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn reports_name_the_i_quant_mxfp4_and_ternary_types() {
+        let mut w = GgufWriter::new();
+        w.add_meta("general.architecture", MetaValue::String("tiny".into()));
+        for (i, ty) in [
+            GgmlType::Iq2Xxs,
+            GgmlType::Iq4Xs,
+            GgmlType::Mxfp4,
+            GgmlType::Tq1_0,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let bytes = ty.bytes_for(256).unwrap() as usize;
+            w.add_tensor_bytes(&format!("t{i}"), &[256], ty, vec![0; bytes])
+                .unwrap();
+        }
+        let f = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+        let s = text_report(Path::new("m.gguf"), &f);
+        for name in ["IQ2_XXS", "IQ4_XS", "MXFP4", "TQ1_0"] {
+            assert!(s.contains(name), "{name} missing from:\n{s}");
+        }
+        let j = json_report(Path::new("m.gguf"), &f);
+        assert_eq!(
+            j["type_totals"]["IQ4_XS"],
+            json!({ "count": 1, "bytes": 136 })
+        );
+        assert_eq!(j["tensors"][2]["type"], "MXFP4");
     }
 
     #[test]

@@ -13,6 +13,8 @@ use crate::hugemem::HugeVec;
 use crate::quant::repack::{act_sidecar, gemv, Act, Tile, TileQ5, TileQ8};
 use crate::quant::repack_k::{gemv_q4k, TileQ4K};
 use crate::quant::repack_k6::{gemv_q6k, TileQ6K};
+use crate::quant::repack_nl::TileIq4Nl;
+use crate::quant::repack_xs::{gemv_iq4xs, TileIq4Xs};
 use crate::quant::{q8_0_into, q8_k_into, Isa};
 use crate::threadpool::{chunk_range, ThreadPool};
 use minfer_gguf::quant::{cast_blocks, Block, BlockQ8K, BlockQ8_0};
@@ -31,8 +33,10 @@ const CHUNK_ACT_BYTES: usize = 96 * 1024;
 enum Tiles {
     Q8_0(HugeVec<TileQ8>),
     Q5_0(HugeVec<TileQ5>),
+    Iq4Nl(HugeVec<TileIq4Nl>),
     Q4K(HugeVec<TileQ4K>),
     Q6K(HugeVec<TileQ6K>),
+    Iq4Xs(HugeVec<TileIq4Xs>),
 }
 
 impl Tiles {
@@ -42,8 +46,10 @@ impl Tiles {
         let oom = |e: std::io::Error| MatmulError::Memory(e.to_string());
         Ok(match ty {
             GgmlType::Q8_0 => Tiles::Q8_0(HugeVec::zeroed(groups * cols / 32).map_err(oom)?),
+            GgmlType::Iq4Nl => Tiles::Iq4Nl(HugeVec::zeroed(groups * cols / 32).map_err(oom)?),
             GgmlType::Q4K => Tiles::Q4K(HugeVec::zeroed(groups * cols / 256).map_err(oom)?),
             GgmlType::Q6K => Tiles::Q6K(HugeVec::zeroed(groups * cols / 256).map_err(oom)?),
+            GgmlType::Iq4Xs => Tiles::Iq4Xs(HugeVec::zeroed(groups * cols / 256).map_err(oom)?),
             _ => Tiles::Q5_0(HugeVec::zeroed(groups * cols / 32).map_err(oom)?),
         })
     }
@@ -54,8 +60,10 @@ impl Tiles {
         match self {
             Tiles::Q8_0(t) => pack_blocks_into(pool, w, TileQ8::pack, t, g0),
             Tiles::Q5_0(t) => pack_blocks_into(pool, w, TileQ5::pack, t, g0),
+            Tiles::Iq4Nl(t) => pack_blocks_into(pool, w, TileIq4Nl::pack, t, g0),
             Tiles::Q4K(t) => pack_blocks_into(pool, w, TileQ4K::pack, t, g0),
             Tiles::Q6K(t) => pack_blocks_into(pool, w, TileQ6K::pack, t, g0),
+            Tiles::Iq4Xs(t) => pack_blocks_into(pool, w, TileIq4Xs::pack, t, g0),
         }
     }
 }
@@ -77,8 +85,10 @@ impl RepackedMatrix {
     /// GOP/s); with AVX2 alone they prefill no faster, so the GGUF layout stays. The
     /// results are the same bits either way.
     pub fn supports(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K)
-            || (ty == GgmlType::Q6K && Isa::vnni().is_some_and(|v| Isa::detect() == v))
+        matches!(
+            ty,
+            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Iq4Nl | GgmlType::Iq4Xs
+        ) || (ty == GgmlType::Q6K && Isa::vnni().is_some_and(|v| Isa::detect() == v))
     }
 
     /// Whether [`Self::from_qmatrix`] accepts `ty` (every type [`Self::supports`] names on
@@ -86,7 +96,12 @@ impl RepackedMatrix {
     fn packable(ty: GgmlType) -> bool {
         matches!(
             ty,
-            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K
+            GgmlType::Q5_0
+                | GgmlType::Q8_0
+                | GgmlType::Q4K
+                | GgmlType::Q6K
+                | GgmlType::Iq4Nl
+                | GgmlType::Iq4Xs
         )
     }
 
@@ -179,8 +194,10 @@ impl RepackedMatrix {
         match &self.tiles {
             Tiles::Q8_0(t) => std::mem::size_of_val(&t[..]),
             Tiles::Q5_0(t) => std::mem::size_of_val(&t[..]),
+            Tiles::Iq4Nl(t) => std::mem::size_of_val(&t[..]),
             Tiles::Q4K(t) => std::mem::size_of_val(&t[..]),
             Tiles::Q6K(t) => std::mem::size_of_val(&t[..]),
+            Tiles::Iq4Xs(t) => std::mem::size_of_val(&t[..]),
         }
     }
 }
@@ -267,11 +284,19 @@ pub fn matmul_repacked_with(
             let acts = quantize(isa, pool, x, nt, cols / 32, scratch);
             run_q8(isa, pool, t, rows, cols / 32, nt, acts, y)
         }
+        Tiles::Iq4Nl(t) => {
+            let acts = quantize(isa, pool, x, nt, cols / 32, scratch);
+            run_q8(isa, pool, t, rows, cols / 32, nt, acts, y)
+        }
         Tiles::Q4K(t) => {
             let acts = quantize_k(isa, pool, x, nt, cols / 256, scratch);
             run_k(isa, pool, t, rows, cols / 256, nt, acts, y)
         }
         Tiles::Q6K(t) => {
+            let acts = quantize_k(isa, pool, x, nt, cols / 256, scratch);
+            run_k(isa, pool, t, rows, cols / 256, nt, acts, y)
+        }
+        Tiles::Iq4Xs(t) => {
             let acts = quantize_k(isa, pool, x, nt, cols / 256, scratch);
             run_k(isa, pool, t, rows, cols / 256, nt, acts, y)
         }
@@ -466,13 +491,19 @@ fn run_q8<T: Tile>(
 
 /// A k-quant tile type with its dispatching kernel against Q8_K activations.
 trait KTile: Sized + Sync {
-    /// [`gemv_q4k`] or [`gemv_q6k`].
+    /// [`gemv_q4k`], [`gemv_q6k`] or [`gemv_iq4xs`].
     fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT];
 }
 
 impl KTile for TileQ4K {
     fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT] {
         gemv_q4k(isa, w, y)
+    }
+}
+
+impl KTile for TileIq4Xs {
+    fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT] {
+        gemv_iq4xs(isa, w, y)
     }
 }
 
@@ -537,8 +568,8 @@ pub enum MultiEpilogue {
 /// share it, since the activations are quantised once for all of them.
 fn act_family(t: &Tiles) -> u8 {
     match t {
-        Tiles::Q8_0(_) | Tiles::Q5_0(_) => 0,
-        Tiles::Q4K(_) | Tiles::Q6K(_) => 1,
+        Tiles::Q8_0(_) | Tiles::Q5_0(_) | Tiles::Iq4Nl(_) => 0,
+        Tiles::Q4K(_) | Tiles::Q6K(_) | Tiles::Iq4Xs(_) => 1,
     }
 }
 
@@ -723,6 +754,7 @@ pub fn matmul_repacked_multi_then(
                         let res = match &w.tiles {
                             Tiles::Q8_0(tl) => one(isa, tl, nb_q8, g, t, n, &act),
                             Tiles::Q5_0(tl) => one(isa, tl, nb_q8, g, t, n, &act),
+                            Tiles::Iq4Nl(tl) => one(isa, tl, nb_q8, g, t, n, &act),
                             _ => unreachable!("one activation family per call (checked)"),
                         };
                         emit(p, g, t, n, res);
@@ -764,6 +796,7 @@ pub fn matmul_repacked_multi_then(
                         let res = match &w.tiles {
                             Tiles::Q4K(tl) => one(isa, tl, q, nb_k, g, t, n),
                             Tiles::Q6K(tl) => one(isa, tl, q, nb_k, g, t, n),
+                            Tiles::Iq4Xs(tl) => one(isa, tl, q, nb_k, g, t, n),
                             _ => unreachable!("one activation family per call (checked)"),
                         };
                         emit(p, g, t, n, res);
@@ -806,14 +839,14 @@ mod tests {
     /// The activations as the kernels see them: quantized to Q8_K for k-quant weights, to
     /// Q8_0 otherwise, and widened back to f32.
     fn act_roundtrip(ty: GgmlType, x: &[f32]) -> Vec<f32> {
-        fn rt<B: Block>(x: &[f32]) -> Vec<f32> {
+        fn rt<B: minfer_gguf::quant::Quantize>(x: &[f32]) -> Vec<f32> {
             let mut out = vec![0.0; x.len()];
             for (c, o) in x.chunks_exact(B::ELEMS).zip(out.chunks_exact_mut(B::ELEMS)) {
                 B::quantize(c).dequantize(o);
             }
             out
         }
-        if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+        if matches!(ty, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Iq4Xs) {
             rt::<BlockQ8K>(x)
         } else {
             rt::<BlockQ8_0>(x)
@@ -825,8 +858,15 @@ mod tests {
     /// dequantized operands and the unpacked [`matmul_with`].
     #[test]
     fn repacked_matches_unpacked_and_is_deterministic() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
-            let kquant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
+        for ty in [
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Iq4Nl,
+            GgmlType::Iq4Xs,
+        ] {
+            let kquant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Iq4Xs);
             let shapes = if kquant {
                 [(37, 512), (64, 256), (8, 768)]
             } else {
@@ -845,10 +885,11 @@ mod tests {
                 };
                 let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
                 // Q4_K tiles add 32 bytes per eight super-blocks (unpacked scales and mins).
-                let extra = if ty == GgmlType::Q4K {
-                    32 * cols / 256
-                } else {
-                    0
+                // IQ4_XS tiles add 16 (the sub-block scales unpacked to bytes).
+                let extra = match ty {
+                    GgmlType::Q4K => 32 * cols / 256,
+                    GgmlType::Iq4Xs => 16 * cols / 256,
+                    _ => 0,
                 };
                 assert_eq!(
                     rp.bytes(),
@@ -1037,7 +1078,14 @@ mod tests {
     /// the product wrote them; it refuses parts that are not a gate and an up of one size.
     #[test]
     fn multi_swiglu_epilogue_matches_the_separate_chain() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Iq4Nl,
+            GgmlType::Iq4Xs,
+        ] {
             let (rows, cols) = (77usize, 256);
             let mats: Vec<RepackedMatrix> = (0..2u64)
                 .map(|i| {
@@ -1115,7 +1163,13 @@ mod tests {
     /// Long rows cut prefill into several token chunks; the split must not change a bit.
     #[test]
     fn token_chunks_do_not_change_results() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [
+            GgmlType::Q5_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Iq4Nl,
+            GgmlType::Iq4Xs,
+        ] {
             let (rows, cols, nt) = (16, 32 * 200, 30);
             let bytes = quantize_to_vec(ty, &rand_f32(rows * cols, 5, 1.0)).unwrap();
             let store = aligned(&bytes);
@@ -1246,7 +1300,14 @@ mod tests {
     /// byte exactly once, in order.
     #[test]
     fn chunked_repack_equals_whole_repack() {
-        for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Iq4Nl,
+            GgmlType::Iq4Xs,
+        ] {
             let (rows, cols) = (61, 512);
             let wf = rand_f32(rows * cols, 99 + ty.id() as u64, 1.0);
             let bytes = quantize_to_vec(ty, &wf).unwrap();

@@ -9,7 +9,7 @@
 //! level on rare inputs.
 
 use super::{Isa, IsaKind};
-use minfer_gguf::quant::{Block, BlockQ8K, BlockQ8_0};
+use minfer_gguf::quant::{BlockQ8K, BlockQ8_0, Quantize};
 
 /// Errors of the activation quantizers.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,7 +95,7 @@ pub(crate) fn q8_k_into(isa: Isa, x: &[f32], out: &mut [BlockQ8K]) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use minfer_gguf::quant::{Block, BlockQ8K, BlockQ8_0};
+    use minfer_gguf::quant::{BlockQ8K, BlockQ8_0, Quantize};
     use std::arch::x86_64::*;
 
     /// Packs four vectors of eight i32 (each in -128..=127) into 32 bytes, element order.

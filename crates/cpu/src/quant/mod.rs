@@ -1,8 +1,9 @@
 //! Activation quantizers and quantized dot products, each with a portable scalar reference
 //! beside an AVX2/FMA/F16C kernel.
 //!
-//! Pairing follows ggml: the 32-element types dot against Q8_0 activations, the k-quants
-//! against Q8_K. Q4_1 and Q5_1 also take Q8_0 (ggml uses Q8_1, whose extra per-block sum
+//! Pairing follows ggml: the 32-element types (legacy, IQ4_NL, MXFP4) dot against Q8_0
+//! activations, the k-quants, the 256-element i-quants and TQ1_0/TQ2_0 against Q8_K
+//! (`table32` and `grouped` hold the kernels of the newer types). Q4_1 and Q5_1 also take Q8_0 (ggml uses Q8_1, whose extra per-block sum
 //! `d * Σq` is stored as f16); the kernels here recompute `Σq` exactly from the levels, so
 //! their results can differ from ggml's by that f16 rounding.
 //!
@@ -27,6 +28,7 @@
 
 mod act;
 mod float;
+mod grouped;
 mod legacy;
 mod q2_k;
 mod q3_k;
@@ -41,8 +43,11 @@ mod q8_0;
 pub(crate) mod repack;
 pub(crate) mod repack_k;
 pub(crate) mod repack_k6;
+pub(crate) mod repack_nl;
+pub(crate) mod repack_xs;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+mod table32;
 #[cfg(test)]
 pub(crate) mod testutil;
 #[cfg(target_arch = "x86_64")]

@@ -239,7 +239,7 @@ pub(crate) fn gemv_q4k<const NT: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use minfer_gguf::quant::Block;
+    use minfer_gguf::quant::Quantize;
 
     fn blocks(n: usize, seed: u64) -> Vec<BlockQ4K> {
         let x = super::super::testutil::rand_f32(256 * n, seed, 1.0);

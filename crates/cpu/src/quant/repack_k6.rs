@@ -232,7 +232,7 @@ pub(crate) fn gemv_q6k<const NT: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use minfer_gguf::quant::Block;
+    use minfer_gguf::quant::Quantize;
 
     fn blocks(n: usize, seed: u64) -> Vec<BlockQ6K> {
         let x = super::super::testutil::rand_f32(256 * n, seed, 1.0);

@@ -1,7 +1,7 @@
 //! Test helpers: deterministic inputs and the generic kernel checks every type runs.
 
 use super::{dot, Isa, QuantDot};
-use minfer_gguf::quant::Block;
+use minfer_gguf::quant::{Block, Quantize};
 
 /// Deterministic pseudo-random values in `-scale..scale` (xorshift; no dependency).
 pub(crate) fn rand_f32(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -17,7 +17,7 @@ pub(crate) fn rand_f32(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 }
 
 /// Quantizes `x` block by block with the reference quantizer of `B`.
-pub(crate) fn quantize_blocks<B: Block>(x: &[f32]) -> Vec<B> {
+pub(crate) fn quantize_blocks<B: Quantize>(x: &[f32]) -> Vec<B> {
     x.chunks_exact(B::ELEMS).map(B::quantize).collect()
 }
 
@@ -45,10 +45,41 @@ pub(crate) fn isas() -> Vec<Isa> {
 ///   and dequantized activations (only f32 accumulation rounding separates them);
 /// - each result is within the activation quantization error of the dot with the original
 ///   f32 activations: `Σ |w_i| * |y_i - ŷ_i|` plus the same rounding slack.
-pub(crate) fn check_kernel<B: QuantDot>(n_blocks: usize, seed: u64) {
-    let n = n_blocks * B::ELEMS;
-    let wf = rand_f32(n, seed, 1.5);
-    let w: Vec<B> = quantize_blocks(&wf);
+pub(crate) fn check_kernel<B: QuantDot + Quantize>(n_blocks: usize, seed: u64)
+where
+    B::Act: Quantize,
+{
+    let wf = rand_f32(n_blocks * B::ELEMS, seed, 1.5);
+    check_kernel_on::<B>(quantize_blocks(&wf), seed);
+}
+
+/// `n` blocks of random bytes, each passed with a random word to `fix` (which makes the
+/// scale fields finite), for types without an encoder.
+pub(crate) fn random_blocks<B: Block>(n: usize, seed: u64, fix: impl Fn(&mut B, u32)) -> Vec<B> {
+    let size = std::mem::size_of::<B>();
+    let mut s = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 32) as u32
+    };
+    (0..n)
+        .map(|_| {
+            let bytes: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+            let mut b: B = bytemuck::pod_read_unaligned(&bytes);
+            fix(&mut b, next());
+            b
+        })
+        .collect()
+}
+
+/// [`check_kernel`] on given weight blocks.
+pub(crate) fn check_kernel_on<B: QuantDot>(w: Vec<B>, seed: u64)
+where
+    B::Act: Quantize,
+{
+    let n = w.len() * B::ELEMS;
     let wd = dequantize_blocks(&w);
     let xs: Vec<Vec<f32>> = (0..4).map(|t| rand_f32(n, seed + 100 + t, 3.0)).collect();
     let xq: Vec<Vec<B::Act>> = xs.iter().map(|x| quantize_blocks(x)).collect();
@@ -110,7 +141,10 @@ pub(crate) fn check_kernel<B: QuantDot>(n_blocks: usize, seed: u64) {
 }
 
 /// Checks that mismatched row lengths are a typed error.
-pub(crate) fn check_length_error<B: QuantDot>() {
+pub(crate) fn check_length_error<B: QuantDot + Quantize>()
+where
+    B::Act: Quantize,
+{
     let w: Vec<B> = quantize_blocks(&rand_f32(2 * B::ELEMS, 1, 1.0));
     let x: Vec<B::Act> = quantize_blocks(&rand_f32(B::ELEMS, 2, 1.0));
     assert_eq!(

@@ -6,15 +6,26 @@
 //! [`GgmlType::type_size`] and whose field order is ggml's on-disk layout, so tensor bytes
 //! can be viewed as `&[Block]` ([`cast_blocks`]) when aligned, or read block by block
 //! ([`Block::from_bytes`]) when not. Scale fields are [`half::f16`] (a transparent `u16`),
-//! so every block has alignment 2 except [`BlockQ8K`], whose `f32` scale makes it
-//! alignment 4. The float types (F32, F16, BF16) have block size 1 and use `f32`,
-//! [`half::f16`] and [`half::bf16`] directly.
+//! so most blocks have alignment 2; [`BlockQ8K`]'s `f32` scale makes it alignment 4, and
+//! [`BlockMxfp4`] and [`BlockIq1M`] (byte fields only) have alignment 1. The float types
+//! (F32, F16, BF16) have block size 1 and use `f32`, [`half::f16`] and [`half::bf16`]
+//! directly.
 //!
-//! Dequantization reproduces ggml's `dequantize_row_*` bit for bit (same operation order,
-//! no fused multiply-add). Quantization follows ggml's `quantize_row_*_ref`.
+//! Every block type implements [`Block`] (decoding). Dequantization reproduces ggml's
+//! `dequantize_row_*` bit for bit (same operation order, no fused multiply-add).
+//! Types with an encoder also implement [`Quantize`] ([`has_quantizer`] says which):
+//! the legacy types and k-quants follow ggml's `quantize_row_*_ref`, TQ1_0/TQ2_0/MXFP4 the
+//! `gguf` Python package's, and IQ4_NL/IQ4_XS use this crate's own scale search (see
+//! `iq4`). The lattice i-quants (IQ1/IQ2/IQ3) decode only.
 
 mod common;
 mod float;
+mod iq1;
+mod iq2;
+mod iq3;
+mod iq4;
+mod iq_grids;
+mod mxfp4;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -26,7 +37,14 @@ mod q5_k;
 mod q6_k;
 mod q8_0;
 mod q8_k;
+mod tq;
 
+pub use iq1::{BlockIq1M, BlockIq1S, IQ1S_DELTA};
+pub use iq2::{BlockIq2S, BlockIq2Xs, BlockIq2Xxs, KSIGNS_IQ2XS};
+pub use iq3::{BlockIq3S, BlockIq3Xxs};
+pub use iq4::{BlockIq4Nl, BlockIq4Xs, KVALUES_IQ4NL};
+pub use iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+pub use mxfp4::{e8m0_to_f32_half, BlockMxfp4, KVALUES_MXFP4};
 pub use q2_k::BlockQ2K;
 pub use q3_k::BlockQ3K;
 pub use q4_0::BlockQ4_0;
@@ -38,6 +56,7 @@ pub use q5_k::BlockQ5K;
 pub use q6_k::BlockQ6K;
 pub use q8_0::BlockQ8_0;
 pub use q8_k::BlockQ8K;
+pub use tq::{BlockTq1_0, BlockTq2_0};
 
 use crate::types::GgmlType;
 
@@ -70,6 +89,9 @@ pub enum QuantError {
         /// The byte count the element count needs.
         expected: usize,
     },
+    /// The type decodes but has no encoder here.
+    #[error("{0}: no quantizer for this type (it can be read but not written)")]
+    NoQuantizer(GgmlType),
 }
 
 /// One ggml quantization block: plain bytes (`Pod`) laid out exactly as on disk.
@@ -85,12 +107,6 @@ pub trait Block: bytemuck::Pod {
     /// If `out` is shorter than `Self::ELEMS`.
     fn dequantize(&self, out: &mut [f32]);
 
-    /// Encodes `x[..Self::ELEMS]` as ggml's `quantize_row_*_ref` does.
-    ///
-    /// # Panics
-    /// If `x` is shorter than `Self::ELEMS`.
-    fn quantize(x: &[f32]) -> Self;
-
     /// Reads one block by value from `bytes` of any alignment; `None` unless
     /// `bytes.len()` is exactly the block size.
     fn from_bytes(bytes: &[u8]) -> Option<Self> {
@@ -103,8 +119,33 @@ pub trait Block: bytemuck::Pod {
     }
 }
 
+/// A block type with an encoder.
+pub trait Quantize: Block {
+    /// Encodes `x[..Self::ELEMS]` (as ggml's `quantize_row_*_ref` does where ggml's
+    /// reference encoder is the contract; see the module docs for the others).
+    ///
+    /// # Panics
+    /// If `x` is shorter than `Self::ELEMS`.
+    fn quantize(x: &[f32]) -> Self;
+}
+
+/// Whether [`quantize`] can write `ty`: every type except the lattice i-quants
+/// (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S).
+pub fn has_quantizer(ty: GgmlType) -> bool {
+    !matches!(
+        ty,
+        GgmlType::Iq2Xxs
+            | GgmlType::Iq2Xs
+            | GgmlType::Iq2S
+            | GgmlType::Iq3Xxs
+            | GgmlType::Iq3S
+            | GgmlType::Iq1S
+            | GgmlType::Iq1M
+    )
+}
+
 /// Views `bytes` as whole blocks without copying; `None` when the length is not a multiple
-/// of the block size or the start is not aligned for `B` (2, or 4 for [`BlockQ8K`]).
+/// of the block size or the start is not aligned for `B` (`align_of::<B>()`).
 pub fn cast_blocks<B: Block>(bytes: &[u8]) -> Option<&[B]> {
     bytemuck::try_cast_slice(bytes).ok()
 }
@@ -145,7 +186,7 @@ fn dequantize_blocks<B: Block>(src: &[u8], dst: &mut [f32]) {
 }
 
 /// Quantizes whole blocks; lengths were checked by the caller.
-fn quantize_blocks<B: Block>(src: &[f32], dst: &mut [u8]) {
+fn quantize_blocks<B: Quantize>(src: &[f32], dst: &mut [u8]) {
     let size = std::mem::size_of::<B>();
     for (x, bytes) in src.chunks_exact(B::ELEMS).zip(dst.chunks_exact_mut(size)) {
         bytes.copy_from_slice(B::quantize(x).as_bytes());
@@ -170,12 +211,24 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
         GgmlType::Q5K => dequantize_blocks::<BlockQ5K>(src, dst),
         GgmlType::Q6K => dequantize_blocks::<BlockQ6K>(src, dst),
         GgmlType::Q8K => dequantize_blocks::<BlockQ8K>(src, dst),
+        GgmlType::Iq2Xxs => dequantize_blocks::<BlockIq2Xxs>(src, dst),
+        GgmlType::Iq2Xs => dequantize_blocks::<BlockIq2Xs>(src, dst),
+        GgmlType::Iq2S => dequantize_blocks::<BlockIq2S>(src, dst),
+        GgmlType::Iq3Xxs => dequantize_blocks::<BlockIq3Xxs>(src, dst),
+        GgmlType::Iq3S => dequantize_blocks::<BlockIq3S>(src, dst),
+        GgmlType::Iq1S => dequantize_blocks::<BlockIq1S>(src, dst),
+        GgmlType::Iq1M => dequantize_blocks::<BlockIq1M>(src, dst),
+        GgmlType::Iq4Nl => dequantize_blocks::<BlockIq4Nl>(src, dst),
+        GgmlType::Iq4Xs => dequantize_blocks::<BlockIq4Xs>(src, dst),
+        GgmlType::Tq1_0 => dequantize_blocks::<BlockTq1_0>(src, dst),
+        GgmlType::Tq2_0 => dequantize_blocks::<BlockTq2_0>(src, dst),
+        GgmlType::Mxfp4 => dequantize_blocks::<BlockMxfp4>(src, dst),
     }
     Ok(())
 }
 
-/// Quantizes `src` into `dst` (exactly `ty.bytes_for(src.len())` bytes), as ggml's reference
-/// `quantize_row_*_ref` does.
+/// Quantizes `src` into `dst` (exactly `ty.bytes_for(src.len())` bytes) with the type's
+/// [`Quantize`] encoder; [`QuantError::NoQuantizer`] for types without one.
 pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     check_lengths(ty, src.len(), dst.len())?;
     match ty {
@@ -193,6 +246,18 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
         GgmlType::Q5K => quantize_blocks::<BlockQ5K>(src, dst),
         GgmlType::Q6K => quantize_blocks::<BlockQ6K>(src, dst),
         GgmlType::Q8K => quantize_blocks::<BlockQ8K>(src, dst),
+        GgmlType::Iq4Nl => quantize_blocks::<BlockIq4Nl>(src, dst),
+        GgmlType::Iq4Xs => quantize_blocks::<BlockIq4Xs>(src, dst),
+        GgmlType::Tq1_0 => quantize_blocks::<BlockTq1_0>(src, dst),
+        GgmlType::Tq2_0 => quantize_blocks::<BlockTq2_0>(src, dst),
+        GgmlType::Mxfp4 => quantize_blocks::<BlockMxfp4>(src, dst),
+        GgmlType::Iq2Xxs
+        | GgmlType::Iq2Xs
+        | GgmlType::Iq2S
+        | GgmlType::Iq3Xxs
+        | GgmlType::Iq3S
+        | GgmlType::Iq1S
+        | GgmlType::Iq1M => return Err(QuantError::NoQuantizer(ty)),
     }
     Ok(())
 }
@@ -240,6 +305,18 @@ mod tests {
             GgmlType::Q5K => std::mem::size_of::<BlockQ5K>(),
             GgmlType::Q6K => std::mem::size_of::<BlockQ6K>(),
             GgmlType::Q8K => std::mem::size_of::<BlockQ8K>(),
+            GgmlType::Iq2Xxs => std::mem::size_of::<BlockIq2Xxs>(),
+            GgmlType::Iq2Xs => std::mem::size_of::<BlockIq2Xs>(),
+            GgmlType::Iq2S => std::mem::size_of::<BlockIq2S>(),
+            GgmlType::Iq3Xxs => std::mem::size_of::<BlockIq3Xxs>(),
+            GgmlType::Iq3S => std::mem::size_of::<BlockIq3S>(),
+            GgmlType::Iq1S => std::mem::size_of::<BlockIq1S>(),
+            GgmlType::Iq1M => std::mem::size_of::<BlockIq1M>(),
+            GgmlType::Iq4Nl => std::mem::size_of::<BlockIq4Nl>(),
+            GgmlType::Iq4Xs => std::mem::size_of::<BlockIq4Xs>(),
+            GgmlType::Tq1_0 => std::mem::size_of::<BlockTq1_0>(),
+            GgmlType::Tq2_0 => std::mem::size_of::<BlockTq2_0>(),
+            GgmlType::Mxfp4 => std::mem::size_of::<BlockMxfp4>(),
         }
     }
 
@@ -331,9 +408,19 @@ mod tests {
     }
 
     #[test]
+    fn types_without_an_encoder_are_refused_by_name() {
+        let err = quantize_to_vec(GgmlType::Iq2Xxs, &[0.0; 256]).unwrap_err();
+        assert!(matches!(err, QuantError::NoQuantizer(GgmlType::Iq2Xxs)));
+        assert!(err.to_string().contains("IQ2_XXS"), "{err}");
+        assert_eq!(ALL_TYPES.iter().filter(|&&t| !has_quantizer(t)).count(), 7);
+    }
+
+    #[test]
     fn empty_input_is_fine_for_every_type() {
-        for ty in ALL_TYPES {
+        for ty in ALL_TYPES.into_iter().filter(|&t| has_quantizer(t)) {
             assert_eq!(quantize_to_vec(ty, &[]).unwrap(), Vec::<u8>::new());
+        }
+        for ty in ALL_TYPES {
             assert_eq!(dequantize_to_vec(ty, &[], 0).unwrap(), Vec::<f32>::new());
         }
     }
@@ -377,7 +464,7 @@ mod tests {
         x[7] = f32::INFINITY;
         x[100] = f32::NEG_INFINITY;
         x[200] = f32::MAX;
-        for ty in ALL_TYPES {
+        for ty in ALL_TYPES.into_iter().filter(|&t| has_quantizer(t)) {
             let q = quantize_to_vec(ty, &x).unwrap();
             assert_eq!(dequantize_to_vec(ty, &q, 256).unwrap().len(), 256);
         }

@@ -46,7 +46,9 @@ impl Block for BlockQ2K {
             }
         }
     }
+}
 
+impl super::Quantize for BlockQ2K {
     fn quantize(x: &[f32]) -> Self {
         let x = &x[..QK_K];
         const Q4SCALE: f32 = 15.0;
@@ -118,6 +120,7 @@ impl Block for BlockQ2K {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]

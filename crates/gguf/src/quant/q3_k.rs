@@ -62,7 +62,9 @@ impl Block for BlockQ3K {
             }
         }
     }
+}
 
+impl super::Quantize for BlockQ3K {
     fn quantize(x: &[f32]) -> Self {
         let x = &x[..QK_K];
         let mut levels = [0i8; QK_K];
@@ -124,6 +126,7 @@ impl Block for BlockQ3K {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]

@@ -32,7 +32,9 @@ impl Block for BlockQ4_0 {
             *b = ((q >> 4) as i32 - 8) as f32 * d;
         }
     }
+}
 
+impl super::Quantize for BlockQ4_0 {
     fn quantize(x: &[f32]) -> Self {
         let x = &x[..32];
         // The signed value of largest magnitude maps to level 0 (i.e. -8).
@@ -59,6 +61,7 @@ impl Block for BlockQ4_0 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]

@@ -35,7 +35,9 @@ impl Block for BlockQ4_1 {
             *b = (q >> 4) as f32 * d + m;
         }
     }
+}
 
+impl super::Quantize for BlockQ4_1 {
     fn quantize(x: &[f32]) -> Self {
         let x = &x[..32];
         let (mut min, mut max) = (f32::MAX, -f32::MAX);
@@ -64,6 +66,7 @@ impl Block for BlockQ4_1 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]

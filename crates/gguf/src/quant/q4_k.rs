@@ -139,7 +139,9 @@ impl Block for BlockQ4K {
             }
         }
     }
+}
 
+impl super::Quantize for BlockQ4K {
     fn quantize(x: &[f32]) -> Self {
         let search = Qkx2 {
             nmax: 15,
@@ -166,6 +168,7 @@ impl Block for BlockQ4K {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]

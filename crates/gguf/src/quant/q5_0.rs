@@ -58,7 +58,9 @@ impl Block for BlockQ5_0 {
             *b = (qb as i32 - 16) as f32 * d;
         }
     }
+}
 
+impl super::Quantize for BlockQ5_0 {
     fn quantize(x: &[f32]) -> Self {
         let x = &x[..32];
         let (mut amax, mut max) = (0.0f32, 0.0f32);
@@ -85,6 +87,7 @@ impl Block for BlockQ5_0 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]

@@ -37,7 +37,9 @@ impl Block for BlockQ5_1 {
             *b = qb as f32 * d + m;
         }
     }
+}
 
+impl super::Quantize for BlockQ5_1 {
     fn quantize(x: &[f32]) -> Self {
         let x = &x[..32];
         let (mut min, mut max) = (f32::MAX, -f32::MAX);
@@ -67,6 +69,7 @@ impl Block for BlockQ5_1 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]

@@ -52,7 +52,9 @@ impl Block for BlockQ5K {
             }
         }
     }
+}
 
+impl super::Quantize for BlockQ5K {
     fn quantize(x: &[f32]) -> Self {
         let search = Qkx2 {
             nmax: 31,
@@ -91,6 +93,7 @@ impl Block for BlockQ5K {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
     use crate::quant::q4_k::pack_scale_min_k4;
 

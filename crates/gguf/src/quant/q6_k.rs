@@ -48,7 +48,9 @@ impl Block for BlockQ6K {
             }
         }
     }
+}
 
+impl super::Quantize for BlockQ6K {
     fn quantize(x: &[f32]) -> Self {
         let x = &x[..QK_K];
         let mut levels = [0i8; QK_K];
@@ -99,6 +101,7 @@ impl Block for BlockQ6K {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]

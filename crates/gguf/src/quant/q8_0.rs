@@ -28,7 +28,9 @@ impl Block for BlockQ8_0 {
             *y = q as f32 * d;
         }
     }
+}
 
+impl super::Quantize for BlockQ8_0 {
     fn quantize(x: &[f32]) -> Self {
         let x = &x[..32];
         let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
@@ -48,6 +50,7 @@ impl Block for BlockQ8_0 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]

@@ -32,7 +32,9 @@ impl Block for BlockQ8K {
             *y = self.d * q as f32;
         }
     }
+}
 
+impl super::Quantize for BlockQ8K {
     fn quantize(x: &[f32]) -> Self {
         let x = &x[..QK_K];
         let mut b: BlockQ8K = bytemuck::Zeroable::zeroed();
@@ -61,6 +63,7 @@ impl Block for BlockQ8K {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]

@@ -339,8 +339,10 @@ fn wref(name: &str, ty: GgmlType, shape: [usize; 2]) -> WeightRef {
     WeightRef::new(name, WeightType(ty.id()), shape)
 }
 
-/// Every weight type the CPU backend multiplies, with the bound its case meets
-/// against an f32 reference (activations are quantized to Q8 for quantized types).
+/// Every weight type the CPU backend multiplies that minfer can also encode (the lattice
+/// i-quants decode only; their kernels are checked on random blocks in the CPU crate),
+/// with the bound its case meets against an f32 reference (activations are quantized to
+/// Q8 for quantized types).
 pub const MATMUL_TYPES: &[(GgmlType, f32)] = &[
     (GgmlType::F32, 1e-5),
     (GgmlType::F16, 1e-4),
@@ -355,6 +357,11 @@ pub const MATMUL_TYPES: &[(GgmlType, f32)] = &[
     (GgmlType::Q4K, 2e-2),
     (GgmlType::Q5K, 2e-2),
     (GgmlType::Q6K, 2e-2),
+    (GgmlType::Iq4Nl, 2e-2),
+    (GgmlType::Iq4Xs, 2e-2),
+    (GgmlType::Mxfp4, 2e-2),
+    (GgmlType::Tq1_0, 2e-2),
+    (GgmlType::Tq2_0, 2e-2),
 ];
 
 /// The weight types of the real models (the table a GPU backend must cover first).
@@ -380,7 +387,7 @@ fn f32_input(name: &str, v: Vec<f32>) -> (String, CaseInput) {
 
 fn matmul_cases(out: &mut Vec<OpCase>) {
     for &(ty, bound) in MATMUL_TYPES {
-        // K-quants pack 256 values per block, the legacy quants 32; 37 outputs is odd.
+        // K-quants and IQ4_XS/TQ pack 256 values per block, the others 32; 37 outputs is odd.
         let in_dim = if ty.block_size() == 256 { 256 } else { 96 };
         let out_dim = 37;
         let weights = gguf(&[
