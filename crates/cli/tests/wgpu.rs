@@ -80,8 +80,25 @@ fn the_default_selection_leaves_an_emulated_adapter_out_in_one_line() {
     }
     let dir = tempfile::tempdir().unwrap();
     let m = tiny_qwen2(dir.path());
-    let out = minfer(
+    // Quiet by default: a CPU user would read the line on every run.
+    let quiet = minfer(
         &["run", "-m", m.to_str().unwrap(), "-p", "Hi", "-n", "2"],
+        &[],
+    );
+    let qe = text(&quiet.stderr);
+    assert!(quiet.status.success(), "{qe}");
+    assert!(!qe.lines().any(|l| l.starts_with("minfer:")), "{qe}");
+    let out = minfer(
+        &[
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-p",
+            "Hi",
+            "-n",
+            "2",
+            "-v",
+        ],
         &[],
     );
     let se = text(&out.stderr);
@@ -123,6 +140,10 @@ fn without_an_adapter_the_default_runs_on_the_cpu_and_backend_wgpu_is_refused() 
     let no_gpu = [("MINFER_WGPU_API", "metal")];
     let reason = "no GPU adapter found (no Metal driver answered)";
     let out = minfer(&["run", "-m", m, "-p", "Hi", "-n", "2"], &no_gpu);
+    let se = text(&out.stderr);
+    assert!(out.status.success(), "{se}");
+    assert!(own_lines(&se).is_empty(), "quiet by default: {se}");
+    let out = minfer(&["run", "-m", m, "-p", "Hi", "-n", "2", "-v"], &no_gpu);
     let se = text(&out.stderr);
     assert!(out.status.success(), "{se}");
     assert_eq!(

@@ -5,7 +5,6 @@
 //! priority are its row in `minfer_graph::KNOWN_BACKENDS`. The engine builds its
 //! backends from this table and the fence only, never by naming a backend type.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use minfer_graph::{Backend, BackendConfig, BackendFactory, BackendRegistry, FenceError};
@@ -69,17 +68,22 @@ pub(crate) fn record_in_use(info: Vec<BackendInfo>) {
     }
 }
 
-static NOTICED: AtomicBool = AtomicBool::new(false);
+static NOTICES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// Prints the default selection's notices on stderr, once per process: a server or a
-/// test builds many engines, and the user needs to read the line once.
-pub(crate) fn print_notices_once(notices: &[String]) {
-    if notices.is_empty() || NOTICED.swap(true, Ordering::Relaxed) {
-        return;
+/// Records the default selection's notices (a compiled GPU backend left out, and why).
+/// Nothing is printed here: a CPU user would read the line on every run. The commands
+/// say it where it informs ([`notices`]): `minfer info`, the server's start-up lines,
+/// `-v`, and the refusal of a GPU backend asked for by name.
+pub(crate) fn record_notices(notices: &[String]) {
+    if let Ok(mut v) = NOTICES.lock() {
+        *v = notices.to_vec();
     }
-    for n in notices {
-        eprintln!("{n}");
-    }
+}
+
+/// The notices of the default backend selection the engine made last in this process
+/// (empty before any, or when a fence chose the backends).
+pub fn notices() -> Vec<String> {
+    NOTICES.lock().map(|v| v.clone()).unwrap_or_default()
 }
 
 #[cfg(test)]

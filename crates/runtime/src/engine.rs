@@ -349,7 +349,7 @@ impl Engine {
         }
         check_kv_fits(hp, n_ctx, kv_types)?;
         let selection = registry.select(fence.as_deref());
-        crate::backends::print_notices_once(&selection.notices);
+        crate::backends::record_notices(&selection.notices);
         let mut backends: Vec<Box<dyn BackendImpl>> = Vec::new();
         for f in factories
             .iter()

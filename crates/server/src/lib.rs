@@ -494,6 +494,10 @@ pub fn start(config: Config) -> Result<Running, ServerError> {
 /// finish, cancels the rest, and returns; a second signal exits the process at once.
 pub fn serve(config: Config) -> Result<(), ServerError> {
     let running = start_inner(config, true)?;
+    // A compiled GPU backend left out is a start-up line: it says where the server runs.
+    for n in minfer_runtime::backends::notices() {
+        eprintln!("{n}");
+    }
     eprintln!("minfer serve: listening on http://{}", running.addr());
     let mut running = running;
     let result = running.join(Some(Duration::from_secs(2)));

@@ -53,6 +53,9 @@ pub struct ModelArgs {
     /// Storage format of the KV cache's V rows: f32, f16 or q8_0.
     #[arg(long = "cache-type-v", default_value = "f32", value_parser = KvType::parse)]
     pub cache_type_v: KvType,
+    /// Say more on stderr: which compiled backends are left out, and why.
+    #[arg(short = 'v', long = "verbose")]
+    pub verbose: bool,
 }
 
 impl ModelArgs {
@@ -65,7 +68,20 @@ impl ModelArgs {
             minfer_runtime::backends::check_fence(spec)?;
         }
         let path = minfer_hub::resolve_model(self.model.as_deref(), true)?;
-        Engine::load(&path, &opts).with_context(|| format!("loading {}", path.display()))
+        let engine =
+            Engine::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
+        self.announce();
+        Ok(engine)
+    }
+
+    /// With `-v`, the default backend selection's notices (a GPU backend left out, and
+    /// why), once the engine is built; quiet otherwise, as `minfer info` says it.
+    fn announce(&self) {
+        if self.verbose {
+            for n in minfer_runtime::backends::notices() {
+                eprintln!("{n}");
+            }
+        }
     }
 
     /// The engine options these flags select.
