@@ -270,6 +270,43 @@ impl CudaBackend {
         self.replay.invalidate();
     }
 
+    /// Zeroed device memory for `size` f32s, or why there is none (the byte count
+    /// overflowing included, never a wrapped size).
+    fn device_mem(&self, size: usize) -> Result<DevMem, String> {
+        let bytes = size
+            .checked_mul(4)
+            .ok_or_else(|| format!("a buffer of {size} f32s does not fit in memory"))?;
+        self.gpu.bind()?;
+        DevMem::zeroed(bytes)
+    }
+
+    /// A new pool buffer of `size` f32s over `mem` (`None`: no storage, see
+    /// `alloc_fresh`).
+    fn push_buf(&mut self, mem: Option<DevMem>, size: usize) -> usize {
+        self.bufs.push(DevBuf {
+            mem,
+            len: size,
+            host: Host::Zero,
+        });
+        self.bump();
+        self.bufs.len() - 1
+    }
+
+    /// The free-list position of a buffer of exactly `size` f32s that has storage.
+    fn reusable(&self, size: usize) -> Option<usize> {
+        self.free
+            .iter()
+            .position(|&i| self.bufs[i].len == size && self.bufs[i].mem.is_some())
+    }
+
+    /// Takes free-list entry `pos` (of `size` f32s) for a new use, cleared in order.
+    fn reuse(&mut self, pos: usize, size: usize) -> usize {
+        let id = self.free.swap_remove(pos);
+        self.pending.push(Cmd::Zero { dst: id, len: size });
+        self.bufs[id].host = Host::Zero;
+        id
+    }
+
     /// Uploads one tensor in its GGUF byte layout under `name`; `dims` are GGUF dims.
     /// Returns `false` when the name was already registered (the first one stays).
     pub fn register_weight(
@@ -1380,7 +1417,7 @@ impl CudaBackend {
         let nodes = self.nodes.take().map_or((0, 0), |(a, b)| (a, b + 1));
         if !staged.is_empty() {
             if self.staging.as_ref().is_none_or(|p| p.len() < staged.len()) {
-                self.staging = Some(Pinned::new(staged.len().next_power_of_two())?);
+                self.staging = Some(Pinned::new(crate::device::staging_len(staged.len())?)?);
                 self.bump();
             }
             if let Some(p) = self.staging.as_mut() {
@@ -1544,30 +1581,36 @@ impl BackendImpl for CudaBackend {
     }
 
     fn alloc_buffer(&mut self, size: usize) -> usize {
-        if let Some(pos) = self
-            .free
-            .iter()
-            .position(|&i| self.bufs[i].len == size && self.bufs[i].mem.is_some())
-        {
-            let id = self.free.swap_remove(pos);
-            self.pending.push(Cmd::Zero { dst: id, len: size });
-            self.bufs[id].host = Host::Zero;
-            return id;
+        if let Some(pos) = self.reusable(size) {
+            return self.reuse(pos, size);
         }
         self.alloc_fresh(size)
     }
 
     fn alloc_fresh(&mut self, size: usize) -> usize {
-        // The trait gives no way to fail here: a failed allocation leaves the buffer
-        // without storage, and the first command that uses it fails naming it.
-        let mem = self.gpu.bind().and_then(|_| DevMem::zeroed(size * 4)).ok();
-        self.bufs.push(DevBuf {
-            mem,
-            len: size,
-            host: Host::Zero,
-        });
-        self.bump();
-        self.bufs.len() - 1
+        // This form cannot fail: a failed allocation leaves the buffer without storage,
+        // and the first command that uses it fails naming it. The allocator uses
+        // `try_alloc_fresh`, which reports the failure at allocation instead.
+        let mem = self.device_mem(size).ok();
+        self.push_buf(mem, size)
+    }
+
+    fn max_buffer_elems(&self) -> usize {
+        usize::try_from(self.gpu.summary.max_buffer_bytes() / 4).unwrap_or(usize::MAX)
+    }
+
+    fn try_alloc_buffer(&mut self, size: usize) -> Result<usize, String> {
+        minfer_graph::check_buffer_size("cuda", size, self.max_buffer_elems())?;
+        if let Some(pos) = self.reusable(size) {
+            return Ok(self.reuse(pos, size));
+        }
+        self.try_alloc_fresh(size)
+    }
+
+    fn try_alloc_fresh(&mut self, size: usize) -> Result<usize, String> {
+        minfer_graph::check_buffer_size("cuda", size, self.max_buffer_elems())?;
+        let mem = self.device_mem(size)?;
+        Ok(self.push_buf(Some(mem), size))
     }
 
     fn free_buffer(&mut self, id: usize) {

@@ -26,6 +26,33 @@ pub struct DeviceSummary {
     pub driver: i32,
 }
 
+impl DeviceSummary {
+    /// The largest buffer the backend allocates, in bytes: the device's memory, and
+    /// no more f32s than the kernels' 32-bit indices reach.
+    pub fn max_buffer_bytes(&self) -> u64 {
+        (self.memory as u64).min(u32::MAX as u64 * 4)
+    }
+}
+
+/// F32s of pinned staging to allocate for `need`: the next power of two up to
+/// [`STAGING_STEP`] (small transfers grow the area rarely), whole steps above it (a
+/// large read-back does not pin up to twice its size). `Err` when `need` f32s do not
+/// fit the address space.
+pub fn staging_len(need: usize) -> Result<usize, String> {
+    let too_large = || format!("a staging area of {need} f32s does not fit in memory");
+    let n = if need <= STAGING_STEP {
+        need.max(1).next_power_of_two()
+    } else {
+        need.div_ceil(STAGING_STEP)
+            .checked_mul(STAGING_STEP)
+            .ok_or_else(too_large)?
+    };
+    n.checked_mul(4).map(|_| n).ok_or_else(too_large)
+}
+
+/// Granule of large pinned staging areas, in f32s (64 MiB).
+pub const STAGING_STEP: usize = 1 << 24;
+
 /// Oldest compute capability the kernels run on (dp4a and warp shuffles with masks).
 pub const MIN_CAPABILITY: (i32, i32) = (6, 1);
 
@@ -208,8 +235,11 @@ impl Pinned {
     /// `len` (at least 1) f32s of pinned memory.
     pub fn new(len: usize) -> Result<Pinned, String> {
         let len = len.max(1);
+        let bytes = len
+            .checked_mul(4)
+            .ok_or_else(|| format!("{len} pinned f32s do not fit in memory"))?;
         // SAFETY: allocates page-locked memory owned by the returned value.
-        let ptr = unsafe { result::malloc_host(len * 4, 0) }
+        let ptr = unsafe { result::malloc_host(bytes, 0) }
             .map_err(|e| format!("allocating {len} pinned f32s failed: {e:?}"))?;
         Ok(Pinned {
             ptr: ptr as *mut f32,
@@ -324,7 +354,7 @@ impl Gpu {
             return Ok(());
         }
         if pinned.as_ref().is_none_or(|p| p.len() < out.len()) {
-            *pinned = Some(Pinned::new(out.len().next_power_of_two())?);
+            *pinned = Some(Pinned::new(staging_len(out.len())?)?);
         }
         let p = pinned.as_mut().ok_or("no readback staging")?;
         let dst = &mut p.as_mut_slice()[..out.len()];
@@ -501,6 +531,29 @@ impl Launcher for DevLauncher<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staging_grows_by_powers_of_two_then_by_whole_steps() {
+        assert_eq!(staging_len(0), Ok(1));
+        assert_eq!(staging_len(1000), Ok(1024));
+        assert_eq!(staging_len(STAGING_STEP), Ok(STAGING_STEP));
+        // A 311 MB logits read-back pins 320 MiB, not the next power of two (512 MiB).
+        let logits = 512 * 151_936;
+        assert_eq!(staging_len(logits), Ok(5 * STAGING_STEP));
+        assert!(staging_len(usize::MAX / 2).is_err());
+    }
+
+    #[test]
+    fn the_largest_buffer_is_bounded_by_memory_and_32_bit_indices() {
+        let d = |memory| DeviceSummary {
+            name: "test".into(),
+            capability: (8, 0),
+            memory,
+            driver: 12040,
+        };
+        assert_eq!(d(32 << 30).max_buffer_bytes(), u32::MAX as u64 * 4);
+        assert_eq!(d(2 << 30).max_buffer_bytes(), 2 << 30);
+    }
 
     /// The whole program through the real NVRTC where its library is installed (no
     /// device or driver needed): it compiles, and PTX defines every kernel the

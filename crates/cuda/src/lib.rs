@@ -42,6 +42,8 @@ impl DeviceSummary {
             api: "Cuda".into(),
             device_type: "DiscreteGpu".into(),
             emulated: false,
+            max_buffer_bytes: Some(self.max_buffer_bytes()),
+            max_binding_bytes: None,
         }
     }
 }

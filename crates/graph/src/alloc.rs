@@ -162,6 +162,29 @@ impl GraphAllocator {
         self.backend_mut(b).ok_or(GraphError::BackendMissing(b))
     }
 
+    /// A buffer of `elems` f32s on `b` (from the free list, or `fresh`), checked against
+    /// the backend's limits now, when the graph is allocated: a size the device cannot
+    /// hold fails here naming `what`, never later at execution or read-back.
+    fn alloc_on(
+        &mut self,
+        b: Backend,
+        elems: usize,
+        fresh: bool,
+        what: impl FnOnce() -> String,
+    ) -> Result<usize, GraphError> {
+        let x = self.must(b)?;
+        let r = if fresh {
+            x.try_alloc_fresh(elems)
+        } else {
+            x.try_alloc_buffer(elems)
+        };
+        r.map_err(|message| GraphError::Backend {
+            backend: x.name().to_string(),
+            context: format!("allocating {}", what()),
+            message,
+        })
+    }
+
     /// The backend's own name when registered, the registry name otherwise.
     pub fn backend_name(&self, b: Backend) -> String {
         self.backend(b)
@@ -210,7 +233,9 @@ impl GraphAllocator {
             }
             let buf = BufRef {
                 backend,
-                id: self.must(backend)?.alloc_buffer(node.n_elements()),
+                id: self.alloc_on(backend, node.n_elements(), false, || {
+                    format!("input {i} '{}'", node.name)
+                })?,
             };
             refs.insert(buf, 1);
             self.node_to_buf[i] = Some(buf);
@@ -266,7 +291,9 @@ impl GraphAllocator {
                 Some(b) => b,
                 None => BufRef {
                     backend,
-                    id: self.must(backend)?.alloc_buffer(node.n_elements()),
+                    id: self.alloc_on(backend, node.n_elements(), false, || {
+                        format!("node {i} '{}' ({})", node.name, node.op.name())
+                    })?,
                 },
             };
             *refs.entry(buf).or_insert(0) += 1;
@@ -371,7 +398,6 @@ impl GraphAllocator {
             }
             return Ok(*r);
         }
-        let b = self.must(backend)?;
         let words = |t: crate::KvType| {
             t.row_words(row)
                 .and_then(|w| w.checked_mul(rows))
@@ -383,10 +409,10 @@ impl GraphAllocator {
                     ),
                 })
         };
-        let [kt, vt] = b.kv_types();
+        let [kt, vt] = self.must(backend)?.kv_types();
         let (k_words, v_words) = (words(kt)?, words(vt)?);
-        let k = b.alloc_fresh(k_words);
-        let v = b.alloc_fresh(v_words);
+        let k = self.alloc_on(backend, k_words, true, || format!("KV layer {layer} K"))?;
+        let v = self.alloc_on(backend, v_words, true, || format!("KV layer {layer} V"))?;
         let region = KvRegion {
             backend,
             k,
@@ -461,7 +487,9 @@ impl GraphAllocator {
             }
             return Ok(BufRef { backend, id: p.id });
         }
-        let id = self.must(backend)?.alloc_fresh(size);
+        let id = self.alloc_on(backend, size, true, || {
+            format!("persistent buffer '{name}'")
+        })?;
         self.persistent.push(PersistentBuf {
             name: name.to_string(),
             backend,
@@ -473,7 +501,9 @@ impl GraphAllocator {
 
     /// A staging buffer that bypasses the free list until the next `alloc_graph`.
     pub fn alloc_fresh(&mut self, backend: Backend, size: usize) -> Result<BufRef, GraphError> {
-        let id = self.must(backend)?.alloc_fresh(size);
+        let id = self.alloc_on(backend, size, true, || {
+            format!("a staging buffer of {size}")
+        })?;
         Ok(BufRef { backend, id })
     }
 

@@ -47,6 +47,38 @@ impl FaultInjector {
     }
 }
 
+/// `Err` naming the backend, the size and the limit when a buffer of `elems` f32s
+/// exceeds `max_elems` (a backend's [`BackendImpl::max_buffer_elems`]).
+pub fn check_buffer_size(backend: &str, elems: usize, max_elems: usize) -> Result<(), String> {
+    if elems <= max_elems {
+        return Ok(());
+    }
+    Err(format!(
+        "a buffer of {} exceeds the {backend} device's largest buffer of {}",
+        bytes_text(elems),
+        bytes_text(max_elems)
+    ))
+}
+
+/// `elems` f32s as bytes, in words (`311.2 MB (77.8M f32)`).
+fn bytes_text(elems: usize) -> String {
+    let bytes = elems as f64 * 4.0;
+    let (v, unit) = if bytes >= 1e9 {
+        (bytes / 1e9, "GB")
+    } else if bytes >= 1e6 {
+        (bytes / 1e6, "MB")
+    } else if bytes >= 1e3 {
+        (bytes / 1e3, "kB")
+    } else {
+        (bytes, "bytes")
+    };
+    if unit == "bytes" {
+        format!("{elems} f32s ({bytes} bytes)")
+    } else {
+        format!("{elems} f32s ({v:.1} {unit})")
+    }
+}
+
 /// The only path from an executor to the persistent KV regions.
 pub trait KvProvider {
     /// `(k_buf_id, v_buf_id)` of `layer` in the owning backend's pool.
@@ -118,6 +150,26 @@ pub trait BackendImpl: Send {
     fn alloc_buffer(&mut self, size: usize) -> usize;
     /// A zero-filled buffer that bypasses the free list (split-boundary staging).
     fn alloc_fresh(&mut self, size: usize) -> usize;
+    /// The most f32s one buffer of this pool may hold: the device's allocation and
+    /// binding limits, and the kernels' index width. The scheduler places no node here
+    /// whose output or inputs are larger, and the allocator refuses a larger buffer
+    /// when the graph is allocated, so no size the graph knows fails at execution or
+    /// read-back. The default (host memory) is unbounded.
+    fn max_buffer_elems(&self) -> usize {
+        usize::MAX
+    }
+    /// [`Self::alloc_buffer`] that fails, naming the problem, where the buffer cannot
+    /// exist: above [`Self::max_buffer_elems`], or (a backend that knows at once) out
+    /// of device memory. The allocator allocates through this.
+    fn try_alloc_buffer(&mut self, size: usize) -> Result<usize, String> {
+        check_buffer_size(self.name(), size, self.max_buffer_elems())?;
+        Ok(self.alloc_buffer(size))
+    }
+    /// [`Self::alloc_fresh`] that fails as [`Self::try_alloc_buffer`] does.
+    fn try_alloc_fresh(&mut self, size: usize) -> Result<usize, String> {
+        check_buffer_size(self.name(), size, self.max_buffer_elems())?;
+        Ok(self.alloc_fresh(size))
+    }
     /// Returns `id` to the free list; its memory stays owned by the pool.
     fn free_buffer(&mut self, id: usize);
     /// Buffer ids ever created (grows only when no free or vacant id fits).

@@ -62,7 +62,7 @@ pub mod testing;
 pub mod trace;
 
 pub use alloc::{GraphAllocator, KvRegion};
-pub use backend::{BackendImpl, CrossCopy, FaultInjector, KvProvider};
+pub use backend::{check_buffer_size, BackendImpl, CrossCopy, FaultInjector, KvProvider};
 pub use builder::GraphBuilder;
 pub use cache::{CacheCounters, GraphCache};
 pub use error::GraphError;

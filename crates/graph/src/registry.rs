@@ -116,6 +116,11 @@ pub struct DeviceInfo {
     pub device_type: String,
     /// Whether the device is a CPU emulation (llvmpipe/lavapipe, WARP).
     pub emulated: bool,
+    /// The largest single buffer the device allocates, in bytes, where it has a limit.
+    pub max_buffer_bytes: Option<u64>,
+    /// The largest buffer one kernel may bind as storage, in bytes, where that is a
+    /// separate (smaller) limit; what the backend's pool buffers are held to.
+    pub max_binding_bytes: Option<u64>,
 }
 
 /// One backend crate's entry in the binary's constructor table: a pinned id (its row

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::sync::OnceLock;
 
 use crate::alloc::GraphAllocator;
+use crate::backend::BackendImpl;
 use crate::error::GraphError;
 use crate::ir::*;
 use crate::trace::{capture, is_captured, NodeTrace, TraceStaging};
@@ -51,6 +52,26 @@ pub struct Placement {
     pub backend: Backend,
     /// Why.
     pub reason: PlacementReason,
+    /// Backends ranked above `backend` that claim the op but cannot hold the node's
+    /// output or an input (their [`BackendImpl::max_buffer_elems`]), each with the
+    /// sizes in words; empty when none.
+    pub too_large: Vec<(Backend, String)>,
+}
+
+/// Why backend `b` cannot hold `node`'s buffers, or `None` when they fit: the
+/// largest of its output and its inputs (`elems` per node id) against the limit.
+fn size_refusal(b: &dyn BackendImpl, node: &CNode, elems: &[usize]) -> Option<String> {
+    let max = b.max_buffer_elems();
+    let (what, n) = std::iter::once(("output", node.n_elements()))
+        .chain(
+            node.src
+                .iter()
+                .map(|&s| ("input", elems.get(s).copied().unwrap_or(0))),
+        )
+        .max_by_key(|&(_, n)| n)?;
+    crate::backend::check_buffer_size(b.name(), n, max)
+        .err()
+        .map(|why| format!("its {what}: {why}"))
 }
 
 /// Assigns, splits and executes graphs; remembers the last assignment for traces.
@@ -146,7 +167,9 @@ impl BackendScheduler {
     pub fn assign_backends(&mut self, graph: &mut ComputeGraph, alloc: &GraphAllocator) {
         let order = alloc.priority_order();
         self.placements.clear();
+        let elems: Vec<usize> = graph.nodes.iter().map(CNode::n_elements).collect();
         for node in &mut graph.nodes {
+            let mut too_large = Vec::new();
             let (backend, reason) = match node.backend {
                 Some(b) => (b, PlacementReason::Explicit),
                 None => {
@@ -161,7 +184,14 @@ impl BackendScheduler {
                     let mut chosen = None;
                     for &b in &order {
                         let ok = alloc.backend(b).is_some_and(|x| {
-                            x.supports_node(node) && (!span || x.supports_attn_span())
+                            let claims = x.supports_node(node) && (!span || x.supports_attn_span());
+                            // A node whose buffers exceed the device's limits is
+                            // declined here, at placement, not failed at read-back.
+                            let refusal = claims.then(|| size_refusal(x, node, &elems)).flatten();
+                            if let Some(why) = &refusal {
+                                too_large.push((b, why.clone()));
+                            }
+                            claims && refusal.is_none()
                         });
                         if ok {
                             chosen = Some(b);
@@ -180,6 +210,7 @@ impl BackendScheduler {
                 node: node.id,
                 backend,
                 reason,
+                too_large,
             });
         }
     }
@@ -495,6 +526,10 @@ impl BackendScheduler {
                     format!("fallback to cpu (declined by {})", names(declined))
                 }
             };
+            let mut why = why;
+            for (b, size) in &p.too_large {
+                let _ = write!(why, "; {b} cannot hold {size}");
+            }
             let dead = if graph.is_dead(p.node) { " [dead]" } else { "" };
             let _ = writeln!(
                 s,

@@ -147,6 +147,81 @@ fn a_packed_kv_format_keeps_the_kv_and_attention_on_the_cpu() {
     assert!(err < 2e-2, "relative error {err:e}");
 }
 
+/// Pool buffers of the capped wgpu backend, in f32s: below a 40-row logits output of
+/// the tiny vocabulary (40 x 512), above every other buffer of that prefill (its
+/// widest is the FFN's 40 x 256).
+const CAP: usize = 40 * 512 - 1;
+
+/// The wgpu backend holding no buffer above [`CAP`] f32s, as a device whose limit is
+/// smaller than one many-row output.
+fn capped_wgpu(
+    cfg: &minfer_graph::BackendConfig,
+) -> Result<Box<dyn minfer_graph::BackendImpl>, String> {
+    let mut b = minfer_wgpu::WgpuBackend::probe(true).map_err(|e| e.reason)?;
+    b.set_kv_types(cfg.kv_types);
+    b.cap_buffer_elems(CAP);
+    Ok(Box::new(b))
+}
+
+const CAPPED_WGPU: minfer_graph::BackendFactory = minfer_graph::BackendFactory {
+    create: capped_wgpu,
+    ..minfer_wgpu::FACTORY
+};
+
+#[test]
+fn an_output_past_the_device_buffer_limit_runs_on_the_cpu_from_allocation() {
+    if !minfer_wgpu::testing::adapter_or_skip() {
+        return;
+    }
+    let f = file(&TinySpec::qwen2(GgmlType::Q8_0, 75));
+    let factories = [minfer_cpu::FACTORY, CAPPED_WGPU];
+    let mut g = Engine::with_factories(Arc::clone(&f), &opts("wgpu"), &factories).expect("wgpu");
+    let info = g.backend_info();
+    let dev = info[0].device.as_ref().expect("the adapter is named");
+    // The adapter's own limits are requested and reported.
+    let binding = dev.max_binding_bytes.expect("binding limit");
+    assert!(binding >= 128 << 20 && dev.max_buffer_bytes >= Some(binding));
+    let prompt: Vec<u32> = (0..40).map(|i| 3 + (i * 37) % 500).collect();
+    // Every row out (as n_probs over a prompt): the head's 40 x 512 output exceeds the
+    // cap, so it and nothing else leaves the device, at placement.
+    let graph = g.preview_graph(prompt.len(), prompt.len()).expect("graph");
+    let largest = |n: &minfer_graph::CNode| {
+        n.src
+            .iter()
+            .map(|&s| graph.nodes[s].n_elements())
+            .chain([n.n_elements()])
+            .max()
+            .unwrap_or(0)
+    };
+    let head = graph.outputs[0];
+    assert!(graph.nodes[head].n_elements() > CAP);
+    assert_eq!(graph.nodes[head].backend, Some(Backend::CPU));
+    for n in graph.nodes.iter().filter(|n| !matches!(n.op, Op::Input)) {
+        let want = if largest(n) > CAP {
+            Backend::CPU
+        } else {
+            Backend::WGPU
+        };
+        assert_eq!(
+            n.backend,
+            Some(want),
+            "#{} {} ({})",
+            n.id,
+            n.name,
+            n.op.name()
+        );
+    }
+    // One row out fits: the head stays on the device.
+    let one = g.preview_graph(prompt.len(), 1).expect("graph");
+    assert_eq!(one.nodes[one.outputs[0]].backend, Some(Backend::WGPU));
+    let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
+    let got = g.forward(&prompt, 0, prompt.len()).expect("wgpu prefill");
+    let want = c.forward(&prompt, 0, prompt.len()).expect("cpu prefill");
+    let err = rel_err(&got, &want);
+    eprintln!("tiny Q8_0 model, head over the buffer cap on the CPU: relative error {err:.2e}");
+    assert!(err < 2e-2, "relative error {err:e}");
+}
+
 /// Greedy decode of `n` steps from `logits` at `pos`: every logits row's bits.
 fn greedy_bits(e: &mut Engine, mut logits: Vec<f32>, mut pos: usize, n: usize) -> Vec<Vec<u32>> {
     let mut rows = Vec::new();

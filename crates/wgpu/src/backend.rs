@@ -158,6 +158,8 @@ pub struct WgpuBackend {
     kv_here: bool,
     /// Device waits so far (see `waits`).
     waits: Arc<std::sync::atomic::AtomicUsize>,
+    /// A lower buffer limit than the device's, in f32s (tests of placement by size).
+    buffer_cap: Option<usize>,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -240,6 +242,7 @@ impl WgpuBackend {
             errors,
             kv_here: true,
             waits: Arc::default(),
+            buffer_cap: None,
         })
     }
 
@@ -282,6 +285,26 @@ impl WgpuBackend {
             }
             _ => true,
         }
+    }
+
+    /// The most f32s one pool buffer may hold: every pool buffer is bound whole as
+    /// storage and copied through a staging buffer, so the device's binding and
+    /// buffer limits both bound it, and the kernels index in 32 bits.
+    fn buffer_limit(&self) -> usize {
+        let l = self.gpu.device.limits();
+        let bytes = l
+            .max_storage_buffer_binding_size
+            .min(l.max_buffer_size)
+            .min(u32::MAX as u64);
+        let elems = usize::try_from(bytes / 4).unwrap_or(usize::MAX);
+        self.buffer_cap.map_or(elems, |c| c.min(elems))
+    }
+
+    /// Holds pool buffers to at most `elems` f32s, below the device's own limit, so a
+    /// test can reach the limit without buffers of hundreds of megabytes.
+    #[doc(hidden)]
+    pub fn cap_buffer_elems(&mut self, elems: usize) {
+        self.buffer_cap = Some(elems);
     }
 
     /// The adapter in use, for `minfer info` and health output.
@@ -1772,6 +1795,10 @@ impl BackendImpl for WgpuBackend {
 
     fn supports_attn_span(&self) -> bool {
         true
+    }
+
+    fn max_buffer_elems(&self) -> usize {
+        self.buffer_limit()
     }
 
     fn alloc_buffer(&mut self, size: usize) -> usize {

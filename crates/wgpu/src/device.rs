@@ -31,6 +31,11 @@ pub struct AdapterSummary {
     pub device_type: String,
     /// Whether the adapter is a software emulation on the CPU.
     pub is_cpu_emulation: bool,
+    /// The adapter's largest buffer (`max_buffer_size`), in bytes.
+    pub max_buffer_bytes: u64,
+    /// The adapter's largest storage binding (`max_storage_buffer_binding_size`), in
+    /// bytes: every pool buffer is bound whole, so this bounds them.
+    pub max_binding_bytes: u64,
 }
 
 impl fmt::Display for AdapterSummary {
@@ -52,10 +57,12 @@ impl AdapterSummary {
             api: self.api.clone(),
             device_type: self.device_type.clone(),
             emulated: self.is_cpu_emulation,
+            max_buffer_bytes: Some(self.max_buffer_bytes),
+            max_binding_bytes: Some(self.max_binding_bytes),
         }
     }
 
-    fn of(info: &wgpu::AdapterInfo) -> Self {
+    fn of(info: &wgpu::AdapterInfo, limits: &wgpu::Limits) -> Self {
         let driver = [info.driver.as_str(), info.driver_info.as_str()]
             .iter()
             .filter(|s| !s.is_empty())
@@ -68,6 +75,8 @@ impl AdapterSummary {
             api: format!("{:?}", info.backend),
             device_type: format!("{:?}", info.device_type),
             is_cpu_emulation: info.device_type == wgpu::DeviceType::Cpu,
+            max_buffer_bytes: limits.max_buffer_size,
+            max_binding_bytes: limits.max_storage_buffer_binding_size,
         }
     }
 }
@@ -155,7 +164,7 @@ fn candidates() -> &'static Result<Candidates, NotUsable> {
         let mut list: Vec<Candidate> = adapters
             .into_iter()
             .map(|adapter| {
-                let summary = AdapterSummary::of(&adapter.get_info());
+                let summary = AdapterSummary::of(&adapter.get_info(), &adapter.limits());
                 let fit = fitness(&adapter, &summary.name);
                 Candidate {
                     adapter,
@@ -207,8 +216,10 @@ pub(crate) fn open(allow_cpu_adapter: bool) -> Result<Gpu, NotUsable> {
             refusals.push(why);
             continue;
         }
-        // Everything the adapter offers: the largest weights (the embedding table)
-        // need storage bindings far above the WebGPU defaults.
+        // Everything the adapter offers, not wgpu's conservative defaults: the largest
+        // weights (the embedding table) and many-row outputs need storage bindings far
+        // above them. The backend then holds its buffers to these limits
+        // (`max_buffer_elems`), which the summary reports to `minfer info`.
         let desc = wgpu::DeviceDescriptor {
             label: Some("minfer"),
             required_features: wgpu::Features::empty(),
@@ -219,11 +230,18 @@ pub(crate) fn open(allow_cpu_adapter: bool) -> Result<Gpu, NotUsable> {
         };
         match pollster::block_on(cand.adapter.request_device(&desc)) {
             Ok((device, queue)) => {
+                // The limits granted, which a report then states.
+                let granted = device.limits();
+                let summary = AdapterSummary {
+                    max_buffer_bytes: granted.max_buffer_size,
+                    max_binding_bytes: granted.max_storage_buffer_binding_size,
+                    ..cand.summary.clone()
+                };
                 return Ok(Gpu {
                     device,
                     queue,
-                    summary: cand.summary.clone(),
-                })
+                    summary,
+                });
             }
             Err(e) => refusals.push(format!("{}: device request failed: {e}", cand.summary.name)),
         }
@@ -253,6 +271,8 @@ mod tests {
             api: "Vulkan".into(),
             device_type: "Cpu".into(),
             is_cpu_emulation: true,
+            max_buffer_bytes: 1 << 32,
+            max_binding_bytes: 1 << 27,
         };
         assert_eq!(
             s.to_string(),

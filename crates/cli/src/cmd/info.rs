@@ -87,6 +87,16 @@ fn backends_text(backends: &[&BackendEntry], default: &[Backend]) -> String {
                 if d.emulated {
                     s.push_str(", a CPU emulation");
                 }
+                let limits: Vec<String> = [
+                    ("largest buffer", d.max_buffer_bytes),
+                    ("largest storage binding", d.max_binding_bytes),
+                ]
+                .into_iter()
+                .filter_map(|(what, b)| b.map(|b| format!("{what} {}", mib(b))))
+                .collect();
+                if !limits.is_empty() {
+                    let _ = write!(s, "; limits: {}", limits.join(", "));
+                }
             }
             (None, Some(device)) => {
                 let _ = write!(s, "; {device}");
@@ -96,6 +106,16 @@ fn backends_text(backends: &[&BackendEntry], default: &[Backend]) -> String {
         s.push('\n');
     }
     s
+}
+
+/// A device limit in bytes as MiB, with the exact count where that is not whole.
+fn mib(bytes: u64) -> String {
+    let m = bytes as f64 / (1u64 << 20) as f64;
+    if bytes.is_multiple_of(1 << 20) {
+        format!("{m:.0} MiB")
+    } else {
+        format!("{m:.1} MiB ({bytes} bytes)")
+    }
 }
 
 /// The backends section of `--json`: one object per compiled backend.
@@ -478,6 +498,12 @@ mod tests {
             json!({ "count": 1, "bytes": 136 })
         );
         assert_eq!(j["tensors"][2]["type"], "MXFP4");
+    }
+
+    #[test]
+    fn device_limits_read_in_mib_with_the_exact_count_when_not_whole() {
+        assert_eq!(mib(128 << 20), "128 MiB");
+        assert_eq!(mib(u32::MAX as u64), "4096.0 MiB (4294967295 bytes)");
     }
 
     #[test]

@@ -148,6 +148,7 @@ pub struct RefBackend {
     mem: HostPool,
     weights: Arc<WeightStore>,
     trace: RefTrace,
+    max_elems: usize,
 }
 
 /// How the per-node trace reads a [`RefBackend`]'s outputs.
@@ -179,6 +180,7 @@ impl RefBackend {
             mem: HostPool::new(),
             weights: Arc::new(WeightStore::new()),
             trace: RefTrace::Host,
+            max_elems: usize::MAX,
         }
     }
 
@@ -192,6 +194,13 @@ impl RefBackend {
     /// Shows the per-node trace nothing and stages nothing (a backend without support).
     pub fn hidden_from_trace(mut self) -> Self {
         self.trace = RefTrace::Hidden;
+        self
+    }
+
+    /// Holds no buffer above `elems` f32s ([`BackendImpl::max_buffer_elems`]), as a
+    /// device with a small buffer limit.
+    pub fn with_max_buffer_elems(mut self, elems: usize) -> Self {
+        self.max_elems = elems;
         self
     }
 
@@ -264,6 +273,10 @@ impl BackendImpl for RefBackend {
 
     fn supports_op(&self, op: &Op, dtype: DType) -> bool {
         self.claims.contains(op.name()) && (*op == Op::Input || dtype == DType::F32)
+    }
+
+    fn max_buffer_elems(&self) -> usize {
+        self.max_elems
     }
 
     fn supports_fused(&self, fused: FusedOp) -> bool {
