@@ -74,7 +74,7 @@ pub use ir::{
 };
 pub use kvtype::KvType;
 pub use meta::*;
-pub use params::{next_weights_version, BackendCaps, CParams, GraphParams, GraphType};
+pub use params::{BackendCaps, CParams, GraphParams, GraphType};
 pub use pool::HostPool;
 pub use registry::{
     cpu_fallback_notice, emulation_reason, entry_for, BackendConfig, BackendEntry, BackendFactory,

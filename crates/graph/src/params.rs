@@ -1,8 +1,5 @@
 //! Graph parameters (§3.7): the entire reuse identity (invariant 2). Positions and
 //! `n_past` are deliberately absent — they are data (invariant 1).
-
-use std::sync::atomic::{AtomicU64, Ordering};
-
 /// Whether the graph processes a prompt or one decode step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GraphType {
@@ -101,13 +98,6 @@ pub struct GraphParams {
     pub cparams: CParams,
     /// Bumped when weights change (reload, adapters); 1 until then.
     pub weights_version: u64,
-}
-
-static WEIGHTS_VERSION: AtomicU64 = AtomicU64::new(1);
-
-/// A fresh weights version, for a future reload to break reuse.
-pub fn next_weights_version() -> u64 {
-    WEIGHTS_VERSION.fetch_add(1, Ordering::Relaxed) + 1
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use minfer_graph::trace::{logits_top, NodeTrace};
 use minfer_graph::{
     Backend, BackendCaps, BackendConfig, BackendImpl, BackendScheduler, CParams, CacheCounters,
     ComputeGraph, FaultInjector, FenceError, FusionPass, GraphAllocator, GraphCache, GraphParams,
-    GraphType, KvType,
+    KvType,
 };
 use minfer_models::{HParams, ModelDef};
 
@@ -422,7 +422,7 @@ impl Engine {
         if self.cache.alloc().kv_region(0).is_some() {
             return Ok(());
         }
-        let params = self.params(1, 1);
+        let params = self.params(1, 1)?;
         let graph = self.model.build_graph(&params);
         self.cache
             .install(graph, params, &mut self.scheduler, &self.fusion)?;
@@ -670,7 +670,7 @@ impl Engine {
     }
 
     /// The parameters of a step of `nt` tokens with `n_out` logits rows.
-    pub fn params(&self, nt: usize, n_out: usize) -> GraphParams {
+    pub fn params(&self, nt: usize, n_out: usize) -> Result<GraphParams, EngineError> {
         let mut cparams = CParams {
             n_ctx: self.n_ctx,
             flash_attn: false,
@@ -680,17 +680,9 @@ impl Engine {
             explicit_span: self.explicit_span,
         };
         self.caps.apply(&mut cparams);
-        GraphParams {
-            n_tokens: nt,
-            n_out,
-            gtype: if nt > 1 {
-                GraphType::Prefill
-            } else {
-                GraphType::Decode
-            },
-            cparams,
-            weights_version: 1,
-        }
+        // The one validated constructor: the graph type and weights version follow from
+        // the counts, and counts the graph cannot hold are refused here, not in a kernel.
+        Ok(minfer_models::params::graph_params(nt, n_out, cparams)?)
     }
 
     /// Turns the per-node trace on (`Some(sink)`: every later step's captured nodes, at
@@ -716,7 +708,7 @@ impl Engine {
 
     /// The graph a live step of this shape runs (after assignment and fusion), for export.
     pub fn preview_graph(&mut self, nt: usize, n_out: usize) -> Result<ComputeGraph, EngineError> {
-        let params = self.params(nt, n_out);
+        let params = self.params(nt, n_out)?;
         let mut graph = self.model.build_graph(&params);
         let mut scheduler = BackendScheduler::new();
         scheduler.assign_backends(&mut graph, self.cache.alloc());
@@ -861,7 +853,7 @@ impl Engine {
     /// the logits; the caller has validated `rows`.
     fn run(&mut self, rows: &TokenRows, out: &mut Vec<f32>) -> Result<(), EngineError> {
         let (nt, n_out) = (rows.tokens.len(), rows.out_rows.len());
-        let params = self.params(nt, n_out);
+        let params = self.params(nt, n_out)?;
         if std::mem::replace(&mut self.poisoned, true) {
             // The last step unwound mid-execution: rebuild before trusting its buffers.
             self.cache.forget_graph();
@@ -1001,7 +993,7 @@ mod tests {
         e.forward(&[4, 5, 6], 0, 1)
             .expect("an honest reuse passes the check");
         let mut g = e.cache.graph().expect("cached").clone();
-        let params = e.params(3, 1);
+        let params = e.params(3, 1).expect("params");
         let last = g.nodes.len() - 1;
         g.nodes[last].src.reverse();
         g.nodes[last].src.push(0);

@@ -66,7 +66,7 @@ fn the_cpu_build_derives_no_gpu_flag_its_own_fusions_and_names_its_backend() {
         }
     );
     assert_eq!(e.backend_names(), vec!["cpu".to_string()]);
-    let p = e.params(1, 1);
+    let p = e.params(1, 1).expect("params");
     assert!(!p.cparams.gpu);
     assert_eq!(
         (p.cparams.fuse_qkv, p.cparams.fuse_ffn),
@@ -86,7 +86,7 @@ fn a_plugged_in_gpu_backend_sets_the_flags_and_a_split_graph_matches_the_cpu() {
         vec!["test".to_string(), "cpu".to_string()]
     );
     assert!(mixed.backend_caps().gpu);
-    assert!(mixed.params(1, 1).cparams.gpu);
+    assert!(mixed.params(1, 1).expect("params").cparams.gpu);
     let g = mixed.preview_graph(1, 1).expect("graph");
     let on = |b| g.nodes.iter().filter(|n| n.backend == Some(b)).count();
     assert!(on(Backend::METAL) > 0 && on(Backend::CPU) > 0, "not split");

@@ -50,9 +50,9 @@ fn the_wgpu_fence_keeps_the_cpu_as_host_and_the_cpu_fence_excludes_wgpu() {
     let adapter = info[0].device.as_ref().expect("the adapter is named");
     assert!(!adapter.name.is_empty() && !adapter.api.is_empty());
     assert!(info[1].device.is_none());
-    assert!(g.backend_caps().gpu && g.params(1, 1).cparams.gpu);
+    assert!(g.backend_caps().gpu && g.params(1, 1).expect("params").cparams.gpu);
     // f32 KV and every tensor decoded: the decode QKV fusion runs here.
-    assert!(g.params(1, 1).cparams.fuse_qkv);
+    assert!(g.params(1, 1).expect("params").cparams.fuse_qkv);
     // Inputs stay on the host, the rest runs on the device.
     let graph = g.preview_graph(1, 1).expect("graph");
     for n in &graph.nodes {
@@ -105,7 +105,7 @@ fn a_weight_type_the_shaders_do_not_decode_runs_on_the_cpu_by_capability() {
     }
     assert!(q5k_on_cpu > 0 && on_wgpu > 0, "{q5k_on_cpu} / {on_wgpu}");
     // Q5_K attention weights: no fused QKV node would run here, so none is built.
-    assert!(!g.params(1, 1).cparams.fuse_qkv);
+    assert!(!g.params(1, 1).expect("params").cparams.fuse_qkv);
     let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
     let err = rel_err(&logits(&mut g), &logits(&mut c));
     eprintln!("tiny Q5_K model split across wgpu and the CPU: relative error {err:.2e}");
@@ -134,7 +134,7 @@ fn a_packed_kv_format_keeps_the_kv_and_attention_on_the_cpu() {
     }
     assert!(graph.nodes.iter().any(|n| n.backend == Some(Backend::WGPU)));
     // A fused QKV node would store into the KV the backend does not hold.
-    assert!(!g.params(1, 1).cparams.fuse_qkv);
+    assert!(!g.params(1, 1).expect("params").cparams.fuse_qkv);
     let mut c = Engine::from_arc(
         f,
         &EngineOptions {
