@@ -33,6 +33,8 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(cmd::serve::Args),
+    /// Write a GGUF with its weight matrices in another type, as llama-quantize does.
+    Quantize(cmd::quantize::Args),
     /// Measure prompt and generation throughput, as llama-bench does.
     Bench(cmd::bench::Args),
     /// Draw the compute graph in the browser and watch every node's values, live or
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Quantize(a) => cmd::quantize::run(a),
         Command::Viz(a) => cmd::viz::run(a),
     };
     match result {

@@ -6,6 +6,7 @@ pub mod common;
 pub mod info;
 pub mod perplexity;
 pub mod pull;
+pub mod quantize;
 pub mod run;
 pub mod serve;
 pub mod tokenize;

@@ -19,9 +19,9 @@
 //! `repack`, `repack_k` and `repack_k6` hold the row-interleaved Q5_0/Q8_0, Q4_K and Q6_K
 //! tiles behind
 //! [`crate::matmul::RepackedMatrix`], whose kernels keep eight output rows in the lanes of
-//! one accumulator (their own reduction order is documented there). `vnni` holds their
-//! AVX-512 VNNI versions, chosen at run time where the CPU has them and bitwise equal to
-//! the AVX2 and scalar ones.
+//! one accumulator (their own reduction order is documented there). Each file also holds
+//! the AVX-512 VNNI versions of its kernels (`vnni` has the steps they share), chosen at
+//! run time where the CPU has them and bitwise equal to the AVX2 and scalar ones.
 //!
 //! Activation levels must lie in `-127..=127`, as both quantizers produce: the AVX2 kernels
 //! use the sign trick (`|w| * sign(y, w)`), which is exact only in that range.

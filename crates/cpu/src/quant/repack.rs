@@ -141,7 +141,7 @@ impl Tile for TileQ8 {
     #[inline]
     unsafe fn gemv_vnni<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT] {
         // SAFETY: the caller guarantees the features.
-        unsafe { super::vnni::gemv_q8(w, y) }
+        unsafe { vnni::gemv_q8(w, y) }
     }
 }
 
@@ -233,7 +233,7 @@ impl Tile for TileQ5 {
     #[inline]
     unsafe fn gemv_vnni<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT] {
         // SAFETY: the caller guarantees the features.
-        unsafe { super::vnni::gemv_q5(w, y) }
+        unsafe { vnni::gemv_q5(w, y) }
     }
 }
 
@@ -252,6 +252,83 @@ pub(crate) fn gemv_scalar<T: Tile, const NT: usize>(w: &[T], y: [Act<'_>; NT]) -
         }
     }
     acc
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The AVX-512 VNNI kernels of these tiles: the AVX2 ones with the integer dots done by
+/// `vpdpbusd` (the shared steps, and why the bits stay equal, are in `quant::vnni`).
+mod vnni {
+    use super::{Act, TileQ5, TileQ8};
+    use crate::quant::vnni::{bcast4, dot_regs, store};
+    use std::arch::x86_64::*;
+
+    /// VNNI [`super::Tile::gemv_avx2`] for Q8_0 tiles.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI required.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn gemv_q8<const NT: usize>(
+        w: &[TileQ8],
+        y: [Act<'_>; NT],
+    ) -> [[f32; 8]; NT] {
+        let n = w.len();
+        let y = y.map(|a| (&a.q[..n], &a.d[..n]));
+        let mut acc = [_mm256_setzero_ps(); NT];
+        for (b, tile) in w.iter().enumerate() {
+            crate::quant::simd::prefetch_ahead::<NT, _>(tile);
+            // SAFETY (loads): 16 bytes of scales; register k is bytes 32k..32k+32 of 256.
+            let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(tile.d.as_ptr().cast()) });
+            let mut sum = [[_mm256_setzero_si256(); 2]; NT];
+            for k in 0..8 {
+                let wk = unsafe { _mm256_loadu_si256(tile.qs.as_ptr().add(32 * k).cast()) };
+                // |w| as unsigned bytes (-128 gives 128), the sign moved onto the activation:
+                // exact for activations in -127..=127.
+                let ak = _mm256_sign_epi8(wk, wk);
+                for t in 0..NT {
+                    // SAFETY: 4k + 4 <= 32 bytes of the block's levels.
+                    let yk = unsafe { bcast4(y[t].0[b].qs.as_ptr().add(4 * k)) };
+                    let s = &mut sum[t][k % 2];
+                    *s = _mm256_dpbusd_epi32(*s, ak, _mm256_sign_epi8(yk, wk));
+                }
+            }
+            for t in 0..NT {
+                let s = _mm256_add_epi32(sum[t][0], sum[t][1]);
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(y[t].1[b]));
+                acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
+            }
+        }
+        store(acc)
+    }
+
+    /// VNNI [`super::Tile::gemv_avx2`] for Q5_0 tiles.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI required.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn gemv_q5<const NT: usize>(
+        w: &[TileQ5],
+        y: [Act<'_>; NT],
+    ) -> [[f32; 8]; NT] {
+        let n = w.len();
+        let y = y.map(|a| (&a.q[..n], &a.d[..n], &a.s[..n]));
+        let mut acc = [_mm256_setzero_ps(); NT];
+        for (b, tile) in w.iter().enumerate() {
+            crate::quant::simd::prefetch_ahead::<NT, _>(tile);
+            // SAFETY: 16 bytes of scales.
+            let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(tile.d.as_ptr().cast()) });
+            let u = tile.unpack_avx2();
+            for t in 0..NT {
+                // SAFETY: the block's 32 levels.
+                let s = unsafe { dot_regs(&u, y[t].0[b].qs.as_ptr(), 0..8) };
+                let s = _mm256_sub_epi32(s, _mm256_set1_epi32(16 * y[t].2[b]));
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(y[t].1[b]));
+                acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
+            }
+        }
+        store(acc)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -232,7 +232,60 @@ pub(crate) fn gemv_q4k<const NT: usize>(
         super::IsaKind::Avx2 => unsafe { gemv_q4k_avx2(w, y) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a `Vnni` value exists only after runtime detection of its features.
-        super::IsaKind::Vnni => unsafe { super::vnni::gemv_q4k(w, y) },
+        super::IsaKind::Vnni => unsafe { vnni::gemv_q4k(w, y) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The AVX-512 VNNI kernels of these tiles: the AVX2 ones with the integer dots done by
+/// `vpdpbusd` (the shared steps, and why the bits stay equal, are in `quant::vnni`).
+mod vnni {
+    use super::TileQ4K;
+    use crate::quant::vnni::{dot_regs, store};
+    use minfer_gguf::quant::BlockQ8K;
+    use std::arch::x86_64::*;
+
+    /// VNNI [`super::gemv_q4k_avx2`].
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI required.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn gemv_q4k<const NT: usize>(
+        w: &[TileQ4K],
+        y: [&[BlockQ8K]; NT],
+    ) -> [[f32; 8]; NT] {
+        let y = y.map(|a| &a[..w.len()]);
+        let mut acc = [_mm256_setzero_ps(); NT];
+        for (b, tile) in w.iter().enumerate() {
+            crate::quant::simd::prefetch_ahead::<NT, _>(tile);
+            // SAFETY (all loads below): offsets stay inside the tile's and the activation
+            // block's arrays (16 bytes of each scale row, 8 of `sc`, 16 of `mins`, 32 of `qs`
+            // at 128j + 32m < 1024, 32 activation levels at 32j < 256, 32 of bsums).
+            let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(tile.d.as_ptr().cast()) });
+            let dm = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(tile.dmin.as_ptr().cast()) });
+            let mut sumi = [_mm256_setzero_si256(); NT];
+            for j in 0..8 {
+                // SAFETY: 8 scale bytes at 8j < 64.
+                let s = _mm256_cvtepu8_epi32(unsafe {
+                    _mm_loadl_epi64(tile.sc.as_ptr().add(8 * j).cast())
+                });
+                let u = tile.unpack_avx2(j);
+                for t in 0..NT {
+                    // Row sums over the sub-block's 32 elements (|sum| <= 60960), times the
+                    // row's 6-bit scale.
+                    // SAFETY: 32j + 32 <= 256 activation levels.
+                    let qs = unsafe { y[t][b].qs.as_ptr().add(32 * j) };
+                    // SAFETY: `qs` points at 32 readable levels.
+                    let v = unsafe { dot_regs(&u, qs, 0..8) };
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_mullo_epi32(v, s));
+                }
+            }
+            for t in 0..NT {
+                acc[t] = tile.accumulate_avx2(acc[t], &y[t][b], sumi[t], dw, dm);
+            }
+        }
+        store(acc)
     }
 }
 

@@ -225,7 +225,78 @@ pub(crate) fn gemv_q6k<const NT: usize>(
         super::IsaKind::Avx2 => unsafe { gemv_q6k_avx2(w, y) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a `Vnni` value exists only after runtime detection of its features.
-        super::IsaKind::Vnni => unsafe { super::vnni::gemv_q6k(w, y) },
+        super::IsaKind::Vnni => unsafe { vnni::gemv_q6k(w, y) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The AVX-512 VNNI kernels of these tiles: the AVX2 ones with the integer dots done by
+/// `vpdpbusd` (the shared steps, and why the bits stay equal, are in `quant::vnni`).
+mod vnni {
+    use super::TileQ6K;
+    use crate::quant::vnni::{dot_regs, store};
+    use minfer_gguf::quant::BlockQ8K;
+    use std::arch::x86_64::*;
+
+    /// VNNI [`super::gemv_q6k_avx2`].
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI required.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn gemv_q6k<const NT: usize>(
+        w: &[TileQ6K],
+        y: [&[BlockQ8K]; NT],
+    ) -> [[f32; 8]; NT] {
+        let y = y.map(|a| &a[..w.len()]);
+        let mut acc = [_mm256_setzero_ps(); NT];
+        for (b, tile) in w.iter().enumerate() {
+            crate::quant::simd::prefetch_ahead::<NT, _>(tile);
+            // SAFETY (all loads below): offsets stay inside the tile's and the activation
+            // block's arrays (16 bytes of `d` and of `sc` at 16j < 128, 32 of `q` at
+            // 192j + 32m + 32 <= 1536 and at 192j + 128 + 32h + 32 <= 1536, 32 activation levels at
+            // 32j < 256, 32 of bsums).
+            let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(tile.d.as_ptr().cast()) });
+            let mut sumi = [_mm256_setzero_si256(); NT];
+            let mut corr = [_mm256_setzero_si256(); NT];
+            for j in 0..8 {
+                // i16 lanes (2r, 2r+1): row r's scales of groups 2j and 2j+1; as i32 lanes,
+                // the even group's scale in the low half and the odd group's in the high.
+                // SAFETY: 16 scale bytes at 16j < 128.
+                let sc = _mm256_cvtepi8_epi16(unsafe {
+                    _mm_loadu_si128(tile.sc.as_ptr().add(16 * j).cast())
+                });
+                let s_ev = _mm256_srai_epi32(_mm256_slli_epi32(sc, 16), 16);
+                let s_od = _mm256_srai_epi32(sc, 16);
+                let u = tile.unpack_avx2(j);
+                for t in 0..NT {
+                    // SAFETY: 32j + 32 <= 256 activation levels.
+                    let qs = unsafe { y[t][b].qs.as_ptr().add(32 * j) };
+                    // Group sums over 16 elements (|sum| <= 129024), times the signed scales.
+                    // SAFETY: `qs` points at 32 readable levels.
+                    let ev = unsafe { dot_regs(&u, qs, 0..4) };
+                    // SAFETY: `qs` points at 32 readable levels.
+                    let od = unsafe { dot_regs(&u, qs, 4..8) };
+                    let v = _mm256_add_epi32(
+                        _mm256_mullo_epi32(ev, s_ev),
+                        _mm256_mullo_epi32(od, s_od),
+                    );
+                    sumi[t] = _mm256_add_epi32(sumi[t], v);
+                    // i32 lane j of the bsums: groups 2j and 2j+1.
+                    // SAFETY: the block's 16 bsums are 32 bytes.
+                    let bs = unsafe { _mm256_loadu_si256(y[t][b].bsums.as_ptr().cast()) };
+                    let bj = _mm256_permutevar8x32_epi32(bs, _mm256_set1_epi32(j as i32));
+                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(sc, bj));
+                }
+            }
+            for t in 0..NT {
+                let s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(corr[t], 5));
+                let dy = _mm256_set1_ps(y[t][b].d);
+                let v = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(s));
+                acc[t] = _mm256_add_ps(acc[t], v);
+            }
+        }
+        store(acc)
     }
 }
 
