@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::start_viz;
+use common::{http_with, start_viz};
 use minfer_gguf::GgmlType;
 use minfer_models::testing::{write_tiny_model, TinySpec};
 use serde_json::Value;
@@ -302,23 +302,6 @@ fn viz_refuses_a_bad_trace_file_naming_the_problem() {
     assert!(text(&missing.stderr).contains("reading trace /nonexistent/t.json"));
 }
 
-/// One raw request with the given headers on a fresh connection; the whole response.
-fn raw(addr: &str, head: &str, headers: &[(&str, &str)], body: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
-        .expect("timeout");
-    let mut req = format!("{head} HTTP/1.1\r\nconnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str(&format!("content-length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes()).expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read response");
-    out
-}
-
 fn status(resp: &str) -> u16 {
     resp.split(' ')
         .nth(1)
@@ -348,14 +331,14 @@ fn viz_guards_its_host_origin_and_body_type_as_the_server_does() {
         ("origin", "http://evil.example"),
         ("content-type", "application/json"),
     ];
-    let r = raw(&addr, "POST /viz/run", &evil, r#"{"prompt":"hi","n":2}"#);
+    let r = http_with(&addr, "POST /viz/run", &evil, r#"{"prompt":"hi","n":2}"#);
     assert_eq!(status(&r), 403, "{r}");
     assert!(
         r.contains("evil.example") && r.contains("--allowed-hosts"),
         "{r}"
     );
     for path in ["/viz/trace", "/viz/graph", "/viz/events", "/viz/info", "/"] {
-        let r = raw(
+        let r = http_with(
             &addr,
             &format!("GET {path}"),
             &[("host", "evil.example")],
@@ -364,7 +347,7 @@ fn viz_guards_its_host_origin_and_body_type_as_the_server_does() {
         assert_eq!(status(&r), 403, "{path}: {r}");
     }
     // A foreign origin under a good Host is refused unless listed.
-    let r = raw(
+    let r = http_with(
         &addr,
         "POST /viz/run",
         &[
@@ -376,7 +359,7 @@ fn viz_guards_its_host_origin_and_body_type_as_the_server_does() {
     );
     assert_eq!(status(&r), 403, "{r}");
     assert!(r.contains("--cors-origins"), "{r}");
-    let r = raw(
+    let r = http_with(
         &addr,
         "GET /viz/info",
         &[("host", &addr), ("origin", "http://app.local:3000")],
@@ -392,7 +375,7 @@ fn viz_guards_its_host_origin_and_body_type_as_the_server_does() {
     // simple request) is refused.
     for host in [addr.as_str(), localhost.as_str(), "box.lan:8000"] {
         let own = format!("http://{host}");
-        let r = raw(
+        let r = http_with(
             &addr,
             "GET /viz/info",
             &[("host", host), ("origin", &own)],
@@ -400,7 +383,7 @@ fn viz_guards_its_host_origin_and_body_type_as_the_server_does() {
         );
         assert_eq!(status(&r), 200, "{host}: {r}");
     }
-    let r = raw(
+    let r = http_with(
         &addr,
         "POST /viz/run",
         &[("host", &addr), ("content-type", "text/plain")],

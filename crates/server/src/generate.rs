@@ -252,8 +252,7 @@ pub async fn start(
         tx,
         cache_prompt: g.cache_prompt,
         slot: g.slot,
-        constraint_field: constraint.as_ref().map_or("grammar", |c| c.1),
-        constraint: constraint.map(|c| c.0),
+        constraint,
     })?;
     Ok(Generation {
         model: m,

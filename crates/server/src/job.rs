@@ -133,9 +133,8 @@ pub struct Job {
     /// The slot the job must run in (llama-server's `id_slot`); `None` picks one.
     pub slot: Option<usize>,
     /// The grammar every choice's tokens must follow; each choice runs its own state.
-    pub constraint: Option<minfer_runtime::CompiledGrammar>,
-    /// The request field that gave the constraint, named when it fails mid-generation.
-    pub constraint_field: &'static str,
+    /// With it, the request field that gave it, named when it fails mid-generation.
+    pub constraint: Option<(minfer_runtime::CompiledGrammar, &'static str)>,
 }
 
 /// A slot as `/slots` reports it.

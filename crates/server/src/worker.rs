@@ -460,7 +460,10 @@ impl Worker {
         for (choice, &slot) in std::iter::once(&idx).chain(&others).enumerate() {
             let mut job = job.clone();
             job.sampling.seed = choice_seed(job.sampling.seed, choice);
-            let constraint = job.constraint.as_ref().map(|g| g.start(Prefetch::Helper));
+            let constraint = job
+                .constraint
+                .as_ref()
+                .map(|(g, _)| g.start(Prefetch::Helper));
             let mut sampler = match Sampler::new(job.sampling.clone()) {
                 Ok(s) => s.with_constraint(constraint),
                 Err(e) => {
@@ -1015,7 +1018,8 @@ fn sample_one(
                 Err(e) => {
                     // The grammar's own failure: the request ends with it, never
                     // unconstrained; a grammar past an engine limit is the caller's error.
-                    let err = ApiError::constraint(a.job.constraint_field, &e);
+                    let field = a.job.constraint.as_ref().map_or("grammar", |c| c.1);
+                    let err = ApiError::constraint(field, &e);
                     a.outbox.push_back(Event::Error(err));
                     a.done = true;
                     return None;

@@ -99,16 +99,29 @@ pub fn start_server(cmd: &mut Command) -> (Server, String) {
 /// whole raw response, status line and headers included; a silent server fails the
 /// test after two minutes instead of hanging it.
 pub fn http(addr: &str, head: &str, body: &str) -> String {
+    http_with(
+        addr,
+        head,
+        &[("host", addr), ("content-type", "application/json")],
+        body,
+    )
+}
+
+/// [`http`] with exactly the given headers (besides the length and `connection: close`),
+/// for requests that must carry a foreign `Host`, an `Origin` or another content type.
+pub fn http_with(addr: &str, head: &str, headers: &[(&str, &str)], body: &str) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(120)))
         .expect("timeout");
-    write!(
-        s,
-        "{head} HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+    let mut req = format!("{head} HTTP/1.1\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!(
+        "content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .expect("send");
+    ));
+    s.write_all(req.as_bytes()).expect("send");
     let mut out = String::new();
     s.read_to_string(&mut out).expect("read response");
     out
