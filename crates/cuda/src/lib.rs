@@ -20,9 +20,8 @@ pub mod dispatch;
 pub mod kernels;
 pub mod replay;
 
-pub use backend::{
-    graphs_enabled, process_replay_stats, qkv_concat_name, CudaBackend, ReplayStats,
-};
+pub use backend::weights::qkv_concat_name;
+pub use backend::{graphs_enabled, process_replay_stats, CudaBackend, ReplayStats};
 pub use device::{arch_option, compile, probe, DeviceSummary};
 
 use minfer_graph::{Backend, BackendConfig, BackendFactory, BackendImpl, ProbeInfo};

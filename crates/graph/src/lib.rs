@@ -12,6 +12,7 @@
 //! | §3.3 allocator, liveness, KV regions, staging | [`alloc`] |
 //! | §3.4 scheduler, splits, two-phase boundary, trace | [`scheduler`] |
 //! | §3.5 backend trait, `KvProvider` | [`backend`] |
+//! | the shared parts of device backends (pool, weights, node checks) | [`device_kit`] |
 //! | §3.6 registry and fence | [`registry`] |
 //! | §3.7 / §6 params and reuse cache | [`params`], [`cache`] |
 //! | §5 fusion | [`fusion`] |
@@ -48,6 +49,7 @@ pub mod alloc;
 pub mod backend;
 pub mod builder;
 pub mod cache;
+pub mod device_kit;
 pub mod error;
 pub mod export;
 pub mod fusion;

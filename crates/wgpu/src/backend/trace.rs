@@ -97,6 +97,7 @@ impl WgpuBackend {
         read: &mut dyn FnMut(NodeId, &[f32]),
     ) -> Result<(), String> {
         let have = self
+            .pool
             .bufs
             .get(id)
             .ok_or_else(|| format!("node {node}: buffer {id} does not exist"))?
@@ -144,7 +145,7 @@ impl WgpuBackend {
             off,
             len,
         });
-        let src = self.bufs[id].buf.clone();
+        let src = self.pool.bufs[id].mem.clone();
         self.encoder()
             .copy_buffer_to_buffer(&src, 0, &dst, (off * 4) as u64, (len * 4) as u64);
         Ok(())

@@ -1,0 +1,224 @@
+//! Element-wise and row-wise op families on CUDA: add, mul, SiLU, SwiGLU, row
+//! gathers, RMS norm, biases and rope.
+
+use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall};
+use minfer_graph::{CNode, Op, RoPEMeta, RopeStyle};
+
+use super::launch::{f32_arg, u32_of};
+use super::CudaBackend;
+use crate::dispatch;
+use crate::kernels::Kernel;
+use crate::replay::{Arg, Cmd};
+
+/// `v` as a u32 kernel argument.
+fn un(v: usize, what: &str) -> Result<Arg, String> {
+    u32_of(v, what).map(Arg::U32)
+}
+
+impl ElementwiseOps for CudaBackend {
+    fn binary(&mut self, c: &NodeCall) -> Result<(), String> {
+        let (io, n, out) = (&c.io, c.io.n, c.io.out);
+        let nb = io.len(1, &self.pool);
+        let k = if c.node.op == Op::Add {
+            Kernel::Add
+        } else {
+            Kernel::Mul
+        };
+        // Element i reads a[i] and b[i % nb] only: in place is safe for a; a
+        // broadcast b that is the output is snapshotted.
+        let a = Arg::Buf(io.id(0)?);
+        let b = if nb < n {
+            self.src_arg(io.id(1)?, out)?
+        } else {
+            Arg::Buf(io.id(1)?)
+        };
+        let geom = dispatch::elementwise_geom(n)?;
+        self.launch(
+            k,
+            geom,
+            vec![a, b, Arg::Buf(out), un(n, "elements")?, un(nb, "elements")?],
+        );
+        Ok(())
+    }
+
+    fn silu(&mut self, c: &NodeCall) -> Result<(), String> {
+        let n = c.io.n;
+        let geom = dispatch::elementwise_geom(n)?;
+        let args = vec![
+            Arg::Buf(c.io.id(0)?),
+            Arg::Buf(c.io.out),
+            un(n, "elements")?,
+        ];
+        self.launch(Kernel::Silu, geom, args);
+        Ok(())
+    }
+
+    fn swiglu(&mut self, c: &NodeCall) -> Result<(), String> {
+        let n = c.io.n;
+        let geom = dispatch::elementwise_geom(n)?;
+        let args = vec![
+            Arg::Buf(c.io.id(0)?),
+            Arg::Buf(c.io.id(1)?),
+            Arg::Buf(c.io.out),
+            un(n, "elements")?,
+        ];
+        self.launch(Kernel::SwiGlu, geom, args);
+        Ok(())
+    }
+
+    fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), String> {
+        let (x, xl) = (Arg::Buf(c.io.id(0)?), c.io.len(0, &self.pool));
+        self.norm(c.node, d, eps, x, xl, c.io.out)
+    }
+
+    fn get_rows(&mut self, c: &NodeCall, d: usize, _rows: usize, sel: usize) -> Result<(), String> {
+        let (n, nt) = (c.io.n, c.io.nt);
+        let x = self.src_arg(c.io.id(0)?, c.io.out)?;
+        let geom = dispatch::elementwise_geom(n)?;
+        let args = vec![
+            x,
+            Arg::Buf(sel),
+            Arg::Buf(c.io.out),
+            un(d, "row length")?,
+            un(nt, "rows")?,
+        ];
+        self.launch(Kernel::Gather, geom, args);
+        Ok(())
+    }
+
+    /// The input copied into the output unless they are one buffer, then rotated there.
+    fn rope(&mut self, c: &NodeCall, m: &RoPEMeta, stride: usize) -> Result<(), String> {
+        let (n, nt, out) = (c.io.n, c.io.nt, c.io.out);
+        let x = c.io.id(0)?;
+        if x != out {
+            self.pending.push(Cmd::Copy {
+                src: Arg::Buf(x),
+                dst: Arg::Buf(out),
+                len: n,
+            });
+        }
+        self.rope_at(c.io.id(1)?, Arg::Buf(out), nt, m.n_head, m, stride)
+    }
+}
+
+impl CudaBackend {
+    /// `RmsNorm` (rows of `d`, the output's width) and `QkNorm` (rows of a head).
+    fn norm(
+        &mut self,
+        node: &CNode,
+        d: usize,
+        eps: f32,
+        x: Arg,
+        x_len: usize,
+        out: usize,
+    ) -> Result<(), String> {
+        let n = node.n_elements();
+        checks::norm(n, d, x_len, eps)?;
+        let w = match checks::norm_weight(&node.meta)? {
+            Some(name) => Some(self.vector(name, d)?),
+            None => None,
+        };
+        let geom = dispatch::norm_geom(n / d)?;
+        let w_arg = w.map_or(x, Arg::Weight);
+        self.launch(
+            Kernel::RmsNorm,
+            geom,
+            vec![
+                x,
+                w_arg,
+                Arg::Buf(out),
+                Arg::U32(u32_of(d, "row length")?),
+                f32_arg(eps),
+                Arg::U32(u32::from(w.is_some())),
+            ],
+        );
+        Ok(())
+    }
+
+    /// Records rope in place over `n_head` heads at `target`, in token rows of `stride`
+    /// values, at the positions in buffer `pos`.
+    pub(super) fn rope_at(
+        &mut self,
+        pos: usize,
+        target: Arg,
+        nt: usize,
+        n_head: usize,
+        m: &RoPEMeta,
+        stride: usize,
+    ) -> Result<(), String> {
+        checks::rope_meta(m)?;
+        if self.len(pos) < nt {
+            return Err(format!("rope: {} positions for {nt} tokens", self.len(pos)));
+        }
+        let theta_scale = m.freq_base.powf(-2.0 / m.n_dims as f32);
+        let geom = dispatch::elementwise_geom(nt * n_head * (m.n_dims / 2))?;
+        self.launch(
+            Kernel::Rope,
+            geom,
+            vec![
+                Arg::Buf(pos),
+                target,
+                Arg::U32(u32_of(nt, "tokens")?),
+                Arg::U32(u32_of(n_head, "heads")?),
+                Arg::U32(u32_of(m.hd, "head dim")?),
+                Arg::U32(u32_of(m.n_dims, "rotated dims")?),
+                Arg::U32(u32_of(stride, "row stride")?),
+                Arg::U32(u32::from(m.style == RopeStyle::Interleaved)),
+                f32_arg(m.freq_scale),
+                f32_arg(theta_scale),
+            ],
+        );
+        Ok(())
+    }
+
+    /// Records `x[i] += b[i % len]` over `n` values at `x` with the f32 vector weight `b`.
+    pub(super) fn add_bias(
+        &mut self,
+        x: Arg,
+        n: usize,
+        bias: &str,
+        len: usize,
+    ) -> Result<(), String> {
+        let b = self.vector(bias, len)?;
+        let geom = dispatch::elementwise_geom(n)?;
+        self.launch(
+            Kernel::Add,
+            geom,
+            vec![
+                x,
+                Arg::Weight(b),
+                x,
+                Arg::U32(u32_of(n, "elements")?),
+                Arg::U32(u32_of(len, "elements")?),
+            ],
+        );
+        Ok(())
+    }
+
+    /// Records the per-head RMS norm in place over `rows` rows of `hd` at `x`.
+    pub(super) fn norm_rows(
+        &mut self,
+        x: Arg,
+        rows: usize,
+        hd: usize,
+        w: &str,
+        eps: f32,
+    ) -> Result<(), String> {
+        checks::eps_ok(eps)?;
+        let w = self.vector(w, hd)?;
+        let geom = dispatch::norm_geom(rows)?;
+        self.launch(
+            Kernel::RmsNorm,
+            geom,
+            vec![
+                x,
+                Arg::Weight(w),
+                x,
+                Arg::U32(u32_of(hd, "row length")?),
+                f32_arg(eps),
+                Arg::U32(1),
+            ],
+        );
+        Ok(())
+    }
+}
