@@ -221,6 +221,8 @@ pub fn spawn(
 }
 
 impl Worker {
+    /// Serves slot actions and the queue until every handle is dropped and the last
+    /// request is over: each turn admits what fits, runs one decode step and flushes.
     fn run(
         mut self,
         queue: Receiver<Job>,

@@ -18,6 +18,7 @@ use crate::error::ApiError;
 use crate::job::{Event, Job, SlotInfo, TokenLogprob};
 use crate::metrics::Metrics;
 
+/// The request a slot runs: its sampler, stop scanner, decoder and pending output.
 pub(super) struct Active {
     pub(super) job: Job,
     /// The choice this slot generates, in `0..job.n`.
@@ -50,6 +51,7 @@ pub(super) struct Active {
     pub(super) verifying: bool,
 }
 
+/// One sequence of the engine: the tokens its KV holds and the request in it, if any.
 pub(super) struct Slot {
     /// Tokens whose KV sits at positions `0..cached.len()`.
     pub(super) cached: KvHistory,
@@ -59,6 +61,7 @@ pub(super) struct Slot {
     pub(super) last_generated: usize,
 }
 
+/// The inference thread's state: the engine, its slots, and how they speculate.
 pub(super) struct Worker {
     pub(super) engine: MultiEngine,
     pub(super) tok: Arc<Tokenizer>,
@@ -85,6 +88,7 @@ pub(super) struct Worker {
     pub(super) spec_fixed: Option<usize>,
 }
 
+/// The message of a caught panic.
 pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -93,6 +97,7 @@ pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Worker {
+    /// A worker over `engine` with every slot empty, its snapshot published.
     pub(super) fn new(
         engine: MultiEngine,
         tok: Arc<Tokenizer>,
@@ -159,6 +164,8 @@ impl Worker {
         let _ = catch_unwind(AssertUnwindSafe(|| self.engine.reset_slot(idx)));
     }
 
+    /// Publishes the slot snapshot (`/slots`) and this worker's share of the busy-slot and
+    /// KV gauges.
     pub(super) fn publish(&self) {
         let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
         let before = self.busy_mine.replace(busy);
@@ -191,10 +198,13 @@ impl Worker {
     }
 }
 
+/// 504: the request's deadline passed.
 pub(super) fn timed_out() -> ApiError {
     ApiError::new(StatusCode::GATEWAY_TIMEOUT, "the request timed out")
 }
 
+/// An engine failure as the request's error: the request's own fault (context overflow,
+/// a bad token) is a 400, any other a 500.
 pub(super) fn engine_error(e: EngineError) -> ApiError {
     match e {
         EngineError::ContextOverflow { .. } | EngineError::BadToken { .. } => {

@@ -324,6 +324,7 @@ impl Worker {
         })
     }
 
+    /// Fails every request of `steps` with `err`, forgetting their slots' KV.
     fn fail_steps(&mut self, steps: &[SeqStep], err: ApiError) {
         for s in steps {
             if let Some(tx) = self.slots[s.slot].active.as_ref().map(|a| a.job.tx.clone()) {

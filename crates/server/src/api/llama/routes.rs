@@ -9,8 +9,10 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Map, Value};
 
-use super::request::*;
-use super::response::*;
+use super::request::{
+    infill_prompt, parse_options, prompt_tokens, Options, DETOKENIZE_FIELDS, TOKENIZE_FIELDS,
+};
+use super::response::{json_response, run, settings_json, to_json, LlamaError};
 use crate::api::fields::{check_fields, field, opt_bool, opt_str, token_list, Object};
 use crate::api::prepare::prepare;
 use crate::body::Body;

@@ -14,9 +14,9 @@ use futures_util::stream::{self, StreamExt};
 use minfer_gguf::GgufFile;
 use serde_json::{json, Value};
 
-use super::facts::*;
-use super::request::*;
-use super::response::*;
+use super::facts::{tag_name, ModelFacts};
+use super::request::{prepare_chat, prepare_generate, Shape};
+use super::response::{done, listing, load_answer, Ndjson, OllamaError};
 use crate::api::fields::{self, opt_bool, opt_str, unsupported};
 use crate::error::ApiError;
 use crate::generate;
