@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::api::fields::{self, field, opt_bool, opt_f32, opt_str, unsupported, wrong, Object};
 use crate::error::ApiError;
-use crate::generate::{self};
+use crate::generate;
 use crate::params::{self, GenRequest, Prompt};
 use crate::{AppState, Model};
 

@@ -21,7 +21,7 @@ use crate::params::{
     GenRequest, Prompt, MAX_CHOICES, MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_LOGPROBS,
     REPEAT_PENALTY_RANGE,
 };
-use crate::tools::{self};
+use crate::tools;
 
 /// Fields of a chat completion request.
 pub const CHAT_FIELDS: &[&str] = &[
