@@ -273,6 +273,24 @@ impl Generation {
         next_event(&mut self.rx, &mut self.waits).await
     }
 
+    /// Waits for the whole answer of a one-choice request (llama-server's and ollama's
+    /// requests have one): its text, its tokens' log-probabilities and its summary.
+    pub async fn collect_one(mut self) -> Result<(String, Vec<TokenLogprob>, Summary), ApiError> {
+        let (mut text, mut lps) = (String::new(), Vec::new());
+        loop {
+            match self.next().await {
+                Event::Chunk {
+                    text: t, logprobs, ..
+                } => {
+                    text.push_str(&t);
+                    lps.extend(logprobs);
+                }
+                Event::Done(s) => return Ok((text, lps, s)),
+                Event::Error(e) => return Err(e),
+            }
+        }
+    }
+
     /// Waits for the whole answer: every choice, each to its end.
     pub async fn collect(mut self) -> Result<Outcome, ApiError> {
         let mut texts = vec![String::new(); self.n];

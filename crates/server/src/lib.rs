@@ -6,9 +6,10 @@
 //! bounded channel per request. Endpoints: `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /health`, `GET /slots`, `GET /metrics`; llama-server's native routes
-//! (`llama_api`: `/completion`, `/infill`, `/props`, `/apply-template`) and ollama's
-//! (`ollama`: `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/version`,
-//! `/api/ps`), each a codec into the same `params::GenRequest` and `generate::start`.
+//! (`api::llama`: `/completion`, `/infill`, `/props`, `/apply-template`) and ollama's
+//! (`api::ollama`: `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/version`,
+//! `/api/ps`), each a codec (`api::openai` too) into the same `params::GenRequest` and
+//! `generate::start`, reading fields through the shared `api::fields`.
 //!
 //! Under the router, the server's own accept loop (`http`) bounds every client in time
 //! and number, and shuts down gracefully; `security` keeps web pages from driving it;
@@ -17,17 +18,15 @@
 //! Sampling defaults follow llama-server: temperature 0.8, top_k 40, top_p 0.95,
 //! min_p 0.05, no penalties, a random seed, and `max_tokens` filling the slot's context.
 
+pub mod api;
 mod blocking;
 mod body;
 pub mod error;
 pub mod generate;
 mod http;
 pub mod job;
-pub mod llama_api;
 pub mod metrics;
 pub mod models;
-pub mod ollama;
-pub mod openai;
 pub mod params;
 mod routes;
 pub mod security;
@@ -43,6 +42,9 @@ use std::time::{Duration, Instant};
 
 use minfer_runtime::EngineOptions;
 
+/// The codecs, also at the crate root (`minfer_server::openai`, ...).
+pub use api::llama as llama_api;
+pub use api::{ollama, openai};
 pub use error::ApiError;
 use metrics::Metrics;
 pub use models::{Model, ModelSpec};
@@ -337,7 +339,7 @@ pub struct AppState {
     ids: AtomicU64,
     slot_save_path: Option<PathBuf>,
     /// Which of llama-server's monitoring endpoints are on.
-    native: llama_api::Native,
+    native: api::llama::Native,
 }
 
 impl AppState {
@@ -632,7 +634,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
             .unwrap_or(0),
         ids: AtomicU64::new(0),
         slot_save_path: config.slot_save_path.clone(),
-        native: llama_api::Native::new(&config),
+        native: api::llama::Native::new(&config),
     });
     let app = routes::router(state);
     let limits = http::Limits {

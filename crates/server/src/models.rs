@@ -56,9 +56,9 @@ pub struct Model {
     /// Its GGUF file (llama-server's `/props` reports it).
     pub path: PathBuf,
     /// Its fill-in-the-middle tokens, or why `/infill` cannot run on it.
-    pub fim: Result<crate::llama_api::Fim, String>,
+    pub fim: Result<crate::api::llama::Fim, String>,
     /// The model as ollama's listing routes describe it.
-    pub facts: crate::ollama::ModelFacts,
+    pub facts: crate::api::ollama::ModelFacts,
     /// Its vocabulary for constrained decoding, built by the first request that needs it.
     pub grammar: std::sync::OnceLock<Result<Arc<minfer_runtime::GrammarVocab>, String>>,
 }
@@ -275,8 +275,8 @@ impl Models {
         // for the metadata the native APIs report, and dropped.
         let gguf = minfer_gguf::GgufFile::open(&e.path)
             .map_err(|err| format!("reading {}: {err}", e.path.display()))?;
-        let fim = crate::llama_api::Fim::find(&gguf, &loaded.tokenizer);
-        let facts = crate::ollama::ModelFacts::new(&e.path, &gguf);
+        let fim = crate::api::llama::Fim::find(&gguf, &loaded.tokenizer);
+        let facts = crate::api::ollama::ModelFacts::new(&e.path, &gguf);
         drop(gguf);
         Ok(Model {
             id: e.id.clone(),
@@ -285,7 +285,7 @@ impl Models {
             template,
             slot_ctx: loaded.slot_ctx,
             n_slots: slots,
-            fingerprint: crate::openai::fingerprint(&loaded.digest),
+            fingerprint: crate::api::openai::fingerprint(&loaded.digest),
             path: e.path.clone(),
             fim,
             facts,

@@ -1,6 +1,6 @@
-//! The OpenAI codec of `/v1/chat/completions` and `/v1/completions`: the answer of the
-//! shared generation path (`generate`) as one JSON object or as server-sent events ending
-//! in `data: [DONE]`.
+//! OpenAI's answers to `/v1/chat/completions` and `/v1/completions`: the shared
+//! generation path (`generate`) rendered as one JSON object or as server-sent events
+//! ending in `data: [DONE]`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -14,10 +14,6 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::generate::{self, Generation};
-pub use crate::generate::{
-    chat_prompt, chat_prompt_with_tools, completion_prompt, fault_of, KERNEL_PANIC_MARKER,
-    PANIC_MARKER, SLOW_MARKER,
-};
 use crate::params::GenRequest;
 use crate::tools;
 use crate::worker::{Event, Fault, Summary, TokenLogprob};

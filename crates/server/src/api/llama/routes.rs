@@ -1,0 +1,195 @@
+//! llama-server's native routes: `/completion`, `/infill`, `/props`, `/apply-template`,
+//! `/tokenize` and `/detokenize`.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde_json::{json, Map, Value};
+
+use super::request::{
+    infill_prompt, parse_options, prompt_tokens, Options, DETOKENIZE_FIELDS, TOKENIZE_FIELDS,
+};
+use super::response::{json_response, run, settings_json, to_json, LlamaError};
+use crate::api::fields::{check_fields, field, opt_bool, opt_str, token_list, Object};
+use crate::api::prepare::prepare;
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::generate;
+use crate::params::GenRequest;
+use crate::{AppState, Model, RequestLog};
+
+/// The model a native request's `model` field selects (the default without one).
+/// Every native handler reaches its model through this one function, which may load
+/// the model: call it off the async threads.
+pub(super) fn served(st: &AppState, obj: &Object) -> Result<Arc<Model>, ApiError> {
+    st.model(opt_str(obj, "model")?)
+}
+
+pub(super) type St = State<Arc<AppState>>;
+
+/// llama-server's native routes.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/completion", post(completion))
+        .route("/infill", post(infill))
+        .route("/props", get(props))
+        .route("/apply-template", post(apply_template))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+}
+
+pub(super) async fn completion(
+    State(st): St,
+    Extension(log): Extension<RequestLog>,
+    b: Body,
+) -> Result<Response, LlamaError> {
+    let (m, prompt, opts, fault) = prepare(&st, b, move |s, obj| {
+        let p = field(&obj, "prompt")
+            .ok_or_else(|| ApiError::bad_request("field `prompt` is required"))?;
+        let m = served(s, &obj)?;
+        let prompt = prompt_tokens(p, "prompt", &m.tok)?;
+        let fault = p.as_str().and_then(|t| generate::fault_of(s, t));
+        let opts = parse_options(&obj, &m.tok)?;
+        Ok((m, prompt, opts, fault))
+    })
+    .await?;
+    Ok(run(st, m, prompt, opts, fault, log).await?)
+}
+
+pub(super) async fn infill(
+    State(st): St,
+    Extension(log): Extension<RequestLog>,
+    b: Body,
+) -> Result<Response, LlamaError> {
+    let (m, prompt, opts) = prepare(&st, b, move |s, obj| {
+        let m = served(s, &obj)?;
+        let opts = parse_options(&obj, &m.tok)?;
+        let prompt = infill_prompt(&m, &obj, opts.g.max_tokens)?;
+        Ok((m, prompt, opts))
+    })
+    .await?;
+    Ok(run(st, m, prompt, opts, None, log).await?)
+}
+
+/// The default model's properties (`?model=NAME` for another's).
+pub(super) async fn props(
+    State(st): St,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Result<Json<Value>, LlamaError> {
+    let s = Arc::clone(&st);
+    let m = st
+        .blocking
+        .run(move || s.model(q.get("model").map(String::as_str)))
+        .await??;
+    let defaults = Options {
+        g: GenRequest::default(),
+        n_probs: 0,
+        return_tokens: false,
+        ignore_eos: false,
+    };
+    // The backends the engine runs on and the adapter in use, as `/health` reports them.
+    let backends = minfer_runtime::backends::in_use();
+    let adapter = backends.iter().find_map(|b| b.device.clone());
+    let mut params = settings_json(&m, &defaults);
+    // The default seed is drawn per request: llama-server reports it as -1 (u32::MAX).
+    params["seed"] = json!(u32::MAX);
+    if let Some(p) = params.as_object_mut() {
+        p.remove("n_ctx");
+        p.remove("model");
+    }
+    Ok(Json(json!({
+        "default_generation_settings": {
+            "id": 0,
+            "id_task": -1,
+            "n_ctx": m.slot_ctx,
+            "speculative": false,
+            "is_processing": false,
+            "params": params,
+            "prompt": "",
+        },
+        "total_slots": m.n_slots,
+        "model_path": m.path.display().to_string(),
+        "model_alias": m.id,
+        "n_ctx": m.slot_ctx,
+        "chat_template": m.tok.chat_template().unwrap_or_default(),
+        "chat_template_caps": {},
+        "modalities": {"vision": false, "audio": false},
+        "infill": m.fim.is_ok(),
+        "build_info": format!("minfer {}", env!("CARGO_PKG_VERSION")),
+        "is_sleeping": false,
+        "backends": backends,
+        "adapter": adapter,
+    })))
+}
+
+pub(super) async fn apply_template(State(st): St, b: Body) -> Result<Response, LlamaError> {
+    let out = prepare(&st, b, move |s, obj| {
+        let m = served(s, &obj)?;
+        // Only the messages matter here; the chat route's checks apply to them.
+        let mut only = Map::new();
+        if let Some(m) = obj.get("messages") {
+            only.insert("messages".into(), m.clone());
+        }
+        let (msgs, _) = crate::api::openai::parse_chat(&only)?;
+        let rendered = m
+            .template
+            .render_spans(&msgs, true)
+            .map_err(|e| ApiError::bad_request(format!("rendering `messages`: {e}")))?;
+        Ok(json!({ "prompt": rendered.text }))
+    })
+    .await?;
+    Ok(Json(out).into_response())
+}
+
+pub(super) async fn tokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
+    let out = prepare(&st, b, move |s, obj| {
+        check_fields(&obj, TOKENIZE_FIELDS)?;
+        let content = opt_str(&obj, "content")?
+            .ok_or_else(|| ApiError::bad_request("field `content` is required"))?;
+        let add_special = opt_bool(&obj, "add_special")?.unwrap_or(false);
+        let parse_special = opt_bool(&obj, "parse_special")?.unwrap_or(true);
+        let with_pieces = opt_bool(&obj, "with_pieces")?.unwrap_or(false);
+        let m = s.model(opt_str(&obj, "model")?)?;
+        let ids = m.tok.encode(content, add_special, parse_special);
+        let tokens: Vec<Value> = if with_pieces {
+            ids.iter()
+                .map(|&id| {
+                    let bytes = m.tok.token_bytes(id, true).unwrap_or_default();
+                    let piece = match std::str::from_utf8(bytes) {
+                        Ok(s) => json!(s),
+                        Err(_) => json!(bytes),
+                    };
+                    json!({"id": id, "piece": piece})
+                })
+                .collect()
+        } else {
+            ids.iter().map(|&id| json!(id)).collect()
+        };
+        to_json(&json!({ "tokens": tokens }))
+    })
+    .await?;
+    Ok(json_response(out))
+}
+
+pub(super) async fn detokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
+    let out = prepare(&st, b, move |s, obj| {
+        check_fields(&obj, DETOKENIZE_FIELDS)?;
+        let ids = match obj.get("tokens") {
+            None | Some(Value::Null) => {
+                return Err(ApiError::bad_request("field `tokens` is required"))
+            }
+            Some(v) => token_list(v, "tokens")?,
+        };
+        let m = s.model(opt_str(&obj, "model")?)?;
+        let content = m
+            .tok
+            .decode(&ids, false)
+            .map_err(|e| ApiError::bad_request(format!("field `tokens`: {e}")))?;
+        to_json(&json!({ "content": content }))
+    })
+    .await?;
+    Ok(json_response(out))
+}

@@ -1,0 +1,10 @@
+//! The APIs the server speaks, each a codec into the shared [`crate::params::GenRequest`]
+//! and [`crate::generate::start`]: `openai` (OpenAI's), `llama` (llama-server's native
+//! routes) and `ollama` (ollama's), each a folder of its routes, request parsing and
+//! response rendering, over the shared field readers of `fields`.
+
+pub mod fields;
+pub mod llama;
+pub mod ollama;
+pub mod openai;
+pub mod prepare;

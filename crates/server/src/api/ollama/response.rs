@@ -1,0 +1,160 @@
+//! ollama's answers: its error shape, the NDJSON pieces and final object of a chat or
+//! generate answer, and a model's listing.
+
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+
+use super::facts::{rfc3339, tag_name, ModelFacts};
+use super::request::Shape;
+use crate::error::ApiError;
+use crate::generate::Generation;
+use crate::job::{Event, Finish, Summary};
+use crate::RequestLog;
+
+/// An error in ollama's shape: `{"error": "..."}` with the status.
+#[derive(Debug)]
+pub struct OllamaError(pub ApiError);
+
+impl From<ApiError> for OllamaError {
+    fn from(e: ApiError) -> Self {
+        OllamaError(e)
+    }
+}
+
+impl IntoResponse for OllamaError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.0.status, Json(json!({"error": self.0.message}))).into_response();
+        if let Some(secs) = self.0.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+/// The fields every answer object starts with.
+pub(super) fn head(model: &str) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("model".into(), json!(model));
+    m.insert("created_at".into(), json!(rfc3339(SystemTime::now())));
+    m
+}
+
+pub(super) fn piece(shape: Shape, model: &str, text: &str) -> Value {
+    let mut m = head(model);
+    match shape {
+        Shape::Chat => m.insert(
+            "message".into(),
+            json!({"role": "assistant", "content": text}),
+        ),
+        Shape::Generate => m.insert("response".into(), json!(text)),
+    };
+    m.insert("done".into(), json!(false));
+    Value::Object(m)
+}
+
+/// The last object: `done`, `done_reason` and the counts and durations (nanoseconds).
+pub(super) fn done(
+    shape: Shape,
+    model: &str,
+    text: &str,
+    s: &Summary,
+    total: Duration,
+    context: Option<Vec<u32>>,
+) -> Value {
+    let Value::Object(mut m) = piece(shape, model, text) else {
+        unreachable!("piece builds an object")
+    };
+    let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    m.insert("done".into(), json!(true));
+    let reason = match s.finish {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+    };
+    m.insert("done_reason".into(), json!(reason));
+    if let Some(c) = context {
+        m.insert("context".into(), json!(c));
+    }
+    m.insert("total_duration".into(), json!(ns(total)));
+    m.insert("load_duration".into(), json!(0));
+    m.insert("prompt_eval_count".into(), json!(s.prompt_tokens));
+    m.insert("prompt_eval_duration".into(), json!(ns(s.prompt_time)));
+    m.insert("eval_count".into(), json!(s.completion_tokens));
+    m.insert("eval_duration".into(), json!(ns(s.predicted_time)));
+    Value::Object(m)
+}
+
+/// The answer to a request with no prompt: the model is loaded (it always is).
+pub(super) fn load_answer(shape: Shape, model: &str) -> Response {
+    let mut m = head(model);
+    match shape {
+        Shape::Chat => m.insert(
+            "message".into(),
+            json!({"role": "assistant", "content": ""}),
+        ),
+        Shape::Generate => m.insert("response".into(), json!("")),
+    };
+    m.insert("done".into(), json!(true));
+    m.insert("done_reason".into(), json!("load"));
+    Json(Value::Object(m)).into_response()
+}
+
+/// An NDJSON stream in progress.
+pub(super) struct Ndjson {
+    pub(super) gen: Generation,
+    pub(super) first: Option<Event>,
+    pub(super) shape: Shape,
+    pub(super) model: String,
+    /// The prompt ids, then the generated ones (generate's final `context`).
+    pub(super) context: Option<Vec<u32>>,
+    pub(super) finished: bool,
+    pub(super) log: RequestLog,
+}
+
+impl Ndjson {
+    /// The line an event becomes; `None` for a chunk without text.
+    pub(super) fn line(&mut self, ev: Event) -> Option<Bytes> {
+        let v = match ev {
+            Event::Chunk { text, logprobs, .. } => {
+                if let Some(c) = self.context.as_mut() {
+                    c.extend(logprobs.iter().map(|l| l.chosen.id));
+                }
+                if text.is_empty() {
+                    return None;
+                }
+                piece(self.shape, &self.model, &text)
+            }
+            Event::Done(s) => {
+                self.finished = true;
+                self.log.summary = Some(s);
+                let total = self.log.start.elapsed();
+                done(self.shape, &self.model, "", &s, total, self.context.take())
+            }
+            Event::Error(e) => {
+                self.finished = true;
+                self.log.status = e.status.as_u16();
+                json!({"error": e.message})
+            }
+        };
+        let mut line = v.to_string().into_bytes();
+        line.push(b'\n');
+        Some(Bytes::from(line))
+    }
+}
+
+pub(super) fn listing(id: &str, f: &ModelFacts) -> Value {
+    let name = tag_name(id);
+    json!({
+        "name": name,
+        "model": name,
+        "modified_at": f.modified_at,
+        "size": f.size,
+        "digest": f.digest,
+        "details": f.details(),
+    })
+}

@@ -1,0 +1,84 @@
+//! OpenAI's routes: `/v1/chat/completions`, `/v1/completions` and `/v1/models` (each
+//! also without the `/v1` prefix).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde_json::{json, Value};
+
+use super::request::{parse_chat, parse_completion};
+use super::response::{generate, Kind};
+use crate::api::prepare::prepare;
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::generate::{chat_prompt_with_tools, completion_prompt};
+use crate::{AppState, RequestLog};
+
+type St = State<Arc<AppState>>;
+
+/// OpenAI's routes, for the server's router to merge.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/completions", post(completions))
+}
+
+/// Every served model; the loaded ones with their `meta`.
+async fn models(State(st): St) -> Json<Value> {
+    let data: Vec<Value> = st
+        .models
+        .ids()
+        .into_iter()
+        .map(|id| {
+            let mut v = json!({
+                "id": id, "object": "model", "created": st.created, "owned_by": "minfer",
+            });
+            if let Some(m) = st.models.loaded(id) {
+                v["meta"] = json!({
+                    "n_vocab": m.tok.n_vocab(), "slot_ctx": m.slot_ctx, "slots": m.n_slots,
+                });
+            }
+            v
+        })
+        .collect();
+    Json(json!({ "object": "list", "data": data }))
+}
+
+async fn chat(
+    State(st): St,
+    Extension(log): Extension<RequestLog>,
+    b: Body,
+) -> Result<Response, ApiError> {
+    // Rendering and tokenising a large conversation is CPU work: off the async threads.
+    let (m, prompt, g, inject) = prepare(&st, b, move |s, obj| {
+        let (msgs, g) = parse_chat(&obj)?;
+        let m = s.model(g.model.as_deref())?;
+        let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
+        let (prompt, inject) = chat_prompt_with_tools(s, &m, &msgs, tools)?;
+        Ok((m, prompt, g, inject))
+    })
+    .await?;
+    generate(Arc::clone(&st), Kind::Chat, m, prompt, g, inject, log).await
+}
+
+async fn completions(
+    State(st): St,
+    Extension(log): Extension<RequestLog>,
+    b: Body,
+) -> Result<Response, ApiError> {
+    let (m, prompt, g, inject) = prepare(&st, b, move |s, obj| {
+        let (p, g) = parse_completion(&obj)?;
+        let m = s.model(g.model.as_deref())?;
+        let (prompt, inject) = completion_prompt(s, &m, p)?;
+        Ok((m, prompt, g, inject))
+    })
+    .await?;
+    generate(Arc::clone(&st), Kind::Text, m, prompt, g, inject, log).await
+}

@@ -1,0 +1,521 @@
+//! The decode step: samples a token for every ready slot, drafts and verifies
+//! speculative blocks, runs every slot's next tokens (and admitted prompts) in one batched
+//! `step`, and emits text, log-probabilities and the final summary to each request.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use minfer_runtime::{DraftAsk, SeqStep, StopEvent};
+use minfer_tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+use super::state::{engine_error, panic_text, timed_out, Active, Worker};
+use crate::error::ApiError;
+use crate::job::{logprob_of, Event, Fault, Finish, Summary};
+use crate::metrics::Metrics;
+
+impl Worker {
+    /// Samples one token for every ready slot, then runs all continuing slots and the
+    /// prompts of newly admitted ones together in one step.
+    pub(super) fn decode_turn(&mut self) -> bool {
+        let mut steps = Vec::new();
+        // Slots whose draft model drafts this turn, all together after this loop:
+        // (slot, pending token, its position).
+        let mut to_draft = Vec::new();
+        let shared_draft = self.draft.is_some();
+        for idx in 0..self.slots.len() {
+            let tok = Arc::clone(&self.tok);
+            let metrics = Arc::clone(&self.metrics);
+            let slot = &mut self.slots[idx];
+            let Some(a) = slot.active.as_mut() else {
+                continue;
+            };
+            if a.job.tx.is_closed() && a.outbox.is_empty() {
+                // The client went away: free the slot now; its KV stays valid for reuse.
+                slot.active = None;
+                continue;
+            }
+            if a.job.tx.capacity() == 0 && Instant::now() >= a.job.deadline {
+                // Past its deadline with a reader that has stopped taking events: nothing
+                // more can reach it (the HTTP side ends it with a 504), so free the slot
+                // instead of waiting on the reader; its KV stays valid for reuse.
+                slot.active = None;
+                continue;
+            }
+            if let Some(tokens) = a.prefill.take() {
+                let fault = a.job.fault;
+                let tx = a.job.tx.clone();
+                // A fault attributed to one request fails only that request.
+                if let Err(p) = catch_unwind(|| {
+                    if fault == Some(Fault::Panic) {
+                        panic!("injected fault");
+                    }
+                }) {
+                    let msg = format!("inference panicked: {}", panic_text(&*p));
+                    self.fail_slot(idx, &tx, ApiError::internal(msg));
+                    continue;
+                }
+                let pos0 = slot.cached.len();
+                slot.cached.extend(&tokens);
+                metrics.add_prefilled(tokens.len());
+                steps.push(SeqStep {
+                    slot: idx,
+                    tokens,
+                    pos0,
+                    n_out: 1,
+                });
+                continue;
+            }
+            if a.done || !a.outbox.is_empty() || (a.logits.is_none() && a.next.is_none()) {
+                continue;
+            }
+            if Instant::now() >= a.job.deadline {
+                a.outbox.push_back(Event::Error(timed_out()));
+                a.done = true;
+                continue;
+            }
+            let pos = slot.cached.len();
+            let ctx = self.engine.slot_ctx();
+            let r = catch_unwind(AssertUnwindSafe(|| sample_one(a, &tok, &metrics, pos, ctx)));
+            match r {
+                Ok(Some(t)) if shared_draft && a.spec.is_some() => {
+                    slot.cached.push(t);
+                    to_draft.push((idx, t, pos));
+                }
+                Ok(Some(t)) => {
+                    // With speculation the step runs `t` and the tokens drafted after
+                    // it, all rows wanted; `cached` gains the drafted ones once accepted.
+                    let block = match a.spec.as_mut() {
+                        Some(sp) => sp
+                            .plan(slot.cached.tokens(), t, ctx - pos, &a.sampler)
+                            .map(<[u32]>::to_vec),
+                        None => Ok(vec![t]),
+                    };
+                    match block {
+                        Ok(tokens) => {
+                            a.verifying = a.spec.is_some();
+                            slot.cached.push(t);
+                            steps.push(SeqStep {
+                                slot: idx,
+                                n_out: tokens.len(),
+                                tokens,
+                                pos0: pos,
+                            });
+                        }
+                        Err(e) => {
+                            let tx = a.job.tx.clone();
+                            self.fail_slot(idx, &tx, engine_error(e));
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(p) => {
+                    let tx = a.job.tx.clone();
+                    let msg = format!("inference panicked: {}", panic_text(&*p));
+                    self.fail_slot(idx, &tx, ApiError::internal(msg));
+                }
+            }
+            if let Some(a) = self.slots[idx].active.as_ref() {
+                self.slots[idx].last_generated = a.generated;
+            }
+        }
+        if !to_draft.is_empty() {
+            self.draft_turn(&to_draft, &mut steps);
+        }
+        if steps.is_empty() {
+            return false;
+        }
+        let slow = steps.iter().any(|s| {
+            self.slots[s.slot]
+                .active
+                .as_ref()
+                .is_some_and(|a| a.job.fault == Some(Fault::Slow))
+        });
+        if slow {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.metrics.add_decode(steps.len());
+        if self.has_fault(&steps, Fault::KernelPanic) {
+            // Deep enough to be inside the first layer's kernels.
+            self.engine.inject_kernel_panic(12);
+        }
+        let engine = &mut self.engine;
+        let t0 = Instant::now();
+        match catch_unwind(AssertUnwindSafe(|| engine.step(&steps))) {
+            Ok(Ok(rows)) => {
+                let elapsed = t0.elapsed();
+                for (s, row) in steps.iter().zip(rows) {
+                    let Some(a) = self.slots[s.slot].active.as_mut() else {
+                        continue;
+                    };
+                    if std::mem::take(&mut a.verifying) {
+                        self.verify(s, row, elapsed);
+                        continue;
+                    }
+                    if !a.followers.is_empty() {
+                        self.fork(s.slot, &row);
+                    }
+                    if let Some(a) = self.slots[s.slot].active.as_mut() {
+                        a.logits = Some(row);
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                let err = engine_error(e);
+                self.fail_steps(&steps, err);
+            }
+            Err(p) => {
+                let err = ApiError::internal(format!("inference panicked: {}", panic_text(&*p)));
+                self.fail_steps(&steps, err);
+            }
+        }
+        true
+    }
+
+    /// Drafts for every slot in `to_draft` (slot, pending token, its position) with the
+    /// draft model, all of them in shared draft forwards, and adds each slot's block (the
+    /// pending token, then what it drafted) to `steps`.
+    fn draft_turn(&mut self, to_draft: &[(usize, u32, usize)], steps: &mut Vec<SeqStep>) {
+        let ctx = self.engine.slot_ctx();
+        let depths: Vec<usize> = to_draft
+            .iter()
+            .map(|&(idx, _, pos)| {
+                self.slots[idx]
+                    .active
+                    .as_mut()
+                    .and_then(|a| a.spec.as_mut())
+                    .map_or(0, |sp| sp.depth_for(ctx - pos))
+            })
+            .collect();
+        let deepest = depths.iter().copied().max().unwrap_or(0);
+        let mut blocks: Vec<Vec<u32>> = Vec::new();
+        let mut secs = 0.0;
+        if let (Some(draft), true) = (self.draft.as_mut(), deepest > 0) {
+            let slots = &self.slots;
+            let asks: Vec<DraftAsk<'_>> = to_draft
+                .iter()
+                .zip(&depths)
+                .filter_map(|(&(idx, _, _), &max)| {
+                    let a = slots[idx].active.as_ref()?;
+                    Some(DraftAsk {
+                        slot: idx,
+                        context: slots[idx].cached.tokens(),
+                        max,
+                        target: &a.sampler,
+                    })
+                })
+                .collect();
+            let t0 = Instant::now();
+            let r = catch_unwind(AssertUnwindSafe(|| draft.propose(&asks, &mut blocks)));
+            // Every drafting slot waited for the whole draft: its cost per drafted token
+            // is the deepest draft's.
+            secs = t0.elapsed().as_secs_f64() / deepest as f64;
+            let asked: Vec<usize> = asks.iter().map(|a| a.slot).collect();
+            drop(asks);
+            let err = match r {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(engine_error(e)),
+                Err(p) => {
+                    for &idx in &asked {
+                        draft.forget(idx);
+                    }
+                    let msg = format!("the draft model panicked: {}", panic_text(&*p));
+                    Some(ApiError::internal(msg))
+                }
+            };
+            if let Some(err) = err {
+                for &(idx, _, _) in to_draft {
+                    if let Some(tx) = self.slots[idx].active.as_ref().map(|a| a.job.tx.clone()) {
+                        self.fail_slot(idx, &tx, err.clone());
+                    }
+                }
+                return;
+            }
+            // `blocks` follows `asks`, which skipped the slots that do not draft.
+            let mut it = blocks.into_iter();
+            blocks = depths
+                .iter()
+                .map(|&d| {
+                    if d > 0 {
+                        it.next().unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect();
+        }
+        for (i, &(idx, t, pos)) in to_draft.iter().enumerate() {
+            let Some(a) = self.slots[idx].active.as_mut() else {
+                continue;
+            };
+            let Some(sp) = a.spec.as_mut() else {
+                continue;
+            };
+            let drafted = blocks.get(i).map_or(&[][..], Vec::as_slice);
+            let tokens = sp.plan_drafted(pos + 1, t, drafted, secs).to_vec();
+            a.verifying = true;
+            steps.push(SeqStep {
+                slot: idx,
+                n_out: tokens.len(),
+                tokens,
+                pos0: pos,
+            });
+        }
+    }
+
+    /// Verifies a slot's speculative block against its logits rows: the accepted drafted
+    /// tokens are emitted now (their KV rows are written: `cached` records them), and the
+    /// target's own next token waits in `next` to be emitted and run by the next step.
+    fn verify(&mut self, s: &SeqStep, mut rows: Vec<f32>, elapsed: Duration) {
+        let n_vocab = self.engine.n_vocab();
+        let ctx = self.engine.slot_ctx();
+        let slot = &mut self.slots[s.slot];
+        let Some(a) = slot.active.as_mut() else {
+            return;
+        };
+        let Some(sp) = a.spec.as_mut() else {
+            return;
+        };
+        let before = sp.stats();
+        let mut out = Vec::with_capacity(s.tokens.len());
+        // The sampler rewrites the rows it samples (penalties, biases): log-probabilities
+        // are of the model's raw logits, as plain decode reports them.
+        let raw = a.job.logprobs.map(|k| (k, rows.clone()));
+        sp.verify(&mut a.sampler, &mut rows, n_vocab, elapsed, &mut out);
+        let logprob = |i: usize, t: u32| {
+            let (k, raw) = raw.as_ref()?;
+            let row = raw.get(i * n_vocab..(i + 1) * n_vocab)?;
+            Some(logprob_of(&self.tok, row, t, *k))
+        };
+        let after = sp.stats();
+        self.metrics.add_draft(
+            (after.drafted - before.drafted) as usize,
+            (after.accepted - before.accepted) as usize,
+        );
+        let Some(next) = out.pop() else {
+            return;
+        };
+        a.next_logprob = logprob(out.len(), next);
+        for (i, &t) in out.iter().enumerate() {
+            // `t` ran at this position; plain decode would have sampled it there.
+            let pos = s.pos0 + 1 + i;
+            if !self.tok.is_eog(t) {
+                if let Some(lp) = logprob(i, t) {
+                    a.logprobs.push(lp);
+                }
+            }
+            if emit(a, &self.tok, &self.metrics, t, pos, ctx).is_none() {
+                return;
+            }
+            slot.cached.push(t);
+        }
+        a.next = Some(next);
+        slot.last_generated = a.generated;
+    }
+
+    /// Whether a request in `steps` asked for `fault`.
+    fn has_fault(&self, steps: &[SeqStep], fault: Fault) -> bool {
+        steps.iter().any(|s| {
+            self.slots[s.slot]
+                .active
+                .as_ref()
+                .is_some_and(|a| a.job.fault == Some(fault))
+        })
+    }
+
+    /// Fails every request of `steps` with `err`, forgetting their slots' KV.
+    fn fail_steps(&mut self, steps: &[SeqStep], err: ApiError) {
+        for s in steps {
+            if let Some(tx) = self.slots[s.slot].active.as_ref().map(|a| a.job.tx.clone()) {
+                self.fail_slot(s.slot, &tx, err.clone());
+            }
+        }
+    }
+
+    /// Hands queued events to their requests; frees slots whose request is over.
+    pub(super) fn flush(&mut self) -> bool {
+        let mut progressed = false;
+        for idx in 0..self.slots.len() {
+            let slot = &mut self.slots[idx];
+            let Some(a) = slot.active.as_mut() else {
+                continue;
+            };
+            while a.outbox.len() > 1 || (!a.done && !a.outbox.is_empty()) {
+                let Some(ev) = a.outbox.pop_front() else {
+                    break;
+                };
+                match a.job.tx.try_send(ev) {
+                    Ok(()) => progressed = true,
+                    Err(mpsc::error::TrySendError::Full(ev)) => {
+                        a.outbox.push_front(ev);
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        a.outbox.clear();
+                        a.done = true;
+                    }
+                }
+            }
+            // The last event goes out only after the slot is released and published, so
+            // a client that has its answer sees the slot free in /slots and /metrics.
+            if a.done && a.outbox.len() <= 1 && (a.outbox.is_empty() || a.job.tx.capacity() > 0) {
+                let last = a.outbox.pop_front();
+                slot.last_generated = a.generated;
+                let Some(a) = slot.active.take() else {
+                    continue;
+                };
+                self.publish();
+                if let Some(ev) = last {
+                    // Sole sender with free capacity: this cannot be Full.
+                    let _ = a.job.tx.try_send(ev);
+                }
+                progressed = true;
+            }
+        }
+        progressed
+    }
+}
+
+/// Samples the next token of `a` from its pending logits; returns the token when the
+/// generation continues (it must then run at position `pos`).
+fn sample_one(
+    a: &mut Active,
+    tok: &Tokenizer,
+    metrics: &Metrics,
+    pos: usize,
+    slot_ctx: usize,
+) -> Option<u32> {
+    let t = match a.next.take() {
+        // Sampled by a verify step, already in the sampler's window.
+        Some(t) => {
+            if let Some(lp) = a.next_logprob.take().filter(|_| !tok.is_eog(t)) {
+                a.logprobs.push(lp);
+            }
+            t
+        }
+        None => {
+            let mut logits = a.logits.take()?;
+            let raw = a.job.logprobs.map(|_| logits.clone());
+            let t = match a.sampler.try_sample(&mut logits) {
+                Ok(t) => t,
+                Err(e) => {
+                    // The grammar's own failure: the request ends with it, never
+                    // unconstrained; a grammar past an engine limit is the caller's error.
+                    let field = a.job.constraint.as_ref().map_or("grammar", |c| c.1);
+                    let err = ApiError::constraint(field, &e);
+                    a.outbox.push_back(Event::Error(err));
+                    a.done = true;
+                    return None;
+                }
+            };
+            if !tok.is_eog(t) {
+                if let (Some(k), Some(raw)) = (a.job.logprobs, raw) {
+                    a.logprobs.push(logprob_of(tok, &raw, t, k));
+                }
+                a.sampler.accept(t);
+            }
+            t
+        }
+    };
+    emit(a, tok, metrics, t, pos, slot_ctx)
+}
+
+/// Hands the sampled token `t` of `a` to its request (text, stop strings, limits);
+/// returns it when the generation continues (it must then run at position `pos`).
+fn emit(
+    a: &mut Active,
+    tok: &Tokenizer,
+    metrics: &Metrics,
+    t: u32,
+    pos: usize,
+    slot_ctx: usize,
+) -> Option<u32> {
+    let now = Instant::now();
+    match a.last_token {
+        None => metrics.observe_ttft(now - a.job.arrived),
+        Some(prev) => metrics.observe_itl(now - prev),
+    }
+    a.last_token = Some(now);
+    a.first_sample.get_or_insert(now);
+    if tok.is_eog(t) {
+        finish(a, metrics, Finish::Stop, true);
+        return None;
+    }
+    a.generated += 1;
+    metrics.add_generated(1);
+    let piece = match a.decoder.push(tok, t) {
+        Ok(p) => p,
+        Err(_) => char::REPLACEMENT_CHARACTER.to_string(),
+    };
+    match a.stops.push(&piece) {
+        StopEvent::Text(text) => {
+            if !text.is_empty() || !a.logprobs.is_empty() {
+                let logprobs = std::mem::take(&mut a.logprobs);
+                a.outbox.push_back(Event::Chunk {
+                    choice: a.choice,
+                    text,
+                    logprobs,
+                });
+            }
+        }
+        StopEvent::Stopped(text) => {
+            let logprobs = std::mem::take(&mut a.logprobs);
+            a.outbox.push_back(Event::Chunk {
+                choice: a.choice,
+                text,
+                logprobs,
+            });
+            finish(a, metrics, Finish::Stop, false);
+            return None;
+        }
+    }
+    if a.generated >= a.job.max_tokens || pos + 1 > slot_ctx {
+        finish(a, metrics, Finish::Length, true);
+        return None;
+    }
+    Some(t)
+}
+
+/// Ends a generation; held-back text is released unless a stop string matched.
+fn finish(a: &mut Active, metrics: &Metrics, reason: Finish, release: bool) {
+    let mut rest = String::new();
+    if release {
+        rest = a.stops.finish();
+        rest.push_str(&a.decoder.flush());
+    }
+    if !rest.is_empty() || !a.logprobs.is_empty() {
+        let logprobs = std::mem::take(&mut a.logprobs);
+        a.outbox.push_back(Event::Chunk {
+            choice: a.choice,
+            text: rest,
+            logprobs,
+        });
+    }
+    let now = Instant::now();
+    let first = a.first_sample.unwrap_or(now);
+    let stop_word = a
+        .stops
+        .matched()
+        .and_then(|m| a.job.stop.iter().position(|s| s == m));
+    let summary = Summary {
+        choice: a.choice,
+        finish: reason,
+        prompt_tokens: a.job.prompt.len(),
+        cached_tokens: a.cached_tokens,
+        completion_tokens: a.generated,
+        prompt_time: first.saturating_duration_since(a.admitted),
+        predicted_time: now.saturating_duration_since(first),
+        stop_word,
+    };
+    // The prompt ran once for all choices: only the first counts its time, as the
+    // prefill counter counts its tokens once.
+    let prompt_time = if a.choice == 0 {
+        summary.prompt_time
+    } else {
+        Duration::ZERO
+    };
+    metrics.add_phase_times(prompt_time, summary.predicted_time);
+    a.outbox.push_back(Event::Done(summary));
+    a.done = true;
+}
