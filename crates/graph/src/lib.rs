@@ -84,4 +84,4 @@ pub use registry::{
     cpu_fallback_notice, emulation_reason, entry_for, BackendConfig, BackendEntry, BackendFactory,
     BackendRegistry, DeviceInfo, FenceError, KnownBackend, ProbeInfo, Selection, KNOWN_BACKENDS,
 };
-pub use scheduler::{BackendScheduler, Placement, PlacementReason, Split};
+pub use scheduler::{BackendScheduler, Placement, PlacementReason, SchedulerOptions, Split};

@@ -332,15 +332,6 @@ impl BackendRegistry {
         out.sort();
         Ok(out)
     }
-
-    /// The fence from `MINFER_BACKENDS`, `None` when the variable is unset.
-    pub fn fence_from_env(&self) -> Result<Option<Vec<Backend>>, FenceError> {
-        match minfer_env::BACKENDS.get() {
-            Ok(Some(v)) => self.parse_fence(&v).map(Some),
-            Ok(None) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
 }
 
 #[cfg(test)]
