@@ -48,10 +48,12 @@ fn main() -> ExitCode {
     // A mistyped `MINFER_*` value is refused before any command runs, never ignored; the
     // backend fence's names are checked by the registry that owns them, probing only the
     // backends it names (a command that runs no model loads no GPU driver otherwise).
+    // The settings the libraries take as options are resolved here, once.
     let env_ok = minfer_env::check_all()
+        .and_then(|()| cmd::common::EnvOptions::init())
         .map_err(anyhow::Error::from)
-        .and_then(|()| match minfer_env::BACKENDS.get()? {
-            Some(spec) => Ok(minfer_runtime::backends::check_fence(&spec).map(drop)?),
+        .and_then(|env| match &env.backends {
+            Some(spec) => Ok(minfer_runtime::backends::check_fence(spec).map(drop)?),
             None => Ok(()),
         });
     if let Err(e) = env_ok {

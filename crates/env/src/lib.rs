@@ -5,7 +5,8 @@
 //! (ASCII case-insensitive), and a [`Path`] or [`List`] any non-empty value. Anything else
 //! is an [`EnvError`] naming the variable, the value and what is accepted, so a typo never
 //! silently selects the default. [`check_all`] validates the whole table at once, which the
-//! command line and the engine do at startup.
+//! command line does at startup, before it resolves the variables into the libraries'
+//! options.
 //!
 //! This crate has no dependencies, so every crate that reads a variable can depend on it.
 

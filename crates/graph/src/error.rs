@@ -1,6 +1,7 @@
 //! The crate's error type: every failure names the node, buffer or backend involved.
 
-use crate::ir::{Backend, NodeId};
+use crate::backend_id::Backend;
+use crate::types::NodeId;
 
 /// Everything the graph machinery can refuse.
 #[derive(Debug, thiserror::Error)]

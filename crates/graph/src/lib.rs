@@ -6,7 +6,9 @@
 //!
 //! | Design section | Module |
 //! |---|---|
-//! | §1.4 invariants, §3.1 IR (`ComputeGraph`, `CNode`, `Op`, `DType`, the `Backend` handle, `BufRef`, `PersistentBuf`) | [`ir`] |
+//! | §1.4 invariants, §3.1 IR (`ComputeGraph`, `CNode`, `Op`) | [`ir`] |
+//! | §3.1 value types (`NodeId`, `DType`, `BufRef`, `PersistentBuf`, `WeightRef`, ...) | [`types`] (re-exported by [`ir`]) |
+//! | the `Backend` handle and the fixed id space (`KNOWN_BACKENDS`) | [`backend_id`] (re-exported by [`ir`], [`registry`]) |
 //! | §3.1 node metadata (`NodeMeta` and the metas) | [`meta`] (re-exported by [`ir`]) |
 //! | §3.2 builder | [`builder`] |
 //! | §3.3 allocator, liveness, KV regions, staging | [`alloc`] |
@@ -47,6 +49,7 @@
 
 pub mod alloc;
 pub mod backend;
+pub mod backend_id;
 pub mod builder;
 pub mod cache;
 pub mod device_kit;
@@ -62,6 +65,7 @@ pub mod registry;
 pub mod scheduler;
 pub mod testing;
 pub mod trace;
+pub mod types;
 
 pub use alloc::{GraphAllocator, KvRegion};
 pub use backend::{check_buffer_size, BackendImpl, CrossCopy, FaultInjector, KvProvider};
@@ -82,4 +86,4 @@ pub use registry::{
     cpu_fallback_notice, emulation_reason, entry_for, BackendConfig, BackendEntry, BackendFactory,
     BackendRegistry, DeviceInfo, FenceError, KnownBackend, ProbeInfo, Selection, KNOWN_BACKENDS,
 };
-pub use scheduler::{BackendScheduler, Placement, PlacementReason, Split};
+pub use scheduler::{BackendScheduler, Placement, PlacementReason, SchedulerOptions, Split};

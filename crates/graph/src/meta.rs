@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ir::{RopeStyle, WeightType};
+use crate::types::{RopeStyle, WeightType};
 
 /// Per-node metadata; `None` for ops whose payload says everything.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

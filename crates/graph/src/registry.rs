@@ -11,53 +11,8 @@
 //! engine constructs. Nothing here names a concrete backend type.
 
 use crate::backend::{BackendImpl, FaultInjector};
+pub use crate::backend_id::{entry_for, priority_of, KnownBackend, KNOWN_BACKENDS};
 use crate::ir::Backend;
-
-/// The pinned identity of one known backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KnownBackend {
-    /// Name accepted by the fence.
-    pub name: &'static str,
-    /// Fixed id.
-    pub id: Backend,
-    /// Assignment priority (higher is preferred).
-    pub priority: u32,
-}
-
-/// The fixed id space, in identity order. Append only; never renumber.
-pub const KNOWN_BACKENDS: [KnownBackend; 4] = [
-    KnownBackend {
-        name: "cpu",
-        id: Backend::CPU,
-        priority: 100,
-    },
-    KnownBackend {
-        name: "metal",
-        id: Backend::METAL,
-        priority: 300,
-    },
-    KnownBackend {
-        name: "cuda",
-        id: Backend::CUDA,
-        priority: 200,
-    },
-    // Below the native GPU backends, above the CPU.
-    KnownBackend {
-        name: "wgpu",
-        id: Backend::WGPU,
-        priority: 150,
-    },
-];
-
-/// The pinned entry of `b`, if its id is known.
-pub fn entry_for(b: Backend) -> Option<&'static KnownBackend> {
-    KNOWN_BACKENDS.iter().find(|e| e.id == b)
-}
-
-/// Assignment priority of `b`; ids outside the known space rank lowest (0).
-pub fn priority_of(b: Backend) -> u32 {
-    entry_for(b).map_or(0, |e| e.priority)
-}
 
 /// One registry row: identity plus this build's and this machine's status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -376,15 +331,6 @@ impl BackendRegistry {
         }
         out.sort();
         Ok(out)
-    }
-
-    /// The fence from `MINFER_BACKENDS`, `None` when the variable is unset.
-    pub fn fence_from_env(&self) -> Result<Option<Vec<Backend>>, FenceError> {
-        match minfer_env::BACKENDS.get() {
-            Ok(Some(v)) => self.parse_fence(&v).map(Some),
-            Ok(None) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
     }
 }
 

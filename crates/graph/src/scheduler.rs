@@ -5,7 +5,6 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::OnceLock;
 
 use crate::alloc::GraphAllocator;
 use crate::backend::BackendImpl;
@@ -83,7 +82,9 @@ pub struct BackendScheduler {
     placements: Vec<Placement>,
     splits: RefCell<Option<(u64, Vec<Split>)>>,
     in_bufs: RefCell<Vec<BufRef>>,
-    /// Per-op wall time and count while `MINFER_PROFILE=1` (see [`Self::take_profile`]).
+    /// What it reports besides executing.
+    options: SchedulerOptions,
+    /// Per-op wall time and count while profiling (see [`Self::take_profile`]).
     profile: RefCell<BTreeMap<&'static str, (std::time::Duration, usize)>>,
     /// The per-node capture while a trace is on (see [`Self::set_trace`]); `None` costs
     /// one branch per node and nothing else.
@@ -101,17 +102,14 @@ struct TraceCapture {
     staged: bool,
 }
 
-/// `MINFER_PROFILE=1`, read once per process. A bad value is refused at startup
-/// (`minfer_env::check_all`), where an error can be returned; here it reads as off.
-fn profile_enabled() -> bool {
-    static PROFILE: OnceLock<bool> = OnceLock::new();
-    *PROFILE.get_or_init(|| minfer_env::PROFILE.get_or(false).unwrap_or(false))
-}
-
-/// `MINFER_GRAPH_TRACE=1`, read once per process (a bad value: as for `MINFER_PROFILE`).
-fn trace_enabled() -> bool {
-    static TRACE: OnceLock<bool> = OnceLock::new();
-    *TRACE.get_or_init(|| minfer_env::GRAPH_TRACE.get_or(false).unwrap_or(false))
+/// What a scheduler reports besides executing, chosen by its owner (the command line maps
+/// `MINFER_PROFILE` and `MINFER_GRAPH_TRACE` onto it). The default reports nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerOptions {
+    /// Accumulates per-op wall time for [`BackendScheduler::take_profile`].
+    pub profile: bool,
+    /// Prints a graph's split report to stderr the first time it is split.
+    pub graph_trace: bool,
 }
 
 fn names(bs: &[Backend]) -> String {
@@ -124,8 +122,16 @@ impl BackendScheduler {
         Self::default()
     }
 
+    /// A scheduler reporting what `options` asks for.
+    pub fn with_options(options: SchedulerOptions) -> Self {
+        BackendScheduler {
+            options,
+            ..Self::default()
+        }
+    }
+
     /// Per-op (name, total wall time, executions) accumulated since the last call while
-    /// `MINFER_PROFILE=1`, slowest first; empty otherwise.
+    /// profiling ([`SchedulerOptions::profile`]), slowest first; empty otherwise.
     pub fn take_profile(&self) -> Vec<(&'static str, std::time::Duration, usize)> {
         let mut v: Vec<_> = std::mem::take(&mut *self.profile.borrow_mut())
             .into_iter()
@@ -266,7 +272,7 @@ impl BackendScheduler {
         let mut cached = self.splits.borrow_mut();
         if graph.uid == 0 || cached.as_ref().is_none_or(|(uid, _)| *uid != graph.uid) {
             let splits = self.split_graph(graph);
-            if trace_enabled() {
+            if self.options.graph_trace {
                 eprintln!("{}", self.trace_report(graph, &splits));
             }
             *cached = Some((graph.uid, splits));
@@ -350,7 +356,7 @@ impl BackendScheduler {
                 let b = alloc
                     .backend_mut(bk)
                     .ok_or(GraphError::BackendMissing(bk))?;
-                let t0 = profile_enabled().then(std::time::Instant::now);
+                let t0 = self.options.profile.then(std::time::Instant::now);
                 b.execute_node(node, &in_bufs[..], out, kv)
                     .map_err(|message| GraphError::Backend {
                         backend: b.name().to_string(),

@@ -20,7 +20,7 @@ use minfer_graph::trace::{logits_top, NodeTrace};
 use minfer_graph::{
     Backend, BackendCaps, BackendConfig, BackendImpl, BackendScheduler, CParams, CacheCounters,
     ComputeGraph, FaultInjector, FenceError, FusionPass, GraphAllocator, GraphCache, GraphParams,
-    KvType,
+    KvType, SchedulerOptions,
 };
 use minfer_models::{HParams, ModelDef};
 
@@ -91,7 +91,8 @@ pub struct EngineOptions {
     pub n_threads: usize,
     /// Context length; `None` means the smaller of the model's and 4096.
     pub n_ctx: Option<usize>,
-    /// Backend fence by name (`--backend`), e.g. `cpu`; `None` reads `MINFER_BACKENDS`.
+    /// Backend fence by name (`--backend`, or `MINFER_BACKENDS` as the caller resolved
+    /// it), e.g. `cpu`; `None`: every compiled backend.
     pub backend: Option<String>,
     /// Largest prefill chunk, in tokens.
     pub n_batch: usize,
@@ -99,10 +100,17 @@ pub struct EngineOptions {
     pub cache_type_k: KvType,
     /// Storage format of the V rows (`--cache-type-v`).
     pub cache_type_v: KvType,
+    /// Whether a [`crate::MultiEngine`] runs its slots' entries together in one graph
+    /// execution (`MINFER_BATCH`, as the caller resolved it); results are the same either
+    /// way.
+    pub batching: bool,
+    /// What the scheduler reports besides executing (per-op profile, split report).
+    pub scheduler: SchedulerOptions,
 }
 
 impl Default for EngineOptions {
-    /// Physical cores, default context, no fence, 512-token prefill chunks, F32 KV.
+    /// Physical cores, default context, no fence, 512-token prefill chunks, F32 KV,
+    /// batching on, no profile or split report.
     fn default() -> Self {
         EngineOptions {
             n_threads: minfer_cpu::threadpool::physical_cores(),
@@ -111,6 +119,8 @@ impl Default for EngineOptions {
             n_batch: 512,
             cache_type_k: KvType::F32,
             cache_type_v: KvType::F32,
+            batching: true,
+            scheduler: SchedulerOptions::default(),
         }
     }
 }
@@ -280,9 +290,6 @@ impl Engine {
         t0: Instant,
         factories: &[minfer_graph::BackendFactory],
     ) -> Result<Self, EngineError> {
-        // Every engine user (command line, server, library) gets a bad `MINFER_*` value as
-        // an error here, before the infallible reads deep in the backends see it.
-        minfer_env::check_all()?;
         if opts.n_threads == 0 || opts.n_threads > 1024 {
             return Err(EngineError::Param {
                 name: "threads (-t)",
@@ -304,10 +311,7 @@ impl Engine {
         };
         // A fence probes only the host and the backends it names (`--backend cpu` loads
         // no GPU driver); without one every compiled backend is probed.
-        let spec = match &opts.backend {
-            Some(spec) => Some(spec.clone()),
-            None => minfer_env::BACKENDS.get()?,
-        };
+        let spec = opts.backend.clone();
         let factories = match &spec {
             Some(spec) => crate::backends::fenced(factories, spec),
             None => factories.to_vec(),
@@ -374,7 +378,7 @@ impl Engine {
             file,
             model,
             cache: GraphCache::new(alloc),
-            scheduler: BackendScheduler::new(),
+            scheduler: BackendScheduler::with_options(opts.scheduler),
             fusion: FusionPass::new(),
             n_ctx,
             n_batch: opts.n_batch,

@@ -19,8 +19,8 @@
 //! speed. Batching is on by default: `examples/batch_bench.rs` (2 threads, the default
 //! Qwen2.5-Coder-0.5B Q4_K_M model, 2-core machine) measured about 1.8x the serial
 //! aggregate decode speed with 2 and with 4 streams, and one stream runs the same single
-//! execution either way. `MINFER_BATCH=0` or `MINFER_BATCH=1` forces either way (read
-//! when the engine is built; any other value is refused).
+//! execution either way. `EngineOptions::batching` (`MINFER_BATCH=0|1`
+//! on the command line) chooses, fixed when the engine is built.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -76,11 +76,6 @@ impl Exec {
     }
 }
 
-/// Reads `MINFER_BATCH`: unset means `default`, `0`/`1` force off/on.
-fn batching_from_env(default: bool) -> Result<bool, EngineError> {
-    Ok(minfer_env::BATCH.get_or(default)?)
-}
-
 impl MultiEngine {
     /// Loads `path` once and prepares `n_slots` empty slots sharing `opts.n_ctx`
     /// (the default context when `None`).
@@ -101,7 +96,7 @@ impl MultiEngine {
                 message: format!("{n_slots} is not in 1..=256"),
             });
         }
-        let batching = batching_from_env(true)?;
+        let batching = opts.batching;
         let mut engine = Engine::from_arc(file, opts)?;
         let slot_ctx = engine.n_ctx() / n_slots;
         if slot_ctx == 0 {

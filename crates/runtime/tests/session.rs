@@ -21,6 +21,7 @@ fn opts(n_ctx: usize, types: [KvType; 2]) -> EngineOptions {
         n_batch: 512,
         cache_type_k: types[0],
         cache_type_v: types[1],
+        ..EngineOptions::default()
     }
 }
 

@@ -69,8 +69,15 @@ pub struct Config {
     pub ctx: Option<usize>,
     /// Inference threads; `None` is the number of physical cores.
     pub threads: Option<usize>,
-    /// Backend fence (`--backend`).
+    /// Backend fence (`--backend`, or `MINFER_BACKENDS` as the caller resolved it);
+    /// `None`: every compiled backend.
     pub backend: Option<String>,
+    /// Whether a step runs its slots' entries together in one graph execution
+    /// (`MINFER_BATCH`, as the caller resolved it); on by default, same results either way.
+    pub batching: bool,
+    /// What each engine's scheduler reports besides executing (`MINFER_PROFILE`,
+    /// `MINFER_GRAPH_TRACE`, as the caller resolved them); nothing by default.
+    pub scheduler: minfer_runtime::SchedulerOptions,
     /// Bearer key every request but `/health` must present, when set.
     pub api_key: Option<String>,
     /// Requests that may wait for a slot before new ones get 503.
@@ -149,6 +156,8 @@ impl Config {
             ctx: None,
             threads: None,
             backend: None,
+            batching: true,
+            scheduler: minfer_runtime::SchedulerOptions::default(),
             api_key: None,
             queue: 64,
             body_limit: 1 << 20,
@@ -562,6 +571,8 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     }
     opts.n_ctx = config.ctx;
     opts.backend = config.backend.clone();
+    opts.batching = config.batching;
+    opts.scheduler = config.scheduler;
     opts.cache_type_k = config.cache_type_k;
     opts.cache_type_v = config.cache_type_v;
     let metrics = Arc::new(Metrics::default());

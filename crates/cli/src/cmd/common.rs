@@ -1,9 +1,62 @@
 //! Options shared by the commands that load a model for inference.
 
+use std::sync::OnceLock;
+
 use anyhow::Context;
 use clap::builder::RangedU64ValueParser;
 use minfer_graph::KvType;
-use minfer_runtime::{Engine, EngineOptions};
+use minfer_runtime::{Engine, EngineOptions, SchedulerOptions};
+
+/// The `MINFER_*` settings the libraries take as options, read from the environment once,
+/// by `main`, before any command runs: the libraries themselves never read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvOptions {
+    /// The backend fence `MINFER_BACKENDS` names, used where no `--backend` is given.
+    pub backends: Option<String>,
+    /// `MINFER_BATCH`: whether several sequences' entries run in one graph execution
+    /// (on when unset).
+    pub batching: bool,
+    /// `MINFER_PROFILE` and `MINFER_GRAPH_TRACE`: what the schedulers report.
+    pub scheduler: SchedulerOptions,
+}
+
+static ENV_OPTIONS: OnceLock<EnvOptions> = OnceLock::new();
+
+impl Default for EnvOptions {
+    /// What an empty environment means: no fence, batching on, no reports.
+    fn default() -> Self {
+        EnvOptions {
+            backends: None,
+            batching: true,
+            scheduler: SchedulerOptions::default(),
+        }
+    }
+}
+
+impl EnvOptions {
+    /// Reads the variables, refusing a malformed value.
+    fn resolve() -> Result<Self, minfer_env::EnvError> {
+        Ok(EnvOptions {
+            backends: minfer_env::BACKENDS.get()?,
+            batching: minfer_env::BATCH.get_or(true)?,
+            scheduler: SchedulerOptions {
+                profile: minfer_env::PROFILE.get_or(false)?,
+                graph_trace: minfer_env::GRAPH_TRACE.get_or(false)?,
+            },
+        })
+    }
+
+    /// Resolves the options for the rest of the process (`main`, first thing).
+    pub fn init() -> Result<&'static Self, minfer_env::EnvError> {
+        let resolved = Self::resolve()?;
+        Ok(ENV_OPTIONS.get_or_init(|| resolved))
+    }
+
+    /// The options `main` resolved (an empty environment's before it did).
+    pub fn get() -> &'static Self {
+        ENV_OPTIONS.get_or_init(Self::default)
+    }
+}
 
 /// Most worker threads `-t` accepts (the engine's own limit).
 pub const MAX_THREADS: u64 = 1024;
@@ -91,7 +144,10 @@ impl ModelArgs {
             o.n_threads = t;
         }
         o.n_ctx = self.ctx;
-        o.backend = self.backend.clone();
+        let env = EnvOptions::get();
+        o.backend = self.backend.clone().or_else(|| env.backends.clone());
+        o.batching = env.batching;
+        o.scheduler = env.scheduler;
         o.cache_type_k = self.cache_type_k;
         o.cache_type_v = self.cache_type_v;
         o

@@ -103,6 +103,7 @@ pub struct Args {
 
 /// Runs `minfer serve` until Ctrl-C.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let env = super::common::EnvOptions::get();
     if let Some(spec) = &args.backend {
         // Refuse a bad fence before any download or mapping.
         minfer_runtime::backends::check_fence(spec)?;
@@ -137,7 +138,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.slots = args.slots;
     config.ctx = args.ctx;
     config.threads = args.threads;
-    config.backend = args.backend;
+    config.backend = args.backend.or_else(|| env.backends.clone());
+    config.batching = env.batching;
+    config.scheduler = env.scheduler;
     config.api_key = args.api_key;
     config.queue = args.queue;
     config.request_timeout = Duration::from_secs(args.timeout);

@@ -90,8 +90,8 @@ impl Isa {
         *BEST.get_or_init(|| {
             let best = Isa::vnni().or_else(Isa::avx2).unwrap_or(Isa::SCALAR);
             // `MINFER_ISA=avx2|scalar` caps the choice, to compare kernels on one machine.
-            // A bad value is refused where an error can be returned (the command line and
-            // `Engine::load` run `minfer_env::check_all`); this infallible read keeps the best.
+            // A bad value is refused where an error can be returned (the command line runs
+            // `minfer_env::check_all` at startup); this infallible read keeps the best.
             match minfer_env::ISA.get() {
                 Ok(Some("scalar")) => Isa::SCALAR,
                 Ok(Some("avx2")) => Isa::avx2().unwrap_or(Isa::SCALAR),
