@@ -50,10 +50,12 @@ fn main() -> ExitCode {
     // backends it names (a command that runs no model loads no GPU driver otherwise).
     // The settings the libraries take as options are resolved here, once.
     let env_ok = minfer_env::check_all()
-        .and_then(|()| cmd::common::EnvOptions::init())
         .map_err(anyhow::Error::from)
+        .and_then(|()| cmd::common::EnvOptions::init())
         .and_then(|env| match &env.backends {
-            Some(spec) => Ok(minfer_runtime::backends::check_fence(spec).map(drop)?),
+            Some(spec) => {
+                Ok(minfer_runtime::backends::check_fence(spec, &env.backend_options).map(drop)?)
+            }
             None => Ok(()),
         });
     if let Err(e) = env_ok {

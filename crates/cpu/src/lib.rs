@@ -27,7 +27,7 @@ pub const FACTORY: BackendFactory = BackendFactory {
 };
 
 /// The host always runs the CPU kernels; the device line names the matmul kernels' ISA
-/// (`avx2`, `avx2+vnni` or `scalar`, after `MINFER_ISA`), which benchmark reports quote.
+/// (`avx2`, `avx2+vnni` or `scalar`, under `quant::Isa::set_cap`), which benchmark reports quote.
 fn probe(_cfg: &BackendConfig) -> Result<ProbeInfo, String> {
     Ok(ProbeInfo {
         device: format!("host CPU ({})", quant::Isa::detect().name()),

@@ -21,7 +21,7 @@ pub mod kernels;
 pub mod replay;
 
 pub use backend::weights::qkv_concat_name;
-pub use backend::{graphs_enabled, process_replay_stats, CudaBackend, ReplayStats};
+pub use backend::{process_replay_stats, CudaBackend, ReplayStats};
 pub use device::{arch_option, compile, probe, DeviceSummary};
 
 use minfer_graph::{Backend, BackendConfig, BackendFactory, BackendImpl, ProbeInfo};
@@ -64,7 +64,7 @@ fn factory_probe(_cfg: &BackendConfig) -> Result<ProbeInfo, String> {
 }
 
 fn factory_create(cfg: &BackendConfig) -> Result<Box<dyn BackendImpl>, String> {
-    let mut b = CudaBackend::new()?;
+    let mut b = CudaBackend::with_graphs(cfg.options.device_graphs)?;
     b.set_kv_types(cfg.kv_types);
     Ok(Box::new(b))
 }
@@ -75,8 +75,8 @@ fn create_direct(cfg: &BackendConfig) -> Result<Box<dyn BackendImpl>, String> {
     Ok(Box::new(b))
 }
 
-/// [`FACTORY`] with CUDA Graph replay off whatever the environment says: the reference
-/// side of the replay bit-parity check.
+/// [`FACTORY`] with CUDA Graph replay off whatever the options say: the reference side
+/// of the replay bit-parity check.
 pub const FACTORY_DIRECT: BackendFactory = BackendFactory {
     id: Backend::CUDA,
     probe: factory_probe,

@@ -13,8 +13,9 @@
 //! The first [`WARMUP_RUNS`] executions of a key launch directly; the next captures the
 //! commands into a graph and replays it; later ones replay. Any change of the pool
 //! generation (a buffer allocated, dropped or moved, the staging or scratch area grown)
-//! drops every captured graph, since they hold device addresses. Replay is off under
-//! `MINFER_CUDA_GRAPHS=0` and while per-node tracing or profiling is on.
+//! drops every captured graph, since they hold device addresses. Replay is off when the
+//! backend options' `device_graphs` is (`MINFER_CUDA_GRAPHS=0` at the command line, and
+//! while per-node tracing or profiling is on).
 
 use std::collections::HashMap;
 

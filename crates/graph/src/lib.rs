@@ -50,6 +50,7 @@
 pub mod alloc;
 pub mod backend;
 pub mod backend_id;
+pub mod backend_options;
 pub mod builder;
 pub mod cache;
 pub mod device_kit;
@@ -69,6 +70,7 @@ pub mod types;
 
 pub use alloc::{GraphAllocator, KvRegion};
 pub use backend::{check_buffer_size, BackendImpl, CrossCopy, FaultInjector, KvProvider};
+pub use backend_options::{BackendOptions, Fusions, GpuApi};
 pub use builder::GraphBuilder;
 pub use cache::{CacheCounters, GraphCache};
 pub use error::GraphError;

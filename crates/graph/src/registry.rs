@@ -45,6 +45,8 @@ pub struct BackendConfig {
     pub fault: FaultInjector,
     /// Storage formats of the K and V rows (per engine, ADR-0006).
     pub kv_types: [crate::KvType; 2],
+    /// The backends' tuning knobs, as the caller resolved them; each backend reads its own.
+    pub options: crate::BackendOptions,
 }
 
 /// What a successful probe found.

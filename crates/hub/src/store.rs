@@ -1,4 +1,5 @@
-//! The model store (`$MINFER_HOME/models`) and how a file in it is known to be good.
+//! The model store (`<home>/models`, the home `$MINFER_HOME` by default at the command line)
+//! and how a file in it is known to be good.
 //!
 //! A pull writes `<file>.partial`, verifies it, writes the stamp `<file>.sha256`, then renames
 //! the partial onto `<file>`. So `<file>` only ever appears complete and verified.
@@ -13,17 +14,20 @@ use crate::progress::Progress;
 use crate::HubError;
 use minfer_gguf::{GgufError, GgufFile};
 use sha2::{Digest, Sha256};
+use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-/// `$MINFER_HOME`, else `$HOME/.cache/minfer`, else `.minfer` in the current directory.
-pub fn minfer_home() -> PathBuf {
-    if let Some(home) = minfer_env::HOME.get() {
-        return PathBuf::from(home);
+/// The hub's home directory from the values the caller read: `minfer_home` (what
+/// `MINFER_HOME` holds), else `home/.cache/minfer` (`HOME`), else `.minfer` in the
+/// current directory. Empty values count as unset.
+pub fn home_dir(minfer_home: Option<OsString>, home: Option<OsString>) -> PathBuf {
+    if let Some(dir) = minfer_home.filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
     }
-    match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+    match home.filter(|v| !v.is_empty()) {
         Some(home) => PathBuf::from(home).join(".cache").join("minfer"),
         None => PathBuf::from(".minfer"),
     }
@@ -36,10 +40,10 @@ pub struct Store {
 }
 
 impl Store {
-    /// The store under [`minfer_home`]: `$MINFER_HOME/models`.
-    pub fn from_env() -> Self {
+    /// The store of the hub home `home` (see [`home_dir`]): `home/models`.
+    pub fn in_home(home: &Path) -> Self {
         Store {
-            dir: minfer_home().join("models"),
+            dir: home.join("models"),
         }
     }
 
@@ -286,6 +290,21 @@ pub(crate) fn remove_dir_if_present(path: &Path) -> Result<(), HubError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_home_is_minfer_home_else_the_user_cache_else_the_current_directory() {
+        let some = |s: &str| Some(OsString::from(s));
+        assert_eq!(home_dir(some("/m"), some("/u")), PathBuf::from("/m"));
+        assert_eq!(
+            home_dir(some(""), some("/u")),
+            PathBuf::from("/u/.cache/minfer")
+        );
+        assert_eq!(home_dir(None, some("")), PathBuf::from(".minfer"));
+        assert_eq!(
+            Store::in_home(Path::new("/m")).dir(),
+            Path::new("/m/models")
+        );
+    }
     use crate::testutil::TempDir;
 
     const DIGEST: &str = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32";

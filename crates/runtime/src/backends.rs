@@ -7,7 +7,9 @@
 
 use std::sync::Mutex;
 
-use minfer_graph::{Backend, BackendConfig, BackendFactory, BackendRegistry, FenceError};
+use minfer_graph::{
+    Backend, BackendConfig, BackendFactory, BackendOptions, BackendRegistry, FenceError,
+};
 
 use crate::BackendInfo;
 
@@ -46,9 +48,13 @@ pub fn fenced(factories: &[BackendFactory], spec: &str) -> Vec<BackendFactory> {
 
 /// Checks a `--backend` fence against this build and machine before anything is
 /// loaded: unknown, not compiled in and not usable are distinct refusals, the last
-/// with the probe's reason. Probes only the backends the fence names.
-pub fn check_fence(spec: &str) -> Result<Vec<Backend>, FenceError> {
-    let cfg = BackendConfig::default();
+/// with the probe's reason. Probes only the backends the fence names, with `options`
+/// (the graphics API a GPU backend looks on).
+pub fn check_fence(spec: &str, options: &BackendOptions) -> Result<Vec<Backend>, FenceError> {
+    let cfg = BackendConfig {
+        options: *options,
+        ..BackendConfig::default()
+    };
     BackendRegistry::from_factories(&fenced(&compiled(), spec), &cfg)?.parse_fence(spec)
 }
 
@@ -104,18 +110,18 @@ mod tests {
             assert_eq!(ids("cpu,wgpu"), vec![Backend::CPU, Backend::WGPU]);
         }
         assert!(matches!(
-            check_fence("vulkan"),
+            check_fence("vulkan", &BackendOptions::default()),
             Err(FenceError::Unknown { .. })
         ));
         #[cfg(not(feature = "cuda"))]
         assert!(matches!(
-            check_fence("cuda"),
+            check_fence("cuda", &BackendOptions::default()),
             Err(FenceError::NotCompiled { .. })
         ));
         // With the backend compiled in, a machine without the driver or a device refuses
         // it with the probe's reason; one with a device accepts it.
         #[cfg(feature = "cuda")]
-        match check_fence("cuda") {
+        match check_fence("cuda", &BackendOptions::default()) {
             Ok(v) => assert_eq!(v, vec![Backend::CUDA]),
             Err(FenceError::NotUsable { name, reason }) => {
                 assert_eq!(name, "cuda");
@@ -123,6 +129,9 @@ mod tests {
             }
             Err(e) => panic!("unexpected refusal: {e}"),
         }
-        assert_eq!(check_fence("cpu").expect("cpu"), vec![Backend::CPU]);
+        assert_eq!(
+            check_fence("cpu", &BackendOptions::default()).expect("cpu"),
+            vec![Backend::CPU]
+        );
     }
 }

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use minfer_gguf::GgufFile;
 use minfer_graph::trace::{logits_top, NodeTrace};
 use minfer_graph::{
-    Backend, BackendCaps, BackendConfig, BackendImpl, BackendScheduler, CParams, CacheCounters,
-    ComputeGraph, FaultInjector, FenceError, FusionPass, GraphAllocator, GraphCache, GraphParams,
-    KvType, SchedulerOptions,
+    Backend, BackendCaps, BackendConfig, BackendImpl, BackendOptions, BackendScheduler, CParams,
+    CacheCounters, ComputeGraph, FaultInjector, FenceError, FusionPass, GraphAllocator, GraphCache,
+    GraphParams, KvType, SchedulerOptions,
 };
 use minfer_models::{HParams, ModelDef};
 
@@ -106,11 +106,15 @@ pub struct EngineOptions {
     pub batching: bool,
     /// What the scheduler reports besides executing (per-op profile, split report).
     pub scheduler: SchedulerOptions,
+    /// The backends' tuning knobs (fusions, repacking, graphics API, device graphs), as
+    /// the caller resolved them; device graphs are left off while `scheduler` traces or
+    /// profiles, which needs each launch on its own.
+    pub backend_options: BackendOptions,
 }
 
 impl Default for EngineOptions {
     /// Physical cores, default context, no fence, 512-token prefill chunks, F32 KV,
-    /// batching on, no profile or split report.
+    /// batching on, no profile or split report, the backends' default options.
     fn default() -> Self {
         EngineOptions {
             n_threads: minfer_cpu::threadpool::physical_cores(),
@@ -121,7 +125,18 @@ impl Default for EngineOptions {
             cache_type_v: KvType::F32,
             batching: true,
             scheduler: SchedulerOptions::default(),
+            backend_options: BackendOptions::default(),
         }
+    }
+}
+
+impl EngineOptions {
+    /// The options the backends are built with: [`Self::backend_options`], with device
+    /// graphs off while the scheduler traces or profiles.
+    pub fn backend_config_options(&self) -> BackendOptions {
+        let mut o = self.backend_options;
+        o.device_graphs &= !(self.scheduler.profile || self.scheduler.graph_trace);
+        o
     }
 }
 
@@ -308,6 +323,7 @@ impl Engine {
             n_threads: opts.n_threads,
             fault: fault.clone(),
             kv_types,
+            options: opts.backend_config_options(),
         };
         // A fence probes only the host and the backends it names (`--backend cpu` loads
         // no GPU driver); without one every compiled backend is probed.
@@ -973,6 +989,22 @@ mod tests {
     use super::*;
     use minfer_gguf::GgmlType;
     use minfer_models::testing::{tiny_model_bytes, TinySpec};
+
+    #[test]
+    fn device_graphs_stay_off_while_the_scheduler_traces_or_profiles() {
+        let mut o = EngineOptions::default();
+        assert!(o.backend_config_options().device_graphs);
+        o.scheduler.profile = true;
+        assert!(!o.backend_config_options().device_graphs);
+        o.scheduler = SchedulerOptions {
+            graph_trace: true,
+            ..SchedulerOptions::default()
+        };
+        assert!(!o.backend_config_options().device_graphs);
+        o.scheduler = SchedulerOptions::default();
+        o.backend_options.device_graphs = false;
+        assert!(!o.backend_config_options().device_graphs);
+    }
 
     fn tiny_engine() -> Engine {
         let spec = TinySpec::qwen2(GgmlType::Q8_0, 75);

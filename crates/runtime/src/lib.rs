@@ -29,7 +29,7 @@ pub use generate::{
     GenerationStats,
 };
 pub use history::{KvHistory, Reuse};
-pub use minfer_graph::{KvType, SchedulerOptions};
+pub use minfer_graph::{BackendOptions, Fusions, GpuApi, KvType, SchedulerOptions};
 pub use multi::{MultiEngine, SeqStep};
 pub use perplexity::PplAccumulator;
 pub use sampling::{Sampler, SamplerError, SamplingParams, LOGIT_BIAS_BAN, LOGIT_BIAS_MAX};

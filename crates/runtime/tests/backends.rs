@@ -55,8 +55,8 @@ const DEVICE: BackendFactory = BackendFactory {
 #[test]
 fn the_cpu_build_derives_no_gpu_flag_its_own_fusions_and_names_its_backend() {
     let e = Engine::with_factories(file(), &opts(None), &[minfer_cpu::FACTORY]).expect("engine");
-    // The CPU's decode fusions are the ones `MINFER_FUSE` turns on (none by default).
-    let want = minfer_cpu::backend::Fusions::from_env();
+    // The CPU's decode fusions are the ones the options turn on (none by default).
+    let want = opts(None).backend_options.fusions;
     assert_eq!(
         e.backend_caps(),
         BackendCaps {

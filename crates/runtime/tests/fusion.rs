@@ -3,37 +3,40 @@
 //! Qwen2, Qwen3 and Llama models and on the default model, with fused decode graphs
 //! actually built (so the comparison cannot pass vacuously).
 //!
-//! `MINFER_FUSE` is read when the CPU backend is constructed, so each engine is built
-//! under the lock below with the value it needs; this file holds no other test that
-//! builds engines without it.
-
-use std::sync::Mutex;
+//! The fusions are an engine option (`EngineOptions::backend_options`, which the command
+//! line fills from `MINFER_FUSE`), so each engine here is built with the value it needs.
 
 use minfer_gguf::GgufFile;
 use minfer_graph::Op;
 use minfer_models::testing::{golden_models, tiny_model_bytes};
-use minfer_runtime::{sampling::argmax, Engine, EngineOptions};
+use minfer_runtime::{sampling::argmax, Engine, EngineOptions, Fusions};
 
-/// Serialises the environment changes and the engine constructions that read them.
-static ENV: Mutex<()> = Mutex::new(());
-
-/// Builds an engine with `MINFER_FUSE` set to `fuse` while it is constructed.
-fn with_fuse(fuse: &str, build: impl FnOnce() -> Engine) -> Engine {
-    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
-    std::env::set_var("MINFER_FUSE", fuse);
-    let e = build();
-    std::env::remove_var("MINFER_FUSE");
-    e
+/// The fusions a `MINFER_FUSE` value asks for.
+fn fusions(fuse: &str) -> Fusions {
+    match fuse {
+        "1" => Fusions::ALL,
+        "qkv" => Fusions {
+            qkv: true,
+            ffn: false,
+        },
+        "ffn" => Fusions {
+            qkv: false,
+            ffn: true,
+        },
+        _ => Fusions::NONE,
+    }
 }
 
-fn opts(threads: usize, n_ctx: usize) -> EngineOptions {
-    EngineOptions {
+fn opts(threads: usize, n_ctx: usize, fuse: &str) -> EngineOptions {
+    let mut o = EngineOptions {
         n_threads: threads,
         n_ctx: Some(n_ctx),
         backend: Some("cpu".into()),
         n_batch: 512,
         ..EngineOptions::default()
-    }
+    };
+    o.backend_options.fusions = fusions(fuse);
+    o
 }
 
 fn tiny(name: &str, threads: usize, fuse: &str) -> Engine {
@@ -42,10 +45,8 @@ fn tiny(name: &str, threads: usize, fuse: &str) -> Engine {
         .find(|(n, _)| *n == name)
         .map(|(_, s)| s)
         .unwrap_or_else(|| panic!("no tiny model {name}"));
-    with_fuse(fuse, || {
-        let file = GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader");
-        Engine::from_gguf(file, &opts(threads, 64)).expect("engine")
-    })
+    let file = GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader");
+    Engine::from_gguf(file, &opts(threads, 64, fuse)).expect("engine")
 }
 
 /// How many nodes of the decode graph are each fused op: (qkv, qkv with norm, ffn).
@@ -135,7 +136,7 @@ fn default_model_decodes_the_same_bits_fused_and_unfused() {
         "the default model is missing at {}: run `minfer pull` (scripts/test.sh does)",
         path.display()
     );
-    let load = |fuse: &str| with_fuse(fuse, || Engine::load(&path, &opts(2, 256)).expect("load"));
+    let load = |fuse: &str| Engine::load(&path, &opts(2, 256, fuse)).expect("load");
     let prompt = [750u32, 75698, 1445, 1648, 13, 4340];
     let mut plain = load("0");
     let mut fused = load("1");

@@ -78,6 +78,9 @@ pub struct Config {
     /// What each engine's scheduler reports besides executing (`MINFER_PROFILE`,
     /// `MINFER_GRAPH_TRACE`, as the caller resolved them); nothing by default.
     pub scheduler: minfer_runtime::SchedulerOptions,
+    /// The backends' tuning knobs (`MINFER_FUSE`, `MINFER_REPACK`, `MINFER_WGPU_API`,
+    /// `MINFER_CUDA_GRAPHS`, as the caller resolved them); the defaults otherwise.
+    pub backend_options: minfer_runtime::BackendOptions,
     /// Bearer key every request but `/health` must present, when set.
     pub api_key: Option<String>,
     /// Requests that may wait for a slot before new ones get 503.
@@ -158,6 +161,7 @@ impl Config {
             backend: None,
             batching: true,
             scheduler: minfer_runtime::SchedulerOptions::default(),
+            backend_options: minfer_runtime::BackendOptions::default(),
             api_key: None,
             queue: 64,
             body_limit: 1 << 20,
@@ -573,6 +577,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     opts.backend = config.backend.clone();
     opts.batching = config.batching;
     opts.scheduler = config.scheduler;
+    opts.backend_options = config.backend_options;
     opts.cache_type_k = config.cache_type_k;
     opts.cache_type_v = config.cache_type_v;
     let metrics = Arc::new(Metrics::default());

@@ -1,5 +1,6 @@
 //! Adapter choice and device creation.
 
+use minfer_graph::GpuApi;
 use std::fmt;
 use std::sync::OnceLock;
 
@@ -99,15 +100,14 @@ fn rank(t: wgpu::DeviceType) -> u8 {
     }
 }
 
-/// The graphics APIs the probe asks for adapters: all native ones, or the one
-/// `MINFER_WGPU_API` names (a bad value reads as the default here; the engine refuses
-/// it at startup through `minfer_env::check_all`).
-fn requested_apis() -> (wgpu::Backends, &'static str) {
-    match minfer_env::WGPU_API.get() {
-        Ok(Some("vulkan")) => (wgpu::Backends::VULKAN, "Vulkan"),
-        Ok(Some("metal")) => (wgpu::Backends::METAL, "Metal"),
-        Ok(Some("dx12")) => (wgpu::Backends::DX12, "DX12"),
-        _ => (wgpu::Backends::PRIMARY, "Vulkan, Metal or DX12"),
+/// The graphics APIs the probe asks for adapters: all native ones, or the one `api`
+/// names ([`minfer_graph::BackendOptions::gpu_api`]).
+fn requested_apis(api: Option<GpuApi>) -> (wgpu::Backends, &'static str) {
+    match api {
+        Some(GpuApi::Vulkan) => (wgpu::Backends::VULKAN, "Vulkan"),
+        Some(GpuApi::Metal) => (wgpu::Backends::METAL, "Metal"),
+        Some(GpuApi::Dx12) => (wgpu::Backends::DX12, "DX12"),
+        None => (wgpu::Backends::PRIMARY, "Vulkan, Metal or DX12"),
     }
 }
 
@@ -144,13 +144,21 @@ fn fitness(adapter: &wgpu::Adapter, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Enumerates the adapters once per process: each enumeration loads the drivers and
-/// their layers (tens of milliseconds, and some print to stderr), and the answer does
+/// Enumerates the adapters of `api` once per process: each enumeration loads the drivers
+/// and their layers (tens of milliseconds, and some print to stderr), and the answer does
 /// not change while the process runs. Devices are then requested from these adapters.
-fn candidates() -> &'static Result<Candidates, NotUsable> {
-    static CANDIDATES: OnceLock<Result<Candidates, NotUsable>> = OnceLock::new();
-    CANDIDATES.get_or_init(|| {
-        let (apis, named) = requested_apis();
+fn candidates(api: Option<GpuApi>) -> &'static Result<Candidates, NotUsable> {
+    /// One enumeration per API choice: every native one, then each alone.
+    static CANDIDATES: [OnceLock<Result<Candidates, NotUsable>>; 4] =
+        [const { OnceLock::new() }; 4];
+    let slot = match api {
+        None => 0,
+        Some(GpuApi::Vulkan) => 1,
+        Some(GpuApi::Metal) => 2,
+        Some(GpuApi::Dx12) => 3,
+    };
+    CANDIDATES[slot].get_or_init(|| {
+        let (apis, named) = requested_apis(api);
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends: apis,
             ..wgpu::InstanceDescriptor::new_without_display_handle()
@@ -181,10 +189,13 @@ fn candidates() -> &'static Result<Candidates, NotUsable> {
     })
 }
 
-/// The adapter [`open`] would choose, without opening a device: the best one the
-/// kernels can run on, a CPU emulation only when `allow_cpu_adapter` is set.
-pub(crate) fn best(allow_cpu_adapter: bool) -> Result<AdapterSummary, NotUsable> {
-    let c = candidates().as_ref().map_err(Clone::clone)?;
+/// The adapter [`open`] would choose, without opening a device: the best one of `api`
+/// the kernels can run on, a CPU emulation only when `allow_cpu_adapter` is set.
+pub(crate) fn best(
+    api: Option<GpuApi>,
+    allow_cpu_adapter: bool,
+) -> Result<AdapterSummary, NotUsable> {
+    let c = candidates(api).as_ref().map_err(Clone::clone)?;
     let mut refusals = Vec::new();
     for cand in &c.list {
         match eligible(cand, allow_cpu_adapter) {
@@ -207,9 +218,9 @@ fn eligible(c: &Candidate, allow_cpu_adapter: bool) -> Result<(), String> {
     c.fit.clone()
 }
 
-/// Opens a device on the best adapter, or says why none is usable.
-pub(crate) fn open(allow_cpu_adapter: bool) -> Result<Gpu, NotUsable> {
-    let c = candidates().as_ref().map_err(Clone::clone)?;
+/// Opens a device on the best adapter of `api`, or says why none is usable.
+pub(crate) fn open(api: Option<GpuApi>, allow_cpu_adapter: bool) -> Result<Gpu, NotUsable> {
+    let c = candidates(api).as_ref().map_err(Clone::clone)?;
     let mut refusals = Vec::new();
     for cand in &c.list {
         if let Err(why) = eligible(cand, allow_cpu_adapter) {

@@ -33,8 +33,8 @@ pub const FACTORY: BackendFactory = BackendFactory {
 
 /// The best adapter the kernels can run on, an emulation included: the registry, not
 /// the probe, decides that an emulation is used only when the fence names it.
-fn factory_probe(_cfg: &BackendConfig) -> Result<ProbeInfo, String> {
-    let a = device::best(true).map_err(|e| e.reason)?;
+fn factory_probe(cfg: &BackendConfig) -> Result<ProbeInfo, String> {
+    let a = device::best(cfg.options.gpu_api, true).map_err(|e| e.reason)?;
     Ok(ProbeInfo {
         device: a.name.clone(),
         emulated: a.is_cpu_emulation,
@@ -43,15 +43,15 @@ fn factory_probe(_cfg: &BackendConfig) -> Result<ProbeInfo, String> {
 }
 
 fn factory_create(cfg: &BackendConfig) -> Result<Box<dyn BackendImpl>, String> {
-    let mut b = WgpuBackend::probe(true).map_err(|e| e.reason)?;
+    let mut b = WgpuBackend::probe_on(cfg.options.gpu_api, true).map_err(|e| e.reason)?;
     b.set_kv_types(cfg.kv_types);
     Ok(Box::new(b))
 }
 
-/// The adapter [`FACTORY`] would run on, for reports (`minfer info`): `Err` says why
-/// there is none.
+/// The adapter [`FACTORY`] would run on with every native graphics API allowed, for
+/// reports: `Err` says why there is none.
 pub fn adapter_summary() -> Result<AdapterSummary, NotUsable> {
-    device::best(true)
+    device::best(None, true)
 }
 
 /// Support for tests that need an adapter: they fail where none is found (CI installs

@@ -4,7 +4,11 @@ use std::sync::OnceLock;
 
 use anyhow::Context;
 use clap::builder::RangedU64ValueParser;
-use minfer_graph::KvType;
+use minfer_cpu::quant::{Isa, IsaCap};
+use minfer_graph::{BackendOptions, Fusions, GpuApi, KvType};
+use minfer_hub::store::home_dir;
+use minfer_hub::wheels::DEFAULT_PYTHON;
+use minfer_hub::HubConfig;
 use minfer_runtime::{Engine, EngineOptions, SchedulerOptions};
 
 /// The `MINFER_*` settings the libraries take as options, read from the environment once,
@@ -18,17 +22,30 @@ pub struct EnvOptions {
     pub batching: bool,
     /// `MINFER_PROFILE` and `MINFER_GRAPH_TRACE`: what the schedulers report.
     pub scheduler: SchedulerOptions,
+    /// `MINFER_FUSE`, `MINFER_REPACK`, `MINFER_WGPU_API` and `MINFER_CUDA_GRAPHS`: the
+    /// backends' tuning knobs.
+    pub backend_options: BackendOptions,
+    /// `MINFER_ISA`: the cap on the CPU kernels' instruction set, put in force by
+    /// [`EnvOptions::init`] (a process-wide choice, made once).
+    pub isa_cap: Option<IsaCap>,
+    /// `MINFER_HOME` (else `HOME`) and `MINFER_PYTHON`: the model store and the
+    /// interpreter that fetches catalog wheels.
+    pub hub: HubConfig,
 }
 
 static ENV_OPTIONS: OnceLock<EnvOptions> = OnceLock::new();
 
 impl Default for EnvOptions {
-    /// What an empty environment means: no fence, batching on, no reports.
+    /// What an empty environment means: no fence, batching on, no reports, the backends'
+    /// defaults, no ISA cap, the store under `.minfer` run by `python3`.
     fn default() -> Self {
         EnvOptions {
             backends: None,
             batching: true,
             scheduler: SchedulerOptions::default(),
+            backend_options: BackendOptions::default(),
+            isa_cap: None,
+            hub: HubConfig::new(&home_dir(None, None), DEFAULT_PYTHON),
         }
     }
 }
@@ -36,6 +53,10 @@ impl Default for EnvOptions {
 impl EnvOptions {
     /// Reads the variables, refusing a malformed value.
     fn resolve() -> Result<Self, minfer_env::EnvError> {
+        let home = home_dir(minfer_env::HOME.get(), std::env::var_os("HOME"));
+        let python = minfer_env::PYTHON
+            .get()
+            .unwrap_or_else(|| DEFAULT_PYTHON.into());
         Ok(EnvOptions {
             backends: minfer_env::BACKENDS.get()?,
             batching: minfer_env::BATCH.get_or(true)?,
@@ -43,18 +64,72 @@ impl EnvOptions {
                 profile: minfer_env::PROFILE.get_or(false)?,
                 graph_trace: minfer_env::GRAPH_TRACE.get_or(false)?,
             },
+            backend_options: BackendOptions {
+                fusions: fusions_of(minfer_env::FUSE.get()?),
+                repack: minfer_env::REPACK.get_or(true)?,
+                gpu_api: gpu_api_of(minfer_env::WGPU_API.get()?),
+                device_graphs: minfer_env::CUDA_GRAPHS.get_or(true)?,
+            },
+            isa_cap: isa_cap_of(minfer_env::ISA.get()?),
+            hub: HubConfig::new(&home, python),
         })
     }
 
-    /// Resolves the options for the rest of the process (`main`, first thing).
-    pub fn init() -> Result<&'static Self, minfer_env::EnvError> {
+    /// Resolves the options for the rest of the process (`main`, first thing) and puts
+    /// the ISA cap in force before any kernel runs.
+    pub fn init() -> anyhow::Result<&'static Self> {
         let resolved = Self::resolve()?;
-        Ok(ENV_OPTIONS.get_or_init(|| resolved))
+        let env = ENV_OPTIONS.get_or_init(|| resolved);
+        if let Some(cap) = env.isa_cap {
+            if let Err(chosen) = Isa::set_cap(cap) {
+                anyhow::bail!(
+                    "MINFER_ISA came too late: the CPU kernels already run {}",
+                    chosen.name()
+                );
+            }
+        }
+        Ok(env)
     }
 
     /// The options `main` resolved (an empty environment's before it did).
     pub fn get() -> &'static Self {
         ENV_OPTIONS.get_or_init(Self::default)
+    }
+}
+
+/// The fusions a `MINFER_FUSE` value (already checked) asks for: `1` both, `qkv` or `ffn`
+/// that one, `0` or unset none.
+fn fusions_of(v: Option<&str>) -> Fusions {
+    match v {
+        Some("1") => Fusions::ALL,
+        Some("qkv") => Fusions {
+            qkv: true,
+            ffn: false,
+        },
+        Some("ffn") => Fusions {
+            qkv: false,
+            ffn: true,
+        },
+        _ => Fusions::NONE,
+    }
+}
+
+/// The graphics API a `MINFER_WGPU_API` value (already checked) names; unset, every one.
+fn gpu_api_of(v: Option<&str>) -> Option<GpuApi> {
+    match v {
+        Some("vulkan") => Some(GpuApi::Vulkan),
+        Some("metal") => Some(GpuApi::Metal),
+        Some("dx12") => Some(GpuApi::Dx12),
+        _ => None,
+    }
+}
+
+/// The cap a `MINFER_ISA` value (already checked) names; unset, none.
+fn isa_cap_of(v: Option<&str>) -> Option<IsaCap> {
+    match v {
+        Some("avx2") => Some(IsaCap::Avx2),
+        Some("scalar") => Some(IsaCap::Scalar),
+        _ => None,
     }
 }
 
@@ -118,9 +193,9 @@ impl ModelArgs {
         if let Some(spec) = &opts.backend {
             // Refuse a bad fence before any download or mapping (`MINFER_BACKENDS` was
             // checked at startup).
-            minfer_runtime::backends::check_fence(spec)?;
+            minfer_runtime::backends::check_fence(spec, &opts.backend_options)?;
         }
-        let path = minfer_hub::resolve_model(self.model.as_deref(), true)?;
+        let path = minfer_hub::resolve_model(self.model.as_deref(), &EnvOptions::get().hub, true)?;
         let engine =
             Engine::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
         self.announce();
@@ -148,8 +223,40 @@ impl ModelArgs {
         o.backend = self.backend.clone().or_else(|| env.backends.clone());
         o.batching = env.batching;
         o.scheduler = env.scheduler;
+        o.backend_options = env.backend_options;
         o.cache_type_k = self.cache_type_k;
         o.cache_type_v = self.cache_type_v;
         o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_accepted_value_maps_to_its_option_and_unset_to_the_default() {
+        assert_eq!(fusions_of(None), Fusions::NONE);
+        assert_eq!(fusions_of(Some("0")), Fusions::NONE);
+        assert_eq!(fusions_of(Some("1")), Fusions::ALL);
+        assert_eq!(
+            (fusions_of(Some("qkv")).qkv, fusions_of(Some("qkv")).ffn),
+            (true, false)
+        );
+        assert_eq!(
+            (fusions_of(Some("ffn")).qkv, fusions_of(Some("ffn")).ffn),
+            (false, true)
+        );
+        for v in minfer_env::WGPU_API.values {
+            assert!(gpu_api_of(Some(v)).is_some(), "MINFER_WGPU_API={v}");
+        }
+        assert_eq!(gpu_api_of(None), None);
+        for v in minfer_env::ISA.values {
+            assert!(isa_cap_of(Some(v)).is_some(), "MINFER_ISA={v}");
+        }
+        assert_eq!(isa_cap_of(None), None);
+        let d = EnvOptions::default();
+        assert_eq!(d.backend_options, BackendOptions::default());
+        assert!(d.backend_options.repack && d.backend_options.device_graphs);
     }
 }

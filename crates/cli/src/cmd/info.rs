@@ -33,10 +33,14 @@ const SPECIAL_TOKENS: [(&str, &str); 4] = [
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let path = minfer_hub::resolve_model(args.model.as_deref(), true)?;
+    let env = super::common::EnvOptions::get();
+    let path = minfer_hub::resolve_model(args.model.as_deref(), &env.hub, true)?;
     let file = GgufFile::open(&path).with_context(|| format!("cannot load {}", path.display()))?;
     // This build's backends, each probed once (the adapter a GPU backend would use).
-    let registry = minfer_runtime::backends::registry(&minfer_graph::BackendConfig::default())?;
+    let registry = minfer_runtime::backends::registry(&minfer_graph::BackendConfig {
+        options: env.backend_options,
+        ..minfer_graph::BackendConfig::default()
+    })?;
     let default = registry.select(None).backends;
     let backends: Vec<&BackendEntry> = registry
         .identity_order()

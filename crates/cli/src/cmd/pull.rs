@@ -1,6 +1,8 @@
 //! `minfer pull`.
 
-use minfer_hub::{catalog, presence, Presence, Store};
+use minfer_hub::{catalog, presence, Presence};
+
+use super::common::EnvOptions;
 
 /// Arguments of `minfer pull`.
 #[derive(clap::Args)]
@@ -18,19 +20,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         print_catalog();
         return Ok(());
     }
-    let path = minfer_hub::pull(args.name.as_deref(), true)?;
+    let path = minfer_hub::pull(args.name.as_deref(), &EnvOptions::get().hub, true)?;
     println!("{}", path.display());
     Ok(())
 }
 
 fn print_catalog() {
-    let store = Store::from_env();
+    let store = &EnvOptions::get().hub.store;
     println!(
         "{:<20} {:>9}  {:<10}  DESCRIPTION",
         "NAME", "SIZE", "STATUS"
     );
     for entry in catalog() {
-        let status = match presence(entry, &store) {
+        let status = match presence(entry, store) {
             Presence::Verified => "present",
             // Right size but not yet hashed: the next use verifies it.
             Presence::Unverified => "unverified",

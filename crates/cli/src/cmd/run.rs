@@ -156,7 +156,8 @@ impl SpecArgs {
         tok: &Tokenizer,
     ) -> anyhow::Result<Option<Speculator>> {
         let source: Box<dyn DraftSource> = if let Some(name) = &self.draft {
-            let path = minfer_hub::resolve_model(Some(name), true)?;
+            let path =
+                minfer_hub::resolve_model(Some(name), &super::common::EnvOptions::get().hub, true)?;
             let mut opts = model.engine_options();
             opts.n_ctx = Some(target.n_ctx());
             let engine = Engine::load(&path, &opts)

@@ -106,7 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let env = super::common::EnvOptions::get();
     if let Some(spec) = &args.backend {
         // Refuse a bad fence before any download or mapping.
-        minfer_runtime::backends::check_fence(spec)?;
+        minfer_runtime::backends::check_fence(spec, &env.backend_options)?;
     }
     // Every number is checked before any download or model load.
     let max_timeout = minfer_server::MAX_REQUEST_TIMEOUT.as_secs();
@@ -141,6 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.backend = args.backend.or_else(|| env.backends.clone());
     config.batching = env.batching;
     config.scheduler = env.scheduler;
+    config.backend_options = env.backend_options;
     config.api_key = args.api_key;
     config.queue = args.queue;
     config.request_timeout = Duration::from_secs(args.timeout);
@@ -157,7 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.lookup = args.lookup.then_some(args.draft_max);
     config.draft_max = args.draft_max;
     if let Some(name) = &args.draft {
-        config.draft = Some(minfer_hub::resolve_model(Some(name), true)?);
+        config.draft = Some(minfer_hub::resolve_model(Some(name), &env.hub, true)?);
     }
     config.validate()?;
     let mut specs: Vec<Option<&str>> = args.model.iter().map(|m| Some(m.as_str())).collect();
@@ -166,7 +167,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut models = Vec::new();
     for (i, spec) in specs.into_iter().enumerate() {
-        let path = minfer_hub::resolve_model(spec, true)?;
+        let path = minfer_hub::resolve_model(spec, &env.hub, true)?;
         let mut m = model_spec(path);
         m.alias = args.alias.get(i).cloned();
         models.push(m);

@@ -33,7 +33,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, Some(text)) => text,
         (None, None) => anyhow::bail!("give a TEXT or --file FILE"),
     };
-    let path = minfer_hub::resolve_model(args.model.as_deref(), true)?;
+    let path = minfer_hub::resolve_model(
+        args.model.as_deref(),
+        &super::common::EnvOptions::get().hub,
+        true,
+    )?;
     let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let tok = Tokenizer::from_gguf(&file)
         .with_context(|| format!("loading the tokenizer of {}", path.display()))?;

@@ -72,12 +72,14 @@ pub struct CpuBackend {
     mem: HostPool,
     weights: WeightRegistry,
     scratch: Scratch,
-    /// Use the repacked matmul layout where a weight type has one (`MINFER_REPACK=0` off).
+    /// Use the repacked matmul layout where a weight type has one
+    /// ([`minfer_graph::BackendOptions::repack`]).
     repack: bool,
     fault: FaultInjector,
     /// Storage formats of the K and V regions (per backend, so per engine: ADR-0006).
     kv_types: [KvType; 2],
-    /// The decode fusions this backend claims (`MINFER_FUSE`): QKV, FFN.
+    /// The decode fusions this backend claims
+    /// ([`minfer_graph::BackendOptions::fusions`]): QKV, FFN.
     fuse: Fusions,
     /// The q, k and v weight names behind each q|k|v concatenation name a fused node
     /// references, resolved on first use so decode steps do not allocate.
@@ -85,30 +87,7 @@ pub struct CpuBackend {
 }
 
 /// Which decode fusions the CPU backend executes (and so reports in `supports_fused`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fusions {
-    /// `FusedQKV` / `FusedQkvNorm`: one activation quantisation and one pool region for
-    /// q, k and v, then bias, q/k norm, RoPE and the KV store.
-    pub qkv: bool,
-    /// `FusedFFN`: gate and up in one pool region, then SwiGLU.
-    pub ffn: bool,
-}
-
-impl Fusions {
-    /// What `MINFER_FUSE` asks for: `1` both, unset or `0` none, `qkv` or `ffn` one. Off by
-    /// default: on the machines measured so far the fused decode step was not faster than
-    /// the unfused one (BENCHMARKS.md). A bad value is refused at startup
-    /// (`minfer_env::check_all`); this infallible read keeps the default.
-    pub fn from_env() -> Self {
-        let (qkv, ffn) = match minfer_env::FUSE.get() {
-            Ok(Some("1")) => (true, true),
-            Ok(Some("qkv")) => (true, false),
-            Ok(Some("ffn")) => (false, true),
-            _ => (false, false),
-        };
-        Fusions { qkv, ffn }
-    }
-}
+pub use minfer_graph::Fusions;
 
 impl std::fmt::Debug for CpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -123,7 +102,8 @@ impl std::fmt::Debug for CpuBackend {
 }
 
 impl CpuBackend {
-    /// A backend running its kernels on `n_threads` threads (at least 1).
+    /// A backend running its kernels on `n_threads` threads (at least 1), with the
+    /// default options (repacking on, no fusions).
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
             pool: ThreadPool::new(n_threads),
@@ -131,17 +111,16 @@ impl CpuBackend {
             mem: HostPool::new(),
             weights: WeightRegistry::default(),
             scratch: Scratch::default(),
-            // A bad value is refused at startup (`minfer_env::check_all`); see `Isa::detect`.
-            repack: minfer_env::REPACK.get_or(true).unwrap_or(true),
+            repack: true,
             fault: FaultInjector::default(),
             kv_types: [KvType::F32; 2],
-            fuse: Fusions::from_env(),
+            fuse: Fusions::NONE,
             qkv_parts: std::collections::HashMap::new(),
         }
     }
 
-    /// Sets the decode fusions this backend claims (`MINFER_FUSE` unless set). Set it
-    /// before the engine derives its graph parameters from the backend.
+    /// Sets the decode fusions this backend claims (none unless set). Set it before the
+    /// engine derives its graph parameters from the backend.
     pub fn set_fusions(&mut self, f: Fusions) {
         self.fuse = f;
     }
@@ -153,11 +132,13 @@ impl CpuBackend {
     }
 
     /// The backend built through the registry: `cfg.n_threads` threads, armed by
-    /// `cfg.fault`.
+    /// `cfg.fault`, with the fusions and repacking `cfg.options` asks for.
     pub fn from_config(cfg: &minfer_graph::BackendConfig) -> Self {
         let mut b = Self::new(cfg.n_threads);
         b.fault = cfg.fault.clone();
         b.set_kv_types(cfg.kv_types[0], cfg.kv_types[1]);
+        b.set_fusions(cfg.options.fusions);
+        b.set_repack(cfg.options.repack);
         b
     }
 
@@ -167,7 +148,7 @@ impl CpuBackend {
         self.fault.clone()
     }
 
-    /// Turns the repacked matmul layout on or off (it is on unless `MINFER_REPACK=0`).
+    /// Turns the repacked matmul layout on or off (on unless set).
     pub fn set_repack(&mut self, on: bool) {
         self.repack = on;
     }

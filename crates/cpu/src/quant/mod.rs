@@ -80,24 +80,49 @@ enum IsaKind {
     Vnni,
 }
 
+/// The one instruction-set choice of the process: a process-wide value rather than a
+/// backend option, because every kernel entry point (matmul, activation quantisation, the
+/// vector primitives) asks for it without a backend at hand.
+static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+
+/// The most a [`Isa::set_cap`] lets the kernels use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsaCap {
+    /// The AVX2 kernels without VNNI (or scalar on a CPU without AVX2).
+    Avx2,
+    /// The portable scalar kernels.
+    Scalar,
+}
+
 impl Isa {
     /// The portable scalar kernels (always available).
     pub const SCALAR: Isa = Isa(IsaKind::Scalar);
 
-    /// The best instruction set this CPU supports, detected once and cached.
+    /// The instruction set the kernels run with: the best this CPU supports, under the
+    /// cap [`Isa::set_cap`] put in force, chosen on first use and fixed for the process.
     pub fn detect() -> Isa {
-        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            let best = Isa::vnni().or_else(Isa::avx2).unwrap_or(Isa::SCALAR);
-            // `MINFER_ISA=avx2|scalar` caps the choice, to compare kernels on one machine.
-            // A bad value is refused where an error can be returned (the command line runs
-            // `minfer_env::check_all` at startup); this infallible read keeps the best.
-            match minfer_env::ISA.get() {
-                Ok(Some("scalar")) => Isa::SCALAR,
-                Ok(Some("avx2")) => Isa::avx2().unwrap_or(Isa::SCALAR),
-                _ => best,
-            }
-        })
+        *CHOSEN.get_or_init(|| Isa::best_under(None))
+    }
+
+    /// Caps the kernels at `cap` for the rest of the process (to compare kernels on one
+    /// machine; the results are the same). The choice is made once, so the caller sets it
+    /// before the first kernel runs (the command line does at start-up): `Err` carries the
+    /// instruction set already chosen when it differs from what `cap` allows.
+    pub fn set_cap(cap: IsaCap) -> Result<(), Isa> {
+        let want = Isa::best_under(Some(cap));
+        match *CHOSEN.get_or_init(|| want) {
+            got if got == want => Ok(()),
+            got => Err(got),
+        }
+    }
+
+    /// The best instruction set this CPU supports, no better than `cap`.
+    fn best_under(cap: Option<IsaCap>) -> Isa {
+        match cap {
+            None => Isa::vnni().or_else(Isa::avx2).unwrap_or(Isa::SCALAR),
+            Some(IsaCap::Avx2) => Isa::avx2().unwrap_or(Isa::SCALAR),
+            Some(IsaCap::Scalar) => Isa::SCALAR,
+        }
     }
 
     /// The AVX2 kernels with VNNI tile kernels, or `None` when this CPU lacks AVX2, FMA,
@@ -222,4 +247,28 @@ pub(crate) fn dot_unchecked<B: QuantDot, const NT: usize>(
 pub(crate) fn hsum8_fixed(a: [f32; 8]) -> f32 {
     let b = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
     (b[0] + b[2]) + (b[1] + b[3])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cap_limits_the_choice_and_comes_too_late_once_made() {
+        assert_eq!(Isa::best_under(Some(IsaCap::Scalar)), Isa::SCALAR);
+        assert_eq!(
+            Isa::best_under(Some(IsaCap::Avx2)),
+            Isa::avx2().unwrap_or(Isa::SCALAR)
+        );
+        let chosen = Isa::detect();
+        // The choice is made: a cap that agrees with it is accepted, one that does not is
+        // refused with what the kernels run.
+        let scalar = Isa::set_cap(IsaCap::Scalar);
+        if chosen == Isa::SCALAR {
+            assert_eq!(scalar, Ok(()));
+        } else {
+            assert_eq!(scalar, Err(chosen));
+        }
+        assert_eq!(Isa::detect(), chosen);
+    }
 }

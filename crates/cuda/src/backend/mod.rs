@@ -117,22 +117,10 @@ impl std::fmt::Debug for CudaBackend {
     }
 }
 
-/// Whether CUDA Graph replay is on for a new backend: `MINFER_CUDA_GRAPHS` (default on),
-/// and off while per-node tracing or profiling is, which need each launch on its own.
-pub fn graphs_enabled() -> Result<bool, String> {
-    let on = minfer_env::CUDA_GRAPHS
-        .get_or(true)
-        .map_err(|e| e.to_string())?;
-    let tracing = minfer_env::GRAPH_TRACE.get_or(false).unwrap_or(false)
-        || minfer_env::PROFILE.get_or(false).unwrap_or(false);
-    Ok(on && !tracing)
-}
-
 impl CudaBackend {
-    /// The backend on device 0, or why it cannot run here.
+    /// The backend on device 0 with CUDA Graph replay on, or why it cannot run here.
     pub fn new() -> Result<CudaBackend, String> {
-        let graphs = graphs_enabled()?;
-        Self::with_graphs(graphs)
+        Self::with_graphs(true)
     }
 
     /// Like [`CudaBackend::new`] with CUDA Graph replay forced on or off (parity tests).

@@ -74,11 +74,21 @@ impl std::fmt::Debug for WgpuBackend {
 }
 
 impl WgpuBackend {
-    /// The best usable adapter's backend, or why there is none. CPU-emulation adapters
-    /// (llvmpipe/lavapipe, WARP) are taken only when `allow_cpu_adapter` is set, which
-    /// callers do when the user named this backend explicitly.
+    /// The best usable adapter's backend on any native graphics API, or why there is
+    /// none. CPU-emulation adapters (llvmpipe/lavapipe, WARP) are taken only when
+    /// `allow_cpu_adapter` is set, which callers do when the user named this backend
+    /// explicitly.
     pub fn probe(allow_cpu_adapter: bool) -> Result<WgpuBackend, NotUsable> {
-        let gpu = device::open(allow_cpu_adapter)?;
+        Self::probe_on(None, allow_cpu_adapter)
+    }
+
+    /// Like [`WgpuBackend::probe`], looking for adapters on `api` only (`None`: every
+    /// native one).
+    pub fn probe_on(
+        api: Option<minfer_graph::GpuApi>,
+        allow_cpu_adapter: bool,
+    ) -> Result<WgpuBackend, NotUsable> {
+        let gpu = device::open(api, allow_cpu_adapter)?;
         let errors = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&errors);
         gpu.device
