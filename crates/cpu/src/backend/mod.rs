@@ -21,7 +21,9 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
-use minfer_graph::{Backend, BackendImpl, BufRef, CNode, DType, FusedOp, KvType, NodeMeta, Op};
+use minfer_graph::{
+    Backend, BackendError, BackendImpl, BufRef, CNode, DType, FusedOp, KvType, NodeMeta, Op,
+};
 
 use crate::matmul::{self, MatmulScratch, QMatrix};
 use crate::ops::attn::{self, AttnArgs, AttnScratch};
@@ -1089,10 +1091,8 @@ impl BackendImpl for CpuBackend {
         self.kv_types
     }
 
-    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, String> {
-        self.weights
-            .register_gguf(file, "")
-            .map_err(|e| e.to_string())
+    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, BackendError> {
+        Ok(self.weights.register_gguf(file, "")?)
     }
 
     minfer_graph::host_pool_methods!(mem);
@@ -1103,20 +1103,24 @@ impl BackendImpl for CpuBackend {
         in_bufs: &[BufRef],
         out_buf: BufRef,
         kv_pair: Option<(usize, usize)>,
-    ) -> Result<(), String> {
-        self.run(node, in_bufs, out_buf, kv_pair)
-            .map_err(|e| format!("node {} '{}' ({}): {e}", node.id, node.name, node.op.name()))
+    ) -> Result<(), BackendError> {
+        Ok(self.run(node, in_bufs, out_buf, kv_pair)?)
     }
 
     fn read_host(&self, id: usize) -> Option<&[f32]> {
         self.mem.read(id)
     }
 
-    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
+    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), BackendError> {
         self.mem.write(id, data)
     }
 
-    fn write_host_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
+    fn write_host_window(
+        &mut self,
+        id: usize,
+        offset: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
         self.mem.write_window(id, offset, data)
     }
 
