@@ -10,6 +10,10 @@
 //! lives in this backend's pool (the allocator staged cross-backend values into it),
 //! except a source that is a `KvcacheLoad` view, which is a placeholder pointing at
 //! the layer's K region — kernels reach K and V only through `kv_pair`.
+//! Split contract: the scheduler opens each split with [`BackendImpl::begin_split`]
+//! (naming the graph, the split and its node range), executes the split's live nodes
+//! in order, and closes it with [`BackendImpl::end_split`]. Errors are
+//! [`BackendError`]s saying what failed; the scheduler names the node.
 //! Weights are resolved by name in the backend's own registry (invariant 3); the
 //! engine hands the model's GGUF to every participating backend through
 //! [`BackendImpl::register_gguf`], the same way for each.

@@ -66,10 +66,7 @@ impl FusedOps for CudaBackend {
         }
         self.rope_at(pos, q, 1, nqt / hd, f.rope, rows)?;
         self.rope_at(pos, k, 1, nkt / hd, f.rope, rows)?;
-        let kv = kv_pair.ok_or_else(|| format!("no KV region for layer {}", f.layer))?;
-        if kv.0 == kv.1 || [kv.0, kv.1].contains(&out) || [kv.0, kv.1].contains(&pos) {
-            return Err(format!("layer {}: bad KV pair {kv:?}", f.layer).into());
-        }
+        let kv = store_pair(f.layer, kv_pair, out, pos)?;
         self.store_rows(f.layer, k, v, pos, 1, nkt, f.n_ctx, kv)
     }
 
@@ -123,10 +120,30 @@ impl FusedOps for CudaBackend {
         self.add_bias(v, nkt * nt, &m.v_bias, nkt)?;
         self.rope_at(pos, Arg::Buf(out), nt, nqt / hd, &m.rope, nqt)?;
         self.rope_at(pos, k, nt, nkt / hd, &m.rope, nkt)?;
-        let kv = kv_pair.ok_or_else(|| format!("no KV region for layer {layer}"))?;
-        if kv.0 == kv.1 || [kv.0, kv.1].contains(&out) || [kv.0, kv.1].contains(&pos) {
-            return Err(format!("layer {layer}: bad KV pair {kv:?}").into());
-        }
+        let kv = store_pair(layer, kv_pair, out, pos)?;
         self.store_rows(layer, k, v, pos, nt, nkt, m.n_ctx, kv)
     }
+}
+
+/// The KV pair a fused epilogue stores into: present, two buffers, neither the output
+/// `out` nor the positions `pos` it reads.
+fn store_pair(
+    layer: usize,
+    kv_pair: Option<(usize, usize)>,
+    out: usize,
+    pos: usize,
+) -> Result<(usize, usize), BackendError> {
+    let (k, v) = kv_pair.ok_or(BackendError::KvPair {
+        layer,
+        pair: None,
+        problem: String::new(),
+    })?;
+    if k == v || [k, v].contains(&out) || [k, v].contains(&pos) {
+        return Err(BackendError::KvPair {
+            layer,
+            pair: kv_pair,
+            problem: format!("unusable (output buffer {out}, positions {pos})"),
+        });
+    }
+    Ok((k, v))
 }
