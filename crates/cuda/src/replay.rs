@@ -3,10 +3,11 @@
 //!
 //! The backend records each split's work (kernel launches, host uploads through the
 //! pinned staging area, copies, clears) as [`Cmd`]s and runs them at the split's end.
-//! A split is keyed by its node range and its commands: the engine's `GraphCache`
-//! reuses a graph (one uid) with the same buffers, so the same (uid, node range) yields
-//! the same commands, and equal commands are equal work whichever graph they came from
-//! (the trait does not hand the uid to a backend; the commands identify it exactly).
+//! A split is keyed by its node range, the one the scheduler opens it with
+//! (`BackendImpl::begin_split`), and its commands: the engine's `GraphCache` reuses a
+//! graph (one uid) with the same buffers, so the same (uid, node range) yields the same
+//! commands, and equal commands are equal work whichever graph they came from (so the
+//! uid is not part of the key; the commands identify the work exactly).
 //! Upload data is not part of the key: it goes into the same pinned staging slots each
 //! time, which the captured copy nodes read.
 //!

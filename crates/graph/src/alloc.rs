@@ -181,7 +181,7 @@ impl GraphAllocator {
         r.map_err(|message| GraphError::Backend {
             backend: x.name().to_string(),
             context: format!("allocating {}", what()),
-            message,
+            message: Box::new(message),
         })
     }
 
@@ -455,7 +455,7 @@ impl GraphAllocator {
                         .map_err(|message| GraphError::Backend {
                             backend: b.name().to_string(),
                             context: format!("clearing KV buffer {id}"),
-                            message,
+                            message: Box::new(message),
                         })?;
                     offset += n;
                 }
@@ -539,7 +539,7 @@ impl GraphAllocator {
             .map_err(|message| GraphError::Backend {
                 backend: b.name().to_string(),
                 context: format!("fill input '{name}'"),
-                message,
+                message: Box::new(message),
             })
     }
 
@@ -596,7 +596,7 @@ impl GraphAllocator {
                 .map_err(|message| GraphError::Backend {
                     backend: b.name().to_string(),
                     context: format!("fill input '{name}'"),
-                    message,
+                    message: Box::new(message),
                 })
         };
         for v in values {
@@ -710,7 +710,7 @@ impl GraphAllocator {
             .map_err(|message| GraphError::Backend {
                 backend: sb.name().to_string(),
                 context: format!("copy_cross of node {node}"),
-                message,
+                message: Box::new(message),
             })?;
         self.cross.insert(
             (node, dst),
@@ -740,14 +740,14 @@ impl GraphAllocator {
             .map_err(|message| GraphError::Backend {
                 backend: sb.name().to_string(),
                 context: format!("await_cross of node {node}"),
-                message,
+                message: Box::new(message),
             })?;
         let db = self.must(dst)?;
         db.write_host(staging.id, &data)
             .map_err(|message| GraphError::Backend {
                 backend: db.name().to_string(),
                 context: format!("staging write of node {node}"),
-                message,
+                message: Box::new(message),
             })
     }
 

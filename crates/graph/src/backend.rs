@@ -10,6 +10,10 @@
 //! lives in this backend's pool (the allocator staged cross-backend values into it),
 //! except a source that is a `KvcacheLoad` view, which is a placeholder pointing at
 //! the layer's K region — kernels reach K and V only through `kv_pair`.
+//! Split contract: the scheduler opens each split with [`BackendImpl::begin_split`]
+//! (naming the graph, the split and its node range), executes the split's live nodes
+//! in order, and closes it with [`BackendImpl::end_split`]. Errors are
+//! [`BackendError`]s saying what failed; the scheduler names the node.
 //! Weights are resolved by name in the backend's own registry (invariant 3); the
 //! engine hands the model's GGUF to every participating backend through
 //! [`BackendImpl::register_gguf`], the same way for each.
@@ -19,6 +23,7 @@ use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
 
+use crate::backend_error::BackendError;
 use crate::ir::{Backend, CNode, DType, FusedOp, Op};
 
 /// Fault injection for tests of unwind safety: arms a panic inside the kernel of a
@@ -49,34 +54,31 @@ impl FaultInjector {
 
 /// `Err` naming the backend, the size and the limit when a buffer of `elems` f32s
 /// exceeds `max_elems` (a backend's [`BackendImpl::max_buffer_elems`]).
-pub fn check_buffer_size(backend: &str, elems: usize, max_elems: usize) -> Result<(), String> {
+pub fn check_buffer_size(
+    backend: &str,
+    elems: usize,
+    max_elems: usize,
+) -> Result<(), BackendError> {
     if elems <= max_elems {
         return Ok(());
     }
-    Err(format!(
-        "a buffer of {} exceeds the {backend} device's largest buffer of {}",
-        bytes_text(elems),
-        bytes_text(max_elems)
-    ))
+    Err(BackendError::BufferTooLarge {
+        backend: backend.to_string(),
+        elems,
+        max: max_elems,
+    })
 }
 
-/// `elems` f32s as bytes, in words (`311.2 MB (77.8M f32)`).
-fn bytes_text(elems: usize) -> String {
-    let bytes = elems as f64 * 4.0;
-    let (v, unit) = if bytes >= 1e9 {
-        (bytes / 1e9, "GB")
-    } else if bytes >= 1e6 {
-        (bytes / 1e6, "MB")
-    } else if bytes >= 1e3 {
-        (bytes / 1e3, "kB")
-    } else {
-        (bytes, "bytes")
-    };
-    if unit == "bytes" {
-        format!("{elems} f32s ({bytes} bytes)")
-    } else {
-        format!("{elems} f32s ({v:.1} {unit})")
-    }
+/// The split the scheduler is about to run on a backend (see
+/// [`BackendImpl::begin_split`]): which graph, which of its splits, which nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SplitSpan {
+    /// The graph's uid (0 for a graph no cache installed: not stable across steps).
+    pub graph: u64,
+    /// The split's position in the graph's split list.
+    pub index: usize,
+    /// `[start, end)` node ids of the split (dead nodes inside are skipped).
+    pub nodes: (usize, usize),
 }
 
 /// The only path from an executor to the persistent KV regions.
@@ -144,7 +146,7 @@ pub trait BackendImpl: Send {
     /// Makes every tensor of `file` resolvable by its name (invariant 3), without
     /// changing one already registered; returns how many were added. A device backend
     /// uploads here, once, at load. `Err` names the tensor and the problem.
-    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, String>;
+    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, BackendError>;
 
     /// A zero-filled buffer of `size` f32s, recycled from the free list when possible.
     fn alloc_buffer(&mut self, size: usize) -> usize;
@@ -161,12 +163,12 @@ pub trait BackendImpl: Send {
     /// [`Self::alloc_buffer`] that fails, naming the problem, where the buffer cannot
     /// exist: above [`Self::max_buffer_elems`], or (a backend that knows at once) out
     /// of device memory. The allocator allocates through this.
-    fn try_alloc_buffer(&mut self, size: usize) -> Result<usize, String> {
+    fn try_alloc_buffer(&mut self, size: usize) -> Result<usize, BackendError> {
         check_buffer_size(self.name(), size, self.max_buffer_elems())?;
         Ok(self.alloc_buffer(size))
     }
     /// [`Self::alloc_fresh`] that fails as [`Self::try_alloc_buffer`] does.
-    fn try_alloc_fresh(&mut self, size: usize) -> Result<usize, String> {
+    fn try_alloc_fresh(&mut self, size: usize) -> Result<usize, BackendError> {
         check_buffer_size(self.name(), size, self.max_buffer_elems())?;
         Ok(self.alloc_fresh(size))
     }
@@ -186,15 +188,31 @@ pub trait BackendImpl: Send {
         let _ = in_use;
     }
 
+    /// Opens `split`: the nodes executed until [`Self::end_split`] are its live nodes,
+    /// in order. A backend that records a split's work and runs it at once keys what it
+    /// records on the split it is told (CUDA Graph replay). The default does nothing.
+    fn begin_split(&mut self, split: SplitSpan) -> Result<(), BackendError> {
+        let _ = split;
+        Ok(())
+    }
+    /// Closes the split opened by [`Self::begin_split`]: its work is done when this
+    /// returns. The default waits ([`Self::synchronize`]). A split traced through
+    /// [`Self::trace_stage`] ends in [`Self::trace_collect`] instead, which waits too.
+    fn end_split(&mut self) -> Result<(), BackendError> {
+        self.synchronize();
+        Ok(())
+    }
+
     /// Runs `node`, reading `in_bufs` (one per source) and writing `out_buf`.
-    /// Returns `Err` naming the problem on any violated kernel invariant (invariant 7).
+    /// Returns `Err` saying what failed on any violated kernel invariant (invariant 7);
+    /// the scheduler adds which node it was, so the error does not repeat it.
     fn execute_node(
         &mut self,
         node: &CNode,
         in_bufs: &[crate::ir::BufRef],
         out_buf: crate::ir::BufRef,
         kv_pair: Option<(usize, usize)>,
-    ) -> Result<(), String>;
+    ) -> Result<(), BackendError>;
 
     /// A borrowed host view of buffer `id`; `None` where memory is not host-visible.
     fn read_host(&self, id: usize) -> Option<&[f32]>;
@@ -222,12 +240,11 @@ pub trait BackendImpl: Send {
         id: usize,
         len: usize,
         read: &mut dyn FnMut(crate::ir::NodeId, &[f32]),
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let _ = (staging, node, id, len, read);
-        Err(format!(
-            "the {} backend cannot stage node outputs for the per-node trace",
-            self.name()
-        ))
+        Err(BackendError::TraceUnsupported {
+            backend: self.name().to_string(),
+        })
     }
     /// Ends a split traced through [`Self::trace_stage`]: waits for all queued work (as
     /// [`Self::synchronize`], and in its place: one wait per split) and hands every
@@ -236,7 +253,7 @@ pub trait BackendImpl: Send {
         &mut self,
         staging: &mut crate::trace::TraceStaging,
         read: &mut dyn FnMut(crate::ir::NodeId, &[f32]),
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let _ = (staging, read);
         self.synchronize();
         Ok(())
@@ -253,29 +270,39 @@ pub trait BackendImpl: Send {
         id: usize,
         offset: usize,
         len: usize,
-    ) -> Result<Vec<f32>, String> {
+    ) -> Result<Vec<f32>, BackendError> {
         self.synchronize();
         let buf = self
             .read_host(id)
-            .ok_or_else(|| format!("buffer {id} is not host-readable"))?;
+            .ok_or(BackendError::NotHostReadable { id })?;
         offset
             .checked_add(len)
             .and_then(|end| buf.get(offset..end))
             .map(<[f32]>::to_vec)
-            .ok_or_else(|| format!("window {offset}+{len} exceeds buffer {id} ({})", buf.len()))
+            .ok_or(BackendError::Window {
+                id,
+                offset,
+                len,
+                buf_len: buf.len(),
+            })
     }
     /// Overwrites buffer `id`; `data.len()` must equal the buffer length.
-    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String>;
+    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), BackendError>;
     /// Overwrites `data.len()` elements of buffer `id` starting at `offset`.
-    fn write_host_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String>;
+    fn write_host_window(
+        &mut self,
+        id: usize,
+        offset: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError>;
     /// Waits for all queued work.
     fn synchronize(&mut self);
 
     /// Phase one of a split boundary: enqueue the transfer of `src_id` out of this pool.
-    fn copy_cross(&mut self, src_id: usize) -> Result<CrossCopy, String> {
+    fn copy_cross(&mut self, src_id: usize) -> Result<CrossCopy, BackendError> {
         let data = self
             .read_host(src_id)
-            .ok_or_else(|| format!("buffer {src_id} is not host-readable"))?
+            .ok_or(BackendError::NotHostReadable { id: src_id })?
             .to_vec();
         Ok(CrossCopy {
             src_id,
@@ -284,9 +311,9 @@ pub trait BackendImpl: Send {
         })
     }
     /// Phase two: wait for `copy` and hand its contents over (once).
-    fn await_cross(&mut self, copy: &mut CrossCopy) -> Result<Vec<f32>, String> {
+    fn await_cross(&mut self, copy: &mut CrossCopy) -> Result<Vec<f32>, BackendError> {
         copy.data
             .take()
-            .ok_or_else(|| format!("transfer of buffer {} already consumed", copy.src_id))
+            .ok_or(BackendError::TransferConsumed { id: copy.src_id })
     }
 }

@@ -1,5 +1,6 @@
 //! The crate's error type: every failure names the node, buffer or backend involved.
 
+use crate::backend_error::BackendError;
 use crate::backend_id::Backend;
 use crate::types::NodeId;
 
@@ -103,8 +104,8 @@ pub enum GraphError {
         backend: String,
         /// Node or operation that failed.
         context: String,
-        /// The backend's message.
-        message: String,
+        /// What the backend refused or failed, with the values (boxed: errors stay small).
+        message: Box<BackendError>,
     },
     /// A JSON graph could not be parsed back.
     #[error("graph JSON: {0}")]

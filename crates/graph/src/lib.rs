@@ -14,6 +14,7 @@
 //! | §3.3 allocator, liveness, KV regions, staging | [`alloc`] |
 //! | §3.4 scheduler, splits, two-phase boundary, trace | [`scheduler`] |
 //! | §3.5 backend trait, `KvProvider` | [`backend`] |
+//! | what a backend refuses or fails, with the values (`BackendError`) | [`backend_error`] |
 //! | the shared parts of device backends (pool, weights, node checks) | [`device_kit`] |
 //! | §3.6 registry and fence | [`registry`] |
 //! | §3.7 / §6 params and reuse cache | [`params`], [`cache`] |
@@ -49,6 +50,7 @@
 
 pub mod alloc;
 pub mod backend;
+pub mod backend_error;
 pub mod backend_id;
 pub mod backend_options;
 pub mod builder;
@@ -69,7 +71,10 @@ pub mod trace;
 pub mod types;
 
 pub use alloc::{GraphAllocator, KvRegion};
-pub use backend::{check_buffer_size, BackendImpl, CrossCopy, FaultInjector, KvProvider};
+pub use backend::{
+    check_buffer_size, BackendImpl, CrossCopy, FaultInjector, KvProvider, SplitSpan,
+};
+pub use backend_error::{BackendError, IndexKind, WeightError};
 pub use backend_options::{BackendOptions, Fusions, GpuApi};
 pub use builder::GraphBuilder;
 pub use cache::{CacheCounters, GraphCache};

@@ -9,6 +9,8 @@
 //! the current graph does not use once they exceed what the pool has in use; such an id
 //! becomes vacant and is handed out again by a later allocation.
 
+use crate::backend_error::BackendError;
+
 /// f32 buffers by id, with a free list.
 #[derive(Debug, Default)]
 pub struct HostPool {
@@ -124,33 +126,43 @@ impl HostPool {
     }
 
     /// Overwrites buffer `id`; `data` must have exactly its length.
-    pub fn write(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
+    pub fn write(&mut self, id: usize, data: &[f32]) -> Result<(), BackendError> {
         let b = self
             .buffers
             .get_mut(id)
-            .ok_or_else(|| format!("buffer {id} does not exist"))?;
+            .ok_or(BackendError::NoSuchBuffer { id })?;
         if b.len() != data.len() {
-            return Err(format!(
-                "buffer {id} holds {} values, got {}",
-                b.len(),
-                data.len()
-            ));
+            return Err(BackendError::WriteLength {
+                id,
+                len: b.len(),
+                got: data.len(),
+            });
         }
         b.copy_from_slice(data);
         Ok(())
     }
 
     /// Overwrites `data.len()` values of buffer `id` from `offset`.
-    pub fn write_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
+    pub fn write_window(
+        &mut self,
+        id: usize,
+        offset: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
         let b = self
             .buffers
             .get_mut(id)
-            .ok_or_else(|| format!("buffer {id} does not exist"))?;
-        let len = b.len();
+            .ok_or(BackendError::NoSuchBuffer { id })?;
+        let buf_len = b.len();
         let dst = offset
             .checked_add(data.len())
             .and_then(|end| b.get_mut(offset..end))
-            .ok_or_else(|| format!("window {offset}+{} exceeds buffer {id} ({len})", data.len()))?;
+            .ok_or(BackendError::Window {
+                id,
+                offset,
+                len: data.len(),
+                buf_len,
+            })?;
         dst.copy_from_slice(data);
         Ok(())
     }

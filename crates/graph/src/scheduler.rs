@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::alloc::GraphAllocator;
-use crate::backend::BackendImpl;
+use crate::backend::{BackendImpl, SplitSpan};
 use crate::error::GraphError;
 use crate::ir::*;
 use crate::trace::{capture, is_captured, NodeTrace, TraceStaging};
@@ -261,8 +261,11 @@ impl BackendScheduler {
     }
 
     /// Runs `graph` split by split in build order. At each boundary the staging
-    /// copies are enqueued first and each is awaited at its first read. Any node
-    /// whose buffer or KV region is on another backend than its split is an error.
+    /// copies are enqueued first and each is awaited at its first read. A split opens
+    /// with its backend's `begin_split` and closes with `end_split` (or, traced through
+    /// staging, `trace_collect`); a node's error gets the node's context here, once.
+    /// Any node whose buffer or KV region is on another backend than its split is an
+    /// error.
     pub fn execute(
         &self,
         graph: &ComputeGraph,
@@ -290,11 +293,17 @@ impl BackendScheduler {
             t.staged = false;
         }
         alloc.begin_pass();
-        for split in splits {
+        for (index, split) in splits.iter().enumerate() {
             let bk = split.backend;
             for &x in &split.inputs {
                 alloc.enqueue_cross(x, bk)?;
             }
+            let span = SplitSpan {
+                graph: graph.uid,
+                index,
+                nodes: split.node_range,
+            };
+            split_call(alloc, bk, span, |b| b.begin_split(span))?;
             for node in &graph.nodes[split.node_range.0..split.node_range.1] {
                 if graph.is_dead(node.id) {
                     continue;
@@ -361,7 +370,7 @@ impl BackendScheduler {
                     .map_err(|message| GraphError::Backend {
                         backend: b.name().to_string(),
                         context: format!("node {} '{}' ({})", node.id, node.name, node.op.name()),
-                        message,
+                        message: Box::new(message),
                     })?;
                 if let Some(t0) = t0 {
                     let mut p = self.profile.borrow_mut();
@@ -376,11 +385,31 @@ impl BackendScheduler {
             }
             match trace.as_mut() {
                 Some(t) if t.staged => t.collect(graph, bk, alloc)?,
-                _ => alloc.sync_backend(bk),
+                _ => split_call(alloc, bk, span, |b| b.end_split())?,
             }
         }
         alloc.drain_cross()
     }
+}
+
+/// `call` on the backend of split `span`, its error naming the split.
+fn split_call(
+    alloc: &mut GraphAllocator,
+    bk: Backend,
+    span: SplitSpan,
+    call: impl FnOnce(&mut dyn BackendImpl) -> Result<(), crate::BackendError>,
+) -> Result<(), GraphError> {
+    let b = alloc
+        .backend_mut(bk)
+        .ok_or(GraphError::BackendMissing(bk))?;
+    call(b).map_err(|message| GraphError::Backend {
+        backend: b.name().to_string(),
+        context: format!(
+            "split {} (nodes {}..{})",
+            span.index, span.nodes.0, span.nodes.1
+        ),
+        message: Box::new(message),
+    })
 }
 
 impl TraceCapture {
@@ -419,7 +448,7 @@ impl TraceCapture {
             .map_err(|message| GraphError::Backend {
                 backend: b.name().to_string(),
                 context: format!("tracing node {} '{}' (MINFER_TRACE)", node.id, node.name),
-                message,
+                message: Box::new(message),
             })?;
         *staged = true;
         Ok(())
@@ -449,7 +478,7 @@ impl TraceCapture {
             .map_err(|message| GraphError::Backend {
                 backend: b.name().to_string(),
                 context: "collecting the split's traced outputs (MINFER_TRACE)".into(),
-                message,
+                message: Box::new(message),
             })
     }
 }

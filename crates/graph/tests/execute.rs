@@ -159,6 +159,37 @@ fn a_failing_kernel_is_an_error_not_a_fallback() {
 }
 
 #[test]
+fn each_split_opens_on_its_backend_with_its_real_node_range() {
+    let p = params(4, false);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let device = RefBackend::test_device()
+        .claiming(DEVICE_OPS)
+        .logging_splits(log.clone());
+    let mut cache = GraphCache::new(split_alloc_with(device));
+    let mut sched = BackendScheduler::new();
+    for _ in 0..2 {
+        ensure(&mut cache, &mut sched, &p);
+        run(&mut cache, &sched, &TOKENS, &POS).unwrap();
+    }
+    let g = cache.graph().unwrap();
+    let want: Vec<SplitSpan> = sched
+        .split_graph(g)
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.backend == Backend::METAL)
+        .map(|(index, s)| SplitSpan {
+            graph: g.uid,
+            index,
+            nodes: s.node_range,
+        })
+        .collect();
+    assert!(want.len() >= 2, "a multi-split graph: {want:?}");
+    // Two executions of the reused graph: the same splits, in order, twice.
+    let logged = log.lock().unwrap().clone();
+    assert_eq!(logged, [want.clone(), want].concat());
+}
+
+#[test]
 fn swiglu_fusion_counts_and_fused_paths_agree() {
     // Unfused FFN: the pass folds silu*mul into one SwiGLU on the device.
     let unfused = params(4, false);

@@ -486,16 +486,18 @@ impl Engine {
         let alloc = self.cache.alloc_mut();
         for r in regions {
             for (id, w) in [(r.k, kw), (r.v, vw)] {
-                let unreadable = |why: String| EngineError::Param {
+                let unreadable = |why: &dyn std::fmt::Display| EngineError::Param {
                     name: "KV",
                     message: format!("rows {base}..{} are not readable: {why}", base + n),
                 };
                 // Through the backend, so regions on a device are read back from it.
                 let buf = alloc
                     .backend_mut(r.backend)
-                    .ok_or_else(|| unreadable(format!("backend {} is not registered", r.backend)))?
+                    .ok_or_else(|| {
+                        unreadable(&format_args!("backend {} is not registered", r.backend))
+                    })?
                     .read_host_window(id, base * w, n * w)
-                    .map_err(unreadable)?;
+                    .map_err(|e| unreadable(&e))?;
                 out.extend(buf.iter().map(|x| x.to_bits()));
             }
         }
@@ -533,9 +535,9 @@ impl Engine {
                         message: format!("backend {} is not registered", r.backend),
                     })?;
                 b.write_host_window(id, base * w, &row)
-                    .map_err(|message| EngineError::Param {
+                    .map_err(|e| EngineError::Param {
                         name: "KV",
-                        message,
+                        message: e.to_string(),
                     })?;
             }
         }

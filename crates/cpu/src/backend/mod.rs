@@ -16,12 +16,15 @@
 
 mod weights;
 
+use minfer_graph::device_kit::checks;
 use minfer_graph::HostPool;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
-use minfer_graph::{Backend, BackendImpl, BufRef, CNode, DType, FusedOp, KvType, NodeMeta, Op};
+use minfer_graph::{
+    Backend, BackendError, BackendImpl, BufRef, CNode, DType, FusedOp, KvType, NodeMeta, Op,
+};
 
 use crate::matmul::{self, MatmulScratch, QMatrix};
 use crate::ops::attn::{self, AttnArgs, AttnScratch};
@@ -195,14 +198,15 @@ impl CpuBackend {
         in_bufs: &[BufRef],
         out_buf: BufRef,
         kv_pair: Option<(usize, usize)>,
-    ) -> Result<(), String> {
-        if in_bufs.len() != node.src.len() {
-            return Err(format!(
-                "{} sources but {} input buffers",
-                node.src.len(),
-                in_bufs.len()
-            ));
-        }
+    ) -> Result<(), BackendError> {
+        minfer_graph::device_kit::node::check_sources(node, in_bufs)?;
+        let foreign = |what: String, b: BufRef, count: usize| BackendError::ForeignBuffer {
+            what,
+            id: b.id,
+            owner: b.backend,
+            pool: "cpu".into(),
+            count,
+        };
         let is_attn = matches!(node.op, Op::Attn { .. });
         for (i, b) in in_bufs.iter().enumerate() {
             // Attention's second source is the KV view; the kernel reads `kv_pair` instead.
@@ -210,25 +214,21 @@ impl CpuBackend {
                 continue;
             }
             if b.backend != Backend::CPU || b.id >= self.mem.buffers.len() {
-                return Err(format!(
-                    "source {i} is buffer {} on {}, not in the cpu pool ({} buffers)",
-                    b.id,
-                    b.backend,
-                    self.mem.buffers.len()
-                ));
+                return Err(foreign(format!("source {i}"), *b, self.mem.buffers.len()));
             }
         }
         if out_buf.backend != Backend::CPU || out_buf.id >= self.mem.buffers.len() {
-            return Err(format!(
-                "output buffer {} on {} is not in the cpu pool",
-                out_buf.id, out_buf.backend
+            return Err(foreign(
+                "the output".into(),
+                out_buf,
+                self.mem.buffers.len(),
             ));
         }
         match node.op {
             Op::Input | Op::KvcacheLoad { .. } => return Ok(()),
             Op::KvcacheStore { layer } => return self.kv_store(node, layer, in_bufs, kv_pair),
             Op::FusedQKV { layer } | Op::FusedQkvNorm { layer } => {
-                return self.fused_qkv(node, layer, in_bufs, out_buf.id, kv_pair)
+                return Ok(self.fused_qkv(node, layer, in_bufs, out_buf.id, kv_pair)?);
             }
             _ => {}
         }
@@ -242,7 +242,7 @@ impl CpuBackend {
         }));
         // Back into the pool before anything else, unwinding included.
         self.mem.buffers[out_id] = out;
-        r.unwrap_or_else(|payload| resume_unwind(payload))
+        Ok(r.unwrap_or_else(|payload| resume_unwind(payload))?)
     }
 
     fn kv_store(
@@ -251,28 +251,13 @@ impl CpuBackend {
         layer: usize,
         in_bufs: &[BufRef],
         kv_pair: Option<(usize, usize)>,
-    ) -> Result<(), String> {
-        let NodeMeta::Kvcache(m) = &node.meta else {
-            return Err(format!("KV store without KV metadata: {:?}", node.meta));
-        };
-        if m.layer != layer {
-            return Err(format!("op layer {layer} but metadata layer {}", m.layer));
-        }
-        let (k_id, v_id) = kv_pair.ok_or_else(|| format!("no KV region for layer {layer}"))?;
-        let n = self.mem.buffers.len();
-        if k_id == v_id || k_id >= n || v_id >= n {
-            return Err(format!(
-                "layer {layer}: bad KV pair ({k_id}, {v_id}) in a pool of {n}"
-            ));
-        }
-        let [k_in, v_in, cells] = match in_bufs {
-            [a, b, c] => [a.id, b.id, c.id],
-            _ => return Err(format!("KV store takes 3 sources, got {}", in_bufs.len())),
-        };
+    ) -> Result<(), BackendError> {
+        let m = checks::kv_store_meta(layer, &node.meta)?;
+        let (k_id, v_id) = checks::kv_pair(layer, kv_pair, self.mem.buffers.len())?;
+        let ids: Vec<usize> = in_bufs.iter().map(|b| b.id).collect();
+        let [k_in, v_in, cells] = checks::kv_store_sources(&ids)?;
         if [k_in, v_in, cells].iter().any(|&i| i == k_id || i == v_id) {
-            return Err(format!(
-                "layer {layer}: a store input aliases the KV region"
-            ));
+            return Err(format!("layer {layer}: a store input aliases the KV region").into());
         }
         let mut kr = std::mem::take(&mut self.mem.buffers[k_id]);
         let mut vr = std::mem::take(&mut self.mem.buffers[v_id]);
@@ -298,7 +283,7 @@ impl CpuBackend {
         // Back into the pool before anything else, unwinding included.
         self.mem.buffers[k_id] = kr;
         self.mem.buffers[v_id] = vr;
-        r.unwrap_or_else(|payload| resume_unwind(payload))
+        Ok(r.unwrap_or_else(|payload| resume_unwind(payload))?)
     }
 
     /// `FusedQKV` / `FusedQkvNorm`: q, k and v in one product ([`matmul_group`]), then
@@ -1070,10 +1055,8 @@ impl BackendImpl for CpuBackend {
         self.kv_types
     }
 
-    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, String> {
-        self.weights
-            .register_gguf(file, "")
-            .map_err(|e| e.to_string())
+    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, BackendError> {
+        Ok(self.weights.register_gguf(file, "")?)
     }
 
     minfer_graph::host_pool_methods!(mem);
@@ -1084,20 +1067,24 @@ impl BackendImpl for CpuBackend {
         in_bufs: &[BufRef],
         out_buf: BufRef,
         kv_pair: Option<(usize, usize)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         self.run(node, in_bufs, out_buf, kv_pair)
-            .map_err(|e| format!("node {} '{}' ({}): {e}", node.id, node.name, node.op.name()))
     }
 
     fn read_host(&self, id: usize) -> Option<&[f32]> {
         self.mem.read(id)
     }
 
-    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
+    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), BackendError> {
         self.mem.write(id, data)
     }
 
-    fn write_host_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
+    fn write_host_window(
+        &mut self,
+        id: usize,
+        offset: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
         self.mem.write_window(id, offset, data)
     }
 

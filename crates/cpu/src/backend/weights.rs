@@ -43,6 +43,19 @@ pub enum WeightError {
     },
 }
 
+impl From<WeightError> for minfer_graph::BackendError {
+    fn from(e: WeightError) -> Self {
+        let (name, problem) = match e {
+            WeightError::Length { name, values, dims } => {
+                (name, format!("{values} values do not fill dims {dims:?}"))
+            }
+            WeightError::Dims { name, dims } => (name, format!("dims {dims:?} overflow")),
+            WeightError::Convert { name, message } => (name, message),
+        };
+        minfer_graph::WeightError { name, problem }.into()
+    }
+}
+
 enum Storage {
     Mapped { file: Arc<GgufFile>, index: usize },
     Owned(Vec<f32>),

@@ -2,7 +2,7 @@
 //! gathers, RMS norm, biases and rope.
 
 use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall};
-use minfer_graph::{CNode, Op, RoPEMeta, RopeStyle};
+use minfer_graph::{BackendError, CNode, Op, RoPEMeta, RopeStyle};
 
 use super::launch::{f32_arg, u32_of};
 use super::CudaBackend;
@@ -11,12 +11,12 @@ use crate::kernels::Kernel;
 use crate::replay::{Arg, Cmd};
 
 /// `v` as a u32 kernel argument.
-fn un(v: usize, what: &str) -> Result<Arg, String> {
+fn un(v: usize, what: &str) -> Result<Arg, BackendError> {
     u32_of(v, what).map(Arg::U32)
 }
 
 impl ElementwiseOps for CudaBackend {
-    fn binary(&mut self, c: &NodeCall) -> Result<(), String> {
+    fn binary(&mut self, c: &NodeCall) -> Result<(), BackendError> {
         let (io, n, out) = (&c.io, c.io.n, c.io.out);
         let nb = io.len(1, &self.pool);
         let k = if c.node.op == Op::Add {
@@ -41,7 +41,7 @@ impl ElementwiseOps for CudaBackend {
         Ok(())
     }
 
-    fn silu(&mut self, c: &NodeCall) -> Result<(), String> {
+    fn silu(&mut self, c: &NodeCall) -> Result<(), BackendError> {
         let n = c.io.n;
         let geom = dispatch::elementwise_geom(n)?;
         let args = vec![
@@ -53,7 +53,7 @@ impl ElementwiseOps for CudaBackend {
         Ok(())
     }
 
-    fn swiglu(&mut self, c: &NodeCall) -> Result<(), String> {
+    fn swiglu(&mut self, c: &NodeCall) -> Result<(), BackendError> {
         let n = c.io.n;
         let geom = dispatch::elementwise_geom(n)?;
         let args = vec![
@@ -66,12 +66,18 @@ impl ElementwiseOps for CudaBackend {
         Ok(())
     }
 
-    fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), String> {
+    fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), BackendError> {
         let (x, xl) = (Arg::Buf(c.io.id(0)?), c.io.len(0, &self.pool));
         self.norm(c.node, d, eps, x, xl, c.io.out)
     }
 
-    fn get_rows(&mut self, c: &NodeCall, d: usize, _rows: usize, sel: usize) -> Result<(), String> {
+    fn get_rows(
+        &mut self,
+        c: &NodeCall,
+        d: usize,
+        _rows: usize,
+        sel: usize,
+    ) -> Result<(), BackendError> {
         let (n, nt) = (c.io.n, c.io.nt);
         let x = self.src_arg(c.io.id(0)?, c.io.out)?;
         let geom = dispatch::elementwise_geom(n)?;
@@ -87,7 +93,7 @@ impl ElementwiseOps for CudaBackend {
     }
 
     /// The input copied into the output unless they are one buffer, then rotated there.
-    fn rope(&mut self, c: &NodeCall, m: &RoPEMeta, stride: usize) -> Result<(), String> {
+    fn rope(&mut self, c: &NodeCall, m: &RoPEMeta, stride: usize) -> Result<(), BackendError> {
         let (n, nt, out) = (c.io.n, c.io.nt, c.io.out);
         let x = c.io.id(0)?;
         if x != out {
@@ -111,7 +117,7 @@ impl CudaBackend {
         x: Arg,
         x_len: usize,
         out: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let n = node.n_elements();
         checks::norm(n, d, x_len, eps)?;
         let w = match checks::norm_weight(&node.meta)? {
@@ -145,10 +151,10 @@ impl CudaBackend {
         n_head: usize,
         m: &RoPEMeta,
         stride: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         checks::rope_meta(m)?;
         if self.len(pos) < nt {
-            return Err(format!("rope: {} positions for {nt} tokens", self.len(pos)));
+            return Err(format!("rope: {} positions for {nt} tokens", self.len(pos)).into());
         }
         let theta_scale = m.freq_base.powf(-2.0 / m.n_dims as f32);
         let geom = dispatch::elementwise_geom(nt * n_head * (m.n_dims / 2))?;
@@ -178,7 +184,7 @@ impl CudaBackend {
         n: usize,
         bias: &str,
         len: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let b = self.vector(bias, len)?;
         let geom = dispatch::elementwise_geom(n)?;
         self.launch(
@@ -203,7 +209,7 @@ impl CudaBackend {
         hd: usize,
         w: &str,
         eps: f32,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         checks::eps_ok(eps)?;
         let w = self.vector(w, hd)?;
         let geom = dispatch::norm_geom(rows)?;

@@ -4,7 +4,7 @@
 //! outputs).
 
 use minfer_graph::device_kit::{FusedOps, MatmulPlan, NodeCall, QkvPlan};
-use minfer_graph::QkvBiasRopeStoreMeta;
+use minfer_graph::{BackendError, QkvBiasRopeStoreMeta};
 
 use super::CudaBackend;
 use crate::replay::{Arg, Cmd};
@@ -15,7 +15,7 @@ impl FusedOps for CudaBackend {
     /// per-head q/k norms, rope on q and k, and the store of k and v at the positions
     /// (which are the KV rows: the builder emits these only without explicit spans).
     /// One token: the segments of a row are contiguous only then.
-    fn fused_qkv(&mut self, c: &NodeCall, f: &QkvPlan) -> Result<(), String> {
+    fn fused_qkv(&mut self, c: &NodeCall, f: &QkvPlan) -> Result<(), BackendError> {
         let (node, ids, out, kv_pair) = (c.node, &c.io.ids[..], c.io.out, c.kv_pair);
         let nt = node.out_shape[1].max(1);
         let (nqt, nkt) = (f.nqt, f.nkt);
@@ -24,17 +24,18 @@ impl FusedOps for CudaBackend {
             return Err(format!(
                 "output {:?} is not one token of [{nqt} + 2 x {nkt}]",
                 node.out_shape
-            ));
+            )
+            .into());
         }
         let hd = f.rope.hd;
         if hd == 0 || !nqt.is_multiple_of(hd) || !nkt.is_multiple_of(hd) {
-            return Err(format!(
-                "q rows {nqt} and k rows {nkt} are not whole heads of {hd}"
-            ));
+            return Err(
+                format!("q rows {nqt} and k rows {nkt} are not whole heads of {hd}").into(),
+            );
         }
         let [x_id, pos] = match ids {
             [a, b] => [*a, *b],
-            _ => return Err(format!("takes 2 sources, got {}", ids.len())),
+            _ => return Err(format!("takes 2 sources, got {}", ids.len()).into()),
         };
         let xl = self.len(x_id);
         let x = self.src_arg(x_id, out)?;
@@ -65,24 +66,25 @@ impl FusedOps for CudaBackend {
         }
         self.rope_at(pos, q, 1, nqt / hd, f.rope, rows)?;
         self.rope_at(pos, k, 1, nkt / hd, f.rope, rows)?;
-        let kv = kv_pair.ok_or_else(|| format!("no KV region for layer {}", f.layer))?;
-        if kv.0 == kv.1 || [kv.0, kv.1].contains(&out) || [kv.0, kv.1].contains(&pos) {
-            return Err(format!("layer {}: bad KV pair {kv:?}", f.layer));
-        }
+        let kv = store_pair(f.layer, kv_pair, out, pos)?;
         self.store_rows(f.layer, k, v, pos, 1, nkt, f.n_ctx, kv)
     }
 
     /// The mixed-quant epilogue (`qkv_bias_rope_store`): biases on the three matmul
     /// outputs, rope on q (the output) and k, and the store of k and v at the positions.
     /// k and v are worked on in snapshot areas, leaving their sources as they were.
-    fn bias_rope_store(&mut self, c: &NodeCall, m: &QkvBiasRopeStoreMeta) -> Result<(), String> {
+    fn bias_rope_store(
+        &mut self,
+        c: &NodeCall,
+        m: &QkvBiasRopeStoreMeta,
+    ) -> Result<(), BackendError> {
         let (node, ids, out, kv_pair) = (c.node, &c.io.ids[..], c.io.out, c.kv_pair);
         let layer = c.layer;
         let nt = node.out_shape[1].max(1);
         let (nqt, nkt, hd) = (m.nqt, m.nkt, m.rope.hd);
         let [q_in, k_in, v_in, pos] = match ids {
             [a, b, c, d] => [*a, *b, *c, *d],
-            _ => return Err(format!("takes 4 sources, got {}", ids.len())),
+            _ => return Err(format!("takes 4 sources, got {}", ids.len()).into()),
         };
         if hd == 0
             || !nqt.is_multiple_of(hd)
@@ -92,7 +94,8 @@ impl FusedOps for CudaBackend {
             return Err(format!(
                 "output {:?} is not [{nqt}, {nt}] in heads of {hd} (k rows {nkt})",
                 node.out_shape
-            ));
+            )
+            .into());
         }
         if self.len(q_in) < nqt * nt || self.len(k_in) < nkt * nt || self.len(v_in) < nkt * nt {
             return Err(format!(
@@ -100,7 +103,8 @@ impl FusedOps for CudaBackend {
                 self.len(q_in),
                 self.len(k_in),
                 self.len(v_in)
-            ));
+            )
+            .into());
         }
         if q_in != out {
             self.pending.push(Cmd::Copy {
@@ -116,10 +120,30 @@ impl FusedOps for CudaBackend {
         self.add_bias(v, nkt * nt, &m.v_bias, nkt)?;
         self.rope_at(pos, Arg::Buf(out), nt, nqt / hd, &m.rope, nqt)?;
         self.rope_at(pos, k, nt, nkt / hd, &m.rope, nkt)?;
-        let kv = kv_pair.ok_or_else(|| format!("no KV region for layer {layer}"))?;
-        if kv.0 == kv.1 || [kv.0, kv.1].contains(&out) || [kv.0, kv.1].contains(&pos) {
-            return Err(format!("layer {layer}: bad KV pair {kv:?}"));
-        }
+        let kv = store_pair(layer, kv_pair, out, pos)?;
         self.store_rows(layer, k, v, pos, nt, nkt, m.n_ctx, kv)
     }
+}
+
+/// The KV pair a fused epilogue stores into: present, two buffers, neither the output
+/// `out` nor the positions `pos` it reads.
+fn store_pair(
+    layer: usize,
+    kv_pair: Option<(usize, usize)>,
+    out: usize,
+    pos: usize,
+) -> Result<(usize, usize), BackendError> {
+    let (k, v) = kv_pair.ok_or(BackendError::KvPair {
+        layer,
+        pair: None,
+        problem: String::new(),
+    })?;
+    if k == v || [k, v].contains(&out) || [k, v].contains(&pos) {
+        return Err(BackendError::KvPair {
+            layer,
+            pair: kv_pair,
+            problem: format!("unusable (output buffer {out}, positions {pos})"),
+        });
+    }
+    Ok((k, v))
 }

@@ -3,7 +3,7 @@
 //! and spans are range checked on the host before any kernel reads them.
 
 use minfer_graph::device_kit::{checks, KvOps, NodeCall};
-use minfer_graph::{AttnMeta, KvcacheMeta};
+use minfer_graph::{AttnMeta, BackendError, KvcacheMeta};
 
 use super::launch::{f32_arg, u32_of};
 use super::CudaBackend;
@@ -12,14 +12,12 @@ use crate::kernels::Kernel;
 use crate::replay::Arg;
 
 impl KvOps for CudaBackend {
-    fn kv_store(&mut self, c: &NodeCall, m: &KvcacheMeta) -> Result<(), String> {
+    fn kv_store(&mut self, c: &NodeCall, m: &KvcacheMeta) -> Result<(), BackendError> {
         let layer = c.layer;
         let (k_id, v_id) = checks::kv_pair(layer, c.kv_pair, self.pool.count())?;
         let [k_in, v_in, cells] = checks::kv_store_sources(&c.io.ids)?;
         if [k_in, v_in, cells].iter().any(|&i| i == k_id || i == v_id) {
-            return Err(format!(
-                "layer {layer}: a store input aliases the KV region"
-            ));
+            return Err(format!("layer {layer}: a store input aliases the KV region").into());
         }
         let nt = self.len(cells);
         let (n_embd, n_ctx) = (m.n_embd, m.n_ctx);
@@ -28,7 +26,8 @@ impl KvOps for CudaBackend {
                 "KV store layer {layer}: k {} / v {} values for {nt} rows of {n_embd}",
                 self.len(k_in),
                 self.len(v_in)
-            ));
+            )
+            .into());
         }
         let kv = (k_id, v_id);
         self.store_rows(
@@ -43,14 +42,20 @@ impl KvOps for CudaBackend {
         )
     }
 
-    fn attn(&mut self, c: &NodeCall, m: &AttnMeta, explicit_span: bool) -> Result<(), String> {
+    fn attn(
+        &mut self,
+        c: &NodeCall,
+        m: &AttnMeta,
+        explicit_span: bool,
+    ) -> Result<(), BackendError> {
         let (io, nt, out) = (&c.io, c.io.nt, c.io.out);
         let (k_id, v_id) = checks::attn_kv(m, c.kv_pair, out, self.pool.count())?;
         if m.n_head == 0 || m.n_head_kv == 0 || !m.n_head.is_multiple_of(m.n_head_kv) {
             return Err(format!(
                 "attention geometry: n_head {} must be a positive multiple of n_head_kv {}",
                 m.n_head, m.n_head_kv
-            ));
+            )
+            .into());
         }
         let geom = dispatch::attn_geom(m.n_head, nt, m.hd)?;
         let (q_stride, pos_id, span_id) =
@@ -91,7 +96,7 @@ impl CudaBackend {
         n_embd: usize,
         n_ctx: usize,
         (k_id, v_id): (usize, usize),
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         checks::kv_regions(layer, (self.len(k_id), self.len(v_id)), n_embd, n_ctx)?;
         checks::kv_cells(layer, &self.pool.host_ints(cells, nt, "KV cells")?, n_ctx)?;
         if nt == 0 {

@@ -4,6 +4,8 @@
 
 use std::sync::atomic::Ordering;
 
+use minfer_graph::BackendError;
+
 use super::{CudaBackend, PROCESS_STATS};
 use crate::device::{DevLauncher, Pinned};
 use crate::dispatch::Geom;
@@ -23,8 +25,9 @@ pub(super) fn args_match(kernel: Kernel, args: &[Arg]) -> bool {
 }
 
 /// `v` as a kernel argument, or an error naming `what` when it does not fit.
-pub(super) fn u32_of(v: usize, what: &str) -> Result<u32, String> {
-    u32::try_from(v).map_err(|_| format!("{what} {v} does not fit the kernels' 32-bit indices"))
+pub(super) fn u32_of(v: usize, what: &str) -> Result<u32, BackendError> {
+    u32::try_from(v)
+        .map_err(|_| format!("{what} {v} does not fit the kernels' 32-bit indices").into())
 }
 
 /// An f32 kernel argument.
@@ -47,7 +50,7 @@ impl CudaBackend {
     }
 
     /// Runs the recorded split through the replay cache and waits for the stream.
-    pub(super) fn flush(&mut self) -> Result<(), String> {
+    pub(super) fn flush(&mut self) -> Result<(), BackendError> {
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -55,12 +58,13 @@ impl CudaBackend {
             self.pending.clear();
             self.staged.clear();
             self.nodes = None;
-            return Err(e);
+            return Err(e.into());
         }
         self.gpu.bind()?;
         let cmds = std::mem::take(&mut self.pending);
         let staged = std::mem::take(&mut self.staged);
-        let nodes = self.nodes.take().map_or((0, 0), |(a, b)| (a, b + 1));
+        // The split the scheduler opened; (0, 0) for work recorded outside one.
+        let nodes = self.nodes.take().unwrap_or((0, 0));
         if !staged.is_empty() {
             if self.staging.as_ref().is_none_or(|p| p.len() < staged.len()) {
                 self.staging = Some(Pinned::new(crate::device::staging_len(staged.len())?)?);
@@ -100,11 +104,22 @@ impl CudaBackend {
             }
         };
         PROCESS_STATS[slot].fetch_add(1, Ordering::Relaxed);
-        self.gpu.sync()
+        self.gpu.sync().map_err(BackendError::device)
+    }
+
+    /// [`Self::flush`], dropping what was recorded when it fails (it cannot run again).
+    pub(super) fn flush_or_discard(&mut self) -> Result<(), BackendError> {
+        let r = self.flush();
+        if r.is_err() {
+            self.pending.clear();
+            self.staged.clear();
+            self.nodes = None;
+        }
+        r
     }
 
     /// Runs what is recorded and reads buffer `id` back.
-    pub(super) fn readback(&mut self, id: usize) -> Result<Vec<f32>, String> {
+    pub(super) fn readback(&mut self, id: usize) -> Result<Vec<f32>, BackendError> {
         self.take_failure()?;
         self.gpu.bind()?;
         self.flush()?;
@@ -112,21 +127,23 @@ impl CudaBackend {
             .pool
             .bufs
             .get(id)
-            .ok_or_else(|| format!("buffer {id} does not exist"))?;
+            .ok_or(BackendError::NoSuchBuffer { id })?;
         let ptr = b
             .mem
             .as_ref()
             .map(|m| m.ptr)
-            .ok_or_else(|| format!("buffer {id} has no storage"))?;
+            .ok_or(BackendError::NoStorage { id })?;
         let mut out = vec![0f32; b.len];
-        self.gpu.readback(ptr, &mut out, &mut self.readback)?;
+        self.gpu
+            .readback(ptr, &mut out, &mut self.readback)
+            .map_err(BackendError::device)?;
         Ok(out)
     }
 
     /// The error of a split `synchronize` ran, once.
-    pub(super) fn take_failure(&mut self) -> Result<(), String> {
+    pub(super) fn take_failure(&mut self) -> Result<(), BackendError> {
         match self.failed.take() {
-            Some(e) => Err(format!("an earlier split failed: {e}")),
+            Some(e) => Err(format!("an earlier split failed: {e}").into()),
             None => Ok(()),
         }
     }

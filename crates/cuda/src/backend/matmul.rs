@@ -3,7 +3,7 @@
 //! embedding lookup.
 
 use minfer_graph::device_kit::{checks, MatmulOps, MatmulPlan, NodeCall};
-use minfer_graph::{EmbedMeta, FusedFfnMeta, MatMulMeta};
+use minfer_graph::{BackendError, EmbedMeta, FusedFfnMeta, MatMulMeta};
 
 use super::launch::u32_of;
 use super::weights::SUB_BLOCK;
@@ -13,7 +13,7 @@ use crate::kernels::Kernel;
 use crate::replay::Arg;
 
 impl MatmulOps for CudaBackend {
-    fn matmul(&mut self, c: &NodeCall, m: &MatMulMeta) -> Result<(), String> {
+    fn matmul(&mut self, c: &NodeCall, m: &MatMulMeta) -> Result<(), BackendError> {
         let xl = c.io.len(0, &self.pool);
         let x = self.src_arg(c.io.id(0)?, c.io.out)?;
         self.product(&MatmulPlan::of(m), x, xl, c.io.nt, c.io.out)
@@ -21,7 +21,7 @@ impl MatmulOps for CudaBackend {
 
     /// Gate into columns 0..nf of each row, up into nf..2nf, then SwiGLU in place over
     /// the gate half: the unfused chain's kernels in one node.
-    fn fused_ffn(&mut self, c: &NodeCall, m: &FusedFfnMeta) -> Result<(), String> {
+    fn fused_ffn(&mut self, c: &NodeCall, m: &FusedFfnMeta) -> Result<(), BackendError> {
         let (nf, nt, out) = (m.nf, c.io.nt, c.io.out);
         let xl = c.io.len(0, &self.pool);
         let x = self.src_arg(c.io.id(0)?, out)?;
@@ -40,7 +40,7 @@ impl MatmulOps for CudaBackend {
 
     /// Rows of the (possibly quantized) table at the host-written token ids, decoded by
     /// the kernel.
-    fn embed(&mut self, c: &NodeCall, m: &EmbedMeta) -> Result<(), String> {
+    fn embed(&mut self, c: &NodeCall, m: &EmbedMeta) -> Result<(), BackendError> {
         let (n, nt, tokens) = (c.io.n, c.io.nt, c.io.id(0)?);
         let w = self.weight(&m.weight_name)?;
         let (ty, row_bytes, rows, index) = (w.ty, w.row_bytes, w.out_dim, w.place);
@@ -68,7 +68,7 @@ impl CudaBackend {
         x_len: usize,
         nt: usize,
         out: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let w = self.weight(a.name)?;
         let (ty, row_bytes, index) = (w.ty, w.row_bytes, w.place);
         let w_dims = (w.in_dim, w.out_dim);
@@ -78,7 +78,8 @@ impl CudaBackend {
             return Err(format!(
                 "matmul with '{}': rows of {} values are not whole sub-blocks of {SUB_BLOCK}",
                 a.name, a.in_dim
-            ));
+            )
+            .into());
         }
         let stride = a.check(w_dims, x_len, nt, self.len(out))?;
         let bias = match a.bias {

@@ -4,10 +4,11 @@
 //!   exactly the requested length (cleared in stream order), `alloc_fresh` always makes
 //!   one. An id keeps its address until its storage is released, so captured graphs
 //!   stay valid; every change of an address bumps the pool generation.
-//! - Recording: `execute_node` validates a node and records its launches as commands;
-//!   host writes are recorded as uploads from the pinned staging area. `synchronize`
-//!   (every split boundary) runs the split through the replay cache, which launches
-//!   directly, captures, or replays, and waits for the stream.
+//! - Recording: `begin_split` opens the split the scheduler names; `execute_node`
+//!   validates a node and records its launches as commands; host writes are recorded as
+//!   uploads from the pinned staging area. `end_split` (or `synchronize`) runs the split
+//!   through the replay cache, keyed on that split's node range and its commands, which
+//!   launches directly, captures, or replays, and waits for the stream.
 //! - Index inputs (token ids, positions, KV cells, spans) are range checked on the host
 //!   before a kernel may read them: they arrive through `write_host`, so the pool keeps
 //!   a host copy of every small buffer the host wrote, dropped once a kernel writes it.
@@ -23,7 +24,7 @@ use std::sync::Arc;
 
 use minfer_gguf::{GgmlType, GgufFile};
 use minfer_graph::device_kit::{self, dispatch, DeviceHost, DevicePool, WeightTable};
-use minfer_graph::{Backend, BackendImpl, BufRef, CNode, FusedOp, KvType};
+use minfer_graph::{Backend, BackendError, BackendImpl, BufRef, CNode, FusedOp, KvType, SplitSpan};
 
 use crate::device::{DevMem, GraphExec, Pinned};
 use crate::kernels::WEIGHT_TYPES;
@@ -70,7 +71,8 @@ pub struct CudaBackend {
     weights: WeightTable<usize, DevMem>,
     scratch: Option<DevMem>,
     snaps: std::collections::HashMap<(usize, usize), DevMem>,
-    /// The split being recorded: commands, upload data, node id range.
+    /// The split being recorded: commands, upload data, and the `[start, end)` node
+    /// range the scheduler opened it with (`begin_split`), which keys its replay.
     pending: Vec<Cmd>,
     staged: Vec<f32>,
     nodes: Option<(usize, usize)>,
@@ -89,7 +91,7 @@ pub struct CudaBackend {
     bad_launch: Option<String>,
     /// An error of a split that `synchronize` (which cannot fail) ran, reported by the
     /// next call that can.
-    failed: Option<String>,
+    failed: Option<BackendError>,
     /// Last: fields drop in order, so memory and graphs are freed while the context lives.
     gpu: crate::device::Gpu,
 }
@@ -185,11 +187,11 @@ impl DeviceHost for CudaBackend {
         &mut self.pool
     }
 
-    fn read_back(&mut self, id: usize) -> Result<Vec<f32>, String> {
+    fn read_back(&mut self, id: usize) -> Result<Vec<f32>, BackendError> {
         self.readback(id)
     }
 
-    fn upload(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
+    fn upload(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), BackendError> {
         self.ensure_storage(id)?;
         // Recorded in order with the launches, from the pinned staging area.
         self.pending.push(Cmd::Upload {
@@ -212,7 +214,7 @@ impl BackendImpl for CudaBackend {
         "cuda"
     }
 
-    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, String> {
+    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, BackendError> {
         self.register_file(file)
     }
 
@@ -253,7 +255,7 @@ impl BackendImpl for CudaBackend {
         usize::try_from(self.gpu.summary.max_buffer_bytes() / 4).unwrap_or(usize::MAX)
     }
 
-    fn try_alloc_buffer(&mut self, size: usize) -> Result<usize, String> {
+    fn try_alloc_buffer(&mut self, size: usize) -> Result<usize, BackendError> {
         minfer_graph::check_buffer_size("cuda", size, self.max_buffer_elems())?;
         if let Some(pos) = self.reusable(size) {
             return Ok(self.reuse(pos, size));
@@ -261,7 +263,7 @@ impl BackendImpl for CudaBackend {
         self.try_alloc_fresh(size)
     }
 
-    fn try_alloc_fresh(&mut self, size: usize) -> Result<usize, String> {
+    fn try_alloc_fresh(&mut self, size: usize) -> Result<usize, BackendError> {
         minfer_graph::check_buffer_size("cuda", size, self.max_buffer_elems())?;
         let mem = self.device_mem(size)?;
         Ok(self.push_buf(Some(mem), size))
@@ -301,23 +303,25 @@ impl BackendImpl for CudaBackend {
         in_bufs: &[BufRef],
         out_buf: BufRef,
         kv_pair: Option<(usize, usize)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         self.take_failure()?;
-        self.nodes = Some(match self.nodes {
-            None => (node.id, node.id),
-            Some((a, b)) => (a.min(node.id), b.max(node.id)),
-        });
         dispatch::run(self, node, in_bufs, out_buf, kv_pair)
-            .map_err(|e| device_kit::node_error(node, e))
+    }
+
+    fn begin_split(&mut self, split: SplitSpan) -> Result<(), BackendError> {
+        self.take_failure()?;
+        self.nodes = Some(split.nodes);
+        Ok(())
+    }
+
+    fn end_split(&mut self) -> Result<(), BackendError> {
+        self.flush_or_discard()
     }
 
     fn synchronize(&mut self) {
         // The trait's wait cannot fail; an error is kept and reported by the next
-        // readback (which fails), so it is never lost.
-        if let Err(e) = self.flush() {
-            self.pending.clear();
-            self.staged.clear();
-            self.nodes = None;
+        // call that can fail, so it is never lost.
+        if let Err(e) = self.flush_or_discard() {
             self.failed = Some(e);
         }
     }

@@ -3,6 +3,7 @@
 //! address bumps (captured graphs hold addresses, so they are dropped then).
 
 use minfer_graph::device_kit::HostCopy;
+use minfer_graph::BackendError;
 
 use super::CudaBackend;
 use crate::device::DevMem;
@@ -17,12 +18,16 @@ impl CudaBackend {
 
     /// Zeroed device memory for `size` f32s, or why there is none (the byte count
     /// overflowing included, never a wrapped size).
-    pub(super) fn device_mem(&self, size: usize) -> Result<DevMem, String> {
+    pub(super) fn device_mem(&self, size: usize) -> Result<DevMem, BackendError> {
         let bytes = size
             .checked_mul(4)
             .ok_or_else(|| format!("a buffer of {size} f32s does not fit in memory"))?;
         self.gpu.bind()?;
-        DevMem::zeroed(bytes)
+        DevMem::zeroed(bytes).map_err(|message| BackendError::OutOfMemory {
+            backend: "cuda".into(),
+            bytes,
+            message,
+        })
     }
 
     /// A new pool buffer of `size` f32s over `mem` (`None`: no storage, see
@@ -52,7 +57,7 @@ impl CudaBackend {
 
     /// The source `id`, or a snapshot of it when it is also the output (kernels that
     /// read whole rows must not see their own writes).
-    pub(super) fn src_arg(&mut self, id: usize, out: usize) -> Result<Arg, String> {
+    pub(super) fn src_arg(&mut self, id: usize, out: usize) -> Result<Arg, BackendError> {
         if id != out {
             return Ok(Arg::Buf(id));
         }
@@ -60,7 +65,12 @@ impl CudaBackend {
     }
 
     /// A copy of `len` values at `src` in snapshot area `slot` (made on first use).
-    pub(super) fn snapshot(&mut self, slot: usize, src: Arg, len: usize) -> Result<Arg, String> {
+    pub(super) fn snapshot(
+        &mut self,
+        slot: usize,
+        src: Arg,
+        len: usize,
+    ) -> Result<Arg, BackendError> {
         if !self.snaps.contains_key(&(slot, len)) {
             self.gpu.bind()?;
             self.snaps.insert((slot, len), DevMem::zeroed(len * 4)?);
@@ -72,7 +82,7 @@ impl CudaBackend {
     }
 
     /// Makes the scratch area hold at least `bytes`.
-    pub(super) fn ensure_scratch(&mut self, bytes: usize) -> Result<(), String> {
+    pub(super) fn ensure_scratch(&mut self, bytes: usize) -> Result<(), BackendError> {
         if self.scratch.as_ref().is_none_or(|s| s.bytes < bytes) {
             // Every earlier use of the old area is in `pending` or finished; the
             // commands resolve addresses at flush time, so they all see the new one.
@@ -84,7 +94,7 @@ impl CudaBackend {
     }
 
     /// Gives buffer `id` storage again when it was released (a host write to it).
-    pub(super) fn ensure_storage(&mut self, id: usize) -> Result<(), String> {
+    pub(super) fn ensure_storage(&mut self, id: usize) -> Result<(), BackendError> {
         if self.pool.bufs[id].mem.is_none() {
             self.gpu.bind()?;
             self.pool.bufs[id].mem = Some(DevMem::zeroed(self.pool.bufs[id].len * 4)?);

@@ -4,7 +4,7 @@
 
 use minfer_gguf::{GgmlType, GgufFile};
 use minfer_graph::device_kit::DeviceWeight;
-use minfer_graph::{CNode, NodeMeta};
+use minfer_graph::{BackendError, CNode, NodeMeta};
 
 use super::CudaBackend;
 use crate::device::DevMem;
@@ -54,7 +54,7 @@ impl CudaBackend {
 
     /// Registers every tensor of `file` whose type the kernels decode (the rest are
     /// remembered, so a node using one is declined), then the q|k|v concatenations.
-    pub(super) fn register_file(&mut self, file: &GgufFile) -> Result<usize, String> {
+    pub(super) fn register_file(&mut self, file: &GgufFile) -> Result<usize, BackendError> {
         let gpu = &self.gpu;
         let mut added = self
             .weights
@@ -72,7 +72,7 @@ impl CudaBackend {
     /// rows are contiguous, so it is the three tensors' bytes in a row) under the name
     /// the model builders give it, where the three share type and input width; the
     /// decode QKV fusions multiply against it in one launch. Returns how many.
-    pub(super) fn register_qkv_concats(&mut self, file: &GgufFile) -> Result<usize, String> {
+    pub(super) fn register_qkv_concats(&mut self, file: &GgufFile) -> Result<usize, BackendError> {
         let mut added = 0;
         let mut all = true;
         let mut layers = 0;
@@ -119,12 +119,12 @@ impl CudaBackend {
     }
 
     /// The weight `name`, or why there is none.
-    pub(super) fn weight(&self, name: &str) -> Result<&DeviceWeight<usize>, String> {
+    pub(super) fn weight(&self, name: &str) -> Result<&DeviceWeight<usize>, BackendError> {
         self.weights.get(name)
     }
 
     /// An f32 vector weight of exactly `len` values.
-    pub(super) fn vector(&self, name: &str, len: usize) -> Result<usize, String> {
+    pub(super) fn vector(&self, name: &str, len: usize) -> Result<usize, BackendError> {
         self.weights.vector(name, len, |&i| Some(i))
     }
 

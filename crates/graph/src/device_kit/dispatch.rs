@@ -6,6 +6,7 @@
 use super::checks;
 use super::node::NodeBufs;
 use super::pool::DeviceHost;
+use crate::backend_error::BackendError;
 use crate::ir::{BufRef, CNode, Op};
 use crate::meta::{
     AttnMeta, EmbedMeta, FusedFfnMeta, FusedQkvMeta, FusedQkvNormMeta, KvcacheMeta, MatMulMeta,
@@ -82,7 +83,7 @@ impl<'a> MatmulPlan<'a> {
         x_len: usize,
         nt: usize,
         out_len: usize,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, BackendError> {
         checks::matmul_weight(self.name, w, (self.in_dim, self.out_dim))?;
         let stride = checks::matmul_input(self.name, x_len, nt, self.in_dim)?;
         let cols = (self.y_off, self.out_dim, self.y_stride);
@@ -154,44 +155,55 @@ impl<'a> QkvPlan<'a> {
 /// Element-wise and row-wise ops; each is called after the kit's checks of its sizes.
 pub trait ElementwiseOps {
     /// `Add` / `Mul` (sizes checked: the second source broadcasts over the first).
-    fn binary(&mut self, c: &NodeCall) -> Result<(), String>;
+    fn binary(&mut self, c: &NodeCall) -> Result<(), BackendError>;
     /// `Silu` (sizes checked).
-    fn silu(&mut self, c: &NodeCall) -> Result<(), String>;
+    fn silu(&mut self, c: &NodeCall) -> Result<(), BackendError>;
     /// `SwiGLU` (sizes checked).
-    fn swiglu(&mut self, c: &NodeCall) -> Result<(), String>;
+    fn swiglu(&mut self, c: &NodeCall) -> Result<(), BackendError>;
     /// `RmsNorm` (rows of `d`, the output's width) and `QkNorm` (rows of a head).
-    fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), String>;
+    fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), BackendError>;
     /// `GetRows` over values: rows of `d` of the first source (`rows` of them) at the
     /// row ids of buffer `sel`, checked on the host.
-    fn get_rows(&mut self, c: &NodeCall, d: usize, rows: usize, sel: usize) -> Result<(), String>;
+    fn get_rows(
+        &mut self,
+        c: &NodeCall,
+        d: usize,
+        rows: usize,
+        sel: usize,
+    ) -> Result<(), BackendError>;
     /// `RoPE` in token rows of `stride` (metadata and sizes checked).
-    fn rope(&mut self, c: &NodeCall, m: &RoPEMeta, stride: usize) -> Result<(), String>;
+    fn rope(&mut self, c: &NodeCall, m: &RoPEMeta, stride: usize) -> Result<(), BackendError>;
 }
 
 /// Matrix products and weight lookups.
 pub trait MatmulOps {
     /// `MatMul` (the output's size checked against the weight's rows).
-    fn matmul(&mut self, c: &NodeCall, m: &MatMulMeta) -> Result<(), String>;
+    fn matmul(&mut self, c: &NodeCall, m: &MatMulMeta) -> Result<(), BackendError>;
     /// `FusedFFN` (the output's size checked).
-    fn fused_ffn(&mut self, c: &NodeCall, m: &FusedFfnMeta) -> Result<(), String>;
+    fn fused_ffn(&mut self, c: &NodeCall, m: &FusedFfnMeta) -> Result<(), BackendError>;
     /// `GetRows` over a weight table (the embedding).
-    fn embed(&mut self, c: &NodeCall, m: &EmbedMeta) -> Result<(), String>;
+    fn embed(&mut self, c: &NodeCall, m: &EmbedMeta) -> Result<(), BackendError>;
 }
 
 /// The decode QKV fusions.
 pub trait FusedOps {
     /// `FusedQKV` and `FusedQkvNorm`.
-    fn fused_qkv(&mut self, c: &NodeCall, p: &QkvPlan) -> Result<(), String>;
+    fn fused_qkv(&mut self, c: &NodeCall, p: &QkvPlan) -> Result<(), BackendError>;
     /// `QkvBiasRopeStore` of `c.layer`.
-    fn bias_rope_store(&mut self, c: &NodeCall, m: &QkvBiasRopeStoreMeta) -> Result<(), String>;
+    fn bias_rope_store(
+        &mut self,
+        c: &NodeCall,
+        m: &QkvBiasRopeStoreMeta,
+    ) -> Result<(), BackendError>;
 }
 
 /// The KV cache: stores and attention.
 pub trait KvOps {
     /// `KvcacheStore` of `c.layer` (its metadata checked against it).
-    fn kv_store(&mut self, c: &NodeCall, m: &KvcacheMeta) -> Result<(), String>;
+    fn kv_store(&mut self, c: &NodeCall, m: &KvcacheMeta) -> Result<(), BackendError>;
     /// `Attn` over the layer's regions.
-    fn attn(&mut self, c: &NodeCall, m: &AttnMeta, explicit_span: bool) -> Result<(), String>;
+    fn attn(&mut self, c: &NodeCall, m: &AttnMeta, explicit_span: bool)
+        -> Result<(), BackendError>;
 }
 
 /// Executes `node` on backend `b`: the prologue, the shared checks, the op family's
@@ -202,7 +214,7 @@ pub fn run<B>(
     in_bufs: &[BufRef],
     out_buf: BufRef,
     kv_pair: Option<(usize, usize)>,
-) -> Result<(), String>
+) -> Result<(), BackendError>
 where
     B: DeviceHost + ElementwiseOps + MatmulOps + FusedOps + KvOps + ?Sized,
 {
@@ -255,7 +267,11 @@ where
             let d = node.out_shape[0];
             let rows = len0.checked_div(d).unwrap_or(0);
             checks::get_rows(d, n, nt)?;
-            let sel = *c.io.ids.get(1).ok_or("get_rows needs 2 sources")?;
+            let sel = *c
+                .io
+                .ids
+                .get(1)
+                .ok_or(BackendError::MissingSource("get_rows needs 2 sources"))?;
             checks::row_ids(&pool.host_ints(sel, nt, "row ids")?, rows)?;
             b.get_rows(&c, d, rows, sel)?;
         }
@@ -271,11 +287,13 @@ where
             b.attn(&c, m, *explicit_span)?;
         }
         (op, meta) => {
-            return Err(format!(
-                "{} with metadata {meta:?} is not implemented by the {} backend",
-                op.name(),
-                pool.label()
-            ))
+            return Err(BackendError::Unsupported {
+                op: op.name().to_string(),
+                detail: format!(
+                    "with metadata {meta:?} is not implemented by the {} backend",
+                    pool.label()
+                ),
+            })
         }
     }
     b.device_pool_mut().written_by_device(out);

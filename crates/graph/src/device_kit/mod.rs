@@ -9,7 +9,7 @@
 //! - [`weights`]: weights by name in their GGUF layout, the skipped tensors, and the
 //!   registration checks, over the backend's upload;
 //! - [`node`]: the capability answers (`supports_op`, `supports_node`), the node
-//!   prologue (sources and output resolved to pool ids and checked), the error wording;
+//!   prologue (sources and output resolved to pool ids and checked);
 //! - [`dispatch`]: the node dispatch over one trait per op family
 //!   ([`ElementwiseOps`], [`MatmulOps`], [`FusedOps`], [`KvOps`]), which a backend
 //!   implements beside that family's kernels, and the plans of the fused products;
@@ -27,7 +27,7 @@ pub mod pool;
 pub mod weights;
 
 pub use dispatch::{ElementwiseOps, FusedOps, KvOps, MatmulOps, MatmulPlan, NodeCall, QkvPlan};
-pub use node::{node_error, supports_node, supports_op, NodeBufs};
+pub use node::{supports_node, supports_op, NodeBufs};
 pub use pool::{DeviceBuf, DeviceHost, DevicePool, HostCopy, HOST_COPY_MAX};
 pub use weights::{DeviceWeight, WeightError, WeightLayout, WeightTable};
 
@@ -65,7 +65,7 @@ macro_rules! device_backend_methods {
             None
         }
 
-        fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
+        fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), $crate::BackendError> {
             $crate::device_kit::pool::write_host(self, id, data)
         }
 
@@ -74,7 +74,7 @@ macro_rules! device_backend_methods {
             id: usize,
             offset: usize,
             data: &[f32],
-        ) -> Result<(), String> {
+        ) -> Result<(), $crate::BackendError> {
             $crate::device_kit::pool::write_host_window(self, id, offset, data)
         }
 
@@ -82,7 +82,7 @@ macro_rules! device_backend_methods {
             $crate::device_kit::DeviceHost::read_back(self, id).ok()
         }
 
-        fn copy_cross(&mut self, src_id: usize) -> Result<$crate::CrossCopy, String> {
+        fn copy_cross(&mut self, src_id: usize) -> Result<$crate::CrossCopy, $crate::BackendError> {
             let data = $crate::device_kit::DeviceHost::read_back(self, src_id)?;
             Ok($crate::CrossCopy {
                 src_id,

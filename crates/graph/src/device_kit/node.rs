@@ -3,6 +3,7 @@
 //! capability answers every device backend gives the same way.
 
 use super::pool::DevicePool;
+use crate::backend_error::BackendError;
 use crate::ir::{BufRef, CNode, DType, Op};
 use crate::meta::AttnMeta;
 
@@ -45,19 +46,13 @@ pub fn supports_node(
     supports_op(&node.op, node.out_dtype) && (kv_here || !kv) && weights_decoded(node)
 }
 
-/// An execution error in the words every backend uses: the node, its name and op.
-pub fn node_error(node: &CNode, e: String) -> String {
-    format!("node {} '{}' ({}): {e}", node.id, node.name, node.op.name())
-}
-
 /// A node's inputs match its sources one for one.
-pub fn check_sources(node: &CNode, in_bufs: &[BufRef]) -> Result<(), String> {
+pub fn check_sources(node: &CNode, in_bufs: &[BufRef]) -> Result<(), BackendError> {
     if in_bufs.len() != node.src.len() {
-        return Err(format!(
-            "{} sources but {} input buffers",
-            node.src.len(),
-            in_bufs.len()
-        ));
+        return Err(BackendError::SourceCount {
+            sources: node.src.len(),
+            bufs: in_bufs.len(),
+        });
     }
     Ok(())
 }
@@ -84,7 +79,7 @@ impl NodeBufs {
         node: &CNode,
         in_bufs: &[BufRef],
         out_buf: BufRef,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BackendError> {
         check_sources(node, in_bufs)?;
         let is_attn = matches!(node.op, Op::Attn { .. });
         let out = pool.id_of(out_buf, "the output")?;
@@ -99,21 +94,21 @@ impl NodeBufs {
         }
         let n = node.n_elements();
         if !super::checks::writes_no_output(&node.op) && pool.len(out) < n {
-            return Err(format!(
-                "output buffer holds {}, node needs {n}",
-                pool.len(out)
-            ));
+            return Err(BackendError::OutputTooSmall {
+                holds: pool.len(out),
+                needs: n,
+            });
         }
         let nt = node.out_shape[1].max(1);
         Ok(Self { out, ids, n, nt })
     }
 
     /// Source `i`'s id.
-    pub fn id(&self, i: usize) -> Result<usize, String> {
+    pub fn id(&self, i: usize) -> Result<usize, BackendError> {
         self.ids
             .get(i)
             .copied()
-            .ok_or_else(|| format!("missing source {i}"))
+            .ok_or(BackendError::NoSource { index: i })
     }
 
     /// Source `i`'s length in `pool` (0 when missing).
@@ -131,7 +126,7 @@ impl NodeBufs {
         m: &AttnMeta,
         explicit_span: bool,
         (k_id, v_id): (usize, usize),
-    ) -> Result<(usize, usize, usize), String> {
+    ) -> Result<(usize, usize, usize), BackendError> {
         super::checks::attn_out(node, m, self.nt, self.n)?;
         let x_len = self.len(0, pool);
         let q_stride = m.check_q_and_kv(self.nt, x_len, pool.len(k_id), pool.len(v_id))?;
@@ -147,17 +142,15 @@ impl NodeBufs {
         pool: &DevicePool<M>,
         m: &AttnMeta,
         explicit_span: bool,
-    ) -> Result<(usize, usize), String> {
+    ) -> Result<(usize, usize), BackendError> {
         let nt = self.nt;
-        let pos_id = *self
-            .ids
-            .get(2)
-            .ok_or("attention needs a positions source")?;
+        let pos_id = *self.ids.get(2).ok_or(BackendError::MissingSource(
+            "attention needs a positions source",
+        ))?;
         let span_id = if explicit_span {
-            let s = *self
-                .ids
-                .get(3)
-                .ok_or("span attention needs a span source")?;
+            let s = *self.ids.get(3).ok_or(BackendError::MissingSource(
+                "span attention needs a span source",
+            ))?;
             m.check_spans(&pool.host_ints(s, 2 * nt, "attention spans")?)?;
             s
         } else {

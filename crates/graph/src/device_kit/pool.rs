@@ -7,6 +7,7 @@
 //! inputs and stages cross-backend values that way), so the pool keeps a host copy of
 //! every small buffer the host wrote, dropped as soon as a kernel overwrites it.
 
+use crate::backend_error::BackendError;
 use crate::ir::{Backend, BufRef};
 
 /// Largest host-written buffer whose values the pool remembers. Index inputs are a
@@ -114,66 +115,84 @@ impl<M> DevicePool<M> {
     }
 
     /// The pool id of `b`, or why it is not a buffer of this pool (`what` names it).
-    pub fn id_of(&self, b: BufRef, what: &str) -> Result<usize, String> {
+    pub fn id_of(&self, b: BufRef, what: &str) -> Result<usize, BackendError> {
         if b.backend != self.backend || b.id >= self.bufs.len() {
-            return Err(format!(
-                "{what} is buffer {} on {}, not in the {} pool ({} buffers)",
-                b.id,
-                b.backend,
-                self.label,
-                self.bufs.len()
-            ));
+            return Err(BackendError::ForeignBuffer {
+                what: what.to_string(),
+                id: b.id,
+                owner: b.backend,
+                pool: self.label.to_string(),
+                count: self.bufs.len(),
+            });
         }
         Ok(b.id)
     }
 
     /// The first `n` values of a host-written index buffer, as integers.
-    pub fn host_ints(&self, id: usize, n: usize, what: &str) -> Result<Vec<i32>, String> {
+    pub fn host_ints(&self, id: usize, n: usize, what: &str) -> Result<Vec<i32>, BackendError> {
         let b = self
             .bufs
             .get(id)
-            .ok_or_else(|| format!("{what} buffer {id} does not exist"))?;
+            .ok_or_else(|| BackendError::NoIndexBuffer {
+                what: what.to_string(),
+                id,
+            })?;
         if b.len < n {
-            return Err(format!("{what}: {} values for {n} tokens", b.len));
+            return Err(BackendError::TooFewIndices {
+                what: what.to_string(),
+                len: b.len,
+                tokens: n,
+            });
         }
         match &b.host {
             HostCopy::Zero => Ok(vec![0; n]),
             HostCopy::Known(v) => Ok(v[..n].iter().map(|&x| x.to_bits() as i32).collect()),
-            HostCopy::Unknown => Err(format!(
-                "{what} (buffer {id}) were computed on the device; the {} backend reads \
-                 indices only from host-written inputs, which it range checks",
-                self.label
-            )),
+            HostCopy::Unknown => Err(BackendError::IndicesOnDevice {
+                what: what.to_string(),
+                id,
+                backend: self.label.to_string(),
+            }),
         }
     }
 
     /// The length of buffer `id` when `data` fills it exactly, else why not.
-    pub fn check_whole(&self, id: usize, data: &[f32]) -> Result<usize, String> {
+    pub fn check_whole(&self, id: usize, data: &[f32]) -> Result<usize, BackendError> {
         let len = self.existing_len(id)?;
         if len != data.len() {
-            return Err(format!(
-                "buffer {id} holds {len} values, got {}",
-                data.len()
-            ));
+            return Err(BackendError::WriteLength {
+                id,
+                len,
+                got: data.len(),
+            });
         }
         Ok(len)
     }
 
     /// The length of buffer `id` when `data` fits at `offset`, else why not.
-    pub fn check_window(&self, id: usize, offset: usize, data: &[f32]) -> Result<usize, String> {
+    pub fn check_window(
+        &self,
+        id: usize,
+        offset: usize,
+        data: &[f32],
+    ) -> Result<usize, BackendError> {
         let len = self.existing_len(id)?;
         offset
             .checked_add(data.len())
             .filter(|&e| e <= len)
-            .ok_or_else(|| format!("window {offset}+{} exceeds buffer {id} ({len})", data.len()))?;
+            .ok_or(BackendError::Window {
+                id,
+                offset,
+                len: data.len(),
+                buf_len: len,
+            })?;
         Ok(len)
     }
 
-    fn existing_len(&self, id: usize) -> Result<usize, String> {
+    fn existing_len(&self, id: usize) -> Result<usize, BackendError> {
         Ok(self
             .bufs
             .get(id)
-            .ok_or_else(|| format!("buffer {id} does not exist"))?
+            .ok_or(BackendError::NoSuchBuffer { id })?
             .len)
     }
 
@@ -219,9 +238,9 @@ pub trait DeviceHost {
     fn device_pool_mut(&mut self) -> &mut DevicePool<Self::Mem>;
     /// Records the upload of non-empty `data` at `offset` of buffer `id` (a checked
     /// window), ordered after every command recorded before it.
-    fn upload(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String>;
+    fn upload(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), BackendError>;
     /// Waits for everything recorded and reads all of buffer `id` back.
-    fn read_back(&mut self, id: usize) -> Result<Vec<f32>, String>;
+    fn read_back(&mut self, id: usize) -> Result<Vec<f32>, BackendError>;
 }
 
 /// [`BackendImpl::write_host`](crate::BackendImpl::write_host) of a device backend:
@@ -230,7 +249,7 @@ pub fn write_host<B: DeviceHost + ?Sized>(
     b: &mut B,
     id: usize,
     data: &[f32],
-) -> Result<(), String> {
+) -> Result<(), BackendError> {
     b.device_pool().check_whole(id, data)?;
     write_host_window(b, id, 0, data)?;
     b.device_pool_mut().note_whole(id, data);
@@ -244,7 +263,7 @@ pub fn write_host_window<B: DeviceHost + ?Sized>(
     id: usize,
     offset: usize,
     data: &[f32],
-) -> Result<(), String> {
+) -> Result<(), BackendError> {
     b.device_pool().check_window(id, offset, data)?;
     if data.is_empty() {
         return Ok(());
@@ -271,12 +290,12 @@ mod tests {
         fn device_pool_mut(&mut self) -> &mut DevicePool<()> {
             &mut self.pool
         }
-        fn upload(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
+        fn upload(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), BackendError> {
             self.uploads.push((id, offset, data.len()));
             Ok(())
         }
-        fn read_back(&mut self, _id: usize) -> Result<Vec<f32>, String> {
-            Err("no device".into())
+        fn read_back(&mut self, _id: usize) -> Result<Vec<f32>, BackendError> {
+            Err(BackendError::device("no device"))
         }
     }
 

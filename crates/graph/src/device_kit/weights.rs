@@ -7,15 +7,8 @@ use std::collections::HashMap;
 
 use minfer_gguf::{GgmlType, GgufFile};
 
-/// A weight registration refused, with the name and the reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("weight '{name}': {problem}")]
-pub struct WeightError {
-    /// Tensor name.
-    pub name: String,
-    /// What is wrong.
-    pub problem: String,
-}
+use crate::backend_error::BackendError;
+pub use crate::backend_error::WeightError;
 
 /// The row geometry of a weight checked against its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,15 +111,18 @@ impl<P, M> WeightTable<P, M> {
     }
 
     /// The weight `name`, or why there is none (its undecoded type, or no such name).
-    pub fn get(&self, name: &str) -> Result<&DeviceWeight<P>, String> {
+    pub fn get(&self, name: &str) -> Result<&DeviceWeight<P>, BackendError> {
         self.map
             .get(name)
             .ok_or_else(|| match self.skipped.get(name) {
-                Some(ty) => format!(
-                    "weight '{name}' is {ty}, which the {} kernels do not decode",
-                    self.label
-                ),
-                None => format!("weight '{name}' is not registered"),
+                Some(ty) => BackendError::WeightUndecoded {
+                    name: name.to_string(),
+                    ty: ty.to_string(),
+                    kernels: self.label.to_string(),
+                },
+                None => BackendError::WeightMissing {
+                    name: name.to_string(),
+                },
             })
     }
 
@@ -137,14 +133,17 @@ impl<P, M> WeightTable<P, M> {
         name: &str,
         len: usize,
         whole: impl Fn(&P) -> Option<usize>,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, BackendError> {
         let w = self.get(name)?;
         match whole(&w.place) {
             Some(i) if w.ty == GgmlType::F32 && w.in_dim * w.out_dim == len => Ok(i),
-            _ => Err(format!(
-                "weight '{name}' is {} [{}, {}], the node needs {len} f32 values",
-                w.ty, w.in_dim, w.out_dim
-            )),
+            _ => Err(BackendError::WeightNotVector {
+                name: name.to_string(),
+                ty: w.ty.to_string(),
+                in_dim: w.in_dim,
+                out_dim: w.out_dim,
+                len,
+            }),
         }
     }
 

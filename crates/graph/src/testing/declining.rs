@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
 
-use crate::backend::{BackendImpl, CrossCopy};
+use crate::backend::{BackendImpl, CrossCopy, SplitSpan};
+use crate::backend_error::BackendError;
 use crate::ir::{Backend, BufRef, CNode, DType, FusedOp, Op};
 
 /// `inner`, except that `supports_op` answers no for every op in `declined` (by
@@ -63,7 +64,7 @@ impl BackendImpl for Declining {
     fn device_info(&self) -> Option<crate::DeviceInfo> {
         self.inner.device_info()
     }
-    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, String> {
+    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, BackendError> {
         self.inner.register_gguf(file)
     }
     fn alloc_buffer(&mut self, size: usize) -> usize {
@@ -84,13 +85,19 @@ impl BackendImpl for Declining {
     fn release_unused(&mut self, in_use: &[usize]) {
         self.inner.release_unused(in_use)
     }
+    fn begin_split(&mut self, split: SplitSpan) -> Result<(), BackendError> {
+        self.inner.begin_split(split)
+    }
+    fn end_split(&mut self) -> Result<(), BackendError> {
+        self.inner.end_split()
+    }
     fn execute_node(
         &mut self,
         node: &CNode,
         in_bufs: &[BufRef],
         out_buf: BufRef,
         kv_pair: Option<(usize, usize)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         self.inner.execute_node(node, in_bufs, out_buf, kv_pair)
     }
     fn read_host(&self, id: usize) -> Option<&[f32]> {
@@ -104,22 +111,27 @@ impl BackendImpl for Declining {
         id: usize,
         offset: usize,
         len: usize,
-    ) -> Result<Vec<f32>, String> {
+    ) -> Result<Vec<f32>, BackendError> {
         self.inner.read_host_window(id, offset, len)
     }
-    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
+    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), BackendError> {
         self.inner.write_host(id, data)
     }
-    fn write_host_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
+    fn write_host_window(
+        &mut self,
+        id: usize,
+        offset: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
         self.inner.write_host_window(id, offset, data)
     }
     fn synchronize(&mut self) {
         self.inner.synchronize()
     }
-    fn copy_cross(&mut self, src_id: usize) -> Result<CrossCopy, String> {
+    fn copy_cross(&mut self, src_id: usize) -> Result<CrossCopy, BackendError> {
         self.inner.copy_cross(src_id)
     }
-    fn await_cross(&mut self, copy: &mut CrossCopy) -> Result<Vec<f32>, String> {
+    fn await_cross(&mut self, copy: &mut CrossCopy) -> Result<Vec<f32>, BackendError> {
         self.inner.await_cross(copy)
     }
 }

@@ -20,11 +20,12 @@ pub use declining::Declining;
 
 use crate::pool::HostPool;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use minfer_gguf::GgufFile;
 
-use crate::backend::BackendImpl;
+use crate::backend::{BackendImpl, SplitSpan};
+use crate::backend_error::BackendError;
 use crate::ir::{Backend, BufRef, CNode, DType, FusedOp, Op};
 
 /// A weight in memory order `[out][in]`; a vector is stored with `in_dim == len`, `out_dim == 1`.
@@ -149,6 +150,9 @@ pub struct RefBackend {
     weights: Arc<WeightStore>,
     trace: RefTrace,
     max_elems: usize,
+    /// The split the scheduler opened, and where every opened split is logged.
+    split: Option<SplitSpan>,
+    split_log: Option<Arc<Mutex<Vec<SplitSpan>>>>,
 }
 
 /// How the per-node trace reads a [`RefBackend`]'s outputs.
@@ -181,7 +185,15 @@ impl RefBackend {
             weights: Arc::new(WeightStore::new()),
             trace: RefTrace::Host,
             max_elems: usize::MAX,
+            split: None,
+            split_log: None,
         }
+    }
+
+    /// Logs every split the scheduler opens here into `log`, in order.
+    pub fn logging_splits(mut self, log: Arc<Mutex<Vec<SplitSpan>>>) -> Self {
+        self.split_log = Some(log);
+        self
     }
 
     /// Shows the per-node trace no buffer, as a device backend: outputs are staged and
@@ -254,11 +266,11 @@ impl RefBackend {
         self
     }
 
-    fn buf(&self, id: usize) -> Result<&Vec<f32>, String> {
+    fn buf(&self, id: usize) -> Result<&Vec<f32>, BackendError> {
         self.mem
             .buffers
             .get(id)
-            .ok_or_else(|| format!("buffer {id} does not exist"))
+            .ok_or(BackendError::NoSuchBuffer { id })
     }
 }
 
@@ -296,11 +308,25 @@ impl BackendImpl for RefBackend {
         self.gpu
     }
 
-    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, String> {
-        Arc::make_mut(&mut self.weights).insert_gguf(file)
+    fn register_gguf(&mut self, file: &Arc<GgufFile>) -> Result<usize, BackendError> {
+        Ok(Arc::make_mut(&mut self.weights).insert_gguf(file)?)
     }
 
     crate::host_pool_methods!(mem);
+
+    fn begin_split(&mut self, split: SplitSpan) -> Result<(), BackendError> {
+        // A split that failed was never closed: opening the next one replaces it.
+        self.split = Some(split);
+        if let Some(log) = &self.split_log {
+            log.lock().map_err(|_| "split log poisoned")?.push(split);
+        }
+        Ok(())
+    }
+
+    fn end_split(&mut self) -> Result<(), BackendError> {
+        self.split = None;
+        Ok(())
+    }
 
     fn execute_node(
         &mut self,
@@ -308,20 +334,29 @@ impl BackendImpl for RefBackend {
         in_bufs: &[BufRef],
         out_buf: BufRef,
         kv_pair: Option<(usize, usize)>,
-    ) -> Result<(), String> {
-        if self.fail_on.as_deref() == Some(node.op.name()) {
+    ) -> Result<(), BackendError> {
+        // The split contract: inside an open split, only its nodes execute.
+        if let Some(s) = self
+            .split
+            .filter(|s| !(s.nodes.0..s.nodes.1).contains(&node.id))
+        {
             return Err(format!(
-                "{} refuses {} by configuration",
-                self.name,
-                node.op.name()
-            ));
+                "node {} executed inside split {} of nodes {}..{}",
+                node.id, s.index, s.nodes.0, s.nodes.1
+            )
+            .into());
+        }
+        if self.fail_on.as_deref() == Some(node.op.name()) {
+            return Err(BackendError::Unsupported {
+                op: node.op.name().to_string(),
+                detail: format!("is refused by the {} backend by configuration", self.name),
+            });
         }
         if in_bufs.len() != node.src.len() {
-            return Err(format!(
-                "{} sources but {} input buffers",
-                node.src.len(),
-                in_bufs.len()
-            ));
+            return Err(BackendError::SourceCount {
+                sources: node.src.len(),
+                bufs: in_bufs.len(),
+            });
         }
         // Snapshot inputs: an aliased in-place op reads and writes the same buffer.
         let mut inputs = Vec::with_capacity(in_bufs.len());
@@ -332,7 +367,7 @@ impl BackendImpl for RefBackend {
                 continue;
             }
             if b.backend != self.id {
-                return Err(format!("input node {s} lives on {}, not here", b.backend));
+                return Err(format!("input node {s} lives on {}, not here", b.backend).into());
             }
             inputs.push(self.buf(b.id)?.clone());
         }
@@ -341,7 +376,13 @@ impl BackendImpl for RefBackend {
             Op::Input | Op::KvcacheLoad { .. } => Ok(()),
             Op::KvcacheStore { .. } => {
                 let (k, v) = kv_pair.ok_or("no KV pair for the store")?;
-                kernels::kv_store(node, &inputs, &mut self.mem.buffers, k, v)
+                Ok(kernels::kv_store(
+                    node,
+                    &inputs,
+                    &mut self.mem.buffers,
+                    k,
+                    v,
+                )?)
             }
             Op::Attn { .. } => {
                 let (k, v) = kv_pair.ok_or("no KV pair for attention")?;
@@ -377,9 +418,9 @@ impl BackendImpl for RefBackend {
         id: usize,
         len: usize,
         _read: &mut dyn FnMut(crate::ir::NodeId, &[f32]),
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         if !matches!(self.trace, RefTrace::Staged(_)) {
-            return Err(format!("the {} backend stages no trace copies", self.name));
+            return Err(format!("the {} backend stages no trace copies", self.name).into());
         }
         let b = self.buf(id)?;
         let v = b[..len.min(b.len())].to_vec();
@@ -391,7 +432,9 @@ impl BackendImpl for RefBackend {
         &mut self,
         staging: &mut crate::trace::TraceStaging,
         read: &mut dyn FnMut(crate::ir::NodeId, &[f32]),
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
+        // A traced split ends here instead of in `end_split`.
+        self.split = None;
         if let RefTrace::Staged(n) = &self.trace {
             n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
@@ -401,11 +444,16 @@ impl BackendImpl for RefBackend {
         Ok(())
     }
 
-    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), String> {
+    fn write_host(&mut self, id: usize, data: &[f32]) -> Result<(), BackendError> {
         self.mem.write(id, data)
     }
 
-    fn write_host_window(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
+    fn write_host_window(
+        &mut self,
+        id: usize,
+        offset: usize,
+        data: &[f32],
+    ) -> Result<(), BackendError> {
         self.mem.write_window(id, offset, data)
     }
 
@@ -413,18 +461,17 @@ impl BackendImpl for RefBackend {
 }
 
 impl RefBackend {
-    fn write_out(&mut self, id: usize, out: Vec<f32>) -> Result<(), String> {
+    fn write_out(&mut self, id: usize, out: Vec<f32>) -> Result<(), BackendError> {
         let b = self
             .mem
             .buffers
             .get_mut(id)
-            .ok_or_else(|| format!("output buffer {id} does not exist"))?;
+            .ok_or(BackendError::NoSuchBuffer { id })?;
         if b.len() < out.len() {
-            return Err(format!(
-                "output buffer {id} holds {}, kernel wrote {}",
-                b.len(),
-                out.len()
-            ));
+            return Err(BackendError::OutputTooSmall {
+                holds: b.len(),
+                needs: out.len(),
+            });
         }
         b[..out.len()].copy_from_slice(&out);
         Ok(())

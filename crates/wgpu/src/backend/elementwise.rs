@@ -2,14 +2,14 @@
 //! gathers, RMS norm and rope, with the kernels' dispatch geometry.
 
 use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall};
-use minfer_graph::{CNode, NodeMeta, RoPEMeta, RopeStyle};
+use minfer_graph::{BackendError, CNode, NodeMeta, RoPEMeta, RopeStyle};
 
 use super::res::{grid, u32_of, Res};
 use super::WgpuBackend;
 use crate::kernels::Kernel;
 
 impl ElementwiseOps for WgpuBackend {
-    fn binary(&mut self, c: &NodeCall) -> Result<(), String> {
+    fn binary(&mut self, c: &NodeCall) -> Result<(), BackendError> {
         let (io, n) = (&c.io, c.io.n);
         let nb = self.src_len(io, 1);
         let k = if c.node.op == minfer_graph::Op::Add {
@@ -21,24 +21,30 @@ impl ElementwiseOps for WgpuBackend {
         self.elementwise(k, &[a, b, Res::Pool(io.out)], n, nb)
     }
 
-    fn silu(&mut self, c: &NodeCall) -> Result<(), String> {
+    fn silu(&mut self, c: &NodeCall) -> Result<(), BackendError> {
         let a = self.src(&c.io, 0)?;
         let n = c.io.n;
         self.elementwise(Kernel::Silu, &[a, a, Res::Pool(c.io.out)], n, n)
     }
 
-    fn swiglu(&mut self, c: &NodeCall) -> Result<(), String> {
+    fn swiglu(&mut self, c: &NodeCall) -> Result<(), BackendError> {
         let (g, u) = (self.src(&c.io, 0)?, self.src(&c.io, 1)?);
         let n = c.io.n;
         self.elementwise(Kernel::SwiGlu, &[g, u, Res::Pool(c.io.out)], n, n)
     }
 
-    fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), String> {
+    fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), BackendError> {
         let (x, xl) = (self.src(&c.io, 0)?, self.src_len(&c.io, 0));
         self.norm(c.node, &c.node.meta, d, eps, x, xl, c.io.out)
     }
 
-    fn get_rows(&mut self, c: &NodeCall, d: usize, rows: usize, _sel: usize) -> Result<(), String> {
+    fn get_rows(
+        &mut self,
+        c: &NodeCall,
+        d: usize,
+        rows: usize,
+        _sel: usize,
+    ) -> Result<(), BackendError> {
         let (n, nt) = (c.io.n, c.io.nt);
         let (x, r) = (self.src(&c.io, 0)?, self.src(&c.io, 1)?);
         let (gx, gy) = grid(n.div_ceil(256))?;
@@ -60,7 +66,7 @@ impl ElementwiseOps for WgpuBackend {
         )
     }
 
-    fn rope(&mut self, c: &NodeCall, m: &RoPEMeta, stride: usize) -> Result<(), String> {
+    fn rope(&mut self, c: &NodeCall, m: &RoPEMeta, stride: usize) -> Result<(), BackendError> {
         let (n, nt, out, x) = (c.io.n, c.io.nt, c.io.out, c.io.ids[0]);
         // The kernel rotates in place: start from a copy unless the allocator
         // already gave rope its input's buffer.
@@ -86,7 +92,7 @@ impl WgpuBackend {
         nt: usize,
         stride: usize,
         off: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         checks::rope_meta(m)?;
         let theta_scale = m.freq_base.powf(-2.0 / m.n_dims as f32);
         let pairs = nt * m.n_head * (m.n_dims / 2);
@@ -118,7 +124,7 @@ impl WgpuBackend {
         eps: f32,
         (per_tok, stride, off): (usize, usize, usize),
         out: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         checks::eps_ok(eps)?;
         let (gx, gy) = grid(rows)?;
         let p = [
@@ -146,7 +152,7 @@ impl WgpuBackend {
         x: Res,
         x_len: usize,
         out: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let n = node.n_elements();
         checks::norm(n, d, x_len, eps)?;
         let w = match checks::norm_weight(meta)? {

@@ -3,6 +3,7 @@
 //! readback. The op files record their kernels through `dispatch`.
 
 use minfer_graph::device_kit::NodeBufs;
+use minfer_graph::BackendError;
 use wgpu::util::DeviceExt;
 
 use super::res::{grid, u32_of, BindKey, Res, BIND_GROUP_CACHE, PARAMS};
@@ -29,7 +30,7 @@ impl WgpuBackend {
         })
     }
 
-    pub(super) fn take_errors(&self) -> Result<(), String> {
+    pub(super) fn take_errors(&self) -> Result<(), BackendError> {
         let mut e = self
             .errors
             .lock()
@@ -39,7 +40,9 @@ impl WgpuBackend {
         }
         let msg = e.join("; ");
         e.clear();
-        Err(format!("the wgpu device reported: {msg}"))
+        Err(BackendError::device(format!(
+            "the wgpu device reported: {msg}"
+        )))
     }
 
     pub(super) fn submit(&mut self) {
@@ -48,17 +51,17 @@ impl WgpuBackend {
         }
     }
 
-    pub(super) fn wait(&self) -> Result<(), String> {
+    pub(super) fn wait(&self) -> Result<(), BackendError> {
         self.count_wait();
         self.gpu
             .device
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
-            .map_err(|e| format!("waiting for the device failed: {e}"))
+            .map_err(|e| BackendError::device(format!("waiting for the device failed: {e}")))
     }
 
     /// Reads a whole pool buffer back to the host.
-    pub(super) fn readback(&mut self, id: usize) -> Result<Vec<f32>, String> {
+    pub(super) fn readback(&mut self, id: usize) -> Result<Vec<f32>, BackendError> {
         let len = self
             .pool
             .bufs
@@ -74,17 +77,20 @@ impl WgpuBackend {
         id: usize,
         offset: usize,
         len: usize,
-    ) -> Result<Vec<f32>, String> {
+    ) -> Result<Vec<f32>, BackendError> {
         let have = self
             .pool
             .bufs
             .get(id)
-            .ok_or_else(|| format!("buffer {id} does not exist"))?
+            .ok_or(BackendError::NoSuchBuffer { id })?
             .len;
         if offset.checked_add(len).is_none_or(|end| end > have) {
-            return Err(format!(
-                "window {offset}+{len} exceeds buffer {id} ({have})"
-            ));
+            return Err(BackendError::Window {
+                id,
+                offset,
+                len,
+                buf_len: have,
+            });
         }
         // A copy may not be empty: an empty window still moves one word.
         let bytes = (len.max(1) * 4) as u64;
@@ -120,7 +126,7 @@ impl WgpuBackend {
         Ok(out)
     }
 
-    pub(super) fn resource(&mut self, r: Res) -> Result<wgpu::Buffer, String> {
+    pub(super) fn resource(&mut self, r: Res) -> Result<wgpu::Buffer, BackendError> {
         Ok(match r {
             Res::Pool(id) => self
                 .pool
@@ -159,7 +165,7 @@ impl WgpuBackend {
         })
     }
 
-    pub(super) fn pipeline(&mut self, k: Kernel) -> Result<(), String> {
+    pub(super) fn pipeline(&mut self, k: Kernel) -> Result<(), BackendError> {
         if self.pipelines.contains_key(&k) {
             return Ok(());
         }
@@ -211,7 +217,7 @@ impl WgpuBackend {
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(format!("kernel {k:?} does not compile: {e}"));
+            return Err(format!("kernel {k:?} does not compile: {e}").into());
         }
         self.pipelines.insert(k, (pipeline, bgl));
         Ok(())
@@ -224,12 +230,13 @@ impl WgpuBackend {
         res: &[Res],
         params: &[u32],
         groups: (u32, u32, u32),
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         if params.len() > PARAMS {
             return Err(format!(
                 "{} kernel parameters, the block holds {PARAMS}",
                 params.len()
-            ));
+            )
+            .into());
         }
         let mut block = [0u32; PARAMS];
         block[..params.len()].copy_from_slice(params);
@@ -292,7 +299,7 @@ impl WgpuBackend {
         res: &[Res],
         n: usize,
         nb: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let (gx, gy) = grid(n.div_ceil(256))?;
         let p = [
             u32_of(n, "elements")?,
@@ -336,7 +343,7 @@ impl WgpuBackend {
     /// Records a copy of all of pool buffer `id` into the snapshot of its length, and
     /// returns the snapshot: a kernel that reads an input which is also its output
     /// reads it there.
-    pub(super) fn snapshot(&mut self, id: usize) -> Result<Res, String> {
+    pub(super) fn snapshot(&mut self, id: usize) -> Result<Res, BackendError> {
         let len = self.len(id);
         let snap = self.resource(Res::Snap(len))?;
         let b = self.pool.bufs[id].mem.clone();
@@ -346,7 +353,7 @@ impl WgpuBackend {
     }
 
     /// Source `i` of a node, from a snapshot when it is also the output.
-    pub(super) fn src(&mut self, io: &NodeBufs, i: usize) -> Result<Res, String> {
+    pub(super) fn src(&mut self, io: &NodeBufs, i: usize) -> Result<Res, BackendError> {
         let id = io.id(i)?;
         if id != io.out {
             return Ok(Res::Pool(id));

@@ -4,7 +4,7 @@
 //! is the unfused chain's kernel, so the results equal the chain's bit for bit.
 
 use minfer_graph::device_kit::{FusedOps, MatmulPlan, NodeCall, QkvPlan};
-use minfer_graph::{QkvBiasRopeStoreMeta, RoPEMeta};
+use minfer_graph::{BackendError, QkvBiasRopeStoreMeta, RoPEMeta};
 
 use super::kv::KvRows;
 use super::res::Res;
@@ -16,7 +16,7 @@ impl WgpuBackend {
     /// under that name, else the three matrices it stands for (`..attn_qkv.weight`
     /// names `..attn_q.weight`, `..attn_k.weight` and `..attn_v.weight`), each with its
     /// first output column.
-    fn qkv_weights(&self, p: &QkvPlan) -> Result<Vec<(String, usize, usize)>, String> {
+    fn qkv_weights(&self, p: &QkvPlan) -> Result<Vec<(String, usize, usize)>, BackendError> {
         let total = p.nqt + 2 * p.nkt;
         if self.weights.contains(p.weight) {
             return Ok(vec![(p.weight.to_string(), 0, total)]);
@@ -41,7 +41,7 @@ impl FusedOps for WgpuBackend {
     /// given, rope on the q and k columns, and k and v stored at the positions. Each
     /// step is the unfused chain's kernel over the same values, so the q columns and
     /// the stored rows equal the chain's bit for bit, with fewer nodes and buffers.
-    fn fused_qkv(&mut self, c: &NodeCall, p: &QkvPlan) -> Result<(), String> {
+    fn fused_qkv(&mut self, c: &NodeCall, p: &QkvPlan) -> Result<(), BackendError> {
         let x = self.src(&c.io, 0)?;
         let (node, ids, out, kv_pair) = (c.node, &c.io.ids[..], c.io.out, c.kv_pair);
         let nt = node.out_shape[1].max(1);
@@ -55,7 +55,8 @@ impl FusedOps for WgpuBackend {
             return Err(format!(
                 "output {:?} with q {} / kv {} columns and {} heads of {hd}",
                 node.out_shape, p.nqt, p.nkt, p.rope.n_head
-            ));
+            )
+            .into());
         }
         let n_head_kv = p.nkt / hd;
         let pos_id = *ids
@@ -76,7 +77,8 @@ impl FusedOps for WgpuBackend {
                     return Err(format!(
                         "fused QKV: input {x_len} values for {nt} rows of {}",
                         p.n_embd
-                    ));
+                    )
+                    .into());
                 }
                 let r = self.round_activations(fmt, x, p.n_embd, stride, nt)?;
                 (r, nt * p.n_embd, true)
@@ -93,7 +95,8 @@ impl FusedOps for WgpuBackend {
                 return Err(format!(
                     "weight '{}' is one q|k|v tensor; its biases are three vectors",
                     p.weight
-                ));
+                )
+                .into());
             } else {
                 None
             };
@@ -140,7 +143,11 @@ impl FusedOps for WgpuBackend {
     /// `QkvBiasRopeStore`: over three matmul outputs, q + q_bias into the output (q's
     /// own buffer), k + k_bias and v + v_bias into scratch, rope on q and k, then k and
     /// v stored at the positions. The output is the roped q.
-    fn bias_rope_store(&mut self, c: &NodeCall, m: &QkvBiasRopeStoreMeta) -> Result<(), String> {
+    fn bias_rope_store(
+        &mut self,
+        c: &NodeCall,
+        m: &QkvBiasRopeStoreMeta,
+    ) -> Result<(), BackendError> {
         let (node, ids, out, kv_pair) = (c.node, &c.io.ids[..], c.io.out, c.kv_pair);
         let layer = c.layer;
         let nt = node.out_shape[1].max(1);
@@ -149,10 +156,9 @@ impl FusedOps for WgpuBackend {
         let [q_id, k_id, v_id, pos_id] = match ids {
             [a, b, c, d] => [*a, *b, *c, *d],
             _ => {
-                return Err(format!(
-                    "takes q, k, v and positions, got {} sources",
-                    ids.len()
-                ))
+                return Err(
+                    format!("takes q, k, v and positions, got {} sources", ids.len()).into(),
+                )
             }
         };
         if node.n_elements() != nqt * nt
@@ -169,7 +175,8 @@ impl FusedOps for WgpuBackend {
                 self.len(k_id),
                 self.len(v_id),
                 m.rope.n_head
-            ));
+            )
+            .into());
         }
         let (bq, bk, bv) = (
             self.vector(&m.q_bias, nqt)?,

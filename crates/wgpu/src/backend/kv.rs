@@ -3,7 +3,7 @@
 //! and spans are range checked on the host before any kernel reads them.
 
 use minfer_graph::device_kit::{checks, KvOps, NodeCall};
-use minfer_graph::{AttnMeta, KvcacheMeta};
+use minfer_graph::{AttnMeta, BackendError, KvcacheMeta};
 
 use super::res::{grid, u32_of, Res};
 use super::WgpuBackend;
@@ -24,7 +24,7 @@ pub(super) struct KvRows {
 }
 
 impl KvOps for WgpuBackend {
-    fn kv_store(&mut self, c: &NodeCall, m: &KvcacheMeta) -> Result<(), String> {
+    fn kv_store(&mut self, c: &NodeCall, m: &KvcacheMeta) -> Result<(), BackendError> {
         let layer = c.layer;
         let [k_in, v_in, cells] = checks::kv_store_sources(&c.io.ids)?;
         let nt = self.len(cells);
@@ -41,7 +41,12 @@ impl KvOps for WgpuBackend {
         self.store_rows(&rows, c.kv_pair)
     }
 
-    fn attn(&mut self, c: &NodeCall, m: &AttnMeta, explicit_span: bool) -> Result<(), String> {
+    fn attn(
+        &mut self,
+        c: &NodeCall,
+        m: &AttnMeta,
+        explicit_span: bool,
+    ) -> Result<(), BackendError> {
         let (io, nt, out) = (&c.io, c.io.nt, c.io.out);
         let kv = checks::attn_kv(m, c.kv_pair, out, self.pool.count())?;
         if m.hd == 0
@@ -53,7 +58,7 @@ impl KvOps for WgpuBackend {
             return Err(format!(
                 "attention geometry: n_head {} n_head_kv {} hd {} (n_head must be a positive multiple of n_head_kv, hd at most 256)",
                 m.n_head, m.n_head_kv, m.hd
-            ));
+            ).into());
         }
         let (q_stride, ..) = io.attn_checked(&self.pool, c.node, m, explicit_span, kv)?;
         let q = self.src(io, 0)?;
@@ -89,15 +94,13 @@ impl WgpuBackend {
         &mut self,
         r: &KvRows,
         kv_pair: Option<(usize, usize)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let layer = r.layer;
         let (k_id, v_id) = checks::kv_pair(layer, kv_pair, self.pool.count())?;
         let ((k_in, k_len, k_off), (v_in, v_len, v_off), cells) = (r.k, r.v, r.cells);
         let region = |x: Res| matches!(x, Res::Pool(i) if i == k_id || i == v_id);
         if region(k_in) || region(v_in) || cells == k_id || cells == v_id {
-            return Err(format!(
-                "layer {layer}: a store input aliases the KV region"
-            ));
+            return Err(format!("layer {layer}: a store input aliases the KV region").into());
         }
         let (nt, n_embd, n_ctx) = (r.nt, r.n_embd, r.n_ctx);
         // The last token's row must end inside each source.
@@ -108,7 +111,8 @@ impl WgpuBackend {
         if n_embd == 0 || r.stride < n_embd || k_len < need_in(k_off) || v_len < need_in(v_off) {
             return Err(format!(
                 "KV store layer {layer}: k {k_len} / v {v_len} values for {nt} rows of {n_embd}"
-            ));
+            )
+            .into());
         }
         checks::kv_regions(layer, (self.len(k_id), self.len(v_id)), n_embd, n_ctx)?;
         checks::kv_cells(layer, &self.pool.host_ints(cells, nt, "KV cells")?, n_ctx)?;

@@ -3,14 +3,14 @@
 //! shaders multiply as the CPU does.
 
 use minfer_graph::device_kit::{checks, MatmulOps, MatmulPlan, NodeCall};
-use minfer_graph::{EmbedMeta, FusedFfnMeta, MatMulMeta};
+use minfer_graph::{BackendError, EmbedMeta, FusedFfnMeta, MatMulMeta};
 
 use super::res::{grid, u32_of, Res};
 use super::WgpuBackend;
 use crate::kernels::{ActFormat, Kernel, Tile};
 
 impl MatmulOps for WgpuBackend {
-    fn matmul(&mut self, c: &NodeCall, m: &MatMulMeta) -> Result<(), String> {
+    fn matmul(&mut self, c: &NodeCall, m: &MatMulMeta) -> Result<(), BackendError> {
         let (x, xl) = (self.src(&c.io, 0)?, self.src_len(&c.io, 0));
         self.product(&MatmulPlan::of(m), x, xl, c.io.nt, c.io.out)
     }
@@ -18,7 +18,7 @@ impl MatmulOps for WgpuBackend {
     /// Gate into columns 0..nf of each row, up into nf..2nf, then SwiGLU in place over
     /// the gate half: the kernels of the unfused chain, so both give the same bits, in
     /// one node and without the two extra buffers.
-    fn fused_ffn(&mut self, c: &NodeCall, m: &FusedFfnMeta) -> Result<(), String> {
+    fn fused_ffn(&mut self, c: &NodeCall, m: &FusedFfnMeta) -> Result<(), BackendError> {
         let (nf, nt) = (m.nf, c.io.nt);
         let (x, xl) = (self.src(&c.io, 0)?, self.src_len(&c.io, 0));
         for half in MatmulPlan::ffn(m) {
@@ -31,7 +31,7 @@ impl MatmulOps for WgpuBackend {
 
     /// Rows of the (possibly quantized) table at the host-written token ids, decoded
     /// by the shader, part by part.
-    fn embed(&mut self, c: &NodeCall, m: &EmbedMeta) -> Result<(), String> {
+    fn embed(&mut self, c: &NodeCall, m: &EmbedMeta) -> Result<(), BackendError> {
         let (n, nt) = (c.io.n, c.io.nt);
         let w = self.weight(&m.weight_name)?;
         let (ty, row_bytes, rows, parts) = (w.ty, w.row_bytes, w.out_dim, w.place.clone());
@@ -70,7 +70,7 @@ impl WgpuBackend {
         x_len: usize,
         nt: usize,
         out: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let w = self.weight(a.name)?;
         let (ty, row_bytes, parts) = (w.ty, w.row_bytes, w.place.clone());
         let stride = a.check((w.in_dim, w.out_dim), x_len, nt, self.len(out))?;
@@ -125,12 +125,13 @@ impl WgpuBackend {
         k: usize,
         stride: usize,
         nt: usize,
-    ) -> Result<Res, String> {
+    ) -> Result<Res, BackendError> {
         if !k.is_multiple_of(fmt.block()) {
             return Err(format!(
                 "{k} input features are not a multiple of the {}-value activation block",
                 fmt.block()
-            ));
+            )
+            .into());
         }
         let len = nt * k;
         let scratch = Res::Act(len);

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use minfer_gguf::{GgmlType, GgufFile};
 use minfer_graph::device_kit::{self, dispatch, DeviceHost, DevicePool, WeightTable};
-use minfer_graph::{Backend, BackendImpl, BufRef, CNode, FusedOp};
+use minfer_graph::{Backend, BackendError, BackendImpl, BufRef, CNode, FusedOp};
 
 use crate::device::{self, AdapterSummary, Gpu, NotUsable};
 use crate::kernels::{Kernel, WEIGHT_TYPES};
@@ -170,11 +170,11 @@ impl DeviceHost for WgpuBackend {
         &mut self.pool
     }
 
-    fn read_back(&mut self, id: usize) -> Result<Vec<f32>, String> {
+    fn read_back(&mut self, id: usize) -> Result<Vec<f32>, BackendError> {
         self.readback(id)
     }
 
-    fn upload(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), String> {
+    fn upload(&mut self, id: usize, offset: usize, data: &[f32]) -> Result<(), BackendError> {
         // Through a staging copy recorded in the encoder, so the write lands after
         // every dispatch recorded before it and before every one recorded after.
         self.upload_staged(id, offset, data);
@@ -187,8 +187,8 @@ impl BackendImpl for WgpuBackend {
         Backend::WGPU
     }
 
-    fn register_gguf(&mut self, file: &std::sync::Arc<GgufFile>) -> Result<usize, String> {
-        WgpuBackend::register_gguf(self, file, "").map_err(|e| e.to_string())
+    fn register_gguf(&mut self, file: &std::sync::Arc<GgufFile>) -> Result<usize, BackendError> {
+        Ok(WgpuBackend::register_gguf(self, file, "")?)
     }
 
     fn device_info(&self) -> Option<minfer_graph::DeviceInfo> {
@@ -250,11 +250,10 @@ impl BackendImpl for WgpuBackend {
         in_bufs: &[BufRef],
         out_buf: BufRef,
         kv_pair: Option<(usize, usize)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         // A device error reported since the last node fails this one first.
-        self.take_errors()
-            .and_then(|()| dispatch::run(self, node, in_bufs, out_buf, kv_pair))
-            .map_err(|e| device_kit::node_error(node, e))
+        self.take_errors()?;
+        dispatch::run(self, node, in_bufs, out_buf, kv_pair)
     }
 
     fn read_host_window(
@@ -262,7 +261,7 @@ impl BackendImpl for WgpuBackend {
         id: usize,
         offset: usize,
         len: usize,
-    ) -> Result<Vec<f32>, String> {
+    ) -> Result<Vec<f32>, BackendError> {
         self.readback_window(id, offset, len)
     }
 
@@ -271,7 +270,7 @@ impl BackendImpl for WgpuBackend {
         // A failed wait leaves the error in the device log, reported by the next node.
         if let Err(e) = self.wait() {
             if let Ok(mut v) = self.errors.lock() {
-                v.push(e);
+                v.push(e.to_string());
             }
         }
     }
@@ -287,7 +286,7 @@ impl BackendImpl for WgpuBackend {
         id: usize,
         len: usize,
         read: &mut dyn FnMut(minfer_graph::NodeId, &[f32]),
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         self.stage_trace(staging, node, id, len, read)
     }
 
@@ -295,7 +294,7 @@ impl BackendImpl for WgpuBackend {
         &mut self,
         staging: &mut minfer_graph::trace::TraceStaging,
         read: &mut dyn FnMut(minfer_graph::NodeId, &[f32]),
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         self.collect_trace(staging, read)
     }
 }

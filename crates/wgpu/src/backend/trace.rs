@@ -14,6 +14,7 @@
 use std::sync::atomic::Ordering;
 
 use minfer_graph::trace::TraceStaging;
+use minfer_graph::BackendError;
 use minfer_graph::NodeId;
 
 use super::WgpuBackend;
@@ -95,7 +96,7 @@ impl WgpuBackend {
         id: usize,
         len: usize,
         read: &mut dyn FnMut(NodeId, &[f32]),
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let have = self
             .pool
             .bufs
@@ -171,7 +172,7 @@ impl WgpuBackend {
         &mut self,
         staging: &mut TraceStaging,
         read: &mut dyn FnMut(NodeId, &[f32]),
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         self.submit();
         let st = staging.state_mut::<Staging>();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -196,7 +197,7 @@ impl WgpuBackend {
             }
         }
         let result = waited.and_then(|()| match failed {
-            Some(e) => Err(e),
+            Some(e) => Err(e.into()),
             None => self.hand_over(st, read),
         });
         for &i in &mapped {
@@ -212,7 +213,11 @@ impl WgpuBackend {
     }
 
     /// Hands each staged output, read from the mapped chunks, to `read` in order.
-    fn hand_over(&self, st: &Staging, read: &mut dyn FnMut(NodeId, &[f32])) -> Result<(), String> {
+    fn hand_over(
+        &self,
+        st: &Staging,
+        read: &mut dyn FnMut(NodeId, &[f32]),
+    ) -> Result<(), BackendError> {
         let mut views = Vec::with_capacity(st.chunks.len());
         for c in &st.chunks {
             views.push(if c.fill > 0 {

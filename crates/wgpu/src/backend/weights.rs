@@ -4,7 +4,7 @@
 
 use minfer_gguf::{GgmlType, GgufFile};
 use minfer_graph::device_kit::{DeviceWeight, WeightError, WeightLayout};
-use minfer_graph::{CNode, NodeMeta};
+use minfer_graph::{BackendError, CNode, NodeMeta};
 use wgpu::util::DeviceExt;
 
 use super::res::{self, Part, Parts};
@@ -107,12 +107,12 @@ impl WgpuBackend {
         self.register_weight(name, GgmlType::F32, dims, bytemuck::cast_slice(data))
     }
 
-    pub(super) fn weight(&self, name: &str) -> Result<&DeviceWeight<Parts>, String> {
+    pub(super) fn weight(&self, name: &str) -> Result<&DeviceWeight<Parts>, BackendError> {
         self.weights.get(name)
     }
 
     /// An f32 vector weight of exactly `len` values, held in one buffer.
-    pub(super) fn vector(&self, name: &str, len: usize) -> Result<usize, String> {
+    pub(super) fn vector(&self, name: &str, len: usize) -> Result<usize, BackendError> {
         self.weights.vector(name, len, res::whole)
     }
 

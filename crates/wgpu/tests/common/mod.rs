@@ -121,7 +121,7 @@ pub fn run(
     node: &CNode,
     srcs: &[Src],
     kv: Option<(&[f32], &[f32])>,
-) -> Result<Ran, String> {
+) -> Result<Ran, minfer_graph::BackendError> {
     let me = b.id();
     let kv_ids = match kv {
         Some((k, v)) => {
