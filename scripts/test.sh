@@ -11,6 +11,9 @@
 # The visualizer's browser test needs Chromium and playwright-core, installed here too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The release profile keeps line tables for profiling; the suite needs none, and
+# without them every test binary compiles and links faster.
+export CARGO_PROFILE_RELEASE_DEBUG="${CARGO_PROFILE_RELEASE_DEBUG:-0}"
 
 if command -v dpkg >/dev/null && ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
     sudo_if_needed=""
@@ -43,7 +46,9 @@ if [ ! -d target/viz-npm/node_modules/playwright-core ]; then
     mkdir -p target/viz-npm
     npm install --prefix target/viz-npm --no-audit --no-fund --silent playwright-core@1.65.1
 fi
-cargo build --release --locked --bin minfer
+# The test build links the `minfer` binary the CLI tests run, with the workspace's
+# unified features; building it alone first would compile it twice.
+cargo test --release --locked --workspace --no-run
 ./target/release/minfer pull
 # NVRTC alone (no driver, no device) lets the CUDA backend's unit tests compile every
 # kernel source as a GPU machine does at run time; its device tests skip, saying so.

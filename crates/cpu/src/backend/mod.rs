@@ -254,8 +254,7 @@ impl CpuBackend {
     ) -> Result<(), BackendError> {
         let m = checks::kv_store_meta(layer, &node.meta)?;
         let (k_id, v_id) = checks::kv_pair(layer, kv_pair, self.mem.buffers.len())?;
-        let ids: Vec<usize> = in_bufs.iter().map(|b| b.id).collect();
-        let [k_in, v_in, cells] = checks::kv_store_sources(&ids)?;
+        let [k_in, v_in, cells] = checks::kv_store_sources(in_bufs, |b| b.id)?;
         if [k_in, v_in, cells].iter().any(|&i| i == k_id || i == v_id) {
             return Err(format!("layer {layer}: a store input aliases the KV region").into());
         }

@@ -15,7 +15,7 @@ impl KvOps for CudaBackend {
     fn kv_store(&mut self, c: &NodeCall, m: &KvcacheMeta) -> Result<(), BackendError> {
         let layer = c.layer;
         let (k_id, v_id) = checks::kv_pair(layer, c.kv_pair, self.pool.count())?;
-        let [k_in, v_in, cells] = checks::kv_store_sources(&c.io.ids)?;
+        let [k_in, v_in, cells] = checks::kv_store_sources(&c.io.ids, |&i| i)?;
         if [k_in, v_in, cells].iter().any(|&i| i == k_id || i == v_id) {
             return Err(format!("layer {layer}: a store input aliases the KV region").into());
         }

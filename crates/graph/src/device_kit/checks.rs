@@ -330,13 +330,18 @@ pub fn kv_store_meta(layer: usize, meta: &NodeMeta) -> Result<&KvcacheMeta, Back
     Ok(m)
 }
 
-/// A KV store's sources: k rows, v rows, cells.
-pub fn kv_store_sources(ids: &[usize]) -> Result<[usize; 3], BackendError> {
-    match ids {
-        [a, b, c] => Ok([*a, *b, *c]),
+/// A KV store's sources: k rows, v rows, cells. Takes any buffer-id view (ids, or
+/// `BufRef`s through `id`) so a host backend checks without collecting: a decode step
+/// allocates nothing.
+pub fn kv_store_sources<T>(
+    bufs: &[T],
+    id: impl Fn(&T) -> usize,
+) -> Result<[usize; 3], BackendError> {
+    match bufs {
+        [a, b, c] => Ok([id(a), id(b), id(c)]),
         _ => Err(BackendError::SourceCount {
             sources: 3,
-            bufs: ids.len(),
+            bufs: bufs.len(),
         }),
     }
 }

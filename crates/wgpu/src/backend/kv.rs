@@ -26,7 +26,7 @@ pub(super) struct KvRows {
 impl KvOps for WgpuBackend {
     fn kv_store(&mut self, c: &NodeCall, m: &KvcacheMeta) -> Result<(), BackendError> {
         let layer = c.layer;
-        let [k_in, v_in, cells] = checks::kv_store_sources(&c.io.ids)?;
+        let [k_in, v_in, cells] = checks::kv_store_sources(&c.io.ids, |&i| i)?;
         let nt = self.len(cells);
         let rows = KvRows {
             layer,

@@ -3,7 +3,7 @@
 //! the project's writer, driven through the real binary — `info`, `run`, `chat`, `bench`,
 //! and `serve` answered over real HTTP.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

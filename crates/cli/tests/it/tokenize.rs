@@ -32,7 +32,7 @@ fn stdout_ok(out: &Output) -> String {
 
 /// Ids the independent reference tokenizer gave for `text` (tokenizer golden vectors).
 fn golden_ids(text: &str, special: bool) -> String {
-    let src = include_str!("../../tokenizer/tests/golden/qwen2_encode.jsonl");
+    let src = include_str!("../../../tokenizer/tests/golden/qwen2_encode.jsonl");
     for line in src.lines() {
         let v: serde_json::Value = serde_json::from_str(line).expect("golden JSON");
         if v["text"] == text && v["special"] == special {

@@ -3,7 +3,7 @@
 //! name is OpenAI's `model_not_found`, and a model that fails to load fails only the
 //! requests for it; llama-server's and ollama's routes select and list the same way.
 
-mod common;
+use crate::common;
 
 use common::*;
 use minfer_gguf::GgmlType;

@@ -3,7 +3,7 @@
 //! ollama's `{"error": ...}` shape. (The `ollama` Python package drives the real binary
 //! in the cli crate's tests.)
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

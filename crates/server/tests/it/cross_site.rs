@@ -4,7 +4,7 @@
 //! get CORS answers; preflights need no key. Raw HTTP on a loopback port, as a browser
 //! or an attacker's page would send it.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

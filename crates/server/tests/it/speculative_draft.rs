@@ -6,7 +6,7 @@
 //! for log-probabilities speculate too (with `--lookup` and `--draft`) and report exactly
 //! plain decode's tokens and log-probabilities.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,7 @@
 //! compile, and tool calls (required, named, streamed, and a round trip with a `tool`
 //! message).
 
-mod common;
+use crate::common;
 
 #[test]
 fn openai_python_client_gets_valid_structured_output_and_tool_calls() {

@@ -4,7 +4,7 @@
 //! tool calls with `tool_choice` required and named, and the 400s that name a grammar
 //! that does not compile.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -7,7 +7,7 @@
 
 #![cfg(feature = "wgpu")]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};

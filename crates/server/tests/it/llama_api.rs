@@ -3,7 +3,7 @@
 //! `cache_prompt`), `/infill` on a code sample with the default model, `/props`,
 //! `/apply-template`, `--no-slots`, `--no-metrics` and the `llamacpp:*` metrics.
 
-mod common;
+use crate::common;
 
 use common::*;
 use minfer_server::{start, Config};

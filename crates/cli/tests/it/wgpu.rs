@@ -6,7 +6,7 @@
 
 #![cfg(feature = "wgpu")]
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 

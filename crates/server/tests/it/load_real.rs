@@ -1,7 +1,7 @@
 //! The mixed load on the real default model, in its own process so that the resident
 //! memory it measures is this server's alone.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,7 +1,7 @@
 //! OpenAI's exact shapes over HTTP against the tiny model: several choices from one
 //! prefill, stream chunks, `system_fingerprint`, error codes and the limits OpenAI sets.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -1,7 +1,7 @@
 //! Every endpoint and error of the server, over HTTP on a loopback port, against the
 //! tiny model (no chat template, so ChatML applies).
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -3,7 +3,7 @@
 //! default model; names that leave the save directory, damaged files and bad requests
 //! are refused.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

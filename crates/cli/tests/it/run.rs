@@ -1,7 +1,7 @@
 //! `minfer run` and `minfer perplexity` as a user runs them: the real binary on a tiny
 //! model written by the project's writer, and on bad parameters.
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 

@@ -2,7 +2,7 @@
 //! quantized, read back by the reader (each tensor's type by llama-quantize's rule) and
 //! run; bad requests are refused by name.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -20,7 +20,7 @@ fn model_path() -> PathBuf {
 }
 
 fn reference() -> Value {
-    let text = include_str!("golden/llama_reference.json");
+    let text = include_str!("../golden/llama_reference.json");
     serde_json::from_str(text).expect("golden/llama_reference.json parses")
 }
 
@@ -157,7 +157,7 @@ fn perplexity_is_within_half_a_percent_of_llama_cpp() {
     let n_ctx = 512;
     let mut e = engine(2, n_ctx);
     let tok = Tokenizer::from_gguf(e.file()).expect("tokenizer");
-    let text = include_str!("golden/ppl_text.txt");
+    let text = include_str!("../golden/ppl_text.txt");
     let tokens = tok.encode(text, true, false);
     let n_chunk = tokens.len() / n_ctx;
     assert_eq!(n_chunk, want_chunks, "chunk count (tokenization) differs");

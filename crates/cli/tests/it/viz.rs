@@ -3,7 +3,7 @@
 //! the real page is driven in a headless Chromium (through playwright-core, see
 //! `viz_browser.cjs`), which `scripts/test.sh` installs.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,7 +1,7 @@
 //! `--lookup`, `--draft` and `--draft-max` on the real binary: the same greedy text as
 //! plain decode, the counters on stderr, bench's speculative test, and refusals by name.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -2,7 +2,7 @@
 //! their range, fields that must take effect (`logit_bias`) or be refused, and chat
 //! message content that must stay text.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

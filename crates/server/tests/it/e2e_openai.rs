@@ -1,7 +1,7 @@
 //! The official `openai` Python client against the server with the real default model
 //! (scripts/e2e_openai.py).
 
-mod common;
+use crate::common;
 
 #[test]
 fn openai_python_client_chats_and_completes() {

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 fn golden() -> Value {
     serde_json::from_str(include_str!(
-        "../../models/tests/golden/tiny_reference.json"
+        "../../../models/tests/golden/tiny_reference.json"
     ))
     .expect("golden JSON")
 }

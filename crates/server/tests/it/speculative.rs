@@ -2,7 +2,7 @@
 //! exactly what a plain server answers (greedy, and sampled with a seed), and `/metrics`
 //! counts the drafted and accepted tokens.
 
-mod common;
+use crate::common;
 
 use common::spec::{answers, counter};
 use common::*;

@@ -1,0 +1,17 @@
+//! The cli crate's integration tests, one binary: each module is one former
+//! test file, so they link once and share the two cores as one run.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod info;
+mod llama;
+mod pull;
+mod quantize;
+mod run;
+mod session;
+mod speculative;
+mod tokenize;
+mod trace_wgpu;
+mod viz;
+mod wgpu;

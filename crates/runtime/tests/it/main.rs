@@ -1,0 +1,14 @@
+//! The runtime crate's integration tests, one binary: each module is one former
+//! test file, so they link once and share the two cores as one run.
+
+mod backends;
+mod batch;
+mod constraint;
+mod conversation;
+mod fusion;
+mod reference;
+mod session;
+mod speculative;
+mod tiny;
+mod unwind;
+mod wgpu;
