@@ -3,13 +3,14 @@
 
 mod common;
 
-use common::{check, gpu, ints, node, pair, run, Rng, Src, W};
+use common::{check, gpu, ints, node, pair, run, Src, W};
 use minfer_gguf::quant::{dequantize_to_vec, quantize_to_vec};
 use minfer_gguf::GgmlType;
 use minfer_graph::{
     AttnMeta, AttnMode, BackendImpl, EmbedMeta, KvcacheMeta, MatMulMeta, NodeMeta, NormMeta, Op,
     RoPEMeta, RopeStyle, WeightType,
 };
+use minfer_testkit::Rng;
 
 /// f32 kernels that only reorder a sum or use the GPU's exp.
 const F32_BOUND: f32 = 1e-5;
@@ -21,8 +22,8 @@ fn elementwise_ops_match_the_cpu_with_broadcast_and_odd_sizes() {
     };
     let mut r = Rng::new(1);
     for n in [1usize, 7, 1000, 70_001] {
-        let a = r.vec(n);
-        let b = r.vec(n);
+        let a = r.vec(n, 1.0);
+        let b = r.vec(n, 1.0);
         let sh = [n, 1, 1, 1];
         for op in [Op::Add, Op::Mul, Op::SwiGLU] {
             let nd = node(op.clone(), 2, sh, NodeMeta::None);
@@ -58,7 +59,7 @@ fn elementwise_ops_match_the_cpu_with_broadcast_and_odd_sizes() {
         );
     }
     // b broadcasts over token rows: [7, 5] + [7].
-    let (a, b) = (r.vec(35), r.vec(7));
+    let (a, b) = (r.vec(35, 1.0), r.vec(7, 1.0));
     for op in [Op::Add, Op::Mul] {
         let nd = node(op, 2, [7, 5, 1, 1], NodeMeta::None);
         let srcs = [Src::Data(a.clone()), Src::Data(b.clone())];
@@ -92,19 +93,19 @@ fn rms_norm_and_qk_norm_match_the_cpu() {
             name: "n896".into(),
             ty: GgmlType::F32,
             dims: vec![896],
-            values: r.vec(896),
+            values: r.vec(896, 1.0),
         },
         W {
             name: "n37".into(),
             ty: GgmlType::F32,
             dims: vec![37],
-            values: r.vec(37),
+            values: r.vec(37, 1.0),
         },
         W {
             name: "hd64".into(),
             ty: GgmlType::F32,
             dims: vec![64],
-            values: r.vec(64),
+            values: r.vec(64, 1.0),
         },
     ];
     let Some((mut g, mut c)) = pair(&ws) else {
@@ -120,7 +121,7 @@ fn rms_norm_and_qk_norm_match_the_cpu() {
             weight_name: name.map(str::to_string),
         });
         let nd = node(Op::RmsNorm { eps: 1e-6 }, 1, [d, nt, 1, 1], meta);
-        let x = r.vec(d * nt);
+        let x = r.vec(d * nt, 1.0);
         check(
             &mut g,
             &mut c,
@@ -149,7 +150,7 @@ fn rms_norm_and_qk_norm_match_the_cpu() {
             &mut g,
             &mut c,
             &nd,
-            &[Src::Data(r.vec(192 * nt))],
+            &[Src::Data(r.vec(192 * nt, 1.0))],
             None,
             F32_BOUND,
             "qk_norm",
@@ -204,14 +205,14 @@ fn matmul_matches_the_cpu_for_every_weight_type_nt_and_bias() {
             name: format!("w.{ty}.{k}"),
             ty,
             dims: vec![k as u64, n_out as u64],
-            values: r.vec(k * n_out),
+            values: r.vec(k * n_out, 1.0),
         });
     }
     ws.push(W {
         name: "bias".into(),
         ty: GgmlType::F32,
         dims: vec![n_out as u64],
-        values: r.vec(n_out),
+        values: r.vec(n_out, 1.0),
     });
     let Some((mut g, mut c)) = pair(&ws) else {
         return;
@@ -227,7 +228,7 @@ fn matmul_matches_the_cpu_for_every_weight_type_nt_and_bias() {
                     bias_name: bias.clone(),
                 });
                 let nd = node(Op::MatMul { transpose_b: true }, 1, [n_out, nt, 1, 1], meta);
-                let x = r.vec(k * nt);
+                let x = r.vec(k * nt, 1.0);
                 let what = format!("matmul {ty} k={k} nt={nt} bias={}", bias.is_some());
                 check(
                     &mut g,
@@ -281,7 +282,7 @@ fn a_token_row_is_bitwise_the_same_alone_batched_and_in_a_prompt() {
             name: format!("w.{ty}.{k}"),
             ty,
             dims: vec![k as u64, n_out as u64],
-            values: r.vec(k * n_out),
+            values: r.vec(k * n_out, 1.0),
         })
         .collect();
     let Some(mut g) = gpu() else {
@@ -290,7 +291,7 @@ fn a_token_row_is_bitwise_the_same_alone_batched_and_in_a_prompt() {
     g.register_gguf(&common::gguf(&ws), "").expect("weights");
     let nt = 37;
     for (ty, k, _) in matmul_cases() {
-        let x = r.vec(k * nt);
+        let x = r.vec(k * nt, 1.0);
         let mut mm = |rows: std::ops::Range<usize>| {
             let meta = NodeMeta::MatMul(MatMulMeta {
                 weight_name: format!("w.{ty}.{k}"),
@@ -380,7 +381,7 @@ fn quantized_matmuls_round_activations_exactly_as_the_cpu() {
         let nt = 3;
         // Token 0: random; token 1: wide magnitudes; token 2: exact half levels (the
         // block's largest value 127, so the scale is 1 and x.5 is a tie).
-        let mut x = r.vec(k);
+        let mut x = r.vec(k, 1.0);
         x.extend((0..k).map(|i| r.f32() * (1u32 << (i % 16)) as f32));
         x.extend((0..k).map(|i| {
             if i % 32 == 0 {
@@ -430,7 +431,7 @@ fn matmul_reads_rows_of_a_wider_producer() {
         name: "w".into(),
         ty: GgmlType::Q8_0,
         dims: vec![64, 40],
-        values: r.vec(64 * 40),
+        values: r.vec(64 * 40, 1.0),
     }];
     let Some((mut g, mut c)) = pair(&ws) else {
         return;
@@ -448,7 +449,7 @@ fn matmul_reads_rows_of_a_wider_producer() {
         &mut g,
         &mut c,
         &nd,
-        &[Src::Data(r.vec(128 * 3))],
+        &[Src::Data(r.vec(128 * 3, 1.0))],
         None,
         1e-2,
         "strided matmul",
@@ -462,7 +463,7 @@ fn matmul_refuses_a_missing_or_mismatched_weight() {
         name: "w".into(),
         ty: GgmlType::F32,
         dims: vec![32, 4],
-        values: r.vec(128),
+        values: r.vec(128, 1.0),
     }];
     let Some((mut g, _)) = pair(&ws) else { return };
     for (name, in_dim, want) in [("nope", 32, "not registered"), ("w", 64, "expects")] {
@@ -497,7 +498,7 @@ fn embedding_lookup_dequantizes_the_selected_rows_for_every_type() {
             name: format!("tok.{ty}"),
             ty,
             dims: vec![d as u64, rows as u64],
-            values: r.vec(d * rows),
+            values: r.vec(d * rows, 1.0),
         })
         .collect();
     let Some((mut g, mut c)) = pair(&ws) else {
@@ -539,7 +540,7 @@ fn row_gather_matches_the_cpu_and_refuses_bad_ids() {
         return;
     };
     let mut r = Rng::new(7);
-    let x = r.vec(13 * 6);
+    let x = r.vec(13 * 6, 1.0);
     let nd = node(Op::GetRows, 2, [13, 3, 1, 1], NodeMeta::None);
     let srcs = [Src::Data(x.clone()), Src::Data(ints(&[5, 0, 5]))];
     check(&mut g, &mut c, &nd, &srcs, None, 0.0, "gather");
@@ -583,7 +584,7 @@ fn rope_matches_the_cpu_in_both_styles_and_in_place() {
                 [48, nt, 1, 1],
                 NodeMeta::Rope(rope_meta(style, n_dims)),
             );
-            let x = r.vec(48 * nt);
+            let x = r.vec(48 * nt, 1.0);
             let what = format!("rope {style:?} n_dims={n_dims} nt={nt}");
             // GPU cos/sin differ from the host's by a few ulp of the angle.
             let bound = 1e-5;
@@ -636,7 +637,7 @@ fn kv_store_writes_rows_at_their_cells_and_refuses_a_bad_cell() {
     };
     let mut r = Rng::new(9);
     let (n_embd, n_ctx) = (24, 10);
-    let (k0, v0) = (r.vec(n_embd * n_ctx), r.vec(n_embd * n_ctx));
+    let (k0, v0) = (r.vec(n_embd * n_ctx, 1.0), r.vec(n_embd * n_ctx, 1.0));
     for cells in [vec![4], vec![9, 0, 3]] {
         let nt = cells.len();
         let nd = node(
@@ -646,8 +647,8 @@ fn kv_store_writes_rows_at_their_cells_and_refuses_a_bad_cell() {
             kv_meta(2, n_embd, n_ctx),
         );
         let srcs = [
-            Src::Data(r.vec(n_embd * nt)),
-            Src::Data(r.vec(n_embd * nt)),
+            Src::Data(r.vec(n_embd * nt, 1.0)),
+            Src::Data(r.vec(n_embd * nt, 1.0)),
             Src::Data(ints(&cells)),
         ];
         check(
@@ -703,9 +704,9 @@ fn attention_matches_the_cpu_over_causal_bounds_and_spans() {
     for (n_head, n_head_kv, hd, n_ctx, positions) in cases {
         let m = attn_meta(n_head, n_head_kv, hd, n_ctx);
         let nkt = n_head_kv * hd;
-        let (k, v) = (r.vec(nkt * n_ctx), r.vec(nkt * n_ctx));
+        let (k, v) = (r.vec(nkt * n_ctx, 1.0), r.vec(nkt * n_ctx, 1.0));
         let nt = positions.len();
-        let q = r.vec(n_head * hd * nt);
+        let q = r.vec(n_head * hd * nt, 1.0);
         let what = format!("attn {n_head}/{n_head_kv}x{hd} nt={nt}");
         let op = Op::Attn {
             mode: AttnMode::Gqa,
@@ -830,13 +831,13 @@ fn fused_ffn_matches_the_cpu_and_is_bit_identical_to_the_unfused_chain() {
             name: "gate".into(),
             ty: GgmlType::Q4K,
             dims: vec![n_embd as u64, nf as u64],
-            values: r.vec(n_embd * nf),
+            values: r.vec(n_embd * nf, 1.0),
         },
         W {
             name: "up".into(),
             ty: GgmlType::Q4K,
             dims: vec![n_embd as u64, nf as u64],
-            values: r.vec(n_embd * nf),
+            values: r.vec(n_embd * nf, 1.0),
         },
     ];
     let Some((mut g, mut c)) = pair(&ws) else {
@@ -867,7 +868,7 @@ fn fused_ffn_matches_the_cpu_and_is_bit_identical_to_the_unfused_chain() {
             [2 * nf, nt, 1, 1],
             NodeMeta::FusedFfn(meta.clone()),
         );
-        let x = r.vec(n_embd * nt);
+        let x = r.vec(n_embd * nt, 1.0);
         check(
             &mut g,
             &mut c,
@@ -938,7 +939,7 @@ fn qkv_bias_rope_store_is_bit_identical_to_its_unfused_chain() {
         name: name.into(),
         ty: GgmlType::F32,
         dims: vec![n as u64],
-        values: r.vec(n),
+        values: r.vec(n, 1.0),
     };
     let ws = [
         bias("bq", nqt, &mut r),
@@ -958,8 +959,12 @@ fn qkv_bias_rope_store_is_bit_identical_to_its_unfused_chain() {
     };
     let nt = 3;
     let positions = ints(&[2, 5, 7]);
-    let (q, k, v) = (r.vec(nqt * nt), r.vec(nkt * nt), r.vec(nkt * nt));
-    let (k0, v0) = (r.vec(nkt * n_ctx), r.vec(nkt * n_ctx));
+    let (q, k, v) = (
+        r.vec(nqt * nt, 1.0),
+        r.vec(nkt * nt, 1.0),
+        r.vec(nkt * nt, 1.0),
+    );
+    let (k0, v0) = (r.vec(nkt * n_ctx, 1.0), r.vec(nkt * n_ctx, 1.0));
     let meta = QkvBiasRopeStoreMeta {
         q_bias: "bq".into(),
         k_bias: "bk".into(),

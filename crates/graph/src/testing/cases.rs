@@ -306,19 +306,9 @@ pub fn check_device_report(
     Ok(())
 }
 
-/// Deterministic values in `[-0.5, 0.5)` (a fixed LCG: the table is the same everywhere).
+/// Deterministic values in `[-0.5, 0.5)` from the shared test generator (same everywhere).
 pub fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
+    minfer_testkit::Rng::new(seed).vec(n, 0.5)
 }
 
 /// A GGUF holding `tensors` (name, GGUF dims, type, values).
