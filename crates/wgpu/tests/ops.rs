@@ -1,5 +1,8 @@
-//! Every op the wgpu backend claims, on random inputs, against the CPU backend. Each
-//! case states its bound: max absolute error relative to the output's scale.
+//! The wgpu backend against the CPU backend where the shared op-case table
+//! (`minfer_graph::testing::cases`, run by `op_cases.rs`) does not reach: sizes past a
+//! workgroup, aliased and in-place buffers, tile boundaries, exact activation rounding,
+//! the 64-key attention chunks, fused chains and the backend's refusals. Each case states
+//! its bound: max absolute error relative to the output's scale.
 
 mod common;
 
@@ -16,7 +19,7 @@ use minfer_testkit::Rng;
 const F32_BOUND: f32 = 1e-5;
 
 #[test]
-fn elementwise_ops_match_the_cpu_with_broadcast_and_odd_sizes() {
+fn elementwise_ops_match_the_cpu_at_large_sizes_and_in_place() {
     let Some((mut g, mut c)) = pair(&[]) else {
         return;
     };
@@ -25,7 +28,13 @@ fn elementwise_ops_match_the_cpu_with_broadcast_and_odd_sizes() {
         let a = r.vec(n, 1.0);
         let b = r.vec(n, 1.0);
         let sh = [n, 1, 1, 1];
-        for op in [Op::Add, Op::Mul, Op::SwiGLU] {
+        // Small sizes and broadcast of the binary ops are cases of the op-case table.
+        let binary: &[Op] = if n < 1000 {
+            &[]
+        } else {
+            &[Op::Add, Op::Mul, Op::SwiGLU]
+        };
+        for op in binary {
             let nd = node(op.clone(), 2, sh, NodeMeta::None);
             let srcs = [Src::Data(a.clone()), Src::Data(b.clone())];
             check(
@@ -58,13 +67,7 @@ fn elementwise_ops_match_the_cpu_with_broadcast_and_odd_sizes() {
             "silu in place",
         );
     }
-    // b broadcasts over token rows: [7, 5] + [7].
-    let (a, b) = (r.vec(35, 1.0), r.vec(7, 1.0));
-    for op in [Op::Add, Op::Mul] {
-        let nd = node(op, 2, [7, 5, 1, 1], NodeMeta::None);
-        let srcs = [Src::Data(a.clone()), Src::Data(b.clone())];
-        check(&mut g, &mut c, &nd, &srcs, None, F32_BOUND, "broadcast");
-    }
+    let a = r.vec(35, 1.0);
     // An input that is the output buffer reads the values from before the node.
     let nd = node(Op::Add, 2, [35, 1, 1, 1], NodeMeta::None);
     let srcs = [Src::Output(a.clone()), Src::Data(a.clone())];
@@ -85,8 +88,9 @@ fn a_broadcast_that_does_not_divide_is_an_error() {
     assert!(e.contains("broadcast"), "{e}");
 }
 
+/// Wide and odd widths; qk_norm and rms_norm at d=192 are cases of the op-case table.
 #[test]
-fn rms_norm_and_qk_norm_match_the_cpu() {
+fn rms_norm_matches_the_cpu_at_wide_and_odd_widths() {
     let mut r = Rng::new(2);
     let ws = [
         W {
@@ -100,12 +104,6 @@ fn rms_norm_and_qk_norm_match_the_cpu() {
             ty: GgmlType::F32,
             dims: vec![37],
             values: r.vec(37, 1.0),
-        },
-        W {
-            name: "hd64".into(),
-            ty: GgmlType::F32,
-            dims: vec![64],
-            values: r.vec(64, 1.0),
         },
     ];
     let Some((mut g, mut c)) = pair(&ws) else {
@@ -130,30 +128,6 @@ fn rms_norm_and_qk_norm_match_the_cpu() {
             None,
             F32_BOUND,
             &format!("rms d={d} nt={nt}"),
-        );
-    }
-    for nt in [1, 4] {
-        let meta = NodeMeta::Norm(NormMeta {
-            weight_name: Some("hd64".into()),
-        });
-        let nd = node(
-            Op::QkNorm {
-                hd: 64,
-                nh: 3,
-                eps: 1e-6,
-            },
-            1,
-            [192, nt, 1, 1],
-            meta,
-        );
-        check(
-            &mut g,
-            &mut c,
-            &nd,
-            &[Src::Data(r.vec(192 * nt, 1.0))],
-            None,
-            F32_BOUND,
-            "qk_norm",
         );
     }
 }
@@ -480,52 +454,21 @@ fn matmul_refuses_a_missing_or_mismatched_weight() {
     }
 }
 
+/// The lookup itself, for every model weight type, is a case of the op-case table.
 #[test]
-fn embedding_lookup_dequantizes_the_selected_rows_for_every_type() {
-    let mut r = Rng::new(6);
-    let types = [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::Q8_0,
-        GgmlType::Q5_0,
-        GgmlType::Q4K,
-        GgmlType::Q6K,
-    ];
+fn embedding_lookup_refuses_an_id_past_the_table() {
     let (d, rows) = (256, 11);
-    let ws: Vec<W> = types
-        .iter()
-        .map(|&ty| W {
-            name: format!("tok.{ty}"),
-            ty,
-            dims: vec![d as u64, rows as u64],
-            values: r.vec(d * rows, 1.0),
-        })
-        .collect();
-    let Some((mut g, mut c)) = pair(&ws) else {
+    let ws = [W {
+        name: "tok".into(),
+        ty: GgmlType::Q8_0,
+        dims: vec![d as u64, rows as u64],
+        values: Rng::new(6).vec(d * rows, 1.0),
+    }];
+    let Some((mut g, _)) = pair(&ws) else {
         return;
     };
-    for ty in types {
-        for sel in [vec![3], vec![10, 0, 3, 3, 7]] {
-            let meta = NodeMeta::Embed(EmbedMeta {
-                weight_name: format!("tok.{ty}"),
-                wtype: wtype(ty),
-                n_embd: d,
-            });
-            let nd = node(Op::GetRows, 1, [d, sel.len(), 1, 1], meta);
-            // Dequantization is exact arithmetic on both sides: only f16 rounding differs.
-            check(
-                &mut g,
-                &mut c,
-                &nd,
-                &[Src::Data(ints(&sel))],
-                None,
-                1e-6,
-                &format!("embed {ty}"),
-            );
-        }
-    }
     let meta = NodeMeta::Embed(EmbedMeta {
-        weight_name: format!("tok.{}", GgmlType::Q8_0),
+        weight_name: "tok".into(),
         wtype: WeightType::Q8_0,
         n_embd: d,
     });
@@ -534,16 +477,12 @@ fn embedding_lookup_dequantizes_the_selected_rows_for_every_type() {
     assert!(e.contains("id 11") && e.contains("11 rows"), "{e}");
 }
 
+/// The gather itself is a case of the op-case table ("get_rows tail rows").
 #[test]
-fn row_gather_matches_the_cpu_and_refuses_bad_ids() {
-    let Some((mut g, mut c)) = pair(&[]) else {
-        return;
-    };
-    let mut r = Rng::new(7);
-    let x = r.vec(13 * 6, 1.0);
+fn row_gather_refuses_an_id_past_the_rows() {
+    let Some(mut g) = gpu() else { return };
+    let x = Rng::new(7).vec(13 * 6, 1.0);
     let nd = node(Op::GetRows, 2, [13, 3, 1, 1], NodeMeta::None);
-    let srcs = [Src::Data(x.clone()), Src::Data(ints(&[5, 0, 5]))];
-    check(&mut g, &mut c, &nd, &srcs, None, 0.0, "gather");
     let e = run(
         &mut g,
         &nd,

@@ -583,6 +583,33 @@ fn rope_cases(out: &mut Vec<OpCase>) {
             });
         }
     }
+    // Partial rotation (n_dims < hd): each head's tail passes through unchanged, and a
+    // freq_scale below 1 stretches the angles.
+    for style in [RopeStyle::NonInterleaved, RopeStyle::Interleaved] {
+        let (hd, nh, nt) = (16usize, 3usize, 4usize);
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", [hd * nh, nt, 1, 1], DType::F32);
+        let pos = b.input("pos", [nt, 1, 1, 1], DType::I32);
+        let meta = RoPEMeta {
+            n_dims: 8,
+            freq_base: 10000.0,
+            freq_scale: 0.5,
+            ..rope_meta(hd, nh, style)
+        };
+        let y = b.rope(x, pos, style, meta);
+        b.output(y);
+        out.push(OpCase {
+            name: format!("rope {style:?} partial n_dims=8 hd={hd} nh={nh} nt={nt}"),
+            op: "rope",
+            graph: b.build(),
+            inputs: vec![
+                f32_input("x", values(32, hd * nh * nt)),
+                ids_input("pos", vec![0, 1, 9, 30]),
+            ],
+            weights: gguf(&[]),
+            bound: 1e-4,
+        });
+    }
     // Llama 3 scaling: per-pair divisors of the angle, from a weight (the last pairs kept
     // at 1, as real files do for the high frequencies).
     let style = RopeStyle::Interleaved;
