@@ -34,15 +34,7 @@ use std::time::{Duration, Instant};
 const STREAM_BYTES: usize = 256 << 20;
 
 fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
+    minfer_testkit::Rng::new(seed).vec(n, 1.0)
 }
 
 /// A `rows x cols` matrix of `ty`: 64 distinct quantized rows repeated (quantizing

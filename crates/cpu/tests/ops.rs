@@ -1,4 +1,6 @@
-//! Each op as a small graph on `CpuBackend`, against the graph crate's reference backend.
+//! Ops as small graphs on `CpuBackend` against the graph crate's reference backend, where
+//! the shared op-case table (`minfer_graph::testing::cases`, run by `op_cases.rs`) does not
+//! reach: ops no model emits, aliasing, fused FFN, partial-window spans, tighter bounds.
 
 mod common;
 
@@ -28,15 +30,9 @@ fn elementwise_ops_match() {
     let x = b.input("x", [8, 3, 1, 1], DType::F32);
     let y = b.input("y", [8, 3, 1, 1], DType::F32);
     let row = b.input("row", [8, 1, 1, 1], DType::F32);
-    let outs = [
-        b.add(x, row),
-        b.mul(x, y),
-        b.mul(x, row),
-        b.scale(x, -0.75),
-        b.silu(x),
-        b.softmax(y, 0),
-        b.swiglu(x, y),
-    ];
+    // add, mul and swiglu (plain and broadcast) are in the op-case table; the broadcast
+    // add stays for its exactness check below.
+    let outs = [b.add(x, row), b.scale(x, -0.75), b.silu(x), b.softmax(y, 0)];
     // An aliased (in-place) silu: the add's only consumer is the silu.
     let s = b.add(x, y);
     let s = b.silu(s);
@@ -53,24 +49,6 @@ fn elementwise_ops_match() {
         unreachable!()
     };
     assert_eq!(got[0][9], xv[9] + rv[1], "broadcast add is exact");
-}
-
-#[test]
-fn norms_match() {
-    let mut r = Rng::new(2);
-    let ws = vec![
-        TestWeight::new("norm", [64, 1], GgmlType::F32, r.vec(64, 1.0)),
-        TestWeight::new("qk", [16, 1], GgmlType::F32, r.vec(16, 1.0)),
-    ];
-    let mut b = GraphBuilder::new();
-    let x = b.input("x", [64, 5, 1, 1], DType::F32);
-    let n1 = b.rms_norm(x, Some(&ws[0].wref()), 1e-6);
-    let n2 = b.rms_norm(x, None, 1e-5);
-    let n3 = b.qk_norm(x, Some(&ws[1].wref()), 16, 4, 1e-6);
-    for o in [n1, n2, n3] {
-        b.output(o);
-    }
-    check(b.build(), &ws, &[("x", f32_in(&mut r, 320))], 1e-6);
 }
 
 #[test]
@@ -130,30 +108,6 @@ fn quantized_matmul_stays_within_activation_rounding() {
         let (d, m) = max_diff(&got[0], &want[0]);
         assert!(d <= 1e-2 * m, "{ty}: max diff {d} vs max |ref| {m}");
     }
-}
-
-#[test]
-fn get_rows_match() {
-    let mut r = Rng::new(5);
-    let ws = vec![TestWeight::new(
-        "emb",
-        [32, 20],
-        GgmlType::F32,
-        r.vec(640, 1.0),
-    )];
-    let mut b = GraphBuilder::new();
-    let ids = b.input("ids", [4, 1, 1, 1], DType::I32);
-    let sel = b.input("sel", [2, 1, 1, 1], DType::I32);
-    let x = b.embedding(ids, &ws[0].wref());
-    let rows = b.get_rows(x, sel, [32, 2, 1, 1]);
-    b.output(x);
-    b.output(rows);
-    let ins = [
-        ("ids", Fill::I32(vec![19, 0, 7, 7])),
-        ("sel", Fill::I32(vec![3, 1])),
-    ];
-    let got = check(b.build(), &ws, &ins, 0.0);
-    assert_eq!(&got[1][..32], &ws[0].values[7 * 32..8 * 32]);
 }
 
 #[test]

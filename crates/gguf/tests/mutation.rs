@@ -6,21 +6,7 @@ mod common;
 
 use common::sample_writer;
 use minfer_gguf::{GgufFile, MetaValue};
-
-/// xorshift64*: tiny, deterministic, good enough to pick mutations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use minfer_testkit::Rng;
 
 const INTERESTING_U64: [u64; 8] = [0, 1, 4, 32, 0x7fff_ffff, u32::MAX as u64, 1 << 63, u64::MAX];
 
@@ -37,7 +23,7 @@ fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>) {
             3 => bytes.truncate(at),
             4 => {
                 let n = 1 + rng.below(16);
-                let ins: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                let ins: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
                 bytes.splice(at..at, ins);
             }
             _ => {
@@ -71,7 +57,7 @@ fn touch(f: &GgufFile) -> u64 {
 #[test]
 fn mutated_files_never_panic() {
     let base = sample_writer().to_bytes().unwrap();
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let (mut ok, mut err) = (0, 0);
     for _ in 0..5000 {
         let mut bytes = base.clone();

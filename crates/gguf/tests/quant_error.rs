@@ -7,6 +7,7 @@
 
 use minfer_gguf::quant::{dequantize_to_vec, has_quantizer, quantize_to_vec};
 use minfer_gguf::{GgmlType, ALL_TYPES};
+use minfer_testkit::Rng;
 
 const MAX_QUANTIZATION_TOTAL_ERROR: f32 = 0.002;
 const MAX_QUANTIZATION_TOTAL_ERROR_2BITS: f32 = 0.0075;
@@ -61,29 +62,6 @@ fn total_quantization_error_within_ggml_bounds() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
-/// Deterministic xorshift32 stream.
-struct XorShift(u32);
-
-impl XorShift {
-    fn next_u32(&mut self) -> u32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 17;
-        self.0 ^= self.0 << 5;
-        self.0
-    }
-
-    /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
-        (self.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-
-    /// Roughly normal (sum of four uniforms, unit variance).
-    fn normalish(&mut self) -> f32 {
-        let s: f32 = (0..4).map(|_| self.uniform()).sum();
-        s * 0.866_025_4 // sqrt(3/4): each uniform has variance 1/3
-    }
-}
-
 fn relative_rms_error(x: &[f32], y: &[f32]) -> f64 {
     let (mut err, mut pow) = (0.0f64, 0.0f64);
     for (a, b) in x.iter().zip(y) {
@@ -133,9 +111,9 @@ fn relative_bound(ty: GgmlType) -> Option<f64> {
 #[test]
 fn relative_rms_error_within_per_type_bounds() {
     let n = 64 * 256;
-    let mut rng = XorShift(0x9e37_79b9);
-    let gaussian: Vec<f32> = (0..n).map(|_| rng.normalish()).collect();
-    let uniform: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0 + 0.5).collect();
+    let mut rng = Rng::new(0x9e37_79b9);
+    let gaussian: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+    let uniform: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0 + 0.5).collect();
     let smooth = generate_data(1.0, n);
     let mut failures = Vec::new();
     for ty in ALL_TYPES {
@@ -159,8 +137,8 @@ fn relative_rms_error_within_per_type_bounds() {
 #[test]
 fn more_bits_means_less_error() {
     // A coarse sanity ordering on the same data: each family improves with bit depth.
-    let mut rng = XorShift(12345);
-    let x: Vec<f32> = (0..16 * 256).map(|_| rng.normalish()).collect();
+    let mut rng = Rng::new(12345);
+    let x: Vec<f32> = (0..16 * 256).map(|_| rng.normal()).collect();
     let e = |ty| relative_rms_error(&x, &round_trip(ty, &x));
     let ladder = [
         GgmlType::Q2K,

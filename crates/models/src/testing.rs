@@ -17,6 +17,7 @@
 use std::path::Path;
 
 use minfer_gguf::{GgmlType, GgufError, GgufWriter, MetaType, MetaValue};
+use minfer_testkit::SplitMix64;
 
 use crate::weights::{blk, blk_bias, OUTPUT, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD};
 
@@ -228,7 +229,7 @@ fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError> {
         "qwen2"
     };
     tokenizer(&mut w, spec.n_vocab, pre)?;
-    let mut rng = Rng::new(spec.seed);
+    let mut rng = SplitMix64::new(spec.seed);
     let (ne, nq, nkv, nf) = (
         spec.n_embd,
         spec.n_head * spec.head_dim,
@@ -404,39 +405,6 @@ fn tokenizer(w: &mut GgufWriter, n_vocab: usize, pre: &str) -> Result<(), GgufEr
     Ok(())
 }
 
-/// splitmix64 with an Irwin–Hall normal (sum of four uniforms): only adds, multiplies
-/// and `sqrt`, all correctly rounded, so results are identical on every platform.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1) with 53 bits.
-    fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Approximately N(0, 1): four uniforms have variance 1/3 around 2.
-    fn normal(&mut self) -> f64 {
-        let s: f64 = (0..4).map(|_| self.uniform()).sum();
-        (s - 2.0) * 3f64.sqrt()
-    }
-
-    fn normal_vec(&mut self, n: usize, std: f64) -> Vec<f32> {
-        (0..n).map(|_| (self.normal() * std) as f32).collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,21 +418,6 @@ mod tests {
         assert_eq!(byte_symbol(0xAD), 'Ń');
         let distinct: std::collections::BTreeSet<char> = (0..=255u8).map(byte_symbol).collect();
         assert_eq!(distinct.len(), 256);
-    }
-
-    #[test]
-    fn normals_have_unit_variance_and_repeat_per_seed() {
-        let v = Rng::new(3).normal_vec(20000, 1.0);
-        let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
-        let var = v
-            .iter()
-            .map(|&x| (f64::from(x) - mean).powi(2))
-            .sum::<f64>()
-            / v.len() as f64;
-        assert!(mean.abs() < 0.03, "{mean}");
-        assert!((var - 1.0).abs() < 0.05, "{var}");
-        assert_eq!(v, Rng::new(3).normal_vec(20000, 1.0));
-        assert_ne!(v, Rng::new(4).normal_vec(20000, 1.0));
     }
 
     #[test]

@@ -353,7 +353,7 @@ pub fn attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::testutil::Rng;
+    use minfer_testkit::Rng;
 
     fn meta() -> AttnMeta {
         AttnMeta {
@@ -406,9 +406,9 @@ mod tests {
         let mut r = Rng::new(5);
         let nt = 6;
         let q_stride = m.n_head * m.hd + 32; // a wider fused q|k|v row
-        let q = r.vec(nt * q_stride);
-        let k = r.vec(m.nkt() * m.n_ctx);
-        let v = r.vec(m.nkt() * m.n_ctx);
+        let q = r.vec(nt * q_stride, 1.0);
+        let k = r.vec(m.nkt() * m.n_ctx, 1.0);
+        let v = r.vec(m.nkt() * m.n_ctx, 1.0);
         let positions = [0, 1, 2, 17, 30, 39];
         let pos: Vec<f32> = positions
             .iter()
@@ -461,9 +461,9 @@ mod tests {
         let mut r = Rng::new(9);
         let positions = [0i32, 7, 64, 130, 299];
         let nt = positions.len();
-        let q = r.vec(nt * m.n_head * m.hd);
-        let k = r.vec(m.nkt() * m.n_ctx);
-        let v = r.vec(m.nkt() * m.n_ctx);
+        let q = r.vec(nt * m.n_head * m.hd, 1.0);
+        let k = r.vec(m.nkt() * m.n_ctx, 1.0);
+        let v = r.vec(m.nkt() * m.n_ctx, 1.0);
         let pos: Vec<f32> = positions
             .iter()
             .map(|&p| f32::from_bits(p as u32))
@@ -532,9 +532,9 @@ mod tests {
         let mut r = Rng::new(11);
         let positions = [0i32, 5, 63, 64, 149];
         let nt = positions.len();
-        let q = r.vec(nt * m.n_head * m.hd);
-        let k = r.vec(m.nkt() * m.n_ctx);
-        let v = r.vec(m.nkt() * m.n_ctx);
+        let q = r.vec(nt * m.n_head * m.hd, 1.0);
+        let k = r.vec(m.nkt() * m.n_ctx, 1.0);
+        let v = r.vec(m.nkt() * m.n_ctx, 1.0);
         let pos: Vec<f32> = positions
             .iter()
             .map(|&p| f32::from_bits(p as u32))
@@ -626,9 +626,9 @@ mod tests {
     fn explicit_span_limits_the_keys() {
         let m = meta();
         let mut r = Rng::new(6);
-        let q = r.vec(m.n_head * m.hd);
-        let k = r.vec(m.nkt() * m.n_ctx);
-        let v = r.vec(m.nkt() * m.n_ctx);
+        let q = r.vec(m.n_head * m.hd, 1.0);
+        let k = r.vec(m.nkt() * m.n_ctx, 1.0);
+        let v = r.vec(m.nkt() * m.n_ctx, 1.0);
         let pos = [f32::from_bits(9)];
         let span = [f32::from_bits(0), f32::from_bits(10)];
         let pool = ThreadPool::new(1);

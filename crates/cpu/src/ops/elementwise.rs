@@ -166,7 +166,7 @@ pub fn softmax_rows(pool: &ThreadPool, x: &[f32], out: &mut [f32], d: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::testutil::Rng;
+    use minfer_testkit::Rng;
 
     #[test]
     fn broadcast_add_and_mul() {
@@ -189,8 +189,8 @@ mod tests {
     fn large_inputs_are_identical_across_thread_counts() {
         let mut r = Rng::new(9);
         let n = 3 * PAR_MIN_ELEMS + 17;
-        let (a, b) = (r.vec(n), r.vec(n));
-        let row = r.vec(n / (3 * PAR_MIN_ELEMS + 17));
+        let (a, b) = (r.vec(n, 1.0), r.vec(n, 1.0));
+        let row = r.vec(n / (3 * PAR_MIN_ELEMS + 17), 1.0);
         let mut results = Vec::new();
         for nth in [1, 2, 4] {
             let pool = ThreadPool::new(nth);

@@ -225,7 +225,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::testutil::Rng;
+    use minfer_testkit::Rng;
 
     fn ulps(a: f32, b: f64) -> f64 {
         let ulp = f64::from(f32::EPSILON) * b.abs().max(f64::from(f32::MIN_POSITIVE));

@@ -99,8 +99,8 @@ pub fn gather(x: &[f32], d: usize, ids: &[f32], out: &mut [f32]) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::testutil::Rng;
     use minfer_gguf::quant::{dequantize_to_vec, quantize_to_vec};
+    use minfer_testkit::Rng;
 
     fn ids(v: &[i32]) -> Vec<f32> {
         v.iter().map(|&i| f32::from_bits(i as u32)).collect()
@@ -110,7 +110,7 @@ mod tests {
     fn embedding_dequantizes_exactly_the_selected_rows() {
         let mut r = Rng::new(4);
         let (d, rows) = (64, 10);
-        let vals = r.vec(d * rows);
+        let vals = r.vec(d * rows, 1.0);
         let pool = ThreadPool::new(2);
         for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0] {
             let data = quantize_to_vec(ty, &vals).unwrap();

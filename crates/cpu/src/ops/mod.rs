@@ -99,27 +99,3 @@ pub(crate) fn par_rows(
 
 /// Element-wise ops process pseudo-rows of this many values.
 pub(crate) const ELEM_ROW: usize = 1024;
-
-#[cfg(test)]
-pub(crate) mod testutil {
-    /// A small deterministic generator for test data.
-    pub struct Rng(u64);
-
-    impl Rng {
-        pub fn new(seed: u64) -> Self {
-            Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-        }
-
-        /// Uniform in `[-1, 1)`.
-        pub fn f32(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-
-        pub fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n).map(|_| self.f32()).collect()
-        }
-    }
-}

@@ -70,7 +70,7 @@ pub fn rms_norm(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::testutil::Rng;
+    use minfer_testkit::Rng;
 
     fn reference(x: &[f32], d: usize, eps: f32, w: Option<&[f32]>) -> Vec<f64> {
         x.chunks(d)
@@ -88,8 +88,8 @@ mod tests {
     fn matches_f64_reference_and_is_thread_count_independent() {
         let mut r = Rng::new(7);
         let (d, rows) = (896, 40);
-        let x = r.vec(d * rows);
-        let w = r.vec(d);
+        let x = r.vec(d * rows, 1.0);
+        let w = r.vec(d, 1.0);
         let want = reference(&x, d, 1e-6, Some(&w));
         let mut outs = Vec::new();
         for nth in [1, 3] {

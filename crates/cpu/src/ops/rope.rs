@@ -133,7 +133,7 @@ pub fn rope_inplace(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::testutil::Rng;
+    use minfer_testkit::Rng;
 
     fn meta(style: RopeStyle, n_dims: usize) -> RoPEMeta {
         RoPEMeta {
@@ -176,7 +176,7 @@ mod tests {
             let m = meta(style, 6);
             let positions = [0i32, 1, 5, 37];
             let nt = positions.len();
-            let x = r.vec(nt * 24);
+            let x = r.vec(nt * 24, 1.0);
             let pos: Vec<f32> = positions
                 .iter()
                 .map(|&p| f32::from_bits(p as u32))
@@ -208,7 +208,7 @@ mod tests {
             ..meta(RopeStyle::Interleaved, 8)
         };
         let factors = [1.0f32, 2.0, 8.0, 31.5];
-        let x = r.vec(24);
+        let x = r.vec(24, 1.0);
         let mut y = x.clone();
         let mut cache = Vec::new();
         let pos = [f32::from_bits(7)];

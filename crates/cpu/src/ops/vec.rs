@@ -316,13 +316,13 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::testutil::Rng;
+    use minfer_testkit::Rng;
 
     #[test]
     fn scalar_dot_matches_f64_and_simd_stays_within_rounding() {
         let mut r = Rng::new(1);
         for n in [0, 1, 7, 8, 15, 16, 17, 64, 100, 128] {
-            let (a, b) = (r.vec(n), r.vec(n));
+            let (a, b) = (r.vec(n, 1.0), r.vec(n, 1.0));
             let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
             let bound = 1e-6 * (n as f64 + 1.0);
             assert!((dot_scalar(&a, &b) as f64 - exact).abs() <= bound, "n={n}");
@@ -335,8 +335,8 @@ mod tests {
     fn axpy_matches_scalar_within_one_rounding() {
         let mut r = Rng::new(2);
         for n in [1, 5, 8, 9, 64, 67] {
-            let x = r.vec(n);
-            let y0 = r.vec(n);
+            let x = r.vec(n, 1.0);
+            let y0 = r.vec(n, 1.0);
             let mut ys = y0.clone();
             axpy_scalar(&mut ys, 0.37, &x);
             let mut yv = y0.clone();
@@ -355,9 +355,9 @@ mod tests {
         let mut r = Rng::new(4);
         for (hd, n) in [(64, 19), (128, 8), (16, 3), (12, 9), (64, 0)] {
             let stride = hd * 2 + 5;
-            let k = r.vec(stride * n + hd);
-            let q = r.vec(hd);
-            let p = r.vec(n);
+            let k = r.vec(stride * n + hd, 1.0);
+            let q = r.vec(hd, 1.0);
+            let p = r.vec(n, 1.0);
             let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
             dot_rows_scalar(&q, &k, stride, 3, &mut a);
             VecIsa::detect().dot_rows(&q, &k, stride, 3, &mut b);
@@ -386,7 +386,7 @@ mod tests {
     #[test]
     fn scalar_isa_is_the_reference() {
         let mut r = Rng::new(3);
-        let (a, b) = (r.vec(37), r.vec(37));
+        let (a, b) = (r.vec(37, 1.0), r.vec(37, 1.0));
         assert_eq!(
             VecIsa::Scalar.dot(&a, &b).to_bits(),
             dot_scalar(&a, &b).to_bits()

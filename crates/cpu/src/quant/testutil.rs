@@ -3,17 +3,9 @@
 use super::{dot, Isa, QuantDot};
 use minfer_gguf::quant::{Block, Quantize};
 
-/// Deterministic pseudo-random values in `-scale..scale` (xorshift; no dependency).
+/// Deterministic pseudo-random values in `-scale..scale`.
 pub(crate) fn rand_f32(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
+    minfer_testkit::Rng::new(seed).vec(n, scale)
 }
 
 /// Quantizes `x` block by block with the reference quantizer of `B`.

@@ -11,26 +11,7 @@ use minfer_gguf::{GgmlType, GgufFile, GgufWriter};
 use minfer_graph::testing::{RefBackend, WeightStore};
 use minfer_graph::*;
 
-/// A deterministic generator (xorshift64).
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    /// Uniform in `[-1, 1)`.
-    pub fn f32(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f32() * scale).collect()
-    }
-}
+pub use minfer_testkit::Rng;
 
 /// One weight with the values both backends see.
 #[derive(Clone)]

@@ -306,19 +306,9 @@ pub fn check_device_report(
     Ok(())
 }
 
-/// Deterministic values in `[-0.5, 0.5)` (a fixed LCG: the table is the same everywhere).
+/// Deterministic values in `[-0.5, 0.5)` from the shared test generator (same everywhere).
 pub fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
+    minfer_testkit::Rng::new(seed).vec(n, 0.5)
 }
 
 /// A GGUF holding `tensors` (name, GGUF dims, type, values).
@@ -592,6 +582,33 @@ fn rope_cases(out: &mut Vec<OpCase>) {
                 bound: 1e-4,
             });
         }
+    }
+    // Partial rotation (n_dims < hd): each head's tail passes through unchanged, and a
+    // freq_scale below 1 stretches the angles.
+    for style in [RopeStyle::NonInterleaved, RopeStyle::Interleaved] {
+        let (hd, nh, nt) = (16usize, 3usize, 4usize);
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", [hd * nh, nt, 1, 1], DType::F32);
+        let pos = b.input("pos", [nt, 1, 1, 1], DType::I32);
+        let meta = RoPEMeta {
+            n_dims: 8,
+            freq_base: 10000.0,
+            freq_scale: 0.5,
+            ..rope_meta(hd, nh, style)
+        };
+        let y = b.rope(x, pos, style, meta);
+        b.output(y);
+        out.push(OpCase {
+            name: format!("rope {style:?} partial n_dims=8 hd={hd} nh={nh} nt={nt}"),
+            op: "rope",
+            graph: b.build(),
+            inputs: vec![
+                f32_input("x", values(32, hd * nh * nt)),
+                ids_input("pos", vec![0, 1, 9, 30]),
+            ],
+            weights: gguf(&[]),
+            bound: 1e-4,
+        });
     }
     // Llama 3 scaling: per-pair divisors of the angle, from a weight (the last pairs kept
     // at 1, as real files do for the high frequencies).

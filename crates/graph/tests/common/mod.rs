@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use minfer_graph::testing::cases::values;
 use minfer_graph::testing::{RefBackend, WeightStore};
 use minfer_graph::*;
 
@@ -20,20 +21,6 @@ pub const EPS: f32 = 1e-5;
 
 /// Ops the "test" device claims: enough to cut the block into many splits.
 pub const DEVICE_OPS: &[&str] = &["matmul", "add", "silu", "mul", "swiglu", "rope"];
-
-fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
 
 pub fn weights() -> Arc<WeightStore> {
     let mut w = WeightStore::new();

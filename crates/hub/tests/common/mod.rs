@@ -40,17 +40,8 @@ impl Drop for TempDir {
 /// filler drawn from `seed`, covering all but the last few (under 32) bytes of the file, so
 /// cutting the file almost anywhere cuts the tensor and content checks are meaningful.
 pub fn gguf_bytes_seeded(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut filler = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u8
-            })
-            .collect()
-    };
+    let mut rng = minfer_testkit::Rng::new(u64::from(seed));
+    let mut filler = |n: usize| -> Vec<u8> { (0..n).map(|_| rng.next_u64() as u8).collect() };
     let build = |data: Vec<u8>| {
         let mut w = GgufWriter::new();
         w.add_meta("general.architecture", MetaValue::String("test".into()));

@@ -348,13 +348,8 @@ mod tests {
         let mut c = Controller::new(7, runs_model);
         // Lookup drafts from 4-gram matches here; a draft model has one class.
         let class = if runs_model { 0 } else { NGRAM_MAX };
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut uniform = move || {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (rng >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut rng = minfer_testkit::Rng::new(0x9E37_79B9_7F4A_7C15);
+        let mut uniform = move || f64::from(rng.unit());
         let (mut time, mut tokens, mut deepest) = (0.0, 0, 0);
         while tokens < n {
             let d = c.choose(class, 7);

@@ -21,21 +21,3 @@ pub fn tokenizer() -> &'static Tokenizer {
         Tokenizer::from_gguf(&file).expect("default model's tokenizer loads")
     })
 }
-
-/// A deterministic xorshift64* generator, so property tests replay identically.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// Next pseudo-random value.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `0..n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}

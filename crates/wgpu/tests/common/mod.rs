@@ -25,30 +25,6 @@ pub fn gpu() -> Option<WgpuBackend> {
     minfer_wgpu::testing::gpu()
 }
 
-/// Deterministic values in [-1, 1).
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub fn f32(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        ((self.f32() + 1.0) * 0.5 * n as f32) as usize % n.max(1)
-    }
-}
-
 /// Integers stored as f32 bit patterns, as index inputs are.
 pub fn ints(v: &[i32]) -> Vec<f32> {
     v.iter().map(|&i| f32::from_bits(i as u32)).collect()
