@@ -64,8 +64,10 @@ cargo test --profile checked --locked --no-default-features -p minfer-graph -p m
 # The binary with the CUDA backend (off by default) builds and links here, with no CUDA
 # toolkit or driver (both are loaded at run time), and refuses `--backend cuda` naming
 # the reason where no device is usable. Last, since it replaces target/release/minfer.
-cargo test --release --locked -p minfer-runtime --features cuda --lib backends
-cargo build --release --locked -p minfer-cli --features cuda
+# Over the whole workspace, so the features of every other crate stay those of the
+# pass above and only the crates that gain the backend compile again.
+cargo test --release --locked --workspace --features minfer-cli/cuda --lib backends
+cargo build --release --locked --workspace --features minfer-cli/cuda
 if ! out=$(./target/release/minfer run --backend cuda -p hi -n 1 2>&1); then
     grep -q "backend 'cuda' is not usable on this machine: " <<<"$out" || { echo "$out"; exit 1; }
 fi
