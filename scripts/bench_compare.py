@@ -11,7 +11,7 @@ builds it under ./target/llama.cpp from the sdist fetched with pip.
 
     python3 scripts/bench_compare.py [--model PATH] [--threads 2] [--rounds 10] \
         [--pp 512] [--tg 128] [--reps 1] [--llama-bench PATH] [--minfer-isa avx2] \
-        [--baseline PATH [--baseline-env K=V ...]]
+        [--baseline PATH [--baseline-env K=V ...] [--no-llama]]
 
 --baseline adds a second minfer, e.g. a build of the previous commit, to every round: the
 three programs then rotate through all six orders (A B C, C B A, B C A, ...), and the
@@ -19,6 +19,7 @@ script also prints the paired minfer/baseline ratio, which is how "does not regr
 against the previous commit" is measured. --baseline-env sets variables for the
 baseline's runs only (with --baseline pointing at the same binary it A/Bs a switch such
 as MINFER_FUSE).
+--no-llama (with --baseline) leaves llama.cpp out: minfer against the baseline alone.
 
 --minfer-isa caps minfer's kernels (MINFER_ISA for its runs only: `avx2` against a
 llama.cpp built for AVX2 alone compares like with like on an AVX-512 host); without it
@@ -186,20 +187,28 @@ def main():
                          "round; prints minfer/baseline ratios too")
     ap.add_argument("--baseline-env", action="append", default=[], metavar="K=V",
                     help="environment for the baseline's runs only (repeatable)")
+    ap.add_argument("--no-llama", action="store_true",
+                    help="with --baseline: pair minfer against the baseline only, without "
+                         "building or running llama-bench")
     a = ap.parse_args()
     base_env = env_pairs(a.baseline_env)
     if base_env and a.baseline is None:
         sys.exit("--baseline-env needs --baseline (it may name the same binary as --minfer)")
+    if a.no_llama and a.baseline is None:
+        sys.exit("--no-llama needs --baseline (there is nothing else to pair minfer with)")
     if a.model is None:
         a.model = subprocess.run([a.minfer, "pull"], capture_output=True, text=True,
                                  check=True).stdout.strip()
-    llama = a.llama_bench or build_llama_bench()
-    print(f"isa: minfer {minfer_isa(a.minfer, a.model, a.minfer_isa)}; llama.cpp "
-          f"{llama_isa(llama, a.model, a.threads)}")
+    llama = None if a.no_llama else (a.llama_bench or build_llama_bench())
+    print(f"isa: minfer {minfer_isa(a.minfer, a.model, a.minfer_isa)}"
+          + ("" if llama is None else f"; llama.cpp {llama_isa(llama, a.model, a.threads)}"))
     if a.baseline:
         print(f"isa: baseline {minfer_isa(a.baseline, a.model, a.minfer_isa)}")
     tests = [(t, n) for t, n in (("pp", a.pp), ("tg", a.tg)) if n > 0]
-    programs = ["minfer", "llama.cpp"] + (["baseline"] if a.baseline else [])
+    programs = (["minfer"] + ([] if llama is None else ["llama.cpp"])
+                + (["baseline"] if a.baseline else []))
+    # The ratio each round prints: against llama.cpp, else against the baseline.
+    other = "baseline" if llama is None else "llama.cpp"
     for test, n in tests:
         runs = {p: [] for p in programs}
         for r in range(a.rounds):
@@ -217,8 +226,16 @@ def main():
                 runs[prog].append(row[prog])
             line = "  ".join(f"{p} {row[p]:8.2f}" for p in programs)
             print(f"  round {r + 1:2d} {test}{n}: {line}  ratio "
-                  f"{row['minfer'] / row['llama.cpp']:.3f}", file=sys.stderr)
-        ms, ls = runs["minfer"], runs["llama.cpp"]
+                  f"{row['minfer'] / row[other]:.3f}", file=sys.stderr)
+        ms = runs["minfer"]
+        if llama is None:
+            bs = runs["baseline"]
+            q1, med, q3 = paired(ms, bs)
+            print(f"{test}{n}: minfer {statistics.median(ms):.2f} t/s, baseline "
+                  f"{statistics.median(bs):.2f} t/s, minfer/baseline {med:.3f} "
+                  f"(IQR {q1:.3f}-{q3:.3f}, {a.rounds} rounds, -t {a.threads})")
+            continue
+        ls = runs["llama.cpp"]
         q1, med, q3 = paired(ms, ls)
         print(f"{test}{n}: minfer {statistics.median(ms):.2f} t/s, llama.cpp "
               f"{statistics.median(ls):.2f} t/s, ratio {med:.3f} (IQR {q1:.3f}-{q3:.3f}, "

@@ -17,6 +17,7 @@
 mod weights;
 
 use minfer_graph::device_kit::checks;
+use minfer_graph::device_kit::QkvPlan;
 use minfer_graph::HostPool;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -297,7 +298,7 @@ impl CpuBackend {
         out_id: usize,
         kv_pair: Option<(usize, usize)>,
     ) -> Result<(), String> {
-        let spec = QkvSpec::of(node)?;
+        let spec = qkv_plan(node)?;
         let (k_id, v_id) = kv_pair.ok_or_else(|| format!("no KV region for layer {layer}"))?;
         let n = self.mem.buffers.len();
         if k_id == v_id || k_id >= n || v_id >= n || out_id == k_id || out_id == v_id {
@@ -317,14 +318,14 @@ impl CpuBackend {
                 "layer {layer}: an input aliases the output or the KV region"
             ));
         }
-        if !self.qkv_parts.contains_key(spec.concat) {
-            let parts = qkv_part_names(spec.concat).ok_or_else(|| {
+        if !self.qkv_parts.contains_key(spec.weight) {
+            let parts = qkv_part_names(spec.weight).ok_or_else(|| {
                 format!(
                     "'{}' does not name a q|k|v concatenation (blk.N.attn_qkv.weight)",
-                    spec.concat
+                    spec.weight
                 )
             })?;
-            self.qkv_parts.insert(spec.concat.to_string(), parts);
+            self.qkv_parts.insert(spec.weight.to_string(), parts);
         }
         let mut out = std::mem::take(&mut self.mem.buffers[out_id]);
         let mut kr = std::mem::take(&mut self.mem.buffers[k_id]);
@@ -333,7 +334,7 @@ impl CpuBackend {
             if self.fault.fire() {
                 injected_panic(&self.pool, node, &mut out);
             }
-            let names = &self.qkv_parts[spec.concat];
+            let names = &self.qkv_parts[spec.weight];
             let b = &self.mem.buffers;
             let io = QkvIo {
                 x: &b[x_id],
@@ -777,69 +778,29 @@ fn contiguous<'a>(
     Ok(packed)
 }
 
-/// The fields of a `FusedQKV` / `FusedQkvNorm` node the CPU kernel uses.
-struct QkvSpec<'a> {
-    concat: &'a str,
-    n_embd: usize,
-    nqt: usize,
-    nkt: usize,
-    biases: [Option<&'a str>; 3],
-    norms: Option<([&'a str; 2], f32)>,
-    rope: &'a minfer_graph::RoPEMeta,
-    n_ctx: usize,
-}
-
-impl<'a> QkvSpec<'a> {
-    fn of(node: &'a CNode) -> Result<Self, String> {
-        let (layer, spec) = match (&node.op, &node.meta) {
-            (Op::FusedQKV { layer }, NodeMeta::FusedQkv(m)) => (
-                *layer,
-                QkvSpec {
-                    concat: &m.qkv_weight,
-                    n_embd: m.n_embd,
-                    nqt: m.nqt,
-                    nkt: m.nkt,
-                    biases: [
-                        m.q_bias.as_deref(),
-                        m.k_bias.as_deref(),
-                        m.v_bias.as_deref(),
-                    ],
-                    norms: None,
-                    rope: &m.rope,
-                    n_ctx: m.n_ctx,
-                },
-            ),
-            (Op::FusedQkvNorm { layer }, NodeMeta::FusedQkvNorm(m)) => (
-                *layer,
-                QkvSpec {
-                    concat: &m.qkv_weight,
-                    n_embd: m.n_embd,
-                    nqt: m.nqt,
-                    nkt: m.nkt,
-                    biases: [None; 3],
-                    norms: Some(([&m.q_norm, &m.k_norm], m.eps)),
-                    rope: &m.rope,
-                    n_ctx: m.n_ctx,
-                },
-            ),
-            (op, meta) => return Err(format!("{} with metadata {meta:?}", op.name())),
-        };
-        let r = spec.rope;
-        let hd = r.hd;
-        if r.freq_factors.is_some()
-            || hd == 0
-            || spec.nqt != r.n_head * hd
-            || spec.nkt == 0
-            || !spec.nkt.is_multiple_of(hd)
-            || node.out_shape[0] != spec.nqt + 2 * spec.nkt
-        {
-            return Err(format!(
-                "layer {layer}: q {} / kv {} rows, rope {r:?}, output {:?} do not fit",
-                spec.nqt, spec.nkt, node.out_shape
-            ));
-        }
-        Ok(spec)
+/// The kit's plan of a `FusedQKV` / `FusedQkvNorm` node, checked for the CPU kernel: an
+/// unscaled rope whose heads tile q and k, and an output of q | k | v rows.
+fn qkv_plan(node: &CNode) -> Result<QkvPlan<'_>, String> {
+    let plan = match (&node.op, &node.meta) {
+        (Op::FusedQKV { layer }, NodeMeta::FusedQkv(m)) => QkvPlan::qkv(*layer, m),
+        (Op::FusedQkvNorm { layer }, NodeMeta::FusedQkvNorm(m)) => QkvPlan::qkv_norm(*layer, m),
+        (op, meta) => return Err(format!("{} with metadata {meta:?}", op.name())),
+    };
+    let r = plan.rope;
+    let hd = r.hd;
+    if r.freq_factors.is_some()
+        || hd == 0
+        || plan.nqt != r.n_head * hd
+        || plan.nkt == 0
+        || !plan.nkt.is_multiple_of(hd)
+        || node.out_shape[0] != plan.nqt + 2 * plan.nkt
+    {
+        return Err(format!(
+            "layer {}: q {} / kv {} rows, rope {r:?}, output {:?} do not fit",
+            plan.layer, plan.nqt, plan.nkt, node.out_shape
+        ));
     }
+    Ok(plan)
 }
 
 /// The q, k and v weight names behind a q|k|v concatenation name (`blk.N.attn_qkv.weight`,
@@ -870,7 +831,7 @@ struct QkvCx<'a> {
 fn fused_qkv_compute(
     cx: &QkvCx<'_>,
     layer: usize,
-    spec: &QkvSpec<'_>,
+    spec: &QkvPlan<'_>,
     names: &[String; 3],
     nt: usize,
     io: QkvIo<'_>,
