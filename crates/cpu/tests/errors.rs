@@ -58,6 +58,7 @@ fn store_graph(n_ctx: usize) -> ComputeGraph {
         hd: 8,
         scale: 0.3,
         n_ctx,
+        window: None,
     };
     let a = b.attn(q, kv, cells, None, AttnMode::Gqa, meta);
     b.output(a);

@@ -154,6 +154,7 @@ fn attention_with_store_and_span_matches() {
         hd,
         scale: 0.2,
         n_ctx,
+        window: None,
     };
     for span in [false, true] {
         let mut b = GraphBuilder::new();

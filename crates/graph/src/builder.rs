@@ -493,6 +493,7 @@ mod tests {
             hd: 4,
             scale: 0.5,
             n_ctx: 32,
+            window: None,
         };
         // Output width comes from the meta, not from the wider fused q buffer.
         let a = b.attn(fq, kv, pos, None, AttnMode::Gqa, meta.clone());

@@ -97,6 +97,13 @@ pub struct AttnMeta {
     pub scale: f32,
     /// KV region length in rows.
     pub n_ctx: usize,
+    /// Sliding window (a sliding-window layer): each token attends only the last
+    /// `window` rows of its key range, its own row included, as llama.cpp masks keys
+    /// `window` or more positions back. The rows of a sequence hold consecutive
+    /// positions, so rows and positions count alike. `None`: the whole range. A backend
+    /// whose kernel does not honour it declines the node by capability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
 }
 
 impl AttnMeta {

@@ -298,6 +298,7 @@ fn explicit_span_attention_goes_only_where_spans_are_read() {
         hd: 4,
         scale: 0.5,
         n_ctx: 8,
+        window: None,
     };
     let a = b.attn(q, kv, pos, Some(span), AttnMode::Gqa, meta);
     b.output(a);

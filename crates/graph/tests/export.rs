@@ -123,6 +123,7 @@ fn all_metas() -> Vec<NodeMeta> {
             hd: 64,
             scale: 0.125,
             n_ctx: 4096,
+            window: None,
         }),
         NodeMeta::Kvcache(KvcacheMeta {
             layer: 1,

@@ -88,6 +88,12 @@ fn key_ranges(a: &AttnArgs, ranges: &mut Vec<(usize, usize)>) -> Result<(), Stri
                 m.n_ctx, m.layer
             ));
         }
+        // A sliding-window layer reads only the last `window` rows: evicted rows are
+        // never scanned, so the cost of a token is bounded by the window.
+        let lo = match m.window {
+            Some(w) => lo.max(hi - w as i64),
+            None => lo,
+        };
         ranges.push((lo as usize, hi as usize));
     }
     Ok(())
@@ -105,6 +111,12 @@ fn validate(a: &AttnArgs, out_len: usize) -> Result<(), String> {
         return Err(format!(
             "attention geometry: n_head {} n_head_kv {} hd {} (n_head must be a positive multiple of n_head_kv, at most {MAX_GROUP} times it)",
             m.n_head, m.n_head_kv, m.hd
+        ));
+    }
+    if m.window == Some(0) || m.window.is_some_and(|w| w > i64::MAX as usize) {
+        return Err(format!(
+            "attention: a sliding window of {:?} rows (it must hold at least the token's own row)",
+            m.window
         ));
     }
     let qrow = m.n_head * m.hd;
@@ -363,6 +375,7 @@ mod tests {
             hd: 16,
             scale: 0.25,
             n_ctx: 40,
+            window: None,
         }
     }
 
@@ -457,6 +470,7 @@ mod tests {
             hd: 32,
             scale: 0.18,
             n_ctx: 300,
+            window: None,
         };
         let mut r = Rng::new(9);
         let positions = [0i32, 7, 64, 130, 299];
@@ -528,6 +542,7 @@ mod tests {
             hd: 64,
             scale: 0.125,
             n_ctx: 150,
+            window: None,
         };
         let mut r = Rng::new(11);
         let positions = [0i32, 5, 63, 64, 149];

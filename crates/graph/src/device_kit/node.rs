@@ -5,7 +5,7 @@
 use super::pool::DevicePool;
 use crate::backend_error::BackendError;
 use crate::ir::{BufRef, CNode, DType, Op};
-use crate::meta::AttnMeta;
+use crate::meta::{AttnMeta, NodeMeta};
 
 /// The ops the device backends implement (f32 values; rope without frequency factors).
 pub fn supports_op(op: &Op, dtype: DType) -> bool {
@@ -43,7 +43,9 @@ pub fn supports_node(
     weights_decoded: impl Fn(&CNode) -> bool,
 ) -> bool {
     let kv = node.kv_layer().is_some();
-    supports_op(&node.op, node.out_dtype) && (kv_here || !kv) && weights_decoded(node)
+    // No device kernel honours a sliding window yet: such attention runs on the CPU.
+    let windowed = matches!(&node.meta, NodeMeta::Attn(m) if m.window.is_some());
+    supports_op(&node.op, node.out_dtype) && (kv_here || !kv) && !windowed && weights_decoded(node)
 }
 
 /// A node's inputs match its sources one for one.

@@ -319,12 +319,14 @@ pub(super) fn attn(
             None => (0, pos.get(t).ok_or("short positions")? + 1),
         };
         let (lo, hi) = (lo.max(0) as usize, hi.max(0) as usize);
-        if hi > m.n_ctx || lo >= hi {
+        if hi > m.n_ctx || lo >= hi || m.window == Some(0) {
             return Err(format!(
-                "token {t}: key range [{lo}, {hi}) vs n_ctx {}",
-                m.n_ctx
+                "token {t}: key range [{lo}, {hi}) vs n_ctx {} (window {:?})",
+                m.n_ctx, m.window
             ));
         }
+        // Sliding window: the last `window` rows of the range, the token's own included.
+        let lo = m.window.map_or(lo, |w| lo.max(hi.saturating_sub(w)));
         for h in 0..m.n_head {
             let qh = &q[t * q_stride + h * m.hd..t * q_stride + (h + 1) * m.hd];
             let off = (h / group) * m.hd;
