@@ -20,5 +20,17 @@ fn the_wgpu_backend_passes_the_op_case_table() {
         vec![Box::new(CpuBackend::new(1)), Box::new(g)]
     };
     let decoded = minfer_wgpu::WgpuBackend::weight_types();
-    run_device_cases(Backend::WGPU, "wgpu", &wgpu, decoded).unwrap_or_else(|e| panic!("{e}"));
+    let report =
+        run_device_cases(Backend::WGPU, "wgpu", &wgpu, decoded).unwrap_or_else(|e| panic!("{e}"));
+    // The attention shader honours a sliding window, so no window case may be left to
+    // the CPU.
+    let declined: Vec<_> = report
+        .unclaimed
+        .iter()
+        .filter(|c| c.contains(" window "))
+        .collect();
+    assert!(
+        declined.is_empty(),
+        "window cases declined on wgpu: {declined:?}"
+    );
 }

@@ -223,8 +223,9 @@ impl BackendImpl for CudaBackend {
     }
 
     fn supports_node(&self, node: &CNode) -> bool {
-        // Every op that touches the KV regions (the QKV fusions store into them).
-        device_kit::supports_node(node, self.kv_here, |n| self.weights_decoded(n))
+        // Every op that touches the KV regions (the QKV fusions store into them). The
+        // attention kernel has no sliding-window term yet: such layers run on the CPU.
+        device_kit::supports_node(node, self.kv_here, false, |n| self.weights_decoded(n))
     }
 
     fn supports_fused(&self, fused: FusedOp) -> bool {

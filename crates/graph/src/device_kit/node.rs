@@ -36,16 +36,20 @@ pub fn supports_op(op: &Op, dtype: DType) -> bool {
 
 /// Whether a device backend takes `node`: an op of [`supports_op`], a node touching
 /// the KV regions only when they live here (`kv_here`; the QKV fusions store into
-/// them), and every weight it names decoded (`weights_decoded`, the backend's own).
+/// them), sliding-window attention only where its kernel honours the window
+/// (`windows`), and every weight it names decoded (`weights_decoded`, the backend's own).
 pub fn supports_node(
     node: &CNode,
     kv_here: bool,
+    windows: bool,
     weights_decoded: impl Fn(&CNode) -> bool,
 ) -> bool {
     let kv = node.kv_layer().is_some();
-    // No device kernel honours a sliding window yet: such attention runs on the CPU.
     let windowed = matches!(&node.meta, NodeMeta::Attn(m) if m.window.is_some());
-    supports_op(&node.op, node.out_dtype) && (kv_here || !kv) && !windowed && weights_decoded(node)
+    supports_op(&node.op, node.out_dtype)
+        && (kv_here || !kv)
+        && (windows || !windowed)
+        && weights_decoded(node)
 }
 
 /// A node's inputs match its sources one for one.

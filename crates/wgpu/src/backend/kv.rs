@@ -73,6 +73,14 @@ impl KvOps for WgpuBackend {
             u32_of(nt, "tokens")?,
             m.scale.to_bits(),
             u32::from(explicit_span),
+            match m.window {
+                Some(0) => return Err("attention: a sliding window of 0 rows".to_string().into()),
+                Some(w) => u32_of(w, "window")?,
+                None => 0,
+            },
+            0,
+            0,
+            0,
         ];
         let res = [
             q,

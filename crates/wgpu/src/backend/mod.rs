@@ -200,7 +200,7 @@ impl BackendImpl for WgpuBackend {
     }
 
     fn supports_node(&self, node: &CNode) -> bool {
-        device_kit::supports_node(node, self.kv_here, |n| self.weights_decoded(n))
+        device_kit::supports_node(node, self.kv_here, true, |n| self.weights_decoded(n))
     }
 
     fn supports_fused(&self, fused: FusedOp) -> bool {

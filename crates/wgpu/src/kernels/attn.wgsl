@@ -1,6 +1,6 @@
 // Grouped-query attention over the persistent KV regions, one workgroup per (head,
 // token). Keys [lo, hi) come from the causal bound (0, pos + 1) or from the explicit
-// span pair; both were checked on the host. The softmax runs online over chunks of
+// span pair; both were checked on the host. A sliding window keeps the last `window`. The softmax runs online over chunks of
 // 64 keys: each thread scores one key of the chunk, the chunk max and sum meet in
 // workgroup memory, and each thread accumulates the output dims it owns.
 
@@ -16,6 +16,11 @@ struct P {
     nt: u32,
     scale: f32,
     has_span: u32,
+    // Sliding window in rows (0: none); then padding to 16 bytes.
+    window: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -44,7 +49,12 @@ fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             lo = u32(max(span[2u * t], 0));
             hi = u32(max(span[2u * t + 1u], 0));
         }
-        bounds = vec2<u32>(lo, min(hi, p.n_ctx));
+        hi = min(hi, p.n_ctx);
+        // A sliding-window layer reads only the last `window` rows of the range.
+        if (p.window > 0u && hi > lo + p.window) {
+            lo = hi - p.window;
+        }
+        bounds = vec2<u32>(lo, hi);
     }
     let b = workgroupUniformLoad(&bounds);
     let lo = b.x;
