@@ -656,13 +656,6 @@ impl GraphAllocator {
         Some((b.copy_to_host(r.k)?, b.copy_to_host(r.v)?))
     }
 
-    /// Waits for all of backend `b`'s queued work.
-    pub fn sync_backend(&mut self, b: Backend) {
-        if let Some(x) = self.backend_mut(b) {
-            x.synchronize();
-        }
-    }
-
     /// Starts an execution pass: staged copies become stale and are redone once each.
     pub fn begin_pass(&mut self) {
         self.epoch += 1;

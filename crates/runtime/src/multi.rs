@@ -29,9 +29,6 @@ use minfer_gguf::GgufFile;
 
 use crate::engine::{Engine, EngineError, EngineOptions, TokenRows};
 
-/// Environment variable that forces batching off (`0`) or on (`1`).
-pub const BATCH_ENV: &str = minfer_env::BATCH.name;
-
 /// One slot's work in a step: `tokens` at positions `pos0..pos0 + tokens.len()` of
 /// `slot`, returning the logits of the last `n_out` tokens.
 #[derive(Debug, Clone)]
