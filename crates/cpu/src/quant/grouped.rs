@@ -7,7 +7,9 @@
 //! folds ggml's power-of-two divisors, e.g. `d / 8` for `d * (0.5 + s) / 4` with scale
 //! `2s + 1`, and IQ1's `grid ± 1/8` becomes the level `8 * grid ± 1`). Per super-block the
 //! integer dot `Σ_g scale_g Σ_{i∈g} q_i y_i` is exact, then `sum += (f * dy) * sumi` in
-//! block order on every ISA. IQ4_XS has an AVX2 kernel; the others run the scalar one.
+//! block order on every ISA. IQ4_XS's AVX2 kernel is here, the lattice types' in `lattice`
+//! and the ternary types' in `ternary`; all compute the same exact `sumi` and so agree
+//! bitwise with this reference.
 
 use super::QuantDot;
 use minfer_gguf::quant::{
@@ -247,28 +249,38 @@ unsafe fn dot_iq4_xs_avx2<const NT: usize>(w: &[BlockIq4Xs], x: [&[BlockQ8K]; NT
     acc
 }
 
-macro_rules! scalar_only {
-    ($($t:ty),*) => {$(
+/// Implements [`QuantDot`] with this file's scalar reference and the AVX2 kernel `$avx2`.
+macro_rules! grouped_dot {
+    ($avx2:path: $($t:ty),*) => {$(
         impl QuantDot for $t {
             type Act = BlockQ8K;
+
             fn dot_scalar<const NT: usize>(w: &[Self], x: [&[BlockQ8K]; NT]) -> [f32; NT] {
                 dot_grouped_scalar(w, x)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn dot_avx2<const NT: usize>(w: &[Self], x: [&[BlockQ8K]; NT]) -> [f32; NT] {
+                $avx2(w, x)
             }
         }
     )*};
 }
 
-scalar_only!(
-    BlockIq2Xxs,
+#[cfg(target_arch = "x86_64")]
+use super::{lattice::dot_lattice_avx2, ternary::dot_ternary_avx2};
+
+grouped_dot!(
+    dot_lattice_avx2: BlockIq2Xxs,
     BlockIq2Xs,
     BlockIq2S,
     BlockIq3Xxs,
     BlockIq3S,
     BlockIq1S,
-    BlockIq1M,
-    BlockTq1_0,
-    BlockTq2_0
+    BlockIq1M
 );
+grouped_dot!(dot_ternary_avx2: BlockTq1_0, BlockTq2_0);
 
 impl QuantDot for BlockIq4Xs {
     type Act = BlockQ8K;
@@ -288,14 +300,9 @@ impl QuantDot for BlockIq4Xs {
 mod tests {
     use super::*;
     use crate::quant::testutil::{
-        check_kernel, check_kernel_on, check_length_error, random_blocks,
+        check_kernel, check_kernel_on, check_length_error, iq1m_valid_scale, random_blocks,
+        small_f16 as scale,
     };
-    use half::f16;
-
-    /// A finite f16 scale of moderate size from a random word.
-    fn scale(r: u32) -> f16 {
-        f16::from_f32(((r % 2001) as f32 - 1000.0) * 1e-5)
-    }
 
     #[test]
     fn iq4_xs_kernels_agree_and_match_f32() {
@@ -341,16 +348,7 @@ mod tests {
                 random_blocks(n, seed, |b: &mut BlockIq1S, r| b.d = scale(r)),
                 seed,
             );
-            check_kernel_on(
-                random_blocks(n, seed, |b: &mut BlockIq1M, r| {
-                    let bits = scale(r).to_bits();
-                    for i in 0..4 {
-                        let nib = ((bits >> (4 * i)) & 0xf) as u8;
-                        b.scales[2 * i + 1] = (b.scales[2 * i + 1] & 0x0f) | (nib << 4);
-                    }
-                }),
-                seed,
-            );
+            check_kernel_on(random_blocks(n, seed, iq1m_valid_scale), seed);
         }
     }
 }

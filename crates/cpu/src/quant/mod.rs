@@ -3,13 +3,17 @@
 //!
 //! Pairing follows ggml: the 32-element types (legacy, IQ4_NL, MXFP4) dot against Q8_0
 //! activations, the k-quants, the 256-element i-quants and TQ1_0/TQ2_0 against Q8_K
-//! (`table32` and `grouped` hold the kernels of the newer types). Q4_1 and Q5_1 also take Q8_0 (ggml uses Q8_1, whose extra per-block sum
+//! (`table32` and `grouped` hold the kernels of the newer types, the latter's AVX2 ones
+//! for the lattice and ternary types sitting in `lattice` and `ternary`). Q4_1 and Q5_1
+//! also take Q8_0 (ggml uses Q8_1, whose extra per-block sum
 //! `d * Σq` is stored as f16); the kernels here recompute `Σq` exactly from the levels, so
 //! their results can differ from ggml's by that f16 rounding.
 //!
 //! Reduction order is part of each kernel's contract, so results never depend on the ISA:
 //! - k-quants: each super-block's integer dot is exact, then
 //!   `sum += (dy * dx) * sumi - (dy * dmin) * summ` in block order (bitwise equal across ISAs);
+//! - 256-element i-quants and ternary types: likewise, `sum += (f * dy) * sumi` (see
+//!   `grouped`);
 //! - 32-element types: eight lane accumulators (lane `l` takes elements `4l..4l+4` of each
 //!   block, `acc[l] += d * s_l`) reduced as `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`, which the
 //!   scalar code replays (bitwise equal across ISAs);
@@ -29,6 +33,8 @@
 mod act;
 mod float;
 mod grouped;
+#[cfg(target_arch = "x86_64")]
+mod lattice;
 mod legacy;
 mod q2_k;
 mod q3_k;
@@ -48,6 +54,8 @@ pub(crate) mod repack_xs;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 mod table32;
+#[cfg(target_arch = "x86_64")]
+mod ternary;
 #[cfg(test)]
 pub(crate) mod testutil;
 #[cfg(target_arch = "x86_64")]

@@ -1,7 +1,8 @@
 //! Test helpers: deterministic inputs and the generic kernel checks every type runs.
 
 use super::{dot, Isa, QuantDot};
-use minfer_gguf::quant::{Block, Quantize};
+use half::f16;
+use minfer_gguf::quant::{Block, BlockIq1M, Quantize};
 
 /// Deterministic pseudo-random values in `-scale..scale`.
 pub(crate) fn rand_f32(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -64,6 +65,60 @@ pub(crate) fn random_blocks<B: Block>(n: usize, seed: u64, fix: impl Fn(&mut B, 
             b
         })
         .collect()
+}
+
+/// A finite f16 scale of moderate size from a random word.
+pub(crate) fn small_f16(r: u32) -> f16 {
+    f16::from_f32(((r % 2001) as f32 - 1000.0) * 1e-5)
+}
+
+/// A [`random_blocks`] fix for IQ1_M, whose f16 scale is spread over four nibbles.
+pub(crate) fn iq1m_valid_scale(b: &mut BlockIq1M, r: u32) {
+    let bits = small_f16(r).to_bits();
+    for i in 0..4 {
+        let nib = ((bits >> (4 * i)) & 0xf) as u8;
+        b.scales[2 * i + 1] = (b.scales[2 * i + 1] & 0x0f) | (nib << 4);
+    }
+}
+
+/// Checks that every ISA gives the scalar kernel's bits for a batch of `NT` activation
+/// rows and for each row alone: row 0 holds only the extreme levels ±127 (the largest
+/// products the kernels' integer lanes meet), the others random levels.
+pub(crate) fn check_rows<B: QuantDot, const NT: usize>(w: &[B], seed: u64)
+where
+    B::Act: Quantize,
+{
+    let n = w.len() * B::ELEMS;
+    let xq: Vec<Vec<B::Act>> = (0..NT)
+        .map(|t| {
+            let x = if t == 0 {
+                let signs = rand_f32(n, seed, 1.0);
+                signs
+                    .iter()
+                    .map(|s| if *s < 0.0 { -2.0 } else { 2.0 })
+                    .collect()
+            } else {
+                rand_f32(n, seed + t as u64, 3.0)
+            };
+            quantize_blocks(&x)
+        })
+        .collect();
+    let rows: [&[B::Act]; NT] = std::array::from_fn(|t| &xq[t][..]);
+    let scalar = dot(Isa::SCALAR, w, rows).unwrap();
+    for isa in isas() {
+        let batch = dot(isa, w, rows).unwrap();
+        for t in 0..NT {
+            let single = dot(isa, w, [rows[t]]).unwrap()[0];
+            assert_eq!(batch[t].to_bits(), single.to_bits(), "{isa:?} row {t}");
+            assert_eq!(
+                batch[t].to_bits(),
+                scalar[t].to_bits(),
+                "{isa:?} vs scalar, row {t} of {NT}: {} vs {}",
+                batch[t],
+                scalar[t]
+            );
+        }
+    }
 }
 
 /// [`check_kernel`] on given weight blocks.
