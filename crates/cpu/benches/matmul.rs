@@ -25,7 +25,7 @@ use minfer_cpu::matmul::{
 use minfer_cpu::ops::elementwise::swiglu_slice;
 use minfer_cpu::quant::Isa;
 use minfer_cpu::threadpool::{chunk_range, ThreadPool};
-use minfer_gguf::quant::quantize_to_vec;
+use minfer_gguf::quant::{has_quantizer, quantize_to_vec};
 use minfer_gguf::GgmlType;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -39,10 +39,20 @@ fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
 
 /// A `rows x cols` matrix of `ty`: 64 distinct quantized rows repeated (quantizing
 /// 150k rows with the reference quantizers would dominate the run). Stored in u64s so
-/// every block type is aligned.
+/// every block type is aligned. Types without an encoder take random bytes: every byte
+/// pattern of the lattice i-quants decodes to valid levels, and no kernel's speed depends
+/// on the values (a scale that reads as NaN costs nothing on x86).
 fn matrix(ty: GgmlType, rows: usize, cols: usize) -> (Vec<u64>, usize) {
     let distinct = 64.min(rows);
-    let seed = quantize_to_vec(ty, &rand_f32(distinct * cols, 7)).expect("block multiple");
+    let seed = if has_quantizer(ty) {
+        quantize_to_vec(ty, &rand_f32(distinct * cols, 7)).expect("block multiple")
+    } else {
+        let n = ty
+            .bytes_for((distinct * cols) as u64)
+            .expect("block multiple") as usize;
+        let mut r = minfer_testkit::Rng::new(7);
+        (0..n).map(|_| r.next_u64() as u8).collect()
+    };
     let row_bytes = seed.len() / distinct;
     let total = row_bytes * rows;
     let mut store = vec![0u64; total.div_ceil(8)];
@@ -485,6 +495,16 @@ fn main() {
             for (rows, cols) in large_shapes {
                 prefill(ty, rows, cols, 512, &pools, repacked);
             }
+        }
+    }
+    // The lattice i-quants and the ternary types (no repacked layout) at the same shapes.
+    let low_bit = [Tq2_0, Tq1_0, Iq3S, Iq3Xxs, Iq2S, Iq2Xs, Iq2Xxs, Iq1M, Iq1S];
+    for ty in low_bit.into_iter().filter(|t| wanted(*t)) {
+        for (rows, cols) in large_shapes {
+            decode(ty, rows, cols, &pools, &bw, false);
+        }
+        for (rows, cols) in large_shapes {
+            prefill(ty, rows, cols, 512, &pools, false);
         }
     }
 }
