@@ -214,6 +214,7 @@ impl Quantize for BlockIq3S {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]
@@ -233,5 +234,35 @@ mod tests {
         assert_eq!(y[7], -2.5 * (p1 >> 24) as f32);
         // Group 4 (next 32 elements) uses the high nibble of scales[0]: 0 -> db = 0.5.
         assert_eq!(y[32], 0.5 * (p0 as u8) as f32);
+    }
+
+    #[test]
+    fn iq3s_zero_sub_block_keeps_the_others_in_place() {
+        // Sub-block 1 is exactly zero (ggml would shift the later points onto its slot).
+        let x: Vec<f32> = (0..QK_K)
+            .map(|i| {
+                if (32..64).contains(&i) {
+                    0.0
+                } else {
+                    ((i * 37 % 29) as f32 - 14.0) / 7.0
+                }
+            })
+            .collect();
+        let mut y = vec![0.0; QK_K];
+        BlockIq3S::quantize(&x).dequantize(&mut y);
+        // IQ3_S has no zero level: the zero sub-block decodes to its smallest magnitude,
+        // `d` (sub-scale 0, point 0).
+        let d = f16_to_f32(BlockIq3S::quantize(&x).d);
+        assert!(y[32..64].iter().all(|&v| v == d), "{:?}", &y[32..64]);
+        let (mut err, mut pow) = (0.0f32, 0.0f32);
+        for (a, b) in x.iter().zip(&y) {
+            err += (a - b) * (a - b);
+            pow += a * a;
+        }
+        assert!(
+            (err / pow).sqrt() < 0.2,
+            "relative rms {}",
+            (err / pow).sqrt()
+        );
     }
 }
