@@ -205,3 +205,83 @@ fn golden_files_stay_small() {
         "golden files total {total} bytes"
     );
 }
+
+/// The input `scripts/gen_iq_quant_golden.c` quantizes: two rows of 512 from a 32-bit LCG,
+/// roughly normal with every sixteenth value six times larger, and importance weights
+/// `0.5 + uniform`. The float steps are the C program's, so the values are identical.
+fn iq_golden_input() -> (Vec<f32>, Vec<f32>) {
+    let mut state = 12345u32;
+    let mut uniform = || {
+        state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+        (state >> 8) as f32 * (1.0 / 16777216.0)
+    };
+    let x = (0..2 * 512)
+        .map(|i| {
+            let (a, b, c, d) = (uniform(), uniform(), uniform(), uniform());
+            let v = ((a + b) + (c + d)) - 2.0;
+            if i % 16 == 5 {
+                6.0 * v
+            } else {
+                v
+            }
+        })
+        .collect();
+    let qw = (0..512).map(|_| 0.5 + uniform()).collect();
+    (x, qw)
+}
+
+/// Encodes `x` (rows of 512) block by block with `f`, the importance weights repeating
+/// per row.
+fn encode_rows<B: bytemuck::Pod>(
+    x: &[f32],
+    qw: Option<&[f32]>,
+    f: fn(&[f32], Option<&[f32]>) -> B,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, xb) in x.chunks_exact(256).enumerate() {
+        let w = qw.map(|q| &q[256 * (i % 2)..256 * (i % 2) + 256]);
+        out.extend_from_slice(bytemuck::bytes_of(&f(xb, w)));
+    }
+    out
+}
+
+#[test]
+fn lattice_i_quant_encoders_match_ggml_byte_for_byte() {
+    use minfer_gguf::quant::{
+        BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    };
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/iq_lattice.txt");
+    let text = std::fs::read_to_string(&path).expect("golden file");
+    let (x, qw) = iq_golden_input();
+    let mut checked = 0;
+    for line in text.lines() {
+        let mut parts = line.split(' ');
+        let (Some(ty), Some(weights), Some(hex)) = (parts.next(), parts.next(), parts.next())
+        else {
+            panic!("malformed line {line:?}");
+        };
+        let expected: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+            .collect();
+        let w = (weights == "imatrix").then_some(&qw[..]);
+        let got = match ty {
+            "IQ3_XXS" => encode_rows(&x, w, BlockIq3Xxs::quantize_weighted),
+            "IQ3_S" => encode_rows(&x, w, BlockIq3S::quantize_weighted),
+            "IQ2_XXS" => encode_rows(&x, w, BlockIq2Xxs::quantize_weighted),
+            "IQ2_XS" => encode_rows(&x, w, BlockIq2Xs::quantize_weighted),
+            "IQ2_S" => encode_rows(&x, w, BlockIq2S::quantize_weighted),
+            "IQ1_S" => encode_rows(&x, w, BlockIq1S::quantize_weighted),
+            "IQ1_M" => encode_rows(&x, w, BlockIq1M::quantize_weighted),
+            _ => panic!("unknown type {ty}"),
+        };
+        let diff = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
+        assert!(
+            got == expected,
+            "{ty} ({weights}): {diff} of {} bytes differ",
+            expected.len()
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 11);
+}

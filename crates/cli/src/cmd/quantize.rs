@@ -1,6 +1,12 @@
 //! `minfer quantize IN OUT TYPE`: llama-quantize's job. Every tensor minfer can encode in
 //! TYPE is re-encoded, except those llama-quantize keeps in higher precision; metadata is
 //! copied and `general.file_type` set as llama.cpp sets it.
+//!
+//! Of llama-quantize's low-bit i-quant mixes only the output and embedding rules are
+//! followed: every other matrix takes TYPE, where llama-quantize raises some (the value
+//! projections, the first eighth of `ffn_down`, ...). There is no importance matrix: the
+//! lattice i-quants are encoded with the weights the gguf crate uses without one (for
+//! IQ2_XXS, IQ2_XS and IQ1_S, which llama-quantize refuses without one, quality suffers).
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -49,12 +55,20 @@ fn file_type(ty: GgmlType) -> u32 {
         GgmlType::Q4K => 14,
         GgmlType::Q5K => 16,
         GgmlType::Q6K => 18,
+        GgmlType::Iq2Xxs => 19,
+        GgmlType::Iq2Xs => 20,
+        GgmlType::Iq3Xxs => 23,
+        GgmlType::Iq1S => 24,
         GgmlType::Iq4Nl => 25,
+        GgmlType::Iq3S => 26,
+        // IQ2_M is the mix whose default type is IQ2_S (the IQ2_S mix defaults to IQ2_XS).
+        GgmlType::Iq2S => 29,
         GgmlType::Iq4Xs => 30,
         GgmlType::BF16 => 32,
         GgmlType::Tq1_0 => 36,
         GgmlType::Tq2_0 => 37,
         GgmlType::Mxfp4 => 38,
+        GgmlType::Iq1M => 31,
         // Not reachable for an encodable target; llama.cpp's "guessed" marker otherwise.
         _ => 1024,
     }
@@ -111,23 +125,31 @@ fn is_quantizable(t: &TensorInfo) -> bool {
 /// The type llama-quantize gives one quantizable tensor of a `target` file: the output
 /// matrix (or the tied embedding that serves as it) Q6_K, or Q8_0 where the target is
 /// Q8_0 or rows do not fill the target's blocks; the embedding of the ternary types Q4_K;
-/// MXFP4 only for the expert matrices (the rest Q8_0, as its MoE mix does); then the
-/// fallback for rows that are not a whole number of blocks.
+/// MXFP4 only for the expert matrices (the rest Q8_0, as its MoE mix does); the low-bit
+/// i-quants' output Q5_K and embedding Q2_K (IQ1, IQ2_XXS, IQ2_XS) or IQ3_S (IQ2_S,
+/// IQ3_XXS); then the fallback for rows that are not a whole number of blocks.
 fn tensor_type(target: GgmlType, name: &str, row: u64, has_output: bool) -> GgmlType {
+    use GgmlType::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3Xxs};
     let is_output = name == "output.weight" || (!has_output && name == "token_embd.weight");
     let mut ty = target;
     if target.is_quantized() {
         if is_output {
             ty = if target == GgmlType::Mxfp4 || !row.is_multiple_of(target.block_size() as u64) {
                 GgmlType::Q8_0
+            } else if matches!(target, Iq2Xxs | Iq2Xs | Iq3Xxs | Iq1S | Iq2S | Iq1M) {
+                GgmlType::Q5K
             } else if target != GgmlType::Q8_0 {
                 GgmlType::Q6K
             } else {
                 target
             };
-        } else if name == "token_embd.weight" && matches!(target, GgmlType::Tq1_0 | GgmlType::Tq2_0)
-        {
-            ty = GgmlType::Q4K;
+        } else if name == "token_embd.weight" {
+            ty = match target {
+                GgmlType::Tq1_0 | GgmlType::Tq2_0 => GgmlType::Q4K,
+                Iq2Xxs | Iq2Xs | Iq1S | Iq1M => GgmlType::Q2K,
+                Iq2S | Iq3Xxs => GgmlType::Iq3S,
+                _ => target,
+            };
         } else if target == GgmlType::Mxfp4 && !name.contains("_exps") {
             ty = GgmlType::Q8_0;
         }
@@ -294,9 +316,9 @@ mod tests {
             e.contains("unknown type `Q4_K_M`") && e.contains("IQ4_NL"),
             "{e}"
         );
-        assert!(!e.contains("IQ2_XXS") && !e.contains("Q8_K"), "{e}");
-        let e = parse_type("iq2_xxs").unwrap_err().to_string();
-        assert!(e.contains("IQ2_XXS is decode-only"), "{e}");
+        assert!(e.contains("IQ2_XXS") && !e.contains("Q8_K"), "{e}");
+        assert_eq!(parse_type("iq2_xxs").unwrap(), Iq2Xxs);
+        assert_eq!(parse_type("IQ1_M").unwrap(), Iq1M);
         let e = parse_type("q8_k").unwrap_err().to_string();
         assert!(e.contains("Q8_K holds activations"), "{e}");
     }
@@ -338,6 +360,19 @@ mod tests {
             Mxfp4
         );
         assert_eq!(tensor_type(Mxfp4, "blk.0.attn_q.weight", 256, true), Q8_0);
+        // The low-bit i-quant mixes: output Q5_K (IQ3_S keeps Q6_K), embedding Q2_K or
+        // IQ3_S, 128-rows IQ4_NL.
+        assert_eq!(
+            tensor_type(Iq2Xxs, "blk.0.attn_q.weight", 256, true),
+            Iq2Xxs
+        );
+        assert_eq!(tensor_type(Iq2Xxs, "output.weight", 256, true), Q5K);
+        assert_eq!(tensor_type(Iq1M, "token_embd.weight", 256, false), Q5K);
+        assert_eq!(tensor_type(Iq3S, "output.weight", 256, true), Q6K);
+        assert_eq!(tensor_type(Iq1S, "token_embd.weight", 256, true), Q2K);
+        assert_eq!(tensor_type(Iq3Xxs, "token_embd.weight", 256, true), Iq3S);
+        assert_eq!(tensor_type(Iq3S, "token_embd.weight", 256, true), Iq3S);
+        assert_eq!(tensor_type(Iq2S, "blk.0.ffn_up.weight", 128, true), Iq4Nl);
         // Float targets take every matrix.
         assert_eq!(tensor_type(F16, "output.weight", 100, true), F16);
     }
@@ -363,6 +398,9 @@ mod tests {
         assert_eq!(file_type(Iq4Nl), 25);
         assert_eq!(file_type(Iq4Xs), 30);
         assert_eq!(file_type(BF16), 32);
+        assert_eq!(file_type(Iq2Xxs), 19);
+        assert_eq!(file_type(Iq2S), 29);
+        assert_eq!(file_type(Iq1M), 31);
         for t in ALL_TYPES.iter().filter(|t| encodable(**t)) {
             assert_ne!(file_type(*t), 1024, "{t}");
         }

@@ -165,6 +165,29 @@ fn tiny_llama3_to_q4_k_and_iq4_xs_and_requantize() {
     assert_runs(dir.path(), "Q8_0");
 }
 
+/// The lattice i-quants: IQ3_S throughout with a Q6_K head; IQ2_XXS with llama-quantize's
+/// Q5_K head for its mix. Both files run.
+#[test]
+fn tiny_llama3_to_lattice_i_quants() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinySpec::llama3_kquant(GgmlType::F32, 57);
+    let src = tiny(dir.path(), "f32.gguf", &spec);
+    for (name, ty, head, ft) in [
+        ("IQ3_S", GgmlType::Iq3S, GgmlType::Q6K, 26),
+        ("IQ2_XXS", GgmlType::Iq2Xxs, GgmlType::Q5K, 19),
+    ] {
+        let f = quantize(dir.path(), &src, name, &[]);
+        for m in ["attn_q.weight", "attn_v.weight", "ffn_down.weight"] {
+            assert_all(&f, m, ty);
+        }
+        // The tied embedding is the head.
+        assert_all(&f, "token_embd.weight", head);
+        assert_all(&f, "_norm.weight", GgmlType::F32);
+        assert_eq!(file_type(&f), ft);
+        assert_runs(dir.path(), name);
+    }
+}
+
 #[test]
 fn bad_requests_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -174,8 +197,6 @@ fn bad_requests_are_refused_by_name() {
     let o = minfer(&["quantize", s, out, "Q4_K_M"]);
     assert_refused(&o, "unknown type `Q4_K_M`");
     assert_refused(&o, "IQ4_XS");
-    let o = minfer(&["quantize", s, out, "IQ2_XXS"]);
-    assert_refused(&o, "IQ2_XXS is decode-only");
     let o = minfer(&["quantize", s, s, "Q8_0"]);
     assert_refused(&o, "OUT is IN");
     let o = minfer(&["quantize", "missing.gguf", out, "Q8_0"]);

@@ -1,11 +1,12 @@
 //! IQ2_XXS, IQ2_XS and IQ2_S: super-blocks of 256 whose groups of eight magnitudes are points
 //! of a fixed lattice grid, with separate sign bits and 4-bit scales
-//! (`x = d * (0.5 + s) / 4 * grid[j] * ±1`). Decoding follows ggml; there is no quantizer
-//! (ggml's needs an importance-weighted lattice search).
+//! (`x = d * (0.5 + s) / 4 * grid[j] * ±1`). Decoding follows ggml; so do the encoders
+//! (`quantize_row_iq2_*_impl`, see `iq_search`), byte for byte given the same weights.
 
-use super::common::f16_to_f32;
+use super::common::{f16_to_f32, f32_to_f16, GROUP_MAX_EPS};
 use super::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
-use super::Block;
+use super::iq_search::{fit_sub_blocks, odd_level, Anchor, Fallback, Fitted, Refit, Search};
+use super::{lattice, Block, Quantize};
 use crate::types::{GgmlType, QK_K};
 use half::f16;
 
@@ -148,6 +149,156 @@ impl Block for BlockIq2S {
             let idx = self.qs[i] as usize | hi << 8;
             put_group(g, db, IQ2S_GRID[idx], self.qs[32 + i]);
         }
+    }
+}
+
+/// ggml's IQ2_XXS search: 32-element sub-blocks anchored on a `make_qp_quants` fit.
+const IQ2XXS_SEARCH: Search = Search {
+    kmax: 3,
+    steps: 6,
+    step: 0.1,
+    anchor: Anchor::QpQuants,
+    refit: Refit::All,
+    eps: GROUP_MAX_EPS,
+    even: true,
+    fallback: Fallback::Square,
+};
+
+/// ggml's IQ2_XS search: 16-element sub-blocks.
+const IQ2XS_SEARCH: Search = Search {
+    kmax: 3,
+    steps: 9,
+    step: 0.1,
+    anchor: Anchor::Max,
+    refit: Refit::OffOnly,
+    eps: GROUP_MAX_EPS,
+    even: true,
+    fallback: Fallback::Square,
+};
+
+/// ggml's IQ2_S search: as IQ2_XS with free signs and its own weights.
+const IQ2S_SEARCH: Search = Search {
+    eps: 1e-8,
+    even: false,
+    fallback: Fallback::QuarterSigma,
+    ..IQ2XS_SEARCH
+};
+
+impl BlockIq2Xxs {
+    /// Encodes `x[..256]` as ggml does, weighting elements by the importance weights `qw`
+    /// (an imatrix row, same length) or, without them, by `x²` (ggml requires them).
+    ///
+    /// # Panics
+    /// If `x` or `qw` is shorter than 256.
+    pub fn quantize_weighted(x: &[f32], qw: Option<&[f32]>) -> Self {
+        let (fits, max_scale) = fit_sub_blocks::<8>(&IQ2XXS_SEARCH, lattice::iq2xxs(), x, qw, 1.0);
+        let mut b: Self = bytemuck::Zeroable::zeroed();
+        if max_scale == 0.0 {
+            return b;
+        }
+        let d = max_scale / 31.0;
+        b.d = f32_to_f16(d);
+        let id = 1.0 / d;
+        for (ib, f) in fits.iter().enumerate() {
+            let (mut grid, mut signs) = (0u32, 0u32);
+            if let Some(f) = f {
+                for k in 0..4 {
+                    grid |= (f.points[k] as u32) << (8 * k);
+                    signs |= (f.signs[k] as u32) << (7 * k);
+                }
+            }
+            let s = f.as_ref().map_or(0.0, |f| f.scale);
+            signs |= (odd_level(id, s, 15) as u32) << 28;
+            b.qs[4 * ib..4 * ib + 4].copy_from_slice(&[
+                grid as u16,
+                (grid >> 16) as u16,
+                signs as u16,
+                (signs >> 16) as u16,
+            ]);
+        }
+        b
+    }
+}
+
+impl Quantize for BlockIq2Xxs {
+    fn quantize(x: &[f32]) -> Self {
+        Self::quantize_weighted(x, None)
+    }
+}
+
+/// Packs the 4-bit sub-scales of 16 sub-blocks two to a byte, as IQ2_XS and IQ2_S store
+/// them; zero sub-blocks take scale 0 before rounding, as in ggml.
+fn pack_scales(fits: &[Option<Fitted>; 16], id: f32, scales: &mut [u8; 8]) {
+    for (ib, f) in fits.iter().enumerate() {
+        let l = odd_level(id, f.as_ref().map_or(0.0, |f| f.scale), 15);
+        scales[ib / 2] |= l << (4 * (ib % 2));
+    }
+}
+
+impl BlockIq2Xs {
+    /// Encodes `x[..256]` as ggml does, weighting elements by the importance weights `qw`
+    /// (an imatrix row, same length) or, without them, by `x²` (ggml requires them).
+    ///
+    /// # Panics
+    /// If `x` or `qw` is shorter than 256.
+    pub fn quantize_weighted(x: &[f32], qw: Option<&[f32]>) -> Self {
+        let (fits, max_scale) = fit_sub_blocks::<16>(&IQ2XS_SEARCH, lattice::iq2xs(), x, qw, 1.0);
+        let mut b: Self = bytemuck::Zeroable::zeroed();
+        if max_scale == 0.0 {
+            return b;
+        }
+        for (ib, f) in fits.iter().enumerate() {
+            if let Some(f) = f {
+                for k in 0..2 {
+                    b.qs[2 * ib + k] = f.points[k] | (f.signs[k] as u16) << 9;
+                }
+            }
+        }
+        let d = max_scale / 31.0;
+        b.d = f32_to_f16(d);
+        pack_scales(&fits, 1.0 / d, &mut b.scales);
+        b
+    }
+}
+
+impl Quantize for BlockIq2Xs {
+    fn quantize(x: &[f32]) -> Self {
+        Self::quantize_weighted(x, None)
+    }
+}
+
+impl BlockIq2S {
+    /// Encodes `x[..256]` as ggml does, weighting elements by the importance weights `qw`
+    /// (an imatrix row, same length) or, without them, as ggml does (`sigma2/4 + x²`).
+    ///
+    /// # Panics
+    /// If `x` or `qw` is shorter than 256.
+    pub fn quantize_weighted(x: &[f32], qw: Option<&[f32]>) -> Self {
+        let (fits, max_scale) = fit_sub_blocks::<16>(&IQ2S_SEARCH, lattice::iq2s(), x, qw, 2.0);
+        let mut b: Self = bytemuck::Zeroable::zeroed();
+        for (ib, f) in fits.iter().enumerate() {
+            let Some(f) = f else { continue };
+            for k in 0..2 {
+                let i8 = 2 * ib + k;
+                let p = f.points[k];
+                b.qs[i8] = p as u8;
+                b.qh[i8 / 4] |= ((p >> 8) as u8) << (2 * (i8 % 4));
+                b.qs[QK_K / 8 + i8] = f.signs[k];
+            }
+        }
+        if max_scale == 0.0 {
+            return b;
+        }
+        let d = max_scale / 31.0;
+        b.d = f32_to_f16(d * 0.9875);
+        pack_scales(&fits, 1.0 / d, &mut b.scales);
+        b
+    }
+}
+
+impl Quantize for BlockIq2S {
+    fn quantize(x: &[f32]) -> Self {
+        Self::quantize_weighted(x, None)
     }
 }
 

@@ -1,11 +1,13 @@
 //! IQ3_XXS and IQ3_S: super-blocks of 256 whose groups of four magnitudes are points of a
 //! fixed lattice grid, with sign bits and 4-bit scales per 32 elements. Decoding follows
-//! ggml; there is no quantizer (ggml's needs an importance-weighted lattice search).
+//! ggml; so do the encoders (`quantize_row_iq3_xxs_impl` / `quantize_row_iq3_s_impl`, see
+//! `iq_search`), byte for byte given the same weights.
 
-use super::common::f16_to_f32;
+use super::common::{f16_to_f32, f32_to_f16};
 use super::iq2::KSIGNS_IQ2XS;
 use super::iq_grids::{IQ3S_GRID, IQ3XXS_GRID};
-use super::Block;
+use super::iq_search::{fit_sub_blocks, odd_level, Anchor, Fallback, Refit, Search};
+use super::{lattice, Block, Quantize};
 use crate::types::{GgmlType, QK_K};
 use half::f16;
 
@@ -111,8 +113,108 @@ impl Block for BlockIq3S {
     }
 }
 
+/// ggml's IQ3_XXS search: 32-element sub-blocks of eight 4-element points.
+const IQ3XXS_SEARCH: Search = Search {
+    kmax: 8,
+    steps: 15,
+    step: 0.2,
+    anchor: Anchor::Max,
+    refit: Refit::OffOnly,
+    eps: 1e-8,
+    even: true,
+    fallback: Fallback::Square,
+};
+
+/// ggml's IQ3_S search: fewer trials, free signs, and every group re-rounded.
+const IQ3S_SEARCH: Search = Search {
+    steps: 9,
+    refit: Refit::AllIfAnyOff,
+    eps: 0.0,
+    even: false,
+    ..IQ3XXS_SEARCH
+};
+
+impl BlockIq3Xxs {
+    /// Encodes `x[..256]` as ggml does, weighting elements by the importance weights `qw`
+    /// (an imatrix row, same length) or, without them, by `x²` as ggml does.
+    ///
+    /// # Panics
+    /// If `x` or `qw` is shorter than 256.
+    pub fn quantize_weighted(x: &[f32], qw: Option<&[f32]>) -> Self {
+        let (fits, max_scale) = fit_sub_blocks::<8>(&IQ3XXS_SEARCH, lattice::iq3xxs(), x, qw, 2.0);
+        let mut b: Self = bytemuck::Zeroable::zeroed();
+        if max_scale == 0.0 {
+            return b;
+        }
+        let d = max_scale / 31.0;
+        // ggml's fudge factor on the stored scale.
+        b.d = f32_to_f16(d * 1.0125);
+        let id = 1.0 / d;
+        for (ib, f) in fits.iter().enumerate() {
+            let mut aux = 0u32;
+            if let Some(f) = f {
+                for (k, &p) in f.points.iter().enumerate() {
+                    b.qs[8 * ib + k] = p as u8;
+                }
+                for (k, &s) in f.signs.iter().enumerate() {
+                    aux |= (s as u32) << (7 * k);
+                }
+            }
+            aux |= (odd_level(id, f.as_ref().map_or(0.0, |f| f.scale), 15) as u32) << 28;
+            b.qs[64 + 4 * ib..68 + 4 * ib].copy_from_slice(&aux.to_le_bytes());
+        }
+        b
+    }
+}
+
+impl Quantize for BlockIq3Xxs {
+    fn quantize(x: &[f32]) -> Self {
+        Self::quantize_weighted(x, None)
+    }
+}
+
+impl BlockIq3S {
+    /// Encodes `x[..256]` as ggml does, weighting elements by the importance weights `qw`
+    /// (an imatrix row, same length) or, without them, by `x²` as ggml does. (ggml
+    /// misplaces the points after an all-zero sub-block; here each sits in its own place.)
+    ///
+    /// # Panics
+    /// If `x` or `qw` is shorter than 256.
+    pub fn quantize_weighted(x: &[f32], qw: Option<&[f32]>) -> Self {
+        let (fits, max_scale) = fit_sub_blocks::<8>(&IQ3S_SEARCH, lattice::iq3s(), x, qw, 2.0);
+        let mut b: Self = bytemuck::Zeroable::zeroed();
+        for (ib, f) in fits.iter().enumerate() {
+            let Some(f) = f else { continue };
+            for (k, &p) in f.points.iter().enumerate() {
+                b.qs[8 * ib + k] = p as u8;
+                b.qh[ib] |= ((p >> 8) as u8) << k;
+            }
+            b.signs[4 * ib..4 * ib + 4].copy_from_slice(&f.signs);
+        }
+        if max_scale == 0.0 {
+            return b;
+        }
+        let d = max_scale / 31.0;
+        // ggml's fudge factor on the stored scale.
+        b.d = f32_to_f16(d * 1.033);
+        let id = 1.0 / d;
+        for (ib, f) in fits.iter().enumerate() {
+            let l = odd_level(id, f.as_ref().map_or(0.0, |f| f.scale), 15);
+            b.scales[ib / 2] |= l << (4 * (ib % 2));
+        }
+        b
+    }
+}
+
+impl Quantize for BlockIq3S {
+    fn quantize(x: &[f32]) -> Self {
+        Self::quantize_weighted(x, None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::Quantize;
     use super::*;
 
     #[test]
@@ -132,5 +234,35 @@ mod tests {
         assert_eq!(y[7], -2.5 * (p1 >> 24) as f32);
         // Group 4 (next 32 elements) uses the high nibble of scales[0]: 0 -> db = 0.5.
         assert_eq!(y[32], 0.5 * (p0 as u8) as f32);
+    }
+
+    #[test]
+    fn iq3s_zero_sub_block_keeps_the_others_in_place() {
+        // Sub-block 1 is exactly zero (ggml would shift the later points onto its slot).
+        let x: Vec<f32> = (0..QK_K)
+            .map(|i| {
+                if (32..64).contains(&i) {
+                    0.0
+                } else {
+                    ((i * 37 % 29) as f32 - 14.0) / 7.0
+                }
+            })
+            .collect();
+        let mut y = vec![0.0; QK_K];
+        BlockIq3S::quantize(&x).dequantize(&mut y);
+        // IQ3_S has no zero level: the zero sub-block decodes to its smallest magnitude,
+        // `d` (sub-scale 0, point 0).
+        let d = f16_to_f32(BlockIq3S::quantize(&x).d);
+        assert!(y[32..64].iter().all(|&v| v == d), "{:?}", &y[32..64]);
+        let (mut err, mut pow) = (0.0f32, 0.0f32);
+        for (a, b) in x.iter().zip(&y) {
+            err += (a - b) * (a - b);
+            pow += a * a;
+        }
+        assert!(
+            (err / pow).sqrt() < 0.2,
+            "relative rms {}",
+            (err / pow).sqrt()
+        );
     }
 }

@@ -15,8 +15,11 @@
 //! `dequantize_row_*` bit for bit (same operation order, no fused multiply-add).
 //! Types with an encoder also implement [`Quantize`] ([`has_quantizer`] says which):
 //! the legacy types and k-quants follow ggml's `quantize_row_*_ref`, TQ1_0/TQ2_0/MXFP4 the
-//! `gguf` Python package's, and IQ4_NL/IQ4_XS use this crate's own scale search (see
-//! `iq4`). The lattice i-quants (IQ1/IQ2/IQ3) decode only.
+//! `gguf` Python package's, IQ4_NL/IQ4_XS use this crate's own scale search (see
+//! `iq4`), and the lattice i-quants (IQ1/IQ2/IQ3) follow ggml's `quantize_row_iq*_impl`
+//! byte for byte (`lattice` holds the grids' neighbour maps, `iq_search` the shared
+//! sub-block search). Those take optional importance weights through their blocks'
+//! `quantize_weighted`; [`Quantize::quantize`] passes none.
 
 mod common;
 mod float;
@@ -25,6 +28,8 @@ mod iq2;
 mod iq3;
 mod iq4;
 mod iq_grids;
+mod iq_search;
+mod lattice;
 mod mxfp4;
 mod q2_k;
 mod q3_k;
@@ -129,19 +134,10 @@ pub trait Quantize: Block {
     fn quantize(x: &[f32]) -> Self;
 }
 
-/// Whether [`quantize`] can write `ty`: every type except the lattice i-quants
-/// (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S).
-pub fn has_quantizer(ty: GgmlType) -> bool {
-    !matches!(
-        ty,
-        GgmlType::Iq2Xxs
-            | GgmlType::Iq2Xs
-            | GgmlType::Iq2S
-            | GgmlType::Iq3Xxs
-            | GgmlType::Iq3S
-            | GgmlType::Iq1S
-            | GgmlType::Iq1M
-    )
+/// Whether [`quantize`] can write `ty`: every supported type has an encoder (kept for
+/// callers that must refuse decode-only types, should one be added).
+pub fn has_quantizer(_ty: GgmlType) -> bool {
+    true
 }
 
 /// Views `bytes` as whole blocks without copying; `None` when the length is not a multiple
@@ -251,13 +247,13 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
         GgmlType::Tq1_0 => quantize_blocks::<BlockTq1_0>(src, dst),
         GgmlType::Tq2_0 => quantize_blocks::<BlockTq2_0>(src, dst),
         GgmlType::Mxfp4 => quantize_blocks::<BlockMxfp4>(src, dst),
-        GgmlType::Iq2Xxs
-        | GgmlType::Iq2Xs
-        | GgmlType::Iq2S
-        | GgmlType::Iq3Xxs
-        | GgmlType::Iq3S
-        | GgmlType::Iq1S
-        | GgmlType::Iq1M => return Err(QuantError::NoQuantizer(ty)),
+        GgmlType::Iq2Xxs => quantize_blocks::<BlockIq2Xxs>(src, dst),
+        GgmlType::Iq2Xs => quantize_blocks::<BlockIq2Xs>(src, dst),
+        GgmlType::Iq2S => quantize_blocks::<BlockIq2S>(src, dst),
+        GgmlType::Iq3Xxs => quantize_blocks::<BlockIq3Xxs>(src, dst),
+        GgmlType::Iq3S => quantize_blocks::<BlockIq3S>(src, dst),
+        GgmlType::Iq1S => quantize_blocks::<BlockIq1S>(src, dst),
+        GgmlType::Iq1M => quantize_blocks::<BlockIq1M>(src, dst),
     }
     Ok(())
 }
@@ -408,11 +404,19 @@ mod tests {
     }
 
     #[test]
-    fn types_without_an_encoder_are_refused_by_name() {
-        let err = quantize_to_vec(GgmlType::Iq2Xxs, &[0.0; 256]).unwrap_err();
-        assert!(matches!(err, QuantError::NoQuantizer(GgmlType::Iq2Xxs)));
+    fn every_type_has_an_encoder_and_the_refusal_names_the_type() {
+        assert!(ALL_TYPES.into_iter().all(has_quantizer));
+        // The lattice i-quants encode an all-zero block to zeros.
+        for ty in [GgmlType::Iq2Xxs, GgmlType::Iq3S, GgmlType::Iq1M] {
+            let q = quantize_to_vec(ty, &[0.0; 256]).unwrap();
+            assert!(dequantize_to_vec(ty, &q, 256)
+                .unwrap()
+                .iter()
+                .all(|&v| v == 0.0));
+        }
+        // The error a future decode-only type would raise still names it.
+        let err = QuantError::NoQuantizer(GgmlType::Iq2Xxs);
         assert!(err.to_string().contains("IQ2_XXS"), "{err}");
-        assert_eq!(ALL_TYPES.iter().filter(|&&t| !has_quantizer(t)).count(), 7);
     }
 
     #[test]
