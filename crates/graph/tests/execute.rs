@@ -299,6 +299,7 @@ fn explicit_span_attention_goes_only_where_spans_are_read() {
         scale: 0.5,
         n_ctx: 8,
         window: None,
+        softcap: None,
     };
     let a = b.attn(q, kv, pos, Some(span), AttnMode::Gqa, meta);
     b.output(a);

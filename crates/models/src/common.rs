@@ -181,6 +181,7 @@ pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -
             scale: 1.0 / (hp.head_dim as f32).sqrt(),
             n_ctx: cp.n_ctx,
             window: None,
+            softcap: None,
         };
         let attn = b.attn(q, kv, pos, span, mode, meta);
         b.set_name(attn, &cx.name("kqv_out"));
