@@ -543,6 +543,27 @@ fn activation_cases(out: &mut Vec<OpCase>) {
             });
         }
     }
+    // Over an intermediate read by nothing else, which the allocator lets the op
+    // overwrite in place.
+    for op in ["gelu", "softcap"] {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", [d, 3, 1, 1], DType::F32);
+        let y = b.add(x, x);
+        let z = match op {
+            "gelu" => b.gelu(y),
+            _ => b.softcap(y, 30.0),
+        };
+        b.output(z);
+        let xs = values(14, d * 3).iter().map(|v| v * 60.0).collect();
+        out.push(OpCase {
+            name: format!("{op} in place [{d}] nt=3"),
+            op,
+            graph: b.build(),
+            inputs: vec![f32_input("x", xs)],
+            weights: gguf(&[]),
+            bound: 1e-6,
+        });
+    }
 }
 
 fn norm_cases(out: &mut Vec<OpCase>) {
