@@ -43,6 +43,18 @@ GGML_TYPE_F32 = 0
 # keeps activations in f32 differs from it by that rounding alone. Observed with minfer's graph
 # on f32 reference kernels: F32 2e-6, F16 1.4e-3, Q8_0 0.033-0.050, Q4_K 0.079, Q6_K 0.108.
 TOLERANCE = {"F32": 1e-4, "F16": 1e-2, "Q8_0": 0.15, "Q4_K": 0.25, "Q6_K": 0.25}
+# llama.cpp's CPU GELU reads a table indexed by the input rounded to F16 and returns an F16
+# value; minfer computes the tanh form in f32. The Gemma models (GELU-gated FFN) differ by
+# that even with F32 weights: observed 1.1e-3 (gemma2-f32) and 1.8e-3 (gemma3-f32) of the
+# logit std; with the reference kernel rounding GELU likewise, 5e-6.
+GELU_TOLERANCE = 5e-3
+
+
+def tolerance(spec):
+    k = TOLERANCE[spec["wtype"]]
+    if spec["arch"].startswith("gemma"):
+        k = max(k, GELU_TOLERANCE)
+    return k
 
 
 def f32_list(values):
@@ -94,7 +106,7 @@ def main():
             "spec": entry["spec"],
             "sha256": sha,
             "logit_std": float(str(np.float32(std))),
-            "logit_tolerance": float(str(np.float32(TOLERANCE[entry["spec"]["wtype"]] * std))),
+            "logit_tolerance": float(str(np.float32(tolerance(entry["spec"]) * std))),
             "last_logits": f32_list(last),
             "greedy": greedy,
             "greedy_top_ids": top_ids,

@@ -59,6 +59,7 @@ fn store_graph(n_ctx: usize) -> ComputeGraph {
         scale: 0.3,
         n_ctx,
         window: None,
+        softcap: None,
     };
     let a = b.attn(q, kv, cells, None, AttnMode::Gqa, meta);
     b.output(a);

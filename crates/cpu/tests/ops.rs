@@ -155,6 +155,7 @@ fn attention_with_store_and_span_matches() {
         scale: 0.2,
         n_ctx,
         window: None,
+        softcap: None,
     };
     for span in [false, true] {
         let mut b = GraphBuilder::new();

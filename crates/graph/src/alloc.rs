@@ -74,7 +74,10 @@ impl std::fmt::Debug for GraphAllocator {
 }
 
 fn aliases_input(op: &Op) -> bool {
-    matches!(op, Op::Silu | Op::RoPE { .. } | Op::QkvBiasRopeStore { .. })
+    matches!(
+        op,
+        Op::Silu | Op::Gelu | Op::SoftCap(_) | Op::RoPE { .. } | Op::QkvBiasRopeStore { .. }
+    )
 }
 
 /// The layer, row width and rows of the KV regions a node that touches KV needs.

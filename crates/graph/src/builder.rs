@@ -246,6 +246,16 @@ impl GraphBuilder {
         self.unary(Op::Silu, x)
     }
 
+    /// Tanh-approximated GELU (ggml's `gelu`).
+    pub fn gelu(&mut self, x: NodeId) -> NodeId {
+        self.unary(Op::Gelu, x)
+    }
+
+    /// `c * tanh(x / c)`.
+    pub fn softcap(&mut self, x: NodeId, c: f32) -> NodeId {
+        self.unary(Op::SoftCap(c), x)
+    }
+
     /// `a + b` (b may be a single row broadcast over tokens); shape of `a`.
     pub fn add(&mut self, a: NodeId, b: NodeId) -> NodeId {
         self.binary(Op::Add, a, b)
@@ -269,6 +279,11 @@ impl GraphBuilder {
     /// `silu(gate) * up`.
     pub fn swiglu(&mut self, gate: NodeId, up: NodeId) -> NodeId {
         self.binary(Op::SwiGLU, gate, up)
+    }
+
+    /// `gelu(gate) * up`.
+    pub fn geglu(&mut self, gate: NodeId, up: NodeId) -> NodeId {
+        self.binary(Op::GeGLU, gate, up)
     }
 
     /// Attention of `q` over the KV of `meta.layer`, causal-bounded by `pos`.
@@ -494,6 +509,7 @@ mod tests {
             scale: 0.5,
             n_ctx: 32,
             window: None,
+            softcap: None,
         };
         // Output width comes from the meta, not from the wider fused q buffer.
         let a = b.attn(fq, kv, pos, None, AttnMode::Gqa, meta.clone());

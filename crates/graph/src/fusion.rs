@@ -33,28 +33,52 @@ pub struct FusionRule {
 }
 
 /// The rule table, applied in order.
-pub const RULES: &[FusionRule] = &[FusionRule {
-    name: "swiglu",
-    fused: FusedOp::SwiGLU,
-    pattern: swiglu_pattern,
-}];
+pub const RULES: &[FusionRule] = &[
+    FusionRule {
+        name: "swiglu",
+        fused: FusedOp::SwiGLU,
+        pattern: swiglu_pattern,
+    },
+    FusionRule {
+        name: "geglu",
+        fused: FusedOp::GeGLU,
+        pattern: geglu_pattern,
+    },
+];
 
-/// `Mul(Silu(x), y) -> SwiGLU(x, y)`, with the Silu on either side. The Silu must be
-/// live, not a graph output, and consumed only by this Mul, so nothing is duplicated.
+/// `Mul(Silu(x), y) -> SwiGLU(x, y)`.
 fn swiglu_pattern(g: &ComputeGraph, anchor: NodeId, consumers: &[usize]) -> Option<Rewrite> {
+    gated_pattern(g, anchor, consumers, Op::Silu, Op::SwiGLU)
+}
+
+/// `Mul(Gelu(x), y) -> GeGLU(x, y)`.
+fn geglu_pattern(g: &ComputeGraph, anchor: NodeId, consumers: &[usize]) -> Option<Rewrite> {
+    gated_pattern(g, anchor, consumers, Op::Gelu, Op::GeGLU)
+}
+
+/// `Mul(act(x), y) -> gated(x, y)`, with the activation on either side. The activation
+/// must be live, not a graph output, and consumed only by this Mul, so nothing is
+/// duplicated.
+fn gated_pattern(
+    g: &ComputeGraph,
+    anchor: NodeId,
+    consumers: &[usize],
+    act: Op,
+    gated: Op,
+) -> Option<Rewrite> {
     let node = g.nodes.get(anchor)?;
     if node.op != Op::Mul || node.src.len() != 2 {
         return None;
     }
     let absorbable = |s: NodeId| {
-        g.nodes[s].op == Op::Silu
+        g.nodes[s].op == act
             && g.nodes[s].src.len() == 1
             && !g.is_dead(s)
             && consumers[s] == 1
             && !g.outputs.contains(&s)
             && g.nodes[s].out_shape == node.out_shape
     };
-    let (silu, other) = if absorbable(node.src[0]) {
+    let (a, other) = if absorbable(node.src[0]) {
         (node.src[0], node.src[1])
     } else if absorbable(node.src[1]) {
         (node.src[1], node.src[0])
@@ -62,9 +86,9 @@ fn swiglu_pattern(g: &ComputeGraph, anchor: NodeId, consumers: &[usize]) -> Opti
         return None;
     };
     Some(Rewrite {
-        op: Op::SwiGLU,
-        src: vec![g.nodes[silu].src[0], other],
-        orphans: vec![silu],
+        op: gated,
+        src: vec![g.nodes[a].src[0], other],
+        orphans: vec![a],
     })
 }
 
@@ -145,6 +169,26 @@ mod tests {
             assert!(g.is_dead(s));
             assert_eq!(g.live_count(), 3);
         }
+    }
+
+    #[test]
+    fn gelu_times_up_becomes_geglu_only_where_the_backend_fuses_it() {
+        let mut b = GraphBuilder::new();
+        let g = b.input("g", [4, 2, 1, 1], DType::F32);
+        let u = b.input("u", [4, 2, 1, 1], DType::F32);
+        let s = b.gelu(g);
+        let m = b.mul(u, s);
+        b.output(m);
+        let graph = b.build();
+        let mut off = graph.clone();
+        let only_swiglu = |_: Backend, f: FusedOp| f == FusedOp::SwiGLU;
+        assert_eq!(FusionPass.run_with(&mut off, &only_swiglu), 0);
+        assert_eq!(off.nodes[m].op, Op::Mul);
+        let mut on = graph;
+        assert_eq!(FusionPass.run_with(&mut on, &|_, _| true), 1);
+        assert_eq!(on.nodes[m].op, Op::GeGLU);
+        assert_eq!(on.nodes[m].src, vec![g, u]);
+        assert!(on.is_dead(s));
     }
 
     #[test]

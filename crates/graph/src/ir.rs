@@ -28,6 +28,11 @@ pub enum Op {
     Scale(f32),
     /// x * sigmoid(x).
     Silu,
+    /// GELU with the tanh approximation, as ggml's `gelu`:
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    Gelu,
+    /// Tanh soft-cap `c * tanh(x / c)` (Gemma 2's final logits); `c > 0`.
+    SoftCap(f32),
     /// Softmax along `dim` (vocabulary only).
     Softmax {
         /// Reduced dimension.
@@ -99,6 +104,8 @@ pub enum Op {
     },
     /// silu(gate) * up, the FusionPass output.
     SwiGLU,
+    /// gelu(gate) * up (tanh GELU, as [`Op::Gelu`]), the FusionPass output.
+    GeGLU,
     /// Planned multi-output matmul (not emitted: the IR is single-output).
     BatchMatMul,
     /// Decode concat matmul + bias/rope/store.
@@ -129,6 +136,8 @@ impl Op {
             Op::Mul => "mul",
             Op::Scale(_) => "scale",
             Op::Silu => "silu",
+            Op::Gelu => "gelu",
+            Op::SoftCap(_) => "softcap",
             Op::Softmax { .. } => "softmax",
             Op::RmsNorm { .. } => "rms_norm",
             Op::QkNorm { .. } => "qk_norm",
@@ -142,6 +151,7 @@ impl Op {
             Op::Reshape { .. } => "reshape",
             Op::Permute { .. } => "permute",
             Op::SwiGLU => "swiglu",
+            Op::GeGLU => "geglu",
             Op::BatchMatMul => "batch_matmul",
             Op::FusedQKV { .. } => "fused_qkv",
             Op::QkvBiasRopeStore { .. } => "qkv_bias_rope_store",

@@ -60,6 +60,7 @@ pub mod error;
 pub mod export;
 pub mod fusion;
 pub mod ir;
+pub mod kv_placement;
 pub mod kvtype;
 pub mod meta;
 pub mod params;

@@ -104,6 +104,11 @@ pub struct AttnMeta {
     /// whose kernel does not honour it declines the node by capability.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<usize>,
+    /// Score soft-cap (Gemma 2's `attn_logit_softcapping`): each scaled score `s`
+    /// becomes `c * tanh(s / c)` before masking and softmax. `None`: plain scores. A
+    /// backend whose kernel has no such term declines the node by capability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub softcap: Option<f32>,
 }
 
 impl AttnMeta {

@@ -10,7 +10,21 @@ use crate::alloc::GraphAllocator;
 use crate::backend::{BackendImpl, SplitSpan};
 use crate::error::GraphError;
 use crate::ir::*;
+use crate::kv_placement::colocate_kv;
 use crate::trace::{capture, is_captured, NodeTrace, TraceStaging};
+
+/// Whether `x` claims `node`: `supports_node`, and for attention over explicit spans
+/// the span capability.
+fn claims(x: &dyn BackendImpl, node: &CNode) -> bool {
+    let span = matches!(
+        node.op,
+        Op::Attn {
+            explicit_span: true,
+            ..
+        }
+    );
+    x.supports_node(node) && (!span || x.supports_attn_span())
+}
 
 /// A maximal run of consecutive live nodes on one backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +183,8 @@ impl BackendScheduler {
     /// Gives every unassigned node the highest-priority backend that claims it
     /// (`supports_node`: op, dtype and weight types; and the explicit-span capability
     /// for such attention nodes);
-    /// CPU when none does. Deterministic: priority order comes from the registry.
+    /// CPU when none does; then keeps each layer's KV nodes on one backend
+    /// ([`crate::kv_placement`]). Deterministic: priority order comes from the registry.
     pub fn assign_backends(&mut self, graph: &mut ComputeGraph, alloc: &GraphAllocator) {
         let order = alloc.priority_order();
         self.placements.clear();
@@ -179,18 +194,11 @@ impl BackendScheduler {
             let (backend, reason) = match node.backend {
                 Some(b) => (b, PlacementReason::Explicit),
                 None => {
-                    let span = matches!(
-                        node.op,
-                        Op::Attn {
-                            explicit_span: true,
-                            ..
-                        }
-                    );
                     let mut declined = Vec::new();
                     let mut chosen = None;
                     for &b in &order {
                         let ok = alloc.backend(b).is_some_and(|x| {
-                            let claims = x.supports_node(node) && (!span || x.supports_attn_span());
+                            let claims = claims(x, node);
                             // A node whose buffers exceed the device's limits is
                             // declined here, at placement, not failed at read-back.
                             let refusal = claims.then(|| size_refusal(x, node, &elems)).flatten();
@@ -218,6 +226,28 @@ impl BackendScheduler {
                 reason,
                 too_large,
             });
+        }
+        // A layer's KV nodes run where its regions live: one backend per layer.
+        let placements = &self.placements;
+        let fixed = |i: NodeId| placements[i].reason == PlacementReason::Explicit;
+        let nodes = &graph.nodes;
+        let takes = |b: Backend, i: NodeId| {
+            alloc.backend(b).is_some_and(|x| {
+                claims(x, &nodes[i]) && size_refusal(x, &nodes[i], &elems).is_none()
+            })
+        };
+        for mv in colocate_kv(graph, &order, &fixed, &takes) {
+            for &i in &mv.nodes {
+                graph.nodes[i].backend = Some(mv.backend);
+                self.placements[i] = Placement {
+                    node: i,
+                    backend: mv.backend,
+                    reason: PlacementReason::Capability {
+                        declined: mv.declined.clone(),
+                    },
+                    too_large: Vec::new(),
+                };
+            }
         }
     }
 

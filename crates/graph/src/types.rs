@@ -106,6 +106,8 @@ pub enum AttnMode {
 pub enum FusedOp {
     /// `Mul(Silu(x), y) -> SwiGLU(x, y)`.
     SwiGLU,
+    /// `Mul(Gelu(x), y) -> GeGLU(x, y)`.
+    GeGLU,
     /// The decode QKV fusions the builder emits (`FusedQKV`, `QkvBiasRopeStore`,
     /// `FusedQkvNorm`): a backend answering yes executes all three (sets `CParams.fuse_qkv`).
     DecodeQkv,

@@ -121,6 +121,23 @@ fn aliasing_only_for_a_sole_consumer_on_the_same_backend() {
 }
 
 #[test]
+fn gelu_and_softcap_alias_a_sole_producer_like_silu() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", [4, 1, 1, 1], DType::F32);
+    let y = b.add(x, x);
+    let g1 = b.gelu(y);
+    let c = b.softcap(g1, 30.0);
+    b.output(c);
+    let mut g = b.build();
+    all_on(&mut g, Backend::CPU);
+    let mut alloc = split_alloc();
+    alloc.alloc_graph(&g).unwrap();
+    let buf = |n| alloc.node_buffer(n).unwrap();
+    assert_eq!(buf(g1), buf(y));
+    assert_eq!(buf(c), buf(g1));
+}
+
+#[test]
 fn dead_nodes_get_no_buffer() {
     let mut g = build_block(&params(2, false));
     let alloc_for = cpu_only();

@@ -299,6 +299,7 @@ fn explicit_span_attention_goes_only_where_spans_are_read() {
         scale: 0.5,
         n_ctx: 8,
         window: None,
+        softcap: None,
     };
     let a = b.attn(q, kv, pos, Some(span), AttnMode::Gqa, meta);
     b.output(a);
@@ -311,6 +312,59 @@ fn explicit_span_attention_goes_only_where_spans_are_read() {
     let mut sched = BackendScheduler::new();
     sched.assign_backends(&mut g, &alloc);
     assert_eq!(g.nodes[a].backend, Some(Backend::CPU));
+}
+
+/// A device that takes KV stores and loads but declines this attention (a term its
+/// kernel lacks): the layer's store, load and attention all run on the CPU, where the
+/// regions then live, and the graph executes.
+#[test]
+fn a_layer_whose_attention_a_device_declines_keeps_its_kv_nodes_together() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", [8, 2, 1, 1], DType::F32);
+    let xk = b.input("xk", [4, 2, 1, 1], DType::F32);
+    let pos = b.input("positions", [2, 1, 1, 1], DType::I32);
+    let q = b.add(x, x);
+    let k = b.add(xk, xk);
+    let st = b.kvcache_store(0, k, k, pos, 8);
+    let kv = b.kvcache_load(0, 4, 8, 1);
+    let meta = AttnMeta {
+        layer: 0,
+        n_head: 2,
+        n_head_kv: 1,
+        hd: 4,
+        scale: 0.5,
+        n_ctx: 8,
+        window: None,
+        softcap: Some(5.0),
+    };
+    let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
+    b.output(a);
+    let mut g = b.build();
+    let mut alloc = split_alloc_with(RefBackend::test_device().claiming(&[
+        "add",
+        "kvcache_store",
+        "kvcache_load",
+    ]));
+    let mut sched = BackendScheduler::new();
+    sched.assign_backends(&mut g, &alloc);
+    assert_eq!(g.nodes[q].backend, Some(Backend::METAL));
+    for n in [st, kv, a] {
+        assert_eq!(
+            g.nodes[n].backend,
+            Some(Backend::CPU),
+            "{}",
+            g.nodes[n].name
+        );
+    }
+    assert!(matches!(
+        &sched.placements()[st].reason,
+        PlacementReason::Capability { declined } if declined == &[Backend::METAL]
+    ));
+    alloc.alloc_graph(&g).unwrap();
+    alloc.fill_input(&g, "x", &[0.25; 16]).unwrap();
+    alloc.fill_input(&g, "xk", &[0.5; 8]).unwrap();
+    alloc.fill_input_i32(&g, "positions", &[0, 1]).unwrap();
+    sched.execute(&g, &mut alloc).unwrap();
 }
 
 #[test]

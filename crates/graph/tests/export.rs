@@ -32,6 +32,9 @@ fn op_index(op: &Op) -> usize {
         Op::QkvBiasRopeStore { .. } => 20,
         Op::FusedFFN => 21,
         Op::FusedQkvNorm { .. } => 22,
+        Op::Gelu => 23,
+        Op::SoftCap(_) => 24,
+        Op::GeGLU => 25,
     }
 }
 
@@ -92,6 +95,9 @@ fn all_ops() -> Vec<Op> {
         Op::QkvBiasRopeStore { layer: 6 },
         Op::FusedFFN,
         Op::FusedQkvNorm { layer: 7 },
+        Op::Gelu,
+        Op::SoftCap(30.0),
+        Op::GeGLU,
     ]
 }
 
@@ -124,6 +130,7 @@ fn all_metas() -> Vec<NodeMeta> {
             scale: 0.125,
             n_ctx: 4096,
             window: None,
+            softcap: None,
         }),
         NodeMeta::Kvcache(KvcacheMeta {
             layer: 1,
@@ -189,7 +196,7 @@ fn every_op_and_meta_variant_round_trips_through_json() {
     let metas = all_metas();
     let mut seen_ops: Vec<usize> = ops.iter().map(op_index).collect();
     seen_ops.dedup();
-    assert_eq!(seen_ops, (0..23).collect::<Vec<_>>());
+    assert_eq!(seen_ops, (0..26).collect::<Vec<_>>());
     assert_eq!(
         metas.iter().map(meta_index).collect::<Vec<_>>(),
         (0..11).collect::<Vec<_>>()
@@ -246,6 +253,57 @@ fn every_op_and_meta_variant_round_trips_through_json() {
     assert_eq!(back.outputs, g.outputs);
     assert_eq!(back.dead, g.dead);
     assert!(back.is_dead(3));
+}
+
+/// The optional attention terms survive the round trip, and a plain attention's JSON
+/// carries neither key, so documents written before them read back unchanged.
+#[test]
+fn attention_window_and_softcap_round_trip_and_stay_optional() {
+    let meta = AttnMeta {
+        layer: 1,
+        n_head: 4,
+        n_head_kv: 2,
+        hd: 32,
+        scale: 0.25,
+        n_ctx: 64,
+        window: Some(4),
+        softcap: Some(50.0),
+    };
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", [128, 1, 1, 1], DType::F32);
+    let n = b.node(
+        "a",
+        Op::Attn {
+            mode: AttnMode::Gqa,
+            explicit_span: false,
+        },
+        &[x],
+        [128, 1, 1, 1],
+        DType::F32,
+        NodeMeta::Attn(meta.clone()),
+    );
+    let plain = AttnMeta {
+        window: None,
+        softcap: None,
+        ..meta
+    };
+    let p = b.node(
+        "p",
+        Op::Add,
+        &[n],
+        [1, 1, 1, 1],
+        DType::F32,
+        NodeMeta::Attn(plain),
+    );
+    b.output(p);
+    let g = b.build();
+    let text = g.export_json("tiny", "decode");
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["nodes"][1]["meta"]["softcap"], 50.0);
+    assert_eq!(doc["nodes"][1]["meta"]["window"], 4);
+    assert!(doc["nodes"][2]["meta"].get("softcap").is_none());
+    assert!(doc["nodes"][2]["meta"].get("window").is_none());
+    assert_eq!(import_json_str(&text).unwrap().nodes, g.nodes);
 }
 
 #[test]

@@ -11,11 +11,15 @@ use std::process::ExitCode;
 
 use minfer_models::testing::{golden_models, write_tiny_model, TinySpec};
 
+/// The spec as JSON; `sliding_window` only where set, so the other entries read as before.
 fn spec_json(s: &TinySpec) -> String {
+    let window = s
+        .sliding_window
+        .map_or(String::new(), |w| format!(",\"sliding_window\":{w}"));
     format!(
         "{{\"arch\":\"{}\",\"n_layer\":{},\"n_embd\":{},\"n_head\":{},\"n_head_kv\":{},\
          \"head_dim\":{},\"n_ff\":{},\"n_vocab\":{},\"n_ctx\":{},\"wtype\":\"{}\",\
-         \"tied\":{},\"rope_freqs\":{},\"seed\":{}}}",
+         \"tied\":{},\"rope_freqs\":{}{window},\"seed\":{}}}",
         s.arch,
         s.n_layer,
         s.n_embd,

@@ -1,7 +1,9 @@
 //! The decoder skeleton every architecture shares (design §4.1): inputs at the head,
 //! embedding, per-layer attention and FFN with residuals, the G3 tail reduction on the
-//! last layer, and the lm head. An architecture supplies only its Q/K/V block and the
-//! weights it loaded (optional tensors it does not have are `None`).
+//! last layer, and the lm head. An architecture supplies only its Q/K/V block, the
+//! weights it loaded (optional tensors it does not have are `None`) and the optional
+//! terms it turns on ([`Terms`]: Gemma's embedding scale, GeGLU, soft-caps and
+//! per-layer windows, rope and scores).
 //!
 //! Node names follow llama.cpp's callback names with a `-{layer}` suffix
 //! (`attn_norm-0`, `Qcur-0`, `ffn_out-5`, ...) so exports and traces can address them;
@@ -9,8 +11,8 @@
 //! suffix here (`Qcur_rope-0`), because a trace needs one node per name.
 
 use minfer_graph::{
-    AttnMeta, AttnMode, ComputeGraph, DType, FusedFfnMeta, FusedQkvMeta, GraphBuilder, GraphParams,
-    NodeId, RoPEMeta,
+    AttnMeta, AttnMode, ComputeGraph, DType, FusedFfnMeta, FusedQkvMeta, FusedQkvNormMeta,
+    GraphBuilder, GraphParams, NodeId, RoPEMeta,
 };
 
 use crate::hparams::HParams;
@@ -32,6 +34,60 @@ pub const INPUT_CELLS: &str = "cells";
 /// Widest FFN for which the decode gate|up concat pays off (design §4.2, measured).
 pub const FUSED_FFN_MAX_NF: usize = 16384;
 
+/// The optional terms of the skeleton an architecture turns on; `Terms::default()` (all
+/// off) is the Qwen/Llama graph.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Terms {
+    /// The token embeddings are multiplied by this (Gemma: `sqrt(n_embd)`).
+    pub embd_scale: Option<f32>,
+    /// The FFN is GELU-gated (GeGLU) rather than SiLU-gated.
+    pub gelu: bool,
+    /// The logits become `c * tanh(logits / c)` (Gemma 2's final soft-cap).
+    pub final_softcap: Option<f32>,
+    /// Per-layer attention parameters; a layer without an entry gets
+    /// [`LayerAttn::plain`].
+    pub layers: Vec<LayerAttn>,
+}
+
+impl Terms {
+    /// Layer `il`'s attention parameters.
+    pub fn layer(&self, il: usize, hp: &HParams) -> LayerAttn {
+        self.layers
+            .get(il)
+            .cloned()
+            .unwrap_or_else(|| LayerAttn::plain(hp))
+    }
+}
+
+/// One layer's attention parameters where an architecture varies them per layer
+/// (Gemma's local and global layers).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LayerAttn {
+    /// Sliding window in rows; `None`: the whole causal range.
+    pub window: Option<usize>,
+    /// Score soft-cap.
+    pub softcap: Option<f32>,
+    /// Score scale.
+    pub scale: f32,
+    /// Rope theta of the layer.
+    pub rope_base: f32,
+    /// Rope linear position scale of the layer.
+    pub rope_scale: f32,
+}
+
+impl LayerAttn {
+    /// A global layer with the model's rope and `1/sqrt(head_dim)` scores.
+    pub fn plain(hp: &HParams) -> Self {
+        LayerAttn {
+            window: None,
+            softcap: None,
+            scale: 1.0 / (hp.head_dim as f32).sqrt(),
+            rope_base: hp.rope_freq_base,
+            rope_scale: hp.rope_freq_scale,
+        }
+    }
+}
+
 /// Name under which a backend registers layer `il`'s q|k|v concatenation.
 pub fn qkv_concat_name(il: usize) -> String {
     format!("blk.{il}.attn_qkv.weight")
@@ -47,6 +103,8 @@ pub(crate) struct LayerCx<'a> {
     pub il: usize,
     pub hp: &'a HParams,
     pub lw: &'a LayerWeights,
+    /// The layer's attention parameters (its rope base and scale among them).
+    pub attn: LayerAttn,
     /// Rope frequency factors of the model, when it has them.
     pub rope_freqs: Option<&'a minfer_graph::WeightRef>,
     pub pos: NodeId,
@@ -68,8 +126,8 @@ impl LayerCx<'_> {
     pub fn rope_meta(&self, n_head: usize) -> RoPEMeta {
         RoPEMeta {
             n_dims: self.hp.head_dim,
-            freq_base: self.hp.rope_freq_base,
-            freq_scale: self.hp.rope_freq_scale,
+            freq_base: self.attn.rope_base,
+            freq_scale: self.attn.rope_scale,
             n_head,
             hd: self.hp.head_dim,
             style: self.hp.rope_style,
@@ -123,7 +181,13 @@ pub(crate) fn named_matmul(
 /// Builds the whole graph for `p` (design §4.1). Callers validate params with
 /// [`crate::params::check`]; here `n_tokens` is taken as at least 1 and `n_out` is
 /// clamped into `1..=n_tokens` so a bad value cannot produce an inconsistent graph.
-pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -> ComputeGraph {
+pub(crate) fn build(
+    hp: &HParams,
+    w: &Weights,
+    terms: &Terms,
+    p: &GraphParams,
+    qkv: QkvBlock,
+) -> ComputeGraph {
     debug_assert!(
         crate::params::check(p).is_ok(),
         "invalid graph params {p:?}"
@@ -154,12 +218,17 @@ pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -
 
     let mut h = b.embedding(ids, &w.tok_embd);
     b.set_name(h, "inp_embd");
+    if let Some(s) = terms.embd_scale {
+        h = b.scale(h, s);
+        b.set_name(h, "inp_scaled");
+    }
 
     for (il, lw) in w.layers.iter().enumerate() {
         let cx = LayerCx {
             il,
             hp,
             lw,
+            attn: terms.layer(il, hp),
             rope_freqs: w.rope_freqs.as_ref(),
             pos,
             cells: cells.unwrap_or(pos),
@@ -178,9 +247,10 @@ pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -
             n_head: hp.n_head,
             n_head_kv: hp.n_head_kv,
             hd: hp.head_dim,
-            scale: 1.0 / (hp.head_dim as f32).sqrt(),
+            scale: cx.attn.scale,
             n_ctx: cp.n_ctx,
-            window: None,
+            window: cx.attn.window,
+            softcap: cx.attn.softcap,
         };
         let attn = b.attn(q, kv, pos, span, mode, meta);
         b.set_name(attn, &cx.name("kqv_out"));
@@ -188,22 +258,34 @@ pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -
 
         // G3: from the last layer's residual on, only the n_out tail rows are computed.
         let last = il + 1 == w.layers.len();
-        h = match tail.filter(|_| last) {
+        let (res, cur) = match tail.filter(|_| last) {
             Some(t) => {
                 let shape = [hp.n_embd, n_out, 1, 1];
                 let cur = b.get_rows(wo, t, shape);
                 b.set_name(cur, &cx.name("attn_out_rows"));
                 let res = b.get_rows(h, t, shape);
                 b.set_name(res, &cx.name("inp_sa_rows"));
-                b.add(res, cur)
+                (res, cur)
             }
-            None => b.add(h, wo),
+            None => (h, wo),
         };
+        let post = lw.post_norms.as_ref();
+        let cur = match post {
+            Some([attn_post, _]) => {
+                let n = b.rms_norm(cur, Some(attn_post), hp.rms_eps);
+                b.set_name(n, &cx.name("attn_post_norm"));
+                n
+            }
+            None => cur,
+        };
+        h = b.add(res, cur);
         b.set_name(h, &cx.name("ffn_inp"));
 
         let normed = b.rms_norm(h, Some(&lw.ffn_norm), hp.rms_eps);
         b.set_name(normed, &cx.name("ffn_norm"));
+        // The fused FFN's epilogue is SwiGLU: a GELU-gated FFN stays unfused.
         let fuse_ffn = decode_fusion
+            && !terms.gelu
             && cp.fuse_ffn
             && lw.gate_up_concat_feasible()
             && hp.n_ff <= FUSED_FFN_MAX_NF;
@@ -222,22 +304,37 @@ pub(crate) fn build(hp: &HParams, w: &Weights, p: &GraphParams, qkv: QkvBlock) -
         } else {
             let g = named_matmul(&mut b, &cx, "ffn_gate", normed, &lw.gate, None);
             let u = named_matmul(&mut b, &cx, "ffn_up", normed, &lw.up, None);
-            let s = b.silu(g);
-            b.set_name(s, &cx.name("ffn_silu"));
-            // Mul(Silu(gate), up): the FusionPass folds it into SwiGLU.
+            let s = if terms.gelu {
+                let s = b.gelu(g);
+                b.set_name(s, &cx.name("ffn_gelu"));
+                s
+            } else {
+                let s = b.silu(g);
+                b.set_name(s, &cx.name("ffn_silu"));
+                s
+            };
+            // Mul(act(gate), up): the FusionPass folds it into SwiGLU or GeGLU.
             let m = b.mul(s, u);
             b.set_name(m, &cx.name("ffn_gate_par"));
             m
         };
         // The fused buffer is [2*nf, nt]; the down matmul reads its first nf rows.
-        let down = named_matmul(&mut b, &cx, "ffn_out", ffn, &lw.down, None);
+        let mut down = named_matmul(&mut b, &cx, "ffn_out", ffn, &lw.down, None);
+        if let Some([_, ffn_post]) = post {
+            down = b.rms_norm(down, Some(ffn_post), hp.rms_eps);
+            b.set_name(down, &cx.name("ffn_post_norm"));
+        }
         h = b.add(h, down);
         b.set_name(h, &cx.name("l_out"));
     }
 
     let normed = b.rms_norm(h, Some(&w.output_norm), hp.rms_eps);
     b.set_name(normed, "result_norm");
-    let logits = b.matmul(normed, &w.output, None);
+    let mut logits = b.matmul(normed, &w.output, None);
+    if let Some(c) = terms.final_softcap {
+        b.set_name(logits, "result_logits");
+        logits = b.softcap(logits, c);
+    }
     b.set_name(logits, "result_output");
     b.output(logits);
     b.build()
@@ -275,5 +372,44 @@ pub(crate) fn qkv_block(b: &mut GraphBuilder, cx: &LayerCx<'_>, normed: NodeId) 
     let q = named_matmul(b, cx, "Qcur", normed, &lw.wq, bq);
     let k = named_matmul(b, cx, "Kcur", normed, &lw.wk, bk);
     let v = named_matmul(b, cx, "Vcur", normed, &lw.wv, bv);
+    rope_and_store(b, cx, q, k, v)
+}
+
+/// Q/K/V for one layer of the architectures with a per-head q/k norm (Qwen3, Gemma 3).
+/// Decode with QKV fusion allowed and a concatenable q|k|v becomes
+/// one `fused_qkv_norm` (concat matmul, per-head q/k norm, rope, KV store); otherwise
+/// three bias-less matmuls, `qk_norm` on q and k, rope, and the KV store.
+pub(crate) fn qkv_norm_block(b: &mut GraphBuilder, cx: &LayerCx<'_>, normed: NodeId) -> NodeId {
+    let lw = cx.lw;
+    let hp = cx.hp;
+    let norms = lw.qk_norm.as_ref();
+    if let Some([qn, kn]) = norms.filter(|_| cx.fuse_qkv && lw.qkv_concat_feasible()) {
+        let meta = FusedQkvNormMeta {
+            qkv_weight: qkv_concat_name(cx.il),
+            wtype: lw.wq.wtype,
+            n_embd: hp.n_embd,
+            nqt: hp.n_q_embd(),
+            nkt: hp.n_kv_embd(),
+            q_norm: qn.name.clone(),
+            k_norm: kn.name.clone(),
+            eps: hp.rms_eps,
+            rope: cx.rope_meta(hp.n_head),
+            n_ctx: cx.n_ctx,
+            kv_elems: cx.kv_elems(),
+        };
+        let f = b.fused_qkv_norm(normed, cx.pos, cx.il, meta);
+        b.set_name(f, &cx.name("qkv_fused"));
+        return f;
+    }
+    let mut q = named_matmul(b, cx, "Qcur", normed, &lw.wq, None);
+    let mut k = named_matmul(b, cx, "Kcur", normed, &lw.wk, None);
+    let v = named_matmul(b, cx, "Vcur", normed, &lw.wv, None);
+    // The loader always sets the norms; the graph follows the weights it was given.
+    if let Some([qn, kn]) = norms {
+        q = b.qk_norm(q, Some(qn), hp.head_dim, hp.n_head, hp.rms_eps);
+        b.set_name(q, &cx.name("Qcur_normed"));
+        k = b.qk_norm(k, Some(kn), hp.head_dim, hp.n_head_kv, hp.rms_eps);
+        b.set_name(k, &cx.name("Kcur_normed"));
+    }
     rope_and_store(b, cx, q, k, v)
 }

@@ -1,5 +1,6 @@
-//! Model definitions for minfer (Qwen2, Qwen3, Llama): hyperparameters, load-time weight validation and
-//! compute-graph construction for the supported architectures (design §4, §10).
+//! Model definitions for minfer (Qwen2, Qwen3, Llama, Gemma 2 and 3): hyperparameters,
+//! load-time weight validation and compute-graph construction for the supported
+//! architectures (design §4, §10).
 //!
 //! [`load_model`] reads `general.architecture` and dispatches through [`REGISTRY`], one
 //! line per architecture. Loading checks every tensor the graph will reference, so a
@@ -28,6 +29,7 @@
 
 mod common;
 pub mod error;
+pub mod gemma;
 pub mod hparams;
 pub mod llama;
 mod model;
@@ -55,6 +57,8 @@ pub const REGISTRY: &[(&str, LoadFn)] = &[
     (qwen2::ARCH, qwen2::load),
     (qwen3::ARCH, qwen3::load),
     (llama::ARCH, llama::load),
+    (gemma::ARCH_GEMMA2, gemma::load_gemma2),
+    (gemma::ARCH_GEMMA3, gemma::load_gemma3),
 ];
 
 /// Names of the supported architectures, in registry order.

@@ -1,9 +1,11 @@
-//! The model trait and the one implementation both architectures share: validated
-//! hyperparameters and weights plus the architecture's Q/K/V block.
+//! The model trait and the one implementation every architecture shares: validated
+//! hyperparameters and weights plus the architecture's Q/K/V block and skeleton terms.
 
 use minfer_graph::{ComputeGraph, GraphParams, RopeStyle, WeightRef};
 
-use crate::common::{self, gate_up_concat_name, qkv_concat_name, QkvBlock, FUSED_FFN_MAX_NF};
+use crate::common::{
+    self, gate_up_concat_name, qkv_concat_name, QkvBlock, Terms, FUSED_FFN_MAX_NF,
+};
 use crate::hparams::HParams;
 use crate::weights::Weights;
 
@@ -91,12 +93,25 @@ pub(crate) struct Decoder {
     hp: HParams,
     w: Weights,
     qkv: QkvBlock,
+    terms: Terms,
 }
 
 impl Decoder {
-    /// Wraps validated hyperparameters and weights.
+    /// Wraps validated hyperparameters and weights (the plain skeleton).
     pub fn new(arch: &'static str, hp: HParams, w: Weights, qkv: QkvBlock) -> Self {
-        Decoder { arch, hp, w, qkv }
+        Decoder {
+            arch,
+            hp,
+            w,
+            qkv,
+            terms: Terms::default(),
+        }
+    }
+
+    /// The same model with the skeleton's optional `terms` on.
+    pub fn with_terms(mut self, terms: Terms) -> Self {
+        self.terms = terms;
+        self
     }
 }
 
@@ -110,7 +125,7 @@ impl ModelDef for Decoder {
     }
 
     fn build_graph(&self, params: &GraphParams) -> ComputeGraph {
-        common::build(&self.hp, &self.w, params, self.qkv)
+        common::build(&self.hp, &self.w, &self.terms, params, self.qkv)
     }
 
     fn weights(&self) -> Vec<WeightRef> {
@@ -126,7 +141,8 @@ impl ModelDef for Decoder {
                     parts: vec![l.wq.name.clone(), l.wk.name.clone(), l.wv.name.clone()],
                 });
             }
-            if l.gate_up_concat_feasible() && self.hp.n_ff <= FUSED_FFN_MAX_NF {
+            // The fused FFN is SwiGLU only (see `common::build`).
+            if l.gate_up_concat_feasible() && !self.terms.gelu && self.hp.n_ff <= FUSED_FFN_MAX_NF {
                 out.push(ConcatWeight {
                     name: gate_up_concat_name(il),
                     parts: vec![l.gate.name.clone(), l.up.name.clone()],

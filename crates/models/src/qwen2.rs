@@ -42,6 +42,7 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
                 gate: matrix(file, &blk(il, "ffn_gate"), ne, hp.n_ff)?,
                 up: matrix(file, &blk(il, "ffn_up"), ne, hp.n_ff)?,
                 down: matrix(file, &blk(il, "ffn_down"), hp.n_ff, ne)?,
+                post_norms: None,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;

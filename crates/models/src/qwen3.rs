@@ -4,9 +4,9 @@
 //! widths, the rope dims, the attention scale and the KV row stride (design §4.4).
 
 use minfer_gguf::GgufFile;
-use minfer_graph::{FusedQkvNormMeta, GraphBuilder, NodeId, RopeStyle};
+use minfer_graph::RopeStyle;
 
-use crate::common::{named_matmul, qkv_concat_name, rope_and_store, LayerCx};
+use crate::common::qkv_norm_block;
 use crate::error::ModelError;
 use crate::hparams::HParams;
 use crate::model::Decoder;
@@ -38,6 +38,7 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
                 gate: matrix(file, &blk(il, "ffn_gate"), ne, hp.n_ff)?,
                 up: matrix(file, &blk(il, "ffn_up"), ne, hp.n_ff)?,
                 down: matrix(file, &blk(il, "ffn_down"), hp.n_ff, ne)?,
+                post_norms: None,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
@@ -49,43 +50,5 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
         rope_freqs: None,
         layers,
     };
-    Ok(Box::new(Decoder::new(ARCH, hp, weights, qkv_block)))
-}
-
-/// Q/K/V for one layer. Decode with QKV fusion allowed and a concatenable q|k|v becomes
-/// one `fused_qkv_norm` (concat matmul, per-head q/k norm, rope, KV store); otherwise
-/// three bias-less matmuls, `qk_norm` on q and k, rope, and the KV store.
-fn qkv_block(b: &mut GraphBuilder, cx: &LayerCx<'_>, normed: NodeId) -> NodeId {
-    let lw = cx.lw;
-    let hp = cx.hp;
-    let norms = lw.qk_norm.as_ref();
-    if let Some([qn, kn]) = norms.filter(|_| cx.fuse_qkv && lw.qkv_concat_feasible()) {
-        let meta = FusedQkvNormMeta {
-            qkv_weight: qkv_concat_name(cx.il),
-            wtype: lw.wq.wtype,
-            n_embd: hp.n_embd,
-            nqt: hp.n_q_embd(),
-            nkt: hp.n_kv_embd(),
-            q_norm: qn.name.clone(),
-            k_norm: kn.name.clone(),
-            eps: hp.rms_eps,
-            rope: cx.rope_meta(hp.n_head),
-            n_ctx: cx.n_ctx,
-            kv_elems: cx.kv_elems(),
-        };
-        let f = b.fused_qkv_norm(normed, cx.pos, cx.il, meta);
-        b.set_name(f, &cx.name("qkv_fused"));
-        return f;
-    }
-    let mut q = named_matmul(b, cx, "Qcur", normed, &lw.wq, None);
-    let mut k = named_matmul(b, cx, "Kcur", normed, &lw.wk, None);
-    let v = named_matmul(b, cx, "Vcur", normed, &lw.wv, None);
-    // The loader always sets the norms; the graph follows the weights it was given.
-    if let Some([qn, kn]) = norms {
-        q = b.qk_norm(q, Some(qn), hp.head_dim, hp.n_head, hp.rms_eps);
-        b.set_name(q, &cx.name("Qcur_normed"));
-        k = b.qk_norm(k, Some(kn), hp.head_dim, hp.n_head_kv, hp.rms_eps);
-        b.set_name(k, &cx.name("Kcur_normed"));
-    }
-    rope_and_store(b, cx, q, k, v)
+    Ok(Box::new(Decoder::new(ARCH, hp, weights, qkv_norm_block)))
 }

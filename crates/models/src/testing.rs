@@ -36,10 +36,25 @@ const EMBD_STD: f64 = 0.1;
 /// RMSNorm epsilon written into tiny models.
 pub const TINY_RMS_EPS: f32 = 1e-6;
 
+/// Global rope theta of the tiny Gemma 3 models (the local layers keep llama.cpp's
+/// default 10000, so the two differ).
+pub const TINY_GEMMA3_ROPE_BASE: f32 = 1_000_000.0;
+
+/// Linear rope scaling factor of the tiny Gemma 3 models (global layers only, as
+/// llama.cpp applies it).
+pub const TINY_GEMMA3_ROPE_FACTOR: f32 = 2.0;
+
+/// Attention-score soft-cap of the tiny Gemma 2 models: low enough to bend their O(1)
+/// scores (the real models' 50 would leave them untouched).
+pub const TINY_GEMMA2_ATTN_CAP: f32 = 2.0;
+
+/// Final-logit soft-cap of the tiny Gemma 2 models, within their logit spread.
+pub const TINY_GEMMA2_FINAL_CAP: f32 = 8.0;
+
 /// Geometry, storage type and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TinySpec {
-    /// `"qwen2"`, `"qwen3"` or `"llama"`.
+    /// `"qwen2"`, `"qwen3"`, `"llama"`, `"gemma2"` or `"gemma3"`.
     pub arch: &'static str,
     /// Blocks.
     pub n_layer: usize,
@@ -64,6 +79,9 @@ pub struct TinySpec {
     pub tied: bool,
     /// Write `rope_freqs.weight` ([`tiny_rope_freqs`], Llama 3 scaling; `llama` only).
     pub rope_freqs: bool,
+    /// `attention.sliding_window` (Gemma only; the layer pattern is llama.cpp's default
+    /// for the architecture).
+    pub sliding_window: Option<usize>,
     /// PRNG seed.
     pub seed: u64,
 }
@@ -84,6 +102,7 @@ impl TinySpec {
             wtype,
             tied: false,
             rope_freqs: false,
+            sliding_window: None,
             seed,
         }
     }
@@ -126,6 +145,7 @@ impl TinySpec {
             wtype,
             tied: true,
             rope_freqs: false,
+            sliding_window: None,
             seed,
         }
     }
@@ -141,6 +161,49 @@ impl TinySpec {
             ..Self::qwen3(wtype, seed)
         }
     }
+
+    /// A small Gemma 2: 4 layers (local and global alternating), width 64, 4 heads of
+    /// 32 (decoupled from 64/4) over 2 KV heads, a window of 4 rows (shorter than the
+    /// test prompt), tied head.
+    pub fn gemma2(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "gemma2",
+            n_layer: 4,
+            n_embd: 64,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 32,
+            n_ff: 128,
+            n_vocab: 512,
+            n_ctx: 256,
+            wtype,
+            tied: true,
+            rope_freqs: false,
+            sliding_window: Some(4),
+            seed,
+        }
+    }
+
+    /// A small Gemma 3 with Gemma 2's geometry and 7 layers, so llama.cpp's default
+    /// pattern (every sixth layer global) gives both kinds.
+    pub fn gemma3(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "gemma3",
+            n_layer: 7,
+            ..Self::gemma2(wtype, seed)
+        }
+    }
+
+    /// A Gemma 3 whose every matrix row is a whole k-quant super-block (256): width 256,
+    /// 4 heads of 64 over 2 KV heads, FFN 256.
+    pub fn gemma3_kquant(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            n_embd: 256,
+            head_dim: 64,
+            n_ff: 256,
+            ..Self::gemma3(wtype, seed)
+        }
+    }
 }
 
 // Seeds picked among the first 150 for wide top-1 margins along the 32-token greedy path
@@ -150,6 +213,11 @@ const QWEN3_SEED: u64 = 147;
 const KQUANT_SEED: u64 = 57;
 const LLAMA_SEED: u64 = 75;
 const LLAMA3_SEED: u64 = 57;
+// Gemma: picked among the first 60 by llama.cpp's F32 greedy path (widest smallest
+// margin among continuations of several distinct tokens; the quantized variants share
+// their family's seed unsearched).
+const GEMMA2_SEED: u64 = 5;
+const GEMMA3_SEED: u64 = 8;
 
 /// The Llama 3 shaped frequency factors of a tiny model with `n_pairs` rope pairs: 1 for
 /// the fastest quarter, 8 from the middle on, linear in between (llama.cpp's converter
@@ -207,6 +275,13 @@ pub fn golden_models() -> Vec<(&'static str, TinySpec)> {
             "llama3-q6_k",
             TinySpec::llama3_kquant(GgmlType::Q6K, LLAMA3_SEED),
         ),
+        ("gemma2-f32", TinySpec::gemma2(GgmlType::F32, GEMMA2_SEED)),
+        ("gemma3-f32", TinySpec::gemma3(GgmlType::F32, GEMMA3_SEED)),
+        ("gemma3-q8_0", TinySpec::gemma3(GgmlType::Q8_0, GEMMA3_SEED)),
+        (
+            "gemma3-q4_k",
+            TinySpec::gemma3_kquant(GgmlType::Q4K, GEMMA3_SEED),
+        ),
     ]
 }
 
@@ -220,7 +295,9 @@ pub fn tiny_model_bytes(spec: &TinySpec) -> Result<Vec<u8>, GgufError> {
     tiny_model_writer(spec)?.to_bytes()
 }
 
-fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError> {
+/// The writer holding the model `spec` describes (tests add or change keys before
+/// writing).
+pub(crate) fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError> {
     let mut w = GgufWriter::new();
     metadata(&mut w, spec)?;
     let pre = if spec.arch == "llama" {
@@ -267,9 +344,13 @@ fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError> {
         };
         vec(&mut w, blk(il, "attn_norm"), ne, 1.0)?;
         vec(&mut w, blk(il, "ffn_norm"), ne, 1.0)?;
-        if spec.arch == "qwen3" {
+        if spec.arch == "qwen3" || spec.arch == "gemma3" {
             vec(&mut w, blk(il, "attn_q_norm"), spec.head_dim, 1.0)?;
             vec(&mut w, blk(il, "attn_k_norm"), spec.head_dim, 1.0)?;
+        }
+        if spec.arch.starts_with("gemma") {
+            vec(&mut w, blk(il, "post_attention_norm"), ne, 1.0)?;
+            vec(&mut w, blk(il, "post_ffw_norm"), ne, 1.0)?;
         } else if spec.arch == "qwen2" {
             vec(&mut w, blk_bias(il, "attn_q"), nq, 0.0)?;
             vec(&mut w, blk_bias(il, "attn_k"), nkv, 0.0)?;
@@ -327,21 +408,47 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
         let v = u32_of(&key, spec.head_dim)?;
         w.add_meta(&key, v);
     }
-    if a == "qwen3" {
+    if a == "qwen3" || a.starts_with("gemma") {
         for name in ["attention.key_length", "attention.value_length"] {
             let key = format!("{a}.{name}");
             let v = u32_of(&key, spec.head_dim)?;
             w.add_meta(&key, v);
         }
     }
+    if let Some(win) = spec.sliding_window {
+        let key = format!("{a}.attention.sliding_window");
+        let v = u32_of(&key, win)?;
+        w.add_meta(&key, v);
+    }
+    let rope_base = if a == "gemma3" {
+        // Global layers: their own theta and a linear scaling the local ones ignore.
+        w.add_meta(
+            &format!("{a}.rope.scaling.type"),
+            MetaValue::String("linear".into()),
+        )
+        .add_meta(
+            &format!("{a}.rope.scaling.factor"),
+            MetaValue::F32(TINY_GEMMA3_ROPE_FACTOR),
+        );
+        TINY_GEMMA3_ROPE_BASE
+    } else {
+        TINY_ROPE_FREQ_BASE
+    };
+    if a == "gemma2" {
+        w.add_meta(
+            &format!("{a}.attn_logit_softcapping"),
+            MetaValue::F32(TINY_GEMMA2_ATTN_CAP),
+        )
+        .add_meta(
+            &format!("{a}.final_logit_softcapping"),
+            MetaValue::F32(TINY_GEMMA2_FINAL_CAP),
+        );
+    }
     w.add_meta(
         &format!("{a}.attention.layer_norm_rms_epsilon"),
         MetaValue::F32(TINY_RMS_EPS),
     )
-    .add_meta(
-        &format!("{a}.rope.freq_base"),
-        MetaValue::F32(TINY_ROPE_FREQ_BASE),
-    );
+    .add_meta(&format!("{a}.rope.freq_base"), MetaValue::F32(rope_base));
     Ok(())
 }
 

@@ -76,8 +76,8 @@ fn checked(file: &GgufFile, name: &str, expected: &[u64]) -> Result<GgmlType, Mo
 }
 
 /// Per-layer tensors; an architecture declares the optional ones it has (`bias` for
-/// Qwen2 and some Llama files, `qk_norm` for Qwen3), and the skeleton emits nodes for
-/// exactly those.
+/// Qwen2 and some Llama files, `qk_norm` for Qwen3 and Gemma 3, `post_norms` for
+/// Gemma), and the skeleton emits nodes for exactly those.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct LayerWeights {
     pub attn_norm: WeightRef,
@@ -93,6 +93,9 @@ pub(crate) struct LayerWeights {
     pub gate: WeightRef,
     pub up: WeightRef,
     pub down: WeightRef,
+    /// Norms of the attention and FFN outputs before their residual adds (Gemma's
+    /// sandwich: `post_attention_norm`, `post_ffw_norm`).
+    pub post_norms: Option<[WeightRef; 2]>,
 }
 
 impl LayerWeights {
@@ -102,6 +105,7 @@ impl LayerWeights {
         v.extend(self.bias.iter().flatten());
         v.extend(self.qk_norm.iter().flatten());
         v.extend([&self.wo, &self.ffn_norm, &self.gate, &self.up, &self.down]);
+        v.extend(self.post_norms.iter().flatten());
         v
     }
 

@@ -624,6 +624,7 @@ fn attn_meta(n_head: usize, n_head_kv: usize, hd: usize, n_ctx: usize) -> AttnMe
         scale: 1.0 / (hd as f32).sqrt(),
         n_ctx,
         window: None,
+        softcap: None,
     }
 }
 

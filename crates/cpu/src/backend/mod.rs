@@ -394,8 +394,10 @@ impl CpuBackend {
             ..
         } = scratch;
         let is_attn = matches!(node.op, Op::Attn { .. });
-        let in_place = matches!(node.op, Op::Silu | Op::RoPE { .. })
-            && in_bufs.first().is_some_and(|b| b.id == out_id);
+        let in_place = matches!(
+            node.op,
+            Op::Silu | Op::Gelu | Op::SoftCap(_) | Op::RoPE { .. }
+        ) && in_bufs.first().is_some_and(|b| b.id == out_id);
         let aliased = in_bufs
             .iter()
             .enumerate()
@@ -428,6 +430,19 @@ impl CpuBackend {
             }
             (Op::Silu, _) => ew::map(pool, src(0)?, out, &ew::silu),
             (Op::SwiGLU, _) => ew::swiglu(pool, src(0)?, src(1)?, out),
+            (Op::GeGLU, _) => ew::geglu(pool, src(0)?, src(1)?, out),
+            (Op::Gelu, _) => {
+                let x = if in_place { None } else { Some(src(0)?) };
+                ew::unary_vec(pool, x, out, &|ys| isa.gelu(ys))
+            }
+            (Op::SoftCap(c), _) => {
+                let c = *c;
+                if !(c.is_finite() && c > 0.0) {
+                    return Err(format!("soft-cap {c}: the cap must be a positive number"));
+                }
+                let x = if in_place { None } else { Some(src(0)?) };
+                ew::unary_vec(pool, x, out, &|ys| isa.softcap(ys, c))
+            }
             (Op::Softmax { dim: 0 }, _) => ew::softmax_rows(pool, src(0)?, out, node.out_shape[0]),
             (Op::RmsNorm { eps }, meta) => {
                 let w = norm_weight(weights, meta)?;
@@ -980,6 +995,8 @@ impl BackendImpl for CpuBackend {
                     | Op::Mul
                     | Op::Scale(_)
                     | Op::Silu
+                    | Op::Gelu
+                    | Op::SoftCap(_)
                     | Op::Softmax { dim: 0 }
                     | Op::RmsNorm { .. }
                     | Op::QkNorm { .. }
@@ -993,6 +1010,7 @@ impl BackendImpl for CpuBackend {
                     | Op::Reshape { .. }
                     | Op::Permute { .. }
                     | Op::SwiGLU
+                    | Op::GeGLU
                     | Op::FusedFFN
                     | Op::FusedQKV { .. }
                     | Op::FusedQkvNorm { .. }
@@ -1001,7 +1019,7 @@ impl BackendImpl for CpuBackend {
 
     fn supports_fused(&self, fused: FusedOp) -> bool {
         match fused {
-            FusedOp::SwiGLU => true,
+            FusedOp::SwiGLU | FusedOp::GeGLU => true,
             FusedOp::DecodeQkv => self.fuse.qkv,
             FusedOp::DecodeFfn => self.fuse.ffn,
         }

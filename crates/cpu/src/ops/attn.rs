@@ -7,9 +7,10 @@
 //! block is loaded once per group. Each item is computed start to finish by one thread in
 //! a fixed order, so results do not depend on `-t`.
 //!
-//! Per item: `s_j = (q · k_j) * scale`, `p_j = exp(s_j - max s)` (vectorised, with the C
-//! library's bits: see `exp`), `o = (Σ p_j v_j) / Σ p_j`, all accumulated in f32 (scores
-//! eight keys per reduction, the V sum held in registers).
+//! Per item: `s_j = (q · k_j) * scale` (then `c * tanh(s_j / c)` with a soft-cap),
+//! `p_j = exp(s_j - max s)` (vectorised, with the C library's bits: see `exp`),
+//! `o = (Σ p_j v_j) / Σ p_j`, all accumulated in f32 (scores eight keys per reduction,
+//! the V sum held in registers).
 //!
 //! Packed K/V formats (F16, Q8_0: [`KvType`]) are decoded one block of keys of one KV
 //! head at a time into a per-thread f32 tile, which the same vector primitives then read;
@@ -117,6 +118,12 @@ fn validate(a: &AttnArgs, out_len: usize) -> Result<(), String> {
         return Err(format!(
             "attention: a sliding window of {:?} rows (it must hold at least the token's own row)",
             m.window
+        ));
+    }
+    if m.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+        return Err(format!(
+            "attention: a score soft-cap of {:?} (it must be a positive number)",
+            m.softcap
         ));
     }
     let qrow = m.n_head * m.hd;
@@ -252,7 +259,12 @@ fn group_item(
     }
     for i in 0..group {
         let row = &mut scores[i * len..(i + 1) * len];
-        let mx = scale_max(row, m.scale);
+        let mut mx = scale_max(row, m.scale);
+        if let Some(c) = m.softcap {
+            // The cap bends the scaled scores before the softmax (Gemma 2).
+            isa.softcap(row, c);
+            mx = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        }
         isa.exp_sub(row, mx);
     }
     // Each head's sum in key order (as one head alone sums), the heads interleaved so
@@ -376,6 +388,7 @@ mod tests {
             scale: 0.25,
             n_ctx: 40,
             window: None,
+            softcap: None,
         }
     }
 
@@ -471,6 +484,7 @@ mod tests {
             scale: 0.18,
             n_ctx: 300,
             window: None,
+            softcap: None,
         };
         let mut r = Rng::new(9);
         let positions = [0i32, 7, 64, 130, 299];
@@ -543,6 +557,7 @@ mod tests {
             scale: 0.125,
             n_ctx: 150,
             window: None,
+            softcap: None,
         };
         let mut r = Rng::new(11);
         let positions = [0i32, 5, 63, 64, 149];

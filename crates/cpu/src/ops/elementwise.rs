@@ -1,6 +1,7 @@
 //! Element-wise ops: add and multiply (with `b` broadcast by repetition), scale, SiLU,
-//! SwiGLU and row softmax. Large inputs are cut into fixed rows across the pool; every
-//! element is computed independently, so the thread count never changes a result.
+//! SwiGLU, GeGLU, vectorised unary kernels (GELU, soft-cap) and row softmax. Large
+//! inputs are cut into fixed rows across the pool; every element is computed
+//! independently, so the thread count never changes a result.
 
 use super::{par_rows, ELEM_ROW, PAR_MIN_ELEMS};
 use crate::threadpool::ThreadPool;
@@ -114,17 +115,61 @@ pub fn map(
 
 /// `out = silu(gate) * up` in one pass, bit-identical to `silu` followed by `mul`.
 pub fn swiglu(pool: &ThreadPool, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), String> {
+    gated(pool, "swiglu", gate, up, out, &swiglu_slice)
+}
+
+/// `out = gelu(gate) * up` in one pass, bit-identical to `gelu` followed by `mul`.
+pub fn geglu(pool: &ThreadPool, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), String> {
+    let isa = VecIsa::detect();
+    gated(pool, "geglu", gate, up, out, &|g, u, y| isa.geglu(g, u, y))
+}
+
+/// A serial gated kernel over equal-length `(gate, up, out)` pieces.
+type GatedSlice<'a> = dyn Fn(&[f32], &[f32], &mut [f32]) + Sync + 'a;
+
+/// `out = act(gate) * up` through `slice`, the serial kernel over equal-length pieces.
+fn gated(
+    pool: &ThreadPool,
+    name: &str,
+    gate: &[f32],
+    up: &[f32],
+    out: &mut [f32],
+    slice: &GatedSlice<'_>,
+) -> Result<(), String> {
     let n = out.len();
     if gate.len() < n || up.len() < n {
         return Err(format!(
-            "swiglu: gate {} and up {} values for {n} outputs",
+            "{name}: gate {} and up {} values for {n} outputs",
             gate.len(),
             up.len()
         ));
     }
     par_rows(pool, out, ELEM_ROW, n >= PAR_MIN_ELEMS, &|r0, ys| {
         let s = r0 * ELEM_ROW;
-        swiglu_slice(&gate[s..s + ys.len()], &up[s..s + ys.len()], ys);
+        slice(&gate[s..s + ys.len()], &up[s..s + ys.len()], ys);
+    });
+    Ok(())
+}
+
+/// `out = f(x)` for a vectorised in-place kernel `f` (GELU, the soft-cap): `x` is
+/// copied into `out` piece by piece, then transformed; with `x` `None` the op runs in
+/// place over `out` (the allocator gave the node its input's buffer).
+pub fn unary_vec(
+    pool: &ThreadPool,
+    x: Option<&[f32]>,
+    out: &mut [f32],
+    f: &(dyn Fn(&mut [f32]) + Sync),
+) -> Result<(), String> {
+    let n = out.len();
+    if let Some(x) = x.filter(|x| x.len() < n) {
+        return Err(format!("unary op: {} inputs for {n} outputs", x.len()));
+    }
+    par_rows(pool, out, ELEM_ROW, n >= PAR_MIN_ELEMS, &|r0, ys| {
+        if let Some(x) = x {
+            let s = r0 * ELEM_ROW;
+            ys.copy_from_slice(&x[s..s + ys.len()]);
+        }
+        f(ys);
     });
     Ok(())
 }

@@ -127,6 +127,10 @@ pub fn swiglu_scalar(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// The eight-lane exponential, for the other vectorised activations.
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::exp8;
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::*;
@@ -154,7 +158,7 @@ mod avx2 {
     /// Eight lanes of [`expf`]; lanes with special inputs go to `f32::exp`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn exp8(x: __m256) -> __m256 {
+    pub(crate) fn exp8(x: __m256) -> __m256 {
         // |x| >= 88, infinities and NaN: the top 12 bits without the sign at or above 88's.
         let top = _mm256_and_si256(
             _mm256_srli_epi32::<20>(_mm256_castps_si256(x)),

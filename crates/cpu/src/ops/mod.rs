@@ -5,6 +5,7 @@
 //! that each output element is computed entirely by one thread in a fixed order, which
 //! makes results independent of the thread count.
 
+pub mod act;
 pub mod attn;
 pub mod elementwise;
 pub mod exp;

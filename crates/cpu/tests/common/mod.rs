@@ -303,6 +303,7 @@ pub fn model_graph(cfg: &Cfg, ws: &[TestWeight], nt: usize) -> ComputeGraph {
             scale: 1.0 / (cfg.hd as f32).sqrt(),
             n_ctx: cfg.n_ctx,
             window: None,
+            softcap: None,
         };
         let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
         let o = b.matmul(a, &w(&p("attn_output.weight")), None);

@@ -37,7 +37,8 @@ pub fn supports_op(op: &Op, dtype: DType) -> bool {
 /// Whether a device backend takes `node`: an op of [`supports_op`], a node touching
 /// the KV regions only when they live here (`kv_here`; the QKV fusions store into
 /// them), sliding-window attention only where its kernel honours the window
-/// (`windows`), and every weight it names decoded (`weights_decoded`, the backend's own).
+/// (`windows`), no attention with a score soft-cap (no device kernel has that term), and
+/// every weight it names decoded (`weights_decoded`, the backend's own).
 pub fn supports_node(
     node: &CNode,
     kv_here: bool,
@@ -46,9 +47,11 @@ pub fn supports_node(
 ) -> bool {
     let kv = node.kv_layer().is_some();
     let windowed = matches!(&node.meta, NodeMeta::Attn(m) if m.window.is_some());
+    let capped = matches!(&node.meta, NodeMeta::Attn(m) if m.softcap.is_some());
     supports_op(&node.op, node.out_dtype)
         && (kv_here || !kv)
         && (windows || !windowed)
+        && !capped
         && weights_decoded(node)
 }
 

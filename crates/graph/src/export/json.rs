@@ -14,6 +14,7 @@ use crate::ir::*;
 pub fn op_detail(op: &Op) -> String {
     match op {
         Op::Scale(s) => format!("s={s}"),
+        Op::SoftCap(c) => format!("c={c}"),
         Op::Softmax { dim } => format!("dim={dim}"),
         Op::RmsNorm { eps } => format!("eps={eps}"),
         Op::QkNorm { hd, nh, eps } => format!("hd={hd} nh={nh} eps={eps}"),
@@ -46,6 +47,7 @@ fn to_value<T: serde::Serialize>(v: &T) -> Value {
 pub fn op_args(op: &Op) -> Value {
     match op {
         Op::Scale(s) => json!({ "s": s }),
+        Op::SoftCap(c) => json!({ "c": c }),
         Op::Softmax { dim } => json!({ "dim": dim }),
         Op::RmsNorm { eps } => json!({ "eps": eps }),
         Op::QkNorm { hd, nh, eps } => json!({ "hd": hd, "nh": nh, "eps": eps }),
@@ -179,6 +181,8 @@ pub fn op_from_json(name: &str, args: &Value) -> Result<Op, GraphError> {
         "mul" => Op::Mul,
         "scale" => Op::Scale(arg_f32(a, "s")?),
         "silu" => Op::Silu,
+        "gelu" => Op::Gelu,
+        "softcap" => Op::SoftCap(arg_f32(a, "c")?),
         "softmax" => Op::Softmax {
             dim: arg_usize(a, "dim")?,
         },
@@ -223,6 +227,7 @@ pub fn op_from_json(name: &str, args: &Value) -> Result<Op, GraphError> {
             dims: shape4(field(a, "dims")?, "dims")?,
         },
         "swiglu" => Op::SwiGLU,
+        "geglu" => Op::GeGLU,
         "batch_matmul" => Op::BatchMatMul,
         "fused_qkv" => Op::FusedQKV {
             layer: arg_usize(a, "layer")?,

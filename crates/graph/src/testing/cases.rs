@@ -269,8 +269,8 @@ pub fn run_device_cases(
 /// `Ok` when a device backend's run of a table of `n_cases` cases shows full coverage:
 /// no case failed; every case it did not run is one it declines by capability (a matmul
 /// over a weight type outside `decoded`, rope with Llama 3 frequency factors, or
-/// sliding-window attention on a backend whose kernel has no term for it: those nodes
-/// run on the CPU in a real graph); at
+/// sliding-window attention on a backend whose kernel has no term for it, GELU, GeGLU,
+/// the soft-cap and soft-capped attention: those nodes run on the CPU in a real graph); at
 /// least one matmul case ran for each type in `decoded`; and every case is accounted for.
 pub fn check_device_report(
     report: &CaseReport,
@@ -285,8 +285,12 @@ pub fn check_device_report(
         let declined_rope = op == Some("rope") && case.contains("freq_factors");
         // A device kernel without a window term declines it (`device_kit::supports_node`).
         let declined_window = op == Some("attn") && case.contains(" window ");
+        // No device kernel has GELU, GeGLU, the soft-cap or the attention score cap
+        // (`device_kit::supports_op` and `supports_node` leave them to the CPU).
+        let declined_gemma = matches!(op, Some("gelu" | "geglu" | "softcap"))
+            || (op == Some("attn") && case.contains(" softcap "));
         let declined_matmul = op == Some("matmul") && !decoded.iter().any(|d| d.name() == ty);
-        if !(declined_rope || declined_matmul || declined_window) {
+        if !(declined_rope || declined_matmul || declined_window || declined_gemma) {
             return Err(format!(
                 "'{case}' was not run on {name}, though the backend implements it"
             ));
@@ -474,9 +478,14 @@ fn get_rows_cases(out: &mut Vec<OpCase>) {
 fn elementwise_cases(out: &mut Vec<OpCase>) {
     let d = 67usize;
     for nt in TOKENS {
-        for (op, name) in [("add", "add"), ("mul", "mul"), ("swiglu", "swiglu")] {
+        for (op, name) in [
+            ("add", "add"),
+            ("mul", "mul"),
+            ("swiglu", "swiglu"),
+            ("geglu", "geglu"),
+        ] {
             for broadcast in [false, true] {
-                if broadcast && op == "swiglu" {
+                if broadcast && (op == "swiglu" || op == "geglu") {
                     continue;
                 }
                 let mut b = GraphBuilder::new();
@@ -486,6 +495,7 @@ fn elementwise_cases(out: &mut Vec<OpCase>) {
                 let z = match op {
                     "add" => b.add(x, y),
                     "mul" => b.mul(x, y),
+                    "geglu" => b.geglu(x, y),
                     _ => b.swiglu(x, y),
                 };
                 b.output(z);
@@ -505,6 +515,54 @@ fn elementwise_cases(out: &mut Vec<OpCase>) {
                 });
             }
         }
+    }
+}
+
+/// GELU and the soft-cap over values wide enough to reach the tails of tanh (the
+/// shared generator's range scaled by `spread`), so saturation and the linear middle
+/// are both checked.
+fn activation_cases(out: &mut Vec<OpCase>) {
+    let d = 67usize;
+    for nt in TOKENS {
+        for (op, spread) in [("gelu", 16.0f32), ("softcap", 200.0)] {
+            let mut b = GraphBuilder::new();
+            let x = b.input("x", [d, nt, 1, 1], DType::F32);
+            let y = match op {
+                "gelu" => b.gelu(x),
+                _ => b.softcap(x, 30.0),
+            };
+            b.output(y);
+            let xs = values(13, d * nt).iter().map(|v| v * spread).collect();
+            out.push(OpCase {
+                name: format!("{op} [{d}] nt={nt}"),
+                op,
+                graph: b.build(),
+                inputs: vec![f32_input("x", xs)],
+                weights: gguf(&[]),
+                bound: 1e-6,
+            });
+        }
+    }
+    // Over an intermediate read by nothing else, which the allocator lets the op
+    // overwrite in place.
+    for op in ["gelu", "softcap"] {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", [d, 3, 1, 1], DType::F32);
+        let y = b.add(x, x);
+        let z = match op {
+            "gelu" => b.gelu(y),
+            _ => b.softcap(y, 30.0),
+        };
+        b.output(z);
+        let xs = values(14, d * 3).iter().map(|v| v * 60.0).collect();
+        out.push(OpCase {
+            name: format!("{op} in place [{d}] nt=3"),
+            op,
+            graph: b.build(),
+            inputs: vec![f32_input("x", xs)],
+            weights: gguf(&[]),
+            bound: 1e-6,
+        });
     }
 }
 
@@ -662,6 +720,7 @@ fn attn_case(
     n_head: usize,
     n_head_kv: usize,
     window: Option<usize>,
+    softcap: Option<f32>,
 ) -> OpCase {
     let hd = 64usize;
     let n_ctx = 32usize;
@@ -688,6 +747,7 @@ fn attn_case(
         scale: 1.0 / (hd as f32).sqrt(),
         n_ctx,
         window,
+        softcap,
     };
     let a = b.attn(q, kv, pos, span, AttnMode::Gqa, meta);
     b.output(a);
@@ -703,8 +763,17 @@ fn attn_case(
             spans.extend([s * 10, s * 10 + t + 1]);
         }
     }
+    // A soft-capped case gets scores past the cap's knee: q scaled so that
+    // `scale * q.k` spans several times the cap.
+    let q_gain = if softcap.is_some() { 40.0 } else { 1.0 };
     let mut inputs = vec![
-        f32_input("q", values(51, n_head * hd * nt)),
+        f32_input(
+            "q",
+            values(51, n_head * hd * nt)
+                .into_iter()
+                .map(|v| v * q_gain)
+                .collect(),
+        ),
         f32_input("k", values(52, n_head_kv * hd * nt)),
         f32_input("v", values(53, n_head_kv * hd * nt)),
         ids_input("pos", positions),
@@ -715,9 +784,10 @@ fn attn_case(
     }
     OpCase {
         name: format!(
-            "attn gqa {n_head}/{n_head_kv} heads nt={nt_per_seq}x{seqs} seq{}{}",
+            "attn gqa {n_head}/{n_head_kv} heads nt={nt_per_seq}x{seqs} seq{}{}{}",
             if explicit { " explicit span" } else { "" },
-            window.map_or(String::new(), |w| format!(" window {w}"))
+            window.map_or(String::new(), |w| format!(" window {w}")),
+            softcap.map_or(String::new(), |c| format!(" softcap {c}"))
         ),
         op: "attn",
         graph: b.build(),
@@ -729,19 +799,23 @@ fn attn_case(
 
 fn kv_cases(out: &mut Vec<OpCase>) {
     for nt in TOKENS {
-        out.push(attn_case(nt, 1, 4, 2, None));
-        out.push(attn_case(nt, 1, 2, 2, None));
+        out.push(attn_case(nt, 1, 4, 2, None, None));
+        out.push(attn_case(nt, 1, 2, 2, None, None));
     }
-    out.push(attn_case(3, 2, 4, 1, None));
-    out.push(attn_case(1, 3, 4, 2, None));
+    out.push(attn_case(3, 2, 4, 1, None, None));
+    out.push(attn_case(1, 3, 4, 2, None, None));
     // Sliding-window layers: causal over positions, explicit spans of several
     // sequences, and a window of one row (each token reads only its own V).
-    out.push(attn_case(7, 1, 4, 2, Some(3)));
-    out.push(attn_case(5, 2, 4, 1, Some(2)));
-    out.push(attn_case(7, 1, 2, 2, Some(1)));
+    out.push(attn_case(7, 1, 4, 2, Some(3), None));
+    out.push(attn_case(5, 2, 4, 1, Some(2), None));
+    out.push(attn_case(7, 1, 2, 2, Some(1), None));
+    // A score soft-cap (Gemma 2 uses 50 on scores of that order; here 5 on these
+    // smaller scores, so the cap bends them as much), alone and on a window.
+    out.push(attn_case(5, 1, 4, 2, None, Some(5.0)));
+    out.push(attn_case(6, 1, 4, 2, Some(3), Some(5.0)));
     // The store alone, read back through attention: a one-row arena read by one query
     // reproduces that row's V exactly, so a misplaced row shows.
-    let mut c = attn_case(1, 1, 2, 2, None);
+    let mut c = attn_case(1, 1, 2, 2, None, None);
     c.name = "kvcache_store then attn over one row".into();
     c.op = "kvcache_store";
     out.push(c);
@@ -753,6 +827,7 @@ pub fn op_cases() -> Vec<OpCase> {
     matmul_cases(&mut out);
     get_rows_cases(&mut out);
     elementwise_cases(&mut out);
+    activation_cases(&mut out);
     norm_cases(&mut out);
     rope_cases(&mut out);
     kv_cases(&mut out);
@@ -778,6 +853,9 @@ mod tests {
             "add",
             "mul",
             "swiglu",
+            "geglu",
+            "gelu",
+            "softcap",
             "rms_norm",
             "qk_norm",
             "rope",

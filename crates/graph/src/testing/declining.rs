@@ -47,6 +47,7 @@ impl BackendImpl for Declining {
     fn supports_fused(&self, fused: FusedOp) -> bool {
         let result = match fused {
             FusedOp::SwiGLU => "swiglu",
+            FusedOp::GeGLU => "geglu",
             FusedOp::DecodeFfn => "fused_ffn",
             FusedOp::DecodeQkv => "fused_qkv",
         };

@@ -13,6 +13,19 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// ggml's tanh GELU, in f64 so the reference carries no approximation of its own.
+fn gelu(x: f32) -> f32 {
+    let x = f64::from(x);
+    let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    (0.5 * x * (1.0 + u.tanh())) as f32
+}
+
+/// `c * tanh(x / c)`, in f64.
+fn softcap(x: f32, c: f32) -> f32 {
+    let c = f64::from(c);
+    (c * (f64::from(x) / c).tanh()) as f32
+}
+
 fn nt_of(node: &CNode) -> usize {
     node.out_shape[1].max(1)
 }
@@ -162,12 +175,20 @@ pub(super) fn compute(
         (Op::Mul, _) => broadcast(x?, input(inputs, 1)?, |a, b| a * b),
         (Op::Scale(s), _) => Ok(x?.iter().map(|v| v * s).collect()),
         (Op::Silu, _) => Ok(x?.iter().map(|&v| silu(v)).collect()),
-        (Op::SwiGLU, _) => {
+        (Op::Gelu, _) => Ok(x?.iter().map(|&v| gelu(v)).collect()),
+        (Op::SoftCap(c), _) => Ok(x?.iter().map(|&v| softcap(v, *c)).collect()),
+        (Op::SwiGLU | Op::GeGLU, _) => {
             let (g, u) = (x?, input(inputs, 1)?);
             if g.len() != u.len() {
-                return Err(format!("swiglu: {} vs {} values", g.len(), u.len()));
+                return Err(format!(
+                    "{}: {} vs {} values",
+                    node.op.name(),
+                    g.len(),
+                    u.len()
+                ));
             }
-            Ok(g.iter().zip(u).map(|(&a, &b)| silu(a) * b).collect())
+            let act = if node.op == Op::GeGLU { gelu } else { silu };
+            Ok(g.iter().zip(u).map(|(&a, &b)| act(a) * b).collect())
         }
         (Op::Softmax { dim: 0 }, _) => {
             let (d, x) = (node.out_shape[0].max(1), x?);
@@ -319,10 +340,11 @@ pub(super) fn attn(
             None => (0, pos.get(t).ok_or("short positions")? + 1),
         };
         let (lo, hi) = (lo.max(0) as usize, hi.max(0) as usize);
-        if hi > m.n_ctx || lo >= hi || m.window == Some(0) {
+        let bad_cap = m.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0));
+        if hi > m.n_ctx || lo >= hi || m.window == Some(0) || bad_cap {
             return Err(format!(
-                "token {t}: key range [{lo}, {hi}) vs n_ctx {} (window {:?})",
-                m.n_ctx, m.window
+                "token {t}: key range [{lo}, {hi}) vs n_ctx {} (window {:?}, softcap {:?})",
+                m.n_ctx, m.window, m.softcap
             ));
         }
         // Sliding window: the last `window` rows of the range, the token's own included.
@@ -333,7 +355,8 @@ pub(super) fn attn(
             let scores: Vec<f32> = (lo..hi)
                 .map(|j| {
                     let kr = &k[j * nkt + off..j * nkt + off + m.hd];
-                    qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * m.scale
+                    let s = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * m.scale;
+                    m.softcap.map_or(s, |c| softcap(s, c))
                 })
                 .collect();
             let mx = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));

@@ -120,6 +120,8 @@ pub const IMPLEMENTED: &[&str] = &[
     "mul",
     "scale",
     "silu",
+    "gelu",
+    "softcap",
     "softmax",
     "rms_norm",
     "qk_norm",
@@ -133,6 +135,7 @@ pub const IMPLEMENTED: &[&str] = &[
     "reshape",
     "permute",
     "swiglu",
+    "geglu",
     "fused_ffn",
 ];
 
@@ -294,6 +297,7 @@ impl BackendImpl for RefBackend {
     fn supports_fused(&self, fused: FusedOp) -> bool {
         match fused {
             FusedOp::SwiGLU => self.fused && self.claims.contains("swiglu"),
+            FusedOp::GeGLU => self.fused && self.claims.contains("geglu"),
             FusedOp::DecodeFfn => self.fused && self.claims.contains("fused_ffn"),
             // The reference kernels implement no fused QKV op.
             FusedOp::DecodeQkv => false,

@@ -113,6 +113,7 @@ pub fn build_block(p: &GraphParams) -> ComputeGraph {
         scale: 1.0 / (HD as f32).sqrt(),
         n_ctx: p.cparams.n_ctx,
         window: None,
+        softcap: None,
     };
     let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
     let o = b.matmul(a, &wr("wo", [N_HEAD * HD, N_EMBD]), None);

@@ -6,6 +6,7 @@ mod batch;
 mod constraint;
 mod conversation;
 mod fusion;
+mod gemma;
 mod reference;
 mod session;
 mod speculative;

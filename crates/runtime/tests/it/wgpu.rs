@@ -113,6 +113,42 @@ fn a_weight_type_the_shaders_do_not_decode_runs_on_the_cpu_by_capability() {
 }
 
 #[test]
+fn gemma_models_split_their_terms_without_a_shader_onto_the_cpu() {
+    if !minfer_wgpu::testing::adapter_or_skip() {
+        return;
+    }
+    // Gemma 3: windowed attention runs here; the embedding scale, GELU and GeGLU have no
+    // shader. Gemma 2: its soft-capped attention has no shader either, so its layers'
+    // KV stores and loads join it on the CPU, where their regions then live.
+    for spec in [
+        TinySpec::gemma3(GgmlType::F32, 8),
+        TinySpec::gemma2(GgmlType::F32, 5),
+    ] {
+        let f = file(&spec);
+        let mut g = Engine::from_arc(Arc::clone(&f), &opts("wgpu")).expect("wgpu engine");
+        let graph = g.preview_graph(4, 1).expect("graph");
+        for n in graph.nodes.iter().filter(|n| !graph.is_dead(n.id)) {
+            let capped = matches!(&n.meta, NodeMeta::Attn(m) if m.softcap.is_some());
+            let shaderless = matches!(n.op, Op::Scale(_) | Op::Gelu | Op::GeGLU | Op::SoftCap(_));
+            let gemma2_kv = spec.arch == "gemma2" && n.kv_layer().is_some();
+            if capped || shaderless || gemma2_kv {
+                assert_eq!(n.backend, Some(Backend::CPU), "#{} {}", n.id, n.name);
+            }
+            if matches!(n.op, Op::MatMul { .. }) {
+                assert_eq!(n.backend, Some(Backend::WGPU), "#{} {}", n.id, n.name);
+            }
+        }
+        let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
+        let err = rel_err(&logits(&mut g), &logits(&mut c));
+        eprintln!(
+            "tiny {}: wgpu and the CPU against the CPU, relative error {err:.2e}",
+            spec.arch
+        );
+        assert!(err < 1e-3, "{}: relative error {err:e}", spec.arch);
+    }
+}
+
+#[test]
 fn a_packed_kv_format_keeps_the_kv_and_attention_on_the_cpu() {
     if !minfer_wgpu::testing::adapter_or_skip() {
         return;

@@ -23,7 +23,7 @@ window.viz = viz;
 
 // Sources read by more nodes than this are drawn without their edges.
 const FANOUT_EDGES = 8;
-const FUSED_OPS = new Set(["swiglu", "fused_qkv", "fused_ffn", "fused_qkv_norm", "qkv_bias_rope_store"]);
+const FUSED_OPS = new Set(["swiglu", "geglu", "fused_qkv", "fused_ffn", "fused_qkv_norm", "qkv_bias_rope_store"]);
 
 function layerOf(node) {
   const m = /-(\d+)$/.exec(node.name);
