@@ -31,7 +31,7 @@ use crate::common::{qkv_block, qkv_norm_block, LayerAttn, QkvBlock, Terms};
 use crate::error::ModelError;
 use crate::hparams::HParams;
 use crate::model::Decoder;
-use crate::weights::{blk, matrix, vector, LayerWeights, Weights, OUTPUT};
+use crate::weights::{blk, vector, LayerWeights, Weights, OUTPUT};
 use crate::ModelDef;
 
 /// The `general.architecture` value of Gemma 2.
@@ -83,9 +83,11 @@ fn load(file: &GgufFile, g: Gen) -> Result<Box<dyn ModelDef>, ModelError> {
         });
     }
     let (tok_embd, output_norm, output, tied) = Weights::globals(file, hp.n_embd, hp.n_vocab)?;
-    let (nq, nkv, ne, hd) = (hp.n_q_embd(), hp.n_kv_embd(), hp.n_embd, hp.head_dim);
+    let (ne, hd) = (hp.n_embd, hp.head_dim);
     let layers = (0..hp.n_layer)
         .map(|il| {
+            // The shared tensors first, so a shape error names the first tensor in file order.
+            let core = LayerWeights::read(file, il, &hp)?;
             let qk_norm = match g {
                 Gen::Two => None,
                 Gen::Three => Some([
@@ -94,21 +96,12 @@ fn load(file: &GgufFile, g: Gen) -> Result<Box<dyn ModelDef>, ModelError> {
                 ]),
             };
             Ok(LayerWeights {
-                attn_norm: vector(file, &blk(il, "attn_norm"), ne)?,
-                wq: matrix(file, &blk(il, "attn_q"), ne, nq)?,
-                wk: matrix(file, &blk(il, "attn_k"), ne, nkv)?,
-                wv: matrix(file, &blk(il, "attn_v"), ne, nkv)?,
-                wo: matrix(file, &blk(il, "attn_output"), nq, ne)?,
-                bias: None,
                 qk_norm,
-                ffn_norm: vector(file, &blk(il, "ffn_norm"), ne)?,
-                gate: matrix(file, &blk(il, "ffn_gate"), ne, hp.n_ff)?,
-                up: matrix(file, &blk(il, "ffn_up"), ne, hp.n_ff)?,
-                down: matrix(file, &blk(il, "ffn_down"), hp.n_ff, ne)?,
                 post_norms: Some([
                     vector(file, &blk(il, "post_attention_norm"), ne)?,
                     vector(file, &blk(il, "post_ffw_norm"), ne)?,
                 ]),
+                ..core
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;

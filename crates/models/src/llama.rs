@@ -17,7 +17,7 @@ use crate::common::qkv_block;
 use crate::error::ModelError;
 use crate::hparams::HParams;
 use crate::model::Decoder;
-use crate::weights::{blk, blk_bias, matrix, vector, LayerWeights, Weights, ROPE_FREQS};
+use crate::weights::{blk, blk_bias, vector, LayerWeights, Weights, ROPE_FREQS};
 use crate::ModelDef;
 
 /// The `general.architecture` value.
@@ -28,26 +28,18 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
     let hp = HParams::read(file, ARCH, RopeStyle::Interleaved)?;
     refuse_unsupported(file, &hp)?;
     let (tok_embd, output_norm, output, tied) = Weights::globals(file, hp.n_embd, hp.n_vocab)?;
-    let (nq, nkv, ne) = (hp.n_q_embd(), hp.n_kv_embd(), hp.n_embd);
+    let (nq, nkv) = (hp.n_q_embd(), hp.n_kv_embd());
     let rope_freqs = match file.tensor(ROPE_FREQS) {
         Some(_) => Some(vector(file, ROPE_FREQS, hp.head_dim / 2)?),
         None => None,
     };
     let layers = (0..hp.n_layer)
         .map(|il| {
+            // The shared tensors first, so a shape error names the first tensor in file order.
+            let core = LayerWeights::read(file, il, &hp)?;
             Ok(LayerWeights {
-                attn_norm: vector(file, &blk(il, "attn_norm"), ne)?,
-                wq: matrix(file, &blk(il, "attn_q"), ne, nq)?,
-                wk: matrix(file, &blk(il, "attn_k"), ne, nkv)?,
-                wv: matrix(file, &blk(il, "attn_v"), ne, nkv)?,
-                wo: matrix(file, &blk(il, "attn_output"), nq, ne)?,
                 bias: qkv_biases(file, il, nq, nkv)?,
-                qk_norm: None,
-                ffn_norm: vector(file, &blk(il, "ffn_norm"), ne)?,
-                gate: matrix(file, &blk(il, "ffn_gate"), ne, hp.n_ff)?,
-                up: matrix(file, &blk(il, "ffn_up"), ne, hp.n_ff)?,
-                down: matrix(file, &blk(il, "ffn_down"), hp.n_ff, ne)?,
-                post_norms: None,
+                ..core
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;

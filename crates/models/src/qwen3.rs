@@ -10,7 +10,7 @@ use crate::common::qkv_norm_block;
 use crate::error::ModelError;
 use crate::hparams::HParams;
 use crate::model::Decoder;
-use crate::weights::{blk, matrix, vector, LayerWeights, Weights};
+use crate::weights::{blk, vector, LayerWeights, Weights};
 use crate::ModelDef;
 
 /// The `general.architecture` value.
@@ -20,25 +20,17 @@ pub const ARCH: &str = "qwen3";
 pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
     let hp = HParams::read(file, ARCH, RopeStyle::NonInterleaved)?;
     let (tok_embd, output_norm, output, tied) = Weights::globals(file, hp.n_embd, hp.n_vocab)?;
-    let (nq, nkv, ne, hd) = (hp.n_q_embd(), hp.n_kv_embd(), hp.n_embd, hp.head_dim);
+    let hd = hp.head_dim;
     let layers = (0..hp.n_layer)
         .map(|il| {
+            // The shared tensors first, so a shape error names the first tensor in file order.
+            let core = LayerWeights::read(file, il, &hp)?;
             Ok(LayerWeights {
-                attn_norm: vector(file, &blk(il, "attn_norm"), ne)?,
-                wq: matrix(file, &blk(il, "attn_q"), ne, nq)?,
-                wk: matrix(file, &blk(il, "attn_k"), ne, nkv)?,
-                wv: matrix(file, &blk(il, "attn_v"), ne, nkv)?,
-                wo: matrix(file, &blk(il, "attn_output"), nq, ne)?,
-                bias: None,
                 qk_norm: Some([
                     vector(file, &blk(il, "attn_q_norm"), hd)?,
                     vector(file, &blk(il, "attn_k_norm"), hd)?,
                 ]),
-                ffn_norm: vector(file, &blk(il, "ffn_norm"), ne)?,
-                gate: matrix(file, &blk(il, "ffn_gate"), ne, hp.n_ff)?,
-                up: matrix(file, &blk(il, "ffn_up"), ne, hp.n_ff)?,
-                down: matrix(file, &blk(il, "ffn_down"), hp.n_ff, ne)?,
-                post_norms: None,
+                ..core
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;

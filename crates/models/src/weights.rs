@@ -9,6 +9,7 @@ use minfer_gguf::{GgmlType, GgufFile};
 use minfer_graph::{WeightRef, WeightType};
 
 use crate::error::ModelError;
+use crate::hparams::HParams;
 
 /// GGUF name of the token embedding table.
 pub const TOKEN_EMBD: &str = "token_embd.weight";
@@ -99,6 +100,27 @@ pub(crate) struct LayerWeights {
 }
 
 impl LayerWeights {
+    /// Reads layer `il`'s tensors every architecture has (norms, q/k/v/o, gated FFN),
+    /// checking their shapes against `hp`; the optional parts start empty, for the
+    /// architecture to fill.
+    pub fn read(file: &GgufFile, il: usize, hp: &HParams) -> Result<Self, ModelError> {
+        let (nq, nkv, ne) = (hp.n_q_embd(), hp.n_kv_embd(), hp.n_embd);
+        Ok(LayerWeights {
+            attn_norm: vector(file, &blk(il, "attn_norm"), ne)?,
+            wq: matrix(file, &blk(il, "attn_q"), ne, nq)?,
+            wk: matrix(file, &blk(il, "attn_k"), ne, nkv)?,
+            wv: matrix(file, &blk(il, "attn_v"), ne, nkv)?,
+            wo: matrix(file, &blk(il, "attn_output"), nq, ne)?,
+            bias: None,
+            qk_norm: None,
+            ffn_norm: vector(file, &blk(il, "ffn_norm"), ne)?,
+            gate: matrix(file, &blk(il, "ffn_gate"), ne, hp.n_ff)?,
+            up: matrix(file, &blk(il, "ffn_up"), ne, hp.n_ff)?,
+            down: matrix(file, &blk(il, "ffn_down"), hp.n_ff, ne)?,
+            post_norms: None,
+        })
+    }
+
     /// Every tensor of the layer, in a fixed order.
     pub fn all(&self) -> Vec<&WeightRef> {
         let mut v = vec![&self.attn_norm, &self.wq, &self.wk, &self.wv];
