@@ -322,7 +322,7 @@ mod tests {
 
     #[test]
     fn lattice_kernels_agree_and_match_f32() {
-        // No encoder exists for these: random bytes with a sane scale stand in for weights.
+        // Random bytes with a sane scale reach bit patterns an encoder would never write.
         for (n, seed) in [(1, 251u64), (6, 252)] {
             check_kernel_on(
                 random_blocks(n, seed, |b: &mut BlockIq2Xxs, r| b.d = scale(r)),

@@ -336,8 +336,9 @@ fn wref(name: &str, ty: GgmlType, shape: [usize; 2]) -> WeightRef {
     WeightRef::new(name, WeightType(ty.id()), shape)
 }
 
-/// Every weight type the CPU backend multiplies that minfer can also encode (the lattice
-/// i-quants decode only; their kernels are checked on random blocks in the CPU crate),
+/// The weight types of the op cases, from every family the CPU backend multiplies (the
+/// lattice i-quants are not listed; their kernels are checked on random blocks in the CPU
+/// crate),
 /// with the bound its case meets against an f32 reference (activations are quantized to
 /// Q8 for quantized types).
 pub const MATMUL_TYPES: &[(GgmlType, f32)] = &[
