@@ -290,6 +290,21 @@ pub fn write_tiny_model(path: &Path, spec: &TinySpec) -> Result<(), GgufError> {
     tiny_model_writer(spec)?.write_to(path)
 }
 
+/// Writes the model `spec` describes with `template` as its `tokenizer.chat_template`
+/// (for tests of template features: tool calls, a thinking switch).
+pub fn write_tiny_model_with_template(
+    path: &Path,
+    spec: &TinySpec,
+    template: &str,
+) -> Result<(), GgufError> {
+    let mut w = tiny_model_writer(spec)?;
+    w.add_meta(
+        "tokenizer.chat_template",
+        MetaValue::String(template.to_string()),
+    );
+    w.write_to(path)
+}
+
 /// The file `spec` describes, as bytes.
 pub fn tiny_model_bytes(spec: &TinySpec) -> Result<Vec<u8>, GgufError> {
     tiny_model_writer(spec)?.to_bytes()

@@ -81,18 +81,46 @@ pub fn chat_prompt_with_tools(
     msgs: &[ChatMessage],
     tools: Option<&serde_json::Value>,
 ) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
+    let p = render_chat(st, m, msgs, tools, &serde_json::Map::new())?;
+    Ok((p.ids, p.fault))
+}
+
+/// A rendered and tokenised chat prompt.
+#[derive(Debug)]
+pub struct ChatPrompt {
+    /// Its tokens.
+    pub ids: Vec<u32>,
+    /// The fault it asks for (tests only).
+    pub fault: Option<Fault>,
+    /// It ends inside an open `<think>` block: the answer starts as reasoning.
+    pub think_open: bool,
+}
+
+/// [`chat_prompt_with_tools`] with extra template variables (`chat_template_kwargs`,
+/// such as `enable_thinking`), telling whether the prompt leaves a reasoning block open.
+pub fn render_chat(
+    st: &AppState,
+    m: &Model,
+    msgs: &[ChatMessage],
+    tools: Option<&serde_json::Value>,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
+) -> Result<ChatPrompt, ApiError> {
     let bad =
         |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
     let rendered = m
         .template
-        .render_spans_with_tools(msgs, tools, true)
+        .render_spans_with_context(msgs, tools, true, kwargs)
         .map_err(bad)?;
     let ids = if st.allow_special_in_content {
         m.tok.encode(&rendered.text, true, true)
     } else {
         rendered.encode(&m.tok, msgs, true).map_err(bad)?
     };
-    Ok((ids, fault_of(st, &rendered.text)))
+    Ok(ChatPrompt {
+        ids,
+        fault: fault_of(st, &rendered.text),
+        think_open: crate::reasoning::opened_by(&rendered.text),
+    })
 }
 
 /// A queued or running generation: its events, bounded by the request's deadline and

@@ -18,6 +18,7 @@
 //! Sampling defaults follow llama-server: temperature 0.8, top_k 40, top_p 0.95,
 //! min_p 0.05, no penalties, a random seed, and `max_tokens` filling the slot's context.
 
+pub mod answer;
 pub mod api;
 mod blocking;
 mod body;
@@ -28,6 +29,7 @@ pub mod job;
 pub mod metrics;
 pub mod models;
 pub mod params;
+pub mod reasoning;
 mod routes;
 pub mod security;
 pub mod slots;

@@ -4,6 +4,7 @@
 
 use minfer_runtime::{Grammar, SamplingParams};
 
+use crate::reasoning::Reasoning;
 use crate::tools::ToolSpec;
 
 /// Generation settings shared by chat and text completions.
@@ -35,6 +36,9 @@ pub struct GenRequest {
     pub grammar: Option<(Grammar, &'static str)>,
     /// The tools the model may call.
     pub tools: Option<ToolSpec>,
+    /// Whether reasoning is split from the answer (chat routes), and whether the prompt
+    /// opened the block.
+    pub reasoning: Reasoning,
 }
 
 impl Default for GenRequest {
@@ -58,6 +62,7 @@ impl Default for GenRequest {
             slot: None,
             grammar: None,
             tools: None,
+            reasoning: Reasoning::default(),
         }
     }
 }

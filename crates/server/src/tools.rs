@@ -260,7 +260,7 @@ pub struct StreamSplitter {
 }
 
 /// Length of the longest suffix of `s` that is a proper prefix of `tag`.
-fn partial_tag(s: &str, tag: &str) -> usize {
+pub(crate) fn partial_tag(s: &str, tag: &str) -> usize {
     (1..tag.len().min(s.len() + 1))
         .rev()
         .find(|&n| s.is_char_boundary(s.len() - n) && s.ends_with(&tag[..n]))

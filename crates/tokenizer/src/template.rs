@@ -146,10 +146,25 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with_context(messages, tools, add_generation_prompt, &Default::default())
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with `extra` variables given to the template
+    /// besides the standard ones (`chat_template_kwargs` such as `enable_thinking`); an
+    /// extra variable never replaces `messages`, `tools`, `add_generation_prompt` or the
+    /// special tokens.
+    pub fn render_with_context(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TemplateError> {
         self.render_values(
             Value::from_serialize(messages),
             tools.map_or(Value::from(()), Value::from_serialize),
             add_generation_prompt,
+            extra,
         )
     }
 
@@ -174,7 +189,19 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<RenderedChat, TemplateError> {
-        let text = self.render_with_tools(messages, tools, add_generation_prompt)?;
+        self.render_spans_with_context(messages, tools, add_generation_prompt, &Default::default())
+    }
+
+    /// [`ChatTemplate::render_spans_with_tools`] with `extra` template variables (see
+    /// [`ChatTemplate::render_with_context`]).
+    pub fn render_spans_with_context(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<RenderedChat, TemplateError> {
+        let text = self.render_with_context(messages, tools, add_generation_prompt, extra)?;
         let content = match pick_marker(&text, messages) {
             Some(mark) => {
                 let marked: Vec<ChatMessage> = messages
@@ -185,7 +212,7 @@ impl ChatTemplate {
                         ..m.clone()
                     })
                     .collect();
-                let out = self.render_with_tools(&marked, tools, add_generation_prompt)?;
+                let out = self.render_with_context(&marked, tools, add_generation_prompt, extra)?;
                 unmark(&out, mark)
                     .filter(|(plain, _)| *plain == text)
                     .map(|(_, r)| r)
@@ -207,6 +234,7 @@ impl ChatTemplate {
             Value::from_serialize(messages),
             tools,
             add_generation_prompt,
+            &Default::default(),
         )
     }
 
@@ -215,6 +243,7 @@ impl ChatTemplate {
         messages: Value,
         tools: Value,
         add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, TemplateError> {
         let tmpl = self
             .env
@@ -226,6 +255,8 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
+            // Merged last: the standard variables above win over a same-named extra.
+            ..Value::from_serialize(extra)
         })
         .map_err(|e| TemplateError::Render(describe(&e)))
     }
@@ -417,6 +448,25 @@ mod tests {
             ChatMessage::new("system", "Be brief."),
             ChatMessage::new("user", "Hi"),
         ]
+    }
+
+    #[test]
+    fn extra_variables_reach_the_template_but_never_replace_the_standard_ones() {
+        // Qwen3's switch: an empty think block when `enable_thinking` is false.
+        let src = "{{ messages[0].content }}{% if add_generation_prompt %}|a|{% endif %}\
+            {% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let m = conv();
+        let mut extra = serde_json::Map::new();
+        assert_eq!(
+            t.render_with_context(&m, None, true, &extra).unwrap(),
+            "Be brief.|a|"
+        );
+        extra.insert("enable_thinking".into(), serde_json::json!(false));
+        extra.insert("add_generation_prompt".into(), serde_json::json!(false));
+        let out = t.render_spans_with_context(&m, None, true, &extra).unwrap();
+        assert_eq!(out.text, "Be brief.|a|<think></think>");
+        assert!(out.content.is_some());
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub fn tiny_config(path: &std::path::Path, slots: usize) -> Config {
 pub struct TestServer {
     pub running: Running,
     pub base: String,
-    _dir: Option<tempfile::TempDir>,
+    pub _dir: Option<tempfile::TempDir>,
 }
 
 impl TestServer {

@@ -18,3 +18,4 @@ mod slots;
 mod speculative;
 mod speculative_draft;
 mod structured;
+mod thinking;

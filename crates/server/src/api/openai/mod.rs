@@ -10,5 +10,5 @@ pub use crate::generate::{
     PANIC_MARKER, SLOW_MARKER,
 };
 pub use request::{parse_chat, parse_completion, CHAT_FIELDS, COMPLETION_FIELDS, NO_EFFECT_FIELDS};
-pub use response::{fingerprint, generate, secs, Kind};
+pub use response::{fingerprint, generate, now_secs, secs, Kind};
 pub use routes::routes;

@@ -55,6 +55,9 @@ pub const CHAT_FIELDS: &[&str] = &[
     "user",
     "metadata",
     "store",
+    "reasoning_format",
+    "chat_template_kwargs",
+    "enable_thinking",
 ];
 
 /// Fields of a text completion request.
@@ -283,6 +286,7 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
         slot: None,
         grammar: output_grammar(obj)?,
         tools: None,
+        reasoning: Default::default(),
     })
 }
 
@@ -376,6 +380,7 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
         out.push(msg);
     }
     let mut g = common(obj, &["max_completion_tokens", "max_tokens"])?;
+    g.reasoning.split = crate::reasoning::split_requested(obj)?;
     g.tools = tools::parse(
         field(obj, "tools"),
         field(obj, "tool_choice"),

@@ -12,6 +12,7 @@ use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
+use crate::answer::{self, AnswerSplitter, Out};
 use crate::error::ApiError;
 use crate::generate::{self, Generation};
 use crate::params::GenRequest;
@@ -28,7 +29,8 @@ pub enum Kind {
     Text,
 }
 
-fn now_secs() -> u64 {
+/// Seconds since the Unix epoch (0 on a clock before it): `created` fields.
+pub fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -53,12 +55,29 @@ pub async fn generate(
         fingerprint: model.fingerprint.clone(),
     };
     let gen = generate::start(&st, model, prompt, &g, fault, log.start).await?;
-    // Calls are parsed out of chat answers whenever the model was shown tools.
-    let tools = kind == Kind::Chat && g.tools.as_ref().is_some_and(|t| t.enabled());
+    // Calls are parsed out of chat answers whenever the model was shown tools, and
+    // reasoning whenever the request splits it.
+    let split = (kind == Kind::Chat).then(|| Split {
+        tools: g.tools.as_ref().is_some_and(|t| t.enabled()),
+        reasoning: g.reasoning,
+    });
     if g.stream {
-        stream_reply(gen, reply, g, log, tools).await
+        stream_reply(gen, reply, g, log, split).await
     } else {
-        collect_reply(gen, reply, tools).await
+        collect_reply(gen, reply, split).await
+    }
+}
+
+/// How a chat answer is taken apart.
+#[derive(Debug, Clone, Copy)]
+struct Split {
+    tools: bool,
+    reasoning: crate::reasoning::Reasoning,
+}
+
+impl Split {
+    fn splitter(&self) -> AnswerSplitter {
+        AnswerSplitter::new(self.reasoning, self.tools)
     }
 }
 
@@ -131,7 +150,11 @@ fn call_id(r: &Reply, choice: usize, k: usize) -> String {
     format!("call_{tail}_{choice}_{k}")
 }
 
-async fn collect_reply(gen: Generation, r: Reply, tools: bool) -> Result<Response, ApiError> {
+async fn collect_reply(
+    gen: Generation,
+    r: Reply,
+    split: Option<Split>,
+) -> Result<Response, ApiError> {
     let out = gen.collect().await?;
     let summary = out.usage();
     let choices: Vec<Value> = out
@@ -139,17 +162,21 @@ async fn collect_reply(gen: Generation, r: Reply, tools: bool) -> Result<Respons
         .iter()
         .map(|c| {
             let lp = (!c.logprobs.is_empty()).then_some(&c.logprobs);
-            match r.kind {
-                Kind::Chat if tools => {
-                    let (text, calls) = tools::split(&c.text);
+            match (r.kind, split) {
+                (Kind::Chat, Some(sp)) => {
+                    let a = answer::split(&c.text, sp.reasoning, sp.tools);
                     let mut message =
-                        json!({"role": "assistant", "content": text, "refusal": null});
+                        json!({"role": "assistant", "content": a.text, "refusal": null});
+                    if !a.reasoning.is_empty() {
+                        message["reasoning_content"] = json!(a.reasoning);
+                    }
                     let mut finish = c.summary.finish.as_str();
-                    if !calls.is_empty() {
-                        if text.is_empty() {
+                    if !a.calls.is_empty() {
+                        if a.text.is_empty() {
                             message["content"] = Value::Null;
                         }
-                        message["tool_calls"] = calls
+                        message["tool_calls"] = a
+                            .calls
                             .iter()
                             .enumerate()
                             .map(|(k, call)| tool_call(&r, c.summary.choice, k, call))
@@ -163,13 +190,13 @@ async fn collect_reply(gen: Generation, r: Reply, tools: bool) -> Result<Respons
                         "finish_reason": finish,
                     })
                 }
-                Kind::Chat => json!({
+                (Kind::Chat, None) => json!({
                     "index": c.summary.choice,
                     "message": {"role": "assistant", "content": c.text, "refusal": null},
                     "logprobs": lp.map_or(Value::Null, |l| chat_logprobs(l)),
                     "finish_reason": c.summary.finish.as_str(),
                 }),
-                Kind::Text => json!({
+                (Kind::Text, _) => json!({
                     "index": c.summary.choice,
                     "text": c.text,
                     "logprobs": lp.map_or(Value::Null, |l| text_logprobs(l, 0)),
@@ -255,8 +282,10 @@ struct StreamState {
     offsets: Vec<usize>,
     /// Choices that have ended, with their counts.
     finished: Vec<Option<Summary>>,
-    /// Per choice, when tools are on: the splitter of its text and its calls so far.
-    splitters: Option<Vec<(tools::StreamSplitter, usize)>>,
+    /// Per chat choice: the splitter of its answer and its calls so far.
+    /// Log-probabilities of tokens whose text the splitter still holds back ride on the
+    /// next chunk it passes on.
+    splitters: Option<Vec<(AnswerSplitter, usize, Vec<TokenLogprob>)>>,
     done: bool,
     log: RequestLog,
 }
@@ -273,9 +302,10 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
             let Some(offset) = s.offsets.get_mut(choice) else {
                 return Vec::new();
             };
-            if let Some((sp, n)) = s.splitters.as_mut().and_then(|v| v.get_mut(choice)) {
-                let pieces = sp.push(&text);
-                return tool_frames(&s.reply, s.include_usage, choice, pieces, n, &logprobs);
+            if let Some((sp, n, held)) = s.splitters.as_mut().and_then(|v| v.get_mut(choice)) {
+                let pieces = answer::coalesce(sp.push(&text));
+                held.extend(logprobs);
+                return tool_frames(&s.reply, s.include_usage, choice, pieces, n, held);
             }
             let c = chunk_choice(kind, choice, Some(&text), &logprobs, *offset, None);
             *offset += text.len();
@@ -289,9 +319,13 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
             let offset = s.offsets.get(sum.choice).copied().unwrap_or(0);
             let mut out = Vec::new();
             let mut finish = sum.finish.as_str();
-            if let Some((sp, n)) = s.splitters.as_mut().and_then(|v| v.get_mut(sum.choice)) {
-                let rest = sp.finish();
-                out = tool_frames(&s.reply, s.include_usage, sum.choice, rest, n, &[]);
+            if let Some((sp, n, held)) = s.splitters.as_mut().and_then(|v| v.get_mut(sum.choice)) {
+                let mut rest = answer::coalesce(sp.finish());
+                if rest.is_empty() && !held.is_empty() {
+                    // Log-probabilities of tokens without text (the end token) still go out.
+                    rest.push(Out::Text(String::new()));
+                }
+                out = tool_frames(&s.reply, s.include_usage, sum.choice, rest, n, held);
                 if *n > 0 {
                     finish = "tool_calls";
                 }
@@ -330,23 +364,24 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
     }
 }
 
-/// The chunks of a tools-mode chat stream for what the splitter passed on: content
-/// deltas, and each complete call as OpenAI streams one (its index, id, type and name
-/// first, with empty arguments; then its arguments). `n` counts the choice's calls.
+/// The chunks of a chat stream for what the splitter passed on: reasoning deltas
+/// (`reasoning_content`, as llama-server and DeepSeek stream it), content deltas, and
+/// each complete call as OpenAI streams one (its index, id, type and name first, with
+/// empty arguments; then its arguments). `n` counts the choice's calls.
 fn tool_frames(
     r: &Reply,
     include_usage: bool,
     choice: usize,
-    pieces: Vec<tools::Piece>,
+    pieces: Vec<Out>,
     n: &mut usize,
-    logprobs: &[TokenLogprob],
+    held: &mut Vec<TokenLogprob>,
 ) -> Vec<Sse> {
     let mut out = Vec::new();
-    let mut lps = logprobs;
     for p in pieces {
         let delta = match p {
-            tools::Piece::Text(t) => vec![json!({"content": t})],
-            tools::Piece::Call(c) => {
+            Out::Reasoning(t) => vec![json!({"reasoning_content": t})],
+            Out::Text(t) => vec![json!({"content": t})],
+            Out::Call(c) => {
                 let k = *n;
                 *n += 1;
                 vec![
@@ -357,12 +392,12 @@ fn tool_frames(
             }
         };
         for d in delta {
+            let lps = std::mem::take(held);
             let c = json!({
                 "index": choice, "delta": d,
-                "logprobs": if lps.is_empty() { Value::Null } else { chat_logprobs(lps) },
+                "logprobs": if lps.is_empty() { Value::Null } else { chat_logprobs(&lps) },
                 "finish_reason": null,
             });
-            lps = &[];
             out.push(data(&r.chunk(c, include_usage)));
         }
     }
@@ -374,7 +409,7 @@ async fn stream_reply(
     reply: Reply,
     g: GenRequest,
     mut log: RequestLog,
-    tools: bool,
+    split: Option<Split>,
 ) -> Result<Response, ApiError> {
     // The status is decided by the first event: a failure before any token is a plain
     // JSON error, not a 200 stream.
@@ -401,7 +436,7 @@ async fn stream_reply(
         include_usage: g.include_usage,
         offsets: vec![0; n],
         finished: vec![None; n],
-        splitters: tools.then(|| (0..n).map(|_| Default::default()).collect()),
+        splitters: split.map(|sp| (0..n).map(|_| (sp.splitter(), 0, Vec::new())).collect()),
         done: false,
         log,
     };

@@ -14,7 +14,7 @@ use super::response::{generate, Kind};
 use crate::api::prepare::prepare;
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::generate::{chat_prompt_with_tools, completion_prompt};
+use crate::generate::{completion_prompt, render_chat};
 use crate::{AppState, RequestLog};
 
 type St = State<Arc<AppState>>;
@@ -58,11 +58,13 @@ async fn chat(
 ) -> Result<Response, ApiError> {
     // Rendering and tokenising a large conversation is CPU work: off the async threads.
     let (m, prompt, g, inject) = prepare(&st, b, move |s, obj| {
-        let (msgs, g) = parse_chat(&obj)?;
+        let (msgs, mut g) = parse_chat(&obj)?;
+        let kwargs = crate::reasoning::template_kwargs(&obj)?;
         let m = s.model(g.model.as_deref())?;
         let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
-        let (prompt, inject) = chat_prompt_with_tools(s, &m, &msgs, tools)?;
-        Ok((m, prompt, g, inject))
+        let p = render_chat(s, &m, &msgs, tools, &kwargs)?;
+        g.reasoning.open = p.think_open;
+        Ok((m, p.ids, g, p.fault))
     })
     .await?;
     generate(Arc::clone(&st), Kind::Chat, m, prompt, g, inject, log).await
