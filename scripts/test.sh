@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: checks formatting and lints, installs the
-# `openai` and `ollama` Python clients and `jsonschema` (the server's end-to-end tests use them) and tmux
+# `openai`, `ollama` and `anthropic` Python clients and `jsonschema` (the server's end-to-end tests use them) and tmux
 # if absent (the chat test drives a terminal), builds minfer, pulls the default model
 # through minfer's own `pull` (verified by size and sha256), runs every test in the
 # workspace, then runs the graph, models and runtime tests again under the `checked`
@@ -23,7 +23,7 @@ if command -v dpkg >/dev/null && ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; 
 fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-python3 -m pip install -q --disable-pip-version-check openai ollama jsonschema
+python3 -m pip install -q --disable-pip-version-check openai ollama anthropic jsonschema
 # The chat test drives `minfer chat` in a real terminal through tmux.
 if ! command -v tmux >/dev/null; then
     sudo=""

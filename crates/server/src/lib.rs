@@ -6,9 +6,11 @@
 //! bounded channel per request. Endpoints: `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /health`, `GET /slots`, `GET /metrics`; llama-server's native routes
-//! (`api::llama`: `/completion`, `/infill`, `/props`, `/apply-template`) and ollama's
+//! (`api::llama`: `/completion`, `/infill`, `/props`, `/apply-template`), ollama's
 //! (`api::ollama`: `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/version`,
-//! `/api/ps`), each a codec (`api::openai` too) into the same `params::GenRequest` and
+//! `/api/ps`), Anthropic's Messages (`api::anthropic`: `/v1/messages`,
+//! `/v1/messages/count_tokens`) and OpenAI's Responses (`api::responses`:
+//! `/v1/responses`, `GET /v1/responses/{id}`), each a codec (`api::openai` too) into the same `params::GenRequest` and
 //! `generate::start`, reading fields through the shared `api::fields`.
 //!
 //! Under the router, the server's own accept loop (`http`) bounds every client in time
@@ -355,6 +357,8 @@ pub struct AppState {
     slot_save_path: Option<PathBuf>,
     /// Which of llama-server's monitoring endpoints are on.
     native: api::llama::Native,
+    /// Responses kept for `previous_response_id` (bounded; see `api::responses::store`).
+    responses: api::responses::Store,
 }
 
 impl AppState {
@@ -367,12 +371,18 @@ impl AppState {
     }
 
     fn next_id(&self, kind: openai::Kind) -> String {
-        let n = self.ids.fetch_add(1, Ordering::Relaxed);
         let prefix = match kind {
             openai::Kind::Chat => "chatcmpl",
             openai::Kind::Text => "cmpl",
         };
-        format!("{prefix}-{:x}{n:06x}", self.created)
+        format!("{prefix}-{}", self.next_serial())
+    }
+
+    /// A hex string unique to this server run (its start time and a counter), the
+    /// tail of every response id.
+    fn next_serial(&self) -> String {
+        let n = self.ids.fetch_add(1, Ordering::Relaxed);
+        format!("{:x}{n:06x}", self.created)
     }
 }
 
@@ -653,6 +663,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         ids: AtomicU64::new(0),
         slot_save_path: config.slot_save_path.clone(),
         native: api::llama::Native::new(&config),
+        responses: Default::default(),
     });
     let app = routes::router(state);
     let limits = http::Limits {

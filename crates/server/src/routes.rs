@@ -29,6 +29,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(crate::api::openai::routes())
         .merge(crate::api::llama::routes())
         .merge(crate::api::ollama::routes())
+        .merge(crate::api::anthropic::routes())
+        .merge(crate::api::responses::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -63,12 +65,17 @@ const JSON_ROUTES: &[&str] = &[
     "/api/chat",
     "/api/generate",
     "/api/show",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/responses",
 ];
 
 /// Checks the Host, the Origin and the key, reads the body within the body timeout,
 /// runs the handler, adds the CORS headers, counts and logs the request.
 async fn gate(State(st): St, req: Request, next: Next) -> Response {
     let mut log = RequestLog::new(req.method().as_str(), req.uri().path());
+    let anthropic = crate::api::anthropic::is_anthropic_path(req.uri().path());
     let mut origin = None;
     let mut resp = match admit(&st, req, &mut origin).await {
         Ok(Ok(mut req)) => {
@@ -76,6 +83,8 @@ async fn gate(State(st): St, req: Request, next: Next) -> Response {
             next.run(req).await
         }
         Ok(Err(preflight)) => preflight,
+        // Refusals before the handler speak the route's API too.
+        Err(e) if anthropic => crate::api::anthropic::AnthropicError(e).into_response(),
         Err(e) => e.into_response(),
     };
     security::decorate(&mut resp, origin);

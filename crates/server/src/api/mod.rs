@@ -1,10 +1,13 @@
 //! The APIs the server speaks, each a codec into the shared [`crate::params::GenRequest`]
 //! and [`crate::generate::start`]: `openai` (OpenAI's), `llama` (llama-server's native
-//! routes) and `ollama` (ollama's), each a folder of its routes, request parsing and
+//! routes), `ollama` (ollama's), `anthropic` (Anthropic's Messages) and `responses` (OpenAI's
+//! Responses), each a folder of its routes, request parsing and
 //! response rendering, over the shared field readers of `fields`.
 
+pub mod anthropic;
 pub mod fields;
 pub mod llama;
 pub mod ollama;
 pub mod openai;
 pub mod prepare;
+pub mod responses;

@@ -4,8 +4,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_apis;
 mod api;
 mod cross_site;
+mod e2e_agents;
 mod e2e_openai;
 mod e2e_structured;
 mod fields;

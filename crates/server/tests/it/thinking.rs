@@ -90,4 +90,49 @@ async fn reasoning_is_split_on_every_route_and_the_switch_removes_it() {
         (reasoning.as_str(), content.as_str()),
         (raw_text.as_str(), "")
     );
+
+    // Anthropic: a `thinking` block, a text block with thinking disabled.
+    let msg = |thinking: Value| {
+        json!({"model": "m", "max_tokens": 6, "temperature": 0,
+        "thinking": thinking, "messages": [{"role": "user", "content": "hi"}]})
+    };
+    let (st, v) = post(
+        b,
+        "/v1/messages",
+        msg(json!({"type": "enabled", "budget_tokens": 16})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["content"][0]["type"], "thinking", "{v}");
+    let (st, v) = post(b, "/v1/messages", msg(json!({"type": "disabled"}))).await;
+    assert_eq!(st, 200, "{v}");
+    let kinds: Vec<&str> = v["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["type"].as_str())
+        .collect();
+    assert!(!kinds.is_empty() && !kinds.contains(&"thinking"), "{v}");
+
+    // Responses: a `reasoning` output item, none with thinking off.
+    let resp = |extra: Value| {
+        let mut r = json!({"input": "hi", "temperature": 0, "max_output_tokens": 6});
+        for (k, v) in extra.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        r
+    };
+    let (st, v) = post(b, "/v1/responses", resp(json!({}))).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["output"][0]["type"], "reasoning", "{v}");
+    let (st, v) = post(b, "/v1/responses", resp(json!({"enable_thinking": false}))).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["type"] != "reasoning"),
+        "{v}"
+    );
 }

@@ -1,0 +1,283 @@
+//! The Messages codec against Anthropic's documented request and event shapes.
+
+use serde_json::{json, Value};
+
+use super::request::parse;
+use super::response::{error_body, message};
+use super::stream::Blocks;
+use crate::answer::{split, AnswerSplitter};
+use crate::error::ApiError;
+use crate::job::{Finish, Summary};
+use crate::reasoning::Reasoning;
+
+fn obj(v: Value) -> crate::api::fields::Object {
+    v.as_object().cloned().unwrap()
+}
+
+fn summary(finish: Finish, stop_word: Option<usize>) -> Summary {
+    Summary {
+        choice: 0,
+        finish,
+        prompt_tokens: 12,
+        cached_tokens: 0,
+        completion_tokens: 5,
+        prompt_time: Default::default(),
+        predicted_time: Default::default(),
+        stop_word,
+    }
+}
+
+fn tools() -> Value {
+    json!([{"name": "get_weather", "description": "Weather of a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                             "required": ["city"]}}])
+}
+
+#[test]
+fn a_conversation_with_a_tool_call_and_its_result_reads_into_chat_messages() {
+    let p = parse(
+        &obj(json!({
+            "model": "m", "max_tokens": 64,
+            "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use tools.",
+                        "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "call it", "signature": "x"},
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"},
+                    {"type": "text", "text": "Thanks"}]},
+            ],
+            "tools": tools(), "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "stop_sequences": ["END"], "temperature": 0.5, "top_k": 3,
+            "metadata": {"user_id": "u"}, "thinking": {"type": "disabled"},
+        })),
+        false,
+    )
+    .unwrap();
+    let roles: Vec<&str> = p.msgs.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
+    assert_eq!(p.msgs[0].content, "Be brief.\nUse tools.");
+    assert_eq!(p.msgs[2].content, "Checking.");
+    assert_eq!(p.msgs[2].tool_calls[0].arguments, r#"{"city":"Paris"}"#);
+    assert_eq!(p.msgs[3].tool_call_id.as_deref(), Some("toolu_1"));
+    assert_eq!(p.msgs[3].content, "18 C");
+    let t = p.g.tools.unwrap();
+    assert_eq!(t.choice, crate::tools::ToolChoice::Required);
+    assert!(!t.parallel);
+    assert_eq!(t.defs[0]["function"]["parameters"]["required"][0], "city");
+    assert_eq!(
+        (p.g.max_tokens, p.g.stop.clone()),
+        (Some(64), vec!["END".to_string()])
+    );
+    assert_eq!(p.g.sampling.top_k, 3);
+    assert_eq!(p.kwargs["enable_thinking"], false);
+    let p = parse(
+        &obj(
+            json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                    "thinking": {"type": "adaptive"}, "cache_control": {"type": "ephemeral"},
+                    "output_config": {"effort": "low", "format": {"type": "json_schema",
+                                      "schema": {"type": "object"}}}}),
+        ),
+        false,
+    )
+    .unwrap();
+    assert!(p.kwargs.is_empty());
+    assert_eq!(p.g.grammar.map(|g| g.1), Some("output_config.format"));
+}
+
+#[test]
+fn unsupported_or_malformed_fields_are_named() {
+    let base =
+        json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+    let cases = [
+        (json!({"mcp_servers": []}), "mcp_servers"),
+        (json!({"max_tokens": null}), "max_tokens"),
+        (json!({"temperature": 1.5}), "temperature"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!({"messages": [{"role": "system", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "nope", "content": "x"}]}]}),
+            "tool_use_id",
+        ),
+        (
+            json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+            "tools[0].type",
+        ),
+        (
+            json!({"tools": [{"name": "bad name", "input_schema": {}}]}),
+            "tools[0].name",
+        ),
+        (
+            json!({"tool_choice": {"type": "maybe"}}),
+            "tool_choice.type",
+        ),
+        (json!({"thinking": {"type": "sometimes"}}), "thinking.type"),
+        (
+            json!({"output_config": {"format": {"type": "xml"}}}),
+            "output_config.format.type",
+        ),
+        (
+            json!({"output_config": {"format": {"type": "json_schema", "schema": {}}},
+                "tools": tools(), "tool_choice": {"type": "any"}}),
+            "tool_choice",
+        ),
+        (
+            json!({"stop_sequences": ["a", "b", "c", "d", "e"]}),
+            "stop_sequences",
+        ),
+    ];
+    for (edit, name) in cases {
+        let mut body = base.clone();
+        for (k, v) in edit.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let e = parse(&obj(body), false).unwrap_err();
+        assert_eq!(e.status, 400, "{name}");
+        assert!(e.message.contains(name), "{name}: {}", e.message);
+    }
+    // count_tokens needs no max_tokens but refuses sampling fields.
+    assert!(parse(
+        &obj(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})),
+        true
+    )
+    .is_ok());
+    let e = parse(
+        &obj(json!({"model": "m", "messages": [], "stream": true})),
+        true,
+    )
+    .unwrap_err();
+    assert!(e.message.contains("stream"), "{}", e.message);
+}
+
+#[test]
+fn errors_and_answers_have_anthropics_shape() {
+    let b = error_body(&ApiError::bad_request("field `x` is bad"));
+    assert_eq!(
+        b,
+        json!({"type": "error", "error": {"type": "invalid_request_error",
+                                                      "message": "field `x` is bad"}})
+    );
+    assert_eq!(
+        error_body(&ApiError::invalid_api_key())["error"]["type"],
+        "authentication_error"
+    );
+    let on = Reasoning {
+        split: true,
+        open: false,
+    };
+    let a = split("<think>hmm</think>\n\nHi<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", on, true);
+    let m = message("msg_1", "tiny", &a, &summary(Finish::Stop, None), &[]);
+    assert_eq!(m["type"], "message");
+    assert_eq!(m["stop_reason"], "tool_use");
+    let types: Vec<&str> = m["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["thinking", "text", "tool_use"]);
+    assert_eq!(m["content"][2]["input"], json!({"city": "Oslo"}));
+    assert_eq!(m["usage"]["input_tokens"], 12);
+    let plain = split("Hi", on, false);
+    let stop = ["END".to_string()];
+    let m = message(
+        "msg_2",
+        "tiny",
+        &plain,
+        &summary(Finish::Stop, Some(0)),
+        &stop,
+    );
+    assert_eq!(
+        (m["stop_reason"].as_str(), m["stop_sequence"].as_str()),
+        (Some("stop_sequence"), Some("END"))
+    );
+    let m = message(
+        "msg_3",
+        "tiny",
+        &plain,
+        &summary(Finish::Length, None),
+        &stop,
+    );
+    assert_eq!(m["stop_reason"], "max_tokens");
+}
+
+#[test]
+fn streamed_blocks_follow_anthropics_event_sequence() {
+    let on = Reasoning {
+        split: true,
+        open: false,
+    };
+    let mut b = Blocks::new("msg_9".into(), Vec::new(), AnswerSplitter::new(on, true));
+    let out = "<think>plan</think>\n\nSure.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+    let mut frames = Vec::new();
+    for c in out.chars() {
+        frames.extend(b.push(&c.to_string()));
+    }
+    frames.extend(b.finish(&summary(Finish::Stop, None)));
+    let names: Vec<&str> = frames.iter().map(|f| f.0).collect();
+    let mut dedup = names.clone();
+    dedup.dedup();
+    assert_eq!(
+        dedup,
+        [
+            "content_block_start",
+            "ping",
+            "content_block_delta",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ]
+    );
+    for (name, data) in &frames {
+        assert_eq!(data["type"], *name);
+    }
+    let starts: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f.0 == "content_block_start")
+        .map(|f| &f.1)
+        .collect();
+    assert_eq!(
+        starts
+            .iter()
+            .map(|s| s["index"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    assert_eq!(starts[2]["content_block"]["type"], "tool_use");
+    assert_eq!(starts[2]["content_block"]["id"], "toolu_9_0");
+    let thinking: String = frames
+        .iter()
+        .filter_map(|f| f.1["delta"]["thinking"].as_str())
+        .collect();
+    let text: String = frames
+        .iter()
+        .filter_map(|f| f.1["delta"]["text"].as_str())
+        .collect();
+    let json: String = frames
+        .iter()
+        .filter_map(|f| f.1["delta"]["partial_json"].as_str())
+        .collect();
+    assert_eq!(
+        (thinking.as_str(), text.as_str(), json.as_str()),
+        ("plan", "Sure.", r#"{"x":1}"#)
+    );
+    let last = &frames[frames.len() - 2].1;
+    assert_eq!(last["delta"]["stop_reason"], "tool_use");
+    assert_eq!(last["usage"]["output_tokens"], 5);
+}

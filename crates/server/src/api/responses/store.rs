@@ -1,0 +1,103 @@
+//! The responses the server keeps for `previous_response_id` and
+//! `GET /v1/responses/{id}`: in memory only, at most [`CAPACITY`] of them, each for at
+//! most [`TTL`]; the oldest goes first when the store is full. A restart forgets them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use minfer_tokenizer::ChatMessage;
+use serde_json::Value;
+
+/// Most responses kept.
+pub const CAPACITY: usize = 256;
+
+/// Longest a response is kept.
+pub const TTL: Duration = Duration::from_secs(3600);
+
+/// One kept response.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The response object as answered.
+    pub response: Value,
+    /// The conversation it ends (without `instructions`, which do not carry over):
+    /// what a request continuing it starts from.
+    pub history: Vec<ChatMessage>,
+    /// The model that answered (a continuation without `model` uses it).
+    pub model: String,
+}
+
+/// The store.
+#[derive(Debug, Default)]
+pub struct Store {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    map: HashMap<String, (Instant, Entry)>,
+    order: VecDeque<String>,
+}
+
+impl Inner {
+    fn expire(&mut self, now: Instant) {
+        while let Some(id) = self.order.front() {
+            let stale = self
+                .map
+                .get(id)
+                .is_none_or(|(t, _)| now.duration_since(*t) > TTL);
+            if !stale && self.order.len() <= CAPACITY {
+                break;
+            }
+            if let Some(id) = self.order.pop_front() {
+                self.map.remove(&id);
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Keeps `entry` under `id`, dropping expired responses and the oldest past
+    /// [`CAPACITY`].
+    pub fn put(&self, id: String, entry: Entry) {
+        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if s.map.insert(id.clone(), (now, entry)).is_none() {
+            s.order.push_back(id);
+        }
+        s.expire(now);
+    }
+
+    /// The response kept under `id`, unless it expired or was never kept.
+    pub fn get(&self, id: &str) -> Option<Entry> {
+        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        s.expire(Instant::now());
+        s.map.get(id).map(|(_, e)| e.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_is_bounded_and_forgets_the_oldest_first() {
+        let s = Store::default();
+        let e = |n: usize| Entry {
+            response: serde_json::json!({"n": n}),
+            history: Vec::new(),
+            model: "m".into(),
+        };
+        for n in 0..CAPACITY + 3 {
+            s.put(format!("resp_{n}"), e(n));
+        }
+        assert!(s.get("resp_0").is_none());
+        assert!(s.get("resp_2").is_none());
+        assert_eq!(s.get("resp_3").unwrap().response["n"], 3);
+        assert_eq!(
+            s.get(&format!("resp_{}", CAPACITY + 2)).unwrap().response["n"],
+            CAPACITY + 2
+        );
+        assert_eq!(s.inner.lock().unwrap().map.len(), CAPACITY);
+    }
+}

@@ -1,0 +1,91 @@
+//! The Responses event stream: `response.created` and `response.in_progress`, the
+//! output items' events as the answer is generated, then `response.completed` (or
+//! `response.incomplete` at the token limit); every event numbered by
+//! `sequence_number`. A failure mid-stream is an `error` event.
+
+use std::sync::Arc;
+
+use axum::response::sse::Event as Sse;
+use minfer_tokenizer::ChatMessage;
+use serde_json::{json, Value};
+
+use super::output::Builder;
+use super::response::{entry, finished};
+use crate::answer::{coalesce, AnswerSplitter};
+use crate::generate::Generation;
+use crate::job::Event;
+use crate::{AppState, RequestLog};
+
+/// One stream's state.
+pub(super) struct Stream {
+    pub(super) st: Arc<AppState>,
+    pub(super) gen: Generation,
+    pub(super) first: Option<Event>,
+    pub(super) base: Value,
+    pub(super) builder: Builder,
+    pub(super) splitter: AnswerSplitter,
+    /// The conversation to keep when the response is stored.
+    pub(super) history: Option<Vec<ChatMessage>>,
+    pub(super) model: String,
+    pub(super) log: RequestLog,
+    pub(super) seq: u64,
+    pub(super) done: bool,
+}
+
+impl Stream {
+    /// `data` numbered and named as the event it is.
+    fn sse(&mut self, mut data: Value) -> Sse {
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        let name = data["type"].as_str().unwrap_or("message").to_string();
+        Sse::default().event(name).data(data.to_string())
+    }
+
+    /// The opening events.
+    pub(super) fn head(&mut self) -> Vec<Sse> {
+        let r = self.base.clone();
+        vec![
+            self.sse(json!({"type": "response.created", "response": r})),
+            self.sse(json!({"type": "response.in_progress", "response": r})),
+        ]
+    }
+
+    /// The events one generation event becomes.
+    pub(super) fn frames(&mut self, ev: Event) -> Vec<Sse> {
+        let events = match ev {
+            Event::Chunk { text, .. } => {
+                let outs = coalesce(self.splitter.push(&text));
+                self.builder.push(outs)
+            }
+            Event::Done(sum) => {
+                self.done = true;
+                self.log.summary = Some(sum);
+                let outs = coalesce(self.splitter.finish());
+                let mut ev = self.builder.push(outs);
+                ev.extend(self.builder.finish());
+                let r = finished(&self.base, &self.builder, &sum);
+                let ty = if r["status"] == "incomplete" {
+                    "response.incomplete"
+                } else {
+                    "response.completed"
+                };
+                ev.push(json!({"type": ty, "response": r}));
+                if let Some(history) = self.history.take() {
+                    let id = r["id"].as_str().unwrap_or_default().to_string();
+                    let e = entry(r, history, &self.builder, &self.model);
+                    self.st.responses.put(id, e);
+                }
+                ev
+            }
+            Event::Error(e) => {
+                self.done = true;
+                self.log.status = e.status.as_u16();
+                vec![
+                    json!({"type": "error", "code": e.code, "message": e.message,
+                            "param": e.param}),
+                ]
+            }
+        };
+        events.into_iter().map(|e| self.sse(e)).collect()
+    }
+}
