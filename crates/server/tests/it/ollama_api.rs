@@ -202,12 +202,7 @@ async fn errors_have_ollama_s_shape_and_status() {
             400,
             "model is required",
         ),
-        (
-            "/api/chat",
-            chat(json!({"format": "json"})),
-            400,
-            "`format`",
-        ),
+        ("/api/chat", chat(json!({"format": 3})), 400, "`format`"),
         (
             "/api/chat",
             chat(json!({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})),
@@ -218,7 +213,7 @@ async fn errors_have_ollama_s_shape_and_status() {
             "/api/chat",
             chat(json!({"tools": [{"type": "function"}]})),
             400,
-            "`tools`",
+            "`tools[0].function`",
         ),
         (
             "/api/chat",

@@ -91,6 +91,22 @@ async fn reasoning_is_split_on_every_route_and_the_switch_removes_it() {
         (raw_text.as_str(), "")
     );
 
+    // ollama: `message.thinking`, gone with `think: false`.
+    let body = |think: Value| {
+        json!({"model": "tiny-think", "stream": false, "think": think,
+        "messages": [{"role": "user", "content": "hi"}],
+        "options": {"temperature": 0, "num_predict": 6}})
+    };
+    let (st, v) = post(b, "/api/chat", body(Value::Null)).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        !v["message"]["thinking"].as_str().unwrap_or("").is_empty(),
+        "{v}"
+    );
+    let (st, v) = post(b, "/api/chat", body(json!(false))).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(v["message"].get("thinking").is_none(), "{v}");
+
     // Anthropic: a `thinking` block, a text block with thinking disabled.
     let msg = |thinking: Value| {
         json!({"model": "m", "max_tokens": 6, "temperature": 0,

@@ -1,13 +1,16 @@
 //! ollama's request bodies: `options` in its names and defaults, the fields common to
 //! `/api/chat` and `/api/generate`, and each one's prompt.
 
-use minfer_tokenizer::ChatMessage;
+use minfer_runtime::Grammar;
+use minfer_tokenizer::{ChatMessage, ToolCall};
 use serde_json::Value;
 
 use crate::api::fields::{self, field, opt_bool, opt_f32, opt_str, unsupported, wrong, Object};
 use crate::error::ApiError;
 use crate::generate;
 use crate::params::{self, GenRequest, Prompt};
+use crate::reasoning::thinking_kwargs;
+use crate::tools;
 use crate::{AppState, Model};
 
 /// Options that only tune ollama's runtime (threads, GPU layers, memory mapping): they
@@ -35,31 +38,51 @@ pub(super) const RUNTIME_OPTIONS: &[&str] = &[
 pub(super) const UNSUPPORTED_OPTIONS: &[(&str, f64)] =
     &[("mirostat", 0.0), ("typical_p", 1.0), ("tfs_z", 1.0)];
 
-/// The request fields common to chat and generate: `stream` (default true), `format`
-/// and `think` (refused), `keep_alive` (accepted: the model stays loaded).
-pub(super) fn common_fields(obj: &Object) -> Result<bool, ApiError> {
-    match field(obj, "format") {
-        None => {}
-        Some(Value::String(s)) if s.is_empty() => {}
-        Some(_) => {
-            return Err(unsupported(
-                "format",
-                "structured output (\"json\" or a schema) needs constrained decoding, which \
-                 this server does not have yet",
-            ))
-        }
-    }
-    if opt_bool(obj, "think").map_err(|_| wrong("think", "a boolean"))? == Some(true) {
-        return Err(unsupported(
-            "think",
-            "thinking output is not separated by this server",
-        ));
-    }
+/// The request fields common to chat and generate.
+#[derive(Debug)]
+pub(super) struct Common {
+    /// `stream` (default true).
+    pub(super) stream: bool,
+    /// `format`: `"json"` (any JSON object) or a JSON schema the answer must follow.
+    pub(super) grammar: Option<(Grammar, &'static str)>,
+    /// `think`: the template's thinking switch; absent, the template's default.
+    pub(super) think: Option<bool>,
+}
+
+/// Reads `stream`, `format`, `think` and `keep_alive` (accepted: the model stays loaded).
+pub(super) fn common_fields(obj: &Object) -> Result<Common, ApiError> {
+    let grammar = match field(obj, "format") {
+        None => None,
+        Some(Value::String(s)) if s.is_empty() => None,
+        Some(Value::String(s)) if s == "json" => Some((Grammar::JsonObject, "format")),
+        Some(v @ Value::Object(_)) => Some((Grammar::JsonSchema(v.clone()), "format")),
+        Some(_) => return Err(wrong("format", "\"json\" or a JSON schema object")),
+    };
+    let think = match field(obj, "think") {
+        None => None,
+        Some(Value::Bool(b)) => Some(*b),
+        // gpt-oss's effort levels: this server has no levels, only on and off.
+        Some(_) => return Err(wrong("think", "a boolean")),
+    };
     match field(obj, "keep_alive") {
         None | Some(Value::String(_)) | Some(Value::Number(_)) => {}
         Some(_) => return Err(wrong("keep_alive", "a duration string or a number")),
     }
-    Ok(opt_bool(obj, "stream")?.unwrap_or(true))
+    Ok(Common {
+        stream: opt_bool(obj, "stream")?.unwrap_or(true),
+        grammar,
+        think,
+    })
+}
+
+/// Applies the common fields to `g`; `chat`: the prompt is a rendered chat, whose
+/// reasoning is split out (ollama's `thinking`). Returns the template variables.
+fn apply_common(obj: &Object, g: &mut GenRequest, chat: bool) -> Result<Object, ApiError> {
+    let c = common_fields(obj)?;
+    g.stream = c.stream;
+    g.grammar = c.grammar;
+    g.reasoning.split = chat;
+    Ok(thinking_kwargs(c.think))
 }
 
 /// `options` in ollama's names and defaults (temperature 0.8, top_k 40, top_p 0.9,
@@ -231,28 +254,66 @@ pub(super) fn messages(obj: &Object) -> Result<Vec<ChatMessage>, ApiError> {
                     ApiError::bad_request(format!("field `{}` is required", at("role")))
                 })?;
             match role {
-                "system" | "user" | "assistant" => {}
-                "tool" => return Err(unsupported(&at("role"), "tool calls are not implemented")),
+                "system" | "user" | "assistant" | "tool" => {}
                 other => {
                     return Err(ApiError::bad_request(format!(
-                        "field `{}` is `{other}`: expected system, user or assistant",
+                        "field `{}` is `{other}`: expected system, user, assistant or tool",
                         at("role")
                     )))
                 }
             }
             no_images(m.get("images"), &at("images"))?;
-            if m.get("tool_calls")
-                .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()) && !t.is_null())
-            {
-                return Err(unsupported(
-                    &at("tool_calls"),
-                    "tool calls are not implemented",
-                ));
-            }
             let content = opt_str(m, "content")
                 .map_err(|_| wrong(&at("content"), "a string"))?
                 .unwrap_or("");
-            Ok(ChatMessage::new(role, content))
+            let mut msg = ChatMessage::new(role, content);
+            match field(m, "tool_calls") {
+                None => {}
+                Some(_) if role != "assistant" => {
+                    return Err(ApiError::bad_request(format!(
+                        "field `{}` belongs only on assistant messages",
+                        at("tool_calls")
+                    )))
+                }
+                Some(v) => msg.tool_calls = history_calls(v, i)?,
+            }
+            opt_str(m, "thinking").map_err(|_| wrong(&at("thinking"), "a string"))?;
+            opt_str(m, "tool_name").map_err(|_| wrong(&at("tool_name"), "a string"))?;
+            Ok(msg)
+        })
+        .collect()
+}
+
+/// The `tool_calls` of an assistant message in ollama's shape (`function.name`, and
+/// `function.arguments` as an object), with ids made up from their place, since
+/// ollama's calls carry none and its tool results answer by order.
+fn history_calls(v: &Value, i: usize) -> Result<Vec<ToolCall>, ApiError> {
+    let at = format!("messages[{i}].tool_calls");
+    let arr = v
+        .as_array()
+        .ok_or_else(|| wrong(&at, "an array of tool calls"))?;
+    arr.iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let bad = || {
+                wrong(
+                    &format!("{at}[{k}]"),
+                    "{\"function\": {\"name\", \"arguments\": {...}}}",
+                )
+            };
+            let f = c.get("function").ok_or_else(bad)?;
+            let name = f.get("name").and_then(Value::as_str).ok_or_else(bad)?;
+            let arguments = match f.get("arguments") {
+                None | Some(Value::Null) => "{}".to_string(),
+                Some(o @ Value::Object(_)) => o.to_string(),
+                Some(Value::String(s)) => s.clone(),
+                Some(_) => return Err(bad()),
+            };
+            Ok(ToolCall {
+                id: format!("call_{i}_{k}"),
+                name: name.to_string(),
+                arguments,
+            })
         })
         .collect()
 }
@@ -273,13 +334,17 @@ pub(super) struct Prepared {
 }
 
 pub(super) fn prepare_chat(st: &AppState, m: &Model, obj: &Object) -> Result<Prepared, ApiError> {
-    match field(obj, "tools") {
-        None => {}
-        Some(Value::Array(a)) if a.is_empty() => {}
-        Some(_) => return Err(unsupported("tools", "tool calls are not implemented")),
-    }
     let mut g = parse_options(obj, m.slot_ctx)?;
-    g.stream = common_fields(obj)?;
+    let kwargs = apply_common(obj, &mut g, true)?;
+    // ollama's tools have OpenAI's shape; the model may call them or answer in text.
+    // `tool_choice` (OpenAI's values) is this server's extension: ollama has none, and a
+    // small model may never open a call by itself.
+    g.tools = tools::parse(field(obj, "tools"), field(obj, "tool_choice"), None)?;
+    if g.tools.is_some() && g.grammar.is_some() {
+        return Err(ApiError::bad_request(
+            "fields `tools` and `format` cannot both constrain one answer: give one",
+        ));
+    }
     let msgs = messages(obj)?;
     if msgs.is_empty() {
         return Ok(Prepared {
@@ -288,9 +353,11 @@ pub(super) fn prepare_chat(st: &AppState, m: &Model, obj: &Object) -> Result<Pre
             load_only: true,
         });
     }
-    let (prompt, _) = generate::chat_prompt(st, m, &msgs)?;
+    let tools = g.tools.as_ref().map(|t| &t.defs);
+    let p = generate::render_chat(st, m, &msgs, tools, &kwargs)?;
+    g.reasoning.open = p.think_open;
     Ok(Prepared {
-        prompt,
+        prompt: p.ids,
         g,
         load_only: false,
     })
@@ -302,7 +369,10 @@ pub(super) fn prepare_generate(
     obj: &Object,
 ) -> Result<Prepared, ApiError> {
     let mut g = parse_options(obj, m.slot_ctx)?;
-    g.stream = common_fields(obj)?;
+    let raw = opt_bool(obj, "raw")?.unwrap_or(false);
+    let suffix = opt_str(obj, "suffix")?.unwrap_or("");
+    // Only a chat-rendered prompt has a reasoning block to split.
+    let kwargs = apply_common(obj, &mut g, !raw && suffix.is_empty())?;
     no_images(obj.get("images"), "images")?;
     if opt_str(obj, "template")?.is_some_and(|t| !t.is_empty()) {
         return Err(unsupported(
@@ -312,9 +382,7 @@ pub(super) fn prepare_generate(
         ));
     }
     let prompt = opt_str(obj, "prompt")?.unwrap_or("");
-    let suffix = opt_str(obj, "suffix")?.unwrap_or("");
     let system = opt_str(obj, "system")?;
-    let raw = opt_bool(obj, "raw")?.unwrap_or(false);
     let context = match field(obj, "context") {
         None => Vec::new(),
         Some(v) => {
@@ -349,7 +417,9 @@ pub(super) fn prepare_generate(
             msgs.push(ChatMessage::new("system", sys));
         }
         msgs.push(ChatMessage::new("user", prompt));
-        generate::chat_prompt(st, m, &msgs)?.0
+        let p = generate::render_chat(st, m, &msgs, None, &kwargs)?;
+        g.reasoning.open = p.think_open;
+        p.ids
     };
     let mut all = context;
     all.extend(tokens);

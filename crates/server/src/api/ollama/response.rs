@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use super::facts::{rfc3339, tag_name, ModelFacts};
 use super::request::Shape;
+use crate::answer::{Answer, AnswerSplitter, Out};
 use crate::error::ApiError;
 use crate::generate::Generation;
 use crate::job::{Event, Finish, Summary};
@@ -58,16 +59,43 @@ pub(super) fn piece(shape: Shape, model: &str, text: &str) -> Value {
     Value::Object(m)
 }
 
-/// The last object: `done`, `done_reason` and the counts and durations (nanoseconds).
+/// A piece of a split answer: its text, its reasoning (`thinking`) and its tool calls
+/// (chat only: `message.tool_calls[].function` with `name` and `arguments` as an object).
+pub(super) fn split_piece(shape: Shape, model: &str, a: &Answer) -> Value {
+    let mut v = piece(shape, model, &a.text);
+    if !a.reasoning.is_empty() {
+        match shape {
+            Shape::Chat => v["message"]["thinking"] = json!(a.reasoning),
+            Shape::Generate => v["thinking"] = json!(a.reasoning),
+        }
+    }
+    if !a.calls.is_empty() && shape == Shape::Chat {
+        v["message"]["tool_calls"] = a
+            .calls
+            .iter()
+            .map(|c| {
+                let args = serde_json::from_str::<Value>(&c.arguments)
+                    .ok()
+                    .filter(Value::is_object)
+                    .unwrap_or_else(|| json!({}));
+                json!({"function": {"name": c.name, "arguments": args}})
+            })
+            .collect();
+    }
+    v
+}
+
+/// The last object: `done`, `done_reason` and the counts and durations (nanoseconds),
+/// with what is left of the answer.
 pub(super) fn done(
     shape: Shape,
     model: &str,
-    text: &str,
+    a: &Answer,
     s: &Summary,
     total: Duration,
     context: Option<Vec<u32>>,
 ) -> Value {
-    let Value::Object(mut m) = piece(shape, model, text) else {
+    let Value::Object(mut m) = split_piece(shape, model, a) else {
         unreachable!("piece builds an object")
     };
     let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
@@ -114,6 +142,21 @@ pub(super) struct Ndjson {
     pub(super) context: Option<Vec<u32>>,
     pub(super) finished: bool,
     pub(super) log: RequestLog,
+    /// Takes the answer apart into text, thinking and tool calls.
+    pub(super) splitter: AnswerSplitter,
+}
+
+/// Pieces of the answer gathered into one.
+fn gather(outs: Vec<Out>) -> Answer {
+    let mut a = Answer::default();
+    for o in outs {
+        match o {
+            Out::Reasoning(r) => a.reasoning.push_str(&r),
+            Out::Text(t) => a.text.push_str(&t),
+            Out::Call(c) => a.calls.push(c),
+        }
+    }
+    a
 }
 
 impl Ndjson {
@@ -124,16 +167,25 @@ impl Ndjson {
                 if let Some(c) = self.context.as_mut() {
                     c.extend(logprobs.iter().map(|l| l.chosen.id));
                 }
-                if text.is_empty() {
+                let a = gather(self.splitter.push(&text));
+                if a == Answer::default() {
                     return None;
                 }
-                piece(self.shape, &self.model, &text)
+                split_piece(self.shape, &self.model, &a)
             }
             Event::Done(s) => {
                 self.finished = true;
                 self.log.summary = Some(s);
                 let total = self.log.start.elapsed();
-                done(self.shape, &self.model, "", &s, total, self.context.take())
+                let rest = gather(self.splitter.finish());
+                done(
+                    self.shape,
+                    &self.model,
+                    &rest,
+                    &s,
+                    total,
+                    self.context.take(),
+                )
             }
             Event::Error(e) => {
                 self.finished = true;

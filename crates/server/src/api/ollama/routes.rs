@@ -132,6 +132,7 @@ pub(super) async fn answer(
         return Ok(load_answer(shape, &model));
     }
     let prompt_ids = (shape == Shape::Generate).then(|| p.prompt.clone());
+    let tools = p.g.tools.as_ref().is_some_and(|t| t.enabled());
     let mut gen = generate::start(&st, m, p.prompt, &p.g, None, log.start).await?;
     if !p.g.stream {
         // An ollama request has one choice.
@@ -141,7 +142,8 @@ pub(super) async fn answer(
             c.extend(ids);
             c
         });
-        let v = done(shape, &model, &text, &summary, log.start.elapsed(), context);
+        let a = crate::answer::split(&text, p.g.reasoning, tools);
+        let v = done(shape, &model, &a, &summary, log.start.elapsed(), context);
         let mut resp = Json(v).into_response();
         resp.extensions_mut().insert(summary);
         return Ok(resp);
@@ -160,6 +162,7 @@ pub(super) async fn answer(
         context: prompt_ids,
         finished: false,
         log,
+        splitter: crate::answer::AnswerSplitter::new(p.g.reasoning, tools),
     };
     let lines = stream::unfold(state, |mut s| async move {
         loop {

@@ -3,6 +3,7 @@ use super::request::*;
 use super::response::*;
 use crate::error::ApiError;
 use axum::http::StatusCode;
+use minfer_runtime::Grammar;
 use minfer_tokenizer::ChatMessage;
 
 use crate::api::fields::Object;
@@ -76,25 +77,58 @@ fn bad_options_are_refused_by_name() {
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert!(e.message.contains(want), "{opts}: {}", e.message);
     }
-    let e = common_fields(&obj(json!({"format": "json"}))).unwrap_err();
-    assert!(e.message.contains("`format`"), "{}", e.message);
-    let e = common_fields(&obj(json!({"format": {"type": "object"}}))).unwrap_err();
-    assert!(e.message.contains("`format`"), "{}", e.message);
-    assert!(common_fields(&obj(json!({"keep_alive": "5m"}))).unwrap());
-    assert!(!common_fields(&obj(json!({"stream": false}))).unwrap());
+    let c = common_fields(&obj(json!({"format": "json"}))).unwrap();
+    assert!(matches!(c.grammar, Some((Grammar::JsonObject, "format"))));
+    let c = common_fields(&obj(json!({"format": {"type": "object"}, "think": false}))).unwrap();
+    assert!(matches!(
+        c.grammar,
+        Some((Grammar::JsonSchema(_), "format"))
+    ));
+    assert_eq!(c.think, Some(false));
+    for bad in [json!({"format": "xml"}), json!({"format": 3})] {
+        let e = common_fields(&obj(bad)).unwrap_err();
+        assert!(e.message.contains("`format`"), "{}", e.message);
+    }
+    let e = common_fields(&obj(json!({"think": "high"}))).unwrap_err();
+    assert!(e.message.contains("`think`"), "{}", e.message);
+    assert!(
+        common_fields(&obj(json!({"keep_alive": "5m"})))
+            .unwrap()
+            .stream
+    );
+    assert!(
+        !common_fields(&obj(json!({"stream": false})))
+            .unwrap()
+            .stream
+    );
 }
 
 #[test]
-fn chat_messages_refuse_images_and_tools() {
+fn chat_messages_refuse_images_and_read_tool_calls_and_results() {
     let e = messages(&obj(json!({"messages": [
         {"role": "user", "content": "x", "images": ["aGk="]}]})))
     .unwrap_err();
     assert!(e.message.contains("`messages[0].images`"), "{}", e.message);
-    let e = messages(&obj(
-        json!({"messages": [{"role": "tool", "content": "x"}]}),
-    ))
+    let m = messages(&obj(json!({"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "thinking": "call it",
+         "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        {"role": "tool", "content": "18 C", "tool_name": "get_weather"}]})))
+    .unwrap();
+    assert_eq!(m[1].tool_calls[0].name, "get_weather");
+    assert_eq!(m[1].tool_calls[0].arguments, r#"{"city":"Oslo"}"#);
+    assert_eq!(
+        (m[2].role.as_str(), m[2].content.as_str()),
+        ("tool", "18 C")
+    );
+    let e = messages(&obj(json!({"messages": [
+        {"role": "user", "content": "x", "tool_calls": []}]})))
     .unwrap_err();
-    assert!(e.message.contains("tool"), "{}", e.message);
+    assert!(
+        e.message.contains("`messages[0].tool_calls`"),
+        "{}",
+        e.message
+    );
     let m = messages(&obj(json!({"messages": [
         {"role": "system", "content": "s"}, {"role": "user", "content": "u", "images": []}]})))
     .unwrap();
