@@ -157,6 +157,7 @@ mod tests {
                 fuse_qkv,
                 fuse_ffn,
                 explicit_span: false,
+                ring: None,
             },
             weights_version: 1,
         }

@@ -34,6 +34,9 @@ pub struct CParams {
     pub fuse_ffn: bool,
     /// Attention nodes take an explicit span input.
     pub explicit_span: bool,
+    /// Sliding-window layers keep a KV ring ([`crate::KvRing`]) sized from these;
+    /// `None`: every layer keeps `n_ctx` rows.
+    pub ring: Option<crate::RingParams>,
 }
 
 /// The topology flags of [`CParams`] that follow from the participating backends
@@ -146,6 +149,7 @@ mod tests {
             fuse_qkv: false,
             fuse_ffn: false,
             explicit_span: true,
+            ring: None,
         };
         caps.apply(&mut cp);
         assert!(cp.gpu && !cp.fuse_ffn && cp.explicit_span);

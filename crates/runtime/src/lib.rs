@@ -15,6 +15,7 @@ pub mod session;
 pub mod shift;
 pub mod speculative;
 pub mod stop;
+pub mod swa;
 #[doc(hidden)]
 pub mod testing;
 pub mod turn;

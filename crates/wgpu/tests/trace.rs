@@ -77,6 +77,7 @@ fn traced(
                 fuse_qkv: false,
                 fuse_ffn: false,
                 explicit_span: false,
+                ring: None,
             },
             weights_version: 1,
         };

@@ -10,6 +10,7 @@ mod gemma;
 mod reference;
 mod session;
 mod speculative;
+mod swa;
 mod tiny;
 mod unwind;
 mod wgpu;

@@ -282,6 +282,7 @@ pub fn run_model_fused(
                 fuse_qkv,
                 fuse_ffn: false,
                 explicit_span,
+                ring: None,
             },
             weights_version: 1,
         };
