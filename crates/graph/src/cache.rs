@@ -158,6 +158,7 @@ mod tests {
                 fuse_ffn,
                 explicit_span: false,
                 ring: None,
+                embeddings: false,
             },
             weights_version: 1,
         }

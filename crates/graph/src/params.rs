@@ -37,6 +37,9 @@ pub struct CParams {
     /// Sliding-window layers keep a KV ring ([`crate::KvRing`]) sized from these;
     /// `None`: every layer keeps `n_ctx` rows.
     pub ring: Option<crate::RingParams>,
+    /// The graph returns the final-normed hidden rows (what embeddings pool) instead of
+    /// the logits.
+    pub embeddings: bool,
 }
 
 /// The topology flags of [`CParams`] that follow from the participating backends
@@ -150,6 +153,7 @@ mod tests {
             fuse_ffn: false,
             explicit_span: true,
             ring: None,
+            embeddings: false,
         };
         caps.apply(&mut cp);
         assert!(cp.gpu && !cp.fuse_ffn && cp.explicit_span);

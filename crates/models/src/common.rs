@@ -343,6 +343,11 @@ pub(crate) fn build(
 
     let normed = b.rms_norm(h, Some(&w.output_norm), hp.rms_eps);
     b.set_name(normed, "result_norm");
+    if cp.embeddings {
+        // The rows embeddings pool: the hidden state the output head would read.
+        b.output(normed);
+        return b.build();
+    }
     let mut logits = b.matmul(normed, &w.output, None);
     if let Some(c) = terms.final_softcap {
         b.set_name(logits, "result_logits");

@@ -19,6 +19,7 @@ pub fn cpu_cparams(n_ctx: usize) -> CParams {
         fuse_ffn: false,
         explicit_span: false,
         ring: None,
+        embeddings: false,
     }
 }
 

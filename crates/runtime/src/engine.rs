@@ -250,6 +250,8 @@ pub struct Engine {
     written: usize,
     /// The sliding-window layers' KV rings.
     swa: SwaRings,
+    /// Steps return the final-normed hidden rows instead of logits (embeddings).
+    embeddings: bool,
     /// Set while a step executes; still set at the next step only if the last one
     /// unwound, whose graph buffers are then not trusted.
     poisoned: bool,
@@ -420,6 +422,7 @@ impl Engine {
             filled: 0,
             written: 0,
             swa,
+            embeddings: false,
             poisoned: false,
             fault,
             caps,
@@ -753,6 +756,7 @@ impl Engine {
             fuse_ffn: false,
             explicit_span: self.explicit_span,
             ring: self.swa.params(),
+            embeddings: self.embeddings,
         };
         self.caps.apply(&mut cparams);
         // The one validated constructor: the graph type and weights version follow from
@@ -874,6 +878,17 @@ impl Engine {
             self.filled = end;
         }
         r
+    }
+
+    /// Runs `tokens` at positions `pos0..` of the current sequence, as [`Self::forward`]
+    /// does, and returns every token's final-normed hidden state (`nt` rows of
+    /// `n_embd`): the rows embeddings pool ([`crate::embed`]).
+    pub fn forward_hidden(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
+        self.embeddings = true;
+        let mut out = Vec::new();
+        let r = self.forward_into(tokens, pos0, tokens.len().max(1), &mut out);
+        self.embeddings = false;
+        r.map(|()| out)
     }
 
     /// Whether the current sequence can go on from position `kept` (a reused prefix):

@@ -5,6 +5,7 @@ pub mod backends;
 pub mod constraint;
 pub mod conversation;
 pub mod digest;
+pub mod embed;
 pub mod engine;
 pub mod generate;
 pub mod history;

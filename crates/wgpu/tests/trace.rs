@@ -78,6 +78,7 @@ fn traced(
                 fuse_ffn: false,
                 explicit_span: false,
                 ring: None,
+                embeddings: false,
             },
             weights_version: 1,
         };

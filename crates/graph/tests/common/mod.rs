@@ -70,6 +70,7 @@ pub fn params(nt: usize, fuse_ffn: bool) -> GraphParams {
             fuse_ffn,
             explicit_span: false,
             ring: None,
+            embeddings: false,
         },
         weights_version: 1,
     }

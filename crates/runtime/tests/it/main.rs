@@ -5,6 +5,7 @@ mod backends;
 mod batch;
 mod constraint;
 mod conversation;
+mod embed;
 mod fusion;
 mod gemma;
 mod reference;

@@ -283,6 +283,7 @@ pub fn run_model_fused(
                 fuse_ffn: false,
                 explicit_span,
                 ring: None,
+                embeddings: false,
             },
             weights_version: 1,
         };
