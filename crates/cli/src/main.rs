@@ -25,6 +25,8 @@ enum Command {
     Pull(cmd::pull::Args),
     /// Print the token ids of a text.
     Tokenize(cmd::tokenize::Args),
+    /// Print the embedding of each text as JSON (pooled hidden states).
+    Embed(cmd::embed::Args),
     /// Generate text from a prompt, streaming it to stdout.
     Run(cmd::run::Args),
     /// Talk with the model in the terminal (one turn per line when stdin is not a terminal).
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
         Command::Info(a) => cmd::info::run(a),
         Command::Pull(a) => cmd::pull::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Embed(a) => cmd::embed::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Chat(a) => cmd::chat::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),

@@ -49,8 +49,8 @@ fn store_graph(n_ctx: usize) -> ComputeGraph {
     let v = b.input("v", [8, 2, 1, 1], DType::F32);
     let cells = b.input("cells", [2, 1, 1, 1], DType::I32);
     let q = b.input("q", [16, 2, 1, 1], DType::F32);
-    b.kvcache_store(3, k, v, cells, n_ctx);
-    let kv = b.kvcache_load(3, 8, n_ctx, 1);
+    b.kvcache_store(3, k, v, cells, n_ctx, None);
+    let kv = b.kvcache_load(3, 8, n_ctx, 1, None);
     let meta = AttnMeta {
         layer: 3,
         n_head: 2,
@@ -60,6 +60,7 @@ fn store_graph(n_ctx: usize) -> ComputeGraph {
         n_ctx,
         window: None,
         softcap: None,
+        ring: None,
     };
     let a = b.attn(q, kv, cells, None, AttnMode::Gqa, meta);
     b.output(a);

@@ -156,6 +156,7 @@ fn attention_with_store_and_span_matches() {
         n_ctx,
         window: None,
         softcap: None,
+        ring: None,
     };
     for span in [false, true] {
         let mut b = GraphBuilder::new();
@@ -164,8 +165,8 @@ fn attention_with_store_and_span_matches() {
         let v = b.input("v", [nkt, nt, 1, 1], DType::F32);
         let pos = b.input("pos", [nt, 1, 1, 1], DType::I32);
         let sp = span.then(|| b.input("span", [2, nt, 1, 1], DType::I32));
-        b.kvcache_store(0, k, v, pos, n_ctx);
-        let kv = b.kvcache_load(0, nkt, n_ctx, nkv);
+        b.kvcache_store(0, k, v, pos, n_ctx, None);
+        let kv = b.kvcache_load(0, nkt, n_ctx, nkv, None);
         let a = b.attn(q, kv, pos, sp, AttnMode::Gqa, meta.clone());
         b.output(a);
         let mut ins = vec![

@@ -10,6 +10,7 @@
 //! `GraphAllocator::alloc_graph`) rejects the graph with a typed error.
 
 use crate::ir::*;
+use crate::kv_ring::KvRing;
 
 /// Builds one `ComputeGraph` in execution order.
 #[derive(Debug, Default)]
@@ -311,8 +312,9 @@ impl GraphBuilder {
         self.node("", op, &src, shape, DType::F32, NodeMeta::Attn(meta))
     }
 
-    /// Writes `k` and `v` (`[n_kv_embd, nt]`) into rows `cells` of the layer's regions.
-    /// The op carries only the layer (invariant 1); the output is the K region view.
+    /// Writes `k` and `v` (`[n_kv_embd, nt]`) into rows `cells` of the layer's regions
+    /// (`n_ctx` physical rows; with a `ring`, `cells` are virtual rows it maps). The op
+    /// carries only the layer (invariant 1); the output is the K region view.
     pub fn kvcache_store(
         &mut self,
         layer: usize,
@@ -320,6 +322,7 @@ impl GraphBuilder {
         v: NodeId,
         cells: NodeId,
         n_ctx: usize,
+        ring: Option<KvRing>,
     ) -> NodeId {
         let n_embd = self.shape(k)[0];
         let meta = NodeMeta::Kvcache(KvcacheMeta {
@@ -327,6 +330,7 @@ impl GraphBuilder {
             n_embd,
             n_ctx,
             n_head_kv: None,
+            ring,
         });
         self.node(
             "",
@@ -338,19 +342,22 @@ impl GraphBuilder {
         )
     }
 
-    /// A source-less view of the layer's K region (`[n_embd, n_ctx]`).
+    /// A source-less view of the layer's K region (`[n_embd, n_ctx]`, physical rows, laid
+    /// out by `ring` when the layer has one).
     pub fn kvcache_load(
         &mut self,
         layer: usize,
         n_embd: usize,
         n_ctx: usize,
         n_head_kv: usize,
+        ring: Option<KvRing>,
     ) -> NodeId {
         let meta = NodeMeta::Kvcache(KvcacheMeta {
             layer,
             n_embd,
             n_ctx,
             n_head_kv: Some(n_head_kv),
+            ring,
         });
         self.node(
             "",
@@ -480,7 +487,7 @@ mod tests {
         assert_eq!(b.shape(x), [8, 3, 1, 1]);
         let q = b.matmul(x, &WeightRef::new("wq", WeightType::Q4_K, [8, 16]), None);
         assert_eq!(b.shape(q), [16, 3, 1, 1]);
-        let kv = b.kvcache_load(0, 8, 32, 2);
+        let kv = b.kvcache_load(0, 8, 32, 2, None);
         assert_eq!(b.shape(kv), [8, 32, 1, 1]);
         let fq = b.fused_qkv(
             x,
@@ -510,6 +517,7 @@ mod tests {
             n_ctx: 32,
             window: None,
             softcap: None,
+            ring: None,
         };
         // Output width comes from the meta, not from the wider fused q buffer.
         let a = b.attn(fq, kv, pos, None, AttnMode::Gqa, meta.clone());
@@ -550,7 +558,7 @@ mod tests {
         let k = b.input("k", [4, 2, 1, 1], DType::F32);
         let v = b.input("v", [4, 2, 1, 1], DType::F32);
         let c = b.input("cells", [2, 1, 1, 1], DType::I32);
-        let s = b.kvcache_store(5, k, v, c, 64);
+        let s = b.kvcache_store(5, k, v, c, 64, None);
         let g = b.build();
         assert_eq!(g.nodes[s].op, Op::KvcacheStore { layer: 5 });
         assert_eq!(g.nodes[s].out_shape, [4, 64, 1, 1]);

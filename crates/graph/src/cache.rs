@@ -157,6 +157,8 @@ mod tests {
                 fuse_qkv,
                 fuse_ffn,
                 explicit_span: false,
+                ring: None,
+                embeddings: false,
             },
             weights_version: 1,
         }

@@ -61,6 +61,7 @@ pub mod export;
 pub mod fusion;
 pub mod ir;
 pub mod kv_placement;
+pub mod kv_ring;
 pub mod kvtype;
 pub mod meta;
 pub mod params;
@@ -86,6 +87,7 @@ pub use ir::{
     AttnMode, Backend, BufRef, CNode, ComputeGraph, DType, FusedOp, NodeId, Op, PersistentBuf,
     RopeStyle, WeightRef, WeightType,
 };
+pub use kv_ring::{KvRing, RingParams};
 pub use kvtype::KvType;
 pub use meta::*;
 pub use params::{BackendCaps, CParams, GraphParams, GraphType};

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::kv_ring::KvRing;
 use crate::types::{RopeStyle, WeightType};
 
 /// Per-node metadata; `None` for ops whose payload says everything.
@@ -109,12 +110,23 @@ pub struct AttnMeta {
     /// backend whose kernel has no such term declines the node by capability.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub softcap: Option<f32>,
+    /// The layer's KV ring (a sliding-window layer keeping only the rows its window can
+    /// read, [`KvRing`]): spans and positions name virtual rows, mapped onto the `n_ctx`
+    /// physical rows. `None`: rows are physical. A backend whose kernel does not map rows
+    /// declines the node by capability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<KvRing>,
 }
 
 impl AttnMeta {
     /// Width of one K (or V) row: `n_head_kv * hd`.
     pub fn nkt(&self) -> usize {
         self.n_head_kv * self.hd
+    }
+
+    /// Virtual rows the spans and positions may name: `n_ctx`, or what the ring serves.
+    pub fn virtual_rows(&self) -> usize {
+        self.ring.map_or(self.n_ctx, |r| r.virtual_rows(self.n_ctx))
     }
 
     /// Checks a device backend's attention inputs for a step of `nt` tokens: the q source
@@ -150,10 +162,10 @@ impl AttnMeta {
     pub fn check_spans(&self, pairs: &[i32]) -> Result<(), String> {
         for (t, pair) in pairs.chunks_exact(2).enumerate() {
             let (lo, hi) = (pair[0] as i64, pair[1] as i64);
-            if lo < 0 || lo >= hi || hi > self.n_ctx as i64 {
+            if lo < 0 || lo >= hi || hi > self.virtual_rows() as i64 {
                 return Err(format!(
                     "token {t}: key range [{lo}, {hi}) invalid for the {}-row KV region of layer {}",
-                    self.n_ctx, self.layer
+                    self.virtual_rows(), self.layer
                 ));
             }
         }
@@ -165,11 +177,12 @@ impl AttnMeta {
         match pos
             .iter()
             .enumerate()
-            .find(|&(_, &p)| p < 0 || p as usize >= self.n_ctx)
+            .find(|&(_, &p)| p < 0 || p as usize >= self.virtual_rows())
         {
             Some((t, p)) => Err(format!(
                 "token {t}: position {p} outside the {}-row KV region of layer {}",
-                self.n_ctx, self.layer
+                self.virtual_rows(),
+                self.layer
             )),
             None => Ok(()),
         }
@@ -187,6 +200,10 @@ pub struct KvcacheMeta {
     pub n_ctx: usize,
     /// KV heads when the builder knows them (loads record it; stores do not).
     pub n_head_kv: Option<usize>,
+    /// The layer's KV ring: `n_ctx` counts physical rows and a store maps its virtual
+    /// `cells` onto them ([`KvRing::row`]). `None`: cells are physical rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<KvRing>,
 }
 
 /// Token-embedding table of a lookup `GetRows` node.

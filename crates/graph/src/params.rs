@@ -34,6 +34,12 @@ pub struct CParams {
     pub fuse_ffn: bool,
     /// Attention nodes take an explicit span input.
     pub explicit_span: bool,
+    /// Sliding-window layers keep a KV ring ([`crate::KvRing`]) sized from these;
+    /// `None`: every layer keeps `n_ctx` rows.
+    pub ring: Option<crate::RingParams>,
+    /// The graph returns the final-normed hidden rows (what embeddings pool) instead of
+    /// the logits.
+    pub embeddings: bool,
 }
 
 /// The topology flags of [`CParams`] that follow from the participating backends
@@ -146,6 +152,8 @@ mod tests {
             fuse_qkv: false,
             fuse_ffn: false,
             explicit_span: true,
+            ring: None,
+            embeddings: false,
         };
         caps.apply(&mut cp);
         assert!(cp.gpu && !cp.fuse_ffn && cp.explicit_span);

@@ -20,7 +20,7 @@ fn sourceless_kv_load_built_after_an_input_does_not_take_its_buffer() {
     let early = b.input("early", [4, 8, 1, 1], DType::F32);
     let t = b.silu(early);
     // Kahn order would hoist this source-less load ahead of the silu above.
-    let kv = b.kvcache_load(0, 4, 8, 1);
+    let kv = b.kvcache_load(0, 4, 8, 1, None);
     let pad = b.add(t, t);
     let late = b.add(pad, x); // x's only reader comes last
     b.output(late);

@@ -290,7 +290,7 @@ fn explicit_span_attention_goes_only_where_spans_are_read() {
     let q = b.input("q", [8, 1, 1, 1], DType::F32);
     let pos = b.input("positions", [1, 1, 1, 1], DType::I32);
     let span = b.input("span", [2, 1, 1, 1], DType::I32);
-    let kv = b.kvcache_load(0, 4, 8, 1);
+    let kv = b.kvcache_load(0, 4, 8, 1, None);
     let meta = AttnMeta {
         layer: 0,
         n_head: 2,
@@ -300,6 +300,7 @@ fn explicit_span_attention_goes_only_where_spans_are_read() {
         n_ctx: 8,
         window: None,
         softcap: None,
+        ring: None,
     };
     let a = b.attn(q, kv, pos, Some(span), AttnMode::Gqa, meta);
     b.output(a);
@@ -325,8 +326,8 @@ fn a_layer_whose_attention_a_device_declines_keeps_its_kv_nodes_together() {
     let pos = b.input("positions", [2, 1, 1, 1], DType::I32);
     let q = b.add(x, x);
     let k = b.add(xk, xk);
-    let st = b.kvcache_store(0, k, k, pos, 8);
-    let kv = b.kvcache_load(0, 4, 8, 1);
+    let st = b.kvcache_store(0, k, k, pos, 8, None);
+    let kv = b.kvcache_load(0, 4, 8, 1, None);
     let meta = AttnMeta {
         layer: 0,
         n_head: 2,
@@ -336,6 +337,7 @@ fn a_layer_whose_attention_a_device_declines_keeps_its_kv_nodes_together() {
         n_ctx: 8,
         window: None,
         softcap: Some(5.0),
+        ring: None,
     };
     let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
     b.output(a);

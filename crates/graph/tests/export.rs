@@ -131,12 +131,14 @@ fn all_metas() -> Vec<NodeMeta> {
             n_ctx: 4096,
             window: None,
             softcap: None,
+            ring: None,
         }),
         NodeMeta::Kvcache(KvcacheMeta {
             layer: 1,
             n_embd: 128,
             n_ctx: 4096,
             n_head_kv: Some(2),
+            ring: None,
         }),
         NodeMeta::Embed(EmbedMeta {
             weight_name: "token_embd.weight".into(),
@@ -268,6 +270,7 @@ fn attention_window_and_softcap_round_trip_and_stay_optional() {
         n_ctx: 64,
         window: Some(4),
         softcap: Some(50.0),
+        ring: None,
     };
     let mut b = GraphBuilder::new();
     let x = b.input("x", [128, 1, 1, 1], DType::F32);

@@ -110,7 +110,10 @@ pub(crate) struct LayerCx<'a> {
     pub pos: NodeId,
     /// KV rows the layer's store writes: `cells` with explicit spans, else `pos`.
     pub cells: NodeId,
+    /// Physical KV rows of the layer: the context, or its ring's rows.
     pub n_ctx: usize,
+    /// The layer's KV ring (a sliding-window layer under [`minfer_graph::CParams::ring`]).
+    pub ring: Option<minfer_graph::KvRing>,
     /// Decode QKV fusion is allowed by the params (GPU, nt == 1, flag on); the
     /// architecture still checks that its weights can be concatenated.
     pub fuse_qkv: bool,
@@ -159,7 +162,7 @@ pub(crate) fn rope_and_store(
     b.set_name(q, &cx.name("Qcur_rope"));
     let k = b.rope(k, cx.pos, style, cx.rope_meta(cx.hp.n_head_kv));
     b.set_name(k, &cx.name("Kcur_rope"));
-    let st = b.kvcache_store(cx.il, k, v, cx.cells, cx.n_ctx);
+    let st = b.kvcache_store(cx.il, k, v, cx.cells, cx.n_ctx, cx.ring);
     b.set_name(st, &cx.name("kv_store"));
     q
 }
@@ -224,23 +227,32 @@ pub(crate) fn build(
     }
 
     for (il, lw) in w.layers.iter().enumerate() {
+        let attn = terms.layer(il, hp);
+        // A sliding-window layer keeps only the rows its window can read.
+        let ring = attn.window.zip(cp.ring).and_then(|(w, r)| r.ring(w));
         let cx = LayerCx {
             il,
             hp,
             lw,
-            attn: terms.layer(il, hp),
+            attn,
             rope_freqs: w.rope_freqs.as_ref(),
             pos,
             cells: cells.unwrap_or(pos),
-            n_ctx: cp.n_ctx,
-            // The fused QKV kernels store K/V at `positions`, so explicit KV rows keep them
-            // off; they have no frequency-factor term, so Llama 3 scaling keeps them off too.
-            fuse_qkv: decode_fusion && cp.fuse_qkv && !cp.explicit_span && w.rope_freqs.is_none(),
+            n_ctx: ring.map_or(cp.n_ctx, |r| r.physical_rows(cp.n_ctx)),
+            ring,
+            // The fused QKV kernels store K/V at `positions` of unringed regions, so
+            // explicit KV rows and rings keep them off; they have no frequency-factor
+            // term, so Llama 3 scaling keeps them off too.
+            fuse_qkv: decode_fusion
+                && cp.fuse_qkv
+                && !cp.explicit_span
+                && ring.is_none()
+                && w.rope_freqs.is_none(),
         };
         let normed = b.rms_norm(h, Some(&lw.attn_norm), hp.rms_eps);
         b.set_name(normed, &cx.name("attn_norm"));
         let q = qkv(&mut b, &cx, normed);
-        let kv = b.kvcache_load(il, hp.n_kv_embd(), cp.n_ctx, hp.n_head_kv);
+        let kv = b.kvcache_load(il, hp.n_kv_embd(), cx.n_ctx, hp.n_head_kv, cx.ring);
         b.set_name(kv, &cx.name("kv_load"));
         let meta = AttnMeta {
             layer: il,
@@ -248,9 +260,10 @@ pub(crate) fn build(
             n_head_kv: hp.n_head_kv,
             hd: hp.head_dim,
             scale: cx.attn.scale,
-            n_ctx: cp.n_ctx,
+            n_ctx: cx.n_ctx,
             window: cx.attn.window,
             softcap: cx.attn.softcap,
+            ring: cx.ring,
         };
         let attn = b.attn(q, kv, pos, span, mode, meta);
         b.set_name(attn, &cx.name("kqv_out"));
@@ -330,6 +343,11 @@ pub(crate) fn build(
 
     let normed = b.rms_norm(h, Some(&w.output_norm), hp.rms_eps);
     b.set_name(normed, "result_norm");
+    if cp.embeddings {
+        // The rows embeddings pool: the hidden state the output head would read.
+        b.output(normed);
+        return b.build();
+    }
     let mut logits = b.matmul(normed, &w.output, None);
     if let Some(c) = terms.final_softcap {
         b.set_name(logits, "result_logits");

@@ -85,6 +85,13 @@ pub trait ModelDef: Send + Sync {
     fn rope_style(&self) -> RopeStyle {
         self.hparams().rope_style
     }
+
+    /// Each layer's sliding window in positions (`None`: a global layer). The graph rings
+    /// the KV of windowed layers under `CParams::ring`, and the runtime's reuse rule
+    /// follows from the windows.
+    fn layer_windows(&self) -> Vec<Option<usize>> {
+        vec![None; self.n_layer()]
+    }
 }
 
 /// A decoder-only model: the shared skeleton with an architecture's Q/K/V block.
@@ -154,5 +161,11 @@ impl ModelDef for Decoder {
 
     fn tied_output(&self) -> bool {
         self.w.tied
+    }
+
+    fn layer_windows(&self) -> Vec<Option<usize>> {
+        (0..self.w.layers.len())
+            .map(|il| self.terms.layer(il, &self.hp).window)
+            .collect()
     }
 }

@@ -18,6 +18,8 @@ pub fn cpu_cparams(n_ctx: usize) -> CParams {
         fuse_qkv: false,
         fuse_ffn: false,
         explicit_span: false,
+        ring: None,
+        embeddings: false,
     }
 }
 

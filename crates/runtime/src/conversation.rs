@@ -329,7 +329,8 @@ impl Conversation {
             prompt = self.view(&full, n_keep);
         }
 
-        let reuse = self.kv.reuse(&prompt);
+        let engine = &self.engine;
+        let reuse = self.kv.reuse_if(&prompt, |k| engine.keeps(k));
         let t0 = Instant::now();
         let new = &prompt[reuse.kept..];
         let Some(logits) = prefill_chunks(&mut self.engine, &mut self.kv, new, interrupted)? else {

@@ -24,6 +24,8 @@ use minfer_graph::{
 };
 use minfer_models::{HParams, ModelDef};
 
+use crate::swa::{self, SwaRings};
+
 /// Entries of a traced step's `logits_top`.
 pub const TRACE_LOGITS_TOP: usize = 5;
 
@@ -110,6 +112,9 @@ pub struct EngineOptions {
     /// the caller resolved them; device graphs are left off while `scheduler` traces or
     /// profiles, which needs each launch on its own.
     pub backend_options: BackendOptions,
+    /// Keep every row of sliding-window layers (`--swa-full`) instead of a ring of the
+    /// window plus a step ([`crate::swa`]): more memory, and any prefix stays reusable.
+    pub swa_full: bool,
 }
 
 impl Default for EngineOptions {
@@ -126,6 +131,7 @@ impl Default for EngineOptions {
             batching: true,
             scheduler: SchedulerOptions::default(),
             backend_options: BackendOptions::default(),
+            swa_full: false,
         }
     }
 }
@@ -239,6 +245,13 @@ pub struct Engine {
     scratch: StepScratch,
     /// Positions `0..filled` of the KV hold the current sequence (plain steps).
     filled: usize,
+    /// One past the highest position the current sequence stored since it last started
+    /// at 0 (what its sliding-window rings may have overwritten, [`crate::swa`]).
+    written: usize,
+    /// The sliding-window layers' KV rings.
+    swa: SwaRings,
+    /// Steps return the final-normed hidden rows instead of logits (embeddings).
+    embeddings: bool,
     /// Set while a step executes; still set at the next step only if the last one
     /// unwound, whose graph buffers are then not trusted.
     poisoned: bool,
@@ -368,6 +381,10 @@ impl Engine {
             }
         }
         check_kv_fits(hp, n_ctx, kv_types)?;
+        // A ring holds a window plus the largest step of one sequence: a prompt chunk or
+        // a speculative verify block.
+        let ring_step = opts.n_batch.max(crate::speculative::DRAFT_MAX_LIMIT + 1);
+        let swa = SwaRings::new(model.layer_windows(), n_ctx, ring_step, opts.swa_full);
         let selection = registry.select(fence.as_deref());
         crate::backends::record_notices(&selection.notices);
         let mut backends: Vec<Box<dyn BackendImpl>> = Vec::new();
@@ -403,6 +420,9 @@ impl Engine {
             explicit_span: false,
             scratch: StepScratch::default(),
             filled: 0,
+            written: 0,
+            swa,
+            embeddings: false,
             poisoned: false,
             fault,
             caps,
@@ -422,7 +442,18 @@ impl Engine {
 
     /// Bytes of the K and V regions of every layer over the whole context.
     pub fn kv_bytes(&self) -> u64 {
-        kv_cache_bytes_as(self.hparams(), self.n_ctx, self.kv_types).unwrap_or(u64::MAX)
+        let hp = self.hparams();
+        let per_layer = kv_cache_bytes_as(hp, self.n_ctx, self.kv_types)
+            .unwrap_or(u64::MAX)
+            .checked_div(hp.n_layer as u64)
+            .unwrap_or(0);
+        // Ringed layers hold their ring's rows, not the context's.
+        (0..hp.n_layer)
+            .map(|il| match self.swa.ring(il) {
+                Some(r) => per_layer / self.n_ctx as u64 * r.physical_rows(self.n_ctx) as u64,
+                None => per_layer,
+            })
+            .fold(0u64, u64::saturating_add)
     }
 
     /// The backend holding the KV regions (one CPU backend today).
@@ -484,21 +515,24 @@ impl Engine {
         self.ensure_kv_regions()?;
         let (kw, vw, regions) = self.kv_layout()?;
         let alloc = self.cache.alloc_mut();
-        for r in regions {
+        for (il, r) in regions.into_iter().enumerate() {
+            // A ringed layer's rows sit where its ring maps them ([`crate::swa`]).
+            let runs = self.swa.runs(il, base, n);
             for (id, w) in [(r.k, kw), (r.v, vw)] {
                 let unreadable = |why: &dyn std::fmt::Display| EngineError::Param {
                     name: "KV",
                     message: format!("rows {base}..{} are not readable: {why}", base + n),
                 };
                 // Through the backend, so regions on a device are read back from it.
-                let buf = alloc
-                    .backend_mut(r.backend)
-                    .ok_or_else(|| {
-                        unreadable(&format_args!("backend {} is not registered", r.backend))
-                    })?
-                    .read_host_window(id, base * w, n * w)
-                    .map_err(|e| unreadable(&e))?;
-                out.extend(buf.iter().map(|x| x.to_bits()));
+                let b = alloc.backend_mut(r.backend).ok_or_else(|| {
+                    unreadable(&format_args!("backend {} is not registered", r.backend))
+                })?;
+                for &(at, len) in &runs {
+                    let buf = b
+                        .read_host_window(id, at * w, len * w)
+                        .map_err(|e| unreadable(&e))?;
+                    out.extend(buf.iter().map(|x| x.to_bits()));
+                }
             }
         }
         Ok(())
@@ -517,7 +551,10 @@ impl Engine {
         let alloc = self.cache.alloc_mut();
         let mut at = 0;
         let mut row = Vec::new();
-        for r in regions {
+        for (il, r) in regions.into_iter().enumerate() {
+            // In position order, so where a ring maps two positions to one row the later
+            // one stays, as it would have after running them.
+            let runs = self.swa.runs(il, base, n);
             for (id, w) in [(r.k, kw), (r.v, vw)] {
                 let src = words
                     .get(at..at + n * w)
@@ -526,19 +563,23 @@ impl Engine {
                         message: format!("{} words for {n} rows", words.len()),
                     })?;
                 at += n * w;
-                row.clear();
-                row.extend(src.iter().map(|&x| f32::from_bits(x)));
                 let b = alloc
                     .backend_mut(r.backend)
                     .ok_or_else(|| EngineError::Param {
                         name: "KV",
                         message: format!("backend {} is not registered", r.backend),
                     })?;
-                b.write_host_window(id, base * w, &row)
-                    .map_err(|e| EngineError::Param {
-                        name: "KV",
-                        message: e.to_string(),
-                    })?;
+                let mut from = 0;
+                for &(start, len) in &runs {
+                    row.clear();
+                    row.extend(src[from..from + len * w].iter().map(|&x| f32::from_bits(x)));
+                    from += len * w;
+                    b.write_host_window(id, start * w, &row)
+                        .map_err(|e| EngineError::Param {
+                            name: "KV",
+                            message: e.to_string(),
+                        })?;
+                }
             }
         }
         Ok(())
@@ -548,6 +589,13 @@ impl Engine {
     /// restored session); the next plain step may start at any position up to `n`.
     pub(crate) fn set_seq_len(&mut self, n: usize) {
         self.filled = n.min(self.n_ctx);
+        self.written = self.filled;
+    }
+
+    /// [`Self::set_seq_len`] for rows a ring of `saved_step` (0: none) held when saved.
+    pub(crate) fn set_restored_len(&mut self, n: usize, saved_step: usize) {
+        self.set_seq_len(n);
+        self.written = self.swa.restored_written(self.filled, saved_step);
     }
 
     /// The participating backends' own names (adapter included where they give one),
@@ -646,6 +694,13 @@ impl Engine {
         self.explicit_span = on;
     }
 
+    /// Sizes the sliding-window rings for sequences of `seq_rows` virtual rows each
+    /// (slots sharing the arena, [`crate::MultiEngine`]); before the first step only,
+    /// since the rings' rows are allocated then.
+    pub(crate) fn set_seq_rows(&mut self, seq_rows: usize) {
+        self.swa = self.swa.resized(seq_rows);
+    }
+
     /// Per-op wall time since the last call, with `MINFER_PROFILE=1` (empty otherwise).
     pub fn take_profile(&self) -> Vec<(&'static str, Duration, usize)> {
         self.scheduler.take_profile()
@@ -700,6 +755,8 @@ impl Engine {
             fuse_qkv: false,
             fuse_ffn: false,
             explicit_span: self.explicit_span,
+            ring: self.swa.params(),
+            embeddings: self.embeddings,
         };
         self.caps.apply(&mut cparams);
         // The one validated constructor: the graph type and weights version follow from
@@ -784,6 +841,12 @@ impl Engine {
                 ),
             });
         }
+        swa::check_step(&self.swa, pos0, nt, self.written).map_err(|message| {
+            EngineError::Param {
+                name: "KV",
+                message,
+            }
+        })?;
         let n_vocab = self.n_vocab();
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::BadToken { id, n_vocab });
@@ -809,10 +872,35 @@ impl Engine {
             out,
         );
         self.scratch = sc;
+        // Rows from `pos0` on may be written even by a step that failed.
+        self.written = swa::written_after(pos0, end, self.written);
         if r.is_ok() {
             self.filled = end;
         }
         r
+    }
+
+    /// Runs `tokens` at positions `pos0..` of the current sequence, as [`Self::forward`]
+    /// does, and returns every token's final-normed hidden state (`nt` rows of
+    /// `n_embd`): the rows embeddings pool ([`crate::embed`]).
+    pub fn forward_hidden(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
+        self.embeddings = true;
+        let mut out = Vec::new();
+        let r = self.forward_into(tokens, pos0, tokens.len().max(1), &mut out);
+        self.embeddings = false;
+        r.map(|()| out)
+    }
+
+    /// Whether the current sequence can go on from position `kept` (a reused prefix):
+    /// always, unless sliding-window rings dropped rows that position needs; then the
+    /// caller prefills from 0 ([`crate::swa`]).
+    pub fn keeps(&self, kept: usize) -> bool {
+        kept >= self.written || self.swa.keeps(kept, self.written)
+    }
+
+    /// The sliding-window layers' KV rings.
+    pub fn swa(&self) -> &SwaRings {
+        &self.swa
     }
 
     /// Runs one explicit-span step (see [`Self::set_explicit_span`], which must be on)

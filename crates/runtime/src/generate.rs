@@ -130,6 +130,8 @@ pub fn generate_speculative(
         });
     }
     let mut sampler = opts.sampler()?;
+    // Rows a sliding-window ring dropped cannot be reused: prefill from the start.
+    let reuse = if engine.keeps(reuse) { reuse } else { 0 };
     if reuse == 0 {
         engine.reset();
     }

@@ -60,9 +60,19 @@ impl KvHistory {
     /// token when the whole prompt matches: the last prompt token always runs again,
     /// since its logits start the generation. The caller prefills `prompt[kept..]`.
     pub fn reuse(&mut self, prompt: &[u32]) -> Reuse {
+        self.reuse_if(prompt, |_| true)
+    }
+
+    /// [`Self::reuse`] where the rows may only be kept up to a position `keeps` accepts
+    /// (the engine's sliding-window rule, [`crate::swa`]): a refused prefix keeps nothing,
+    /// and the whole prompt is prefilled again.
+    pub fn reuse_if(&mut self, prompt: &[u32], keeps: impl Fn(usize) -> bool) -> Reuse {
         let common = self.matching(prompt);
         let rewound = common < self.tokens.len();
-        let kept = common.min(prompt.len().saturating_sub(1));
+        let mut kept = common.min(prompt.len().saturating_sub(1));
+        if !keeps(kept) {
+            kept = 0;
+        }
         self.tokens.truncate(kept);
         Reuse { kept, rewound }
     }

@@ -5,6 +5,7 @@ pub mod backends;
 pub mod constraint;
 pub mod conversation;
 pub mod digest;
+pub mod embed;
 pub mod engine;
 pub mod generate;
 pub mod history;
@@ -15,6 +16,7 @@ pub mod session;
 pub mod shift;
 pub mod speculative;
 pub mod stop;
+pub mod swa;
 #[doc(hidden)]
 pub mod testing;
 pub mod turn;

@@ -49,6 +49,8 @@ pub struct MultiEngine {
     slot_ctx: usize,
     /// Positions of each slot whose KV rows hold the slot's current sequence.
     filled: Vec<usize>,
+    /// Each slot's `written` mark for its sliding-window rings ([`crate::swa`]).
+    written: Vec<usize>,
     batching: bool,
     n_batch: usize,
 }
@@ -103,10 +105,13 @@ impl MultiEngine {
             });
         }
         engine.set_explicit_span(true);
+        // Each slot is one sequence of `slot_ctx` virtual rows; its rings are its own.
+        engine.set_seq_rows(slot_ctx);
         Ok(MultiEngine {
             engine,
             slot_ctx,
             filled: vec![0; n_slots],
+            written: vec![0; n_slots],
             batching,
             n_batch: opts.n_batch,
         })
@@ -161,9 +166,23 @@ impl MultiEngine {
 
     /// Declares that positions `0..n` of `slot` hold valid KV rows (a restored session).
     pub(crate) fn set_slot_len(&mut self, slot: usize, n: usize) {
+        self.set_restored_len(slot, n, 0);
+    }
+
+    /// [`Self::set_slot_len`] for rows a ring of `saved_step` (0: none) held when saved.
+    pub(crate) fn set_restored_len(&mut self, slot: usize, n: usize, saved_step: usize) {
         if let Some(f) = self.filled.get_mut(slot) {
             *f = n.min(self.slot_ctx);
+            self.written[slot] = self.engine.swa().restored_written(*f, saved_step);
         }
+    }
+
+    /// Whether `slot` can go on from position `kept` (a reused prefix): always, unless
+    /// its sliding-window rings dropped rows that position needs ([`crate::swa`]); then
+    /// the caller prefills from 0.
+    pub fn keeps(&self, slot: usize, kept: usize) -> bool {
+        let written = self.written.get(slot).copied().unwrap_or(0);
+        kept >= written || self.engine.swa().keeps(kept, written)
     }
 
     /// Arms a panic inside the kernel of the `nth` node executed from now on (1-based),
@@ -203,6 +222,8 @@ impl MultiEngine {
         }
         // The rows are rewritten from 0: until the copy succeeds dst holds none.
         self.filled[dst] = 0;
+        // A ring's rows of `src` go with what `src` overwrote in them.
+        self.written[dst] = self.written[src].max(n);
         let mut words = Vec::new();
         let ctx = self.slot_ctx;
         self.engine.read_kv_rows(src * ctx, n, &mut words)?;
@@ -236,6 +257,17 @@ impl MultiEngine {
                 });
             }
             let nt = s.tokens.len();
+            // Executions hold at most `n_batch` tokens of one entry (see `plan`).
+            crate::swa::check_step(
+                self.engine.swa(),
+                s.pos0,
+                nt.min(self.n_batch),
+                self.written[s.slot],
+            )
+            .map_err(|message| EngineError::Param {
+                name: "KV",
+                message: format!("slot {}: {message}", s.slot),
+            })?;
             if nt == 0 || s.n_out == 0 || s.n_out > nt {
                 return Err(EngineError::Param {
                     name: "batch",
@@ -319,6 +351,9 @@ impl MultiEngine {
         // error or an unwind out of a kernel included) a slot holds only the rows before.
         for s in batch {
             self.filled[s.slot] = self.filled[s.slot].min(s.pos0);
+            // Rows from `pos0` on may be written even by a step that fails.
+            let end = s.pos0 + s.tokens.len();
+            self.written[s.slot] = crate::swa::written_after(s.pos0, end, self.written[s.slot]);
         }
         for x in self.plan(batch) {
             let rows = TokenRows {

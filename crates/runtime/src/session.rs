@@ -2,7 +2,7 @@
 //! checksummed file that a later process (or another slot) restores instead of prefilling
 //! the history again (design §3.6, ADR-0006).
 //!
-//! Format (version 2, little-endian):
+//! Format (version 3, little-endian):
 //!
 //! | field | bytes |
 //! |---|---|
@@ -14,6 +14,7 @@
 //! | backend id | u16 ([`minfer_graph::Backend`]) |
 //! | K, V element formats | 2 × u8 ([`KvType::code`]) |
 //! | row width, K and V words per row | 3 × u64 |
+//! | sliding-window ring step | u64: 0 when every row was kept, else the step the rings were sized with (see below) |
 //! | token count `n` | u64 |
 //! | tokens | n × u32 |
 //! | per layer: K rows, then V rows | n × words per row × u32 each |
@@ -24,8 +25,15 @@
 //! | — per message: role, content | u16 length + UTF-8, u32 length + UTF-8 |
 //! | SHA-256 of everything above | 32 |
 //!
-//! Version 1 is version 2 without the conversation section; this build still reads it
-//! (as a session without a conversation) and writes version 2.
+//! Version 2 is version 3 without the ring step (every row kept); version 1 is version 2
+//! without the conversation section. This build still reads both and writes version 3.
+//!
+//! A sliding-window layer keeping a KV ring ([`crate::swa`]) holds only its last rows:
+//! the file stores every position's row as the ring returns it, so rows the ring had
+//! already overwritten are stale. The ring step says which are: an engine with rings
+//! restores such a file and treats the stale rows as overwritten (a reuse that needs
+//! them prefills again); an engine keeping every row of its windowed layers
+//! (`--swa-full`) refuses it by name.
 //!
 //! A file is written to a temporary in the same directory, synced and renamed over the
 //! target, so a reader sees the old file or the new one, never a mix. A load checks
@@ -47,7 +55,7 @@ use crate::multi::MultiEngine;
 pub const MAGIC: [u8; 8] = *b"MINFERKV";
 
 /// The format version this build writes (and the newest it reads).
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// The oldest format version this build reads: version 1 lacks only the conversation.
 pub const OLDEST_VERSION: u32 = 1;
@@ -164,6 +172,8 @@ struct Header {
     types: [u8; 2],
     row: u64,
     words: [u64; 2],
+    /// The sliding-window ring step (0: every row kept).
+    ring_step: u64,
 }
 
 fn rope_code(s: RopeStyle) -> u8 {
@@ -203,6 +213,7 @@ impl Header {
             types: types.map(KvType::code),
             row: row as u64,
             words,
+            ring_step: engine.swa().saved_step() as u64,
         })
     }
 
@@ -219,12 +230,12 @@ impl Header {
         out.extend_from_slice(&self.digest);
         out.extend_from_slice(&self.backend.to_le_bytes());
         out.extend_from_slice(&self.types);
-        for x in [self.row, self.words[0], self.words[1]] {
+        for x in [self.row, self.words[0], self.words[1], self.ring_step] {
             out.extend_from_slice(&x.to_le_bytes());
         }
     }
 
-    fn read(r: &mut Reader) -> Result<Header, String> {
+    fn read(r: &mut Reader, version: u32) -> Result<Header, String> {
         let n = u16::from_le_bytes(r.take("the architecture")?) as usize;
         let arch = std::str::from_utf8(r.bytes(n, "the architecture")?)
             .map_err(|_| "the architecture is not UTF-8".to_string())?
@@ -245,6 +256,11 @@ impl Header {
         for x in &mut geo {
             *x = u64::from_le_bytes(r.take("the KV geometry")?);
         }
+        let ring_step = if version >= 3 {
+            u64::from_le_bytes(r.take("the ring step")?)
+        } else {
+            0
+        };
         Ok(Header {
             arch,
             hparams,
@@ -255,6 +271,7 @@ impl Header {
             types,
             row: geo[0],
             words: [geo[1], geo[2]],
+            ring_step,
         })
     }
 }
@@ -338,6 +355,7 @@ fn restore(engine: &mut Engine, path: &Path, need_chat: bool) -> Result<Restored
         history,
         words,
         chat,
+        ring_step,
     } = read_checked(engine, path, n_ctx)?;
     if need_chat && chat.is_none() {
         return Err(SessionError::NoConversation {
@@ -349,7 +367,7 @@ fn restore(engine: &mut Engine, path: &Path, need_chat: bool) -> Result<Restored
         engine.set_seq_len(0);
         return Err(e.into());
     }
-    engine.set_seq_len(history.len());
+    engine.set_restored_len(history.len(), ring_step);
     Ok(Restored {
         tokens: history,
         chat,
@@ -382,7 +400,12 @@ pub fn load_slot(
 ) -> Result<Vec<u32>, SessionError> {
     multi.slot_len(slot)?;
     let (cap, base) = (multi.slot_ctx(), slot * multi.slot_ctx());
-    let Checked { history, words, .. } = read_checked(multi.engine_mut(), path, cap)?;
+    let Checked {
+        history,
+        words,
+        ring_step,
+        ..
+    } = read_checked(multi.engine_mut(), path, cap)?;
     if let Err(e) = multi
         .engine_mut()
         .write_kv_rows(base, history.len(), &words)
@@ -391,7 +414,7 @@ pub fn load_slot(
         multi.set_slot_len(slot, 0);
         return Err(e.into());
     }
-    multi.set_slot_len(slot, history.len());
+    multi.set_restored_len(slot, history.len(), ring_step);
     Ok(history)
 }
 
@@ -543,6 +566,8 @@ struct Checked {
     history: Vec<u32>,
     words: Vec<u32>,
     chat: Option<SavedChat>,
+    /// The ring step the rows were saved with (0: every row kept).
+    ring_step: usize,
 }
 
 /// Reads and checks `path` against `engine` for a sequence of at most `cap` positions:
@@ -575,7 +600,7 @@ fn read_checked(engine: &Engine, path: &Path, cap: usize) -> Result<Checked, Ses
         ));
     }
     let mut r = Reader { buf: body, at: 12 };
-    let stored = Header::read(&mut r).map_err(damaged)?;
+    let stored = Header::read(&mut r, version).map_err(damaged)?;
     let mine = Header::of(engine)?;
     if stored.arch != mine.arch
         || stored.hparams != mine.hparams
@@ -617,6 +642,12 @@ fn read_checked(engine: &Engine, path: &Path, cap: usize) -> Result<Checked, Ses
                 mt[0],
                 mt[1]
             ),
+        });
+    }
+    if stored.ring_step > 0 && mine.ring_step == 0 && engine.swa().windowed() {
+        return Err(SessionError::OtherFormat {
+            path: p(),
+            what: "the sliding-window layers' rows were saved from a KV ring, this engine keeps every row (--swa-full)".into(),
         });
     }
     if stored.row != mine.row || stored.words != mine.words {
@@ -680,6 +711,7 @@ fn read_checked(engine: &Engine, path: &Path, cap: usize) -> Result<Checked, Ses
         history,
         words,
         chat,
+        ring_step: usize::try_from(stored.ring_step).unwrap_or(usize::MAX),
     })
 }
 

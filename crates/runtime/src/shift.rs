@@ -31,8 +31,18 @@ pub(crate) fn shift_and_run(
     }
     let mut rest = kv.tokens()[n_keep + discard..].to_vec();
     rest.push(tok);
-    kv.truncate(n_keep);
-    *logits = engine.prefill(&rest, n_keep)?;
+    if engine.keeps(n_keep) {
+        kv.truncate(n_keep);
+        *logits = engine.prefill(&rest, n_keep)?;
+    } else {
+        // Sliding-window rings no longer hold the rows before `n_keep`: the kept tokens
+        // run again too.
+        let mut all = kv.tokens()[..n_keep].to_vec();
+        all.extend_from_slice(&rest);
+        kv.truncate(0);
+        *logits = engine.prefill(&all, 0)?;
+        kv.extend(&all[..n_keep]);
+    }
     kv.extend(&rest);
     Ok(Some(discard))
 }

@@ -132,6 +132,8 @@ pub struct Config {
     pub cache_type_k: minfer_runtime::KvType,
     /// Storage format of the KV cache's V rows (`--cache-type-v`).
     pub cache_type_v: minfer_runtime::KvType,
+    /// Keep every KV row of sliding-window layers instead of their rings (`--swa-full`).
+    pub swa_full: bool,
     /// Answer `GET /slots` with llama-server's "not supported" error (`--no-slots`).
     pub no_slots: bool,
     /// Answer `GET /metrics` with llama-server's "not supported" error (`--no-metrics`).
@@ -183,6 +185,7 @@ impl Config {
             slot_save_path: None,
             cache_type_k: minfer_runtime::KvType::F32,
             cache_type_v: minfer_runtime::KvType::F32,
+            swa_full: false,
             no_slots: false,
             no_metrics: false,
             lookup: None,
@@ -592,6 +595,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     opts.backend_options = config.backend_options;
     opts.cache_type_k = config.cache_type_k;
     opts.cache_type_v = config.cache_type_v;
+    opts.swa_full = config.swa_full;
     let metrics = Arc::new(Metrics::default());
     let load = models::LoadOptions {
         engine: opts.clone(),

@@ -208,6 +208,8 @@ fn a_reused_decode_graph_is_bit_identical_and_allocates_nothing_new() {
             fuse_qkv: false,
             fuse_ffn: false,
             explicit_span: false,
+            ring: None,
+            embeddings: false,
         },
         weights_version: 1,
     };

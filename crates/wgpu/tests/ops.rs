@@ -566,6 +566,7 @@ fn kv_meta(layer: usize, n_embd: usize, n_ctx: usize) -> NodeMeta {
         n_embd,
         n_ctx,
         n_head_kv: None,
+        ring: None,
     })
 }
 
@@ -625,6 +626,7 @@ fn attn_meta(n_head: usize, n_head_kv: usize, hd: usize, n_ctx: usize) -> AttnMe
         n_ctx,
         window: None,
         softcap: None,
+        ring: None,
     }
 }
 

@@ -77,6 +77,8 @@ fn traced(
                 fuse_qkv: false,
                 fuse_ffn: false,
                 explicit_span: false,
+                ring: None,
+                embeddings: false,
             },
             weights_version: 1,
         };

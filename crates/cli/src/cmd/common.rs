@@ -181,6 +181,10 @@ pub struct ModelArgs {
     /// Storage format of the KV cache's V rows: f32, f16 or q8_0.
     #[arg(long = "cache-type-v", default_value = "f32", value_parser = KvType::parse)]
     pub cache_type_v: KvType,
+    /// Keep every KV row of sliding-window layers instead of a ring of the window's
+    /// last rows (more memory; any earlier prefix stays reusable).
+    #[arg(long = "swa-full")]
+    pub swa_full: bool,
     /// Say more on stderr: which compiled backends are left out, and why.
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
@@ -226,6 +230,7 @@ impl ModelArgs {
         o.backend_options = env.backend_options;
         o.cache_type_k = self.cache_type_k;
         o.cache_type_v = self.cache_type_v;
+        o.swa_full = self.swa_full;
         o
     }
 }

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod chat;
 pub mod common;
+pub mod embed;
 pub mod info;
 pub mod perplexity;
 pub mod pull;

@@ -73,6 +73,10 @@ pub struct Args {
     /// Storage format of the KV cache's V rows: f32, f16 or q8_0.
     #[arg(long = "cache-type-v", default_value = "f32", value_parser = minfer_graph::KvType::parse)]
     pub cache_type_v: minfer_graph::KvType,
+    /// Keep every KV row of sliding-window layers instead of a ring of the window's
+    /// last rows (more memory; any earlier prefix stays reusable).
+    #[arg(long = "swa-full")]
+    pub swa_full: bool,
     /// Turn off `GET /slots` (it answers llama-server's 501 "not supported").
     #[arg(long = "no-slots")]
     pub no_slots: bool,
@@ -153,6 +157,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.slot_save_path = args.slot_save_path;
     config.cache_type_k = args.cache_type_k;
     config.cache_type_v = args.cache_type_v;
+    config.swa_full = args.swa_full;
     config.no_slots = args.no_slots;
     config.no_metrics = args.no_metrics;
     config.lookup = args.lookup.then_some(args.draft_max);

@@ -63,6 +63,8 @@ pub struct AttnScratch {
 /// The key range of every token, checked against the region.
 fn key_ranges(a: &AttnArgs, ranges: &mut Vec<(usize, usize)>) -> Result<(), String> {
     let m = a.meta;
+    // Spans and positions name virtual rows; a ring maps them (see `KvRing`).
+    let rows = m.virtual_rows();
     ranges.clear();
     for t in 0..a.nt {
         let (lo, hi) = match a.span {
@@ -74,19 +76,19 @@ fn key_ranges(a: &AttnArgs, ranges: &mut Vec<(usize, usize)>) -> Result<(), Stri
             }
             None => {
                 let p = i64::from(as_i32(a.pos[t]));
-                if p < 0 || p >= m.n_ctx as i64 {
+                if p < 0 || p >= rows as i64 {
                     return Err(format!(
-                        "token {t}: position {p} outside the {}-row KV region of layer {}",
-                        m.n_ctx, m.layer
+                        "token {t}: position {p} outside the {rows}-row KV region of layer {}",
+                        m.layer
                     ));
                 }
                 (0, p + 1)
             }
         };
-        if lo < 0 || lo >= hi || hi > m.n_ctx as i64 {
+        if lo < 0 || lo >= hi || hi > rows as i64 {
             return Err(format!(
-                "token {t}: key range [{lo}, {hi}) invalid for the {}-row KV region of layer {}",
-                m.n_ctx, m.layer
+                "token {t}: key range [{lo}, {hi}) invalid for the {rows}-row KV region of layer {}",
+                m.layer
             ));
         }
         // A sliding-window layer reads only the last `window` rows: evicted rows are
@@ -95,6 +97,16 @@ fn key_ranges(a: &AttnArgs, ranges: &mut Vec<(usize, usize)>) -> Result<(), Stri
             Some(w) => lo.max(hi - w as i64),
             None => lo,
         };
+        if let Some(r) = m.ring {
+            // One sequence's keys, no more than the ring holds.
+            if hi - lo > r.rows as i64 || lo as usize / r.seq_rows != (hi as usize - 1) / r.seq_rows
+            {
+                return Err(format!(
+                    "token {t}: key range [{lo}, {hi}) does not fit layer {}'s ring of {} rows per {}-row sequence",
+                    m.layer, r.rows, r.seq_rows
+                ));
+            }
+        }
         ranges.push((lo as usize, hi as usize));
     }
     Ok(())
@@ -241,21 +253,31 @@ fn group_item(
     let off = g * hd;
     let heads = g * group..(g + 1) * group;
     let q = |h: usize| &a.q[t * a.q_stride + h * hd..][..hd];
-    let mut j0 = lo;
-    while j0 < hi {
-        let j1 = (j0 + KEY_BLOCK).min(hi);
-        let (keys, stride, base) = match a.types[0] {
-            KvType::F32 => (a.k, nkt, j0 * nkt + off),
-            t => {
-                decode_tile(t, a.k, m, g, j0, j1, tile);
-                (&*tile, hd, 0)
+    // The range's physical rows in key order: itself, or its (at most two) ring pieces.
+    let segments = match m.ring {
+        Some(r) => r.segments(lo, hi),
+        None => [(lo, hi), (hi, hi)],
+    };
+    let mut at = 0;
+    for (s0, s1) in segments {
+        let mut j0 = s0;
+        while j0 < s1 {
+            let j1 = (j0 + KEY_BLOCK).min(s1);
+            let (keys, stride, base) = match a.types[0] {
+                KvType::F32 => (a.k, nkt, j0 * nkt + off),
+                t => {
+                    decode_tile(t, a.k, m, g, j0, j1, tile);
+                    (&*tile, hd, 0)
+                }
+            };
+            let (c0, c1) = (at + j0 - s0, at + j1 - s0);
+            for (i, h) in heads.clone().enumerate() {
+                let row = &mut scores[i * len + c0..i * len + c1];
+                isa.dot_rows(q(h), keys, stride, base, row);
             }
-        };
-        for (i, h) in heads.clone().enumerate() {
-            let row = &mut scores[i * len + (j0 - lo)..i * len + (j1 - lo)];
-            isa.dot_rows(q(h), keys, stride, base, row);
+            j0 = j1;
         }
-        j0 = j1;
+        at += s1 - s0;
     }
     for i in 0..group {
         let row = &mut scores[i * len..(i + 1) * len];
@@ -282,21 +304,26 @@ fn group_item(
     // claimed once.
     let o = unsafe { out.slice(ob..ob + group * hd) };
     o.fill(0.0);
-    let mut j0 = lo;
-    while j0 < hi {
-        let j1 = (j0 + KEY_BLOCK).min(hi);
-        let (vals, stride, base) = match a.types[1] {
-            KvType::F32 => (a.v, nkt, j0 * nkt + off),
-            t => {
-                decode_tile(t, a.v, m, g, j0, j1, tile);
-                (&*tile, hd, 0)
+    let mut at = 0;
+    for (s0, s1) in segments {
+        let mut j0 = s0;
+        while j0 < s1 {
+            let j1 = (j0 + KEY_BLOCK).min(s1);
+            let (vals, stride, base) = match a.types[1] {
+                KvType::F32 => (a.v, nkt, j0 * nkt + off),
+                t => {
+                    decode_tile(t, a.v, m, g, j0, j1, tile);
+                    (&*tile, hd, 0)
+                }
+            };
+            let (c0, c1) = (at + j0 - s0, at + j1 - s0);
+            for (i, oh) in o.chunks_exact_mut(hd).enumerate() {
+                let p = &scores[i * len + c0..i * len + c1];
+                isa.weighted_rows_acc(p, vals, stride, base, oh);
             }
-        };
-        for (i, oh) in o.chunks_exact_mut(hd).enumerate() {
-            let p = &scores[i * len + (j0 - lo)..i * len + (j1 - lo)];
-            isa.weighted_rows_acc(p, vals, stride, base, oh);
+            j0 = j1;
         }
-        j0 = j1;
+        at += s1 - s0;
     }
     for (oh, &sum) in o.chunks_exact_mut(hd).zip(sums.iter()) {
         isa.scale(oh, 1.0 / sum);
@@ -389,6 +416,7 @@ mod tests {
             n_ctx: 40,
             window: None,
             softcap: None,
+            ring: None,
         }
     }
 
@@ -485,6 +513,7 @@ mod tests {
             n_ctx: 300,
             window: None,
             softcap: None,
+            ring: None,
         };
         let mut r = Rng::new(9);
         let positions = [0i32, 7, 64, 130, 299];
@@ -558,6 +587,7 @@ mod tests {
             n_ctx: 150,
             window: None,
             softcap: None,
+            ring: None,
         };
         let mut r = Rng::new(11);
         let positions = [0i32, 5, 63, 64, 149];
@@ -583,6 +613,7 @@ mod tests {
                 m.layer,
                 m.nkt(),
                 m.n_ctx,
+                None,
                 types,
                 &k,
                 &v,

@@ -7,7 +7,7 @@
 //! on a word boundary (`KvType::row_words`), viewed as bytes without a copy.
 
 use minfer_gguf::GgmlType;
-use minfer_graph::KvType;
+use minfer_graph::{KvRing, KvType};
 
 use super::as_i32;
 
@@ -91,13 +91,15 @@ pub fn region_words(t: KvType, n_embd: usize, n_ctx: usize) -> Result<(usize, us
 }
 
 /// Writes `k` and `v` (`cells.len()` rows of `n_embd`) into rows `cells` of `k_region` and
-/// `v_region` (`n_ctx` rows each, stored as `types[0]` and `types[1]`). Every cell is
-/// checked before anything is written.
+/// `v_region` (`n_ctx` rows each, stored as `types[0]` and `types[1]`); with a `ring`,
+/// `cells` are virtual rows it maps onto the `n_ctx` physical ones. Every cell is checked
+/// before anything is written.
 #[allow(clippy::too_many_arguments)]
 pub fn store(
     layer: usize,
     n_embd: usize,
     n_ctx: usize,
+    ring: Option<KvRing>,
     types: [KvType; 2],
     k: &[f32],
     v: &[f32],
@@ -124,18 +126,21 @@ pub fn store(
             types[1]
         ));
     }
+    // A ringed layer's cells are virtual rows (see `KvRing`).
+    let rows = ring.map_or(n_ctx, |r| r.virtual_rows(n_ctx));
     if let Some((t, c)) = cells
         .iter()
         .map(|&c| as_i32(c))
         .enumerate()
-        .find(|&(_, c)| c < 0 || c as usize >= n_ctx)
+        .find(|&(_, c)| c < 0 || c as usize >= rows)
     {
         return Err(format!(
-            "KV store layer {layer}: token {t} targets row {c}, outside the {n_ctx}-row region"
+            "KV store layer {layer}: token {t} targets row {c}, outside the {rows}-row region"
         ));
     }
     for (t, &c) in cells.iter().enumerate() {
         let cell = as_i32(c) as usize;
+        let cell = ring.map_or(cell, |r| r.row(cell));
         let src = t * n_embd..(t + 1) * n_embd;
         for (ty, row_words, x, region) in [
             (types[0], k_row, &k[src.clone()], &mut *k_region),
@@ -166,6 +171,7 @@ mod tests {
             0,
             2,
             4,
+            None,
             [KvType::F32; 2],
             &[1.0, 2.0, 3.0, 4.0],
             &[5.0, 6.0, 7.0, 8.0],
@@ -182,6 +188,7 @@ mod tests {
             5,
             2,
             4,
+            None,
             [KvType::F32; 2],
             &[9.0; 4],
             &[9.0; 4],
@@ -192,6 +199,47 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("layer 5") && e.contains("row 4"), "{e}");
         assert_eq!(kr, before, "nothing is written when a cell is out of range");
+    }
+
+    #[test]
+    fn a_ring_maps_virtual_cells_per_sequence() {
+        // Two sequences of 10 virtual rows, 3 physical rows each.
+        let ring = KvRing {
+            rows: 3,
+            seq_rows: 10,
+        };
+        let (mut kr, mut vr) = (vec![0.0; 6], vec![0.0; 6]);
+        let cells = [4, 12, 19].map(f32::from_bits);
+        store(
+            0,
+            1,
+            6,
+            Some(ring),
+            [KvType::F32; 2],
+            &[1.0, 2.0, 3.0],
+            &[1.0, 2.0, 3.0],
+            &cells,
+            &mut kr,
+            &mut vr,
+        )
+        .unwrap();
+        // Position 4 of sequence 0 lands on row 1; positions 2 and 9 of sequence 1 on
+        // rows 3 + 2 and 3 + 0.
+        assert_eq!(kr, [0.0, 1.0, 0.0, 3.0, 0.0, 2.0]);
+        let e = store(
+            0,
+            1,
+            6,
+            Some(ring),
+            [KvType::F32; 2],
+            &[1.0],
+            &[1.0],
+            &[f32::from_bits(20)],
+            &mut kr,
+            &mut vr,
+        )
+        .unwrap_err();
+        assert!(e.contains("outside the 20-row region"), "{e}");
     }
 
     /// Packed rows land word-aligned at their cells and decode to the format's rounding
@@ -206,7 +254,7 @@ mod tests {
         for t in [KvType::F16, KvType::Q8_0] {
             let (row, words) = region_words(t, n_embd, 4).unwrap();
             let (mut kr, mut vr) = (vec![f32::NAN; words], vec![f32::NAN; words]);
-            store(1, n_embd, 4, [t, t], &x, &x, &cells, &mut kr, &mut vr).unwrap();
+            store(1, n_embd, 4, None, [t, t], &x, &x, &cells, &mut kr, &mut vr).unwrap();
             for (tok, cell) in [(0usize, 2usize), (1, 0)] {
                 let bytes: &[u8] = bytemuck::cast_slice(&kr[cell * row..(cell + 1) * row]);
                 let mut back = vec![0.0; n_embd];

@@ -293,8 +293,8 @@ pub fn model_graph(cfg: &Cfg, ws: &[TestWeight], nt: usize) -> ComputeGraph {
         };
         let q = b.rope(q, pos, RopeStyle::NonInterleaved, rope(cfg.n_head));
         let k = b.rope(k, pos, RopeStyle::NonInterleaved, rope(cfg.n_kv));
-        b.kvcache_store(l, k, v, cells, cfg.n_ctx);
-        let kv = b.kvcache_load(l, nkt, cfg.n_ctx, cfg.n_kv);
+        b.kvcache_store(l, k, v, cells, cfg.n_ctx, None);
+        let kv = b.kvcache_load(l, nkt, cfg.n_ctx, cfg.n_kv, None);
         let meta = AttnMeta {
             layer: l,
             n_head: cfg.n_head,
@@ -304,6 +304,7 @@ pub fn model_graph(cfg: &Cfg, ws: &[TestWeight], nt: usize) -> ComputeGraph {
             n_ctx: cfg.n_ctx,
             window: None,
             softcap: None,
+            ring: None,
         };
         let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
         let o = b.matmul(a, &w(&p("attn_output.weight")), None);

@@ -37,8 +37,9 @@ pub fn supports_op(op: &Op, dtype: DType) -> bool {
 /// Whether a device backend takes `node`: an op of [`supports_op`], a node touching
 /// the KV regions only when they live here (`kv_here`; the QKV fusions store into
 /// them), sliding-window attention only where its kernel honours the window
-/// (`windows`), no attention with a score soft-cap (no device kernel has that term), and
-/// every weight it names decoded (`weights_decoded`, the backend's own).
+/// (`windows`), no attention with a score soft-cap (no device kernel has that term), no
+/// node of a ringed KV layer, and every weight it names decoded (`weights_decoded`, the
+/// backend's own).
 pub fn supports_node(
     node: &CNode,
     kv_here: bool,
@@ -48,10 +49,17 @@ pub fn supports_node(
     let kv = node.kv_layer().is_some();
     let windowed = matches!(&node.meta, NodeMeta::Attn(m) if m.window.is_some());
     let capped = matches!(&node.meta, NodeMeta::Attn(m) if m.softcap.is_some());
+    // No device kernel maps virtual rows onto a KV ring: ringed layers stay on the host.
+    let ringed = match &node.meta {
+        NodeMeta::Attn(m) => m.ring.is_some(),
+        NodeMeta::Kvcache(m) => m.ring.is_some(),
+        _ => false,
+    };
     supports_op(&node.op, node.out_dtype)
         && (kv_here || !kv)
         && (windows || !windowed)
         && !capped
+        && !ringed
         && weights_decoded(node)
 }
 

@@ -269,8 +269,9 @@ pub fn run_device_cases(
 /// `Ok` when a device backend's run of a table of `n_cases` cases shows full coverage:
 /// no case failed; every case it did not run is one it declines by capability (a matmul
 /// over a weight type outside `decoded`, rope with Llama 3 frequency factors, or
-/// sliding-window attention on a backend whose kernel has no term for it, GELU, GeGLU,
-/// the soft-cap and soft-capped attention: those nodes run on the CPU in a real graph); at
+/// sliding-window attention on a backend whose kernel has no term for it, attention over
+/// a KV ring, GELU, GeGLU, the soft-cap and soft-capped attention: those nodes run on the
+/// CPU in a real graph); at
 /// least one matmul case ran for each type in `decoded`; and every case is accounted for.
 pub fn check_device_report(
     report: &CaseReport,
@@ -285,12 +286,15 @@ pub fn check_device_report(
         let declined_rope = op == Some("rope") && case.contains("freq_factors");
         // A device kernel without a window term declines it (`device_kit::supports_node`).
         let declined_window = op == Some("attn") && case.contains(" window ");
+        // No device kernel maps rows onto a KV ring (`device_kit::supports_node`).
+        let declined_ring = op == Some("attn") && case.contains(" ring ");
         // No device kernel has GELU, GeGLU, the soft-cap or the attention score cap
         // (`device_kit::supports_op` and `supports_node` leave them to the CPU).
         let declined_gemma = matches!(op, Some("gelu" | "geglu" | "softcap"))
             || (op == Some("attn") && case.contains(" softcap "));
         let declined_matmul = op == Some("matmul") && !decoded.iter().any(|d| d.name() == ty);
-        if !(declined_rope || declined_matmul || declined_window || declined_gemma) {
+        if !(declined_rope || declined_matmul || declined_window || declined_gemma || declined_ring)
+        {
             return Err(format!(
                 "'{case}' was not run on {name}, though the backend implements it"
             ));
@@ -714,7 +718,10 @@ fn rope_cases(out: &mut Vec<OpCase>) {
 
 /// Attention over a KV arena written in the same graph: store K/V at `cells`, then
 /// attend, with GQA (several query heads per KV head). With `seqs > 1` the tokens
-/// belong to that many sequences, each in its own rows, bounded by explicit spans.
+/// belong to that many sequences, each in its own rows, bounded by explicit spans. With
+/// `ring: Some((rows, pos0))` the layer keeps a KV ring of `rows` rows per sequence
+/// and each sequence's tokens start at position `pos0`, so their rows wrap around it
+/// (the rows before `pos0` read as the arena's zeros, on every backend alike).
 fn attn_case(
     nt_per_seq: usize,
     seqs: usize,
@@ -722,9 +729,14 @@ fn attn_case(
     n_head_kv: usize,
     window: Option<usize>,
     softcap: Option<f32>,
+    ring: Option<(usize, usize)>,
 ) -> OpCase {
     let hd = 64usize;
-    let n_ctx = 32usize;
+    // Virtual rows per sequence, and the layer's ring.
+    let seq_rows = if ring.is_some() { 16 } else { 10 };
+    let pos0 = ring.map_or(0, |r| r.1);
+    let ring = ring.map(|(rows, _)| crate::KvRing { rows, seq_rows });
+    let n_ctx = ring.map_or(32, |r| r.physical_rows(32));
     let nt = nt_per_seq * seqs;
     let explicit = seqs > 1;
     let mut b = GraphBuilder::new();
@@ -738,8 +750,8 @@ fn attn_case(
     } else {
         pos
     };
-    b.kvcache_store(0, k, v, cells, n_ctx);
-    let kv = b.kvcache_load(0, n_head_kv * hd, n_ctx, n_head_kv);
+    b.kvcache_store(0, k, v, cells, n_ctx, ring);
+    let kv = b.kvcache_load(0, n_head_kv * hd, n_ctx, n_head_kv, ring);
     let meta = AttnMeta {
         layer: 0,
         n_head,
@@ -749,19 +761,21 @@ fn attn_case(
         n_ctx,
         window,
         softcap,
+        ring,
     };
     let a = b.attn(q, kv, pos, span, AttnMode::Gqa, meta);
     b.output(a);
-    // Sequence s owns rows [s * 10, s * 10 + nt_per_seq); token t of it sits at
-    // position t and attends its own rows 0..=t (causal).
+    // Sequence s owns virtual rows [s * seq_rows, (s + 1) * seq_rows); token t of it
+    // sits at position pos0 + t and attends its own rows 0..=pos0 + t (causal).
     let mut positions = Vec::new();
     let mut cell_rows = Vec::new();
     let mut spans = Vec::new();
+    let (sr, p0) = (seq_rows as u32, pos0 as u32);
     for s in 0..seqs as u32 {
-        for t in 0..nt_per_seq as u32 {
+        for t in p0..p0 + nt_per_seq as u32 {
             positions.push(t);
-            cell_rows.push(s * 10 + t);
-            spans.extend([s * 10, s * 10 + t + 1]);
+            cell_rows.push(s * sr + t);
+            spans.extend([s * sr, s * sr + t + 1]);
         }
     }
     // A soft-capped case gets scores past the cap's knee: q scaled so that
@@ -785,10 +799,11 @@ fn attn_case(
     }
     OpCase {
         name: format!(
-            "attn gqa {n_head}/{n_head_kv} heads nt={nt_per_seq}x{seqs} seq{}{}{}",
+            "attn gqa {n_head}/{n_head_kv} heads nt={nt_per_seq}x{seqs} seq{}{}{}{}",
             if explicit { " explicit span" } else { "" },
             window.map_or(String::new(), |w| format!(" window {w}")),
-            softcap.map_or(String::new(), |c| format!(" softcap {c}"))
+            softcap.map_or(String::new(), |c| format!(" softcap {c}")),
+            ring.map_or(String::new(), |r| format!(" ring {} from {pos0}", r.rows))
         ),
         op: "attn",
         graph: b.build(),
@@ -800,23 +815,27 @@ fn attn_case(
 
 fn kv_cases(out: &mut Vec<OpCase>) {
     for nt in TOKENS {
-        out.push(attn_case(nt, 1, 4, 2, None, None));
-        out.push(attn_case(nt, 1, 2, 2, None, None));
+        out.push(attn_case(nt, 1, 4, 2, None, None, None));
+        out.push(attn_case(nt, 1, 2, 2, None, None, None));
     }
-    out.push(attn_case(3, 2, 4, 1, None, None));
-    out.push(attn_case(1, 3, 4, 2, None, None));
+    out.push(attn_case(3, 2, 4, 1, None, None, None));
+    out.push(attn_case(1, 3, 4, 2, None, None, None));
     // Sliding-window layers: causal over positions, explicit spans of several
     // sequences, and a window of one row (each token reads only its own V).
-    out.push(attn_case(7, 1, 4, 2, Some(3), None));
-    out.push(attn_case(5, 2, 4, 1, Some(2), None));
-    out.push(attn_case(7, 1, 2, 2, Some(1), None));
+    out.push(attn_case(7, 1, 4, 2, Some(3), None, None));
+    out.push(attn_case(5, 2, 4, 1, Some(2), None, None));
+    out.push(attn_case(7, 1, 2, 2, Some(1), None, None));
     // A score soft-cap (Gemma 2 uses 50 on scores of that order; here 5 on these
     // smaller scores, so the cap bends them as much), alone and on a window.
-    out.push(attn_case(5, 1, 4, 2, None, Some(5.0)));
-    out.push(attn_case(6, 1, 4, 2, Some(3), Some(5.0)));
+    out.push(attn_case(5, 1, 4, 2, None, Some(5.0), None));
+    out.push(attn_case(6, 1, 4, 2, Some(3), Some(5.0), None));
+    // A sliding-window layer's KV ring (window 3 plus 5 tokens: 7 rows per sequence),
+    // the tokens' rows wrapping around it, alone and in two sequences.
+    out.push(attn_case(5, 1, 4, 2, Some(3), None, Some((7, 4))));
+    out.push(attn_case(5, 2, 4, 1, Some(3), None, Some((7, 4))));
     // The store alone, read back through attention: a one-row arena read by one query
     // reproduces that row's V exactly, so a misplaced row shows.
-    let mut c = attn_case(1, 1, 2, 2, None, None);
+    let mut c = attn_case(1, 1, 2, 2, None, None, None);
     c.name = "kvcache_store then attn over one row".into();
     c.op = "kvcache_store";
     out.push(c);

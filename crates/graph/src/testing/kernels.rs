@@ -294,13 +294,16 @@ pub(super) fn kv_store(
 ) -> Result<(), String> {
     let m = kv_meta(node)?;
     let cells = input(inputs, 2)?;
+    // A ringed layer's cells are virtual rows.
+    let rows = m.ring.map_or(m.n_ctx, |r| r.virtual_rows(m.n_ctx));
     for (half, id) in [(input(inputs, 0)?, k_id), (input(inputs, 1)?, v_id)] {
         let region = buffers.get_mut(id).ok_or("KV region does not exist")?;
         for (t, cell) in ints(cells).enumerate() {
             let c = usize::try_from(cell)
                 .ok()
-                .filter(|&c| c < m.n_ctx)
-                .ok_or_else(|| format!("cell {cell} outside the {}-row region", m.n_ctx))?;
+                .filter(|&c| c < rows)
+                .ok_or_else(|| format!("cell {cell} outside the {rows}-row region"))?;
+            let c = m.ring.map_or(c, |r| r.row(c));
             let src = half
                 .get(t * m.n_embd..(t + 1) * m.n_embd)
                 .ok_or("KV store input shorter than its cells")?;
@@ -341,19 +344,24 @@ pub(super) fn attn(
         };
         let (lo, hi) = (lo.max(0) as usize, hi.max(0) as usize);
         let bad_cap = m.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0));
-        if hi > m.n_ctx || lo >= hi || m.window == Some(0) || bad_cap {
+        if hi > m.virtual_rows() || lo >= hi || m.window == Some(0) || bad_cap {
             return Err(format!(
-                "token {t}: key range [{lo}, {hi}) vs n_ctx {} (window {:?}, softcap {:?})",
-                m.n_ctx, m.window, m.softcap
+                "token {t}: key range [{lo}, {hi}) vs {} rows (window {:?}, softcap {:?})",
+                m.virtual_rows(),
+                m.window,
+                m.softcap
             ));
         }
         // Sliding window: the last `window` rows of the range, the token's own included.
         let lo = m.window.map_or(lo, |w| lo.max(hi.saturating_sub(w)));
+        // A ring holds a window's rows of each sequence at mapped rows.
+        let row = |j: usize| m.ring.map_or(j, |r| r.row(j));
         for h in 0..m.n_head {
             let qh = &q[t * q_stride + h * m.hd..t * q_stride + (h + 1) * m.hd];
             let off = (h / group) * m.hd;
             let scores: Vec<f32> = (lo..hi)
                 .map(|j| {
+                    let j = row(j);
                     let kr = &k[j * nkt + off..j * nkt + off + m.hd];
                     let s = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * m.scale;
                     m.softcap.map_or(s, |c| softcap(s, c))
@@ -364,6 +372,7 @@ pub(super) fn attn(
             let sum: f32 = e.iter().sum();
             let o = &mut out[t * m.n_head * m.hd + h * m.hd..][..m.hd];
             for (j, p) in (lo..hi).zip(&e) {
+                let j = row(j);
                 let vr = &v[j * nkt + off..j * nkt + off + m.hd];
                 for (d, val) in vr.iter().enumerate() {
                     o[d] += p / sum * val;

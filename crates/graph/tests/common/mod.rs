@@ -69,6 +69,8 @@ pub fn params(nt: usize, fuse_ffn: bool) -> GraphParams {
             fuse_qkv: false,
             fuse_ffn,
             explicit_span: false,
+            ring: None,
+            embeddings: false,
         },
         weights_version: 1,
     }
@@ -103,8 +105,8 @@ pub fn build_block(p: &GraphParams) -> ComputeGraph {
     let v = b.matmul(h, &wr("wv", [N_EMBD, NKT]), None);
     let q = b.rope(q, pos, RopeStyle::NonInterleaved, rope_meta(N_HEAD));
     let k = b.rope(k, pos, RopeStyle::NonInterleaved, rope_meta(N_HEAD_KV));
-    b.kvcache_store(0, k, v, pos, p.cparams.n_ctx);
-    let kv = b.kvcache_load(0, NKT, p.cparams.n_ctx, N_HEAD_KV);
+    b.kvcache_store(0, k, v, pos, p.cparams.n_ctx, None);
+    let kv = b.kvcache_load(0, NKT, p.cparams.n_ctx, N_HEAD_KV, None);
     let meta = AttnMeta {
         layer: 0,
         n_head: N_HEAD,
@@ -114,6 +116,7 @@ pub fn build_block(p: &GraphParams) -> ComputeGraph {
         n_ctx: p.cparams.n_ctx,
         window: None,
         softcap: None,
+        ring: None,
     };
     let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
     let o = b.matmul(a, &wr("wo", [N_HEAD * HD, N_EMBD]), None);

@@ -113,11 +113,20 @@ impl DraftKv {
     /// a new context (nothing in common) runs whole, and far behind, the draft restarts
     /// on the context's tail (its predictions are local anyway). Returns the position to
     /// run from and the tokens to run there, already counted as held.
-    fn catch_up<'c>(&mut self, context: &'c [u32], held: usize) -> (usize, &'c [u32]) {
+    fn catch_up<'c>(
+        &mut self,
+        context: &'c [u32],
+        held: usize,
+        keeps: impl Fn(usize) -> bool,
+    ) -> (usize, &'c [u32]) {
         let view = context.get(self.base..).unwrap_or_default();
         let mut keep = common_prefix(&self.kv, view)
             .min(view.len().saturating_sub(1))
             .min(held);
+        // Rows the draft's sliding-window rings dropped run again.
+        if !keeps(keep) {
+            keep = 0;
+        }
         if keep == 0 {
             self.base = 0;
         } else if view.len() - keep > DRAFT_CATCHUP_MAX {
@@ -222,7 +231,10 @@ impl DraftSource for DraftModel {
         );
         sampler.copy_window_from(target);
         // One forward catches up on what the draft's rows miss of the context.
-        let (keep, run) = self.rows.catch_up(context, self.engine.seq_len());
+        let engine = &self.engine;
+        let (keep, run) = self
+            .rows
+            .catch_up(context, engine.seq_len(), |k| engine.keeps(k));
         match self.engine.prefill(run, keep) {
             Ok(logits) => self.logits = logits,
             Err(e) => {
@@ -384,7 +396,11 @@ impl MultiDraft {
                 ..a.target.params().clone()
             };
             sampler_for(&mut seq.sampler, &params)?.copy_window_from(a.target);
-            let (keep, run) = seq.rows.catch_up(a.context, self.engine.slot_len(a.slot)?);
+            let held = self.engine.slot_len(a.slot)?;
+            let engine = &self.engine;
+            let (keep, run) = seq
+                .rows
+                .catch_up(a.context, held, |k| engine.keeps(a.slot, k));
             steps.push(SeqStep {
                 slot: a.slot,
                 tokens: run.to_vec(),

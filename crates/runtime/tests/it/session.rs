@@ -288,25 +288,44 @@ fn a_session_with_a_conversation_round_trips_and_every_damage_to_it_is_refused()
     assert_eq!(session::load(&mut e, &path).expect("load"), hist);
 }
 
-/// Rewrites a version-2 file with no conversation as version 1 (the same bytes less the
-/// conversation flag, checksummed again).
-fn as_version_1(v2: &[u8]) -> Vec<u8> {
+/// Rewrites a version-3 file of a model without sliding windows as version 2 (the same
+/// bytes less the ring step, which is 0), then, with `v1`, as version 1 (less the
+/// conversation flag too), checksummed again.
+fn as_older(v3: &[u8], v1: bool) -> Vec<u8> {
     use sha2::Digest;
-    let body = &v2[..v2.len() - 32];
-    assert_eq!(body.last(), Some(&0), "no conversation in this file");
-    let mut v1 = body[..body.len() - 1].to_vec();
-    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
-    let sum = sha2::Sha256::digest(&v1);
-    v1.extend_from_slice(&sum);
-    v1
+    let body = &v3[..v3.len() - 32];
+    let arch_len = u16::from_le_bytes([body[12], body[13]]) as usize;
+    // Magic, version, architecture, hyperparameters, digest, backend, formats, geometry.
+    let step_at = 12 + 2 + arch_len + 8 * 8 + 3 * 4 + 1 + 32 + 2 + 2 + 3 * 8;
+    assert_eq!(
+        &body[step_at..step_at + 8],
+        &[0; 8],
+        "a file with a ring step"
+    );
+    let mut out = body[..step_at].to_vec();
+    out.extend_from_slice(&body[step_at + 8..]);
+    let version: u32 = if v1 {
+        assert_eq!(out.last(), Some(&0), "no conversation in this file");
+        out.pop();
+        1
+    } else {
+        2
+    };
+    out[8..12].copy_from_slice(&version.to_le_bytes());
+    let sum = sha2::Sha256::digest(&out);
+    out.extend_from_slice(&sum);
+    out
 }
 
 #[test]
-fn a_version_1_file_still_loads() {
+fn version_1_and_2_files_still_load() {
     let d = dir("v1");
     let (path, bytes) = saved(&d, "s.kv", [KvType::F32; 2]);
-    let want = session::load(&mut engine([KvType::F32; 2]), &path).expect("v2");
-    std::fs::write(&path, as_version_1(&bytes)).unwrap();
+    let want = session::load(&mut engine([KvType::F32; 2]), &path).expect("v3");
+    std::fs::write(&path, as_older(&bytes, false)).unwrap();
+    let mut e = engine([KvType::F32; 2]);
+    assert_eq!(session::load(&mut e, &path).expect("v2 loads"), want);
+    std::fs::write(&path, as_older(&bytes, true)).unwrap();
     let mut e = engine([KvType::F32; 2]);
     assert_eq!(session::load(&mut e, &path).expect("v1 loads"), want);
     let err = session::load_chat(&mut engine([KvType::F32; 2]), &path).unwrap_err();
@@ -347,12 +366,12 @@ fn foreign_files_are_refused_with_what_differs() {
     std::fs::write(&bad, b"GGUF\x03\0\0\0 not a session at all").unwrap();
     let e = refused(&mut e32, &bad).to_string();
     assert!(e.contains("bad magic"), "{e}");
-    let mut v3 = bytes.clone();
-    v3[8] = 3;
-    std::fs::write(&bad, &v3).unwrap();
+    let mut v4 = bytes.clone();
+    v4[8] = 4;
+    std::fs::write(&bad, &v4).unwrap();
     let e = refused(&mut e32, &bad).to_string();
     assert!(
-        e.contains("version 3") && e.contains("versions 1 to 2"),
+        e.contains("version 4") && e.contains("versions 1 to 3"),
         "{e}"
     );
     // A missing file names itself.

@@ -74,7 +74,11 @@ impl Worker {
         }
         // The conversation engine's reuse rule: the longest held prefix, less the last
         // prompt token, whose logits start the generation.
-        let keep = self.slots[idx].cached.reuse(&job.prompt).kept;
+        let engine = &self.engine;
+        let keep = self.slots[idx]
+            .cached
+            .reuse_if(&job.prompt, |k| engine.keeps(idx, k))
+            .kept;
         self.metrics.add_prompt_tokens(job.prompt.len());
         let mut choices = Vec::with_capacity(n);
         for (choice, &slot) in std::iter::once(&idx).chain(&others).enumerate() {

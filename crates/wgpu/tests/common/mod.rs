@@ -282,6 +282,8 @@ pub fn run_model_fused(
                 fuse_qkv,
                 fuse_ffn: false,
                 explicit_span,
+                ring: None,
+                embeddings: false,
             },
             weights_version: 1,
         };

@@ -1,0 +1,162 @@
+//! Embeddings: a text's final-normed hidden states pooled into one vector (or kept per
+//! token), as llama.cpp's embedding mode computes them.
+//!
+//! The graph returns the hidden rows the output head would read (`CParams::embeddings`);
+//! pooling and normalisation run here, over all of a text's rows, in f64 so the order of
+//! the prefill chunks does not matter. A text runs as its own sequence from position 0,
+//! causal as the model is.
+
+use crate::engine::{Engine, EngineError};
+
+/// How the rows of one text become its embedding (llama.cpp's `pooling_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// One embedding per token.
+    None,
+    /// The mean of the rows.
+    Mean,
+    /// The first token's row.
+    Cls,
+    /// The last token's row (Qwen3-Embedding and other decoder embedders).
+    Last,
+}
+
+impl Pooling {
+    /// The name used by flags and APIs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::None => "none",
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+        }
+    }
+
+    /// Parses `none`, `mean`, `cls` or `last`; an error names the accepted values.
+    pub fn parse(s: &str) -> Result<Pooling, String> {
+        match s {
+            "none" => Ok(Pooling::None),
+            "mean" => Ok(Pooling::Mean),
+            "cls" => Ok(Pooling::Cls),
+            "last" => Ok(Pooling::Last),
+            other => Err(format!(
+                "pooling '{other}' is not one of none, mean, cls, last"
+            )),
+        }
+    }
+
+    /// The pooling the model file states (`<arch>.pooling_type`: 1 mean, 2 cls, 3 last),
+    /// or `None` when it states none (or one minfer does not compute, such as rank).
+    pub fn of_model(engine: &Engine) -> Option<Pooling> {
+        let key = format!("{}.pooling_type", engine.arch());
+        match engine.file().get_u32(&key).ok()? {
+            1 => Some(Pooling::Mean),
+            2 => Some(Pooling::Cls),
+            3 => Some(Pooling::Last),
+            _ => None,
+        }
+    }
+
+    /// What a request that names no pooling gets: the model's, else the mean (a decoder
+    /// model states none; one vector per text is what embedding clients expect).
+    pub fn default_for(engine: &Engine) -> Pooling {
+        Pooling::of_model(engine).unwrap_or(Pooling::Mean)
+    }
+}
+
+/// The embedding of `tokens` (one vector, or one per token with [`Pooling::None`]),
+/// scaled to unit Euclidean length when `normalize` is set. The engine's current sequence
+/// is replaced. An empty text or one longer than the context is refused by name.
+pub fn embed(
+    engine: &mut Engine,
+    tokens: &[u32],
+    pooling: Pooling,
+    normalize: bool,
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    if tokens.is_empty() {
+        return Err(EngineError::Param {
+            name: "input",
+            message: "is empty: an embedding needs at least one token".into(),
+        });
+    }
+    if tokens.len() > engine.n_ctx() {
+        return Err(EngineError::ContextOverflow {
+            what: "the input",
+            needed: tokens.len(),
+            n_ctx: engine.n_ctx(),
+        });
+    }
+    let n_embd = engine.hparams().n_embd;
+    engine.reset();
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    let mut sum = vec![0f64; n_embd];
+    let mut pos = 0;
+    for chunk in tokens.chunks(engine.n_batch().max(1)) {
+        let hidden = engine.forward_hidden(chunk, pos)?;
+        for (i, row) in hidden.chunks_exact(n_embd).enumerate() {
+            let p = pos + i;
+            match pooling {
+                Pooling::None => rows.push(row.to_vec()),
+                Pooling::Mean => sum.iter_mut().zip(row).for_each(|(s, &x)| *s += x as f64),
+                Pooling::Cls if p == 0 => rows.push(row.to_vec()),
+                Pooling::Last if p + 1 == tokens.len() => rows.push(row.to_vec()),
+                _ => {}
+            }
+        }
+        pos += chunk.len();
+    }
+    if pooling == Pooling::Mean {
+        let n = tokens.len() as f64;
+        rows.push(sum.iter().map(|s| (s / n) as f32).collect());
+    }
+    if normalize {
+        rows.iter_mut().for_each(|r| l2_normalize(r));
+    }
+    Ok(rows)
+}
+
+/// Scales `v` to unit Euclidean length (a zero vector stays zero), as llama.cpp's
+/// `--embd-normalize 2`.
+pub fn l2_normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
+    }
+}
+
+/// Cosine similarity of two vectors of one length (0 when either is zero).
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let na = a.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+    let nb = b.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na * nb)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooling_names_round_trip_and_bad_ones_are_named() {
+        for p in [Pooling::None, Pooling::Mean, Pooling::Cls, Pooling::Last] {
+            assert_eq!(Pooling::parse(p.name()), Ok(p));
+        }
+        let e = Pooling::parse("max").unwrap_err();
+        assert!(e.contains("'max'") && e.contains("mean"), "{e}");
+    }
+
+    #[test]
+    fn normalised_vectors_have_unit_length() {
+        let mut v = vec![3.0, 4.0];
+        l2_normalize(&mut v);
+        assert_eq!(v, [0.6, 0.8]);
+        let mut z = vec![0.0; 3];
+        l2_normalize(&mut z);
+        assert_eq!(z, [0.0; 3]);
+        assert!((cosine(&[1.0, 0.0], &[1.0, 1.0]) - 0.5f64.sqrt()).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""llama.cpp's embeddings of the default model, for minfer's embedding check.
+
+llama.cpp and its Python bindings come from the llama-cpp-python 0.3.36 sdist (llama.cpp
+build 0c1e570), built as the header of scripts/gen_llama_reference.py describes (a
+`-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON` build runs on every
+host of this kind); then:
+
+    PYTHONPATH=DIR/llama_cpp_python-0.3.36 \
+    LLAMA_CPP_LIB_PATH=DIR/llama_cpp_python-0.3.36/vendor/llama.cpp/build2/bin \
+    python3 scripts/gen_embed_reference.py MODEL.gguf
+
+For each text of TEXTS and each pooling of POOLINGS it records the token ids llama.cpp
+embeds and the embedding llama.cpp computes (the library's embedding mode, as
+`llama-embedding --pooling P --embd-normalize 2` computes it: f32 KV, no flash attention,
+2 threads), L2-normalised, into crates/runtime/tests/golden/embed_reference.json.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import llama_cpp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "..", "crates", "runtime", "tests", "golden", "embed_reference.json")
+
+TEXTS = [
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "The quick brown fox jumps over the lazy dog.",
+    "Retrieval-augmented generation looks up passages similar to the question.",
+    "SELECT name, COUNT(*) FROM users GROUP BY name ORDER BY 2 DESC;",
+]
+GGML_TYPE_F32 = 0
+POOLINGS = {
+    "mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+    "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
+}
+
+
+def main():
+    model = sys.argv[1]
+    out = {"model": os.path.basename(model), "entries": []}
+    for name, ptype in POOLINGS.items():
+        llm = llama_cpp.Llama(
+            model_path=model,
+            embedding=True,
+            pooling_type=ptype,
+            n_ctx=512,
+            n_batch=512,
+            n_threads=2,
+            flash_attn=False,
+            type_k=GGML_TYPE_F32,
+            type_v=GGML_TYPE_F32,
+            verbose=False,
+        )
+        for text in TEXTS:
+            ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+            v = np.array(llm.embed(text, normalize=False), dtype=np.float64)
+            v = v / np.linalg.norm(v)
+            out["entries"].append(
+                {"text": text, "pooling": name, "ids": list(ids), "embedding": [float(x) for x in v]}
+            )
+        del llm
+    with open(OUT, "w") as f:
+        json.dump(out, f)
+        f.write("\n")
+    print(f"wrote {len(out['entries'])} embeddings to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
