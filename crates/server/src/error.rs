@@ -87,6 +87,15 @@ impl ApiError {
         }
     }
 
+    /// 503 while the default model loads (llama-server's "Loading model"), with a
+    /// `Retry-After` of one second.
+    pub fn loading() -> Self {
+        ApiError {
+            retry_after: Some(1),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "Loading model")
+        }
+    }
+
     /// 401 `invalid_api_key`: the key is missing or wrong.
     pub fn invalid_api_key() -> Self {
         ApiError {

@@ -125,6 +125,10 @@ pub struct Config {
     /// `openai::SLOW_MARKER` decode slowly), to test that a panic becomes a 500 and the
     /// worker keeps serving, and to hold a slot busy. Never on in the CLI.
     pub fault_injection: bool,
+    /// Time the default model's load is held back after the socket is bound, so tests can
+    /// observe the loading state (`/health` 503). Zero in the CLI.
+    #[doc(hidden)]
+    pub load_delay: Duration,
     /// Directory of the slot save/restore files (`--slot-save-path`); `None` disables
     /// `POST /slots/{id}?action=save|restore`.
     pub slot_save_path: Option<PathBuf>,
@@ -182,6 +186,7 @@ impl Config {
             shutdown_timeout: Duration::from_secs(5),
             send_buffer: None,
             fault_injection: false,
+            load_delay: Duration::ZERO,
             slot_save_path: None,
             cache_type_k: minfer_runtime::KvType::F32,
             cache_type_v: minfer_runtime::KvType::F32,
@@ -362,6 +367,9 @@ pub struct AppState {
     native: api::llama::Native,
     /// Responses kept for `previous_response_id` (bounded; see `api::responses::store`).
     responses: api::responses::Store,
+    /// Set once the default model is loaded: until then `/health` answers 503 and every
+    /// route but `/health`, `/version` and `/metrics` refuses with 503.
+    ready: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
@@ -627,8 +635,6 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         Arc::clone(&workers),
     )
     .map_err(ServerError::Load)?;
-    // The default model loads now, so that a server that cannot serve it never starts.
-    models.get(None).map_err(|e| ServerError::Load(e.message))?;
     let io = |what: &str| {
         let what = what.to_string();
         move |source| ServerError::Io { what, source }
@@ -668,7 +674,9 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         slot_save_path: config.slot_save_path.clone(),
         native: api::llama::Native::new(&config),
         responses: Default::default(),
+        ready: std::sync::atomic::AtomicBool::new(false),
     });
+    let loading = Arc::clone(&state);
     let app = routes::router(state);
     let limits = http::Limits {
         header_timeout: config.header_timeout,
@@ -718,12 +726,23 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
             served
         })
         .map_err(io("starting the HTTP thread"))?;
-    Ok(Running {
+    let running = Running {
         addr,
         shutdown: Some(tx),
         http: Some(http),
         workers,
-    })
+    };
+    // The default model loads while the socket already answers `/health` with 503, so
+    // a gateway's or an orchestrator's probe sees the server come up; a server that
+    // cannot serve the model stops (dropping `running`) and says why.
+    std::thread::sleep(config.load_delay);
+    loading
+        .model(None)
+        .map_err(|e| ServerError::Load(e.message))?;
+    loading
+        .ready
+        .store(true, std::sync::atomic::Ordering::Release);
+    Ok(running)
 }
 
 #[cfg(test)]

@@ -1,5 +1,8 @@
 //! Server counters, gauges and latency histograms, rendered as Prometheus text: under
-//! minfer's own `minfer_*` names, and under llama-server's `llamacpp:*` names.
+//! minfer's own `minfer_*` names, under llama-server's `llamacpp:*` names, and under
+//! vLLM's `vllm:*` names (`vllm.rs`).
+
+mod vllm;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -296,6 +299,7 @@ impl Metrics {
             "Time between consecutive generated tokens of a request.",
         );
         self.render_llamacpp(&mut s, gen);
+        self.render_vllm(&mut s, gen);
         s
     }
 

@@ -23,6 +23,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.body_limit;
     Router::new()
         .route("/health", get(health))
+        .route("/version", get(version))
         .route("/slots", get(slots))
         .route("/slots/{id}", post(crate::slots::slot_action))
         .route("/metrics", get(metrics))
@@ -112,6 +113,11 @@ async fn admit(
     if req.uri().path() != "/health" && !authorized(st, &req) {
         return Err(ApiError::invalid_api_key());
     }
+    if !st.ready.load(std::sync::atomic::Ordering::Acquire)
+        && !UNGATED_WHILE_LOADING.contains(&req.uri().path())
+    {
+        return Err(ApiError::loading());
+    }
     if req.method() != Method::POST || !JSON_ROUTES.contains(&req.uri().path()) {
         return Ok(Ok(req));
     }
@@ -138,12 +144,24 @@ async fn method_not_allowed(req: Request) -> ApiError {
     )
 }
 
-async fn health() -> Json<Value> {
+async fn health(State(st): St) -> Response {
+    if !st.ready.load(std::sync::atomic::Ordering::Acquire) {
+        // llama-server's answer while it loads; probes and gateways wait for a 200.
+        return ApiError::loading().into_response();
+    }
     // The backends the engine runs on and the adapter of the first with a device.
     let backends = minfer_runtime::backends::in_use();
     let adapter = backends.iter().find_map(|b| b.device.clone());
-    Json(json!({"status": "ok", "backends": backends, "adapter": adapter}))
+    Json(json!({"status": "ok", "backends": backends, "adapter": adapter})).into_response()
 }
+
+/// The server's name and version (vLLM's `/version`, with the name added).
+async fn version() -> Json<Value> {
+    Json(json!({"name": "minfer", "version": env!("CARGO_PKG_VERSION")}))
+}
+
+/// Routes that answer while the default model loads.
+const UNGATED_WHILE_LOADING: &[&str] = &["/health", "/version", "/metrics"];
 
 /// The default model's slots (`?model=NAME` for another's); llama-server's 501 with
 /// `--no-slots`.
