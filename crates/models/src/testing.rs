@@ -275,6 +275,50 @@ pub fn golden_models() -> Vec<(&'static str, TinySpec)> {
             "llama3-q6_k",
             TinySpec::llama3_kquant(GgmlType::Q6K, LLAMA3_SEED),
         ),
+        // The i-quants, MXFP4 and the ternary types on the Qwen3 geometries: 32-element
+        // blocks on the small one, 256-element super-blocks on the k-quant one.
+        ("qwen3-iq4_nl", TinySpec::qwen3(GgmlType::Iq4Nl, QWEN3_SEED)),
+        ("qwen3-mxfp4", TinySpec::qwen3(GgmlType::Mxfp4, QWEN3_SEED)),
+        (
+            "qwen3-iq4_xs",
+            TinySpec::qwen3_kquant(GgmlType::Iq4Xs, KQUANT_SEED),
+        ),
+        (
+            "qwen3-iq3_s",
+            TinySpec::qwen3_kquant(GgmlType::Iq3S, KQUANT_SEED),
+        ),
+        (
+            "qwen3-iq3_xxs",
+            TinySpec::qwen3_kquant(GgmlType::Iq3Xxs, KQUANT_SEED),
+        ),
+        (
+            "qwen3-iq2_s",
+            TinySpec::qwen3_kquant(GgmlType::Iq2S, KQUANT_SEED),
+        ),
+        (
+            "qwen3-iq2_xs",
+            TinySpec::qwen3_kquant(GgmlType::Iq2Xs, KQUANT_SEED),
+        ),
+        (
+            "qwen3-iq2_xxs",
+            TinySpec::qwen3_kquant(GgmlType::Iq2Xxs, KQUANT_SEED),
+        ),
+        (
+            "qwen3-iq1_m",
+            TinySpec::qwen3_kquant(GgmlType::Iq1M, KQUANT_SEED),
+        ),
+        (
+            "qwen3-iq1_s",
+            TinySpec::qwen3_kquant(GgmlType::Iq1S, KQUANT_SEED),
+        ),
+        (
+            "qwen3-tq2_0",
+            TinySpec::qwen3_kquant(GgmlType::Tq2_0, KQUANT_SEED),
+        ),
+        (
+            "qwen3-tq1_0",
+            TinySpec::qwen3_kquant(GgmlType::Tq1_0, KQUANT_SEED),
+        ),
         ("gemma2-f32", TinySpec::gemma2(GgmlType::F32, GEMMA2_SEED)),
         ("gemma3-f32", TinySpec::gemma3(GgmlType::F32, GEMMA3_SEED)),
         ("gemma3-q8_0", TinySpec::gemma3(GgmlType::Q8_0, GEMMA3_SEED)),

@@ -26,24 +26,16 @@ fn find<'a>(g: &'a Value, name: &str) -> Option<&'a Value> {
 }
 
 fn entry<'a>(g: &'a Value, name: &str) -> &'a Value {
-    find(g, name).unwrap_or_else(|| panic!("no golden entry for {name}"))
+    find(g, name)
+        .unwrap_or_else(|| panic!("{name}: no golden entry (run scripts/gen_tiny_reference.py)"))
 }
 
-/// The models of `golden_models()` that have a golden entry, with it. A model added to
-/// the list before its llama.cpp outputs were generated is named on stderr and skipped,
-/// not failed: its reference outputs come from `scripts/gen_tiny_reference.py`.
+/// Every model of `golden_models()` with its golden entry; a model without one fails
+/// the test by name (its outputs come from `scripts/gen_tiny_reference.py`).
 fn with_entries(g: &Value) -> Vec<(&'static str, TinySpec, &Value)> {
     golden_models()
         .into_iter()
-        .filter_map(|(name, spec)| match find(g, name) {
-            Some(e) => Some((name, spec, e)),
-            None => {
-                eprintln!(
-                    "{name}: no golden entry yet, skipped (run scripts/gen_tiny_reference.py)"
-                );
-                None
-            }
-        })
+        .map(|(name, spec)| (name, spec, entry(g, name)))
         .collect()
 }
 
@@ -79,8 +71,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn golden_set_is_the_one_the_writer_produces() {
     let g = golden();
-    // Every golden entry is a model of the list; list models without an entry yet are
-    // skipped by `with_entries`.
+    // The golden entries are exactly the models of the list: none stale, none missing.
     let names: Vec<&str> = golden_models().iter().map(|(n, _)| *n).collect();
     for e in g["models"].as_array().expect("models") {
         let name = e["name"].as_str().expect("name");
@@ -89,6 +80,11 @@ fn golden_set_is_the_one_the_writer_produces() {
             "golden entry {name} is not in testing::golden_models()"
         );
     }
+    assert_eq!(
+        g["models"].as_array().expect("models").len(),
+        names.len(),
+        "one golden entry per model"
+    );
     for (name, spec) in golden_models() {
         let n = tiny_model_bytes(&spec).unwrap().len();
         assert!(n < 2 << 20, "{name}: {n} bytes");
@@ -204,6 +200,14 @@ fn greedy_decode_matches_llama_cpp() {
             (counters.builds, counters.reuses),
             (2, 31),
             "{name}: one prefill build, one decode build, decode reused"
+        );
+        let agree = out
+            .iter()
+            .zip(&expected)
+            .take_while(|(a, b)| a == b)
+            .count();
+        eprintln!(
+            "{name}: greedy agrees on the first {agree} of 32 tokens ({comparable} required)"
         );
         assert_eq!(
             out[..comparable],

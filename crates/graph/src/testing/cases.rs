@@ -340,11 +340,9 @@ fn wref(name: &str, ty: GgmlType, shape: [usize; 2]) -> WeightRef {
     WeightRef::new(name, WeightType(ty.id()), shape)
 }
 
-/// The weight types of the op cases, from every family the CPU backend multiplies (the
-/// lattice i-quants are not listed; their kernels are checked on random blocks in the CPU
-/// crate),
-/// with the bound its case meets against an f32 reference (activations are quantized to
-/// Q8 for quantized types).
+/// The weight types of the op cases, from every family the CPU backend multiplies, with
+/// the bound its case meets against an f32 reference (activations are quantized to Q8 for
+/// quantized types).
 pub const MATMUL_TYPES: &[(GgmlType, f32)] = &[
     (GgmlType::F32, 1e-5),
     (GgmlType::F16, 1e-4),
@@ -361,6 +359,13 @@ pub const MATMUL_TYPES: &[(GgmlType, f32)] = &[
     (GgmlType::Q6K, 2e-2),
     (GgmlType::Iq4Nl, 2e-2),
     (GgmlType::Iq4Xs, 2e-2),
+    (GgmlType::Iq3S, 2e-2),
+    (GgmlType::Iq3Xxs, 2e-2),
+    (GgmlType::Iq2S, 2e-2),
+    (GgmlType::Iq2Xs, 2e-2),
+    (GgmlType::Iq2Xxs, 2e-2),
+    (GgmlType::Iq1M, 2e-2),
+    (GgmlType::Iq1S, 2e-2),
     (GgmlType::Mxfp4, 2e-2),
     (GgmlType::Tq1_0, 2e-2),
     (GgmlType::Tq2_0, 2e-2),
@@ -389,7 +394,8 @@ fn f32_input(name: &str, v: Vec<f32>) -> (String, CaseInput) {
 
 fn matmul_cases(out: &mut Vec<OpCase>) {
     for &(ty, bound) in MATMUL_TYPES {
-        // K-quants and IQ4_XS/TQ pack 256 values per block, the others 32; 37 outputs is odd.
+        // K-quants, the 256-element i-quants and TQ pack 256 values per block, the others
+        // 32; 37 outputs is odd.
         let in_dim = if ty.block_size() == 256 { 256 } else { 96 };
         let out_dim = 37;
         let weights = gguf(&[
