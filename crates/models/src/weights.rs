@@ -91,12 +91,70 @@ pub(crate) struct LayerWeights {
     /// Per-head q and k norm scales.
     pub qk_norm: Option<[WeightRef; 2]>,
     pub ffn_norm: WeightRef,
-    pub gate: WeightRef,
-    pub up: WeightRef,
-    pub down: WeightRef,
+    /// The feed-forward block: one gated FFN, or routed experts.
+    pub ffn: Ffn,
     /// Norms of the attention and FFN outputs before their residual adds (Gemma's
     /// sandwich: `post_attention_norm`, `post_ffw_norm`).
     pub post_norms: Option<[WeightRef; 2]>,
+}
+
+/// A gated FFN's matrices: `down(act(gate x) * up x)`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct DenseFfn {
+    pub gate: WeightRef,
+    pub up: WeightRef,
+    pub down: WeightRef,
+}
+
+impl DenseFfn {
+    /// Layer `il`'s `ffn_{gate,up,down}{suffix}` of width `n_ff` (`suffix` "" for the
+    /// layer's FFN, "_shexp" for a shared expert).
+    pub fn read(
+        file: &GgufFile,
+        il: usize,
+        suffix: &str,
+        n_embd: usize,
+        n_ff: usize,
+    ) -> Result<Self, ModelError> {
+        let name = |part: &str| blk(il, &format!("ffn_{part}{suffix}"));
+        Ok(DenseFfn {
+            gate: matrix(file, &name("gate"), n_embd, n_ff)?,
+            up: matrix(file, &name("up"), n_embd, n_ff)?,
+            down: matrix(file, &name("down"), n_ff, n_embd)?,
+        })
+    }
+
+    /// Whether gate and up share type and shape, so a backend can concatenate them.
+    pub fn gate_up_concat_feasible(&self) -> bool {
+        self.gate.wtype == self.up.wtype && self.gate.shape == self.up.shape
+    }
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Ffn {
+    /// One gated FFN for every token.
+    Dense(DenseFfn),
+    /// Experts chosen per token by a router ([`crate::moe`]).
+    Moe(Box<crate::moe::MoeFfn>),
+}
+
+impl Ffn {
+    /// The dense FFN, if the block is one.
+    pub fn dense(&self) -> Option<&DenseFfn> {
+        match self {
+            Ffn::Dense(d) => Some(d),
+            Ffn::Moe(_) => None,
+        }
+    }
+
+    /// Every tensor of the block, in a fixed order.
+    pub fn all(&self) -> Vec<&WeightRef> {
+        match self {
+            Ffn::Dense(d) => vec![&d.gate, &d.up, &d.down],
+            Ffn::Moe(m) => m.all(),
+        }
+    }
 }
 
 impl LayerWeights {
@@ -104,7 +162,29 @@ impl LayerWeights {
     /// checking their shapes against `hp`; the optional parts start empty, for the
     /// architecture to fill.
     pub fn read(file: &GgufFile, il: usize, hp: &HParams) -> Result<Self, ModelError> {
+        let core = Self::read_attn(file, il, hp)?;
+        let ffn = Ffn::Dense(DenseFfn::read(file, il, "", hp.n_embd, hp.n_ff)?);
+        Ok(LayerWeights { ffn, ..core })
+    }
+
+    /// Layer `il`'s norms and q/k/v/o with `ffn` as its feed-forward block (an
+    /// architecture with routed experts reads its own).
+    pub fn with_ffn(
+        file: &GgufFile,
+        il: usize,
+        hp: &HParams,
+        ffn: Ffn,
+    ) -> Result<Self, ModelError> {
+        Ok(LayerWeights {
+            ffn,
+            ..Self::read_attn(file, il, hp)?
+        })
+    }
+
+    /// The attention half and the FFN norm, with a placeholder empty FFN.
+    fn read_attn(file: &GgufFile, il: usize, hp: &HParams) -> Result<Self, ModelError> {
         let (nq, nkv, ne) = (hp.n_q_embd(), hp.n_kv_embd(), hp.n_embd);
+        let none = WeightRef::new("", WeightType::F32, [0, 0]);
         Ok(LayerWeights {
             attn_norm: vector(file, &blk(il, "attn_norm"), ne)?,
             wq: matrix(file, &blk(il, "attn_q"), ne, nq)?,
@@ -114,9 +194,11 @@ impl LayerWeights {
             bias: None,
             qk_norm: None,
             ffn_norm: vector(file, &blk(il, "ffn_norm"), ne)?,
-            gate: matrix(file, &blk(il, "ffn_gate"), ne, hp.n_ff)?,
-            up: matrix(file, &blk(il, "ffn_up"), ne, hp.n_ff)?,
-            down: matrix(file, &blk(il, "ffn_down"), hp.n_ff, ne)?,
+            ffn: Ffn::Dense(DenseFfn {
+                gate: none.clone(),
+                up: none.clone(),
+                down: none,
+            }),
             post_norms: None,
         })
     }
@@ -126,7 +208,8 @@ impl LayerWeights {
         let mut v = vec![&self.attn_norm, &self.wq, &self.wk, &self.wv];
         v.extend(self.bias.iter().flatten());
         v.extend(self.qk_norm.iter().flatten());
-        v.extend([&self.wo, &self.ffn_norm, &self.gate, &self.up, &self.down]);
+        v.extend([&self.wo, &self.ffn_norm]);
+        v.extend(self.ffn.all());
         v.extend(self.post_norms.iter().flatten());
         v
     }
@@ -136,9 +219,58 @@ impl LayerWeights {
         self.wq.wtype == self.wk.wtype && self.wk.wtype == self.wv.wtype
     }
 
-    /// Whether gate and up share type and shape, so a backend can concatenate them.
-    pub fn gate_up_concat_feasible(&self) -> bool {
-        self.gate.wtype == self.up.wtype && self.gate.shape == self.up.shape
+    /// The dense FFN when its gate and up share type and shape, so a backend can
+    /// concatenate them.
+    pub fn gate_up_concat(&self) -> Option<&DenseFfn> {
+        self.ffn.dense().filter(|d| d.gate_up_concat_feasible())
+    }
+}
+
+/// A stacked expert tensor `name` of GGUF shape `[in_dim, out_dim, n_expert]`, any known
+/// type; its reference carries the folded shape `[in_dim, out_dim * n_expert]` (expert
+/// `e` is output rows `e * out_dim ..`), as the backends register it.
+pub(crate) fn experts(
+    file: &GgufFile,
+    name: &str,
+    in_dim: usize,
+    out_dim: usize,
+    n_expert: usize,
+) -> Result<WeightRef, ModelError> {
+    let ty = checked(
+        file,
+        name,
+        &[in_dim as u64, out_dim as u64, n_expert as u64],
+    )?;
+    Ok(WeightRef::new(
+        name,
+        WeightType(ty.id()),
+        [in_dim, out_dim * n_expert],
+    ))
+}
+
+/// Layer `il`'s optional q/k/v biases (some Llama fine-tunes, Qwen2-MoE): all three, or
+/// none; a partial set names the missing one.
+pub(crate) fn qkv_biases(
+    file: &GgufFile,
+    il: usize,
+    nq: usize,
+    nkv: usize,
+) -> Result<Option<[WeightRef; 3]>, ModelError> {
+    let names = ["attn_q", "attn_k", "attn_v"].map(|t| blk_bias(il, t));
+    let present = names.iter().filter(|n| file.tensor(n).is_some()).count();
+    match present {
+        0 => Ok(None),
+        3 => Ok(Some([
+            vector(file, &names[0], nq)?,
+            vector(file, &names[1], nkv)?,
+            vector(file, &names[2], nkv)?,
+        ])),
+        _ => {
+            let missing = names.iter().find(|n| file.tensor(n).is_none());
+            Err(ModelError::MissingTensor {
+                name: missing.cloned().unwrap_or_default(),
+            })
+        }
     }
 }
 

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod chat;
 pub mod common;
 pub mod info;
+pub mod params;
 pub mod perplexity;
 pub mod pull;
 pub mod quantize;

@@ -7,6 +7,7 @@ mod constraint;
 mod conversation;
 mod fusion;
 mod gemma;
+mod moe;
 mod reference;
 mod session;
 mod speculative;
