@@ -15,8 +15,9 @@ use minfer_graph::{
     GraphBuilder, GraphParams, NodeId, RoPEMeta,
 };
 
+use crate::ffn::DenseFfn;
 use crate::hparams::HParams;
-use crate::weights::{DenseFfn, Ffn, LayerWeights, Weights};
+use crate::weights::{Ffn, LayerWeights, Weights};
 
 /// Name of the token-id input (`[nt]` I32).
 pub const INPUT_TOKEN_IDS: &str = "token_ids";

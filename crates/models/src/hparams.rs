@@ -130,7 +130,7 @@ impl HParams {
 
         let n_layer = req("block_count")?;
         let n_embd = req("embedding_length")?;
-        let n_vocab = crate::weights::vocab_rows(file, n_embd)?;
+        let n_vocab = crate::tensors::vocab_rows(file, n_embd)?;
         let n_ff = req("feed_forward_length")?;
         let n_head = req("attention.head_count")?;
         let n_ctx_train = req("context_length")?;

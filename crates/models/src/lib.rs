@@ -30,6 +30,7 @@
 
 mod common;
 pub mod error;
+mod ffn;
 pub mod gemma;
 pub mod hparams;
 pub mod llama;
@@ -40,6 +41,7 @@ pub mod qwen2;
 pub mod qwen2moe;
 pub mod qwen3;
 pub mod qwen3moe;
+mod tensors;
 pub mod testing;
 pub mod weights;
 

@@ -15,8 +15,9 @@ use minfer_gguf::GgufFile;
 use minfer_graph::{GraphBuilder, NodeId, WeightRef};
 
 use crate::error::ModelError;
+use crate::ffn::DenseFfn;
 use crate::hparams::{HParams, MoeParams};
-use crate::weights::{blk, experts, matrix, DenseFfn};
+use crate::tensors::{blk, experts, matrix};
 
 /// One layer's routed experts (the stacked weights carry their folded shapes, see
 /// [`experts`]).

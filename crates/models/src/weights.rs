@@ -3,78 +3,17 @@
 //!
 //! Matrices may be stored in any type the GGUF reader knows (the CPU backend runs all of
 //! them). Vectors — norm scales and biases — must be F32: the kernels read them as plain
-//! floats, and every converter stores one-dimensional tensors that way.
+//! floats, and every converter stores one-dimensional tensors that way. One tensor is
+//! read by [`crate::tensors`]; this file groups them into layers and the model.
 
-use minfer_gguf::{GgmlType, GgufFile};
+use minfer_gguf::GgufFile;
 use minfer_graph::{WeightRef, WeightType};
 
 use crate::error::ModelError;
+use crate::ffn::DenseFfn;
 use crate::hparams::HParams;
-
-/// GGUF name of the token embedding table.
-pub const TOKEN_EMBD: &str = "token_embd.weight";
-/// GGUF name of the final norm scale.
-pub const OUTPUT_NORM: &str = "output_norm.weight";
-/// GGUF name of the lm head; absent when tied to [`TOKEN_EMBD`].
-pub const OUTPUT: &str = "output.weight";
-/// GGUF name of the rope frequency factors (Llama 3 scaling), `[head_dim / 2]` F32.
-pub const ROPE_FREQS: &str = "rope_freqs.weight";
-
-/// `blk.{il}.{name}.weight`.
-pub fn blk(il: usize, name: &str) -> String {
-    format!("blk.{il}.{name}.weight")
-}
-
-/// `blk.{il}.{name}.bias`.
-pub fn blk_bias(il: usize, name: &str) -> String {
-    format!("blk.{il}.{name}.bias")
-}
-
-/// A matrix `name` of GGUF shape `[in_dim, out_dim]`, any known type.
-pub(crate) fn matrix(
-    file: &GgufFile,
-    name: &str,
-    in_dim: usize,
-    out_dim: usize,
-) -> Result<WeightRef, ModelError> {
-    let ty = checked(file, name, &[in_dim as u64, out_dim as u64])?;
-    Ok(WeightRef::new(name, WeightType(ty.id()), [in_dim, out_dim]))
-}
-
-/// A vector `name` of length `len`, stored as F32.
-pub(crate) fn vector(file: &GgufFile, name: &str, len: usize) -> Result<WeightRef, ModelError> {
-    let ty = checked(file, name, &[len as u64])?;
-    if ty != GgmlType::F32 {
-        return Err(ModelError::TensorType {
-            name: name.to_string(),
-            ty,
-            reason: "norm scales and biases must be F32",
-        });
-    }
-    Ok(WeightRef::new(name, WeightType::F32, [len, 1]))
-}
-
-/// Presence and shape; ggml pads shapes with trailing 1s, so `[n]` equals `[n, 1]`.
-fn checked(file: &GgufFile, name: &str, expected: &[u64]) -> Result<GgmlType, ModelError> {
-    let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor {
-        name: name.to_string(),
-    })?;
-    let pad = |d: &[u64]| {
-        let mut p = [1u64; 4];
-        for (slot, &v) in p.iter_mut().zip(d) {
-            *slot = v;
-        }
-        p
-    };
-    if info.dims.len() > 4 || pad(&info.dims) != pad(expected) {
-        return Err(ModelError::TensorShape {
-            name: name.to_string(),
-            expected: format!("{expected:?}"),
-            actual: info.dims.clone(),
-        });
-    }
-    Ok(info.ggml_type)
-}
+pub use crate::tensors::{blk, blk_bias, OUTPUT, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD};
+pub(crate) use crate::tensors::{matrix, vector};
 
 /// Per-layer tensors; an architecture declares the optional ones it has (`bias` for
 /// Qwen2 and some Llama files, `qk_norm` for Qwen3 and Gemma 3, `post_norms` for
@@ -96,38 +35,6 @@ pub(crate) struct LayerWeights {
     /// Norms of the attention and FFN outputs before their residual adds (Gemma's
     /// sandwich: `post_attention_norm`, `post_ffw_norm`).
     pub post_norms: Option<[WeightRef; 2]>,
-}
-
-/// A gated FFN's matrices: `down(act(gate x) * up x)`.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct DenseFfn {
-    pub gate: WeightRef,
-    pub up: WeightRef,
-    pub down: WeightRef,
-}
-
-impl DenseFfn {
-    /// Layer `il`'s `ffn_{gate,up,down}{suffix}` of width `n_ff` (`suffix` "" for the
-    /// layer's FFN, "_shexp" for a shared expert).
-    pub fn read(
-        file: &GgufFile,
-        il: usize,
-        suffix: &str,
-        n_embd: usize,
-        n_ff: usize,
-    ) -> Result<Self, ModelError> {
-        let name = |part: &str| blk(il, &format!("ffn_{part}{suffix}"));
-        Ok(DenseFfn {
-            gate: matrix(file, &name("gate"), n_embd, n_ff)?,
-            up: matrix(file, &name("up"), n_embd, n_ff)?,
-            down: matrix(file, &name("down"), n_ff, n_embd)?,
-        })
-    }
-
-    /// Whether gate and up share type and shape, so a backend can concatenate them.
-    pub fn gate_up_concat_feasible(&self) -> bool {
-        self.gate.wtype == self.up.wtype && self.gate.shape == self.up.shape
-    }
 }
 
 /// A layer's feed-forward block.
@@ -226,28 +133,6 @@ impl LayerWeights {
     }
 }
 
-/// A stacked expert tensor `name` of GGUF shape `[in_dim, out_dim, n_expert]`, any known
-/// type; its reference carries the folded shape `[in_dim, out_dim * n_expert]` (expert
-/// `e` is output rows `e * out_dim ..`), as the backends register it.
-pub(crate) fn experts(
-    file: &GgufFile,
-    name: &str,
-    in_dim: usize,
-    out_dim: usize,
-    n_expert: usize,
-) -> Result<WeightRef, ModelError> {
-    let ty = checked(
-        file,
-        name,
-        &[in_dim as u64, out_dim as u64, n_expert as u64],
-    )?;
-    Ok(WeightRef::new(
-        name,
-        WeightType(ty.id()),
-        [in_dim, out_dim * n_expert],
-    ))
-}
-
 /// Layer `il`'s optional q/k/v biases (some Llama fine-tunes, Qwen2-MoE): all three, or
 /// none; a partial set names the missing one.
 pub(crate) fn qkv_biases(
@@ -317,22 +202,5 @@ impl Weights {
             matrix(file, OUTPUT, n_embd, n_vocab)?
         };
         Ok((tok_embd, output_norm, output, tied))
-    }
-}
-
-/// Rows of the embedding table (`dims[1]`), which fixes `n_vocab`.
-pub(crate) fn vocab_rows(file: &GgufFile, n_embd: usize) -> Result<usize, ModelError> {
-    let info = file
-        .tensor(TOKEN_EMBD)
-        .ok_or_else(|| ModelError::MissingTensor {
-            name: TOKEN_EMBD.to_string(),
-        })?;
-    match info.dims.as_slice() {
-        [_, rows] if *rows > 0 => Ok(*rows as usize),
-        _ => Err(ModelError::TensorShape {
-            name: TOKEN_EMBD.to_string(),
-            expected: format!("[{n_embd}, n_vocab]"),
-            actual: info.dims.clone(),
-        }),
     }
 }
