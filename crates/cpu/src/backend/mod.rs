@@ -601,6 +601,12 @@ impl CpuBackend {
                 moe::top_k(x, x.len() / nt, *k, out)
             }
             (Op::MulMatId | Op::MulMatIdSwiGLU, NodeMeta::MatMulId(m)) => {
+                if (node.op == Op::MulMatIdSwiGLU) != m.gate_name.is_some() {
+                    return Err(format!(
+                        "op and metadata disagree on the gate weight ({:?})",
+                        m.gate_name
+                    ));
+                }
                 let ex = Experts {
                     pool,
                     weights,

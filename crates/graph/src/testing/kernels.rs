@@ -260,6 +260,9 @@ pub(super) fn compute(
         }
         (Op::TopK { k }, _) => top_k(x?, node.out_shape[1].max(1), *k),
         (Op::MulMatId | Op::MulMatIdSwiGLU, NodeMeta::MatMulId(m)) => {
+            if (node.op == Op::MulMatIdSwiGLU) != m.gate_name.is_some() {
+                return Err(format!("{}: gate weight {:?}", node.op.name(), m.gate_name));
+            }
             mul_mat_id(node, x?, input(inputs, 1)?, m, w)
         }
         (Op::MoeSum { norm }, _) => moe_sum(
