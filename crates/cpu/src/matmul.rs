@@ -26,7 +26,9 @@ use minfer_gguf::GgmlType;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+mod ids;
 mod repacked;
+pub use ids::{matmul_id, matmul_id_with, ExpertMatrix, IdScratch};
 pub use repacked::{
     matmul_repacked, matmul_repacked_multi, matmul_repacked_multi_then, matmul_repacked_with,
     MultiEpilogue, RepackedMatrix, MULTI_MAX_PARTS,
@@ -193,33 +195,86 @@ pub fn matmul_with(
         cols: w.cols,
         nt,
     };
-    match w.ty {
-        GgmlType::F32 => p.float::<f32>(pool, w, x, y),
-        GgmlType::F16 => p.float::<f16>(pool, w, x, y),
-        GgmlType::BF16 => p.float::<bf16>(pool, w, x, y),
-        GgmlType::Q4_0 => p.quant::<BlockQ4_0>(pool, w, x, y, scratch),
-        GgmlType::Q4_1 => p.quant::<BlockQ4_1>(pool, w, x, y, scratch),
-        GgmlType::Q5_0 => p.quant::<BlockQ5_0>(pool, w, x, y, scratch),
-        GgmlType::Q5_1 => p.quant::<BlockQ5_1>(pool, w, x, y, scratch),
-        GgmlType::Q8_0 => p.quant::<BlockQ8_0>(pool, w, x, y, scratch),
-        GgmlType::Q2K => p.quant::<BlockQ2K>(pool, w, x, y, scratch),
-        GgmlType::Q3K => p.quant::<BlockQ3K>(pool, w, x, y, scratch),
-        GgmlType::Q4K => p.quant::<BlockQ4K>(pool, w, x, y, scratch),
-        GgmlType::Q5K => p.quant::<BlockQ5K>(pool, w, x, y, scratch),
-        GgmlType::Q6K => p.quant::<BlockQ6K>(pool, w, x, y, scratch),
-        GgmlType::Iq4Nl => p.quant::<BlockIq4Nl>(pool, w, x, y, scratch),
-        GgmlType::Mxfp4 => p.quant::<BlockMxfp4>(pool, w, x, y, scratch),
-        GgmlType::Iq4Xs => p.quant::<BlockIq4Xs>(pool, w, x, y, scratch),
-        GgmlType::Iq3Xxs => p.quant::<BlockIq3Xxs>(pool, w, x, y, scratch),
-        GgmlType::Iq3S => p.quant::<BlockIq3S>(pool, w, x, y, scratch),
-        GgmlType::Iq2Xxs => p.quant::<BlockIq2Xxs>(pool, w, x, y, scratch),
-        GgmlType::Iq2Xs => p.quant::<BlockIq2Xs>(pool, w, x, y, scratch),
-        GgmlType::Iq2S => p.quant::<BlockIq2S>(pool, w, x, y, scratch),
-        GgmlType::Iq1S => p.quant::<BlockIq1S>(pool, w, x, y, scratch),
-        GgmlType::Iq1M => p.quant::<BlockIq1M>(pool, w, x, y, scratch),
-        GgmlType::Tq1_0 => p.quant::<BlockTq1_0>(pool, w, x, y, scratch),
-        GgmlType::Tq2_0 => p.quant::<BlockTq2_0>(pool, w, x, y, scratch),
+    for_type(
+        w.ty,
+        DenseCall {
+            p: &p,
+            pool,
+            w,
+            x,
+            y,
+            scratch,
+        },
+    )
+}
+
+/// A computation generic over a weight's element type, run by [`for_type`] with the
+/// type's block (quantized) or element (float) type.
+trait TypeFn {
+    type Out;
+    /// The computation for a quantized type.
+    fn quant<B>(self) -> Result<Self::Out, MatmulError>
+    where
+        B: QuantDot + Sync,
+        B::Act: Activation;
+    /// The computation for a float type.
+    fn float<W: FloatWeight + bytemuck::Pod + Sync>(self) -> Result<Self::Out, MatmulError>;
+}
+
+/// Runs `f` with the Rust types of `ty`: the one table from GGUF types to kernels.
+fn for_type<F: TypeFn>(ty: GgmlType, f: F) -> Result<F::Out, MatmulError> {
+    match ty {
+        GgmlType::F32 => f.float::<f32>(),
+        GgmlType::F16 => f.float::<f16>(),
+        GgmlType::BF16 => f.float::<bf16>(),
+        GgmlType::Q4_0 => f.quant::<BlockQ4_0>(),
+        GgmlType::Q4_1 => f.quant::<BlockQ4_1>(),
+        GgmlType::Q5_0 => f.quant::<BlockQ5_0>(),
+        GgmlType::Q5_1 => f.quant::<BlockQ5_1>(),
+        GgmlType::Q8_0 => f.quant::<BlockQ8_0>(),
+        GgmlType::Q2K => f.quant::<BlockQ2K>(),
+        GgmlType::Q3K => f.quant::<BlockQ3K>(),
+        GgmlType::Q4K => f.quant::<BlockQ4K>(),
+        GgmlType::Q5K => f.quant::<BlockQ5K>(),
+        GgmlType::Q6K => f.quant::<BlockQ6K>(),
+        GgmlType::Iq4Nl => f.quant::<BlockIq4Nl>(),
+        GgmlType::Mxfp4 => f.quant::<BlockMxfp4>(),
+        GgmlType::Iq4Xs => f.quant::<BlockIq4Xs>(),
+        GgmlType::Iq3Xxs => f.quant::<BlockIq3Xxs>(),
+        GgmlType::Iq3S => f.quant::<BlockIq3S>(),
+        GgmlType::Iq2Xxs => f.quant::<BlockIq2Xxs>(),
+        GgmlType::Iq2Xs => f.quant::<BlockIq2Xs>(),
+        GgmlType::Iq2S => f.quant::<BlockIq2S>(),
+        GgmlType::Iq1S => f.quant::<BlockIq1S>(),
+        GgmlType::Iq1M => f.quant::<BlockIq1M>(),
+        GgmlType::Tq1_0 => f.quant::<BlockTq1_0>(),
+        GgmlType::Tq2_0 => f.quant::<BlockTq2_0>(),
         GgmlType::Q8K => Err(MatmulError::UnsupportedType(GgmlType::Q8K)),
+    }
+}
+
+/// One dense [`matmul_with`] call, dispatched by weight type.
+struct DenseCall<'a, 'b> {
+    p: &'a Problem,
+    pool: &'a ThreadPool,
+    w: &'a QMatrix<'b>,
+    x: &'a [f32],
+    y: &'a mut [f32],
+    scratch: &'a mut MatmulScratch,
+}
+
+impl TypeFn for DenseCall<'_, '_> {
+    type Out = ();
+    fn quant<B>(self) -> Result<(), MatmulError>
+    where
+        B: QuantDot + Sync,
+        B::Act: Activation,
+    {
+        self.p
+            .quant::<B>(self.pool, self.w, self.x, self.y, self.scratch)
+    }
+    fn float<W: FloatWeight + bytemuck::Pod + Sync>(self) -> Result<(), MatmulError> {
+        self.p.float::<W>(self.pool, self.w, self.x, self.y)
     }
 }
 

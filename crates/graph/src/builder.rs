@@ -202,6 +202,100 @@ impl GraphBuilder {
         )
     }
 
+    /// The `k` largest entries of each row of `x` (`[n, nt]`) as I32 indices `[k, nt]`
+    /// (an MoE router's expert choice, [`Op::TopK`]).
+    pub fn top_k(&mut self, x: NodeId, k: usize) -> NodeId {
+        debug_assert!(
+            k >= 1 && k <= self.shape(x)[0],
+            "top_k of {k} over rows of {}",
+            self.shape(x)[0]
+        );
+        let shape = [k, self.nt(x), 1, 1];
+        self.node("", Op::TopK { k }, &[x], shape, DType::I32, NodeMeta::None)
+    }
+
+    /// Expert-routed matmul ([`Op::MulMatId`]) of `x` by the experts `ids` (I32 `[k, nt]`)
+    /// select from `w`, a stacked weight of GGUF shape `[in, out, n_expert]` whose
+    /// reference carries the folded shape `[in, out * n_expert]`: `[out, k * nt]`.
+    pub fn mul_mat_id(&mut self, x: NodeId, ids: NodeId, w: &WeightRef, n_expert: usize) -> NodeId {
+        let meta = Self::mat_id_meta(w, None, n_expert);
+        let shape = self.mat_id_shape(x, ids, &meta);
+        self.node(
+            "",
+            Op::MulMatId,
+            &[x, ids],
+            shape,
+            DType::F32,
+            NodeMeta::MatMulId(meta),
+        )
+    }
+
+    /// `silu(gate_e x) * (up_e x)` per selected expert ([`Op::MulMatIdSwiGLU`]); `gate` and
+    /// `up` are stacked weights as in [`Self::mul_mat_id`]: `[out, k * nt]`.
+    pub fn mul_mat_id_swiglu(
+        &mut self,
+        x: NodeId,
+        ids: NodeId,
+        gate: &WeightRef,
+        up: &WeightRef,
+        n_expert: usize,
+    ) -> NodeId {
+        debug_assert_eq!(gate.shape, up.shape, "gate and up experts differ in shape");
+        let meta = Self::mat_id_meta(up, Some(gate), n_expert);
+        let shape = self.mat_id_shape(x, ids, &meta);
+        self.node(
+            "",
+            Op::MulMatIdSwiGLU,
+            &[x, ids],
+            shape,
+            DType::F32,
+            NodeMeta::MatMulId(meta),
+        )
+    }
+
+    fn mat_id_meta(w: &WeightRef, gate: Option<&WeightRef>, n_expert: usize) -> MatMulIdMeta {
+        MatMulIdMeta {
+            weight_name: w.name.clone(),
+            gate_name: gate.map(|g| g.name.clone()),
+            in_dim: w.shape[0],
+            out_dim: w.shape[1] / n_expert.max(1),
+            n_expert,
+            wtype: w.wtype,
+        }
+    }
+
+    fn mat_id_shape(&self, x: NodeId, ids: NodeId, meta: &MatMulIdMeta) -> [usize; 4] {
+        let [k, nt, ..] = self.shape(ids);
+        debug_assert!(
+            self.shape(x)[0] == meta.in_dim && (self.nt(x) == nt || self.nt(x) == k * nt),
+            "expert matmul '{}' of [{}, ..] over input {:?} and ids {:?}",
+            meta.weight_name,
+            meta.in_dim,
+            self.shape(x),
+            self.shape(ids)
+        );
+        [meta.out_dim, k * nt, 1, 1]
+    }
+
+    /// The experts' weighted sum ([`Op::MoeSum`]) of `h` (`[d, k * nt]`) by the router's
+    /// gate values `probs` (`[n_expert, nt]`) at the choice `ids` (`[k, nt]`): `[d, nt]`.
+    pub fn moe_sum(&mut self, h: NodeId, probs: NodeId, ids: NodeId, norm: bool) -> NodeId {
+        let shape = [self.shape(h)[0], self.nt(ids), 1, 1];
+        self.node(
+            "",
+            Op::MoeSum { norm },
+            &[h, probs, ids],
+            shape,
+            DType::F32,
+            NodeMeta::None,
+        )
+    }
+
+    /// `x * sigmoid(g)`, `g` one value per token ([`Op::MulSigmoid`]); shape of `x`.
+    pub fn mul_sigmoid(&mut self, x: NodeId, g: NodeId) -> NodeId {
+        self.binary(Op::MulSigmoid, x, g)
+    }
+
     /// Gathers rows (token columns) of `x` selected by the I32 node `ids`.
     pub fn get_rows(&mut self, x: NodeId, ids: NodeId, out_shape: [usize; 4]) -> NodeId {
         self.node(

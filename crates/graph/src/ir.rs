@@ -125,6 +125,36 @@ pub enum Op {
         /// Layer index.
         layer: usize,
     },
+    /// The `k` largest values of each row (dim 0) of an `[n, nt]` F32 source, as I32
+    /// indices `[k, nt]` in descending order of value, equal values in ascending index
+    /// order (what ggml's `argsort_top_k` gives for rows of up to 16; an MoE router's
+    /// expert choice).
+    TopK {
+        /// Entries kept per row, `1..=n`.
+        k: usize,
+    },
+    /// Expert-routed matmul (ggml's `MUL_MAT_ID`): sources `[x, ids]`, `ids` the I32
+    /// `[k, nt]` expert choice; slot `(j, t)` of the `[out, k * nt]` output is expert
+    /// `ids[j, t]` of the stacked weight in [`crate::MatMulIdMeta`] times `x`'s row `t`
+    /// (`x` of `nt` rows: every slot of a token reads the token's row) or row `t * k + j`
+    /// (`x` of `k * nt` rows). The experts are data: the topology does not depend on them.
+    MulMatId,
+    /// `silu(gate_e x) * (up_e x)` for each slot, as [`Op::MulMatId`] computes each
+    /// product, with the gate weight in `MatMulIdMeta::gate_name`: one node so a backend
+    /// reads the activations (and quantizes them) once for both.
+    MulMatIdSwiGLU,
+    /// The experts' weighted sum: sources `[h, probs, ids]`, `h` `[d, k * nt]` (slot
+    /// `(j, t)` at row `t * k + j`), `probs` the router's `[n_expert, nt]` gate values,
+    /// `ids` the I32 `[k, nt]` choice. Token `t`'s output is `sum_j w_j h_(j,t)`, summed
+    /// in `j` order, with `w_j = probs[ids[j, t], t]`, divided by `max(sum_j w_j,
+    /// 2^-14)` when `norm` (llama.cpp's `build_moe_ffn` with `norm_w`).
+    MoeSum {
+        /// Renormalise the selected weights to sum to one.
+        norm: bool,
+    },
+    /// `x * sigmoid(g)` with `x` `[d, nt]` and `g` `[1, nt]`: one gate value per token
+    /// (Qwen2-MoE's shared-expert gate).
+    MulSigmoid,
 }
 
 impl Op {
@@ -157,6 +187,11 @@ impl Op {
             Op::QkvBiasRopeStore { .. } => "qkv_bias_rope_store",
             Op::FusedFFN => "fused_ffn",
             Op::FusedQkvNorm { .. } => "fused_qkv_norm",
+            Op::TopK { .. } => "top_k",
+            Op::MulMatId => "mul_mat_id",
+            Op::MulMatIdSwiGLU => "mul_mat_id_swiglu",
+            Op::MoeSum { .. } => "moe_sum",
+            Op::MulSigmoid => "mul_sigmoid",
         }
     }
 

@@ -37,6 +37,8 @@ pub enum NodeMeta {
     FusedFfn(FusedFfnMeta),
     /// Decode Qwen3 concat matmul + per-head norm + rope/store.
     FusedQkvNorm(FusedQkvNormMeta),
+    /// An expert-routed matmul's stacked weight(s).
+    MatMulId(MatMulIdMeta),
 }
 
 /// A matmul against a named weight of GGUF shape `[in_dim, out_dim]`.
@@ -52,6 +54,26 @@ pub struct MatMulMeta {
     pub wtype: WeightType,
     /// Optional bias vector of length `out_dim`, by name.
     pub bias_name: Option<String>,
+}
+
+/// The stacked expert weight of an expert-routed matmul (GGUF `[in_dim, out_dim,
+/// n_expert]`: expert `e` is rows `e * out_dim .. (e + 1) * out_dim` of the `[out][in]`
+/// memory), and for [`crate::Op::MulMatIdSwiGLU`] the gate weight of the same shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MatMulIdMeta {
+    /// Stacked weight name (the up projection of a SwiGLU node).
+    pub weight_name: String,
+    /// Stacked gate weight of a SwiGLU node; `None` for a plain one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_name: Option<String>,
+    /// Input features (GGUF `shape[0]`).
+    pub in_dim: usize,
+    /// Output features of one expert (GGUF `shape[1]`).
+    pub out_dim: usize,
+    /// Experts stacked (GGUF `shape[2]`).
+    pub n_expert: usize,
+    /// Storage type of the weight(s).
+    pub wtype: WeightType,
 }
 
 /// RMSNorm / QkNorm scale weight.

@@ -35,6 +35,11 @@ fn op_index(op: &Op) -> usize {
         Op::Gelu => 23,
         Op::SoftCap(_) => 24,
         Op::GeGLU => 25,
+        Op::TopK { .. } => 26,
+        Op::MulMatId => 27,
+        Op::MulMatIdSwiGLU => 28,
+        Op::MoeSum { .. } => 29,
+        Op::MulSigmoid => 30,
     }
 }
 
@@ -52,6 +57,7 @@ fn meta_index(m: &NodeMeta) -> usize {
         NodeMeta::QkvBiasRopeStore(_) => 8,
         NodeMeta::FusedFfn(_) => 9,
         NodeMeta::FusedQkvNorm(_) => 10,
+        NodeMeta::MatMulId(_) => 11,
     }
 }
 
@@ -98,6 +104,11 @@ fn all_ops() -> Vec<Op> {
         Op::Gelu,
         Op::SoftCap(30.0),
         Op::GeGLU,
+        Op::TopK { k: 8 },
+        Op::MulMatId,
+        Op::MulMatIdSwiGLU,
+        Op::MoeSum { norm: true },
+        Op::MulSigmoid,
     ]
 }
 
@@ -189,6 +200,14 @@ fn all_metas() -> Vec<NodeMeta> {
             n_ctx: 40960,
             kv_elems: 1024 * 40960,
         }),
+        NodeMeta::MatMulId(MatMulIdMeta {
+            weight_name: "blk.0.ffn_up_exps.weight".into(),
+            gate_name: Some("blk.0.ffn_gate_exps.weight".into()),
+            in_dim: 2048,
+            out_dim: 768,
+            n_expert: 128,
+            wtype: WeightType::Q4_K,
+        }),
     ]
 }
 
@@ -198,10 +217,10 @@ fn every_op_and_meta_variant_round_trips_through_json() {
     let metas = all_metas();
     let mut seen_ops: Vec<usize> = ops.iter().map(op_index).collect();
     seen_ops.dedup();
-    assert_eq!(seen_ops, (0..26).collect::<Vec<_>>());
+    assert_eq!(seen_ops, (0..31).collect::<Vec<_>>());
     assert_eq!(
         metas.iter().map(meta_index).collect::<Vec<_>>(),
-        (0..11).collect::<Vec<_>>()
+        (0..12).collect::<Vec<_>>()
     );
 
     let mut b = GraphBuilder::new();

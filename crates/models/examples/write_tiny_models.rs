@@ -11,15 +11,22 @@ use std::process::ExitCode;
 
 use minfer_models::testing::{golden_models, write_tiny_model, TinySpec};
 
-/// The spec as JSON; `sliding_window` only where set, so the other entries read as before.
+/// The spec as JSON; `sliding_window` and the expert geometry only where set, so the
+/// other entries read as before.
 fn spec_json(s: &TinySpec) -> String {
     let window = s
         .sliding_window
         .map_or(String::new(), |w| format!(",\"sliding_window\":{w}"));
+    let moe = s.moe.as_ref().map_or(String::new(), |m| {
+        format!(
+            ",\"n_expert\":{},\"n_expert_used\":{},\"n_ff_exp\":{},\"n_ff_shexp\":{}",
+            m.n_expert, m.n_expert_used, m.n_ff_exp, m.n_ff_shexp
+        )
+    });
     format!(
         "{{\"arch\":\"{}\",\"n_layer\":{},\"n_embd\":{},\"n_head\":{},\"n_head_kv\":{},\
          \"head_dim\":{},\"n_ff\":{},\"n_vocab\":{},\"n_ctx\":{},\"wtype\":\"{}\",\
-         \"tied\":{},\"rope_freqs\":{}{window},\"seed\":{}}}",
+         \"tied\":{},\"rope_freqs\":{}{window}{moe},\"seed\":{}}}",
         s.arch,
         s.n_layer,
         s.n_embd,

@@ -15,8 +15,9 @@ use minfer_graph::{
     GraphBuilder, GraphParams, NodeId, RoPEMeta,
 };
 
+use crate::ffn::DenseFfn;
 use crate::hparams::HParams;
-use crate::weights::{LayerWeights, Weights};
+use crate::weights::{Ffn, LayerWeights, Weights};
 
 /// Name of the token-id input (`[nt]` I32).
 pub const INPUT_TOKEN_IDS: &str = "token_ids";
@@ -117,6 +118,8 @@ pub(crate) struct LayerCx<'a> {
     /// Decode QKV fusion is allowed by the params (GPU, nt == 1, flag on); the
     /// architecture still checks that its weights can be concatenated.
     pub fuse_qkv: bool,
+    /// The params allow the decode FFN fusion (`CParams::fuse_ffn`).
+    pub fuse_ffn: bool,
 }
 
 impl LayerCx<'_> {
@@ -248,6 +251,7 @@ pub(crate) fn build(
                 && !cp.explicit_span
                 && ring.is_none()
                 && w.rope_freqs.is_none(),
+            fuse_ffn: cp.fuse_ffn,
         };
         let normed = b.rms_norm(h, Some(&lw.attn_norm), hp.rms_eps);
         b.set_name(normed, &cx.name("attn_norm"));
@@ -296,43 +300,10 @@ pub(crate) fn build(
 
         let normed = b.rms_norm(h, Some(&lw.ffn_norm), hp.rms_eps);
         b.set_name(normed, &cx.name("ffn_norm"));
-        // The fused FFN's epilogue is SwiGLU: a GELU-gated FFN stays unfused.
-        let fuse_ffn = decode_fusion
-            && !terms.gelu
-            && cp.fuse_ffn
-            && lw.gate_up_concat_feasible()
-            && hp.n_ff <= FUSED_FFN_MAX_NF;
-        let ffn = if fuse_ffn {
-            let meta = FusedFfnMeta {
-                gate_weight: lw.gate.name.clone(),
-                up_weight: lw.up.name.clone(),
-                concat_weight: gate_up_concat_name(il),
-                wtype: lw.gate.wtype,
-                n_embd: hp.n_embd,
-                nf: hp.n_ff,
-            };
-            let f = b.fused_ffn(normed, meta);
-            b.set_name(f, &cx.name("ffn_fused"));
-            f
-        } else {
-            let g = named_matmul(&mut b, &cx, "ffn_gate", normed, &lw.gate, None);
-            let u = named_matmul(&mut b, &cx, "ffn_up", normed, &lw.up, None);
-            let s = if terms.gelu {
-                let s = b.gelu(g);
-                b.set_name(s, &cx.name("ffn_gelu"));
-                s
-            } else {
-                let s = b.silu(g);
-                b.set_name(s, &cx.name("ffn_silu"));
-                s
-            };
-            // Mul(act(gate), up): the FusionPass folds it into SwiGLU or GeGLU.
-            let m = b.mul(s, u);
-            b.set_name(m, &cx.name("ffn_gate_par"));
-            m
+        let mut down = match &lw.ffn {
+            Ffn::Dense(d) => dense_ffn(&mut b, &cx, terms, normed, d, decode_fusion),
+            Ffn::Moe(m) => crate::moe::build_ffn(&mut b, il, normed, m),
         };
-        // The fused buffer is [2*nf, nt]; the down matmul reads its first nf rows.
-        let mut down = named_matmul(&mut b, &cx, "ffn_out", ffn, &lw.down, None);
         if let Some([_, ffn_post]) = post {
             down = b.rms_norm(down, Some(ffn_post), hp.rms_eps);
             b.set_name(down, &cx.name("ffn_post_norm"));
@@ -356,6 +327,56 @@ pub(crate) fn build(
     b.set_name(logits, "result_output");
     b.output(logits);
     b.build()
+}
+
+/// A dense gated FFN from the normed input to its down projection: decode with the FFN
+/// fusion allowed and a concatenable gate|up becomes one `fused_ffn`.
+fn dense_ffn(
+    b: &mut GraphBuilder,
+    cx: &LayerCx<'_>,
+    terms: &Terms,
+    normed: NodeId,
+    d: &DenseFfn,
+    decode_fusion: bool,
+) -> NodeId {
+    let (hp, cp_fuse) = (cx.hp, cx.fuse_ffn);
+    // The fused FFN's epilogue is SwiGLU: a GELU-gated FFN stays unfused.
+    let fuse_ffn = decode_fusion
+        && !terms.gelu
+        && cp_fuse
+        && d.gate_up_concat_feasible()
+        && hp.n_ff <= FUSED_FFN_MAX_NF;
+    let ffn = if fuse_ffn {
+        let meta = FusedFfnMeta {
+            gate_weight: d.gate.name.clone(),
+            up_weight: d.up.name.clone(),
+            concat_weight: gate_up_concat_name(cx.il),
+            wtype: d.gate.wtype,
+            n_embd: hp.n_embd,
+            nf: hp.n_ff,
+        };
+        let f = b.fused_ffn(normed, meta);
+        b.set_name(f, &cx.name("ffn_fused"));
+        f
+    } else {
+        let g = named_matmul(b, cx, "ffn_gate", normed, &d.gate, None);
+        let u = named_matmul(b, cx, "ffn_up", normed, &d.up, None);
+        let s = if terms.gelu {
+            let s = b.gelu(g);
+            b.set_name(s, &cx.name("ffn_gelu"));
+            s
+        } else {
+            let s = b.silu(g);
+            b.set_name(s, &cx.name("ffn_silu"));
+            s
+        };
+        // Mul(act(gate), up): the FusionPass folds it into SwiGLU or GeGLU.
+        let m = b.mul(s, u);
+        b.set_name(m, &cx.name("ffn_gate_par"));
+        m
+    };
+    // The fused buffer is [2*nf, nt]; the down matmul reads its first nf rows.
+    named_matmul(b, cx, "ffn_out", ffn, &d.down, None)
 }
 
 /// Q/K/V for one layer of the architectures without a per-head norm (design §4.2). Decode with QKV fusion allowed and a concatenable q|k|v becomes

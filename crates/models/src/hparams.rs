@@ -39,6 +39,62 @@ pub struct HParams {
     pub rope_freq_scale: f32,
     /// Rope pairing of the architecture.
     pub rope_style: RopeStyle,
+    /// The routed experts of a mixture-of-experts architecture; `None` for a dense one.
+    pub moe: Option<MoeParams>,
+}
+
+/// A mixture-of-experts architecture's expert geometry, from `{arch}.expert_*` keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeParams {
+    /// Experts per layer (`expert_count`).
+    pub n_expert: usize,
+    /// Experts each token uses (`expert_used_count`), `1..=n_expert`.
+    pub n_expert_used: usize,
+    /// Width of one expert's FFN (`expert_feed_forward_length`; absent, llama.cpp takes
+    /// `feed_forward_length / expert_used_count`).
+    pub n_ff_exp: usize,
+    /// Width of the shared expert's FFN (`expert_shared_feed_forward_length`; absent,
+    /// `feed_forward_length`), for the architectures that have one.
+    pub n_ff_shexp: usize,
+}
+
+impl MoeParams {
+    /// Reads the expert keys of `arch` (`hp` gives the defaults' `feed_forward_length`);
+    /// an absent or zero count, or more experts used than exist, is an error naming the key.
+    pub(crate) fn read(file: &GgufFile, arch: &str, hp: &HParams) -> Result<Self, ModelError> {
+        let key = |name: &str| format!("{arch}.{name}");
+        let opt = |name: &str| -> Result<Option<usize>, ModelError> {
+            let k = key(name);
+            match file.get(&k) {
+                None => Ok(None),
+                Some(_) => positive(&k, file.get_u32(&k)? as usize).map(Some),
+            }
+        };
+        let n_expert = positive(
+            &key("expert_count"),
+            file.get_u32(&key("expert_count"))? as usize,
+        )?;
+        let used_key = key("expert_used_count");
+        let n_expert_used = positive(&used_key, file.get_u32(&used_key)? as usize)?;
+        if n_expert_used > n_expert {
+            return Err(bad(
+                &used_key,
+                n_expert_used,
+                format!("exceeds expert_count = {n_expert}"),
+            ));
+        }
+        let n_ff_exp = match opt("expert_feed_forward_length")? {
+            Some(n) => n,
+            None => positive(&key("expert_feed_forward_length"), hp.n_ff / n_expert_used)?,
+        };
+        let n_ff_shexp = opt("expert_shared_feed_forward_length")?.unwrap_or(hp.n_ff);
+        Ok(MoeParams {
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
+            n_ff_shexp,
+        })
+    }
 }
 
 impl HParams {
@@ -74,7 +130,7 @@ impl HParams {
 
         let n_layer = req("block_count")?;
         let n_embd = req("embedding_length")?;
-        let n_vocab = crate::weights::vocab_rows(file, n_embd)?;
+        let n_vocab = crate::tensors::vocab_rows(file, n_embd)?;
         let n_ff = req("feed_forward_length")?;
         let n_head = req("attention.head_count")?;
         let n_ctx_train = req("context_length")?;
@@ -157,6 +213,7 @@ impl HParams {
             rope_freq_base,
             rope_freq_scale,
             rope_style,
+            moe: None,
         })
     }
 }

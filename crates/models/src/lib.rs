@@ -1,4 +1,5 @@
-//! Model definitions for minfer (Qwen2, Qwen3, Llama, Gemma 2 and 3): hyperparameters,
+//! Model definitions for minfer (Qwen2, Qwen3, their mixture-of-experts variants Qwen2-MoE
+//! and Qwen3-MoE, Llama, Gemma 2 and 3): hyperparameters,
 //! load-time weight validation and compute-graph construction for the supported
 //! architectures (design §4, §10).
 //!
@@ -29,13 +30,18 @@
 
 mod common;
 pub mod error;
+mod ffn;
 pub mod gemma;
 pub mod hparams;
 pub mod llama;
 mod model;
+mod moe;
 pub mod params;
 pub mod qwen2;
+pub mod qwen2moe;
 pub mod qwen3;
+pub mod qwen3moe;
+mod tensors;
 pub mod testing;
 pub mod weights;
 
@@ -44,7 +50,7 @@ pub use common::{
     INPUT_SPAN, INPUT_TAIL_IDS, INPUT_TOKEN_IDS,
 };
 pub use error::ModelError;
-pub use hparams::HParams;
+pub use hparams::{HParams, MoeParams};
 pub use model::{ConcatWeight, ModelDef};
 
 use minfer_gguf::GgufFile;
@@ -56,6 +62,8 @@ pub type LoadFn = fn(&GgufFile) -> Result<Box<dyn ModelDef>, ModelError>;
 pub const REGISTRY: &[(&str, LoadFn)] = &[
     (qwen2::ARCH, qwen2::load),
     (qwen3::ARCH, qwen3::load),
+    (qwen2moe::ARCH, qwen2moe::load),
+    (qwen3moe::ARCH, qwen3moe::load),
     (llama::ARCH, llama::load),
     (gemma::ARCH_GEMMA2, gemma::load_gemma2),
     (gemma::ARCH_GEMMA3, gemma::load_gemma3),

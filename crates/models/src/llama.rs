@@ -17,7 +17,7 @@ use crate::common::qkv_block;
 use crate::error::ModelError;
 use crate::hparams::HParams;
 use crate::model::Decoder;
-use crate::weights::{blk, blk_bias, vector, LayerWeights, Weights, ROPE_FREQS};
+use crate::weights::{blk, blk_bias, qkv_biases, vector, LayerWeights, Weights, ROPE_FREQS};
 use crate::ModelDef;
 
 /// The `general.architecture` value.
@@ -52,31 +52,6 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
         layers,
     };
     Ok(Box::new(Decoder::new(ARCH, hp, weights, qkv_block)))
-}
-
-/// The q/k/v biases some Llama fine-tunes carry: all three, or none.
-fn qkv_biases(
-    file: &GgufFile,
-    il: usize,
-    nq: usize,
-    nkv: usize,
-) -> Result<Option<[minfer_graph::WeightRef; 3]>, ModelError> {
-    let names = ["attn_q", "attn_k", "attn_v"].map(|t| blk_bias(il, t));
-    let present = names.iter().filter(|n| file.tensor(n).is_some()).count();
-    match present {
-        0 => Ok(None),
-        3 => Ok(Some([
-            vector(file, &names[0], nq)?,
-            vector(file, &names[1], nkv)?,
-            vector(file, &names[2], nkv)?,
-        ])),
-        _ => {
-            let missing = names.iter().find(|n| file.tensor(n).is_none());
-            Err(ModelError::MissingTensor {
-                name: missing.cloned().unwrap_or_default(),
-            })
-        }
-    }
 }
 
 /// Keys and tensors of the Llama family this graph has no term for, refused by name.

@@ -7,7 +7,7 @@ use crate::common::{
     self, gate_up_concat_name, qkv_concat_name, QkvBlock, Terms, FUSED_FFN_MAX_NF,
 };
 use crate::hparams::HParams;
-use crate::weights::Weights;
+use crate::weights::{Ffn, Weights};
 
 /// A weight a GPU backend builds by concatenating GGUF tensors along the output axis,
 /// for the decode fusions; the fused nodes reference it by `name`.
@@ -50,6 +50,15 @@ pub trait ModelDef: Send + Sync {
 
     /// Whether the lm head is the token embedding (`output.weight` absent).
     fn tied_output(&self) -> bool;
+
+    /// Parameters one token's forward pass uses: every weight, a routed-expert tensor
+    /// counted only for the experts a token uses. The total for a dense model.
+    fn active_params(&self) -> u64 {
+        self.weights()
+            .iter()
+            .map(|w| (w.shape[0] * w.shape[1]) as u64)
+            .sum()
+    }
 
     /// Transformer blocks.
     fn n_layer(&self) -> usize {
@@ -149,11 +158,13 @@ impl ModelDef for Decoder {
                 });
             }
             // The fused FFN is SwiGLU only (see `common::build`).
-            if l.gate_up_concat_feasible() && !self.terms.gelu && self.hp.n_ff <= FUSED_FFN_MAX_NF {
-                out.push(ConcatWeight {
-                    name: gate_up_concat_name(il),
-                    parts: vec![l.gate.name.clone(), l.up.name.clone()],
-                });
+            if let Some(d) = l.gate_up_concat() {
+                if !self.terms.gelu && self.hp.n_ff <= FUSED_FFN_MAX_NF {
+                    out.push(ConcatWeight {
+                        name: gate_up_concat_name(il),
+                        parts: vec![d.gate.name.clone(), d.up.name.clone()],
+                    });
+                }
             }
         }
         out
@@ -167,5 +178,17 @@ impl ModelDef for Decoder {
         (0..self.w.layers.len())
             .map(|il| self.terms.layer(il, &self.hp).window)
             .collect()
+    }
+
+    fn active_params(&self) -> u64 {
+        let n = |w: &WeightRef| (w.shape[0] * w.shape[1]) as u64;
+        let mut total: u64 = self.w.all().iter().map(n).sum();
+        for l in &self.w.layers {
+            if let Ffn::Moe(m) = &l.ffn {
+                total -= m.all().into_iter().map(n).sum::<u64>();
+                total += m.active_params();
+            }
+        }
+        total
     }
 }

@@ -54,7 +54,8 @@ pub const TINY_GEMMA2_FINAL_CAP: f32 = 8.0;
 /// Geometry, storage type and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TinySpec {
-    /// `"qwen2"`, `"qwen3"`, `"llama"`, `"gemma2"` or `"gemma3"`.
+    /// `"qwen2"`, `"qwen3"`, `"qwen2moe"`, `"qwen3moe"`, `"llama"`, `"gemma2"` or
+    /// `"gemma3"`.
     pub arch: &'static str,
     /// Blocks.
     pub n_layer: usize,
@@ -82,8 +83,23 @@ pub struct TinySpec {
     /// `attention.sliding_window` (Gemma only; the layer pattern is llama.cpp's default
     /// for the architecture).
     pub sliding_window: Option<usize>,
+    /// Routed experts (`qwen2moe`, `qwen3moe` only; their FFN is the experts).
+    pub moe: Option<TinyMoe>,
     /// PRNG seed.
     pub seed: u64,
+}
+
+/// The expert geometry of a tiny mixture-of-experts model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TinyMoe {
+    /// `expert_count`.
+    pub n_expert: usize,
+    /// `expert_used_count`.
+    pub n_expert_used: usize,
+    /// `expert_feed_forward_length` (whole blocks of the weight type).
+    pub n_ff_exp: usize,
+    /// `expert_shared_feed_forward_length` (`qwen2moe` only).
+    pub n_ff_shexp: usize,
 }
 
 impl TinySpec {
@@ -103,6 +119,7 @@ impl TinySpec {
             tied: false,
             rope_freqs: false,
             sliding_window: None,
+            moe: None,
             seed,
         }
     }
@@ -146,6 +163,7 @@ impl TinySpec {
             tied: true,
             rope_freqs: false,
             sliding_window: None,
+            moe: None,
             seed,
         }
     }
@@ -159,6 +177,79 @@ impl TinySpec {
             n_head_kv: 2,
             head_dim: 64,
             ..Self::qwen3(wtype, seed)
+        }
+    }
+
+    /// A small Qwen3-MoE with Qwen3's attention: 8 experts of width 32, 2 used per
+    /// token, tied head.
+    pub fn qwen3moe(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "qwen3moe",
+            moe: Some(TinyMoe {
+                n_expert: 8,
+                n_expert_used: 2,
+                n_ff_exp: 32,
+                n_ff_shexp: 0,
+            }),
+            ..Self::qwen3(wtype, seed)
+        }
+    }
+
+    /// A Qwen3-MoE whose every matrix row is a whole k-quant super-block (256): width
+    /// 256, 4 experts of width 256 (fewer, to keep the file small), 2 used.
+    pub fn qwen3moe_kquant(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            moe: Some(TinyMoe {
+                n_expert: 4,
+                n_expert_used: 2,
+                n_ff_exp: 256,
+                n_ff_shexp: 0,
+            }),
+            ..Self::qwen3moe(wtype, seed).kquant_attention()
+        }
+    }
+
+    /// A small Qwen2-MoE with Qwen2's attention: 8 experts of width 32, 2 used per
+    /// token, a shared expert of width 64, untied head (the architecture requires it).
+    pub fn qwen2moe(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "qwen2moe",
+            moe: Some(TinyMoe {
+                n_expert: 8,
+                n_expert_used: 2,
+                n_ff_exp: 32,
+                n_ff_shexp: 64,
+            }),
+            ..Self::qwen2(wtype, seed)
+        }
+    }
+
+    /// A Qwen2-MoE whose every matrix row is a whole k-quant super-block (256): width
+    /// 256, 8 heads of 32, 4 experts (2 used) and a shared expert, all of width 256.
+    pub fn qwen2moe_kquant(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            n_embd: 256,
+            n_head: 8,
+            head_dim: 32,
+            moe: Some(TinyMoe {
+                n_expert: 4,
+                n_expert_used: 2,
+                n_ff_exp: 256,
+                n_ff_shexp: 256,
+            }),
+            ..Self::qwen2moe(wtype, seed)
+        }
+    }
+
+    /// The same spec with Qwen3's k-quant attention geometry (width 256, 8 heads of 64
+    /// over 2 KV heads).
+    fn kquant_attention(self) -> Self {
+        TinySpec {
+            n_embd: 256,
+            n_head: 8,
+            n_head_kv: 2,
+            head_dim: 64,
+            ..self
         }
     }
 
@@ -180,6 +271,7 @@ impl TinySpec {
             tied: true,
             rope_freqs: false,
             sliding_window: Some(4),
+            moe: None,
             seed,
         }
     }
@@ -218,6 +310,12 @@ const LLAMA3_SEED: u64 = 57;
 // their family's seed unsearched).
 const GEMMA2_SEED: u64 = 5;
 const GEMMA3_SEED: u64 = 8;
+// MoE: picked among the first 24 where every type of the family stays within its
+// tolerance of llama.cpp along the teacher-forced path (a quantized variant's router can
+// otherwise flip a near-tied expert choice against llama.cpp's), preferring greedy
+// paths of many distinct tokens.
+const QWEN3MOE_SEED: u64 = 13;
+const QWEN2MOE_SEED: u64 = 20;
 
 /// The Llama 3 shaped frequency factors of a tiny model with `n_pairs` rope pairs: 1 for
 /// the fastest quarter, 8 from the middle on, linear in between (llama.cpp's converter
@@ -326,6 +424,30 @@ pub fn golden_models() -> Vec<(&'static str, TinySpec)> {
             "gemma3-q4_k",
             TinySpec::gemma3_kquant(GgmlType::Q4K, GEMMA3_SEED),
         ),
+        (
+            "qwen3moe-f32",
+            TinySpec::qwen3moe(GgmlType::F32, QWEN3MOE_SEED),
+        ),
+        (
+            "qwen3moe-q8_0",
+            TinySpec::qwen3moe(GgmlType::Q8_0, QWEN3MOE_SEED),
+        ),
+        (
+            "qwen3moe-q4_k",
+            TinySpec::qwen3moe_kquant(GgmlType::Q4K, QWEN3MOE_SEED),
+        ),
+        (
+            "qwen2moe-f32",
+            TinySpec::qwen2moe(GgmlType::F32, QWEN2MOE_SEED),
+        ),
+        (
+            "qwen2moe-q8_0",
+            TinySpec::qwen2moe(GgmlType::Q8_0, QWEN2MOE_SEED),
+        ),
+        (
+            "qwen2moe-q4_k",
+            TinySpec::qwen2moe_kquant(GgmlType::Q4K, QWEN2MOE_SEED),
+        ),
     ]
 }
 
@@ -389,9 +511,14 @@ pub(crate) fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError
         mat(&mut w, blk(il, "attn_k"), ne, nkv)?;
         mat(&mut w, blk(il, "attn_v"), ne, nkv)?;
         mat(&mut w, blk(il, "attn_output"), nq, ne)?;
-        mat(&mut w, blk(il, "ffn_gate"), ne, nf)?;
-        mat(&mut w, blk(il, "ffn_up"), ne, nf)?;
-        mat(&mut w, blk(il, "ffn_down"), nf, ne)?;
+        match &spec.moe {
+            None => {
+                mat(&mut w, blk(il, "ffn_gate"), ne, nf)?;
+                mat(&mut w, blk(il, "ffn_up"), ne, nf)?;
+                mat(&mut w, blk(il, "ffn_down"), nf, ne)?;
+            }
+            Some(m) => moe_tensors(&mut w, &mut rng, spec, m, il)?,
+        }
         let mut vec = |w: &mut GgufWriter, name: String, n: usize, center: f64| {
             let v: Vec<f32> = rng
                 .normal_vec(n, 0.1)
@@ -403,14 +530,14 @@ pub(crate) fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError
         };
         vec(&mut w, blk(il, "attn_norm"), ne, 1.0)?;
         vec(&mut w, blk(il, "ffn_norm"), ne, 1.0)?;
-        if spec.arch == "qwen3" || spec.arch == "gemma3" {
+        if matches!(spec.arch, "qwen3" | "qwen3moe" | "gemma3") {
             vec(&mut w, blk(il, "attn_q_norm"), spec.head_dim, 1.0)?;
             vec(&mut w, blk(il, "attn_k_norm"), spec.head_dim, 1.0)?;
         }
         if spec.arch.starts_with("gemma") {
             vec(&mut w, blk(il, "post_attention_norm"), ne, 1.0)?;
             vec(&mut w, blk(il, "post_ffw_norm"), ne, 1.0)?;
-        } else if spec.arch == "qwen2" {
+        } else if spec.arch == "qwen2" || spec.arch == "qwen2moe" {
             vec(&mut w, blk_bias(il, "attn_q"), nq, 0.0)?;
             vec(&mut w, blk_bias(il, "attn_k"), nkv, 0.0)?;
             vec(&mut w, blk_bias(il, "attn_v"), nkv, 0.0)?;
@@ -433,6 +560,44 @@ pub(crate) fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError
         w.add_tensor_f32(OUTPUT, &[ne as u64, spec.n_vocab as u64], spec.wtype, &out)?;
     }
     Ok(w)
+}
+
+/// Layer `il`'s router, stacked experts and (`qwen2moe`) shared expert. The router is
+/// F32 whatever the matrices' type (llama.cpp's quantizer keeps it so), with std
+/// `2/sqrt(n_embd)`: logits of std about 2, so the choice changes across tokens and the
+/// chosen experts' gate values differ enough for their renormalisation to matter.
+fn moe_tensors(
+    w: &mut GgufWriter,
+    rng: &mut SplitMix64,
+    spec: &TinySpec,
+    m: &TinyMoe,
+    il: usize,
+) -> Result<(), GgufError> {
+    let (ne, nf, nx) = (spec.n_embd as u64, m.n_ff_exp as u64, m.n_expert as u64);
+    let router = rng.normal_vec(spec.n_embd * m.n_expert, 2.0 / (ne as f64).sqrt());
+    w.add_tensor_f32(&blk(il, "ffn_gate_inp"), &[ne, nx], GgmlType::F32, &router)?;
+    for (name, i, o) in [
+        ("ffn_gate_exps", ne, nf),
+        ("ffn_up_exps", ne, nf),
+        ("ffn_down_exps", nf, ne),
+    ] {
+        let v = rng.normal_vec((i * o * nx) as usize, 1.0 / (i as f64).sqrt());
+        w.add_tensor_f32(&blk(il, name), &[i, o, nx], spec.wtype, &v)?;
+    }
+    if spec.arch == "qwen2moe" {
+        let ns = m.n_ff_shexp as u64;
+        let g = rng.normal_vec(spec.n_embd, 1.0 / (ne as f64).sqrt());
+        w.add_tensor_f32(&blk(il, "ffn_gate_inp_shexp"), &[ne], GgmlType::F32, &g)?;
+        for (name, i, o) in [
+            ("ffn_gate_shexp", ne, ns),
+            ("ffn_up_shexp", ne, ns),
+            ("ffn_down_shexp", ns, ne),
+        ] {
+            let v = rng.normal_vec((i * o) as usize, 1.0 / (i as f64).sqrt());
+            w.add_tensor_f32(&blk(il, name), &[i, o], spec.wtype, &v)?;
+        }
+    }
+    Ok(())
 }
 
 fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
@@ -467,7 +632,22 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
         let v = u32_of(&key, spec.head_dim)?;
         w.add_meta(&key, v);
     }
-    if a == "qwen3" || a.starts_with("gemma") {
+    if let Some(m) = &spec.moe {
+        let mut keys = vec![
+            ("expert_count", m.n_expert),
+            ("expert_used_count", m.n_expert_used),
+            ("expert_feed_forward_length", m.n_ff_exp),
+        ];
+        if a == "qwen2moe" {
+            keys.push(("expert_shared_feed_forward_length", m.n_ff_shexp));
+        }
+        for (name, v) in keys {
+            let key = format!("{a}.{name}");
+            let v = u32_of(&key, v)?;
+            w.add_meta(&key, v);
+        }
+    }
+    if matches!(a, "qwen3" | "qwen3moe") || a.starts_with("gemma") {
         for name in ["attention.key_length", "attention.value_length"] {
             let key = format!("{a}.{name}");
             let v = u32_of(&key, spec.head_dim)?;

@@ -3,78 +3,17 @@
 //!
 //! Matrices may be stored in any type the GGUF reader knows (the CPU backend runs all of
 //! them). Vectors — norm scales and biases — must be F32: the kernels read them as plain
-//! floats, and every converter stores one-dimensional tensors that way.
+//! floats, and every converter stores one-dimensional tensors that way. One tensor is
+//! read by [`crate::tensors`]; this file groups them into layers and the model.
 
-use minfer_gguf::{GgmlType, GgufFile};
+use minfer_gguf::GgufFile;
 use minfer_graph::{WeightRef, WeightType};
 
 use crate::error::ModelError;
+use crate::ffn::DenseFfn;
 use crate::hparams::HParams;
-
-/// GGUF name of the token embedding table.
-pub const TOKEN_EMBD: &str = "token_embd.weight";
-/// GGUF name of the final norm scale.
-pub const OUTPUT_NORM: &str = "output_norm.weight";
-/// GGUF name of the lm head; absent when tied to [`TOKEN_EMBD`].
-pub const OUTPUT: &str = "output.weight";
-/// GGUF name of the rope frequency factors (Llama 3 scaling), `[head_dim / 2]` F32.
-pub const ROPE_FREQS: &str = "rope_freqs.weight";
-
-/// `blk.{il}.{name}.weight`.
-pub fn blk(il: usize, name: &str) -> String {
-    format!("blk.{il}.{name}.weight")
-}
-
-/// `blk.{il}.{name}.bias`.
-pub fn blk_bias(il: usize, name: &str) -> String {
-    format!("blk.{il}.{name}.bias")
-}
-
-/// A matrix `name` of GGUF shape `[in_dim, out_dim]`, any known type.
-pub(crate) fn matrix(
-    file: &GgufFile,
-    name: &str,
-    in_dim: usize,
-    out_dim: usize,
-) -> Result<WeightRef, ModelError> {
-    let ty = checked(file, name, &[in_dim as u64, out_dim as u64])?;
-    Ok(WeightRef::new(name, WeightType(ty.id()), [in_dim, out_dim]))
-}
-
-/// A vector `name` of length `len`, stored as F32.
-pub(crate) fn vector(file: &GgufFile, name: &str, len: usize) -> Result<WeightRef, ModelError> {
-    let ty = checked(file, name, &[len as u64])?;
-    if ty != GgmlType::F32 {
-        return Err(ModelError::TensorType {
-            name: name.to_string(),
-            ty,
-            reason: "norm scales and biases must be F32",
-        });
-    }
-    Ok(WeightRef::new(name, WeightType::F32, [len, 1]))
-}
-
-/// Presence and shape; ggml pads shapes with trailing 1s, so `[n]` equals `[n, 1]`.
-fn checked(file: &GgufFile, name: &str, expected: &[u64]) -> Result<GgmlType, ModelError> {
-    let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor {
-        name: name.to_string(),
-    })?;
-    let pad = |d: &[u64]| {
-        let mut p = [1u64; 4];
-        for (slot, &v) in p.iter_mut().zip(d) {
-            *slot = v;
-        }
-        p
-    };
-    if info.dims.len() > 4 || pad(&info.dims) != pad(expected) {
-        return Err(ModelError::TensorShape {
-            name: name.to_string(),
-            expected: format!("{expected:?}"),
-            actual: info.dims.clone(),
-        });
-    }
-    Ok(info.ggml_type)
-}
+pub use crate::tensors::{blk, blk_bias, OUTPUT, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD};
+pub(crate) use crate::tensors::{matrix, vector};
 
 /// Per-layer tensors; an architecture declares the optional ones it has (`bias` for
 /// Qwen2 and some Llama files, `qk_norm` for Qwen3 and Gemma 3, `post_norms` for
@@ -91,12 +30,38 @@ pub(crate) struct LayerWeights {
     /// Per-head q and k norm scales.
     pub qk_norm: Option<[WeightRef; 2]>,
     pub ffn_norm: WeightRef,
-    pub gate: WeightRef,
-    pub up: WeightRef,
-    pub down: WeightRef,
+    /// The feed-forward block: one gated FFN, or routed experts.
+    pub ffn: Ffn,
     /// Norms of the attention and FFN outputs before their residual adds (Gemma's
     /// sandwich: `post_attention_norm`, `post_ffw_norm`).
     pub post_norms: Option<[WeightRef; 2]>,
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Ffn {
+    /// One gated FFN for every token.
+    Dense(DenseFfn),
+    /// Experts chosen per token by a router ([`crate::moe`]).
+    Moe(Box<crate::moe::MoeFfn>),
+}
+
+impl Ffn {
+    /// The dense FFN, if the block is one.
+    pub fn dense(&self) -> Option<&DenseFfn> {
+        match self {
+            Ffn::Dense(d) => Some(d),
+            Ffn::Moe(_) => None,
+        }
+    }
+
+    /// Every tensor of the block, in a fixed order.
+    pub fn all(&self) -> Vec<&WeightRef> {
+        match self {
+            Ffn::Dense(d) => vec![&d.gate, &d.up, &d.down],
+            Ffn::Moe(m) => m.all(),
+        }
+    }
 }
 
 impl LayerWeights {
@@ -104,7 +69,29 @@ impl LayerWeights {
     /// checking their shapes against `hp`; the optional parts start empty, for the
     /// architecture to fill.
     pub fn read(file: &GgufFile, il: usize, hp: &HParams) -> Result<Self, ModelError> {
+        let core = Self::read_attn(file, il, hp)?;
+        let ffn = Ffn::Dense(DenseFfn::read(file, il, "", hp.n_embd, hp.n_ff)?);
+        Ok(LayerWeights { ffn, ..core })
+    }
+
+    /// Layer `il`'s norms and q/k/v/o with `ffn` as its feed-forward block (an
+    /// architecture with routed experts reads its own).
+    pub fn with_ffn(
+        file: &GgufFile,
+        il: usize,
+        hp: &HParams,
+        ffn: Ffn,
+    ) -> Result<Self, ModelError> {
+        Ok(LayerWeights {
+            ffn,
+            ..Self::read_attn(file, il, hp)?
+        })
+    }
+
+    /// The attention half and the FFN norm, with a placeholder empty FFN.
+    fn read_attn(file: &GgufFile, il: usize, hp: &HParams) -> Result<Self, ModelError> {
         let (nq, nkv, ne) = (hp.n_q_embd(), hp.n_kv_embd(), hp.n_embd);
+        let none = WeightRef::new("", WeightType::F32, [0, 0]);
         Ok(LayerWeights {
             attn_norm: vector(file, &blk(il, "attn_norm"), ne)?,
             wq: matrix(file, &blk(il, "attn_q"), ne, nq)?,
@@ -114,9 +101,11 @@ impl LayerWeights {
             bias: None,
             qk_norm: None,
             ffn_norm: vector(file, &blk(il, "ffn_norm"), ne)?,
-            gate: matrix(file, &blk(il, "ffn_gate"), ne, hp.n_ff)?,
-            up: matrix(file, &blk(il, "ffn_up"), ne, hp.n_ff)?,
-            down: matrix(file, &blk(il, "ffn_down"), hp.n_ff, ne)?,
+            ffn: Ffn::Dense(DenseFfn {
+                gate: none.clone(),
+                up: none.clone(),
+                down: none,
+            }),
             post_norms: None,
         })
     }
@@ -126,7 +115,8 @@ impl LayerWeights {
         let mut v = vec![&self.attn_norm, &self.wq, &self.wk, &self.wv];
         v.extend(self.bias.iter().flatten());
         v.extend(self.qk_norm.iter().flatten());
-        v.extend([&self.wo, &self.ffn_norm, &self.gate, &self.up, &self.down]);
+        v.extend([&self.wo, &self.ffn_norm]);
+        v.extend(self.ffn.all());
         v.extend(self.post_norms.iter().flatten());
         v
     }
@@ -136,9 +126,36 @@ impl LayerWeights {
         self.wq.wtype == self.wk.wtype && self.wk.wtype == self.wv.wtype
     }
 
-    /// Whether gate and up share type and shape, so a backend can concatenate them.
-    pub fn gate_up_concat_feasible(&self) -> bool {
-        self.gate.wtype == self.up.wtype && self.gate.shape == self.up.shape
+    /// The dense FFN when its gate and up share type and shape, so a backend can
+    /// concatenate them.
+    pub fn gate_up_concat(&self) -> Option<&DenseFfn> {
+        self.ffn.dense().filter(|d| d.gate_up_concat_feasible())
+    }
+}
+
+/// Layer `il`'s optional q/k/v biases (some Llama fine-tunes, Qwen2-MoE): all three, or
+/// none; a partial set names the missing one.
+pub(crate) fn qkv_biases(
+    file: &GgufFile,
+    il: usize,
+    nq: usize,
+    nkv: usize,
+) -> Result<Option<[WeightRef; 3]>, ModelError> {
+    let names = ["attn_q", "attn_k", "attn_v"].map(|t| blk_bias(il, t));
+    let present = names.iter().filter(|n| file.tensor(n).is_some()).count();
+    match present {
+        0 => Ok(None),
+        3 => Ok(Some([
+            vector(file, &names[0], nq)?,
+            vector(file, &names[1], nkv)?,
+            vector(file, &names[2], nkv)?,
+        ])),
+        _ => {
+            let missing = names.iter().find(|n| file.tensor(n).is_none());
+            Err(ModelError::MissingTensor {
+                name: missing.cloned().unwrap_or_default(),
+            })
+        }
     }
 }
 
@@ -185,22 +202,5 @@ impl Weights {
             matrix(file, OUTPUT, n_embd, n_vocab)?
         };
         Ok((tok_embd, output_norm, output, tied))
-    }
-}
-
-/// Rows of the embedding table (`dims[1]`), which fixes `n_vocab`.
-pub(crate) fn vocab_rows(file: &GgufFile, n_embd: usize) -> Result<usize, ModelError> {
-    let info = file
-        .tensor(TOKEN_EMBD)
-        .ok_or_else(|| ModelError::MissingTensor {
-            name: TOKEN_EMBD.to_string(),
-        })?;
-    match info.dims.as_slice() {
-        [_, rows] if *rows > 0 => Ok(*rows as usize),
-        _ => Err(ModelError::TensorShape {
-            name: TOKEN_EMBD.to_string(),
-            expected: format!("[{n_embd}, n_vocab]"),
-            actual: info.dims.clone(),
-        }),
     }
 }

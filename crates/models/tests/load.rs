@@ -112,11 +112,11 @@ fn unsupported_architectures_are_refused_with_the_supported_list() {
     );
     assert_eq!(
         err(&f),
-        "unsupported architecture `gemma`; supported: qwen2, qwen3, llama, gemma2, gemma3"
+        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, llama, gemma2, gemma3"
     );
     assert_eq!(
         supported_architectures(),
-        ["qwen2", "qwen3", "llama", "gemma2", "gemma3"]
+        ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "llama", "gemma2", "gemma3"]
     );
     let f = with_meta(&q2(), "general.architecture", None);
     assert!(err(&f).contains("`general.architecture`"), "{}", err(&f));
@@ -204,6 +204,50 @@ fn missing_tensors_are_named() {
     let q3 = TinySpec::qwen3(GgmlType::F32, 3);
     let f = with_tensor(&q3, "blk.1.attn_k_norm.weight", None);
     assert_eq!(err(&f), "missing tensor `blk.1.attn_k_norm.weight`");
+}
+
+/// The expert keys and tensors of the MoE architectures: read with their geometry,
+/// and every missing or inconsistent one named.
+#[test]
+fn moe_models_read_their_experts_and_name_what_is_wrong() {
+    let q3 = TinySpec::qwen3moe(GgmlType::F32, 3);
+    let m = load_model(&GgufFile::from_bytes(tiny_model_bytes(&q3).unwrap()).unwrap()).unwrap();
+    let moe = m.hparams().moe.clone().expect("experts");
+    assert_eq!((moe.n_expert, moe.n_expert_used, moe.n_ff_exp), (8, 2, 32));
+    assert!(
+        m.active_params()
+            < m.weights()
+                .iter()
+                .map(|w| (w.shape[0] * w.shape[1]) as u64)
+                .sum()
+    );
+    let f = with_meta(&q3, "qwen3moe.expert_used_count", Some(MetaValue::U32(9)));
+    assert!(
+        err(&f).contains("`qwen3moe.expert_used_count` = 9"),
+        "{}",
+        err(&f)
+    );
+    assert!(err(&f).contains("exceeds expert_count = 8"), "{}", err(&f));
+    let f = with_meta(&q3, "qwen3moe.expert_count", None);
+    assert!(err(&f).contains("qwen3moe.expert_count"), "{}", err(&f));
+    let f = with_tensor(&q3, "blk.1.ffn_down_exps.weight", None);
+    assert_eq!(err(&f), "missing tensor `blk.1.ffn_down_exps.weight`");
+    // Experts of the wrong width: expert_feed_forward_length says 32.
+    let f = with_meta(
+        &q3,
+        "qwen3moe.expert_feed_forward_length",
+        Some(MetaValue::U32(64)),
+    );
+    assert!(
+        err(&f).contains("blk.0.ffn_gate_exps.weight"),
+        "{}",
+        err(&f)
+    );
+    let q2m = TinySpec::qwen2moe(GgmlType::F32, 3);
+    let f = with_tensor(&q2m, "blk.0.ffn_gate_inp_shexp.weight", None);
+    assert_eq!(err(&f), "missing tensor `blk.0.ffn_gate_inp_shexp.weight`");
+    let f = with_tensor(&q2m, "output.weight", None);
+    assert_eq!(err(&f), "missing tensor `output.weight`");
 }
 
 #[test]

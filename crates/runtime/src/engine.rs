@@ -1158,6 +1158,7 @@ mod tests {
             rope_freq_base: 10000.0,
             rope_freq_scale: 1.0,
             rope_style: minfer_graph::RopeStyle::NonInterleaved,
+            moe: None,
         }
     }
 

@@ -47,14 +47,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .into_iter()
         .filter(|e| e.compiled)
         .collect();
+    let params = super::params::ParamSummary::of(&file);
     let report = if args.json {
         let mut j = json_report(&path, &file);
+        j["parameters"] = params.as_ref().map_or(Value::Null, |p| p.json());
         j["backends"] = backends_json(&backends, &default);
         let mut s = serde_json::to_string_pretty(&j)?;
         s.push('\n');
         s
     } else {
         let mut s = text_report(&path, &file);
+        if let Some(p) = &params {
+            s.push_str(&p.text());
+        }
         s.push_str(&backends_text(&backends, &default));
         s
     };

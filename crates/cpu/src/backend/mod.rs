@@ -24,15 +24,16 @@ use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
 use minfer_graph::{
-    Backend, BackendError, BackendImpl, BufRef, CNode, DType, FusedOp, KvType, NodeMeta, Op,
+    Backend, BackendError, BackendImpl, BufRef, CNode, DType, FusedOp, KvType, MatMulIdMeta,
+    NodeMeta, Op,
 };
 
-use crate::matmul::{self, MatmulScratch, QMatrix};
+use crate::matmul::{self, ExpertMatrix, IdScratch, MatmulScratch, QMatrix};
 use crate::ops::attn::{self, AttnArgs, AttnScratch};
 use crate::ops::elementwise::{self as ew, BinOp};
 use crate::ops::get_rows::{self, Table};
 use crate::ops::vec::VecIsa;
-use crate::ops::{kv, layout, norm, rope};
+use crate::ops::{as_i32, kv, layout, moe, norm, rope};
 use crate::threadpool::ThreadPool;
 
 pub use weights::{Weight, WeightError, WeightRegistry};
@@ -52,6 +53,9 @@ struct Scratch {
     /// K and V rows of a fused QKV node gathered for the KV store (several tokens).
     k_rows: Vec<f32>,
     v_rows: Vec<f32>,
+    /// Expert ids of an expert-routed matmul, and its activation and grouping buffers.
+    expert_ids: Vec<u32>,
+    experts: IdScratch,
 }
 
 /// The fault hook, shared with the engine through the backend seam.
@@ -392,6 +396,8 @@ impl CpuBackend {
             attn: attn_scratch,
             gate,
             up,
+            expert_ids,
+            experts,
             ..
         } = scratch;
         let is_attn = matches!(node.op, Op::Attn { .. });
@@ -591,11 +597,107 @@ impl CpuBackend {
                     pool, weights, &group, m.n_embd, mmx, mm, out, repack, up, epi,
                 )
             }
+            (Op::TopK { k }, _) => {
+                let x = src(0)?;
+                moe::top_k(x, x.len() / nt, *k, out)
+            }
+            (Op::MulMatId | Op::MulMatIdSwiGLU, NodeMeta::MatMulId(m)) => {
+                if (node.op == Op::MulMatIdSwiGLU) != m.gate_name.is_some() {
+                    return Err(format!(
+                        "op and metadata disagree on the gate weight ({:?})",
+                        m.gate_name
+                    ));
+                }
+                let ex = Experts {
+                    pool,
+                    weights,
+                    ids: expert_ids,
+                    scratch: experts,
+                    gate,
+                    up,
+                };
+                ex.run(m, src(0)?, src(1)?, out)
+            }
+            (Op::MoeSum { norm }, _) => {
+                moe::weighted_sum(src(0)?, src(1)?, src(2)?, node.out_shape[0], *norm, out)
+            }
+            (Op::MulSigmoid, _) => moe::mul_sigmoid(src(0)?, src(1)?, node.out_shape[0], out),
             (op, meta) => Err(format!(
                 "{} with metadata {meta:?} is not implemented by the cpu backend",
                 op.name()
             )),
         }
+    }
+}
+
+/// What an expert-routed matmul node works with.
+struct Experts<'a> {
+    pool: &'a ThreadPool,
+    weights: &'a WeightRegistry,
+    ids: &'a mut Vec<u32>,
+    scratch: &'a mut IdScratch,
+    gate: &'a mut Vec<f32>,
+    up: &'a mut Vec<f32>,
+}
+
+impl Experts<'_> {
+    /// `MulMatId` (`m.gate_name` unset) or `MulMatIdSwiGLU` into `out`: the chosen
+    /// experts' products, and for the SwiGLU form `silu(gate) * up` with the unfused
+    /// kernel, gate and up sharing one quantization of `x` where they share a type.
+    fn run(self, m: &MatMulIdMeta, x: &[f32], ids: &[f32], out: &mut [f32]) -> Result<(), String> {
+        self.ids.clear();
+        // A negative id becomes one past every expert, which the kernel refuses.
+        self.ids.extend(
+            ids.iter()
+                .map(|&v| u32::try_from(as_i32(v)).unwrap_or(u32::MAX)),
+        );
+        let mat = |name: &str| -> Result<ExpertMatrix<'_>, String> {
+            let w = self
+                .weights
+                .get(name)
+                .ok_or_else(|| format!("weight '{name}' is not registered"))?;
+            if w.in_dim != m.in_dim || w.out_dim != m.out_dim * m.n_expert {
+                return Err(format!(
+                    "weight '{name}' is [{}, {}], the node expects {} experts of [{}, {}]",
+                    w.in_dim, w.out_dim, m.n_expert, m.in_dim, m.out_dim
+                ));
+            }
+            Ok(ExpertMatrix {
+                ty: w.ty,
+                data: w.bytes(),
+                rows: m.out_dim,
+                cols: m.in_dim,
+                n_expert: m.n_expert,
+            })
+        };
+        let err = |e: matmul::MatmulError| format!("experts of '{}': {e}", m.weight_name);
+        let up = mat(&m.weight_name)?;
+        let Some(gate_name) = &m.gate_name else {
+            return matmul::matmul_id(self.pool, &[up], x, self.ids, &mut [out], self.scratch)
+                .map_err(err);
+        };
+        let gate = mat(gate_name)?;
+        let n = out.len();
+        self.gate.resize(n, 0.0);
+        self.up.resize(n, 0.0);
+        let (g, u) = (&mut self.gate[..n], &mut self.up[..n]);
+        if gate.ty == up.ty {
+            matmul::matmul_id(
+                self.pool,
+                &[gate, up],
+                x,
+                self.ids,
+                &mut [g, u],
+                self.scratch,
+            )
+            .map_err(err)?;
+        } else {
+            matmul::matmul_id(self.pool, &[gate], x, self.ids, &mut [g], self.scratch)
+                .map_err(err)?;
+            matmul::matmul_id(self.pool, &[up], x, self.ids, &mut [u], self.scratch)
+                .map_err(err)?;
+        }
+        ew::swiglu(self.pool, g, u, out)
     }
 }
 
@@ -989,6 +1091,9 @@ impl BackendImpl for CpuBackend {
     }
 
     fn supports_op(&self, op: &Op, dtype: DType) -> bool {
+        if let Op::TopK { .. } = op {
+            return dtype == DType::I32;
+        }
         dtype == DType::F32
             && matches!(
                 op,
@@ -1016,6 +1121,10 @@ impl BackendImpl for CpuBackend {
                     | Op::FusedFFN
                     | Op::FusedQKV { .. }
                     | Op::FusedQkvNorm { .. }
+                    | Op::MulMatId
+                    | Op::MulMatIdSwiGLU
+                    | Op::MoeSum { .. }
+                    | Op::MulSigmoid
             )
     }
 

@@ -12,6 +12,7 @@ pub mod exp;
 pub mod get_rows;
 pub mod kv;
 pub mod layout;
+pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod vec;

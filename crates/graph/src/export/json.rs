@@ -35,6 +35,8 @@ pub fn op_detail(op: &Op) -> String {
         Op::View { offset, shape } => format!("offset={offset} shape={shape:?}"),
         Op::Reshape { shape } => format!("shape={shape:?}"),
         Op::Permute { dims } => format!("dims={dims:?}"),
+        Op::TopK { k } => format!("k={k}"),
+        Op::MoeSum { norm } => format!("norm={norm}"),
         _ => String::new(),
     }
 }
@@ -68,6 +70,8 @@ pub fn op_args(op: &Op) -> Value {
         Op::View { offset, shape } => json!({ "offset": offset, "shape": shape }),
         Op::Reshape { shape } => json!({ "shape": shape }),
         Op::Permute { dims } => json!({ "dims": dims }),
+        Op::TopK { k } => json!({ "k": k }),
+        Op::MoeSum { norm } => json!({ "norm": norm }),
         _ => json!({}),
     }
 }
@@ -236,6 +240,15 @@ pub fn op_from_json(name: &str, args: &Value) -> Result<Op, GraphError> {
             layer: arg_usize(a, "layer")?,
         },
         "fused_ffn" => Op::FusedFFN,
+        "top_k" => Op::TopK {
+            k: arg_usize(a, "k")?,
+        },
+        "mul_mat_id" => Op::MulMatId,
+        "mul_mat_id_swiglu" => Op::MulMatIdSwiGLU,
+        "moe_sum" => Op::MoeSum {
+            norm: arg_bool(a, "norm")?,
+        },
+        "mul_sigmoid" => Op::MulSigmoid,
         "fused_qkv_norm" => Op::FusedQkvNorm {
             layer: arg_usize(a, "layer")?,
         },

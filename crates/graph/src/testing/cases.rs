@@ -26,6 +26,8 @@ use crate::meta::{AttnMeta, RoPEMeta};
 use crate::scheduler::BackendScheduler;
 use crate::GraphAllocator;
 
+mod moe;
+
 /// One input's values: f32 activations or u32 ids (positions, cells, spans).
 #[derive(Debug, Clone, PartialEq)]
 pub enum CaseInput {
@@ -270,8 +272,8 @@ pub fn run_device_cases(
 /// no case failed; every case it did not run is one it declines by capability (a matmul
 /// over a weight type outside `decoded`, rope with Llama 3 frequency factors, or
 /// sliding-window attention on a backend whose kernel has no term for it, attention over
-/// a KV ring, GELU, GeGLU, the soft-cap and soft-capped attention: those nodes run on the
-/// CPU in a real graph); at
+/// a KV ring, GELU, GeGLU, the soft-cap and soft-capped attention, the mixture-of-experts
+/// ops: those nodes run on the CPU in a real graph); at
 /// least one matmul case ran for each type in `decoded`; and every case is accounted for.
 pub fn check_device_report(
     report: &CaseReport,
@@ -293,7 +295,24 @@ pub fn check_device_report(
         let declined_gemma = matches!(op, Some("gelu" | "geglu" | "softcap"))
             || (op == Some("attn") && case.contains(" softcap "));
         let declined_matmul = op == Some("matmul") && !decoded.iter().any(|d| d.name() == ty);
-        if !(declined_rope || declined_matmul || declined_window || declined_gemma || declined_ring)
+        // No device kernel routes experts or has a softmax (`device_kit::supports_op`).
+        let declined_moe = matches!(
+            op,
+            Some(
+                "softmax"
+                    | "top_k"
+                    | "mul_mat_id"
+                    | "mul_mat_id_swiglu"
+                    | "moe_sum"
+                    | "mul_sigmoid"
+            )
+        );
+        if !(declined_rope
+            || declined_matmul
+            || declined_window
+            || declined_gemma
+            || declined_moe
+            || declined_ring)
         {
             return Err(format!(
                 "'{case}' was not run on {name}, though the backend implements it"
@@ -857,6 +876,7 @@ pub fn op_cases() -> Vec<OpCase> {
     norm_cases(&mut out);
     rope_cases(&mut out);
     kv_cases(&mut out);
+    moe::moe_cases(&mut out);
     out
 }
 
@@ -887,6 +907,12 @@ mod tests {
             "rope",
             "attn",
             "kvcache_store",
+            "softmax",
+            "top_k",
+            "mul_mat_id",
+            "mul_mat_id_swiglu",
+            "moe_sum",
+            "mul_sigmoid",
         ] {
             assert!(cases.iter().any(|c| c.op == op), "no case for {op}");
         }

@@ -258,11 +258,160 @@ pub(super) fn compute(
             }
             Ok(out)
         }
+        (Op::TopK { k }, _) => top_k(x?, node.out_shape[1].max(1), *k),
+        (Op::MulMatId | Op::MulMatIdSwiGLU, NodeMeta::MatMulId(m)) => {
+            if (node.op == Op::MulMatIdSwiGLU) != m.gate_name.is_some() {
+                return Err(format!("{}: gate weight {:?}", node.op.name(), m.gate_name));
+            }
+            mul_mat_id(node, x?, input(inputs, 1)?, m, w)
+        }
+        (Op::MoeSum { norm }, _) => moe_sum(
+            x?,
+            input(inputs, 1)?,
+            input(inputs, 2)?,
+            node.out_shape,
+            *norm,
+        ),
+        (Op::MulSigmoid, _) => {
+            let (x, g) = (x?, input(inputs, 1)?);
+            let d = node.out_shape[0].max(1);
+            if g.len() * d != x.len() {
+                return Err(format!(
+                    "mul_sigmoid: {} gates for {} values",
+                    g.len(),
+                    x.len()
+                ));
+            }
+            Ok(x.iter()
+                .enumerate()
+                .map(|(i, &v)| v / (1.0 + (-g[i / d]).exp()))
+                .collect())
+        }
         (op, meta) => Err(format!(
             "{} with meta {meta:?} is not implemented by the reference backend",
             op.name()
         )),
     }
+}
+
+/// Indices of the `k` largest values per row of `n = x.len() / nt`, descending, equal
+/// values in ascending index order (a stable sort), as f32 bit patterns.
+fn top_k(x: &[f32], nt: usize, k: usize) -> Result<Vec<f32>, String> {
+    let n = x.len() / nt;
+    if k == 0 || k > n || n * nt != x.len() {
+        return Err(format!("top_k: {k} of {} values in {nt} rows", x.len()));
+    }
+    let mut out = Vec::with_capacity(k * nt);
+    for row in x.chunks(n) {
+        let mut idx: Vec<usize> = (0..n).collect();
+        idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        out.extend(idx[..k].iter().map(|&i| f32::from_bits(i as u32)));
+    }
+    Ok(out)
+}
+
+/// The expert ids of a `[k, nt]` choice, each checked against `n_expert`.
+fn expert_ids(ids: &[f32], n_expert: usize) -> Result<Vec<usize>, String> {
+    ints(ids)
+        .map(|e| {
+            usize::try_from(e)
+                .ok()
+                .filter(|&e| e < n_expert)
+                .ok_or_else(|| format!("expert id {e} outside 0..{n_expert}"))
+        })
+        .collect()
+}
+
+/// Each slot's product with its expert (and for the SwiGLU form, `silu(gate) * up`).
+fn mul_mat_id(
+    node: &CNode,
+    x: &[f32],
+    ids: &[f32],
+    m: &MatMulIdMeta,
+    w: &WeightStore,
+) -> Result<Vec<f32>, String> {
+    let ids = expert_ids(ids, m.n_expert)?;
+    let slots = ids.len();
+    let x_rows = x.len() / m.in_dim.max(1);
+    // `x` holds one row per token (shared by its slots) or one per slot.
+    if node.out_shape[1] != slots || x_rows == 0 || !slots.is_multiple_of(x_rows) {
+        return Err(format!(
+            "{}: {x_rows} input rows for {slots} slots",
+            node.op.name()
+        ));
+    }
+    let per_row = slots / x_rows;
+    let expert = |name: &str, e: usize| -> Result<Vec<f32>, String> {
+        let full = weight(w, name)?;
+        if full.in_dim != m.in_dim || full.out_dim != m.out_dim * m.n_expert {
+            return Err(format!(
+                "{name}: [{}, {}] vs {m:?}",
+                full.in_dim, full.out_dim
+            ));
+        }
+        let rows = m.out_dim * m.in_dim;
+        Ok(full.data[e * rows..(e + 1) * rows].to_vec())
+    };
+    let mut out = Vec::with_capacity(m.out_dim * slots);
+    for (s, &e) in ids.iter().enumerate() {
+        let row = s / per_row;
+        let xr = &x[row * m.in_dim..(row + 1) * m.in_dim];
+        let product = |name: &str| -> Result<Vec<f32>, String> {
+            let we = expert(name, e)?;
+            Ok(we
+                .chunks(m.in_dim)
+                .map(|wr| wr.iter().zip(xr).map(|(a, b)| a * b).sum())
+                .collect())
+        };
+        let up = product(&m.weight_name)?;
+        match &m.gate_name {
+            Some(g) => {
+                let gate = product(g)?;
+                out.extend(gate.iter().zip(&up).map(|(&a, &b)| silu(a) * b));
+            }
+            None => out.extend(up),
+        }
+    }
+    Ok(out)
+}
+
+/// `sum_j w_j h_(j,t)` with the router weights at the chosen experts, renormalised when
+/// `norm`.
+fn moe_sum(
+    h: &[f32],
+    probs: &[f32],
+    ids: &[f32],
+    out_shape: [usize; 4],
+    norm: bool,
+) -> Result<Vec<f32>, String> {
+    let (d, nt) = (out_shape[0], out_shape[1].max(1));
+    let k = ids.len() / nt;
+    let n_expert = probs.len() / nt;
+    let ids = expert_ids(ids, n_expert)?;
+    if h.len() != d * k * nt || k * nt != ids.len() {
+        return Err(format!(
+            "moe_sum: {} values for {k} x {nt} slots of {d}",
+            h.len()
+        ));
+    }
+    let mut out = vec![0.0; d * nt];
+    for t in 0..nt {
+        let mut wts: Vec<f32> = (0..k)
+            .map(|j| probs[t * n_expert + ids[t * k + j]])
+            .collect();
+        if norm {
+            let sum = (wts.iter().map(|&v| f64::from(v)).sum::<f64>() as f32).max(6.103_515_6e-5);
+            wts.iter_mut().for_each(|v| *v /= sum);
+        }
+        let o = &mut out[t * d..(t + 1) * d];
+        for (j, wj) in wts.iter().enumerate() {
+            let hr = &h[(t * k + j) * d..(t * k + j + 1) * d];
+            for (y, v) in o.iter_mut().zip(hr) {
+                *y += v * wj;
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn gather(table: &[f32], d: usize, ids: &[f32]) -> Result<Vec<f32>, String> {

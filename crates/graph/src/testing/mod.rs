@@ -92,9 +92,11 @@ impl WeightStore {
             let (in_dim, out_dim) = match dims[..] {
                 [n] => (n, 1),
                 [i, o] => (i, o),
+                // Stacked experts: expert `e` is rows `e * o .. (e + 1) * o`.
+                [i, o, e] => (i, o * e),
                 _ => {
                     return Err(format!(
-                        "tensor '{}': {} dims, not 1 or 2",
+                        "tensor '{}': {} dims, not 1, 2 or 3",
                         t.name,
                         dims.len()
                     ))
@@ -137,6 +139,11 @@ pub const IMPLEMENTED: &[&str] = &[
     "swiglu",
     "geglu",
     "fused_ffn",
+    "top_k",
+    "mul_mat_id",
+    "mul_mat_id_swiglu",
+    "moe_sum",
+    "mul_sigmoid",
 ];
 
 /// A host backend with scalar kernels and a configurable claim set.
@@ -287,7 +294,8 @@ impl BackendImpl for RefBackend {
     }
 
     fn supports_op(&self, op: &Op, dtype: DType) -> bool {
-        self.claims.contains(op.name()) && (*op == Op::Input || dtype == DType::F32)
+        self.claims.contains(op.name())
+            && (matches!(op, Op::Input | Op::TopK { .. }) || dtype == DType::F32)
     }
 
     fn max_buffer_elems(&self) -> usize {

@@ -8,6 +8,7 @@ mod conversation;
 mod embed;
 mod fusion;
 mod gemma;
+mod moe;
 mod reference;
 mod session;
 mod speculative;

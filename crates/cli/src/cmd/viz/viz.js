@@ -23,7 +23,8 @@ window.viz = viz;
 
 // Sources read by more nodes than this are drawn without their edges.
 const FANOUT_EDGES = 8;
-const FUSED_OPS = new Set(["swiglu", "geglu", "fused_qkv", "fused_ffn", "fused_qkv_norm", "qkv_bias_rope_store"]);
+// mul_mat_id_swiglu: the experts' gate and up products with their SwiGLU in one node.
+const FUSED_OPS = new Set(["swiglu", "geglu", "fused_qkv", "fused_ffn", "fused_qkv_norm", "qkv_bias_rope_store", "mul_mat_id_swiglu"]);
 
 function layerOf(node) {
   const m = /-(\d+)$/.exec(node.name);

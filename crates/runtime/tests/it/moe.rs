@@ -1,0 +1,74 @@
+//! The tiny mixture-of-experts models (Qwen3-MoE, Qwen2-MoE; F32, Q8_0, Q4_K) on the CPU
+//! engine: greedy decode is bitwise the same whether the decode graph is reused or rebuilt
+//! every step and whatever the thread count, as for the dense models (batch composition:
+//! `batch.rs` runs the golden set, these models included).
+
+use minfer_gguf::GgufFile;
+use minfer_models::testing::{golden_models, tiny_model_bytes, TinySpec};
+use minfer_runtime::{sampling::argmax, Engine, EngineOptions};
+
+const PROMPT: [u32; 8] = [72, 101, 108, 108, 111, 44, 32, 300];
+
+fn moe_models() -> Vec<(&'static str, TinySpec)> {
+    let v: Vec<_> = golden_models()
+        .into_iter()
+        .filter(|(_, s)| s.moe.is_some())
+        .collect();
+    assert_eq!(v.len(), 6, "the golden set's MoE models");
+    v
+}
+
+fn engine(spec: &TinySpec, threads: usize) -> Engine {
+    let file = GgufFile::from_bytes(tiny_model_bytes(spec).expect("writer")).expect("reader");
+    let opts = EngineOptions {
+        n_threads: threads,
+        n_ctx: Some(64),
+        backend: None,
+        n_batch: 512,
+        ..EngineOptions::default()
+    };
+    Engine::from_gguf(file, &opts).expect("engine")
+}
+
+/// The prompt's last four rows and 16 greedy decode steps, as bits.
+fn greedy_bits(e: &mut Engine) -> Vec<u32> {
+    let mut out = e.forward(&PROMPT, 0, 4).expect("prefill");
+    let mut logits = out[out.len() - e.n_vocab()..].to_vec();
+    for i in 0..16 {
+        let t = argmax(&logits);
+        logits = e.forward(&[t], PROMPT.len() + i, 1).expect("decode");
+        out.extend_from_slice(&logits);
+    }
+    out.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn moe_graph_reuse_is_bitwise_identical_to_rebuilding_every_step() {
+    for (name, spec) in moe_models() {
+        let run = |rebuild: bool| {
+            let mut e = engine(&spec, 2);
+            e.set_rebuild_every_step(rebuild);
+            (greedy_bits(&mut e), e.counters())
+        };
+        let (reused, c) = run(false);
+        let (fresh, _) = run(true);
+        assert!(
+            reused == fresh,
+            "{name}: logits differ between reuse and rebuild"
+        );
+        assert_eq!((c.builds, c.reuses), (2, 15), "{name}: {c:?}");
+    }
+}
+
+#[test]
+fn moe_thread_count_does_not_change_logits() {
+    for (name, spec) in moe_models() {
+        let one = greedy_bits(&mut engine(&spec, 1));
+        for t in [2, 3] {
+            assert!(
+                greedy_bits(&mut engine(&spec, t)) == one,
+                "{name}: -t 1 and -t {t} logits differ"
+            );
+        }
+    }
+}
