@@ -23,6 +23,9 @@ pub struct Policy {
     hosts: Option<Vec<HostName>>,
     /// Origins allowed besides the server's own; `"*"` allows every origin.
     origins: Vec<String>,
+    /// `localhost` was listed: any loopback origin (`localhost`, `127.0.0.1`, `[::1]`)
+    /// on any port, llama-server's keyword for a local web UI on its own dev server.
+    loopback_origins: bool,
 }
 
 /// One accepted `Host`: a lower-case name and, when given, the only port accepted.
@@ -64,8 +67,9 @@ impl Policy {
     /// `localhost`, `127.0.0.1` or `[::1]` with the bound port, or one of
     /// `allowed_hosts` (`name` for any port, `name:port`, or `*` for any host); on other
     /// addresses the `Host` is checked only when `allowed_hosts` is given.
-    /// `cors_origins` lists the origins (`scheme://host[:port]`, or `*`) that may call
-    /// the server from a web page besides its own.
+    /// `cors_origins` lists the origins (`scheme://host[:port]`, `localhost` for any
+    /// loopback origin on any port, or `*`) that may call the server from a web page
+    /// besides its own.
     pub fn new(
         bound: std::net::SocketAddr,
         allowed_hosts: &[String],
@@ -106,20 +110,29 @@ impl Policy {
             Some(names)
         };
         let mut origins = Vec::new();
+        let mut loopback_origins = false;
         for o in cors_origins
             .iter()
             .map(|o| o.trim())
             .filter(|o| !o.is_empty())
         {
+            if o.eq_ignore_ascii_case("localhost") {
+                loopback_origins = true;
+                continue;
+            }
             if o != "*" && !(o.starts_with("http://") || o.starts_with("https://")) && o != "null" {
                 return Err(format!(
                     "`{o}` is not an origin: write it as scheme://host[:port], e.g. \
-                     http://localhost:3000, or `*`"
+                     http://localhost:3000, `localhost` (any loopback origin) or `*`"
                 ));
             }
             origins.push(o.trim_end_matches('/').to_ascii_lowercase());
         }
-        Ok(Policy { hosts, origins })
+        Ok(Policy {
+            hosts,
+            origins,
+            loopback_origins,
+        })
     }
 
     /// The Host check, then the Origin check (the Host comes first: a DNS-rebinding page
@@ -201,7 +214,7 @@ impl Policy {
         if self.origins.iter().any(|o| o == "*") {
             return Ok(Some(HeaderValue::from_static("*")));
         }
-        if self.origins.contains(&text) {
+        if self.origins.contains(&text) || (self.loopback_origins && is_loopback_origin(&text)) {
             return Ok(Some(origin.clone()));
         }
         Err(ApiError::new(
@@ -212,6 +225,15 @@ impl Policy {
             ),
         ))
     }
+}
+
+/// Whether a (lower-case) origin is `http(s)://` a loopback name, any port.
+fn is_loopback_origin(origin: &str) -> bool {
+    let rest = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    rest.and_then(split_host)
+        .is_some_and(|(name, _)| matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]"))
 }
 
 /// Adds the CORS headers for an allowed cross-origin request (`origin`), and
@@ -359,6 +381,32 @@ mod tests {
             .check_host(&headers(&[("host", "evil.example")]))
             .is_ok());
         assert!(Policy::new(loopback(1), &["a:b".into()], &[]).is_err());
+    }
+
+    #[test]
+    fn the_localhost_keyword_allows_loopback_origins_on_any_port() {
+        let p = Policy::new(loopback(8080), &[], &["localhost".into()]).expect("policy");
+        for ok in [
+            "http://localhost:5173",
+            "http://127.0.0.1:3000",
+            "https://[::1]:8443",
+            "http://localhost",
+        ] {
+            let h = headers(&[("host", "localhost:8080"), ("origin", ok)]);
+            assert_eq!(
+                p.check_origin(&h).expect(ok),
+                Some(HeaderValue::from_str(ok).unwrap()),
+                "{ok}"
+            );
+        }
+        for bad in [
+            "http://evil.example:5173",
+            "http://localhost.evil.example",
+            "file://localhost",
+        ] {
+            let h = headers(&[("host", "localhost:8080"), ("origin", bad)]);
+            assert!(p.check_origin(&h).is_err(), "{bad}");
+        }
     }
 
     #[test]

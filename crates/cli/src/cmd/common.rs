@@ -151,7 +151,8 @@ pub fn usize_in(range: std::ops::RangeInclusive<u64>) -> RangedU64ValueParser<us
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct HttpPolicyArgs {
     /// Origins whose web pages may call this server (comma-separated
-    /// `scheme://host[:port]`, or `*`); default: none besides the server's own.
+    /// `scheme://host[:port]`, `localhost` for any loopback origin on any port, or `*`);
+    /// default: none besides the server's own.
     #[arg(long = "cors-origins", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
     /// Extra names the Host header may carry (comma-separated `name` or `name:port`, or
