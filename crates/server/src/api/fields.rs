@@ -93,6 +93,16 @@ pub fn opt_i64(obj: &Object, name: &str) -> Result<Option<i64>, ApiError> {
     }
 }
 
+/// llama-server's `id_slot`: `None` for absent or -1 (any slot), else the slot asked for.
+pub fn id_slot(obj: &Object) -> Result<Option<usize>, ApiError> {
+    match opt_i64(obj, "id_slot")? {
+        None | Some(-1) => Ok(None),
+        Some(n) => usize::try_from(n)
+            .map(Some)
+            .map_err(|_| wrong("id_slot", "-1 or a slot id")),
+    }
+}
+
 /// An optional boolean.
 pub fn opt_bool(obj: &Object, name: &str) -> Result<Option<bool>, ApiError> {
     match field(obj, name) {

@@ -427,6 +427,15 @@ async fn id_slot_runs_in_that_slot_and_a_busy_one_is_a_503() {
     .await;
     assert_eq!(st, 503, "{v}");
     assert!(message(&v).contains("slot 0 is busy"), "{v}");
+    // The OpenAI routes take llama-server's `id_slot` too.
+    let (st, v) = post(
+        &s.base,
+        "/v1/completions",
+        json!({"prompt": "a", "max_tokens": 2, "temperature": 0, "id_slot": 0}),
+    )
+    .await;
+    assert_eq!(st, 503, "{v}");
+    assert!(v.to_string().contains("slot 0 is busy"), "{v}");
     let (st, v) = post(
         &s.base,
         "/completion",

@@ -138,10 +138,7 @@ pub fn parse_options(obj: &Object, tok: &Tokenizer) -> Result<Options, ApiError>
     g.cache_prompt = opt_bool(obj, "cache_prompt")?.unwrap_or(true);
     // `grammar` (GBNF), `json_schema` and `response_format`, as on the OpenAI routes.
     g.grammar = fields::output_grammar(obj)?;
-    g.slot = match opt_i64(obj, "id_slot")? {
-        None | Some(-1) => None,
-        Some(n) => Some(usize::try_from(n).map_err(|_| wrong("id_slot", "-1 or a slot id"))?),
-    };
+    g.slot = crate::api::fields::id_slot(obj)?;
     let n_probs = match opt_i64(obj, "n_probs")? {
         None => 0,
         Some(n) if (0..=MAX_N_PROBS as i64).contains(&n) => n as usize,

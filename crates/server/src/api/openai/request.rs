@@ -52,6 +52,7 @@ pub const CHAT_FIELDS: &[&str] = &[
     "grammar",
     "json_schema",
     "cache_prompt",
+    "id_slot",
     "user",
     "metadata",
     "store",
@@ -87,6 +88,7 @@ pub const COMPLETION_FIELDS: &[&str] = &[
     "grammar",
     "json_schema",
     "cache_prompt",
+    "id_slot",
     "user",
     "metadata",
     "store",
@@ -283,7 +285,8 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
         // llama-server's extension on OpenAI's routes too: `false` prefills the whole
         // prompt instead of reusing what the slot holds.
         cache_prompt: opt_bool(obj, "cache_prompt")?.unwrap_or(true),
-        slot: None,
+        // llama-server's slot choice, which its OpenAI routes take too.
+        slot: crate::api::fields::id_slot(obj)?,
         grammar: output_grammar(obj)?,
         tools: None,
         reasoning: Default::default(),
