@@ -193,12 +193,17 @@ async fn grammars_past_the_engine_limits_are_400s_naming_the_field_on_every_rout
         cases.push((path, chat.clone(), "response_format", fmt.clone()));
         cases.push((path, chat.clone(), "tools", json!(tools)));
     }
-    for path in ["/v1/completions", "/completions"] {
-        cases.push((path, text.clone(), "grammar", json!(gbnf)));
-        cases.push((path, text.clone(), "response_format", fmt.clone()));
+    cases.push(("/v1/completions", text.clone(), "grammar", json!(gbnf)));
+    cases.push((
+        "/v1/completions",
+        text.clone(),
+        "response_format",
+        fmt.clone(),
+    ));
+    for path in ["/completion", "/completions"] {
+        cases.push((path, native.clone(), "grammar", json!(gbnf)));
+        cases.push((path, native.clone(), "json_schema", schema.clone()));
     }
-    cases.push(("/completion", native.clone(), "grammar", json!(gbnf)));
-    cases.push(("/completion", native.clone(), "json_schema", schema.clone()));
     for (path, base, field, value) in cases {
         for stream in [false, true] {
             let mut body = base.clone();

@@ -34,6 +34,9 @@ pub(super) type St = State<Arc<AppState>>;
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/completion", post(completion))
+        // llama-server's native route under its other name (its OpenAI one is
+        // `/v1/completions` only).
+        .route("/completions", post(completion))
         .route("/infill", post(infill))
         .route("/props", get(props))
         .route("/apply-template", post(apply_template))

@@ -27,7 +27,6 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
-        .route("/completions", post(completions))
 }
 
 /// Every served model; the loaded ones with their `meta`.
