@@ -440,7 +440,8 @@ fn history_calls(v: &Value, i: usize) -> Result<Vec<ToolCall>, ApiError> {
         .collect()
 }
 
-/// A message's content: a string, or an array of `{"type":"text","text":...}` parts.
+/// A message's content: a string, or an array of `{"type":"text","text":...}` parts,
+/// joined with a newline between parts as llama-server renders them.
 fn message_content(v: Option<&Value>, i: usize) -> Result<String, ApiError> {
     let name = format!("messages[{i}].content");
     match v {
@@ -456,7 +457,11 @@ fn message_content(v: Option<&Value>, i: usize) -> Result<String, ApiError> {
                     .get("text")
                     .and_then(Value::as_str)
                     .filter(|_| p.get("type").and_then(Value::as_str) == Some("text"));
-                s.push_str(text.ok_or_else(|| wrong(&name, "a string or text parts"))?);
+                let text = text.ok_or_else(|| wrong(&name, "a string or text parts"))?;
+                if !s.is_empty() {
+                    s.push('\n');
+                }
+                s.push_str(text);
             }
             Ok(s)
         }

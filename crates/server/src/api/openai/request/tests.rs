@@ -49,6 +49,11 @@ fn defaults_are_llama_server_s_and_fields_apply() {
     assert_eq!(g.sampling.seed, u64::MAX);
     assert!(g.stream && g.include_usage);
     assert_eq!(g.logprobs, Some(3));
+    // Text parts are joined with a newline, as llama-server renders them.
+    let (m, _) = parse_chat(&obj(json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "first"}, {"type": "text", "text": "second"}]}]})))
+    .unwrap();
+    assert_eq!(m[0], ChatMessage::new("user", "first\nsecond"));
 }
 
 #[test]
