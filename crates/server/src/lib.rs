@@ -12,6 +12,9 @@
 //! `/v1/messages/count_tokens`) and OpenAI's Responses (`api::responses`:
 //! `/v1/responses`, `GET /v1/responses/{id}`), each a codec (`api::openai` too) into the same `params::GenRequest` and
 //! `generate::start`, reading fields through the shared `api::fields`.
+//! Embeddings (`/v1/embeddings`, `/api/embed`, `/api/embeddings`, `/embedding`,
+//! `/embeddings`) and rerank (`/v1/rerank`, `/rerank`) are `api::embed`'s, run by the
+//! worker as whole-text `task`s in an idle slot.
 //!
 //! Under the router, the server's own accept loop (`http`) bounds every client in time
 //! and number, and shuts down gracefully; `security` keeps web pages from driving it;
