@@ -7,7 +7,10 @@ vector per text, mean pooling on the default model). The `openai` client's
 `embeddings.create` (one text, then every text in one request, as floats and as base64)
 and the `ollama` client's `embed` (every text) and `embeddings` (one prompt) must give
 the reference's vectors (cosine > 1 - 1e-6), unit length where the API normalises.
-Rerank (the server runs with --rerank) ranks the document that answers the query first.
+Rerank (the server runs with --rerank) ranks the document that answers the query first,
+and its score equals the yes/no share of the next-token log-probabilities that
+llama-server's `/completion` reports for the same judge prompt (built here from
+Qwen3-Reranker's published template).
 """
 
 import argparse
@@ -43,6 +46,31 @@ def same(got, want, what, unit=True):
     if unit:
         n = math.sqrt(sum(x * x for x in got))
         check(abs(n - 1) < 1e-5, f"{what}: length {n}, want 1")
+
+
+SYSTEM = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+)
+ANSWER = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+INSTRUCT = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def judged(host, query, doc):
+    """P(yes) / (P(yes) + P(no)) from /completion's log-probabilities of the next token."""
+
+    def tokens(text, special):
+        r = httpx.post(f"{host}/tokenize", json={"content": text, "parse_special": special})
+        return r.json()["tokens"]
+
+    body = f"<Instruct>: {INSTRUCT}\n<Query>: {query}\n<Document>: {doc}"
+    prompt = tokens(SYSTEM, True) + tokens(body, False) + tokens(ANSWER, True)
+    req = {"prompt": prompt, "n_predict": 1, "n_probs": 100, "temperature": 0}
+    r = httpx.post(f"{host}/completion", json=req, timeout=120).json()
+    top = {c["token"]: c["logprob"] for c in r["completion_probabilities"][0]["top_logprobs"]}
+    check("yes" in top and "no" in top, f"yes and no among the top tokens: {sorted(top)}")
+    return 1 / (1 + math.exp(top["no"] - top["yes"]))
 
 
 def main():
@@ -94,6 +122,8 @@ def main():
     check(res[0]["index"] == 1 and res[0]["document"]["text"] == docs[1], f"rerank order: {r}")
     scores = [x["relevance_score"] for x in res]
     check(1 > scores[0] >= scores[1] > 0, f"rerank scores: {r}")
+    want = judged(args.host, body["query"], docs[1])
+    check(abs(scores[0] - want) < 1e-4, f"rerank score {scores[0]}, /completion's {want}")
     print("e2e ok")
 
 
