@@ -391,3 +391,51 @@ fn a_second_signal_exits_at_once() {
     );
     assert_eq!(status.code(), Some(130), "{status:?}");
 }
+
+#[test]
+fn embeddings_through_the_openai_and_ollama_clients_equal_minfer_embed() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let texts = dir.path().join("texts.txt");
+    let topics = [
+        "rust", "python", "cats", "rain", "the sea", "graphs", "tokens", "music",
+    ];
+    let lines: Vec<String> = (0..64)
+        .map(|i| format!("text number {i} about {}", topics[i % topics.len()]))
+        .collect();
+    std::fs::write(&texts, lines.join("\n") + "\n").expect("write the texts");
+    let model = minfer_hub::testing::default_model();
+    let out = Command::new(env!("CARGO_BIN_EXE_minfer"))
+        .args(["embed", "-t", "2", "-m", model.to_str().unwrap(), "-f"])
+        .arg(&texts)
+        .output()
+        .expect("run minfer embed");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reference = dir.path().join("reference.json");
+    std::fs::write(&reference, &out.stdout).expect("write the reference");
+    let (_server, addr) = serve(&[
+        "-m",
+        model.to_str().unwrap(),
+        "--slots",
+        "2",
+        "-c",
+        "2048",
+        "-t",
+        "2",
+        "--rerank",
+    ]);
+    run_e2e_script(
+        "e2e_embed.py",
+        &[
+            "--host",
+            &format!("http://{addr}"),
+            "--texts",
+            texts.to_str().unwrap(),
+            "--reference",
+            reference.to_str().unwrap(),
+        ],
+    );
+}

@@ -86,14 +86,30 @@ pub fn embed(
             n_ctx: engine.n_ctx(),
         });
     }
-    let n_embd = engine.hparams().n_embd;
+    let (n_embd, n_batch) = (engine.hparams().n_embd, engine.n_batch());
     engine.reset();
+    pool(tokens, n_embd, n_batch, pooling, normalize, |chunk, pos| {
+        engine.forward_hidden(chunk, pos)
+    })
+}
+
+/// Runs `tokens` through `hidden` (a chunk of at most `n_batch` tokens and its first
+/// position in, the chunk's `n_embd`-wide hidden rows out) and pools the rows: the one
+/// pooling of [`embed`] and of [`crate::MultiEngine::embed`].
+pub(crate) fn pool(
+    tokens: &[u32],
+    n_embd: usize,
+    n_batch: usize,
+    pooling: Pooling,
+    normalize: bool,
+    mut hidden: impl FnMut(&[u32], usize) -> Result<Vec<f32>, EngineError>,
+) -> Result<Vec<Vec<f32>>, EngineError> {
     let mut rows: Vec<Vec<f32>> = Vec::new();
     let mut sum = vec![0f64; n_embd];
     let mut pos = 0;
-    for chunk in tokens.chunks(engine.n_batch().max(1)) {
-        let hidden = engine.forward_hidden(chunk, pos)?;
-        for (i, row) in hidden.chunks_exact(n_embd).enumerate() {
+    for chunk in tokens.chunks(n_batch.max(1)) {
+        let out = hidden(chunk, pos)?;
+        for (i, row) in out.chunks_exact(n_embd).enumerate() {
             let p = pos + i;
             match pooling {
                 Pooling::None => rows.push(row.to_vec()),

@@ -891,6 +891,15 @@ impl Engine {
         r.map(|()| out)
     }
 
+    /// [`Self::forward_rows`] returning the hidden rows of `rows.out_rows` (`n_embd`
+    /// wide) instead of their logits: embeddings over explicit KV rows.
+    pub fn forward_rows_hidden(&mut self, rows: &TokenRows) -> Result<Vec<f32>, EngineError> {
+        self.embeddings = true;
+        let r = self.forward_rows(rows);
+        self.embeddings = false;
+        r
+    }
+
     /// Whether the current sequence can go on from position `kept` (a reused prefix):
     /// always, unless sliding-window rings dropped rows that position needs; then the
     /// caller prefills from 0 ([`crate::swa`]).

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
 
+use crate::embed::Pooling;
 use crate::engine::{Engine, EngineError, EngineOptions, TokenRows};
 
 /// One slot's work in a step: `tokens` at positions `pos0..pos0 + tokens.len()` of
@@ -344,9 +345,65 @@ impl MultiEngine {
     /// fails while running, or panics, leaves each of its slots holding only the
     /// positions before its `pos0` (and the other slots untouched).
     pub fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.run_step(batch, false)
+    }
+
+    /// The embedding of `tokens` run as `slot`'s whole sequence from position 0 (one
+    /// vector, or one per token with [`Pooling::None`]), unit length when `normalize`;
+    /// as [`crate::embed::embed`] computes it on a lone engine. The slot's previous
+    /// contents are gone afterwards (it holds `tokens`); no other slot is touched. An
+    /// empty text or one longer than a slot is refused by name.
+    pub fn embed(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        pooling: Pooling,
+        normalize: bool,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.check_slot(slot)?;
+        if tokens.is_empty() {
+            return Err(EngineError::Param {
+                name: "input",
+                message: "is empty: an embedding needs at least one token".into(),
+            });
+        }
+        if tokens.len() > self.slot_ctx {
+            return Err(EngineError::ContextOverflow {
+                what: "the input",
+                needed: tokens.len(),
+                n_ctx: self.slot_ctx,
+            });
+        }
+        let (n_embd, n_batch) = (self.engine.hparams().n_embd, self.n_batch);
+        self.filled[slot] = 0;
+        crate::embed::pool(
+            tokens,
+            n_embd,
+            n_batch,
+            pooling,
+            normalize,
+            |chunk, pos0| {
+                let entry = SeqStep {
+                    slot,
+                    tokens: chunk.to_vec(),
+                    pos0,
+                    n_out: chunk.len(),
+                };
+                Ok(self.run_step(&[entry], true)?.pop().unwrap_or_default())
+            },
+        )
+    }
+
+    /// [`Self::step`], returning hidden rows (`n_embd` wide) instead of logits when
+    /// `hidden`.
+    fn run_step(&mut self, batch: &[SeqStep], hidden: bool) -> Result<Vec<Vec<f32>>, EngineError> {
         self.validate(batch)?;
-        let n_vocab = self.n_vocab();
-        let mut out: Vec<Vec<f32>> = batch.iter().map(|s| vec![0.0; s.n_out * n_vocab]).collect();
+        let width = if hidden {
+            self.engine.hparams().n_embd
+        } else {
+            self.n_vocab()
+        };
+        let mut out: Vec<Vec<f32>> = batch.iter().map(|s| vec![0.0; s.n_out * width]).collect();
         // The step rewrites each slot's rows from its `pos0` on: until it succeeds (an
         // error or an unwind out of a kernel included) a slot holds only the rows before.
         for s in batch {
@@ -363,10 +420,14 @@ impl MultiEngine {
                 spans: &x.spans,
                 out_rows: &x.out_rows,
             };
-            let logits = self.engine.forward_rows(&rows)?;
-            for (row, dest) in logits.chunks_exact(n_vocab).zip(&x.dests) {
+            let logits = if hidden {
+                self.engine.forward_rows_hidden(&rows)?
+            } else {
+                self.engine.forward_rows(&rows)?
+            };
+            for (row, dest) in logits.chunks_exact(width).zip(&x.dests) {
                 if let Some((e, r)) = *dest {
-                    out[e][r * n_vocab..(r + 1) * n_vocab].copy_from_slice(row);
+                    out[e][r * width..(r + 1) * width].copy_from_slice(row);
                 }
             }
         }

@@ -12,6 +12,9 @@
 //! `/v1/messages/count_tokens`) and OpenAI's Responses (`api::responses`:
 //! `/v1/responses`, `GET /v1/responses/{id}`), each a codec (`api::openai` too) into the same `params::GenRequest` and
 //! `generate::start`, reading fields through the shared `api::fields`.
+//! Embeddings (`/v1/embeddings`, `/api/embed`, `/api/embeddings`, `/embedding`,
+//! `/embeddings`) and rerank (`/v1/rerank`, `/rerank`) are `api::embed`'s, run by the
+//! worker as whole-text `task`s in an idle slot.
 //!
 //! Under the router, the server's own accept loop (`http`) bounds every client in time
 //! and number, and shuts down gracefully; `security` keeps web pages from driving it;
@@ -35,6 +38,7 @@ pub mod reasoning;
 mod routes;
 pub mod security;
 pub mod slots;
+pub mod task;
 pub mod tools;
 pub mod worker;
 
@@ -140,6 +144,11 @@ pub struct Config {
     pub swa_full: bool,
     /// Answer `GET /slots` with llama-server's "not supported" error (`--no-slots`).
     pub no_slots: bool,
+    /// How the embedding routes pool a text's rows (`--pooling`); `None`: each model's
+    /// own (`pooling_type`), else mean.
+    pub pooling: Option<minfer_runtime::embed::Pooling>,
+    /// Serve `/v1/rerank` and `/rerank` (`--rerank`); refused with a 501 otherwise.
+    pub rerank: bool,
     /// Answer `GET /metrics` with llama-server's "not supported" error (`--no-metrics`).
     pub no_metrics: bool,
     /// Speculative decoding with n-gram lookup in every slot (`--lookup`), drafting at
@@ -193,6 +202,8 @@ impl Config {
             swa_full: false,
             no_slots: false,
             no_metrics: false,
+            pooling: None,
+            rerank: false,
             lookup: None,
             draft: None,
             draft_max: minfer_runtime::speculative::DEFAULT_DRAFT_MAX,
@@ -363,6 +374,10 @@ pub struct AppState {
     created: u64,
     ids: AtomicU64,
     slot_save_path: Option<PathBuf>,
+    /// The embedding routes' pooling (`Config::pooling`).
+    pooling: Option<minfer_runtime::embed::Pooling>,
+    /// Whether rerank is served (`Config::rerank`).
+    rerank: bool,
     /// Which of llama-server's monitoring endpoints are on.
     native: api::llama::Native,
     /// Responses kept for `previous_response_id` (bounded; see `api::responses::store`).
@@ -672,6 +687,8 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
             .unwrap_or(0),
         ids: AtomicU64::new(0),
         slot_save_path: config.slot_save_path.clone(),
+        pooling: config.pooling,
+        rerank: config.rerank,
         native: api::llama::Native::new(&config),
         responses: Default::default(),
         ready: std::sync::atomic::AtomicBool::new(false),

@@ -32,6 +32,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(crate::api::ollama::routes())
         .merge(crate::api::anthropic::routes())
         .merge(crate::api::responses::routes())
+        .merge(crate::api::embed::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -70,6 +71,13 @@ const JSON_ROUTES: &[&str] = &[
     "/v1/messages/count_tokens",
     "/v1/responses",
     "/responses",
+    "/v1/embeddings",
+    "/embedding",
+    "/embeddings",
+    "/api/embed",
+    "/api/embeddings",
+    "/v1/rerank",
+    "/rerank",
 ];
 
 /// Checks the Host, the Origin and the key, reads the body within the body timeout,

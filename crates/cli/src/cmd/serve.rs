@@ -80,6 +80,14 @@ pub struct Args {
     /// Turn off `GET /slots` (it answers llama-server's 501 "not supported").
     #[arg(long = "no-slots")]
     pub no_slots: bool,
+    /// How the embedding routes pool a text's token rows: mean, cls, last, or none (one
+    /// vector per token). Default: the model's own (`pooling_type`), else mean.
+    #[arg(long = "pooling", value_parser = minfer_runtime::embed::Pooling::parse)]
+    pub pooling: Option<minfer_runtime::embed::Pooling>,
+    /// Serve `POST /v1/rerank` and `/rerank` (the yes/no judgement of a
+    /// Qwen3-Reranker-style model); off by default.
+    #[arg(long = "rerank", visible_alias = "reranking")]
+    pub rerank: bool,
     /// Turn off `GET /metrics` (on by default; it answers llama-server's 501 then).
     #[arg(long = "no-metrics")]
     pub no_metrics: bool,
@@ -160,6 +168,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.swa_full = args.swa_full;
     config.no_slots = args.no_slots;
     config.no_metrics = args.no_metrics;
+    config.pooling = args.pooling;
+    config.rerank = args.rerank;
     config.lookup = args.lookup.then_some(args.draft_max);
     config.draft_max = args.draft_max;
     if let Some(name) = &args.draft {

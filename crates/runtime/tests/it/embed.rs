@@ -170,3 +170,54 @@ fn default_model_embeddings_match_llama_cpp() {
         );
     }
 }
+
+#[test]
+fn a_slot_of_a_multi_engine_embeds_as_a_lone_engine_and_leaves_its_neighbours_alone() {
+    use minfer_runtime::{MultiEngine, SeqStep};
+    let t = text();
+    let file = std::sync::Arc::new(
+        GgufFile::from_bytes(tiny_model_bytes(&spec()).expect("writer")).expect("reader"),
+    );
+    let opts = EngineOptions {
+        n_threads: 2,
+        n_ctx: Some(64),
+        n_batch: 4,
+        ..EngineOptions::default()
+    };
+    let mut m = MultiEngine::from_shared(file, &opts, 2).expect("multi");
+    // Slot 0 holds a sequence whose next logits must not change.
+    let other: Vec<u32> = (0..6).map(|i| (i * 31 + 5) % 300).collect();
+    let step = |m: &mut MultiEngine, toks: &[u32], pos0| {
+        m.step(&[SeqStep {
+            slot: 0,
+            tokens: toks.to_vec(),
+            pos0,
+            n_out: 1,
+        }])
+        .expect("step")
+    };
+    step(&mut m, &other[..5], 0);
+    let mut lone = engine(4);
+    for pooling in [Pooling::None, Pooling::Mean, Pooling::Last] {
+        let got = m.embed(1, &t, pooling, true).expect("multi embed");
+        let want = embed(&mut lone, &t, pooling, true).expect("embed");
+        assert_eq!(got.len(), want.len(), "{pooling:?}");
+        for (a, b) in got.iter().zip(&want) {
+            let cos = minfer_runtime::embed::cosine(a, b);
+            assert!(cos > 1.0 - 1e-6, "{pooling:?}: cosine {cos}");
+        }
+    }
+    assert_eq!(m.slot_len(0).unwrap(), 5);
+    let after = step(&mut m, &other[5..], 5);
+    let mut fresh = engine(4);
+    let want = fresh.forward(&other, 0, 1).expect("forward");
+    assert_eq!(after[0], want, "slot 0's logits changed");
+    // Refusals name the problem.
+    assert!(m.embed(1, &[], Pooling::Mean, true).is_err());
+    let long: Vec<u32> = vec![1; 33];
+    let e = m
+        .embed(1, &long, Pooling::Mean, true)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("33"), "{e}");
+}

@@ -12,6 +12,7 @@
 mod admit;
 mod state;
 mod step;
+mod tasks;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -26,7 +27,15 @@ pub use crate::job::{
     Candidate, Event, Fault, Finish, Job, SlotInfo, Summary, TokenLogprob, EVENT_CAPACITY,
 };
 use crate::metrics::Metrics;
+use crate::task::Task;
 use state::Worker;
+
+/// What the queue carries: a generation, or a whole-text task.
+enum Queued {
+    /// Boxed: a job is far larger than a task.
+    Gen(Box<Job>),
+    Task(Task),
+}
 
 /// The HTTP side's handle: a bounded queue into the worker.
 #[derive(Clone)]
@@ -34,7 +43,7 @@ pub struct WorkerHandle {
     /// Unbounded underneath so that nothing is reserved for the configured capacity up
     /// front (a bounded std channel allocates every slot at creation); `pending` and
     /// `capacity` bound it instead.
-    queue: Sender<Job>,
+    queue: Sender<Queued>,
     /// Jobs sent but not yet received by the worker.
     pending: Arc<AtomicUsize>,
     /// Most jobs that may wait at once.
@@ -57,6 +66,16 @@ impl WorkerHandle {
 
     /// Queues a job; a full queue is a 503 with Retry-After.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        self.enqueue(Queued::Gen(Box::new(job)))
+    }
+
+    /// Queues a whole-text task (embeddings, rerank) behind the jobs before it; a full
+    /// queue is a 503 with Retry-After.
+    pub fn submit_task(&self, task: Task) -> Result<(), ApiError> {
+        self.enqueue(Queued::Task(task))
+    }
+
+    fn enqueue(&self, job: Queued) -> Result<(), ApiError> {
         // A place is taken before the send, so concurrent submits never exceed capacity.
         if self.pending.fetch_add(1, Ordering::AcqRel) >= self.capacity {
             self.pending.fetch_sub(1, Ordering::AcqRel);
@@ -145,7 +164,7 @@ pub fn spawn(
     busy_total: Arc<AtomicUsize>,
     speculation: Speculation,
 ) -> Result<(WorkerHandle, Loaded, std::thread::JoinHandle<()>), String> {
-    let (qtx, qrx) = std::sync::mpsc::channel::<Job>();
+    let (qtx, qrx) = std::sync::mpsc::channel::<Queued>();
     let (otx, orx) = std::sync::mpsc::channel::<crate::slots::SlotOp>();
     let pending = Arc::new(AtomicUsize::new(0));
     let pending2 = Arc::clone(&pending);
@@ -225,7 +244,7 @@ impl Worker {
     /// request is over: each turn admits what fits, runs one decode step and flushes.
     fn run(
         mut self,
-        queue: Receiver<Job>,
+        queue: Receiver<Queued>,
         ops: Receiver<crate::slots::SlotOp>,
         pending: &AtomicUsize,
     ) {
@@ -272,7 +291,17 @@ impl Worker {
                 pending.fetch_sub(1, Ordering::AcqRel);
                 self.metrics.queue_delta(false);
                 progressed = true;
-                self.admit(job);
+                match job {
+                    Queued::Gen(job) => {
+                        self.admit(*job);
+                    }
+                    // A slot is free here, so the task runs now.
+                    Queued::Task(task) => {
+                        if let Some(task) = self.run_task(task) {
+                            let _ = task.reply.send(Err(ApiError::internal("no idle slot")));
+                        }
+                    }
+                }
             }
             progressed |= self.decode_turn();
             progressed |= self.flush();

@@ -10,6 +10,7 @@ mod cross_site;
 mod e2e_agents;
 mod e2e_openai;
 mod e2e_structured;
+mod embeddings;
 mod fields;
 mod llama_api;
 mod load_real;

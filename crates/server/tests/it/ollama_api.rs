@@ -242,9 +242,9 @@ async fn errors_have_ollama_s_shape_and_status() {
         ),
         (
             "/api/embed",
-            json!({"model": MODEL, "input": "x"}),
-            501,
-            "embeddings",
+            json!({"model": MODEL, "input": ""}),
+            400,
+            "empty string",
         ),
     ] {
         let (st, v) = post(&s.base, path, body.clone()).await;

@@ -152,7 +152,7 @@ pub fn rfc3339(t: SystemTime) -> String {
 }
 
 /// ollama's name for the served model: `id:latest` unless the id has a tag.
-pub(super) fn tag_name(id: &str) -> String {
+pub(crate) fn tag_name(id: &str) -> String {
     if id.contains(':') {
         id.to_string()
     } else {

@@ -6,8 +6,8 @@
 //! Requests are parsed into the one internal [`GenRequest`] and run through
 //! [`generate::start`], the generation path every API shares; only the wire format is
 //! here. A request's `model` names one of the served models (`NAME` or `NAME:latest`);
-//! `/api/tags` lists every served model and `/api/ps` the loaded ones. The routes that manage models (`pull`, `push`, `create`, `copy`, `delete`) and
-//! embeddings answer 501 with the reason.
+//! `/api/tags` lists every served model and `/api/ps` the loaded ones. The routes that manage models (`pull`, `push`, `create`, `copy`, `delete`)
+//! answer 501 with the reason; `/api/embed` and `/api/embeddings` are `api::embed`'s.
 //!
 //! `routes` holds the handlers, `request` reads bodies, `response` renders answers and
 //! `facts` what ollama reports about a model.
@@ -19,7 +19,9 @@ mod routes;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use facts::tag_name;
 pub use facts::{rfc3339, ModelFacts, MAX_INFO_ARRAY};
 pub use request::parse_options;
 pub use response::OllamaError;
+pub(crate) use routes::served;
 pub use routes::{routes, VERSION};

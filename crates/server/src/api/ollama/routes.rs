@@ -46,8 +46,6 @@ pub fn routes() -> Router<Arc<AppState>> {
         "/api/copy",
         "/api/delete",
         "/api/blobs/{digest}",
-        "/api/embed",
-        "/api/embeddings",
     ] {
         r = r.route(path, any(not_supported));
     }
@@ -56,12 +54,8 @@ pub fn routes() -> Router<Arc<AppState>> {
 
 pub(super) async fn not_supported(req: axum::extract::Request) -> OllamaError {
     let path = req.uri().path();
-    let why = if path.contains("embed") {
-        "embeddings are not implemented"
-    } else {
-        "minfer serves the models given on its command line; manage models with \
-         `minfer pull` and the model files"
-    };
+    let why = "minfer serves the models given on its command line; manage models with \
+         `minfer pull` and the model files";
     OllamaError(ApiError::new(
         StatusCode::NOT_IMPLEMENTED,
         format!("{path} is not supported: {why}"),
@@ -72,7 +66,7 @@ pub(super) async fn not_supported(req: axum::extract::Request) -> OllamaError {
 /// or catalog name, with or without `:latest`, loaded if it is not. Every handler here
 /// reaches its model through this one function, which may load it: call it off the
 /// async threads.
-pub(super) fn served(st: &AppState, model: Option<&str>) -> Result<Arc<Model>, ApiError> {
+pub(crate) fn served(st: &AppState, model: Option<&str>) -> Result<Arc<Model>, ApiError> {
     let name = model
         .filter(|m| !m.is_empty())
         .ok_or_else(|| ApiError::bad_request("model is required"))?;
