@@ -3,14 +3,9 @@
 //! some templates open that block in the prompt already. [`ThinkSplitter`] splits the
 //! generated text, whole or as it streams (a tag cut across tokens is held back until it
 //! is whole), and [`Reasoning`] says per request whether to split and whether the block
-//! was opened by the prompt. The request switches live here too: llama-server's
-//! `reasoning_format`, and `chat_template_kwargs` / `enable_thinking`, which reach the
-//! chat template as variables.
+//! was opened by the prompt. The request fields that switch it are read in
+//! `api::thinking`.
 
-use serde_json::Value;
-
-use crate::api::fields::{field, opt_bool, opt_str, wrong, Object};
-use crate::error::ApiError;
 use crate::tools::partial_tag;
 
 /// The tag that opens a reasoning block.
@@ -39,48 +34,6 @@ impl Reasoning {
 pub fn opened_by(prompt: &str) -> bool {
     let t = prompt.trim_end();
     t.ends_with(OPEN)
-}
-
-/// llama-server's `reasoning_format` of a chat request: `none` leaves the reasoning in
-/// the answer; `deepseek` and `auto` (the default) split it out. Other formats
-/// (`deepseek-legacy`, which keeps the tags in the answer as well) are refused by name.
-pub fn split_requested(obj: &Object) -> Result<bool, ApiError> {
-    match opt_str(obj, "reasoning_format")? {
-        None | Some("auto") | Some("deepseek") => Ok(true),
-        Some("none") => Ok(false),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "field `reasoning_format` is `{other}`: expected none, deepseek or auto"
-        ))
-        .with_param("reasoning_format")),
-    }
-}
-
-/// The extra chat template variables a request gives: `chat_template_kwargs` (an
-/// object, as llama-server and vLLM take it), and `enable_thinking` at the top level
-/// (a shorthand some clients send), which wins over the same key in the kwargs.
-pub fn template_kwargs(obj: &Object) -> Result<Object, ApiError> {
-    let mut out = match field(obj, "chat_template_kwargs") {
-        None => Object::new(),
-        Some(Value::Object(o)) => o.clone(),
-        Some(_) => return Err(wrong("chat_template_kwargs", "an object")),
-    };
-    if let Some(on) = opt_bool(obj, "enable_thinking")? {
-        out.insert("enable_thinking".into(), Value::Bool(on));
-    }
-    if out.get("enable_thinking").is_some_and(|v| !v.is_boolean()) {
-        return Err(wrong("chat_template_kwargs.enable_thinking", "a boolean"));
-    }
-    Ok(out)
-}
-
-/// The template variables for a thinking switch given as a plain boolean (ollama's
-/// `think`, Anthropic's `thinking`): `enable_thinking` set to it, or nothing.
-pub fn thinking_kwargs(on: Option<bool>) -> Object {
-    let mut out = Object::new();
-    if let Some(on) = on {
-        out.insert("enable_thinking".into(), Value::Bool(on));
-    }
-    out
 }
 
 /// A piece of split output.
@@ -283,21 +236,7 @@ mod tests {
     }
 
     #[test]
-    fn switches_are_read_and_bad_values_named() {
-        let obj = |v: Value| v.as_object().cloned().unwrap();
-        assert!(split_requested(&obj(serde_json::json!({}))).unwrap());
-        assert!(!split_requested(&obj(serde_json::json!({"reasoning_format": "none"}))).unwrap());
-        let e = split_requested(&obj(serde_json::json!({"reasoning_format": "x"}))).unwrap_err();
-        assert!(e.message.contains("reasoning_format"), "{}", e.message);
-        let k = template_kwargs(&obj(serde_json::json!({
-            "chat_template_kwargs": {"enable_thinking": true, "custom": 1},
-            "enable_thinking": false,
-        })))
-        .unwrap();
-        assert_eq!(k["enable_thinking"], false);
-        assert_eq!(k["custom"], 1);
-        let e = template_kwargs(&obj(serde_json::json!({"chat_template_kwargs": 3}))).unwrap_err();
-        assert!(e.message.contains("chat_template_kwargs"), "{}", e.message);
+    fn a_prompt_ending_in_an_open_block_opens_the_output() {
         assert!(opened_by("<|im_start|>assistant\n<think>\n"));
         assert!(!opened_by("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
     }

@@ -13,3 +13,4 @@ pub mod ollama;
 pub mod openai;
 pub mod prepare;
 pub mod responses;
+pub mod thinking;

@@ -16,9 +16,9 @@ use crate::api::fields::{
     check_stop, field, only_known, opt_bool, opt_f32_in, opt_i64, opt_str, out_of_range,
     string_list, top_p, wrong, Object,
 };
+use crate::api::thinking::thinking_kwargs;
 use crate::error::ApiError;
 use crate::params::GenRequest;
-use crate::reasoning::thinking_kwargs;
 use crate::tools;
 
 /// Fields of a Messages request.

@@ -6,10 +6,10 @@ use minfer_tokenizer::{ChatMessage, ToolCall};
 use serde_json::Value;
 
 use crate::api::fields::{self, field, opt_bool, opt_f32, opt_str, unsupported, wrong, Object};
+use crate::api::thinking::thinking_kwargs;
 use crate::error::ApiError;
 use crate::generate;
 use crate::params::{self, GenRequest, Prompt};
-use crate::reasoning::thinking_kwargs;
 use crate::tools;
 use crate::{AppState, Model};
 

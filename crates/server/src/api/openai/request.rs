@@ -383,7 +383,7 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
         out.push(msg);
     }
     let mut g = common(obj, &["max_completion_tokens", "max_tokens"])?;
-    g.reasoning.split = crate::reasoning::split_requested(obj)?;
+    g.reasoning.split = crate::api::thinking::split_requested(obj)?;
     g.tools = tools::parse(
         field(obj, "tools"),
         field(obj, "tool_choice"),

@@ -58,7 +58,7 @@ async fn chat(
     // Rendering and tokenising a large conversation is CPU work: off the async threads.
     let (m, prompt, g, inject) = prepare(&st, b, move |s, obj| {
         let (msgs, mut g) = parse_chat(&obj)?;
-        let kwargs = crate::reasoning::template_kwargs(&obj)?;
+        let kwargs = crate::api::thinking::template_kwargs(&obj)?;
         let m = s.model(g.model.as_deref())?;
         let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
         let p = render_chat(s, &m, &msgs, tools, &kwargs)?;

@@ -87,7 +87,7 @@ async fn create(
         }
         msgs.extend(history.iter().cloned());
         let m = s.model(model.as_deref())?;
-        let kwargs = crate::reasoning::template_kwargs(&obj)?;
+        let kwargs = crate::api::thinking::template_kwargs(&obj)?;
         let tools = p.g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
         let cp = render_chat(s, &m, &msgs, tools, &kwargs)?;
         let head = base(&rid, created, &m.id, &p, &obj);
