@@ -1,15 +1,17 @@
 //! Writes the golden set of tiny random-weight models into a directory, with a
-//! `manifest.json` describing each (stem, file, spec), for the reference script:
+//! `manifest.json` describing each (stem, file, spec), for the reference script, and the
+//! F32 models of the quantization-mix check into `DIR/mix` with a manifest of their own:
 //!
 //! ```text
 //! cargo run -p minfer-models --example write_tiny_models -- DIR
 //! python3 scripts/gen_tiny_reference.py DIR
+//! python3 scripts/gen_quant_mix_golden.py DIR/mix
 //! ```
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use minfer_models::testing::{golden_models, write_tiny_model, TinySpec};
+use minfer_models::testing::{golden_models, quant_mix_models, write_tiny_model, TinySpec};
 
 /// The spec as JSON; `sliding_window` and the expert geometry only where set, so the
 /// other entries read as before.
@@ -52,14 +54,24 @@ fn main() -> ExitCode {
         eprintln!("cannot create {}: {e}", dir.display());
         return ExitCode::FAILURE;
     }
+    let mix = dir.join("mix");
+    if let Err(e) =
+        write_set(&dir, golden_models()).and_then(|()| write_set(&mix, quant_mix_models()))
+    {
+        eprintln!("{e}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// Writes `models` into `dir` with their `manifest.json`.
+fn write_set(dir: &std::path::Path, models: Vec<(&'static str, TinySpec)>) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let mut entries = Vec::new();
-    for (stem, spec) in golden_models() {
+    for (stem, spec) in models {
         let file = format!("{stem}.gguf");
         let path = dir.join(&file);
-        if let Err(e) = write_tiny_model(&path, &spec) {
-            eprintln!("{stem}: {e}");
-            return ExitCode::FAILURE;
-        }
+        write_tiny_model(&path, &spec).map_err(|e| format!("{stem}: {e}"))?;
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         println!("{file}: {size} bytes");
         entries.push(format!(
@@ -68,9 +80,6 @@ fn main() -> ExitCode {
         ));
     }
     let manifest = format!("[{}]\n", entries.join(","));
-    if let Err(e) = std::fs::write(dir.join("manifest.json"), manifest) {
-        eprintln!("cannot write the manifest: {e}");
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+    std::fs::write(dir.join("manifest.json"), manifest)
+        .map_err(|e| format!("cannot write the manifest: {e}"))
 }

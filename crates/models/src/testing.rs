@@ -332,6 +332,42 @@ pub fn tiny_rope_freqs(n_pairs: usize) -> Vec<f32> {
         .collect()
 }
 
+/// F32 models for checking `minfer quantize`'s per-tensor types against llama-quantize's
+/// (`crates/cli/tests/golden/quant_mix.json`): 8 layers, so the rules that pick the first
+/// eighth or every third layer pick some; 4 query heads per KV head with whole k-quant
+/// rows and a tied head; rows of 128 (the 256-block types fall back); and 8 experts,
+/// which the rules treat apart.
+pub fn quant_mix_models() -> Vec<(&'static str, TinySpec)> {
+    vec![
+        (
+            "mix-llama",
+            TinySpec {
+                n_layer: 8,
+                ..TinySpec::llama3_kquant(GgmlType::F32, 71)
+            },
+        ),
+        (
+            "mix-qwen2",
+            TinySpec {
+                n_layer: 8,
+                ..TinySpec::qwen2(GgmlType::F32, 72)
+            },
+        ),
+        (
+            "mix-qwen3moe",
+            TinySpec {
+                moe: Some(TinyMoe {
+                    n_expert: 8,
+                    n_expert_used: 2,
+                    n_ff_exp: 256,
+                    n_ff_shexp: 0,
+                }),
+                ..TinySpec::qwen3moe(GgmlType::F32, 73).kquant_attention()
+            },
+        ),
+    ]
+}
+
 /// The committed golden set: file stem and spec. Golden outputs in `tests/golden/`
 /// are keyed by the stem; regenerate them whenever this list changes.
 pub fn golden_models() -> Vec<(&'static str, TinySpec)> {

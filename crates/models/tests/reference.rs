@@ -114,7 +114,11 @@ fn prefill_logits_match_llama_cpp() {
         let d = max_abs_diff(&got, &expected);
         eprintln!("{name}: prefill max |dlogit| {d:.3e} (tolerance {tol:.3e})");
         assert!(d <= tol, "{name}: max |dlogit| {d} > {tol}");
-        assert_eq!(argmax(&got), argmax(&expected), "{name}: top-1");
+        // The top-1 agrees wherever llama.cpp's margin is wider than twice the tolerance,
+        // as in the decode tests (a near-tie may flip within the tolerance).
+        if floats(&e["greedy_margins"])[0] > 2.0 * tol {
+            assert_eq!(argmax(&got), argmax(&expected), "{name}: top-1");
+        }
     }
 }
 

@@ -2,9 +2,10 @@
 //!
 //! IQ4_NL has blocks of 32 with one f16 scale (`x = d * K[q]`); IQ4_XS has super-blocks of
 //! 256 with an f16 scale and a 6-bit signed scale per 32 elements
-//! (`x = d * (ls - 32) * K[q]`). Dequantization follows ggml's; the quantizers are this
-//! crate's own weighted scale search over the table (the reference package has none), so
-//! their bytes are not those `llama-quantize` writes for the same input.
+//! (`x = d * (ls - 32) * K[q]`). Dequantization follows ggml's; the quantizers follow the
+//! search ggml's `quantize_iq4_nl`/`quantize_iq4_xs` run without an importance matrix (the
+//! path llama-quantize takes), step for step, so they write llama-quantize's bytes
+//! (checked file for file in the CLI's quantization test).
 
 use super::common::{f16_to_f32, f32_to_f16, nearest_int, GROUP_MAX_EPS};
 use super::Block;
@@ -72,33 +73,40 @@ fn dequantize_32(d: f32, qs: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Index of the table level nearest to `v` (in level units); ties go to the lower level.
-/// NaN maps to some valid index rather than failing.
+/// Index of the table level nearest to `v` (in level units), found as ggml finds it: by
+/// bisection, a tie going to the upper level. NaN maps to a valid index (the top one).
 #[inline]
 pub(crate) fn nearest_level(v: f32) -> u8 {
     let k = |i: usize| KVALUES_IQ4NL[i] as f32;
-    if v.is_nan() || v <= k(0) {
+    if v <= k(0) {
         return 0;
     }
     if v >= k(15) {
         return 15;
     }
-    // First index whose level exceeds v (1..=15), then the nearer of it and its neighbour.
-    let hi = KVALUES_IQ4NL
-        .partition_point(|&l| (l as f32) <= v)
-        .clamp(1, 15);
-    if v - k(hi - 1) <= k(hi) - v {
+    let (mut lo, mut hi) = (0usize, 15usize);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if v < k(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    if v - k(hi - 1) < k(hi) - v {
         (hi - 1) as u8
     } else {
         hi as u8
     }
 }
 
-/// Weighted least-squares scale for one group on the IQ4 table: tries inverse scales
-/// around the one that maps the extreme element onto the table's extreme level, assigns
-/// each element its nearest level, and keeps the trial whose optimal scale
-/// `Σwqx / Σwq²` (weights `x²`) explains most of the data. Returns that scale.
+/// ggml's search for one group's scale on the IQ4 table (weights `x²`, no importance
+/// matrix): the scale that maps the extreme element onto the table's last level, then
+/// the fifteen inverse scales `(t - 127) / max` for `t` in `-7..=7`, each with every
+/// element at its nearest level, keeping the one whose optimal scale `Σwqx / Σwq²`
+/// explains most of the data. Returns that scale (0 for an all-but-zero group).
 fn fit_scale(x: &[f32]) -> f32 {
+    const NTRY: i32 = 7;
     let (mut amax, mut max) = (0.0f32, 0.0f32);
     for &v in x {
         if v.abs() > amax {
@@ -111,10 +119,7 @@ fn fit_scale(x: &[f32]) -> f32 {
         return 0.0;
     }
     let k0 = KVALUES_IQ4NL[0] as f32;
-    let (mut best_d, mut best) = (max / k0, -1.0f32);
-    // Half-level steps over +-6 levels: fine enough that a finer search barely helps.
-    for t in -12..=12 {
-        let id = (k0 + 0.5 * t as f32) / max;
+    let sums = |id: f32| {
         let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
         for &v in x {
             let q = KVALUES_IQ4NL[nearest_level(id * v) as usize] as f32;
@@ -122,17 +127,23 @@ fn fit_scale(x: &[f32]) -> f32 {
             sumqx += w * q * v;
             sumq2 += w * q * q;
         }
+        (sumqx, sumq2)
+    };
+    let (sumqx, sumq2) = sums(1.0 / (-max / k0));
+    let mut d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    let mut best = d * sumqx;
+    for t in -NTRY..=NTRY {
+        let (sumqx, sumq2) = sums((t as f32 + k0) / max);
         if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
-            best = sumqx * sumqx / sumq2;
-            best_d = sumqx / sumq2;
+            d = sumqx / sumq2;
+            best = d * sumqx;
         }
     }
-    best_d
+    d
 }
 
-/// Packs the nearest levels of `x[..32]` for scale `d` as IQ4_NL does.
-fn pack_32(x: &[f32], d: f32, qs: &mut [u8]) {
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+/// Packs the nearest levels of `x[..32]` for the inverse scale `id` as IQ4_NL does.
+fn pack_32(x: &[f32], id: f32, qs: &mut [u8]) {
     for j in 0..16 {
         qs[j] = nearest_level(id * x[j]) | (nearest_level(id * x[j + 16]) << 4);
     }
@@ -150,11 +161,14 @@ impl Block for BlockIq4Nl {
 impl super::Quantize for BlockIq4Nl {
     fn quantize(x: &[f32]) -> Self {
         let x = &x[..32];
-        let d = f32_to_f16(fit_scale(x));
+        let d = fit_scale(x);
         let mut qs = [0u8; 16];
-        // Levels are chosen for the stored (rounded) scale.
-        pack_32(x, f16_to_f32(d), &mut qs);
-        BlockIq4Nl { d, qs }
+        // ggml picks the levels for the unrounded scale.
+        pack_32(x, if d != 0.0 { 1.0 / d } else { 0.0 }, &mut qs);
+        BlockIq4Nl {
+            d: f32_to_f16(d),
+            qs,
+        }
     }
 }
 
@@ -184,17 +198,20 @@ impl super::Quantize for BlockIq4Xs {
                 max = *s;
             }
         }
-        // The largest sub-scale maps to -32, the most negative 6-bit level.
-        let d = f32_to_f16(if amax > 0.0 { -max / 32.0 } else { 0.0 });
-        let df = f16_to_f32(d);
-        let id = if df != 0.0 { 1.0 / df } else { 0.0 };
-        b.d = d;
+        // The largest sub-scale maps to -32, the most negative 6-bit level. As in ggml,
+        // the sub-scales and levels are found with the unrounded super-block scale (and an
+        // all-zero block stores -0).
+        let d = -max / 32.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = f32_to_f16(d);
         for (ib, (xb, &s)) in x.chunks_exact(32).zip(&scales).enumerate() {
             let l = nearest_int(id * s).clamp(-32, 31);
             let ls = (l + 32) as u8;
             b.scales_l[ib / 2] |= (ls & 0x0f) << (4 * (ib % 2));
             b.scales_h |= ((ls >> 4) as u16) << (2 * ib);
-            pack_32(xb, df * l as f32, &mut b.qs[16 * ib..16 * ib + 16]);
+            let dl = d * l as f32;
+            let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+            pack_32(xb, idl, &mut b.qs[16 * ib..16 * ib + 16]);
         }
         b
     }
