@@ -247,6 +247,7 @@ pub struct CompiledGrammar {
     vocab: Arc<GrammarVocab>,
     start: Matcher,
     trigger: Option<Vec<u8>>,
+    unenforced: Vec<String>,
 }
 
 impl std::fmt::Debug for CompiledGrammar {
@@ -295,11 +296,19 @@ impl CompiledGrammar {
             return Err(classify(kind, e, bad));
         }
         probe(vocab, &start, PROBE_STEPS).map_err(|e| classify(kind, e, bad))?;
+        let unenforced = start.clone().grammar_warnings();
         Ok(CompiledGrammar {
             vocab: Arc::clone(vocab),
             start,
             trigger: None,
+            unenforced,
         })
+    }
+
+    /// What a lenient schema ([`lenient`]) asked that the grammar does not enforce, in the
+    /// engine's words (`Unimplemented keys: ["uniqueItems"]`); empty when it enforces all.
+    pub fn unenforced(&self) -> &[String] {
+        &self.unenforced
     }
 
     /// This grammar made lazy: generation is unconstrained until the output ends with
@@ -366,12 +375,36 @@ fn probe(vocab: &GrammarVocab, start: &Matcher, steps: usize) -> Result<(), Stri
 /// JSON, and forces progress.
 pub const JSON_WHITESPACE: &str = r"[\x20\x09]{1,2}|\x0D?\x0A[\x20\x09]{0,32}";
 
-/// `schema` with [`JSON_WHITESPACE`] as its whitespace rule, unless it sets llguidance's
-/// own options (`x-guidance`) or is a boolean schema.
+/// `schema` with [`JSON_WHITESPACE`] as its whitespace rule, unless its llguidance
+/// options (`x-guidance`) choose one (`whitespace_pattern`, `whitespace_flexible`) or it
+/// is a boolean schema.
 pub fn bounded_whitespace(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(o) = schema.as_object_mut() {
-        o.entry("x-guidance")
-            .or_insert_with(|| serde_json::json!({"whitespace_pattern": JSON_WHITESPACE}));
+        let opts = o
+            .entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({}));
+        if let Some(opts) = opts.as_object_mut() {
+            if !opts.contains_key("whitespace_pattern") && !opts.contains_key("whitespace_flexible")
+            {
+                opts.insert("whitespace_pattern".into(), JSON_WHITESPACE.into());
+            }
+        }
+    }
+    schema
+}
+
+/// `schema` marked lenient (OpenAI's non-strict mode): a keyword the grammar engine
+/// cannot enforce while generating (`uniqueItems`, an unknown `format`, ...) is left out
+/// instead of refusing the schema, and the compiled grammar lists what was left out
+/// ([`CompiledGrammar::unenforced`]). A boolean schema is returned as it is.
+pub fn lenient(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        let opts = o
+            .entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({}));
+        if let Some(opts) = opts.as_object_mut() {
+            opts.insert("lenient".into(), true.into());
+        }
     }
     schema
 }

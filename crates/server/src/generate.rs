@@ -134,6 +134,41 @@ pub struct Generation {
     pub prompt_tokens: usize,
     /// Choices being generated; each ends with its own `Event::Done`.
     pub n: usize,
+    /// What the request's lenient schema asked that the grammar does not enforce (see
+    /// [`mark_unenforced`]); empty when nothing was left out.
+    pub unenforced: Vec<String>,
+}
+
+/// The response header that lists, in the grammar engine's words, the schema keywords a
+/// non-strict request asked for that the output is not held to (`Unimplemented keys:
+/// ["uniqueItems"]`).
+pub const UNENFORCED_HEADER: &str = "x-minfer-schema-unenforced";
+
+/// `resp` with [`UNENFORCED_HEADER`] when `unenforced` lists anything: the entries joined
+/// by "; ", non-ASCII and control characters replaced by `?`, cut at 2,048 bytes.
+pub fn mark_unenforced(
+    mut resp: axum::response::Response,
+    unenforced: &[String],
+) -> axum::response::Response {
+    if unenforced.is_empty() {
+        return resp;
+    }
+    let text: String = unenforced
+        .join("; ")
+        .chars()
+        .map(|c| {
+            if c.is_ascii() && !c.is_ascii_control() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(2048)
+        .collect();
+    if let Ok(v) = axum::http::HeaderValue::from_str(&text) {
+        resp.headers_mut().insert(UNENFORCED_HEADER, v);
+    }
+    resp
 }
 
 /// One finished choice: its whole text, log-probabilities and counts.
@@ -218,6 +253,9 @@ pub async fn start(
             Some((c, field))
         }
     };
+    let unenforced = constraint
+        .as_ref()
+        .map_or_else(Vec::new, |(c, _)| c.unenforced().to_vec());
     let ctx = m.slot_ctx;
     let n = prompt.len();
     if n == 0 {
@@ -291,6 +329,7 @@ pub async fn start(
         },
         prompt_tokens: n,
         n: g.n,
+        unenforced,
     })
 }
 

@@ -34,6 +34,9 @@ pub struct Function {
     pub name: String,
     /// The JSON schema of its arguments (`{"type": "object"}` when the tool gives none).
     pub parameters: Value,
+    /// `strict`: a keyword of `parameters` the grammar cannot enforce refuses the request;
+    /// otherwise (OpenAI's default for chat tools) it is left out and reported.
+    pub strict: bool,
 }
 
 /// A request's tools.
@@ -100,9 +103,15 @@ pub fn parse(
             Some(p @ Value::Object(_)) => p.clone(),
             Some(_) => return Err(wrong(&format!("{at}.function.parameters"), "an object")),
         };
+        let strict = match f.get("strict") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(wrong(&format!("{at}.function.strict"), "a boolean")),
+        };
         functions.push(Function {
             name: name.to_string(),
             parameters,
+            strict,
         });
     }
     let choice = match choice {
@@ -195,7 +204,7 @@ impl ToolSpec {
             });
             // Calls are one line in this format: at most a space between two tokens.
             let mut schema = schema;
-            schema["x-guidance"] = json!({"whitespace_pattern": r"\x20"});
+            schema["x-guidance"] = json!({"whitespace_pattern": r"\x20", "lenient": !f.strict});
             g.push_str(&format!("f{i}: %json {schema}\n"));
         }
         let trigger = (self.choice == ToolChoice::Auto).then_some(OPEN);

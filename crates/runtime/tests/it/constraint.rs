@@ -126,6 +126,45 @@ fn a_schema_the_free_answer_meets_leaves_it_unchanged() {
     }
 }
 
+/// A keyword the engine cannot enforce (`uniqueItems`, an unknown `format`) refuses a
+/// strict schema by name; the lenient one constrains by the rest, says what it left out,
+/// and still holds the model to the keywords it enforces.
+#[test]
+fn lenient_schemas_constrain_by_the_rest_and_list_what_they_left_out() {
+    use minfer_runtime::constraint::lenient;
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"enum": ["big", "old", "coastal"]},
+                     "minItems": 2, "maxItems": 2, "uniqueItems": true},
+            "site": {"type": "string", "format": "x-made-up"}
+        },
+        "required": ["tags", "site"],
+        "additionalProperties": false
+    });
+    let vocab = &model().vocab;
+    let e = CompiledGrammar::new(vocab, &Grammar::JsonSchema(schema.clone()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("uniqueItems"), "{e}");
+    let g = compile(Grammar::JsonSchema(lenient(schema)));
+    let left_out = g.unenforced().join("; ");
+    assert!(left_out.contains("uniqueItems"), "{left_out}");
+    assert!(left_out.contains("x-made-up"), "{left_out}");
+    // What is enforced holds.
+    let out = run(
+        &mut engine(),
+        &chat("Describe Lisbon as JSON."),
+        &greedy(60, Some(g)),
+    );
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["tags"].as_array().map(Vec::len), Some(2), "{out}");
+    assert!(v["site"].is_string(), "{out}");
+    // A schema it enforces whole leaves nothing out, lenient or not.
+    let plain = compile(Grammar::JsonSchema(lenient(json!({"type": "object"}))));
+    assert!(plain.unenforced().is_empty(), "{:?}", plain.unenforced());
+}
+
 #[test]
 fn gbnf_and_regex_grammars_constrain_the_model() {
     let mut e = engine();

@@ -4,6 +4,7 @@
 //! these readers, so the shapes they share (`stop`, `top_p`, `min_p`, `repeat_penalty`,
 //! `repeat_last_n`, the output grammar) are checked in one place.
 
+use minfer_runtime::constraint::lenient;
 use minfer_runtime::sampling::MAX_PENALTY_WINDOW;
 use minfer_runtime::Grammar;
 use serde_json::{Map, Value};
@@ -227,6 +228,13 @@ pub fn repeat_last_n(name: &str, n: i64, whole: usize) -> Result<usize, ApiError
     }
 }
 
+/// The grammar of a request's JSON schema: `strict`, a keyword the engine cannot enforce
+/// refuses the request by name; otherwise the schema is [`lenient`] and what it leaves out
+/// is reported (the `x-minfer-schema-unenforced` header).
+pub fn schema_grammar(schema: Value, strict: bool) -> Grammar {
+    Grammar::JsonSchema(if strict { schema } else { lenient(schema) })
+}
+
 /// The output grammar a request asks for: OpenAI's `response_format` (`text`,
 /// `json_object`, `json_schema` with its `schema` and `strict`), or llama-server's
 /// `json_schema` (a schema) and `grammar` (GBNF); at most one of them.
@@ -257,15 +265,17 @@ pub fn output_grammar(obj: &Object) -> Result<Option<(Grammar, &'static str)>, A
                     "response_format.json_schema.",
                 )?;
                 opt_str(js, "name").map_err(|_| wrong("response_format.json_schema.name", "a string"))?;
-                // `strict` asks for exactly the schema; the output is always constrained
-                // to it here, strict or not.
-                opt_bool(js, "strict")
-                    .map_err(|_| wrong("response_format.json_schema.strict", "a boolean"))?;
+                // The output is constrained to the schema either way; `strict` decides
+                // whether a keyword the engine cannot enforce refuses the request or is
+                // left out (and reported), as OpenAI's split has it.
+                let strict = opt_bool(js, "strict")
+                    .map_err(|_| wrong("response_format.json_schema.strict", "a boolean"))?
+                    .unwrap_or(false);
                 let schema = field(js, "schema").cloned().unwrap_or_else(|| {
                     // OpenAI's default: any JSON object.
                     serde_json::json!({"type": "object"})
                 });
-                found.push((Grammar::JsonSchema(schema), "response_format"));
+                found.push((schema_grammar(schema, strict), "response_format"));
             }
             other => {
                 return Err(ApiError::bad_request(format!(
@@ -279,7 +289,7 @@ pub fn output_grammar(obj: &Object) -> Result<Option<(Grammar, &'static str)>, A
         if !s.is_object() {
             return Err(wrong("json_schema", "a JSON schema object"));
         }
-        found.push((Grammar::JsonSchema(s.clone()), "json_schema"));
+        found.push((schema_grammar(s.clone(), false), "json_schema"));
     }
     if let Some(g) = opt_str(obj, "grammar")?.filter(|g| !g.trim().is_empty()) {
         found.push((Grammar::Gbnf(g.to_string()), "grammar"));

@@ -244,3 +244,129 @@ async fn a_limit_met_only_mid_generation_is_the_callers_error_naming_the_field()
     // Met while generating (the compile would name the GBNF grammar).
     assert!(message(&v).contains("the grammar exceeds"), "{v}");
 }
+
+/// A schema keyword the engine cannot enforce (`uniqueItems`, an unknown `format`): a
+/// strict schema is a 400 naming it; a non-strict one (OpenAI's default, ollama's and
+/// llama-server's only kind, a chat tool's default) constrains the output by the rest and
+/// lists what it left out in the `x-minfer-schema-unenforced` header, on every route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lenient_schemas_constrain_by_the_rest_and_say_what_they_left_out() {
+    let s = tiny_server(1, |_| {});
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2,
+                     "uniqueItems": true},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9}
+        },
+        "required": ["tags", "n"],
+        "additionalProperties": false
+    });
+    let msgs = json!([{"role": "user", "content": "x"}]);
+    let fmt = |strict: Option<bool>| {
+        let mut js = json!({"name": "x", "schema": schema});
+        if let Some(b) = strict {
+            js["strict"] = json!(b);
+        }
+        json!({"type": "json_schema", "json_schema": js})
+    };
+    let send = |path: &'static str, body: Value| {
+        let base = s.base.clone();
+        async move {
+            let r = client()
+                .post(format!("{base}{path}"))
+                .json(&body)
+                .send()
+                .await
+                .expect("request");
+            let st = r.status().as_u16();
+            let h = r
+                .headers()
+                .get("x-minfer-schema-unenforced")
+                .map(|v| v.to_str().unwrap_or("").to_string());
+            let text = r.text().await.expect("body");
+            (st, h, text)
+        }
+    };
+    // Strict: refused by name.
+    let body = json!({"messages": msgs, "max_tokens": 40, "temperature": 0,
+                      "response_format": fmt(Some(true))});
+    let (st, h, text) = send("/v1/chat/completions", body).await;
+    assert_eq!(st, 400, "{text}");
+    assert!(text.contains("uniqueItems"), "{text}");
+    assert!(h.is_none());
+    // Not strict, streamed and not: the rest holds and the header names the keyword.
+    let check = |text: &str| {
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(v["tags"].as_array().is_some_and(|t| t.len() <= 2), "{text}");
+        assert!(v["n"].as_u64().is_some_and(|n| n <= 9), "{text}");
+    };
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 240, "temperature": 0,
+                                         "response_format": fmt(None)}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 240, "temperature": 0,
+                                         "stream": true, "response_format": fmt(Some(false))}),
+        ),
+        (
+            "/completion",
+            json!({"prompt": "x", "n_predict": 240, "temperature": 0,
+                               "json_schema": schema}),
+        ),
+        (
+            "/api/chat",
+            json!({"model": "tiny-qwen2", "messages": msgs, "stream": false,
+                             "format": schema, "options": {"num_predict": 240, "temperature": 0}}),
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "x", "max_output_tokens": 240, "temperature": 0,
+                                 "text": {"format": {"type": "json_schema", "name": "x",
+                                                     "schema": schema}}}),
+        ),
+    ] {
+        let stream = body["stream"] == json!(true);
+        let (st, h, text) = send(path, body).await;
+        assert_eq!(st, 200, "{path}: {text}");
+        let h = h.unwrap_or_else(|| panic!("{path}: no header"));
+        assert!(h.contains("uniqueItems"), "{path}: {h}");
+        let out = if stream {
+            let frames = sse_data(&text);
+            streamed_text(&frames, |v| {
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+        } else {
+            let v: Value = serde_json::from_str(&text).expect("json");
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .or(v["content"].as_str())
+                .or(v["message"]["content"].as_str())
+                .or(v["output"][0]["content"][0]["text"].as_str())
+                .unwrap_or_else(|| panic!("{path}: no text in {v}"))
+                .to_string()
+        };
+        check(&out);
+    }
+    // A tool's parameters: lenient unless the tool says `strict`.
+    let tool = |strict: bool| {
+        json!([{"type": "function", "function": {"name": "f", "strict": strict,
+            "parameters": {"type": "object", "properties": {"x": {"type": "string",
+                "format": "x-made-up"}}, "required": ["x"]}}}])
+    };
+    let body = json!({"messages": msgs, "max_tokens": 40, "temperature": 0,
+                      "tools": tool(false), "tool_choice": "required"});
+    let (st, h, text) = send("/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{text}");
+    assert!(h.is_some_and(|h| h.contains("x-made-up")), "{text}");
+    let body = json!({"messages": msgs, "max_tokens": 40, "temperature": 0,
+                      "tools": tool(true), "tool_choice": "required"});
+    let (st, _, text) = send("/v1/chat/completions", body).await;
+    assert_eq!(st, 400, "{text}");
+    assert!(text.contains("x-made-up"), "{text}");
+}

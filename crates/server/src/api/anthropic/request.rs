@@ -392,15 +392,20 @@ fn tool_spec(obj: &Object) -> Result<Option<tools::ToolSpec>, ApiError> {
                 "description",
                 "input_schema",
                 "cache_control",
+                "strict",
             ],
             &format!("{at}."),
         )?;
         let schema =
             field(o, "input_schema").ok_or_else(|| required(&format!("{at}.input_schema")))?;
+        // `strict: true` refuses a schema keyword the grammar cannot enforce; without it
+        // the keyword is left out and reported.
+        let strict = opt_bool(o, "strict")?.unwrap_or(false);
         openai.push(json!({"type": "function", "function": {
             "name": o.get("name").cloned().unwrap_or(Value::Null),
             "description": o.get("description").cloned().unwrap_or(Value::Null),
             "parameters": schema,
+            "strict": strict,
         }}));
     }
     let (choice, parallel) = match field(obj, "tool_choice") {

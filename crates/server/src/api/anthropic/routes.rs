@@ -62,12 +62,13 @@ async fn messages(
     let tools = g.tools.as_ref().is_some_and(|t| t.enabled());
     let splitter = AnswerSplitter::new(g.reasoning, tools);
     let mut gen = generate::start(&st, m, prompt, &g, fault, log.start).await?;
+    let unenforced = std::mem::take(&mut gen.unenforced);
     if !g.stream {
         let (text, _, sum) = gen.collect_one().await?;
         let a = answer::split(&text, g.reasoning, tools);
         let mut resp = Json(message(&id, &model, &a, &sum, &g.stop)).into_response();
         resp.extensions_mut().insert(sum);
-        return Ok(resp);
+        return Ok(generate::mark_unenforced(resp, &unenforced));
     }
     // A failure before the first token is a plain error, not a 200 stream.
     let first = gen.next().await;
@@ -99,7 +100,7 @@ async fn messages(
     let body = stream::iter([head]).chain(events);
     let mut resp = SseBody::new(body.map(Ok::<_, Infallible>)).into_response();
     resp.extensions_mut().insert(StreamLogged);
-    Ok(resp)
+    Ok(generate::mark_unenforced(resp, &unenforced))
 }
 
 async fn count_tokens(State(st): St, b: Body) -> Result<Response, AnthropicError> {

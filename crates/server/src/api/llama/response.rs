@@ -199,12 +199,13 @@ pub(super) async fn run(
         model: m.id.clone(),
     };
     let mut gen = generate::start(&st, m, prompt, &echo.opts.g, fault, log.start).await?;
+    let unenforced = std::mem::take(&mut gen.unenforced);
     if !echo.opts.g.stream {
         // A native request has one choice (`n` is OpenAI's only).
         let (text, lps, summary) = gen.collect_one().await?;
         let mut resp = Json(final_object(&echo, &text, &lps, &summary, false)).into_response();
         resp.extensions_mut().insert(summary);
-        return Ok(resp);
+        return Ok(generate::mark_unenforced(resp, &unenforced));
     }
     // A failure before the first event is a plain JSON error, not a 200 stream.
     let first = gen.next().await;
@@ -236,7 +237,7 @@ pub(super) async fn run(
     });
     let mut resp = SseBody::new(body.map(Ok::<_, Infallible>)).into_response();
     resp.extensions_mut().insert(StreamLogged);
-    Ok(resp)
+    Ok(generate::mark_unenforced(resp, &unenforced))
 }
 
 /// A native stream in progress.

@@ -5,7 +5,9 @@ use minfer_runtime::Grammar;
 use minfer_tokenizer::{ChatMessage, ToolCall};
 use serde_json::Value;
 
-use crate::api::fields::{self, field, opt_bool, opt_f32, opt_str, unsupported, wrong, Object};
+use crate::api::fields::{
+    self, field, opt_bool, opt_f32, opt_str, schema_grammar, unsupported, wrong, Object,
+};
 use crate::api::thinking::thinking_kwargs;
 use crate::error::ApiError;
 use crate::generate;
@@ -55,7 +57,8 @@ pub(super) fn common_fields(obj: &Object) -> Result<Common, ApiError> {
         None => None,
         Some(Value::String(s)) if s.is_empty() => None,
         Some(Value::String(s)) if s == "json" => Some((Grammar::JsonObject, "format")),
-        Some(v @ Value::Object(_)) => Some((Grammar::JsonSchema(v.clone()), "format")),
+        // ollama has no strict mode: what cannot be enforced is left out and reported.
+        Some(v @ Value::Object(_)) => Some((schema_grammar(v.clone(), false), "format")),
         Some(_) => return Err(wrong("format", "\"json\" or a JSON schema object")),
     };
     let think = match field(obj, "think") {

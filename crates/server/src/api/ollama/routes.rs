@@ -128,6 +128,7 @@ pub(super) async fn answer(
     let prompt_ids = (shape == Shape::Generate).then(|| p.prompt.clone());
     let tools = p.g.tools.as_ref().is_some_and(|t| t.enabled());
     let mut gen = generate::start(&st, m, p.prompt, &p.g, None, log.start).await?;
+    let unenforced = std::mem::take(&mut gen.unenforced);
     if !p.g.stream {
         // An ollama request has one choice.
         let (text, lps, summary) = gen.collect_one().await?;
@@ -140,7 +141,7 @@ pub(super) async fn answer(
         let v = done(shape, &model, &a, &summary, log.start.elapsed(), context);
         let mut resp = Json(v).into_response();
         resp.extensions_mut().insert(summary);
-        return Ok(resp);
+        return Ok(generate::mark_unenforced(resp, &unenforced));
     }
     let first = gen.next().await;
     if let Event::Error(e) = first {
@@ -178,7 +179,7 @@ pub(super) async fn answer(
         HeaderValue::from_static("application/x-ndjson"),
     );
     resp.extensions_mut().insert(StreamLogged);
-    Ok(resp)
+    Ok(generate::mark_unenforced(resp, &unenforced))
 }
 
 /// Every served model: a loaded one as it was read at its load, the others read from

@@ -54,18 +54,20 @@ pub async fn generate(
         model: model.id.clone(),
         fingerprint: model.fingerprint.clone(),
     };
-    let gen = generate::start(&st, model, prompt, &g, fault, log.start).await?;
+    let mut gen = generate::start(&st, model, prompt, &g, fault, log.start).await?;
+    let unenforced = std::mem::take(&mut gen.unenforced);
     // Calls are parsed out of chat answers whenever the model was shown tools, and
     // reasoning whenever the request splits it.
     let split = (kind == Kind::Chat).then(|| Split {
         tools: g.tools.as_ref().is_some_and(|t| t.enabled()),
         reasoning: g.reasoning,
     });
-    if g.stream {
+    let resp = if g.stream {
         stream_reply(gen, reply, g, log, split).await
     } else {
         collect_reply(gen, reply, split).await
-    }
+    };
+    resp.map(|r| generate::mark_unenforced(r, &unenforced))
 }
 
 /// How a chat answer is taken apart.

@@ -9,7 +9,9 @@ use minfer_runtime::Grammar;
 use minfer_tokenizer::{ChatMessage, ToolCall};
 use serde_json::{json, Value};
 
-use crate::api::fields::{field, only_known, opt_bool, opt_f32_in, opt_str, top_p, wrong, Object};
+use crate::api::fields::{
+    field, only_known, opt_bool, opt_f32_in, opt_str, schema_grammar, top_p, wrong, Object,
+};
 use crate::error::ApiError;
 use crate::params::GenRequest;
 use crate::tools;
@@ -163,12 +165,15 @@ fn grammar(format: &Value) -> Result<Option<(Grammar, &'static str)>, ApiError> 
         Some("json_object") => Ok(Some((Grammar::JsonObject, "text.format"))),
         Some("json_schema") => {
             opt_str(f, "name")?;
-            opt_bool(f, "strict")?;
+            let strict = opt_bool(f, "strict")?.unwrap_or(false);
             let schema = field(f, "schema").ok_or_else(|| required("text.format.schema"))?;
             if !schema.is_object() {
                 return Err(wrong("text.format.schema", "a JSON schema object"));
             }
-            Ok(Some((Grammar::JsonSchema(schema.clone()), "text.format")))
+            Ok(Some((
+                schema_grammar(schema.clone(), strict),
+                "text.format",
+            )))
         }
         _ => Err(wrong(
             "text.format.type",
@@ -204,10 +209,11 @@ fn tool_spec(obj: &Object) -> Result<Option<tools::ToolSpec>, ApiError> {
             &["type", "name", "description", "parameters", "strict"],
             &format!("{at}."),
         )?;
-        opt_bool(o, "strict")?;
+        // The Responses API's function tools are strict unless they say otherwise.
+        let strict = opt_bool(o, "strict")?.unwrap_or(true);
         let mut f = o.clone();
         f.remove("type");
-        f.remove("strict");
+        f.insert("strict".into(), strict.into());
         nested.push(json!({"type": "function", "function": f}));
     }
     let choice = match field(obj, "tool_choice") {

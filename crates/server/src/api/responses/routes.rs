@@ -101,6 +101,7 @@ async fn create(
     let tools = g.tools.as_ref().is_some_and(|t| t.enabled());
     let splitter = AnswerSplitter::new(g.reasoning, tools);
     let mut gen = generate::start(&st, m, prompt, &g, fault, log.start).await?;
+    let unenforced = std::mem::take(&mut gen.unenforced);
     let mut builder = Builder::new(&serial);
     if !g.stream {
         let (text, _, sum) = gen.collect_one().await?;
@@ -121,7 +122,7 @@ async fn create(
         }
         let mut resp = Json(r).into_response();
         resp.extensions_mut().insert(sum);
-        return Ok(resp);
+        return Ok(generate::mark_unenforced(resp, &unenforced));
     }
     let first = gen.next().await;
     if let Event::Error(e) = first {
@@ -158,5 +159,5 @@ async fn create(
     let body = stream::iter(head).chain(events);
     let mut resp = SseBody::new(body.map(Ok::<_, Infallible>)).into_response();
     resp.extensions_mut().insert(StreamLogged);
-    Ok(resp)
+    Ok(generate::mark_unenforced(resp, &unenforced))
 }
