@@ -9,6 +9,7 @@ mod llama;
 mod pull;
 mod quantize;
 mod run;
+mod scale_out;
 mod session;
 mod speculative;
 mod tokenize;
