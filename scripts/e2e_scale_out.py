@@ -20,7 +20,7 @@ import argparse
 import os
 import random
 import re
-import signal
+import shutil
 import sys
 import threading
 import time
@@ -97,6 +97,9 @@ def main():
                         tail = f.read()[-3000:]
                     print(f"--- {name} (end) ---\n{tail}", file=sys.stderr)
             raise
+        finally:
+            fleet.close()
+            shutil.rmtree(fleet.log_dir, ignore_errors=True)
     print(f"e2e ok in {time.monotonic() - t0:.1f} s")
 
 

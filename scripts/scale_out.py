@@ -210,6 +210,8 @@ def main():
                     help="after --: arguments of every `minfer serve` (model, slots, ...)")
     a = ap.parse_args()
     serve_args = a.serve_args[1:] if a.serve_args[:1] == ["--"] else a.serve_args
+    if a.workers < 1:
+        ap.error(f"--workers must be at least 1, not {a.workers}")
     for fixed in ("--host", "--port"):
         if fixed in serve_args:
             ap.error(f"{fixed} after -- is chosen by the launcher; use --host/--port before --")
