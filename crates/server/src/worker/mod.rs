@@ -303,6 +303,11 @@ impl Worker {
                     }
                 }
             }
+            if progressed {
+                // Admitted requests count as running before their first step, which may be
+                // a long prefill: a router reading the gauges must not see an idle worker.
+                self.publish();
+            }
             progressed |= self.decode_turn();
             progressed |= self.flush();
             if busy {

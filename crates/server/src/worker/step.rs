@@ -135,6 +135,15 @@ impl Worker {
         if slow {
             std::thread::sleep(Duration::from_millis(10));
         }
+        let slow_prefill = steps.iter().any(|s| {
+            self.slots[s.slot]
+                .active
+                .as_ref()
+                .is_some_and(|a| a.job.fault == Some(Fault::SlowPrefill) && a.generated == 0)
+        });
+        if slow_prefill {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
         self.metrics.add_decode(steps.len());
         if self.has_fault(&steps, Fault::KernelPanic) {
             // Deep enough to be inside the first layer's kernels.
