@@ -277,16 +277,14 @@ pub async fn start(
     }
     // A slot holds the prompt and at least one generated token.
     if n >= ctx {
-        return Err(ApiError::context_length_exceeded(ctx, n, None));
+        return Err(ApiError::context_length_exceeded(ctx, n));
     }
-    // n < ctx (checked above), so `room` cannot wrap; comparing max_tokens with it
-    // instead of adding it to n keeps any client number from overflowing.
+    // n < ctx (checked above), so `room` cannot wrap. A completion longer than the room
+    // left is generated up to the full context and ends as `length`, as llama-server
+    // does with context shift off (clients that send a large default `max_tokens` work
+    // on a small context); only a prompt that leaves no room is refused.
     let room = ctx - n;
-    let max_tokens = match g.max_tokens {
-        Some(m) if m > room => return Err(ApiError::context_length_exceeded(ctx, n, Some(m))),
-        Some(m) => m,
-        None => room,
-    };
+    let max_tokens = g.max_tokens.map_or(room, |m| m.min(room));
     let n_vocab = m.tok.n_vocab();
     g.sampling
         .validate_for_vocab(n_vocab)
