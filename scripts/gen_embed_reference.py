@@ -9,11 +9,17 @@ host of this kind); then:
     PYTHONPATH=DIR/llama_cpp_python-0.3.36 \
     LLAMA_CPP_LIB_PATH=DIR/llama_cpp_python-0.3.36/vendor/llama.cpp/build2/bin \
     python3 scripts/gen_embed_reference.py MODEL.gguf
+    python3 scripts/gen_embed_reference.py --tiny DIR
 
 For each text of TEXTS and each pooling of POOLINGS it records the token ids llama.cpp
 embeds and the embedding llama.cpp computes (the library's embedding mode, as
 `llama-embedding --pooling P --embd-normalize 2` computes it: f32 KV, no flash attention,
 2 threads), L2-normalised, into crates/runtime/tests/golden/embed_reference.json.
+
+With --tiny, DIR holds the tiny random-weight models written by
+`cargo run -p minfer-models --example write_tiny_models -- DIR`; the F32 ones of TINY are
+embedded with every pooling of TINY_POOLINGS (a Qwen3 with last-token pooling is how
+Qwen3-Embedding is built), into crates/runtime/tests/golden/embed_tiny_reference.json.
 """
 import json
 import os
@@ -23,7 +29,10 @@ import numpy as np
 import llama_cpp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "..", "crates", "runtime", "tests", "golden", "embed_reference.json")
+GOLDEN = os.path.join(HERE, "..", "crates", "runtime", "tests", "golden")
+OUT = os.path.join(GOLDEN, "embed_reference.json")
+OUT_TINY = os.path.join(GOLDEN, "embed_tiny_reference.json")
+TINY = ["qwen3-f32", "qwen2-f32", "llama-f32"]
 
 TEXTS = [
     "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
@@ -36,18 +45,19 @@ POOLINGS = {
     "mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
     "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
 }
+TINY_POOLINGS = dict(POOLINGS, cls=llama_cpp.LLAMA_POOLING_TYPE_CLS)
 
 
-def main():
-    model = sys.argv[1]
-    out = {"model": os.path.basename(model), "entries": []}
-    for name, ptype in POOLINGS.items():
+def embeddings(model, poolings, n_ctx):
+    """(text, pooling, ids, normalised embedding) for every text and pooling."""
+    rows = []
+    for name, ptype in poolings.items():
         llm = llama_cpp.Llama(
             model_path=model,
             embedding=True,
             pooling_type=ptype,
-            n_ctx=512,
-            n_batch=512,
+            n_ctx=n_ctx,
+            n_batch=n_ctx,
             n_threads=2,
             flash_attn=False,
             type_k=GGML_TYPE_F32,
@@ -58,10 +68,29 @@ def main():
             ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
             v = np.array(llm.embed(text, normalize=False), dtype=np.float64)
             v = v / np.linalg.norm(v)
-            out["entries"].append(
-                {"text": text, "pooling": name, "ids": list(ids), "embedding": [float(x) for x in v]}
-            )
+            rows.append({"text": text, "pooling": name, "ids": list(ids),
+                         "embedding": [float(x) for x in v]})
         del llm
+    return rows
+
+
+def main_tiny(d):
+    out = {"entries": []}
+    for stem in TINY:
+        for row in embeddings(os.path.join(d, stem + ".gguf"), TINY_POOLINGS, 256):
+            row["model"] = stem
+            out["entries"].append(row)
+    with open(OUT_TINY, "w") as f:
+        json.dump(out, f)
+        f.write("\n")
+    print(f"wrote {len(out['entries'])} embeddings to {OUT_TINY}")
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--tiny":
+        return main_tiny(sys.argv[2])
+    model = sys.argv[1]
+    out = {"model": os.path.basename(model), "entries": embeddings(model, POOLINGS, 512)}
     with open(OUT, "w") as f:
         json.dump(out, f)
         f.write("\n")

@@ -221,3 +221,62 @@ fn a_slot_of_a_multi_engine_embeds_as_a_lone_engine_and_leaves_its_neighbours_al
         .to_string();
     assert!(e.contains("33"), "{e}");
 }
+
+/// Tiny random-weight F32 models (a Qwen3 with last-token pooling is how Qwen3-Embedding
+/// is built) against llama.cpp's embeddings of the same files
+/// (`scripts/gen_embed_reference.py --tiny`): the same token ids, and a cosine distance
+/// under 1e-5 for mean, last-token and CLS pooling (measured at most 3e-13: both sides
+/// compute in f32 throughout, so the bound leaves room for summation order alone).
+#[test]
+fn tiny_model_embeddings_match_llama_cpp() {
+    let golden: serde_json::Value =
+        serde_json::from_str(include_str!("../golden/embed_tiny_reference.json"))
+            .expect("golden JSON");
+    let entries = golden["entries"].as_array().expect("entries");
+    assert!(entries.len() >= 36, "{} entries", entries.len());
+    let mut worst = 0f64;
+    for g in entries {
+        let stem = g["model"].as_str().unwrap();
+        let spec = minfer_models::testing::golden_models()
+            .into_iter()
+            .find(|(s, _)| *s == stem)
+            .unwrap_or_else(|| panic!("no golden model {stem}"))
+            .1;
+        let file = GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader");
+        let opts = EngineOptions {
+            n_threads: 2,
+            n_ctx: Some(256),
+            ..EngineOptions::default()
+        };
+        let mut e = Engine::from_gguf(file, &opts).expect("engine");
+        let tok = minfer_tokenizer::Tokenizer::from_gguf(e.file()).expect("tokenizer");
+        let text = g["text"].as_str().unwrap();
+        let ids: Vec<u32> = g["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(
+            tok.encode(text, true, false),
+            ids,
+            "{stem}: token ids of {text:?}"
+        );
+        let pooling = Pooling::parse(g["pooling"].as_str().unwrap()).unwrap();
+        let want: Vec<f32> = g["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        let got = embed(&mut e, &ids, pooling, true).expect("embed").remove(0);
+        let dist = 1.0 - minfer_runtime::embed::cosine(&got, &want);
+        worst = worst.max(dist);
+        assert!(
+            dist < 1e-5,
+            "{stem} {} {text:?}: cosine distance {dist:e}",
+            pooling.name()
+        );
+    }
+    eprintln!("tiny models: worst cosine distance {worst:.2e}");
+}
