@@ -233,6 +233,93 @@ impl MultiEngine {
         Ok(())
     }
 
+    /// Whether KV rows of this engine may be exported and imported by position
+    /// ([`Self::export_rows`]): not when a sliding-window layer keeps a ring, whose
+    /// rows of a position are overwritten once the window moves on.
+    pub fn rows_portable(&self) -> bool {
+        !self.engine.swa().active()
+    }
+
+    /// What a row of this engine depends on beyond its tokens and position: the model
+    /// (architecture, hyperparameters, digest), the KV backend and element formats, and
+    /// the compute backends. Rows of two engines with the same fingerprint are the same
+    /// bits for the same tokens, so one may take the other's.
+    pub fn kv_fingerprint(&self) -> [u8; 32] {
+        let names = self.engine.backend_names().join("\n");
+        crate::session::fingerprint(&self.engine, names.as_bytes())
+    }
+
+    /// The KV rows of positions `from..from + n` of `slot`, exactly as stored (per
+    /// layer: its K rows, then its V rows). Positions past what the slot holds, or an
+    /// engine whose rows are not portable, are refused by name.
+    pub fn export_rows(
+        &mut self,
+        slot: usize,
+        from: usize,
+        n: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        self.check_slot(slot)?;
+        self.check_portable()?;
+        if from + n > self.filled[slot] {
+            return Err(EngineError::Param {
+                name: "export_rows",
+                message: format!(
+                    "slot {slot} holds {} positions, {from}..{} cannot be read",
+                    self.filled[slot],
+                    from + n
+                ),
+            });
+        }
+        let mut words = Vec::new();
+        self.engine
+            .read_kv_rows(slot * self.slot_ctx + from, n, &mut words)?;
+        Ok(words)
+    }
+
+    /// Writes `words` (as [`Self::export_rows`] gave them for `n` positions) at
+    /// positions `at..at + n` of `slot`, which then holds `at + n` positions: the rows
+    /// before `at` stay, anything after is gone. `at` past what the slot holds, a range
+    /// past the slot, or too few words, is refused; a refused range changes nothing, and
+    /// a write that fails leaves the slot holding the positions before `at`.
+    pub fn import_rows(
+        &mut self,
+        slot: usize,
+        at: usize,
+        n: usize,
+        words: &[u32],
+    ) -> Result<(), EngineError> {
+        self.check_slot(slot)?;
+        self.check_portable()?;
+        if at > self.filled[slot] || at + n > self.slot_ctx {
+            return Err(EngineError::Param {
+                name: "import_rows",
+                message: format!(
+                    "slot {slot} holds {} of {} positions, {at}..{} cannot be written",
+                    self.filled[slot],
+                    self.slot_ctx,
+                    at + n
+                ),
+            });
+        }
+        self.filled[slot] = at;
+        self.engine
+            .write_kv_rows(slot * self.slot_ctx + at, n, words)?;
+        self.written[slot] = crate::swa::written_after(at, at + n, self.written[slot]);
+        self.filled[slot] = at + n;
+        Ok(())
+    }
+
+    fn check_portable(&self) -> Result<(), EngineError> {
+        if self.rows_portable() {
+            return Ok(());
+        }
+        Err(EngineError::Param {
+            name: "KV",
+            message: "rows of sliding-window rings cannot be moved by position (use --swa-full)"
+                .into(),
+        })
+    }
+
     fn check_slot(&self, slot: usize) -> Result<(), EngineError> {
         let n = self.n_slots();
         if slot >= n {

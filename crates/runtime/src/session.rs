@@ -276,6 +276,18 @@ impl Header {
     }
 }
 
+/// SHA-256 of what a session file must match to be restored into `engine` (its header:
+/// model, hyperparameters, KV backend, formats and ring step), followed by `extra`: two
+/// engines with the same fingerprint store the same rows in the same layout.
+pub(crate) fn fingerprint(engine: &Engine, extra: &[u8]) -> [u8; 32] {
+    let mut bytes = Vec::new();
+    if let Ok(h) = Header::of(engine) {
+        h.write(&mut bytes);
+    }
+    bytes.extend_from_slice(extra);
+    Sha256::digest(&bytes).into()
+}
+
 /// A bounds-checked cursor over a file's bytes: a short read names the field it was in.
 struct Reader<'a> {
     buf: &'a [u8],

@@ -420,3 +420,79 @@ fn packed_kv_formats_shrink_the_regions() {
     }
     assert!(sizes[0] > sizes[1] && sizes[1] > sizes[2], "{sizes:?}");
 }
+
+fn multi_of(spec: &TinySpec, types: [KvType; 2], swa_full: bool) -> MultiEngine {
+    let file = GgufFile::from_bytes(tiny_model_bytes(spec).expect("writer")).expect("reader");
+    // Few tokens an execution, so a window's ring is smaller than a slot.
+    let o = EngineOptions {
+        swa_full,
+        n_batch: 4,
+        ..opts(128, types)
+    };
+    MultiEngine::from_shared(std::sync::Arc::new(file), &o, 2).expect("engine")
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn rows_exported_from_one_slot_and_imported_into_another_continue_bit_for_bit() {
+    let p = prompt();
+    for types in [[KvType::F16; 2], [KvType::Q8_0, KvType::F16]] {
+        let mut m = multi_of(&spec(), types, false);
+        assert!(m.rows_portable());
+        let run = |m: &mut MultiEngine, slot, tokens: &[u32], pos0| {
+            let step = minfer_runtime::SeqStep {
+                slot,
+                tokens: tokens.to_vec(),
+                pos0,
+                n_out: 1,
+            };
+            m.step(&[step]).expect("step").remove(0)
+        };
+        let want = run(&mut m, 0, &p, 0);
+        // Slot 1 holds another sequence, which the import must replace from position 0.
+        run(&mut m, 1, &[3, 4, 5, 6, 7, 8, 9, 10, 11, 12], 0);
+        let first = m.export_rows(0, 0, 4).expect("export");
+        let second = m.export_rows(0, 4, 4).expect("export");
+        m.import_rows(1, 0, 4, &first).expect("import");
+        m.import_rows(1, 4, 4, &second).expect("import");
+        assert_eq!(m.slot_len(1).unwrap(), 8);
+        let got = run(&mut m, 1, &p[8..], 8);
+        assert!(bits(&got) == bits(&want), "{types:?}: imported rows differ");
+        // Past what a slot holds, past the slot, or too few words: refused by name.
+        assert!(m.export_rows(0, 10, 4).is_err());
+        assert!(m.import_rows(1, 20, 4, &first).is_err());
+        assert!(m.import_rows(1, 62, 4, &first).is_err());
+        assert!(m.import_rows(1, 0, 8, &first).is_err());
+    }
+}
+
+#[test]
+fn the_kv_fingerprint_tells_models_and_kv_formats_apart() {
+    let f16 = multi_of(&spec(), [KvType::F16; 2], false).kv_fingerprint();
+    assert_eq!(
+        f16,
+        multi_of(&spec(), [KvType::F16; 2], false).kv_fingerprint(),
+        "the same model and formats must share rows"
+    );
+    let q8 = multi_of(&spec(), [KvType::Q8_0, KvType::F16], false).kv_fingerprint();
+    let other = multi_of(
+        &TinySpec::qwen2(GgmlType::Q8_0, 76),
+        [KvType::F16; 2],
+        false,
+    );
+    assert_ne!(f16, q8, "another K format");
+    assert_ne!(f16, other.kv_fingerprint(), "another model");
+}
+
+#[test]
+fn ringed_sliding_window_rows_are_not_portable_and_full_ones_are() {
+    let gemma = TinySpec::gemma3(GgmlType::Q8_0, 11);
+    let mut ringed = multi_of(&gemma, [KvType::F16; 2], false);
+    let full = multi_of(&gemma, [KvType::F16; 2], true);
+    assert!(!ringed.rows_portable() && full.rows_portable());
+    let e = ringed.export_rows(0, 0, 0).unwrap_err().to_string();
+    assert!(e.contains("--swa-full"), "{e}");
+}
