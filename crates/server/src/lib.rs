@@ -34,6 +34,7 @@ pub mod job;
 pub mod metrics;
 pub mod models;
 pub mod params;
+pub mod prompt_cache;
 pub mod reasoning;
 mod routes;
 pub mod security;
@@ -162,12 +163,21 @@ pub struct Config {
     /// With `lookup` or `draft`, draft this many tokens at every step the context allows
     /// instead of the adaptive depth: for tests and measurements, never set by the CLI.
     pub draft_depth: Option<usize>,
+    /// Bytes of KV rows the prompt cache shared across slots may hold in host RAM
+    /// (`--cache-ram`, given in MiB there); 0 turns it off.
+    pub cache_ram: usize,
+    /// Positions per block of the prompt cache: a prompt reuses whole blocks.
+    pub cache_block: usize,
 }
+
+/// The prompt cache's default budget in MiB (`--cache-ram`).
+pub const DEFAULT_CACHE_RAM_MIB: usize = 1024;
 
 impl Config {
     /// Defaults for one `model`: 127.0.0.1:8080, 4 slots, one model loaded at once, a queue of 64, 1 MiB bodies,
     /// a 10-minute request timeout, no key, no extra hosts or origins, 10 s for headers,
-    /// 30 s for a body and for a stalled write, 512 connections, 5 s to shut down.
+    /// 30 s for a body and for a stalled write, 512 connections, 5 s to shut down, a
+    /// prompt cache of [`DEFAULT_CACHE_RAM_MIB`] MiB in blocks of 64 positions.
     pub fn new(model: impl Into<PathBuf>) -> Self {
         Config {
             models: vec![ModelSpec::new(model)],
@@ -208,6 +218,8 @@ impl Config {
             draft: None,
             draft_max: minfer_runtime::speculative::DEFAULT_DRAFT_MAX,
             draft_depth: None,
+            cache_ram: DEFAULT_CACHE_RAM_MIB << 20,
+            cache_block: 64,
         }
     }
 
@@ -641,6 +653,12 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
             },
             (None, None) => worker::Speculation::Off,
         },
+        prompt_cache: (config.cache_ram > 0 && config.cache_block > 0).then(|| {
+            Arc::new(Mutex::new(prompt_cache::PromptCache::new(
+                config.cache_ram,
+                config.cache_block,
+            )))
+        }),
     };
     let workers = Arc::new(Mutex::new(Vec::new()));
     let models = models::Models::new(

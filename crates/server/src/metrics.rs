@@ -92,6 +92,10 @@ pub struct Metrics {
     /// Tokens drafted by speculative decoding, and those the model accepted.
     drafted: AtomicU64,
     accepted: AtomicU64,
+    /// Prompt tokens whose KV rows came from the shared prompt cache.
+    cache_hits: AtomicU64,
+    /// Bytes of rows the shared prompt cache holds.
+    cache_bytes: AtomicUsize,
 }
 
 impl Default for Metrics {
@@ -115,6 +119,8 @@ impl Default for Metrics {
             kv_high: AtomicUsize::new(0),
             drafted: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
+            cache_bytes: AtomicUsize::new(0),
         }
     }
 }
@@ -168,6 +174,16 @@ impl Metrics {
         };
         shift(&self.kv_tokens, before.0, now.0);
         shift(&self.kv_capacity, before.1, now.1);
+    }
+
+    /// Counts prompt tokens whose KV rows were copied from the shared prompt cache.
+    pub fn add_cache_hits(&self, n: usize) {
+        self.cache_hits.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Sets the bytes of rows the shared prompt cache holds.
+    pub fn set_cache_bytes(&self, n: usize) {
+        self.cache_bytes.store(n, Ordering::Relaxed);
     }
 
     /// Raises the high-water mark of positions one slot has held.
@@ -232,7 +248,7 @@ impl Metrics {
         let gen = self.generated_tokens.load(Ordering::Relaxed);
         let busy = self.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9;
         let rate = if busy > 0.0 { gen as f64 / busy } else { 0.0 };
-        let scalars: [(&str, &str, &str, String); 8] = [
+        let scalars: [(&str, &str, &str, String); 10] = [
             (
                 "minfer_prompt_tokens_total",
                 "counter",
@@ -280,6 +296,18 @@ impl Metrics {
                 "counter",
                 "Drafted tokens the model accepted (llama-server's n_draft_accepted).",
                 self.accepted.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "minfer_prompt_cache_hit_tokens_total",
+                "counter",
+                "Prompt tokens whose KV rows were copied from the shared prompt cache (--cache-ram).",
+                self.cache_hits.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "minfer_prompt_cache_bytes",
+                "gauge",
+                "Bytes of KV rows the shared prompt cache holds.",
+                self.cache_bytes.load(Ordering::Relaxed).to_string(),
             ),
         ];
         for (name, kind, help, value) in scalars {

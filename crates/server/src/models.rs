@@ -87,6 +87,8 @@ pub struct LoadOptions {
     pub busy: Arc<std::sync::atomic::AtomicUsize>,
     /// Speculative decoding in every slot, and its draft source.
     pub speculation: worker::Speculation,
+    /// The prompt cache every model's slots share (`--cache-ram`); `None`: off.
+    pub prompt_cache: Option<crate::prompt_cache::SharedPromptCache>,
 }
 
 struct Entry {
@@ -267,6 +269,7 @@ impl Models {
             Arc::clone(&self.opts.metrics),
             Arc::clone(&self.opts.busy),
             self.opts.speculation.clone(),
+            self.opts.prompt_cache.clone(),
         )?;
         lock(&self.threads).push(thread);
         let template = ChatTemplate::from_tokenizer(&loaded.tokenizer)
@@ -345,6 +348,7 @@ mod tests {
             metrics: Arc::new(Metrics::default()),
             busy: Arc::default(),
             speculation: worker::Speculation::Off,
+            prompt_cache: None,
         };
         Models::new(&specs, 1, opts, Arc::default())
     }

@@ -77,6 +77,11 @@ pub struct Args {
     /// last rows (more memory; any earlier prefix stays reusable).
     #[arg(long = "swa-full")]
     pub swa_full: bool,
+    /// MiB of host RAM for the prompt cache shared across slots: KV rows of prompts
+    /// that ran, kept in blocks so that another slot starting with the same tokens copies
+    /// them instead of prefilling (least recently used blocks go first; 0 turns it off).
+    #[arg(long = "cache-ram", default_value_t = minfer_server::DEFAULT_CACHE_RAM_MIB)]
+    pub cache_ram: usize,
     /// Turn off `GET /slots` (it answers llama-server's 501 "not supported").
     #[arg(long = "no-slots")]
     pub no_slots: bool,
@@ -166,6 +171,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.cache_type_k = args.cache_type_k;
     config.cache_type_v = args.cache_type_v;
     config.swa_full = args.swa_full;
+    config.cache_ram = args.cache_ram.saturating_mul(1 << 20);
     config.no_slots = args.no_slots;
     config.no_metrics = args.no_metrics;
     config.pooling = args.pooling;

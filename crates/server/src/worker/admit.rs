@@ -75,10 +75,13 @@ impl Worker {
         // The conversation engine's reuse rule: the longest held prefix, less the last
         // prompt token, whose logits start the generation.
         let engine = &self.engine;
-        let keep = self.slots[idx]
+        let mut keep = self.slots[idx]
             .cached
             .reuse_if(&job.prompt, |k| engine.keeps(idx, k))
             .kept;
+        if job.cache_prompt {
+            keep = self.take_cached(idx, &job.prompt, keep);
+        }
         self.metrics.add_prompt_tokens(job.prompt.len());
         let mut choices = Vec::with_capacity(n);
         for (choice, &slot) in std::iter::once(&idx).chain(&others).enumerate() {

@@ -10,6 +10,7 @@
 //! `state` holds the worker's slots and what both share.
 
 mod admit;
+mod cache;
 mod state;
 mod step;
 mod tasks;
@@ -163,6 +164,7 @@ pub fn spawn(
     metrics: Arc<Metrics>,
     busy_total: Arc<AtomicUsize>,
     speculation: Speculation,
+    prompt_cache: Option<crate::prompt_cache::SharedPromptCache>,
 ) -> Result<(WorkerHandle, Loaded, std::thread::JoinHandle<()>), String> {
     let (qtx, qrx) = std::sync::mpsc::channel::<Queued>();
     let (otx, orx) = std::sync::mpsc::channel::<crate::slots::SlotOp>();
@@ -221,6 +223,12 @@ pub fn spawn(
                 }
             }
             worker.draft = draft;
+            // A ringed sliding-window layer has dropped the rows a block needs: such a
+            // model serves without the cache (`--swa-full` keeps them).
+            if worker.engine.rows_portable() {
+                worker.fingerprint = worker.engine.kv_fingerprint();
+                worker.prompt_cache = prompt_cache;
+            }
             let _ = ready_tx.send(Ok(loaded));
             worker.run(qrx, orx, &pending2);
         })

@@ -86,6 +86,11 @@ pub(super) struct Worker {
     pub(super) draft_max: usize,
     /// A draft depth forced at every step instead of the adaptive one (tests).
     pub(super) spec_fixed: Option<usize>,
+    /// The prompt cache shared across slots and models, when on and when this engine's
+    /// rows can move by position.
+    pub(super) prompt_cache: Option<crate::prompt_cache::SharedPromptCache>,
+    /// What this engine's rows depend on beyond their tokens (the cache's key root).
+    pub(super) fingerprint: [u8; 32],
 }
 
 /// The message of a caught panic.
@@ -129,6 +134,8 @@ impl Worker {
             draft: None,
             draft_max: 0,
             spec_fixed: None,
+            prompt_cache: None,
+            fingerprint: [0; 32],
         };
         w.publish();
         w

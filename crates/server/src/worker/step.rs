@@ -24,6 +24,8 @@ impl Worker {
         // (slot, pending token, its position).
         let mut to_draft = Vec::new();
         let shared_draft = self.draft.is_some();
+        // Slots whose prompt runs in this step: their blocks go to the prompt cache after.
+        let mut prefilled = Vec::new();
         for idx in 0..self.slots.len() {
             let tok = Arc::clone(&self.tok);
             let metrics = Arc::clone(&self.metrics);
@@ -59,6 +61,7 @@ impl Worker {
                 let pos0 = slot.cached.len();
                 slot.cached.extend(&tokens);
                 metrics.add_prefilled(tokens.len());
+                prefilled.push(idx);
                 steps.push(SeqStep {
                     slot: idx,
                     tokens,
@@ -168,6 +171,9 @@ impl Worker {
                     if let Some(a) = self.slots[s.slot].active.as_mut() {
                         a.logits = Some(row);
                     }
+                }
+                for idx in prefilled {
+                    self.offer(idx);
                 }
             }
             Ok(Err(e)) => {
@@ -379,6 +385,9 @@ impl Worker {
                     // Sole sender with free capacity: this cannot be Full.
                     let _ = a.job.tx.try_send(ev);
                 }
+                // What the request generated joins the cache too (a later turn of the
+                // conversation starts with it).
+                self.offer(idx);
                 progressed = true;
             }
         }

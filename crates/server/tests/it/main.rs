@@ -17,6 +17,7 @@ mod load_real;
 mod models;
 mod ollama_api;
 mod openai_shape;
+mod prompt_cache;
 mod slots;
 mod speculative;
 mod speculative_draft;
