@@ -1,7 +1,8 @@
 //! The prompt cache shared across slots, over HTTP on the tiny model: a prompt sharing a
 //! long prefix with one that ran in another slot copies the cached blocks instead of
 //! prefilling them (the hit counters move), every greedy answer and its log-probabilities
-//! are bitwise those of a server without the cache (plain, `n` choices, speculative),
+//! are bitwise those of a server without the cache (plain, `n` choices, speculative, a
+//! slot saved and restored after a hit),
 //! another model's blocks are never taken, and a tiny budget keeps the cache within it.
 
 use crate::common;
@@ -198,4 +199,49 @@ async fn a_tiny_budget_holds_and_the_least_recently_used_prefix_goes_first() {
     assert_eq!(cached(&v), whole, "{v}");
     assert!(metric(&s.base, "minfer_prompt_cache_bytes").await <= budget as f64);
     s.stop().expect("stop");
+}
+
+/// Slot 0 runs a prompt; slot 1 takes its prefix (from the cache when on), is saved and
+/// restored into slot 0, which then continues a longer prompt. Returns every answer.
+async fn save_restore_after_a_hit(base: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    for (p, slot) in [(prompt("x"), 0), (prompt("y"), 1)] {
+        let (st, v) = post(base, "/v1/completions", body(&p, slot, json!({}))).await;
+        assert_eq!(st, 200, "{v}");
+        out.push(v["choices"].clone());
+    }
+    let (st, v) = post(base, "/slots/1?action=save", json!({"filename": "one.kv"})).await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = post(
+        base,
+        "/slots/0?action=restore",
+        json!({"filename": "one.kv"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = post(base, "/v1/completions", body(&prompt("y z"), 0, json!({}))).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(cached(&v) > 128, "the restored rows were not reused: {v}");
+    out.push(v["choices"].clone());
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_that_took_cached_rows_saves_and_restores_as_one_that_prefilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |cache_ram: usize| {
+        tiny_server(2, |c| {
+            c.cache_block = 16;
+            c.cache_ram = cache_ram;
+            c.slot_save_path = Some(dir.path().to_path_buf());
+        })
+    };
+    let off = serve(0);
+    let want = save_restore_after_a_hit(&off.base).await;
+    off.stop().expect("stop");
+    let on = serve(64 << 20);
+    let got = save_restore_after_a_hit(&on.base).await;
+    assert!(metric(&on.base, "minfer_prompt_cache_hit_tokens_total").await >= 128.0);
+    assert_eq!(got, want);
+    on.stop().expect("stop");
 }
