@@ -39,6 +39,54 @@ pub enum NodeMeta {
     FusedQkvNorm(FusedQkvNormMeta),
     /// An expert-routed matmul's stacked weight(s).
     MatMulId(MatMulIdMeta),
+    /// A recurrent layer's geometry and weights ([`crate::Op::SsmConv`],
+    /// [`crate::Op::DeltaNet`]).
+    Recurrent(RecurrentMeta),
+}
+
+/// The geometry of a Gated DeltaNet layer's recurrent state and the weights its ops
+/// read. The layer's region (see `GraphAllocator::ensure_state`) holds `slots` f32
+/// conv windows of [`Self::conv_slot`] values (per channel its `d_conv - 1` earlier
+/// inputs, oldest first) and `slots` state blocks of [`Self::ssm_slot`]
+/// values (per value head an `s_v x s_k` matrix, row `j` the value dimension). A token's
+/// slot arrives as data (the `slots` input); a token at position 0 starts from zero
+/// state, so a new sequence needs no host-side clear.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecurrentMeta {
+    /// Layer index (the region's key).
+    pub layer: usize,
+    /// State slots in the region (sequences that may run at once).
+    pub slots: usize,
+    /// Convolution kernel width (ggml `ssm.conv_kernel`).
+    pub d_conv: usize,
+    /// Convolved channels: `2 * h_k * s_k + h_v * s_v` (q, k, v in that order).
+    pub channels: usize,
+    /// Key head size.
+    pub s_k: usize,
+    /// Key heads (value head `h` reads key head `h % h_k`, as ggml's repeat).
+    pub h_k: usize,
+    /// Value head size (equal to `s_k`).
+    pub s_v: usize,
+    /// Value heads.
+    pub h_v: usize,
+    /// The `[d_conv, channels]` convolution weight (SsmConv).
+    pub conv_weight: String,
+    /// The per-value-head decay factor `a` (`-exp(A_log)`, ggml's `ssm_a`; DeltaNet).
+    pub a_weight: String,
+    /// Epsilon of the q/k L2 normalisation (`x / sqrt(sum x^2 + eps)`).
+    pub eps: f32,
+}
+
+impl RecurrentMeta {
+    /// Values of one slot's conv window.
+    pub fn conv_slot(&self) -> usize {
+        self.d_conv.saturating_sub(1) * self.channels
+    }
+
+    /// Values of one slot's state matrices.
+    pub fn ssm_slot(&self) -> usize {
+        self.h_v * self.s_v * self.s_k
+    }
 }
 
 /// A matmul against a named weight of GGUF shape `[in_dim, out_dim]`.

@@ -757,6 +757,7 @@ impl Engine {
             explicit_span: self.explicit_span,
             ring: self.swa.params(),
             embeddings: self.embeddings,
+            state_slots: 1,
         };
         self.caps.apply(&mut cparams);
         // The one validated constructor: the graph type and weights version follow from
