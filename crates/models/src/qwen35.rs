@@ -1,0 +1,566 @@
+//! Qwen3.5 (`qwen35`): a hybrid of Gated DeltaNet layers, which carry a fixed-size
+//! recurrent state per sequence, and gated full-attention layers (every
+//! `full_attention_interval`-th layer, or as `attention.recurrent_layers` lists).
+//!
+//! A recurrent layer: `attn_qkv` projects the normed input to q|k|v channels, which a
+//! causal depthwise convolution (`ssm_conv1d`, width `ssm.conv_kernel`) over the slot's
+//! window of earlier inputs and a SiLU turn into the delta rule's q, k (L2-normalised)
+//! and v; `ssm_alpha` (+ `ssm_dt.bias`) and `ssm_beta` give each value head's decay
+//! `exp(softplus(alpha) * ssm_a)` and write strength `sigmoid(beta)`; the heads' outputs
+//! are RMS-normed per head (`ssm_norm`), gated by `silu(attn_gate x)` and projected by
+//! `ssm_out`. A full layer: `attn_q` yields each head's query and output gate
+//! interleaved, q and k are RMS-normed per head and roped, and the attention output is
+//! multiplied by `sigmoid(gate)` before `attn_output`. Every layer then adds its residual,
+//! normalises with `post_attention_norm` and runs a SwiGLU FFN with its own residual.
+//!
+//! The multi-section rope (`rope.dimension_sections`, llama.cpp's interleaved M-RoPE) gives
+//! text tokens the same position in every section, so each rotated pair turns by
+//! `p * base^(-2i / n_rot)` exactly as the normal-layout rope over `rope.dimension_count`
+//! dims does; pairs no section covers would use the fourth (always 0 for text) position
+//! and stay unrotated, which this loader refuses rather than approximates.
+
+use minfer_gguf::{GgmlType, GgufFile, MetaValue};
+use minfer_graph::{
+    AttnMeta, AttnMode, ComputeGraph, DType, GraphBuilder, GraphParams, NodeId, RecurrentMeta,
+    RoPEMeta, RopeStyle, WeightRef,
+};
+
+use crate::common::{
+    INPUT_CELLS, INPUT_POSITIONS, INPUT_SPAN, INPUT_STATE_SLOTS, INPUT_TAIL_IDS, INPUT_TOKEN_IDS,
+};
+use crate::error::ModelError;
+use crate::ffn::DenseFfn;
+use crate::hparams::HParams;
+use crate::model::ModelDef;
+use crate::weights::{blk, blk_bias, matrix, vector, Weights};
+
+/// The `general.architecture` value.
+pub const ARCH: &str = "qwen35";
+
+/// The recurrent layers' geometry, from the `ssm.*` keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SsmParams {
+    /// Convolution width (`ssm.conv_kernel`).
+    pub d_conv: usize,
+    /// Head size of keys and values (`ssm.state_size`).
+    pub s: usize,
+    /// Key heads (`ssm.group_count`).
+    pub h_k: usize,
+    /// Value heads (`ssm.time_step_rank`); `ssm.inner_size` is `h_v * s`.
+    pub h_v: usize,
+}
+
+impl SsmParams {
+    /// Convolved channels: q and k heads, then v heads.
+    pub fn channels(&self) -> usize {
+        2 * self.h_k * self.s + self.h_v * self.s
+    }
+
+    /// Width of the value heads together.
+    pub fn value_dim(&self) -> usize {
+        self.h_v * self.s
+    }
+}
+
+/// A gated full-attention layer's tensors.
+#[derive(Debug, Clone, PartialEq)]
+struct AttnW {
+    /// Query and gate, interleaved per head: `[n_embd, 2 * n_head * head_dim]`.
+    wq: WeightRef,
+    wk: WeightRef,
+    wv: WeightRef,
+    wo: WeightRef,
+    q_norm: WeightRef,
+    k_norm: WeightRef,
+}
+
+/// A Gated DeltaNet layer's tensors.
+#[derive(Debug, Clone, PartialEq)]
+struct LinearW {
+    qkv: WeightRef,
+    gate: WeightRef,
+    conv: WeightRef,
+    dt_bias: WeightRef,
+    a: WeightRef,
+    beta: WeightRef,
+    alpha: WeightRef,
+    norm: WeightRef,
+    out: WeightRef,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Mixer {
+    Attn(AttnW),
+    Linear(LinearW),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Layer {
+    attn_norm: WeightRef,
+    post_norm: WeightRef,
+    mixer: Mixer,
+    ffn: DenseFfn,
+}
+
+/// A loaded Qwen3.5 model.
+pub struct Qwen35 {
+    hp: HParams,
+    /// Rotated dims per head (`rope.dimension_count`).
+    n_rot: usize,
+    ssm: SsmParams,
+    globals: Weights,
+    layers: Vec<Layer>,
+}
+
+fn u32_key(file: &GgufFile, key: &str) -> Result<usize, ModelError> {
+    let v = file.get_u32(key)? as usize;
+    if v == 0 {
+        return Err(ModelError::BadHparam {
+            key: key.into(),
+            value: "0".into(),
+            reason: "must be positive".into(),
+        });
+    }
+    Ok(v)
+}
+
+fn int_array(file: &GgufFile, key: &str) -> Result<Option<Vec<i64>>, ModelError> {
+    let bad = |reason: &str| ModelError::BadHparam {
+        key: key.into(),
+        value: "array".into(),
+        reason: reason.into(),
+    };
+    match file.get(key) {
+        None => Ok(None),
+        Some(MetaValue::Array(_, items)) => items
+            .iter()
+            .map(|v| match v {
+                MetaValue::I32(x) => Ok(i64::from(*x)),
+                MetaValue::U32(x) => Ok(i64::from(*x)),
+                MetaValue::Bool(x) => Ok(i64::from(*x)),
+                _ => Err(bad("expected integers")),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(_) => Err(bad("expected an array")),
+    }
+}
+
+/// Which layers are recurrent: `attention.recurrent_layers` when present, else every
+/// layer but each `full_attention_interval`-th (default 4), as llama.cpp decides.
+fn recurrent_layers(file: &GgufFile, n_layer: usize) -> Result<Vec<bool>, ModelError> {
+    let key = format!("{ARCH}.attention.recurrent_layers");
+    if let Some(v) = int_array(file, &key)? {
+        if v.len() < n_layer {
+            return Err(ModelError::BadHparam {
+                key,
+                value: format!("{} entries", v.len()),
+                reason: format!("needs one per layer ({n_layer})"),
+            });
+        }
+        return Ok(v[..n_layer].iter().map(|&x| x != 0).collect());
+    }
+    let ikey = format!("{ARCH}.full_attention_interval");
+    let interval = match file.get(&ikey) {
+        None => 4,
+        Some(_) => u32_key(file, &ikey)?,
+    };
+    Ok((0..n_layer)
+        .map(|i| !(i + 1).is_multiple_of(interval))
+        .collect())
+}
+
+/// Checks that the interleaved multi-section rope covers every rotated pair with one of
+/// its three text sections (then it equals the normal-layout rope over `n_rot` dims).
+fn check_sections(file: &GgufFile, n_rot: usize) -> Result<(), ModelError> {
+    let key = format!("{ARCH}.rope.dimension_sections");
+    let Some(s) = int_array(file, &key)? else {
+        return Ok(());
+    };
+    let bad = |reason: String| ModelError::BadHparam {
+        key: key.clone(),
+        value: format!("{s:?}"),
+        reason,
+    };
+    if s.len() < 3 || s.iter().any(|&x| x < 0) {
+        return Err(bad("expected at least three non-negative sections".into()));
+    }
+    let total: i64 = s.iter().take(4).sum();
+    if total <= 0 {
+        return Err(bad("the sections are empty".into()));
+    }
+    for i in 0..n_rot / 2 {
+        let sector = (i as i64) % total;
+        let covered = (0..3).any(|k| sector % 3 == k && sector < 3 * s[k as usize]);
+        if !covered {
+            return Err(bad(format!(
+                "rotated pair {i} falls in no text section (its angle would come from the \
+                 fourth position, which this graph has no term for)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Reads and validates a Qwen3.5 model's hyperparameters and tensors.
+pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
+    let hp = HParams::read(file, ARCH, RopeStyle::NonInterleaved)?;
+    let hd = hp.head_dim;
+    let rot_key = format!("{ARCH}.rope.dimension_count");
+    let n_rot = match file.get(&rot_key) {
+        None => hd,
+        Some(_) => u32_key(file, &rot_key)?,
+    };
+    if n_rot > hd || !n_rot.is_multiple_of(2) {
+        return Err(ModelError::BadHparam {
+            key: rot_key,
+            value: n_rot.to_string(),
+            reason: format!("must be even and at most the head dimension {hd}"),
+        });
+    }
+    check_sections(file, n_rot)?;
+    let key = |k: &str| format!("{ARCH}.ssm.{k}");
+    let ssm = SsmParams {
+        d_conv: u32_key(file, &key("conv_kernel"))?,
+        s: u32_key(file, &key("state_size"))?,
+        h_k: u32_key(file, &key("group_count"))?,
+        h_v: u32_key(file, &key("time_step_rank"))?,
+    };
+    let inner = u32_key(file, &key("inner_size"))?;
+    if inner != ssm.value_dim() || !ssm.h_v.is_multiple_of(ssm.h_k) {
+        return Err(ModelError::BadHparam {
+            key: key("inner_size"),
+            value: inner.to_string(),
+            reason: format!(
+                "must be time_step_rank x state_size = {} with time_step_rank a multiple of \
+                 group_count {}",
+                ssm.value_dim(),
+                ssm.h_k
+            ),
+        });
+    }
+    let recurrent = recurrent_layers(file, hp.n_layer)?;
+    let (tok_embd, output_norm, output, tied) = Weights::globals(file, hp.n_embd, hp.n_vocab)?;
+    let ne = hp.n_embd;
+    let mut layers = Vec::with_capacity(hp.n_layer);
+    for (il, &rec) in recurrent.iter().enumerate() {
+        let attn_norm = vector(file, &blk(il, "attn_norm"), ne)?;
+        let mixer = if rec {
+            let (c, vd) = (ssm.channels(), ssm.value_dim());
+            let conv = matrix(file, &blk(il, "ssm_conv1d"), ssm.d_conv, c)?;
+            let f32_only = |w: &WeightRef| {
+                if w.wtype.0 != GgmlType::F32.id() {
+                    return Err(ModelError::UnsupportedTensor {
+                        name: w.name.clone(),
+                        reason: "the convolution weight is read as plain floats and must be F32"
+                            .into(),
+                    });
+                }
+                Ok(())
+            };
+            f32_only(&conv)?;
+            let a_name = format!("blk.{il}.ssm_a");
+            Mixer::Linear(LinearW {
+                qkv: matrix(file, &blk(il, "attn_qkv"), ne, c)?,
+                gate: matrix(file, &blk(il, "attn_gate"), ne, vd)?,
+                conv,
+                dt_bias: vector(file, &blk_bias(il, "ssm_dt"), ssm.h_v)?,
+                a: vector(file, &a_name, ssm.h_v)?,
+                beta: matrix(file, &blk(il, "ssm_beta"), ne, ssm.h_v)?,
+                alpha: matrix(file, &blk(il, "ssm_alpha"), ne, ssm.h_v)?,
+                norm: vector(file, &blk(il, "ssm_norm"), ssm.s)?,
+                out: matrix(file, &blk(il, "ssm_out"), vd, ne)?,
+            })
+        } else {
+            Mixer::Attn(AttnW {
+                wq: matrix(file, &blk(il, "attn_q"), ne, 2 * hp.n_q_embd())?,
+                wk: matrix(file, &blk(il, "attn_k"), ne, hp.n_kv_embd())?,
+                wv: matrix(file, &blk(il, "attn_v"), ne, hp.n_kv_embd())?,
+                wo: matrix(file, &blk(il, "attn_output"), hp.n_q_embd(), ne)?,
+                q_norm: vector(file, &blk(il, "attn_q_norm"), hd)?,
+                k_norm: vector(file, &blk(il, "attn_k_norm"), hd)?,
+            })
+        };
+        layers.push(Layer {
+            attn_norm,
+            post_norm: vector(file, &blk(il, "post_attention_norm"), ne)?,
+            mixer,
+            ffn: DenseFfn::read(file, il, "", ne, hp.n_ff)?,
+        });
+    }
+    let globals = Weights {
+        tok_embd,
+        output_norm,
+        output,
+        tied,
+        rope_freqs: None,
+        layers: Vec::new(),
+    };
+    Ok(Box::new(Qwen35 {
+        hp,
+        n_rot,
+        ssm,
+        globals,
+        layers,
+    }))
+}
+
+/// What every layer's block reads.
+struct Cx<'a> {
+    il: usize,
+    pos: NodeId,
+    cells: NodeId,
+    span: Option<NodeId>,
+    slots: NodeId,
+    p: &'a GraphParams,
+}
+
+impl Cx<'_> {
+    fn name(&self, n: &str) -> String {
+        format!("{n}-{}", self.il)
+    }
+}
+
+impl Qwen35 {
+    fn matmul(
+        &self,
+        b: &mut GraphBuilder,
+        cx: &Cx<'_>,
+        name: &str,
+        x: NodeId,
+        w: &WeightRef,
+    ) -> NodeId {
+        let id = b.matmul(x, w, None);
+        b.set_name(id, &cx.name(name));
+        id
+    }
+
+    fn rope_meta(&self, n_head: usize) -> RoPEMeta {
+        RoPEMeta {
+            n_dims: self.n_rot,
+            freq_base: self.hp.rope_freq_base,
+            freq_scale: self.hp.rope_freq_scale,
+            n_head,
+            hd: self.hp.head_dim,
+            style: RopeStyle::NonInterleaved,
+            freq_factors: None,
+        }
+    }
+
+    /// The gated full-attention block, from the normed input to `attn_output`.
+    fn attn_block(&self, b: &mut GraphBuilder, cx: &Cx<'_>, x: NodeId, w: &AttnW) -> NodeId {
+        let hp = &self.hp;
+        let hd = hp.head_dim;
+        let n_ctx = cx.p.cparams.n_ctx;
+        let qg = self.matmul(b, cx, "Qcur_full", x, &w.wq);
+        let q = b.slice(qg, 2 * hd, 0, hd);
+        b.set_name(q, &cx.name("Qcur"));
+        let gate = b.slice(qg, 2 * hd, hd, hd);
+        b.set_name(gate, &cx.name("gate"));
+        let k = self.matmul(b, cx, "Kcur", x, &w.wk);
+        let v = self.matmul(b, cx, "Vcur", x, &w.wv);
+        let q = b.qk_norm(q, Some(&w.q_norm), hd, hp.n_head, hp.rms_eps);
+        b.set_name(q, &cx.name("Qcur_normed"));
+        let k = b.qk_norm(k, Some(&w.k_norm), hd, hp.n_head_kv, hp.rms_eps);
+        b.set_name(k, &cx.name("Kcur_normed"));
+        let q = b.rope(
+            q,
+            cx.pos,
+            RopeStyle::NonInterleaved,
+            self.rope_meta(hp.n_head),
+        );
+        b.set_name(q, &cx.name("Qcur_rope"));
+        let k = b.rope(
+            k,
+            cx.pos,
+            RopeStyle::NonInterleaved,
+            self.rope_meta(hp.n_head_kv),
+        );
+        b.set_name(k, &cx.name("Kcur_rope"));
+        let st = b.kvcache_store(cx.il, k, v, cx.cells, n_ctx, None);
+        b.set_name(st, &cx.name("kv_store"));
+        let kv = b.kvcache_load(cx.il, hp.n_kv_embd(), n_ctx, hp.n_head_kv, None);
+        b.set_name(kv, &cx.name("kv_load"));
+        let meta = AttnMeta {
+            layer: cx.il,
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            n_ctx,
+            window: None,
+            softcap: None,
+            ring: None,
+        };
+        let mode = if cx.p.cparams.flash_attn {
+            AttnMode::Flash
+        } else {
+            AttnMode::Gqa
+        };
+        let a = b.attn(q, kv, cx.pos, cx.span, mode, meta);
+        b.set_name(a, &cx.name("attn_pregate"));
+        let a = b.sigmoid_gate(a, gate);
+        b.set_name(a, &cx.name("attn_gated"));
+        self.matmul(b, cx, "attn_output", a, &w.wo)
+    }
+
+    /// The Gated DeltaNet block, from the normed input to `ssm_out`.
+    fn linear_block(&self, b: &mut GraphBuilder, cx: &Cx<'_>, x: NodeId, w: &LinearW) -> NodeId {
+        let ssm = &self.ssm;
+        let meta = RecurrentMeta {
+            layer: cx.il,
+            slots: cx.p.cparams.state_slots.max(1),
+            d_conv: ssm.d_conv,
+            channels: ssm.channels(),
+            s_k: ssm.s,
+            h_k: ssm.h_k,
+            s_v: ssm.s,
+            h_v: ssm.h_v,
+            conv_weight: w.conv.name.clone(),
+            a_weight: w.a.name.clone(),
+            eps: self.hp.rms_eps,
+        };
+        let qkv = self.matmul(b, cx, "linear_attn_qkv_mixed", x, &w.qkv);
+        let z = self.matmul(b, cx, "z", x, &w.gate);
+        let beta = self.matmul(b, cx, "beta", x, &w.beta);
+        let alpha = b.matmul(x, &w.alpha, Some(&w.dt_bias));
+        b.set_name(alpha, &cx.name("alpha_biased"));
+        let conv = b.ssm_conv(qkv, cx.pos, cx.slots, meta.clone());
+        b.set_name(conv, &cx.name("conv_output_raw"));
+        let conv = b.silu(conv);
+        b.set_name(conv, &cx.name("conv_output_silu"));
+        let o = b.delta_net(conv, alpha, beta, cx.pos, cx.slots, meta);
+        b.set_name(o, &cx.name("attn_output_delta"));
+        let o = b.qk_norm(o, Some(&w.norm), ssm.s, ssm.h_v, self.hp.rms_eps);
+        b.set_name(o, &cx.name("attn_out_norm"));
+        // norm(o) * silu(z): the SwiGLU form with z as the gate.
+        let g = b.swiglu(z, o);
+        b.set_name(g, &cx.name("final_output"));
+        self.matmul(b, cx, "linear_attn_out", g, &w.out)
+    }
+}
+
+impl ModelDef for Qwen35 {
+    fn arch(&self) -> &'static str {
+        ARCH
+    }
+
+    fn hparams(&self) -> &HParams {
+        &self.hp
+    }
+
+    fn build_graph(&self, p: &GraphParams) -> ComputeGraph {
+        debug_assert!(
+            crate::params::check(p).is_ok(),
+            "invalid graph params {p:?}"
+        );
+        let hp = &self.hp;
+        let nt = p.n_tokens.max(1);
+        let n_out = p.n_out.clamp(1, nt);
+        let cp = &p.cparams;
+        let mut b = GraphBuilder::new();
+        let ids = b.input(INPUT_TOKEN_IDS, [nt, 1, 1, 1], DType::I32);
+        let pos = b.input(INPUT_POSITIONS, [nt, 1, 1, 1], DType::I32);
+        let tail = (n_out < nt).then(|| b.input(INPUT_TAIL_IDS, [n_out, 1, 1, 1], DType::I32));
+        let span = cp
+            .explicit_span
+            .then(|| b.input(INPUT_SPAN, [2, nt, 1, 1], DType::I32));
+        let cells = cp
+            .explicit_span
+            .then(|| b.input(INPUT_CELLS, [nt, 1, 1, 1], DType::I32));
+        let slots = b.input(INPUT_STATE_SLOTS, [nt, 1, 1, 1], DType::I32);
+        let mut h = b.embedding(ids, &self.globals.tok_embd);
+        b.set_name(h, "inp_embd");
+        for (il, lw) in self.layers.iter().enumerate() {
+            let cx = Cx {
+                il,
+                pos,
+                cells: cells.unwrap_or(pos),
+                span,
+                slots,
+                p,
+            };
+            let normed = b.rms_norm(h, Some(&lw.attn_norm), hp.rms_eps);
+            b.set_name(normed, &cx.name("attn_norm"));
+            let mixed = match &lw.mixer {
+                Mixer::Attn(w) => self.attn_block(&mut b, &cx, normed, w),
+                Mixer::Linear(w) => self.linear_block(&mut b, &cx, normed, w),
+            };
+            // From the last layer's residual on, only the n_out tail rows are computed.
+            let last = il + 1 == self.layers.len();
+            let (res, cur) = match tail.filter(|_| last) {
+                Some(t) => {
+                    let shape = [hp.n_embd, n_out, 1, 1];
+                    let cur = b.get_rows(mixed, t, shape);
+                    let res = b.get_rows(h, t, shape);
+                    (res, cur)
+                }
+                None => (h, mixed),
+            };
+            h = b.add(res, cur);
+            b.set_name(h, &cx.name("attn_residual"));
+            let normed = b.rms_norm(h, Some(&lw.post_norm), hp.rms_eps);
+            b.set_name(normed, &cx.name("attn_post_norm"));
+            let g = self.matmul(&mut b, &cx, "ffn_gate", normed, &lw.ffn.gate);
+            let u = self.matmul(&mut b, &cx, "ffn_up", normed, &lw.ffn.up);
+            let s = b.silu(g);
+            b.set_name(s, &cx.name("ffn_silu"));
+            let m = b.mul(s, u);
+            b.set_name(m, &cx.name("ffn_gate_par"));
+            let down = self.matmul(&mut b, &cx, "ffn_out", m, &lw.ffn.down);
+            h = b.add(h, down);
+            b.set_name(h, &cx.name("l_out"));
+        }
+        let normed = b.rms_norm(h, Some(&self.globals.output_norm), hp.rms_eps);
+        b.set_name(normed, "result_norm");
+        if cp.embeddings {
+            b.output(normed);
+            return b.build();
+        }
+        let logits = b.matmul(normed, &self.globals.output, None);
+        b.set_name(logits, "result_output");
+        b.output(logits);
+        b.build()
+    }
+
+    fn weights(&self) -> Vec<WeightRef> {
+        let g = &self.globals;
+        let mut v = vec![g.tok_embd.clone()];
+        for l in &self.layers {
+            v.push(l.attn_norm.clone());
+            match &l.mixer {
+                Mixer::Attn(w) => v.extend(
+                    [&w.wq, &w.wk, &w.wv, &w.wo, &w.q_norm, &w.k_norm]
+                        .into_iter()
+                        .cloned(),
+                ),
+                Mixer::Linear(w) => v.extend(
+                    [
+                        &w.qkv, &w.gate, &w.conv, &w.dt_bias, &w.a, &w.beta, &w.alpha, &w.norm,
+                        &w.out,
+                    ]
+                    .into_iter()
+                    .cloned(),
+                ),
+            }
+            v.push(l.post_norm.clone());
+            v.extend([&l.ffn.gate, &l.ffn.up, &l.ffn.down].into_iter().cloned());
+        }
+        v.push(g.output_norm.clone());
+        if !g.tied {
+            v.push(g.output.clone());
+        }
+        v
+    }
+
+    fn tied_output(&self) -> bool {
+        self.globals.tied
+    }
+
+    fn recurrent_layers(&self) -> Vec<bool> {
+        self.layers
+            .iter()
+            .map(|l| matches!(l.mixer, Mixer::Linear(_)))
+            .collect()
+    }
+}
