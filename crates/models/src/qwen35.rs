@@ -30,9 +30,10 @@ use crate::common::{
 };
 use crate::error::ModelError;
 use crate::ffn::DenseFfn;
-use crate::hparams::HParams;
+use crate::hparams::{HParams, MoeParams};
 use crate::model::ModelDef;
-use crate::weights::{blk, blk_bias, matrix, vector, Weights};
+use crate::moe::MoeFfn;
+use crate::weights::{blk, blk_bias, matrix, vector, Ffn, Weights};
 
 /// The `general.architecture` value.
 pub const ARCH: &str = "qwen35";
@@ -99,11 +100,12 @@ struct Layer {
     attn_norm: WeightRef,
     post_norm: WeightRef,
     mixer: Mixer,
-    ffn: DenseFfn,
+    ffn: Ffn,
 }
 
-/// A loaded Qwen3.5 model.
+/// A loaded Qwen3.5 (or Qwen3.5-MoE) model.
 pub struct Qwen35 {
+    arch: &'static str,
     hp: HParams,
     /// Rotated dims per head (`rope.dimension_count`).
     n_rot: usize,
@@ -148,8 +150,8 @@ fn int_array(file: &GgufFile, key: &str) -> Result<Option<Vec<i64>>, ModelError>
 
 /// Which layers are recurrent: `attention.recurrent_layers` when present, else every
 /// layer but each `full_attention_interval`-th (default 4), as llama.cpp decides.
-fn recurrent_layers(file: &GgufFile, n_layer: usize) -> Result<Vec<bool>, ModelError> {
-    let key = format!("{ARCH}.attention.recurrent_layers");
+fn recurrent_layers(file: &GgufFile, arch: &str, n_layer: usize) -> Result<Vec<bool>, ModelError> {
+    let key = format!("{arch}.attention.recurrent_layers");
     if let Some(v) = int_array(file, &key)? {
         if v.len() < n_layer {
             return Err(ModelError::BadHparam {
@@ -160,7 +162,7 @@ fn recurrent_layers(file: &GgufFile, n_layer: usize) -> Result<Vec<bool>, ModelE
         }
         return Ok(v[..n_layer].iter().map(|&x| x != 0).collect());
     }
-    let ikey = format!("{ARCH}.full_attention_interval");
+    let ikey = format!("{arch}.full_attention_interval");
     let interval = match file.get(&ikey) {
         None => 4,
         Some(_) => u32_key(file, &ikey)?,
@@ -172,8 +174,8 @@ fn recurrent_layers(file: &GgufFile, n_layer: usize) -> Result<Vec<bool>, ModelE
 
 /// Checks that the interleaved multi-section rope covers every rotated pair with one of
 /// its three text sections (then it equals the normal-layout rope over `n_rot` dims).
-fn check_sections(file: &GgufFile, n_rot: usize) -> Result<(), ModelError> {
-    let key = format!("{ARCH}.rope.dimension_sections");
+fn check_sections(file: &GgufFile, arch: &str, n_rot: usize) -> Result<(), ModelError> {
+    let key = format!("{arch}.rope.dimension_sections");
     let Some(s) = int_array(file, &key)? else {
         return Ok(());
     };
@@ -204,9 +206,54 @@ fn check_sections(file: &GgufFile, n_rot: usize) -> Result<(), ModelError> {
 
 /// Reads and validates a Qwen3.5 model's hyperparameters and tensors.
 pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
-    let hp = HParams::read(file, ARCH, RopeStyle::NonInterleaved)?;
+    load_hybrid(file, ARCH, false)
+}
+
+/// The FFN of layer `il`: a SwiGLU FFN, or (`moe`) routed experts with renormalised
+/// gate values and the optional shared expert, as llama.cpp builds Qwen3.5-MoE's.
+fn read_ffn(
+    file: &GgufFile,
+    il: usize,
+    hp: &HParams,
+    moe: Option<&MoeParams>,
+) -> Result<Ffn, ModelError> {
+    match moe {
+        None => Ok(Ffn::Dense(DenseFfn::read(
+            file, il, "", hp.n_embd, hp.n_ff,
+        )?)),
+        Some(m) => {
+            let shared = file.tensor(&blk(il, "ffn_up_shexp")).is_some();
+            let f = MoeFfn::read(file, il, hp, m, true, shared)?;
+            Ok(Ffn::Moe(Box::new(f)))
+        }
+    }
+}
+
+/// Reads a hybrid model of `arch` (`qwen35`, or with routed experts `qwen35moe`).
+pub(crate) fn load_hybrid(
+    file: &GgufFile,
+    arch: &'static str,
+    moe: bool,
+) -> Result<Box<dyn ModelDef>, ModelError> {
+    let mut hp = HParams::read(file, arch, RopeStyle::NonInterleaved)?;
+    let moe = if moe {
+        let scale_key = format!("{arch}.expert_weights_scale");
+        if file.get(&scale_key).is_some() {
+            let v = file.get_f32(&scale_key)?;
+            if v != 1.0 && v != 0.0 {
+                return Err(ModelError::BadHparam {
+                    key: scale_key,
+                    value: format!("{v:?}"),
+                    reason: "the expert weights have no scale term in this graph".into(),
+                });
+            }
+        }
+        Some(MoeParams::read(file, arch, &hp)?)
+    } else {
+        None
+    };
     let hd = hp.head_dim;
-    let rot_key = format!("{ARCH}.rope.dimension_count");
+    let rot_key = format!("{arch}.rope.dimension_count");
     let n_rot = match file.get(&rot_key) {
         None => hd,
         Some(_) => u32_key(file, &rot_key)?,
@@ -218,8 +265,8 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
             reason: format!("must be even and at most the head dimension {hd}"),
         });
     }
-    check_sections(file, n_rot)?;
-    let key = |k: &str| format!("{ARCH}.ssm.{k}");
+    check_sections(file, arch, n_rot)?;
+    let key = |k: &str| format!("{arch}.ssm.{k}");
     let ssm = SsmParams {
         d_conv: u32_key(file, &key("conv_kernel"))?,
         s: u32_key(file, &key("state_size"))?,
@@ -239,7 +286,7 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
             ),
         });
     }
-    let recurrent = recurrent_layers(file, hp.n_layer)?;
+    let recurrent = recurrent_layers(file, arch, hp.n_layer)?;
     let (tok_embd, output_norm, output, tied) = Weights::globals(file, hp.n_embd, hp.n_vocab)?;
     let ne = hp.n_embd;
     let mut layers = Vec::with_capacity(hp.n_layer);
@@ -285,7 +332,7 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
             attn_norm,
             post_norm: vector(file, &blk(il, "post_attention_norm"), ne)?,
             mixer,
-            ffn: DenseFfn::read(file, il, "", ne, hp.n_ff)?,
+            ffn: read_ffn(file, il, &hp, moe.as_ref())?,
         });
     }
     let globals = Weights {
@@ -296,7 +343,9 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
         rope_freqs: None,
         layers: Vec::new(),
     };
+    hp.moe = moe;
     Ok(Box::new(Qwen35 {
+        arch,
         hp,
         n_rot,
         ssm,
@@ -442,7 +491,7 @@ impl Qwen35 {
 
 impl ModelDef for Qwen35 {
     fn arch(&self) -> &'static str {
-        ARCH
+        self.arch
     }
 
     fn hparams(&self) -> &HParams {
@@ -501,13 +550,18 @@ impl ModelDef for Qwen35 {
             b.set_name(h, &cx.name("attn_residual"));
             let normed = b.rms_norm(h, Some(&lw.post_norm), hp.rms_eps);
             b.set_name(normed, &cx.name("attn_post_norm"));
-            let g = self.matmul(&mut b, &cx, "ffn_gate", normed, &lw.ffn.gate);
-            let u = self.matmul(&mut b, &cx, "ffn_up", normed, &lw.ffn.up);
-            let s = b.silu(g);
-            b.set_name(s, &cx.name("ffn_silu"));
-            let m = b.mul(s, u);
-            b.set_name(m, &cx.name("ffn_gate_par"));
-            let down = self.matmul(&mut b, &cx, "ffn_out", m, &lw.ffn.down);
+            let down = match &lw.ffn {
+                Ffn::Dense(d) => {
+                    let g = self.matmul(&mut b, &cx, "ffn_gate", normed, &d.gate);
+                    let u = self.matmul(&mut b, &cx, "ffn_up", normed, &d.up);
+                    let s = b.silu(g);
+                    b.set_name(s, &cx.name("ffn_silu"));
+                    let m = b.mul(s, u);
+                    b.set_name(m, &cx.name("ffn_gate_par"));
+                    self.matmul(&mut b, &cx, "ffn_out", m, &d.down)
+                }
+                Ffn::Moe(m) => crate::moe::build_ffn(&mut b, il, normed, m),
+            };
             h = b.add(h, down);
             b.set_name(h, &cx.name("l_out"));
         }
@@ -544,7 +598,7 @@ impl ModelDef for Qwen35 {
                 ),
             }
             v.push(l.post_norm.clone());
-            v.extend([&l.ffn.gate, &l.ffn.up, &l.ffn.down].into_iter().cloned());
+            v.extend(l.ffn.all().into_iter().cloned());
         }
         v.push(g.output_norm.clone());
         if !g.tied {
@@ -555,6 +609,18 @@ impl ModelDef for Qwen35 {
 
     fn tied_output(&self) -> bool {
         self.globals.tied
+    }
+
+    fn active_params(&self) -> u64 {
+        let n = |w: &WeightRef| (w.shape[0] * w.shape[1]) as u64;
+        let mut total: u64 = self.weights().iter().map(n).sum();
+        for l in &self.layers {
+            if let Ffn::Moe(m) = &l.ffn {
+                total -= m.all().into_iter().map(n).sum::<u64>();
+                total += m.active_params();
+            }
+        }
+        total
     }
 
     fn recurrent_layers(&self) -> Vec<bool> {

@@ -54,8 +54,8 @@ pub const TINY_GEMMA2_FINAL_CAP: f32 = 8.0;
 /// Geometry, storage type and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TinySpec {
-    /// `"qwen2"`, `"qwen3"`, `"qwen2moe"`, `"qwen3moe"`, `"qwen35"`, `"llama"`,
-    /// `"gemma2"` or `"gemma3"`.
+    /// `"qwen2"`, `"qwen3"`, `"qwen2moe"`, `"qwen3moe"`, `"qwen35"`, `"qwen35moe"`,
+    /// `"llama"`, `"gemma2"` or `"gemma3"`.
     pub arch: &'static str,
     /// Blocks.
     pub n_layer: usize,
@@ -83,9 +83,10 @@ pub struct TinySpec {
     /// `attention.sliding_window` (Gemma only; the layer pattern is llama.cpp's default
     /// for the architecture).
     pub sliding_window: Option<usize>,
-    /// Routed experts (`qwen2moe`, `qwen3moe` only; their FFN is the experts).
+    /// Routed experts (`qwen2moe`, `qwen3moe`, `qwen35moe` only; their FFN is the
+    /// experts).
     pub moe: Option<TinyMoe>,
-    /// Gated DeltaNet layers (`qwen35` only).
+    /// Gated DeltaNet layers (`qwen35`, `qwen35moe` only).
     pub ssm: Option<TinySsm>,
     /// PRNG seed.
     pub seed: u64,
@@ -313,6 +314,21 @@ impl TinySpec {
         }
     }
 
+    /// A small Qwen3.5-MoE: Qwen3.5's geometry with 4 experts of width 32 (2 used per
+    /// token) and a shared expert of width 64 in every layer.
+    pub fn qwen35moe(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "qwen35moe",
+            moe: Some(TinyMoe {
+                n_expert: 4,
+                n_expert_used: 2,
+                n_ff_exp: 32,
+                n_ff_shexp: 64,
+            }),
+            ..Self::qwen35(wtype, seed)
+        }
+    }
+
     /// A small Gemma 2: 4 layers (local and global alternating), width 64, 4 heads of
     /// 32 (decoupled from 64/4) over 2 KV heads, a window of 4 rows (shorter than the
     /// test prompt), tied head.
@@ -515,6 +531,10 @@ pub fn golden_models() -> Vec<(&'static str, TinySpec)> {
             TinySpec::qwen2moe_kquant(GgmlType::Q4K, QWEN2MOE_SEED),
         ),
         ("qwen35-f32", TinySpec::qwen35(GgmlType::F32, QWEN35_SEED)),
+        (
+            "qwen35moe-f32",
+            TinySpec::qwen35moe(GgmlType::F32, QWEN35_SEED),
+        ),
     ]
 }
 
@@ -699,9 +719,14 @@ fn hybrid_layer(
         vec(w, rng, &blk(il, "attn_q_norm"), spec.head_dim, 1.0)?;
         vec(w, rng, &blk(il, "attn_k_norm"), spec.head_dim, 1.0)?;
     }
-    mat(w, rng, &blk(il, "ffn_gate"), ne, nf)?;
-    mat(w, rng, &blk(il, "ffn_up"), ne, nf)?;
-    mat(w, rng, &blk(il, "ffn_down"), nf, ne)?;
+    match &spec.moe {
+        None => {
+            mat(w, rng, &blk(il, "ffn_gate"), ne, nf)?;
+            mat(w, rng, &blk(il, "ffn_up"), ne, nf)?;
+            mat(w, rng, &blk(il, "ffn_down"), nf, ne)?;
+        }
+        Some(m) => moe_tensors(w, rng, spec, m, il)?,
+    }
     vec(w, rng, &blk(il, "attn_norm"), ne, 1.0)?;
     vec(w, rng, &blk(il, "post_attention_norm"), ne, 1.0)?;
     Ok(())
@@ -729,7 +754,7 @@ fn moe_tensors(
         let v = rng.normal_vec((i * o * nx) as usize, 1.0 / (i as f64).sqrt());
         w.add_tensor_f32(&blk(il, name), &[i, o, nx], spec.wtype, &v)?;
     }
-    if spec.arch == "qwen2moe" {
+    if matches!(spec.arch, "qwen2moe" | "qwen35moe") {
         let ns = m.n_ff_shexp as u64;
         let g = rng.normal_vec(spec.n_embd, 1.0 / (ne as f64).sqrt());
         w.add_tensor_f32(&blk(il, "ffn_gate_inp_shexp"), &[ne], GgmlType::F32, &g)?;
@@ -783,7 +808,7 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
             ("expert_used_count", m.n_expert_used),
             ("expert_feed_forward_length", m.n_ff_exp),
         ];
-        if a == "qwen2moe" {
+        if matches!(a, "qwen2moe" | "qwen35moe") {
             keys.push(("expert_shared_feed_forward_length", m.n_ff_shexp));
         }
         for (name, v) in keys {
@@ -814,7 +839,7 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
             ),
         );
     }
-    if matches!(a, "qwen3" | "qwen3moe" | "qwen35") || a.starts_with("gemma") {
+    if matches!(a, "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe") || a.starts_with("gemma") {
         for name in ["attention.key_length", "attention.value_length"] {
             let key = format!("{a}.{name}");
             let v = u32_of(&key, spec.head_dim)?;

@@ -112,11 +112,21 @@ fn unsupported_architectures_are_refused_with_the_supported_list() {
     );
     assert_eq!(
         err(&f),
-        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, qwen35, llama, gemma2, gemma3"
+        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, qwen35, qwen35moe, llama, gemma2, gemma3"
     );
     assert_eq!(
         supported_architectures(),
-        ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "qwen35", "llama", "gemma2", "gemma3"]
+        [
+            "qwen2",
+            "qwen3",
+            "qwen2moe",
+            "qwen3moe",
+            "qwen35",
+            "qwen35moe",
+            "llama",
+            "gemma2",
+            "gemma3",
+        ]
     );
     let f = with_meta(&q2(), "general.architecture", None);
     assert!(err(&f).contains("`general.architecture`"), "{}", err(&f));
