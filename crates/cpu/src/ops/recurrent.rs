@@ -262,3 +262,128 @@ pub fn delta_net(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minfer_testkit::Rng;
+
+    fn meta(slots: usize) -> RecurrentMeta {
+        RecurrentMeta {
+            layer: 0,
+            slots,
+            d_conv: 4,
+            channels: 2 * 2 * 32 + 8 * 32,
+            s_k: 32,
+            h_k: 2,
+            s_v: 32,
+            h_v: 8,
+            conv_weight: String::new(),
+            a_weight: String::new(),
+            eps: 1e-6,
+        }
+    }
+
+    /// Runs the conv then the delta rule over `toks` on `nth` threads; returns the
+    /// outputs and the states.
+    fn run(nth: usize, toks: &[(bool, usize)]) -> [Vec<f32>; 4] {
+        let m = meta(2);
+        let nt = toks.len();
+        let mut r = Rng::new(41);
+        let x = r.vec(m.channels * nt, 1.0);
+        let w = r.vec(m.channels * m.d_conv, 0.5);
+        let alpha = r.vec(m.h_v * nt, 1.0);
+        let beta = r.vec(m.h_v * nt, 1.0);
+        let a: Vec<f32> = (0..m.h_v).map(|h| -0.1 - 0.2 * h as f32).collect();
+        let pool = ThreadPool::new(nth);
+        let mut conv_state = r.vec(m.conv_slot() * m.slots, 1.0);
+        let mut conv = vec![0.0; m.channels * nt];
+        ssm_conv(&pool, &m, &x, toks, &mut conv_state, &w, &mut conv).unwrap();
+        let mut state = r.vec(m.ssm_slot() * m.slots, 0.1);
+        let mut out = vec![0.0; m.h_v * m.s_v * nt];
+        let args = DeltaArgs {
+            meta: &m,
+            qkv: &conv,
+            alpha: &alpha,
+            beta: &beta,
+            a: &a,
+            toks,
+        };
+        delta_net(&pool, VecIsa::detect(), &args, &mut state, &mut out).unwrap();
+        [conv, conv_state, out, state]
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        // Two interleaved sequences, the second starting fresh mid-batch.
+        // 24 tokens: enough work for both kernels to split it across threads.
+        let toks: Vec<(bool, usize)> = (0..24).map(|t| (t == 5, t % 2)).collect();
+        let one = run(1, &toks);
+        for nth in [2, 3, 4] {
+            assert_eq!(run(nth, &toks), one, "{nth} threads");
+        }
+    }
+
+    #[test]
+    fn a_fresh_token_ignores_the_state_and_others_carry_it() {
+        let fresh = run(1, &[(true, 0)]);
+        let carried = run(1, &[(false, 0)]);
+        assert_ne!(fresh[2], carried[2], "the state was not read");
+        // Two steps of one token equal one step of two.
+        let m = meta(1);
+        let pool = ThreadPool::new(1);
+        let mut r = Rng::new(7);
+        let x = r.vec(m.channels * 2, 1.0);
+        let w = r.vec(m.channels * m.d_conv, 0.5);
+        let (mut s1, mut s2) = (vec![0.0; m.conv_slot()], vec![0.0; m.conv_slot()]);
+        let mut both = vec![0.0; m.channels * 2];
+        ssm_conv(
+            &pool,
+            &m,
+            &x,
+            &[(true, 0), (false, 0)],
+            &mut s1,
+            &w,
+            &mut both,
+        )
+        .unwrap();
+        let mut step = vec![0.0; m.channels];
+        ssm_conv(
+            &pool,
+            &m,
+            &x[..m.channels],
+            &[(true, 0)],
+            &mut s2,
+            &w,
+            &mut step,
+        )
+        .unwrap();
+        assert_eq!(step, both[..m.channels]);
+        ssm_conv(
+            &pool,
+            &m,
+            &x[m.channels..],
+            &[(false, 0)],
+            &mut s2,
+            &w,
+            &mut step,
+        )
+        .unwrap();
+        assert_eq!(step, both[m.channels..]);
+        assert_eq!(s1, s2);
+    }
+
+    #[test]
+    fn bad_slots_and_shapes_are_refused() {
+        let m = meta(2);
+        let mut toks = Vec::new();
+        let bits = |v: i32| f32::from_bits(v as u32);
+        let e = token_slots(&m, &[bits(0)], &[bits(2)], 1, &mut toks).unwrap_err();
+        assert!(e.contains("slot 2 outside 0..2"), "{e}");
+        let e = token_slots(&m, &[bits(0)], &[bits(-1)], 1, &mut toks).unwrap_err();
+        assert!(e.contains("slot -1"), "{e}");
+        let pool = ThreadPool::new(1);
+        let e = ssm_conv(&pool, &m, &[0.0; 3], &[(true, 0)], &mut [], &[], &mut []).unwrap_err();
+        assert!(e.contains("inputs"), "{e}");
+    }
+}
