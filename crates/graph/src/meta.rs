@@ -63,7 +63,8 @@ pub struct RecurrentMeta {
     pub channels: usize,
     /// Key head size.
     pub s_k: usize,
-    /// Key heads (value head `h` reads key head `h % h_k`, as ggml's repeat).
+    /// Key heads (value head `h` reads key head `h % h_k`, as ggml's repeat, or
+    /// `h / (h_v / h_k)` with [`Self::grouped`]).
     pub h_k: usize,
     /// Value head size (equal to `s_k`).
     pub s_v: usize,
@@ -73,6 +74,15 @@ pub struct RecurrentMeta {
     pub conv_weight: String,
     /// The per-value-head decay factor `a` (`-exp(A_log)`, ggml's `ssm_a`; DeltaNet).
     pub a_weight: String,
+    /// A per-value-head bias DeltaNet adds to `alpha` before the softplus (`ssm_dt`,
+    /// where the projection cannot carry it: Qwen3-Next's joint beta/alpha); `None`
+    /// when `alpha` arrives biased.
+    #[serde(default)]
+    pub dt_bias: Option<String>,
+    /// Value heads share key heads in consecutive groups (`h / (h_v / h_k)`, Qwen3-Next's
+    /// repeat-interleave) rather than in turn (`h % h_k`).
+    #[serde(default)]
+    pub grouped: bool,
     /// Epsilon of the q/k L2 normalisation (`x / sqrt(sum x^2 + eps)`).
     pub eps: f32,
 }
@@ -81,6 +91,15 @@ impl RecurrentMeta {
     /// Values of one slot's conv window.
     pub fn conv_slot(&self) -> usize {
         self.d_conv.saturating_sub(1) * self.channels
+    }
+
+    /// The key head value head `h` reads.
+    pub fn key_head(&self, h: usize) -> usize {
+        if self.grouped {
+            h / (self.h_v / self.h_k).max(1)
+        } else {
+            h % self.h_k.max(1)
+        }
     }
 
     /// Values of one slot's state matrices.

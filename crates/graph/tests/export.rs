@@ -232,6 +232,8 @@ fn all_metas() -> Vec<NodeMeta> {
             h_v: 16,
             conv_weight: "blk.2.ssm_conv1d.weight".into(),
             a_weight: "blk.2.ssm_a".into(),
+            dt_bias: Some("blk.2.ssm_dt.bias".into()),
+            grouped: true,
             eps: 1e-6,
         }),
     ]

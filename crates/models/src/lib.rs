@@ -1,5 +1,5 @@
 //! Model definitions for minfer (Qwen2, Qwen3, their mixture-of-experts variants Qwen2-MoE
-//! and Qwen3-MoE, the hybrid recurrent Qwen3.5 and Qwen3.5-MoE, Llama, Gemma 2 and 3): hyperparameters,
+//! and Qwen3-MoE, the hybrid recurrent Qwen3.5, Qwen3.5-MoE and Qwen3-Next, Llama, Gemma 2 and 3): hyperparameters,
 //! load-time weight validation and compute-graph construction for the supported
 //! architectures (design §4, §10).
 //!
@@ -43,6 +43,7 @@ pub mod qwen3;
 pub mod qwen35;
 pub mod qwen35moe;
 pub mod qwen3moe;
+pub mod qwen3next;
 mod tensors;
 pub mod testing;
 pub mod weights;
@@ -68,6 +69,7 @@ pub const REGISTRY: &[(&str, LoadFn)] = &[
     (qwen3moe::ARCH, qwen3moe::load),
     (qwen35::ARCH, qwen35::load),
     (qwen35moe::ARCH, qwen35moe::load),
+    (qwen3next::ARCH, qwen3next::load),
     (llama::ARCH, llama::load),
     (gemma::ARCH_GEMMA2, gemma::load_gemma2),
     (gemma::ARCH_GEMMA3, gemma::load_gemma3),

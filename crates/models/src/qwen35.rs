@@ -83,10 +83,19 @@ struct LinearW {
     conv: WeightRef,
     dt_bias: WeightRef,
     a: WeightRef,
-    beta: WeightRef,
-    alpha: WeightRef,
+    ba: BetaAlpha,
     norm: WeightRef,
     out: WeightRef,
+}
+
+/// The write-strength and decay projections of a recurrent layer.
+#[derive(Debug, Clone, PartialEq)]
+enum BetaAlpha {
+    /// Qwen3.5: `ssm_beta` and `ssm_alpha`, `[n_embd, h_v]` each.
+    Separate { beta: WeightRef, alpha: WeightRef },
+    /// Qwen3-Next: `ssm_ba`, `[n_embd, 2 * h_v]`, per key head its value heads'
+    /// betas then their alphas.
+    Joint(WeightRef),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -206,34 +215,39 @@ fn check_sections(file: &GgufFile, arch: &str, n_rot: usize) -> Result<(), Model
 
 /// Reads and validates a Qwen3.5 model's hyperparameters and tensors.
 pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
-    load_hybrid(file, ARCH, false)
+    load_hybrid(file, ARCH, false, false)
 }
 
 /// The FFN of layer `il`: a SwiGLU FFN, or (`moe`) routed experts with renormalised
-/// gate values and the optional shared expert, as llama.cpp builds Qwen3.5-MoE's.
+/// gate values and the shared expert (optional but for Qwen3-Next, `next`), as
+/// llama.cpp builds Qwen3.5-MoE's and Qwen3-Next's.
 fn read_ffn(
     file: &GgufFile,
     il: usize,
     hp: &HParams,
     moe: Option<&MoeParams>,
+    next: bool,
 ) -> Result<Ffn, ModelError> {
     match moe {
         None => Ok(Ffn::Dense(DenseFfn::read(
             file, il, "", hp.n_embd, hp.n_ff,
         )?)),
         Some(m) => {
-            let shared = file.tensor(&blk(il, "ffn_up_shexp")).is_some();
+            let shared = next || file.tensor(&blk(il, "ffn_up_shexp")).is_some();
             let f = MoeFfn::read(file, il, hp, m, true, shared)?;
             Ok(Ffn::Moe(Box::new(f)))
         }
     }
 }
 
-/// Reads a hybrid model of `arch` (`qwen35`, or with routed experts `qwen35moe`).
+/// Reads a hybrid model of `arch`: `qwen35`, with routed experts (`moe`) `qwen35moe`,
+/// or (`next`) `qwen3next`, whose experts are always there and whose recurrent layers
+/// project beta and alpha jointly.
 pub(crate) fn load_hybrid(
     file: &GgufFile,
     arch: &'static str,
     moe: bool,
+    next: bool,
 ) -> Result<Box<dyn ModelDef>, ModelError> {
     let mut hp = HParams::read(file, arch, RopeStyle::NonInterleaved)?;
     let moe = if moe {
@@ -265,7 +279,9 @@ pub(crate) fn load_hybrid(
             reason: format!("must be even and at most the head dimension {hd}"),
         });
     }
-    check_sections(file, arch, n_rot)?;
+    if !next {
+        check_sections(file, arch, n_rot)?;
+    }
     let key = |k: &str| format!("{arch}.ssm.{k}");
     let ssm = SsmParams {
         d_conv: u32_key(file, &key("conv_kernel"))?,
@@ -307,14 +323,34 @@ pub(crate) fn load_hybrid(
             };
             f32_only(&conv)?;
             let a_name = format!("blk.{il}.ssm_a");
+            if file.tensor(&blk(il, "attn_qkv")).is_none() {
+                if let Some(name) = [blk(il, "ssm_in")]
+                    .into_iter()
+                    .find(|n| file.tensor(n).is_some())
+                {
+                    return Err(ModelError::UnsupportedTensor {
+                        name,
+                        reason: "the older fused q|k|v|z projection grouped by key head is not \
+                                 supported; convert the model again (attn_qkv and attn_gate)"
+                            .into(),
+                    });
+                }
+            }
+            let ba = if next {
+                BetaAlpha::Joint(matrix(file, &blk(il, "ssm_ba"), ne, 2 * ssm.h_v)?)
+            } else {
+                BetaAlpha::Separate {
+                    beta: matrix(file, &blk(il, "ssm_beta"), ne, ssm.h_v)?,
+                    alpha: matrix(file, &blk(il, "ssm_alpha"), ne, ssm.h_v)?,
+                }
+            };
             Mixer::Linear(LinearW {
                 qkv: matrix(file, &blk(il, "attn_qkv"), ne, c)?,
                 gate: matrix(file, &blk(il, "attn_gate"), ne, vd)?,
                 conv,
                 dt_bias: vector(file, &blk_bias(il, "ssm_dt"), ssm.h_v)?,
                 a: vector(file, &a_name, ssm.h_v)?,
-                beta: matrix(file, &blk(il, "ssm_beta"), ne, ssm.h_v)?,
-                alpha: matrix(file, &blk(il, "ssm_alpha"), ne, ssm.h_v)?,
+                ba,
                 norm: vector(file, &blk(il, "ssm_norm"), ssm.s)?,
                 out: matrix(file, &blk(il, "ssm_out"), vd, ne)?,
             })
@@ -332,7 +368,7 @@ pub(crate) fn load_hybrid(
             attn_norm,
             post_norm: vector(file, &blk(il, "post_attention_norm"), ne)?,
             mixer,
-            ffn: read_ffn(file, il, &hp, moe.as_ref())?,
+            ffn: read_ffn(file, il, &hp, moe.as_ref(), next)?,
         });
     }
     let globals = Weights {
@@ -467,13 +503,36 @@ impl Qwen35 {
             h_v: ssm.h_v,
             conv_weight: w.conv.name.clone(),
             a_weight: w.a.name.clone(),
+            dt_bias: None,
+            grouped: false,
             eps: self.hp.rms_eps,
         };
         let qkv = self.matmul(b, cx, "linear_attn_qkv_mixed", x, &w.qkv);
         let z = self.matmul(b, cx, "z", x, &w.gate);
-        let beta = self.matmul(b, cx, "beta", x, &w.beta);
-        let alpha = b.matmul(x, &w.alpha, Some(&w.dt_bias));
-        b.set_name(alpha, &cx.name("alpha_biased"));
+        let (beta, alpha, meta) = match &w.ba {
+            BetaAlpha::Separate { beta, alpha } => {
+                let be = self.matmul(b, cx, "beta", x, beta);
+                let al = b.matmul(x, alpha, Some(&w.dt_bias));
+                b.set_name(al, &cx.name("alpha_biased"));
+                (be, al, meta)
+            }
+            BetaAlpha::Joint(ba) => {
+                let m = self.matmul(b, cx, "linear_attn_mixed_ba", x, ba);
+                let r = ssm.h_v / ssm.h_k;
+                let be = b.slice(m, 2 * r, 0, r);
+                b.set_name(be, &cx.name("b"));
+                let al = b.slice(m, 2 * r, r, r);
+                b.set_name(al, &cx.name("a"));
+                // The bias is added inside the recurrence: the joint projection has none.
+                // Qwen3-Next's value heads share key heads in consecutive groups.
+                let meta = RecurrentMeta {
+                    dt_bias: Some(w.dt_bias.name.clone()),
+                    grouped: true,
+                    ..meta
+                };
+                (be, al, meta)
+            }
+        };
         let conv = b.ssm_conv(qkv, cx.pos, cx.slots, meta.clone());
         b.set_name(conv, &cx.name("conv_output_raw"));
         let conv = b.silu(conv);
@@ -589,12 +648,15 @@ impl ModelDef for Qwen35 {
                         .cloned(),
                 ),
                 Mixer::Linear(w) => v.extend(
-                    [
-                        &w.qkv, &w.gate, &w.conv, &w.dt_bias, &w.a, &w.beta, &w.alpha, &w.norm,
-                        &w.out,
-                    ]
-                    .into_iter()
-                    .cloned(),
+                    [&w.qkv, &w.gate, &w.conv, &w.dt_bias, &w.a, &w.norm, &w.out]
+                        .into_iter()
+                        .cloned()
+                        .chain(match &w.ba {
+                            BetaAlpha::Separate { beta, alpha } => {
+                                vec![beta.clone(), alpha.clone()]
+                            }
+                            BetaAlpha::Joint(ba) => vec![ba.clone()],
+                        }),
                 ),
             }
             v.push(l.post_norm.clone());

@@ -14,5 +14,5 @@ pub const ARCH: &str = "qwen35moe";
 
 /// Reads and validates a Qwen3.5-MoE model's hyperparameters and tensors.
 pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
-    crate::qwen35::load_hybrid(file, ARCH, true)
+    crate::qwen35::load_hybrid(file, ARCH, true, false)
 }

@@ -55,7 +55,7 @@ pub const TINY_GEMMA2_FINAL_CAP: f32 = 8.0;
 #[derive(Debug, Clone, PartialEq)]
 pub struct TinySpec {
     /// `"qwen2"`, `"qwen3"`, `"qwen2moe"`, `"qwen3moe"`, `"qwen35"`, `"qwen35moe"`,
-    /// `"llama"`, `"gemma2"` or `"gemma3"`.
+    /// `"qwen3next"`, `"llama"`, `"gemma2"` or `"gemma3"`.
     pub arch: &'static str,
     /// Blocks.
     pub n_layer: usize,
@@ -83,10 +83,10 @@ pub struct TinySpec {
     /// `attention.sliding_window` (Gemma only; the layer pattern is llama.cpp's default
     /// for the architecture).
     pub sliding_window: Option<usize>,
-    /// Routed experts (`qwen2moe`, `qwen3moe`, `qwen35moe` only; their FFN is the
-    /// experts).
+    /// Routed experts (`qwen2moe`, `qwen3moe`, `qwen35moe`, `qwen3next` only; their FFN
+    /// is the experts).
     pub moe: Option<TinyMoe>,
-    /// Gated DeltaNet layers (`qwen35`, `qwen35moe` only).
+    /// Gated DeltaNet layers (`qwen35`, `qwen35moe`, `qwen3next` only).
     pub ssm: Option<TinySsm>,
     /// PRNG seed.
     pub seed: u64,
@@ -329,6 +329,15 @@ impl TinySpec {
         }
     }
 
+    /// A small Qwen3-Next: Qwen3.5-MoE's geometry with the joint `ssm_ba`
+    /// projection (no rope sections).
+    pub fn qwen3next(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "qwen3next",
+            ..Self::qwen35moe(wtype, seed)
+        }
+    }
+
     /// A small Gemma 2: 4 layers (local and global alternating), width 64, 4 heads of
     /// 32 (decoupled from 64/4) over 2 KV heads, a window of 4 rows (shorter than the
     /// test prompt), tied head.
@@ -539,6 +548,10 @@ pub fn golden_models() -> Vec<(&'static str, TinySpec)> {
             "qwen35moe-f32",
             TinySpec::qwen35moe(GgmlType::F32, QWEN35MOE_SEED),
         ),
+        (
+            "qwen3next-f32",
+            TinySpec::qwen3next(GgmlType::F32, QWEN35MOE_SEED),
+        ),
     ]
 }
 
@@ -711,8 +724,12 @@ fn hybrid_layer(
             GgmlType::F32,
             &a,
         )?;
-        mat(w, rng, &blk(il, "ssm_beta"), ne, ssm.h_v)?;
-        mat(w, rng, &blk(il, "ssm_alpha"), ne, ssm.h_v)?;
+        if spec.arch == "qwen3next" {
+            mat(w, rng, &blk(il, "ssm_ba"), ne, 2 * ssm.h_v)?;
+        } else {
+            mat(w, rng, &blk(il, "ssm_beta"), ne, ssm.h_v)?;
+            mat(w, rng, &blk(il, "ssm_alpha"), ne, ssm.h_v)?;
+        }
         vec(w, rng, &blk(il, "ssm_norm"), ssm.s, 1.0)?;
         mat(w, rng, &blk(il, "ssm_out"), vd, ne)?;
     } else {
@@ -758,7 +775,7 @@ fn moe_tensors(
         let v = rng.normal_vec((i * o * nx) as usize, 1.0 / (i as f64).sqrt());
         w.add_tensor_f32(&blk(il, name), &[i, o, nx], spec.wtype, &v)?;
     }
-    if matches!(spec.arch, "qwen2moe" | "qwen35moe") {
+    if matches!(spec.arch, "qwen2moe" | "qwen35moe" | "qwen3next") {
         let ns = m.n_ff_shexp as u64;
         let g = rng.normal_vec(spec.n_embd, 1.0 / (ne as f64).sqrt());
         w.add_tensor_f32(&blk(il, "ffn_gate_inp_shexp"), &[ne], GgmlType::F32, &g)?;
@@ -812,7 +829,7 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
             ("expert_used_count", m.n_expert_used),
             ("expert_feed_forward_length", m.n_ff_exp),
         ];
-        if matches!(a, "qwen2moe" | "qwen35moe") {
+        if matches!(a, "qwen2moe" | "qwen35moe" | "qwen3next") {
             keys.push(("expert_shared_feed_forward_length", m.n_ff_shexp));
         }
         for (name, v) in keys {
@@ -835,15 +852,21 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
             let v = u32_of(&key, v)?;
             w.add_meta(&key, v);
         }
-        w.add_meta(
-            &format!("{a}.rope.dimension_sections"),
-            MetaValue::Array(
-                MetaType::I32,
-                ssm.sections.iter().map(|&x| MetaValue::I32(x)).collect(),
-            ),
-        );
+        if a != "qwen3next" {
+            w.add_meta(
+                &format!("{a}.rope.dimension_sections"),
+                MetaValue::Array(
+                    MetaType::I32,
+                    ssm.sections.iter().map(|&x| MetaValue::I32(x)).collect(),
+                ),
+            );
+        }
     }
-    if matches!(a, "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe") || a.starts_with("gemma") {
+    if matches!(
+        a,
+        "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe" | "qwen3next"
+    ) || a.starts_with("gemma")
+    {
         for name in ["attention.key_length", "attention.value_length"] {
             let key = format!("{a}.{name}");
             let v = u32_of(&key, spec.head_dim)?;

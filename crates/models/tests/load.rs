@@ -112,7 +112,7 @@ fn unsupported_architectures_are_refused_with_the_supported_list() {
     );
     assert_eq!(
         err(&f),
-        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, qwen35, qwen35moe, llama, gemma2, gemma3"
+        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next, llama, gemma2, gemma3"
     );
     assert_eq!(
         supported_architectures(),
@@ -123,6 +123,7 @@ fn unsupported_architectures_are_refused_with_the_supported_list() {
             "qwen3moe",
             "qwen35",
             "qwen35moe",
+            "qwen3next",
             "llama",
             "gemma2",
             "gemma3",

@@ -317,6 +317,11 @@ impl CpuBackend {
                     alpha: src(1)?.get(..m.h_v * nt).ok_or("alpha input too short")?,
                     beta: src(2)?.get(..m.h_v * nt).ok_or("beta input too short")?,
                     a: vector(weights, &m.a_weight)?,
+                    dt: m
+                        .dt_bias
+                        .as_deref()
+                        .map(|n| vector(weights, n))
+                        .transpose()?,
                     toks: &toks,
                 };
                 recurrent::delta_net(pool, *isa, &args, &mut state, &mut out)

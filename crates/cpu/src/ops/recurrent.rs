@@ -161,6 +161,8 @@ pub struct DeltaArgs<'a> {
     pub beta: &'a [f32],
     /// The `[h_v]` decay factors `a`.
     pub a: &'a [f32],
+    /// The `[h_v]` bias added to `alpha`, when it arrives unbiased.
+    pub dt: Option<&'a [f32]>,
     /// Each token's (fresh, slot).
     pub toks: &'a [(bool, usize)],
 }
@@ -206,6 +208,7 @@ pub fn delta_net(
         || d.alpha.len() != hv * nt
         || d.beta.len() != hv * nt
         || d.a.len() != hv
+        || d.dt.is_some_and(|b| b.len() != hv)
         || state.len() < slot * m.slots
         || out.len() < hv * sv * nt
     {
@@ -227,11 +230,12 @@ pub fn delta_net(
         for (t, &(fresh, s)) in d.toks.iter().enumerate() {
             let row = &d.qkv[t * c..(t + 1) * c];
             for h in lo..hi {
-                let kh = h % hk;
+                let kh = m.key_head(h);
                 l2_into(&row[kh * sk..(kh + 1) * sk], m.eps, &mut q);
                 l2_into(&row[kd + kh * sk..kd + (kh + 1) * sk], m.eps, &mut k);
                 let v = &row[2 * kd + h * sv..2 * kd + (h + 1) * sv];
-                let decay = (softplus(d.alpha[t * hv + h]) * d.a[h]).exp();
+                let al = d.alpha[t * hv + h] + d.dt.map_or(0.0, |b| b[h]);
+                let decay = (softplus(al) * d.a[h]).exp();
                 let b = 1.0 / (1.0 + (-d.beta[t * hv + h]).exp());
                 let at = s * slot + h * sv * sk;
                 // SAFETY: head h's matrices and output values belong to this thread alone.
@@ -280,6 +284,8 @@ mod tests {
             h_v: 8,
             conv_weight: String::new(),
             a_weight: String::new(),
+            dt_bias: None,
+            grouped: false,
             eps: 1e-6,
         }
     }
@@ -307,6 +313,7 @@ mod tests {
             alpha: &alpha,
             beta: &beta,
             a: &a,
+            dt: None,
             toks,
         };
         delta_net(&pool, VecIsa::detect(), &args, &mut state, &mut out).unwrap();

@@ -438,7 +438,10 @@ impl BackendImpl for RefBackend {
                     recurrent::ssm_conv(m, src(0)?, &toks, &mut state, &w)
                 } else {
                     let a = weight(&m.a_weight)?;
-                    recurrent::delta_net(m, src(0)?, src(1)?, src(2)?, &toks, &mut state, &a)
+                    let dt = m.dt_bias.as_deref().map(weight).transpose()?;
+                    let (q, al, be) = (src(0)?, src(1)?, src(2)?);
+                    let weights = [Some(a.as_slice()), dt.as_deref()];
+                    recurrent::delta_net(m, [q, al, be], &toks, &mut state, weights)
                 };
                 self.mem.buffers[id] = state;
                 self.write_out(out_buf.id, out?)

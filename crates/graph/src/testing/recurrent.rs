@@ -138,13 +138,12 @@ pub(crate) fn ssm_conv(
 /// `S = e^g S`, `d = (v - S k) b`, `S += d k^T`, `o = S q / sqrt(s_k)`.
 pub(crate) fn delta_net(
     m: &RecurrentMeta,
-    qkv: &[f32],
-    alpha: &[f32],
-    beta: &[f32],
+    [qkv, alpha, beta]: [&[f32]; 3],
     toks: &[(i64, usize)],
     state: &mut [f32],
-    a: &[f32],
+    [a, dt]: [Option<&[f32]>; 2],
 ) -> Result<Vec<f32>, String> {
+    let a = a.ok_or("delta_net: no decay factors")?;
     let (sk, hk, sv, hv) = (m.s_k, m.h_k, m.s_v, m.h_v);
     let nt = toks.len();
     let (kd, c, slot) = (sk * hk, m.channels, m.ssm_slot());
@@ -155,6 +154,7 @@ pub(crate) fn delta_net(
         || alpha.len() != hv * nt
         || beta.len() != hv * nt
         || a.len() != hv
+        || dt.is_some_and(|d| d.len() != hv)
         || state.len() < slot * m.slots
     {
         return Err(format!(
@@ -181,11 +181,12 @@ pub(crate) fn delta_net(
             st.fill(0.0);
         }
         for h in 0..hv {
-            let kh = h % hk;
+            let kh = m.key_head(h);
             let q = l2(&row[kh * sk..(kh + 1) * sk]);
             let k = l2(&row[kd + kh * sk..kd + (kh + 1) * sk]);
             let v = &row[2 * kd + h * sv..2 * kd + (h + 1) * sv];
-            let decay = (softplus(alpha[t * hv + h]) * a[h]).exp();
+            let al = alpha[t * hv + h] + dt.map_or(0.0, |d| d[h]);
+            let decay = (softplus(al) * a[h]).exp();
             let b = sigmoid(beta[t * hv + h]);
             let mat = &mut st[h * sv * sk..(h + 1) * sv * sk];
             for j in 0..sv {

@@ -91,6 +91,43 @@ fn the_state_is_carried_from_step_to_step() {
     assert!(d > 0.1, "zeroing the recurrent state changed nothing ({d})");
 }
 
+/// The MoE variants (Qwen3.5-MoE; Qwen3-Next with its joint beta/alpha and grouped key
+/// heads) carry their state and decode bitwise the same on 1 and 2 threads too.
+#[test]
+fn the_moe_variants_carry_their_state_across_threads() {
+    for spec in [
+        TinySpec::qwen35moe(GgmlType::F32, 2),
+        TinySpec::qwen3next(GgmlType::F32, 2),
+    ] {
+        let f = Arc::new(GgufFile::from_bytes(tiny_model_bytes(&spec).unwrap()).unwrap());
+        let make = |threads| Engine::from_arc(Arc::clone(&f), &opts(threads, 64)).unwrap();
+        let p = prompt(16, 6);
+        let one = greedy(&mut make(1), &p, 8);
+        assert_eq!(
+            greedy(&mut make(2), &p, 8),
+            one,
+            "{}: 1 vs 2 threads",
+            spec.arch
+        );
+        let mut e = make(2);
+        let mut got = Vec::new();
+        for (i, &t) in p.iter().enumerate() {
+            got = e.forward(&[t], i, 1).unwrap();
+        }
+        let d = max_diff(&got, &one[0]);
+        assert!(d <= DECODE_BOUND, "{}: token by token {d}", spec.arch);
+        let mut e = make(2);
+        e.prefill(&p[..15], 0).unwrap();
+        e.zero_recurrent_state().unwrap();
+        let cut = e.forward(&p[15..], 15, 1).unwrap();
+        assert!(
+            max_diff(&cut, &one[0]) > 0.1,
+            "{}: state not read",
+            spec.arch
+        );
+    }
+}
+
 #[test]
 fn greedy_decode_is_bitwise_the_same_across_threads_and_graph_reuse() {
     let p = prompt(24, 1);

@@ -19,7 +19,8 @@ const S: usize = 16;
 const D_CONV: usize = 4;
 const SLOTS: usize = 3;
 
-fn meta() -> RecurrentMeta {
+/// The cases' layer; `grouped` also takes the bias of `alpha` inside (Qwen3-Next's form).
+fn meta(grouped: bool) -> RecurrentMeta {
     RecurrentMeta {
         layer: 1,
         slots: SLOTS,
@@ -31,6 +32,8 @@ fn meta() -> RecurrentMeta {
         h_v: HV,
         conv_weight: "conv".into(),
         a_weight: "a".into(),
+        dt_bias: grouped.then(|| "dt".into()),
+        grouped,
         eps: 1e-6,
     }
 }
@@ -47,8 +50,7 @@ fn layout(nt: usize, first: u32) -> (Vec<u32>, Vec<u32>) {
 }
 
 pub(super) fn recurrent_cases(out: &mut Vec<OpCase>) {
-    let m = meta();
-    let c = m.channels;
+    let c = meta(false).channels;
     let a: Vec<f32> = (0..HV).map(|h| -0.2 - 0.3 * h as f32).collect();
     let weights = gguf(&[
         (
@@ -58,6 +60,7 @@ pub(super) fn recurrent_cases(out: &mut Vec<OpCase>) {
             values(301, c * D_CONV),
         ),
         ("a", vec![HV as u64], GgmlType::F32, a),
+        ("dt", vec![HV as u64], GgmlType::F32, values(302, HV)),
     ]);
     for nt in TOKENS {
         let d = 2 * S * 3;
@@ -96,7 +99,12 @@ pub(super) fn recurrent_cases(out: &mut Vec<OpCase>) {
             bound: 1e-6,
         });
         // Two steps in one graph: the second continues the state the first wrote.
-        for op in ["ssm_conv", "delta_net"] {
+        for (op, grouped) in [
+            ("ssm_conv", false),
+            ("delta_net", false),
+            ("delta_net", true),
+        ] {
+            let m = meta(grouped);
             let mut b = GraphBuilder::new();
             let mut inputs = Vec::new();
             let mut last = None;
@@ -131,7 +139,10 @@ pub(super) fn recurrent_cases(out: &mut Vec<OpCase>) {
                 b.output(y);
             }
             out.push(OpCase {
-                name: format!("{op} {HK}/{HV} heads of {S}, conv {D_CONV}, two steps nt={nt}"),
+                name: format!(
+                    "{op} {HK}/{HV} heads of {S}{}, conv {D_CONV}, two steps nt={nt}",
+                    if grouped { " grouped" } else { "" }
+                ),
                 op,
                 graph: b.build(),
                 inputs,
