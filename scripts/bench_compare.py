@@ -10,8 +10,19 @@ build); pass its path with --llama-bench or set LLAMA_BENCH. If neither is given
 builds it under ./target/llama.cpp from the sdist fetched with pip.
 
     python3 scripts/bench_compare.py [--model PATH] [--threads 2] [--rounds 10] \
-        [--pp 512] [--tg 128] [--reps 1] [--llama-bench PATH] [--minfer-isa avx2] \
+        [--pp 512] [--tg 128] [--depth 0] [--reps 1] [--llama-bench PATH] \
+        [--ik-bench PATH [--ik-arg=-rtr --ik-arg=1]] [--minfer-isa avx2] \
         [--baseline PATH [--baseline-env K=V ...] [--no-llama]]
+
+--depth N measures pp and tg after N tokens already in the context: `minfer bench -d N`
+beside `llama-bench -d N` (its --n-depth).
+
+--ik-bench adds ik_llama.cpp's llama-bench (or set IK_LLAMA_BENCH) to every round, and
+the script prints the paired minfer/ik_llama.cpp ratio too. --ik-arg passes one more
+argument to its runs (repeatable: `--ik-arg=-rtr --ik-arg=1` for run-time repacking).
+Its llama-bench has no depth option: at a depth, tg runs as `-gp N,TG` (TG tokens
+generated after an N-token prompt, the same measurement), and pp at a depth, which it
+cannot measure, is left to the other programs.
 
 --baseline adds a second minfer, e.g. a build of the previous commit, to every round: the
 three programs then rotate through all six orders (A B C, C B A, B C A, ...), and the
@@ -62,11 +73,31 @@ def build_llama_bench():
     return binary
 
 
-def run_llama(binary, model, threads, test, n, reps):
+def run_llama(binary, model, threads, test, n, reps, depth=0):
     p, g = (n, 0) if test == "pp" else (0, n)
+    extra = ["-d", str(depth)] if depth else []
     out = subprocess.run([binary, "-m", model, "-t", str(threads), "-p", str(p), "-n", str(g),
-                          "-r", str(reps), "-o", "json"], capture_output=True, text=True,
-                         check=True).stdout
+                          "-r", str(reps), "-o", "json"] + extra, capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)[0]["avg_ts"]
+
+
+def ik_measures(test, depth):
+    """Whether ik_llama.cpp's llama-bench can run `test` at `depth` (it has tg at a depth,
+    as -gp, but no pp at one)."""
+    return depth == 0 or test == "tg"
+
+
+def run_ik(binary, model, threads, test, n, reps, depth=0, extra=()):
+    """ik_llama.cpp's llama-bench: -p/-n as llama-bench, tg at a depth as `-gp DEPTH,N`."""
+    if depth:
+        sizes = ["-p", "0", "-n", "0", "-gp", f"{depth},{n}"]
+    else:
+        p, g = (n, 0) if test == "pp" else (0, n)
+        sizes = ["-p", str(p), "-n", str(g)]
+    out = subprocess.run([binary, "-m", model, "-t", str(threads)] + sizes
+                         + ["-r", str(reps), "-o", "json"] + list(extra),
+                         capture_output=True, text=True, check=True).stdout
     return json.loads(out)[0]["avg_ts"]
 
 
@@ -78,13 +109,15 @@ def minfer_env(isa):
     return env
 
 
-def run_minfer(binary, model, threads, test, n, reps, isa=None, extra_env=()):
+def run_minfer(binary, model, threads, test, n, reps, isa=None, extra_env=(), depth=0):
     p, g = (n, 0) if test == "pp" else (0, n)
     env = minfer_env(isa)
     env.update(extra_env)
+    # -d only when asked: a baseline built before it existed still runs at depth 0.
+    extra = ["-d", str(depth)] if depth else []
     out = subprocess.run([binary, "bench", "-m", model, "-t", str(threads), "-p", str(p),
-                          "-n", str(g), "-r", str(reps), "-o", "json"], capture_output=True,
-                         text=True, check=True, env=env).stdout
+                          "-n", str(g), "-r", str(reps), "-o", "json"] + extra,
+                         capture_output=True, text=True, check=True, env=env).stdout
     return json.loads(out)[0]["avg_ts"]
 
 
@@ -177,7 +210,14 @@ def main():
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--depth", type=int, default=0,
+                    help="tokens already in the context when pp and tg start (minfer "
+                         "bench -d, llama-bench -d, ik_llama.cpp -gp for tg)")
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"))
+    ap.add_argument("--ik-bench", default=os.environ.get("IK_LLAMA_BENCH"),
+                    help="ik_llama.cpp's llama-bench, run in every round beside the others")
+    ap.add_argument("--ik-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for ik_llama.cpp's runs (repeatable)")
     ap.add_argument("--minfer", default=os.path.join(ROOT, "target", "release", "minfer"))
     ap.add_argument("--minfer-isa", default=None, choices=["avx2", "scalar"],
                     help="MINFER_ISA for minfer's runs (e.g. avx2 against an AVX2-only "
@@ -191,6 +231,8 @@ def main():
                     help="with --baseline: pair minfer against the baseline only, without "
                          "building or running llama-bench")
     a = ap.parse_args()
+    if a.depth < 0:
+        sys.exit(f"--depth {a.depth}: expected 0 or more tokens")
     base_env = env_pairs(a.baseline_env)
     if base_env and a.baseline is None:
         sys.exit("--baseline-env needs --baseline (it may name the same binary as --minfer)")
@@ -204,47 +246,64 @@ def main():
           + ("" if llama is None else f"; llama.cpp {llama_isa(llama, a.model, a.threads)}"))
     if a.baseline:
         print(f"isa: baseline {minfer_isa(a.baseline, a.model, a.minfer_isa)}")
+    if a.ik_bench:
+        print(f"isa: ik_llama.cpp {llama_isa(a.ik_bench, a.model, a.threads)}")
     tests = [(t, n) for t, n in (("pp", a.pp), ("tg", a.tg)) if n > 0]
-    programs = (["minfer"] + ([] if llama is None else ["llama.cpp"])
-                + (["baseline"] if a.baseline else []))
+    at = f" @ d{a.depth}" if a.depth else ""
     # The ratio each round prints: against llama.cpp, else against the baseline.
     other = "baseline" if llama is None else "llama.cpp"
     for test, n in tests:
+        with_ik = a.ik_bench is not None and ik_measures(test, a.depth)
+        if a.ik_bench and not with_ik:
+            print(f"{test}{n}{at}: ik_llama.cpp's llama-bench has no pp at a depth; "
+                  "it sits this test out", file=sys.stderr)
+        programs = (["minfer"] + ([] if llama is None else ["llama.cpp"])
+                    + (["baseline"] if a.baseline else [])
+                    + (["ik_llama.cpp"] if with_ik else []))
         runs = {p: [] for p in programs}
         for r in range(a.rounds):
             row = {}
             for prog in round_order(programs, r):
                 if prog == "minfer":
                     row[prog] = run_minfer(a.minfer, a.model, a.threads, test, n, a.reps,
-                                           a.minfer_isa)
+                                           a.minfer_isa, depth=a.depth)
                 elif prog == "baseline":
                     row[prog] = run_minfer(a.baseline, a.model, a.threads, test, n, a.reps,
-                                           a.minfer_isa, base_env)
+                                           a.minfer_isa, base_env, a.depth)
+                elif prog == "ik_llama.cpp":
+                    row[prog] = run_ik(a.ik_bench, a.model, a.threads, test, n, a.reps,
+                                       a.depth, a.ik_arg)
                 else:
-                    row[prog] = run_llama(llama, a.model, a.threads, test, n, a.reps)
+                    row[prog] = run_llama(llama, a.model, a.threads, test, n, a.reps,
+                                          a.depth)
             for prog in programs:
                 runs[prog].append(row[prog])
             line = "  ".join(f"{p} {row[p]:8.2f}" for p in programs)
-            print(f"  round {r + 1:2d} {test}{n}: {line}  ratio "
+            print(f"  round {r + 1:2d} {test}{n}{at}: {line}  ratio "
                   f"{row['minfer'] / row[other]:.3f}", file=sys.stderr)
         ms = runs["minfer"]
+        if with_ik:
+            ks = runs["ik_llama.cpp"]
+            q1, med, q3 = paired(ms, ks)
+            print(f"{test}{n}{at}: ik_llama.cpp {statistics.median(ks):.2f} t/s, "
+                  f"minfer/ik_llama.cpp {med:.3f} (IQR {q1:.3f}-{q3:.3f})")
         if llama is None:
             bs = runs["baseline"]
             q1, med, q3 = paired(ms, bs)
-            print(f"{test}{n}: minfer {statistics.median(ms):.2f} t/s, baseline "
+            print(f"{test}{n}{at}: minfer {statistics.median(ms):.2f} t/s, baseline "
                   f"{statistics.median(bs):.2f} t/s, minfer/baseline {med:.3f} "
                   f"(IQR {q1:.3f}-{q3:.3f}, {a.rounds} rounds, -t {a.threads})")
             continue
         ls = runs["llama.cpp"]
         q1, med, q3 = paired(ms, ls)
-        print(f"{test}{n}: minfer {statistics.median(ms):.2f} t/s, llama.cpp "
+        print(f"{test}{n}{at}: minfer {statistics.median(ms):.2f} t/s, llama.cpp "
               f"{statistics.median(ls):.2f} t/s, ratio {med:.3f} (IQR {q1:.3f}-{q3:.3f}, "
               f"{a.rounds} rounds, -t {a.threads})")
         if a.baseline:
             bs = runs["baseline"]
             q1, med, q3 = paired(ms, bs)
             lq1, lmed, lq3 = paired(bs, ls)
-            print(f"{test}{n}: baseline {statistics.median(bs):.2f} t/s; minfer/baseline "
+            print(f"{test}{n}{at}: baseline {statistics.median(bs):.2f} t/s; minfer/baseline "
                   f"{med:.3f} (IQR {q1:.3f}-{q3:.3f}); baseline/llama.cpp {lmed:.3f} "
                   f"(IQR {lq1:.3f}-{lq3:.3f})")
 

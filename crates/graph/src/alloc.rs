@@ -34,6 +34,9 @@ pub struct KvRegion {
     pub k_words: usize,
     /// Pool words of the V region.
     pub v_words: usize,
+    /// The pair is a recurrent layer's state (`k`: the conv windows, `v`: the delta-rule
+    /// matrices, f32 per slot; see [`crate::RecurrentMeta`]), not rows at positions.
+    pub recurrent: bool,
 }
 
 /// A staging buffer holding a copy of one node's value on another backend.
@@ -88,6 +91,7 @@ fn kv_geometry(node: &CNode) -> Option<(usize, usize, usize)> {
         n => (elems / n, n),
     };
     let (row, rows) = match &node.meta {
+        NodeMeta::Recurrent(_) => return None,
         NodeMeta::Kvcache(m) => (m.n_embd, m.n_ctx),
         NodeMeta::Attn(m) => (m.nkt(), m.n_ctx),
         NodeMeta::FusedQkv(m) => per_rows(m.kv_elems, m.n_ctx),
@@ -271,6 +275,9 @@ impl GraphAllocator {
             if !self.backends.contains_key(&backend) {
                 return Err(GraphError::BackendMissing(backend));
             }
+            if let NodeMeta::Recurrent(m) = &node.meta {
+                self.ensure_state(m, backend)?;
+            }
             if let Some((layer, row, rows)) = kv_geometry(node) {
                 let region = self.ensure_kv_rows(layer, backend, row, rows)?;
                 if matches!(node.op, Op::KvcacheStore { .. } | Op::KvcacheLoad { .. }) {
@@ -393,7 +400,7 @@ impl GraphAllocator {
             problem: format!("{rows} rows of {row} elements overflow"),
         })?;
         if let Some(r) = self.kv.get(&layer) {
-            if r.elems < elems {
+            if r.recurrent || r.elems < elems {
                 return Err(GraphError::Kv {
                     layer,
                     problem: format!("region holds {} elements, graph needs {elems}", r.elems),
@@ -424,6 +431,7 @@ impl GraphAllocator {
             row,
             k_words,
             v_words,
+            recurrent: false,
         };
         for (half, id, words) in [("k", k, k_words), ("v", v, v_words)] {
             self.persistent.push(PersistentBuf {
@@ -435,6 +443,151 @@ impl GraphAllocator {
         }
         self.kv.insert(layer, region);
         Ok(region)
+    }
+
+    /// The recurrent state region of `m.layer` (invariant 1 extended: a recurrent layer
+    /// keeps one f32 conv window and one set of delta-rule matrices per slot, not rows
+    /// at positions), created on `backend` at first use and kept like a KV pair; a
+    /// layer already holding KV rows, or a smaller region, is an error.
+    pub fn ensure_state(
+        &mut self,
+        m: &RecurrentMeta,
+        backend: Backend,
+    ) -> Result<KvRegion, GraphError> {
+        let layer = m.layer;
+        let overflow = || GraphError::Kv {
+            layer,
+            problem: format!("{} state slots overflow", m.slots),
+        };
+        let conv = m.conv_slot().checked_mul(m.slots).ok_or_else(overflow)?;
+        let ssm = m.ssm_slot().checked_mul(m.slots).ok_or_else(overflow)?;
+        if let Some(r) = self.kv.get(&layer) {
+            if !r.recurrent || r.k_words < conv || r.v_words < ssm {
+                return Err(GraphError::Kv {
+                    layer,
+                    problem: format!(
+                        "region ({} + {} words, recurrent: {}) cannot hold {} state slots",
+                        r.k_words, r.v_words, r.recurrent, m.slots
+                    ),
+                });
+            }
+            return Ok(*r);
+        }
+        // A zero-width window (d_conv 1) still gets a one-word buffer.
+        let k = self.alloc_on(backend, conv.max(1), true, || {
+            format!("recurrent layer {layer} conv windows")
+        })?;
+        let v = self.alloc_on(backend, ssm.max(1), true, || {
+            format!("recurrent layer {layer} state matrices")
+        })?;
+        let region = KvRegion {
+            backend,
+            k,
+            v,
+            elems: conv + ssm,
+            row: 0,
+            k_words: conv.max(1),
+            v_words: ssm.max(1),
+            recurrent: true,
+        };
+        for (half, id, words) in [("conv", k, region.k_words), ("ssm", v, region.v_words)] {
+            self.persistent.push(PersistentBuf {
+                name: format!("state.{layer}.{half}"),
+                backend,
+                id,
+                elems: words,
+            });
+        }
+        self.kv.insert(layer, region);
+        Ok(region)
+    }
+
+    /// Copies of every recurrent region's (conv, state) buffers, by layer: a snapshot a
+    /// caller can restore with [`Self::restore_states`].
+    pub fn snapshot_states(&mut self) -> Vec<(usize, Vec<f32>, Vec<f32>)> {
+        let layers: Vec<(usize, KvRegion)> = self
+            .kv
+            .iter()
+            .filter(|(_, r)| r.recurrent)
+            .map(|(&l, &r)| (l, r))
+            .collect();
+        let mut out = Vec::with_capacity(layers.len());
+        for (l, r) in layers {
+            let Some(b) = self.backend_mut(r.backend) else {
+                continue;
+            };
+            if let (Some(mut conv), Some(mut ssm)) = (b.copy_to_host(r.k), b.copy_to_host(r.v)) {
+                conv.truncate(r.k_words);
+                ssm.truncate(r.v_words);
+                out.push((l, conv, ssm));
+            }
+        }
+        out
+    }
+
+    /// Copies state slot `src` into slot `dst` in every recurrent region, each holding
+    /// `slots` equal slots.
+    pub fn copy_state_slot(
+        &mut self,
+        src: usize,
+        dst: usize,
+        slots: usize,
+    ) -> Result<(), GraphError> {
+        let regions: Vec<(usize, KvRegion)> = self
+            .kv
+            .iter()
+            .filter(|(_, r)| r.recurrent)
+            .map(|(&l, &r)| (l, r))
+            .collect();
+        for (layer, r) in regions {
+            if src >= slots || dst >= slots {
+                return Err(GraphError::Kv {
+                    layer,
+                    problem: format!("state slots {src} -> {dst} outside 0..{slots}"),
+                });
+            }
+            let b = self.must(r.backend)?;
+            let name = b.name().to_string();
+            let fail = |message: crate::BackendError| GraphError::Backend {
+                backend: name.clone(),
+                context: format!("copying state slot {src} to {dst} of layer {layer}"),
+                message: Box::new(message),
+            };
+            for (id, words) in [(r.k, r.k_words), (r.v, r.v_words)] {
+                let per = words / slots;
+                let data = b.read_host_window(id, src * per, per).map_err(fail)?;
+                b.write_host_window(id, dst * per, &data).map_err(fail)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a snapshot from [`Self::snapshot_states`] back into the regions.
+    pub fn restore_states(
+        &mut self,
+        snap: &[(usize, Vec<f32>, Vec<f32>)],
+    ) -> Result<(), GraphError> {
+        for (layer, conv, ssm) in snap {
+            let r = self
+                .kv
+                .get(layer)
+                .copied()
+                .filter(|r| r.recurrent && r.k_words == conv.len() && r.v_words == ssm.len())
+                .ok_or_else(|| GraphError::Kv {
+                    layer: *layer,
+                    problem: "the snapshot does not match the recurrent region".into(),
+                })?;
+            let b = self.must(r.backend)?;
+            for (id, data) in [(r.k, conv), (r.v, ssm)] {
+                b.write_host_window(id, 0, data)
+                    .map_err(|message| GraphError::Backend {
+                        backend: b.name().to_string(),
+                        context: format!("restoring recurrent state of layer {layer}"),
+                        message: Box::new(message),
+                    })?;
+            }
+        }
+        Ok(())
     }
 
     /// The layer's KV region, if created.

@@ -296,6 +296,61 @@ impl GraphBuilder {
         self.binary(Op::MulSigmoid, x, g)
     }
 
+    /// `x * sigmoid(g)` element by element ([`Op::SigmoidGate`]); shape of `x`.
+    pub fn sigmoid_gate(&mut self, x: NodeId, g: NodeId) -> NodeId {
+        self.binary(Op::SigmoidGate, x, g)
+    }
+
+    /// The values `[start, start + len)` of every block of `period` values of each row
+    /// of `x` ([`Op::Slice`]): `[(d / period) * len, nt]`.
+    pub fn slice(&mut self, x: NodeId, period: usize, start: usize, len: usize) -> NodeId {
+        let [d, nt, ..] = self.shape(x);
+        let out = [d / period.max(1) * len, nt, 1, 1];
+        let op = Op::Slice { period, start, len };
+        self.node("", op, &[x], out, DType::F32, NodeMeta::None)
+    }
+
+    /// The causal convolution of `x` (`[channels, nt]`) over the layer's conv windows
+    /// ([`Op::SsmConv`]), each token in the slot the I32 `slots` input names, starting
+    /// from zero at position 0 (`pos`); shape of `x`.
+    pub fn ssm_conv(
+        &mut self,
+        x: NodeId,
+        pos: NodeId,
+        slots: NodeId,
+        meta: RecurrentMeta,
+    ) -> NodeId {
+        let shape = self.shape(x);
+        let op = Op::SsmConv { layer: meta.layer };
+        self.node(
+            "",
+            op,
+            &[x, pos, slots],
+            shape,
+            DType::F32,
+            NodeMeta::Recurrent(meta),
+        )
+    }
+
+    /// The gated delta rule over the convolved `qkv` (`[channels, nt]`), with the
+    /// per-value-head `alpha` (bias added) and `beta` projections (`[h_v, nt]`), in the
+    /// slots `slots` names ([`Op::DeltaNet`]): `[h_v * s_v, nt]`.
+    pub fn delta_net(
+        &mut self,
+        qkv: NodeId,
+        alpha: NodeId,
+        beta: NodeId,
+        pos: NodeId,
+        slots: NodeId,
+        meta: RecurrentMeta,
+    ) -> NodeId {
+        let nt = self.nt(qkv);
+        let out = [meta.h_v * meta.s_v, nt, 1, 1];
+        let op = Op::DeltaNet { layer: meta.layer };
+        let src = [qkv, alpha, beta, pos, slots];
+        self.node("", op, &src, out, DType::F32, NodeMeta::Recurrent(meta))
+    }
+
     /// Gathers rows (token columns) of `x` selected by the I32 node `ids`.
     pub fn get_rows(&mut self, x: NodeId, ids: NodeId, out_shape: [usize; 4]) -> NodeId {
         self.node(

@@ -155,6 +155,36 @@ pub enum Op {
     /// `x * sigmoid(g)` with `x` `[d, nt]` and `g` `[1, nt]`: one gate value per token
     /// (Qwen2-MoE's shared-expert gate).
     MulSigmoid,
+    /// `x * sigmoid(g)` element by element, `g` of `x`'s shape (the output gate of
+    /// Qwen3.5's full-attention layers).
+    SigmoidGate,
+    /// From each row, the values `[start, start + len)` of every block of `period`
+    /// values, blocks in order: `[(row / period) * len, nt]` (a strided split, e.g. the
+    /// query and gate halves interleaved per head by one projection).
+    Slice {
+        /// Block length; divides the row.
+        period: usize,
+        /// First value kept in each block.
+        start: usize,
+        /// Values kept per block, `start + len <= period`.
+        len: usize,
+    },
+    /// Causal depthwise convolution over the layer's per-slot window of earlier inputs
+    /// (ggml's `ssm_conv` with its state update): sources `[x, positions, slots]`, `x`
+    /// `[channels, nt]`; see [`crate::RecurrentMeta`]. Reads and rewrites the window in
+    /// the layer's recurrent state region; the payload carries only the layer.
+    SsmConv {
+        /// Recurrent layer index, the only payload.
+        layer: usize,
+    },
+    /// The gated delta-rule recurrence of a Gated DeltaNet layer, one token after the
+    /// other, with its q/k L2 normalisation and softplus/sigmoid gates: sources
+    /// `[qkv, alpha, beta, positions, slots]`; see [`crate::RecurrentMeta`]. Reads and
+    /// rewrites the per-slot state matrices in the layer's region.
+    DeltaNet {
+        /// Recurrent layer index, the only payload.
+        layer: usize,
+    },
 }
 
 impl Op {
@@ -192,12 +222,19 @@ impl Op {
             Op::MulMatIdSwiGLU => "mul_mat_id_swiglu",
             Op::MoeSum { .. } => "moe_sum",
             Op::MulSigmoid => "mul_sigmoid",
+            Op::SigmoidGate => "sigmoid_gate",
+            Op::Slice { .. } => "slice",
+            Op::SsmConv { .. } => "ssm_conv",
+            Op::DeltaNet { .. } => "delta_net",
         }
     }
 
-    /// The KV layer this op writes or views directly through its payload.
+    /// The KV layer this op writes or views directly through its payload (for the
+    /// recurrent ops, the layer whose state region they update: it reaches the kernel
+    /// as the region pair, as KV does).
     pub fn kv_layer(&self) -> Option<usize> {
         match self {
+            Op::SsmConv { layer } | Op::DeltaNet { layer } => Some(*layer),
             Op::KvcacheStore { layer }
             | Op::KvcacheLoad { layer }
             | Op::FusedQKV { layer }

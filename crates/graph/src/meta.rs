@@ -39,6 +39,73 @@ pub enum NodeMeta {
     FusedQkvNorm(FusedQkvNormMeta),
     /// An expert-routed matmul's stacked weight(s).
     MatMulId(MatMulIdMeta),
+    /// A recurrent layer's geometry and weights ([`crate::Op::SsmConv`],
+    /// [`crate::Op::DeltaNet`]).
+    Recurrent(RecurrentMeta),
+}
+
+/// The geometry of a Gated DeltaNet layer's recurrent state and the weights its ops
+/// read. The layer's region (see `GraphAllocator::ensure_state`) holds `slots` f32
+/// conv windows of [`Self::conv_slot`] values (per channel its `d_conv - 1` earlier
+/// inputs, oldest first) and `slots` state blocks of [`Self::ssm_slot`]
+/// values (per value head an `s_v x s_k` matrix, row `j` the value dimension). A token's
+/// slot arrives as data (the `slots` input); a token at position 0 starts from zero
+/// state, so a new sequence needs no host-side clear.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecurrentMeta {
+    /// Layer index (the region's key).
+    pub layer: usize,
+    /// State slots in the region (sequences that may run at once).
+    pub slots: usize,
+    /// Convolution kernel width (ggml `ssm.conv_kernel`).
+    pub d_conv: usize,
+    /// Convolved channels: `2 * h_k * s_k + h_v * s_v` (q, k, v in that order).
+    pub channels: usize,
+    /// Key head size.
+    pub s_k: usize,
+    /// Key heads (value head `h` reads key head `h % h_k`, as ggml's repeat, or
+    /// `h / (h_v / h_k)` with [`Self::grouped`]).
+    pub h_k: usize,
+    /// Value head size (equal to `s_k`).
+    pub s_v: usize,
+    /// Value heads.
+    pub h_v: usize,
+    /// The `[d_conv, channels]` convolution weight (SsmConv).
+    pub conv_weight: String,
+    /// The per-value-head decay factor `a` (`-exp(A_log)`, ggml's `ssm_a`; DeltaNet).
+    pub a_weight: String,
+    /// A per-value-head bias DeltaNet adds to `alpha` before the softplus (`ssm_dt`,
+    /// where the projection cannot carry it: Qwen3-Next's joint beta/alpha); `None`
+    /// when `alpha` arrives biased.
+    #[serde(default)]
+    pub dt_bias: Option<String>,
+    /// Value heads share key heads in consecutive groups (`h / (h_v / h_k)`, Qwen3-Next's
+    /// repeat-interleave) rather than in turn (`h % h_k`).
+    #[serde(default)]
+    pub grouped: bool,
+    /// Epsilon of the q/k L2 normalisation (`x / sqrt(sum x^2 + eps)`).
+    pub eps: f32,
+}
+
+impl RecurrentMeta {
+    /// Values of one slot's conv window.
+    pub fn conv_slot(&self) -> usize {
+        self.d_conv.saturating_sub(1) * self.channels
+    }
+
+    /// The key head value head `h` reads.
+    pub fn key_head(&self, h: usize) -> usize {
+        if self.grouped {
+            h / (self.h_v / self.h_k).max(1)
+        } else {
+            h % self.h_k.max(1)
+        }
+    }
+
+    /// Values of one slot's state matrices.
+    pub fn ssm_slot(&self) -> usize {
+        self.h_v * self.s_v * self.s_k
+    }
 }
 
 /// A matmul against a named weight of GGUF shape `[in_dim, out_dim]`.

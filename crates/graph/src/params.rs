@@ -40,6 +40,10 @@ pub struct CParams {
     /// The graph returns the final-normed hidden rows (what embeddings pool) instead of
     /// the logits.
     pub embeddings: bool,
+    /// Recurrent state slots of a model with recurrent layers (sequences that may run
+    /// at once: 1 for one sequence, the slot count of a batched engine); each token's
+    /// slot is data (the `state_slots` input), the count sizes the state regions.
+    pub state_slots: usize,
 }
 
 /// The topology flags of [`CParams`] that follow from the participating backends
@@ -154,6 +158,7 @@ mod tests {
             explicit_span: true,
             ring: None,
             embeddings: false,
+            state_slots: 1,
         };
         caps.apply(&mut cp);
         assert!(cp.gpu && !cp.fuse_ffn && cp.explicit_span);

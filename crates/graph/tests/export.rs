@@ -40,6 +40,10 @@ fn op_index(op: &Op) -> usize {
         Op::MulMatIdSwiGLU => 28,
         Op::MoeSum { .. } => 29,
         Op::MulSigmoid => 30,
+        Op::SigmoidGate => 31,
+        Op::Slice { .. } => 32,
+        Op::SsmConv { .. } => 33,
+        Op::DeltaNet { .. } => 34,
     }
 }
 
@@ -58,6 +62,7 @@ fn meta_index(m: &NodeMeta) -> usize {
         NodeMeta::FusedFfn(_) => 9,
         NodeMeta::FusedQkvNorm(_) => 10,
         NodeMeta::MatMulId(_) => 11,
+        NodeMeta::Recurrent(_) => 12,
     }
 }
 
@@ -109,6 +114,14 @@ fn all_ops() -> Vec<Op> {
         Op::MulMatIdSwiGLU,
         Op::MoeSum { norm: true },
         Op::MulSigmoid,
+        Op::SigmoidGate,
+        Op::Slice {
+            period: 8,
+            start: 4,
+            len: 4,
+        },
+        Op::SsmConv { layer: 2 },
+        Op::DeltaNet { layer: 2 },
     ]
 }
 
@@ -208,6 +221,21 @@ fn all_metas() -> Vec<NodeMeta> {
             n_expert: 128,
             wtype: WeightType::Q4_K,
         }),
+        NodeMeta::Recurrent(RecurrentMeta {
+            layer: 2,
+            slots: 4,
+            d_conv: 4,
+            channels: 6144,
+            s_k: 128,
+            h_k: 16,
+            s_v: 128,
+            h_v: 16,
+            conv_weight: "blk.2.ssm_conv1d.weight".into(),
+            a_weight: "blk.2.ssm_a".into(),
+            dt_bias: Some("blk.2.ssm_dt.bias".into()),
+            grouped: true,
+            eps: 1e-6,
+        }),
     ]
 }
 
@@ -217,10 +245,10 @@ fn every_op_and_meta_variant_round_trips_through_json() {
     let metas = all_metas();
     let mut seen_ops: Vec<usize> = ops.iter().map(op_index).collect();
     seen_ops.dedup();
-    assert_eq!(seen_ops, (0..31).collect::<Vec<_>>());
+    assert_eq!(seen_ops, (0..35).collect::<Vec<_>>());
     assert_eq!(
         metas.iter().map(meta_index).collect::<Vec<_>>(),
-        (0..12).collect::<Vec<_>>()
+        (0..13).collect::<Vec<_>>()
     );
 
     let mut b = GraphBuilder::new();

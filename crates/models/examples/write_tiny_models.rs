@@ -25,10 +25,17 @@ fn spec_json(s: &TinySpec) -> String {
             m.n_expert, m.n_expert_used, m.n_ff_exp, m.n_ff_shexp
         )
     });
+    let ssm = s.ssm.as_ref().map_or(String::new(), |m| {
+        format!(
+            ",\"ssm_d_conv\":{},\"ssm_state\":{},\"ssm_h_k\":{},\"ssm_h_v\":{},\
+             \"full_attention_interval\":{},\"n_rot\":{}",
+            m.d_conv, m.s, m.h_k, m.h_v, m.interval, m.n_rot
+        )
+    });
     format!(
         "{{\"arch\":\"{}\",\"n_layer\":{},\"n_embd\":{},\"n_head\":{},\"n_head_kv\":{},\
          \"head_dim\":{},\"n_ff\":{},\"n_vocab\":{},\"n_ctx\":{},\"wtype\":\"{}\",\
-         \"tied\":{},\"rope_freqs\":{}{window}{moe},\"seed\":{}}}",
+         \"tied\":{},\"rope_freqs\":{}{window}{moe}{ssm},\"seed\":{}}}",
         s.arch,
         s.n_layer,
         s.n_embd,

@@ -32,6 +32,11 @@ pub const INPUT_SPAN: &str = "span";
 /// to, present only with `explicit_span` (invariant 1: KV rows are data).
 pub const INPUT_CELLS: &str = "cells";
 
+/// Name of the recurrent-state slot input (`[nt]` I32) of a model with recurrent
+/// layers: the state slot each token reads and advances (its sequence's; data, as KV
+/// cells are). A token at position 0 starts its slot from zero state.
+pub const INPUT_STATE_SLOTS: &str = "state_slots";
+
 /// Widest FFN for which the decode gate|up concat pays off (design §4.2, measured).
 pub const FUSED_FFN_MAX_NF: usize = 16384;
 

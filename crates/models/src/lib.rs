@@ -1,5 +1,5 @@
 //! Model definitions for minfer (Qwen2, Qwen3, their mixture-of-experts variants Qwen2-MoE
-//! and Qwen3-MoE, Llama, Gemma 2 and 3): hyperparameters,
+//! and Qwen3-MoE, the hybrid recurrent Qwen3.5, Qwen3.5-MoE and Qwen3-Next, Llama, Gemma 2 and 3): hyperparameters,
 //! load-time weight validation and compute-graph construction for the supported
 //! architectures (design §4, §10).
 //!
@@ -40,14 +40,17 @@ pub mod params;
 pub mod qwen2;
 pub mod qwen2moe;
 pub mod qwen3;
+pub mod qwen35;
+pub mod qwen35moe;
 pub mod qwen3moe;
+pub mod qwen3next;
 mod tensors;
 pub mod testing;
 pub mod weights;
 
 pub use common::{
     gate_up_concat_name, qkv_concat_name, FUSED_FFN_MAX_NF, INPUT_CELLS, INPUT_POSITIONS,
-    INPUT_SPAN, INPUT_TAIL_IDS, INPUT_TOKEN_IDS,
+    INPUT_SPAN, INPUT_STATE_SLOTS, INPUT_TAIL_IDS, INPUT_TOKEN_IDS,
 };
 pub use error::ModelError;
 pub use hparams::{HParams, MoeParams};
@@ -64,6 +67,9 @@ pub const REGISTRY: &[(&str, LoadFn)] = &[
     (qwen3::ARCH, qwen3::load),
     (qwen2moe::ARCH, qwen2moe::load),
     (qwen3moe::ARCH, qwen3moe::load),
+    (qwen35::ARCH, qwen35::load),
+    (qwen35moe::ARCH, qwen35moe::load),
+    (qwen3next::ARCH, qwen3next::load),
     (llama::ARCH, llama::load),
     (gemma::ARCH_GEMMA2, gemma::load_gemma2),
     (gemma::ARCH_GEMMA3, gemma::load_gemma3),

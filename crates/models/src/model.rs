@@ -101,6 +101,19 @@ pub trait ModelDef: Send + Sync {
     fn layer_windows(&self) -> Vec<Option<usize>> {
         vec![None; self.n_layer()]
     }
+
+    /// Which layers carry recurrent state (one fixed-size state per sequence, updated
+    /// in place by every token) instead of KV rows at positions. Such state cannot be
+    /// rewound by moving a position: the runtime reuses it only as an exact
+    /// continuation (see [`Self::is_recurrent`]).
+    fn recurrent_layers(&self) -> Vec<bool> {
+        vec![false; self.n_layer()]
+    }
+
+    /// Whether any layer is recurrent (a hybrid or recurrent model).
+    fn is_recurrent(&self) -> bool {
+        self.recurrent_layers().contains(&true)
+    }
 }
 
 /// A decoder-only model: the shared skeleton with an architecture's Q/K/V block.

@@ -54,8 +54,8 @@ pub const TINY_GEMMA2_FINAL_CAP: f32 = 8.0;
 /// Geometry, storage type and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TinySpec {
-    /// `"qwen2"`, `"qwen3"`, `"qwen2moe"`, `"qwen3moe"`, `"llama"`, `"gemma2"` or
-    /// `"gemma3"`.
+    /// `"qwen2"`, `"qwen3"`, `"qwen2moe"`, `"qwen3moe"`, `"qwen35"`, `"qwen35moe"`,
+    /// `"qwen3next"`, `"llama"`, `"gemma2"` or `"gemma3"`.
     pub arch: &'static str,
     /// Blocks.
     pub n_layer: usize,
@@ -83,8 +83,11 @@ pub struct TinySpec {
     /// `attention.sliding_window` (Gemma only; the layer pattern is llama.cpp's default
     /// for the architecture).
     pub sliding_window: Option<usize>,
-    /// Routed experts (`qwen2moe`, `qwen3moe` only; their FFN is the experts).
+    /// Routed experts (`qwen2moe`, `qwen3moe`, `qwen35moe`, `qwen3next` only; their FFN
+    /// is the experts).
     pub moe: Option<TinyMoe>,
+    /// Gated DeltaNet layers (`qwen35`, `qwen35moe`, `qwen3next` only).
+    pub ssm: Option<TinySsm>,
     /// PRNG seed.
     pub seed: u64,
 }
@@ -100,6 +103,37 @@ pub struct TinyMoe {
     pub n_ff_exp: usize,
     /// `expert_shared_feed_forward_length` (`qwen2moe` only).
     pub n_ff_shexp: usize,
+}
+
+/// The recurrent geometry of a tiny hybrid (`qwen35`) model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TinySsm {
+    /// `ssm.conv_kernel`.
+    pub d_conv: usize,
+    /// `ssm.state_size` (key and value head size).
+    pub s: usize,
+    /// `ssm.group_count` (key heads).
+    pub h_k: usize,
+    /// `ssm.time_step_rank` (value heads).
+    pub h_v: usize,
+    /// `full_attention_interval`: every this-th layer is full attention.
+    pub interval: usize,
+    /// `rope.dimension_count` (rotated dims of the full layers' heads).
+    pub n_rot: usize,
+    /// `rope.dimension_sections`, covering the `n_rot / 2` pairs.
+    pub sections: [i32; 4],
+}
+
+impl TinySsm {
+    /// Convolved channels (q, k and v heads).
+    pub fn channels(&self) -> usize {
+        2 * self.h_k * self.s + self.h_v * self.s
+    }
+
+    /// Whether layer `il` is recurrent.
+    pub fn recurrent(&self, il: usize) -> bool {
+        !(il + 1).is_multiple_of(self.interval)
+    }
 }
 
 impl TinySpec {
@@ -120,6 +154,7 @@ impl TinySpec {
             rope_freqs: false,
             sliding_window: None,
             moe: None,
+            ssm: None,
             seed,
         }
     }
@@ -164,6 +199,7 @@ impl TinySpec {
             rope_freqs: false,
             sliding_window: None,
             moe: None,
+            ssm: None,
             seed,
         }
     }
@@ -253,6 +289,55 @@ impl TinySpec {
         }
     }
 
+    /// A small Qwen3.5: 6 layers, every third full attention (4 Gated DeltaNet layers of
+    /// 2 key and 4 value heads of 16, conv width 4; 2 full layers of 4 heads of 32 over 2
+    /// KV heads, half of each head roped), width 64, tied head.
+    pub fn qwen35(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "qwen35",
+            n_layer: 6,
+            n_embd: 64,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 32,
+            n_ff: 128,
+            ssm: Some(TinySsm {
+                d_conv: 4,
+                s: 16,
+                h_k: 2,
+                h_v: 4,
+                interval: 3,
+                n_rot: 16,
+                sections: [3, 3, 2, 0],
+            }),
+            ..Self::qwen3(wtype, seed)
+        }
+    }
+
+    /// A small Qwen3.5-MoE: Qwen3.5's geometry with 4 experts of width 32 (2 used per
+    /// token) and a shared expert of width 64 in every layer.
+    pub fn qwen35moe(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "qwen35moe",
+            moe: Some(TinyMoe {
+                n_expert: 4,
+                n_expert_used: 2,
+                n_ff_exp: 32,
+                n_ff_shexp: 64,
+            }),
+            ..Self::qwen35(wtype, seed)
+        }
+    }
+
+    /// A small Qwen3-Next: Qwen3.5-MoE's geometry with the joint `ssm_ba`
+    /// projection (no rope sections).
+    pub fn qwen3next(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "qwen3next",
+            ..Self::qwen35moe(wtype, seed)
+        }
+    }
+
     /// A small Gemma 2: 4 layers (local and global alternating), width 64, 4 heads of
     /// 32 (decoupled from 64/4) over 2 KV heads, a window of 4 rows (shorter than the
     /// test prompt), tied head.
@@ -272,6 +357,7 @@ impl TinySpec {
             rope_freqs: false,
             sliding_window: Some(4),
             moe: None,
+            ssm: None,
             seed,
         }
     }
@@ -316,6 +402,15 @@ const GEMMA3_SEED: u64 = 8;
 // paths of many distinct tokens.
 const QWEN3MOE_SEED: u64 = 13;
 const QWEN2MOE_SEED: u64 = 20;
+// Qwen3.5: the first seed tried. Only F32 is in the set: with Q8_0 matrices the f32
+// reference kernels differ from llama.cpp's Q8_0-rounded activations by 0.28 of the logit
+// std on this random model (the CPU backend, which rounds as llama.cpp does, matches it to
+// 1e-5), past the Q8_0 tolerance.
+const QWEN35_SEED: u64 = 1;
+// Qwen3.5-MoE: the first seed from 1 on whose F32 router choices along the
+// teacher-forced path are not near-ties that the CPU backend's summation order flips
+// against llama.cpp's (seed 1 flips one at the third decode step).
+const QWEN35MOE_SEED: u64 = 2;
 
 /// The Llama 3 shaped frequency factors of a tiny model with `n_pairs` rope pairs: 1 for
 /// the fastest quarter, 8 from the middle on, linear in between (llama.cpp's converter
@@ -484,6 +579,15 @@ pub fn golden_models() -> Vec<(&'static str, TinySpec)> {
             "qwen2moe-q4_k",
             TinySpec::qwen2moe_kquant(GgmlType::Q4K, QWEN2MOE_SEED),
         ),
+        ("qwen35-f32", TinySpec::qwen35(GgmlType::F32, QWEN35_SEED)),
+        (
+            "qwen35moe-f32",
+            TinySpec::qwen35moe(GgmlType::F32, QWEN35MOE_SEED),
+        ),
+        (
+            "qwen3next-f32",
+            TinySpec::qwen3next(GgmlType::F32, QWEN35MOE_SEED),
+        ),
     ]
 }
 
@@ -538,6 +642,10 @@ pub(crate) fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError
         &embd,
     )?;
     for il in 0..spec.n_layer {
+        if let Some(ssm) = &spec.ssm {
+            hybrid_layer(&mut w, &mut rng, spec, ssm, il)?;
+            continue;
+        }
         let mut mat = |w: &mut GgufWriter, name: String, i: usize, o: usize| {
             let v = rng.normal_vec(i * o, 1.0 / (i as f64).sqrt());
             w.add_tensor_f32(&name, &[i as u64, o as u64], spec.wtype, &v)
@@ -598,6 +706,89 @@ pub(crate) fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError
     Ok(w)
 }
 
+/// Layer `il` of a hybrid (`qwen35`) model: a Gated DeltaNet or a gated full-attention
+/// mixer, `attn_norm`, `post_attention_norm` and a SwiGLU FFN. The decay factors `ssm_a`
+/// are `-(0.5 + x^2 / 2)` (negative, as `-exp(A_log)` is), computed with correctly rounded
+/// operations only; the convolution weight is F32 whatever the matrices' type.
+fn hybrid_layer(
+    w: &mut GgufWriter,
+    rng: &mut SplitMix64,
+    spec: &TinySpec,
+    ssm: &TinySsm,
+    il: usize,
+) -> Result<(), GgufError> {
+    let (ne, nq, nkv, nf) = (
+        spec.n_embd,
+        spec.n_head * spec.head_dim,
+        spec.n_head_kv * spec.head_dim,
+        spec.n_ff,
+    );
+    let mat = |w: &mut GgufWriter, rng: &mut SplitMix64, name: &str, i: usize, o: usize| {
+        let v = rng.normal_vec(i * o, 1.0 / (i as f64).sqrt());
+        w.add_tensor_f32(name, &[i as u64, o as u64], spec.wtype, &v)
+            .map(|_| ())
+    };
+    let vec = |w: &mut GgufWriter, rng: &mut SplitMix64, name: &str, n: usize, center: f64| {
+        let v: Vec<f32> = rng
+            .normal_vec(n, 0.1)
+            .into_iter()
+            .map(|x| (center + f64::from(x)) as f32)
+            .collect();
+        w.add_tensor_f32(name, &[n as u64], GgmlType::F32, &v)
+            .map(|_| ())
+    };
+    if ssm.recurrent(il) {
+        let (c, vd) = (ssm.channels(), ssm.h_v * ssm.s);
+        mat(w, rng, &blk(il, "attn_qkv"), ne, c)?;
+        mat(w, rng, &blk(il, "attn_gate"), ne, vd)?;
+        let conv = rng.normal_vec(ssm.d_conv * c, 1.0 / (ssm.d_conv as f64).sqrt());
+        w.add_tensor_f32(
+            &blk(il, "ssm_conv1d"),
+            &[ssm.d_conv as u64, c as u64],
+            GgmlType::F32,
+            &conv,
+        )?;
+        vec(w, rng, &blk_bias(il, "ssm_dt"), ssm.h_v, 0.0)?;
+        let a: Vec<f32> = rng
+            .normal_vec(ssm.h_v, 1.0)
+            .into_iter()
+            .map(|x| (-(0.5 + f64::from(x) * f64::from(x) * 0.5)) as f32)
+            .collect();
+        w.add_tensor_f32(
+            &format!("blk.{il}.ssm_a"),
+            &[ssm.h_v as u64],
+            GgmlType::F32,
+            &a,
+        )?;
+        if spec.arch == "qwen3next" {
+            mat(w, rng, &blk(il, "ssm_ba"), ne, 2 * ssm.h_v)?;
+        } else {
+            mat(w, rng, &blk(il, "ssm_beta"), ne, ssm.h_v)?;
+            mat(w, rng, &blk(il, "ssm_alpha"), ne, ssm.h_v)?;
+        }
+        vec(w, rng, &blk(il, "ssm_norm"), ssm.s, 1.0)?;
+        mat(w, rng, &blk(il, "ssm_out"), vd, ne)?;
+    } else {
+        mat(w, rng, &blk(il, "attn_q"), ne, 2 * nq)?;
+        mat(w, rng, &blk(il, "attn_k"), ne, nkv)?;
+        mat(w, rng, &blk(il, "attn_v"), ne, nkv)?;
+        mat(w, rng, &blk(il, "attn_output"), nq, ne)?;
+        vec(w, rng, &blk(il, "attn_q_norm"), spec.head_dim, 1.0)?;
+        vec(w, rng, &blk(il, "attn_k_norm"), spec.head_dim, 1.0)?;
+    }
+    match &spec.moe {
+        None => {
+            mat(w, rng, &blk(il, "ffn_gate"), ne, nf)?;
+            mat(w, rng, &blk(il, "ffn_up"), ne, nf)?;
+            mat(w, rng, &blk(il, "ffn_down"), nf, ne)?;
+        }
+        Some(m) => moe_tensors(w, rng, spec, m, il)?,
+    }
+    vec(w, rng, &blk(il, "attn_norm"), ne, 1.0)?;
+    vec(w, rng, &blk(il, "post_attention_norm"), ne, 1.0)?;
+    Ok(())
+}
+
 /// Layer `il`'s router, stacked experts and (`qwen2moe`) shared expert. The router is
 /// F32 whatever the matrices' type (llama.cpp's quantizer keeps it so), with std
 /// `2/sqrt(n_embd)`: logits of std about 2, so the choice changes across tokens and the
@@ -620,7 +811,7 @@ fn moe_tensors(
         let v = rng.normal_vec((i * o * nx) as usize, 1.0 / (i as f64).sqrt());
         w.add_tensor_f32(&blk(il, name), &[i, o, nx], spec.wtype, &v)?;
     }
-    if spec.arch == "qwen2moe" {
+    if matches!(spec.arch, "qwen2moe" | "qwen35moe" | "qwen3next") {
         let ns = m.n_ff_shexp as u64;
         let g = rng.normal_vec(spec.n_embd, 1.0 / (ne as f64).sqrt());
         w.add_tensor_f32(&blk(il, "ffn_gate_inp_shexp"), &[ne], GgmlType::F32, &g)?;
@@ -674,7 +865,7 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
             ("expert_used_count", m.n_expert_used),
             ("expert_feed_forward_length", m.n_ff_exp),
         ];
-        if a == "qwen2moe" {
+        if matches!(a, "qwen2moe" | "qwen35moe" | "qwen3next") {
             keys.push(("expert_shared_feed_forward_length", m.n_ff_shexp));
         }
         for (name, v) in keys {
@@ -683,7 +874,35 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
             w.add_meta(&key, v);
         }
     }
-    if matches!(a, "qwen3" | "qwen3moe") || a.starts_with("gemma") {
+    if let Some(ssm) = &spec.ssm {
+        for (name, v) in [
+            ("ssm.conv_kernel", ssm.d_conv),
+            ("ssm.state_size", ssm.s),
+            ("ssm.group_count", ssm.h_k),
+            ("ssm.time_step_rank", ssm.h_v),
+            ("ssm.inner_size", ssm.h_v * ssm.s),
+            ("full_attention_interval", ssm.interval),
+            ("rope.dimension_count", ssm.n_rot),
+        ] {
+            let key = format!("{a}.{name}");
+            let v = u32_of(&key, v)?;
+            w.add_meta(&key, v);
+        }
+        if a != "qwen3next" {
+            w.add_meta(
+                &format!("{a}.rope.dimension_sections"),
+                MetaValue::Array(
+                    MetaType::I32,
+                    ssm.sections.iter().map(|&x| MetaValue::I32(x)).collect(),
+                ),
+            );
+        }
+    }
+    if matches!(
+        a,
+        "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe" | "qwen3next"
+    ) || a.starts_with("gemma")
+    {
         for name in ["attention.key_length", "attention.value_length"] {
             let key = format!("{a}.{name}");
             let v = u32_of(&key, spec.head_dim)?;

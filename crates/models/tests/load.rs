@@ -2,7 +2,7 @@
 
 mod common;
 
-use minfer_gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
+use minfer_gguf::{GgmlType, GgufFile, GgufWriter, MetaType, MetaValue};
 use minfer_graph::RopeStyle;
 use minfer_models::testing::{tiny_model_bytes, TinySpec};
 use minfer_models::{load_model, supported_architectures, ModelError};
@@ -112,11 +112,22 @@ fn unsupported_architectures_are_refused_with_the_supported_list() {
     );
     assert_eq!(
         err(&f),
-        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, llama, gemma2, gemma3"
+        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next, llama, gemma2, gemma3"
     );
     assert_eq!(
         supported_architectures(),
-        ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "llama", "gemma2", "gemma3"]
+        [
+            "qwen2",
+            "qwen3",
+            "qwen2moe",
+            "qwen3moe",
+            "qwen35",
+            "qwen35moe",
+            "qwen3next",
+            "llama",
+            "gemma2",
+            "gemma3",
+        ]
     );
     let f = with_meta(&q2(), "general.architecture", None);
     assert!(err(&f).contains("`general.architecture`"), "{}", err(&f));
@@ -407,4 +418,37 @@ fn llama_tensors_without_a_graph_term_are_refused_by_name() {
         e.contains("llama.rope.dimension_count") && e.contains("32"),
         "{e}"
     );
+}
+
+#[test]
+fn qwen35_loads_its_hybrid_layers_and_refuses_what_its_graph_lacks() {
+    let spec = TinySpec::qwen35(GgmlType::F32, 1);
+    let f = GgufFile::from_bytes(tiny_model_bytes(&spec).unwrap()).unwrap();
+    let m = load_model(&f).unwrap();
+    assert_eq!(m.arch(), "qwen35");
+    assert!(m.is_recurrent());
+    // Every third layer is full attention.
+    assert_eq!(m.recurrent_layers(), [true, true, false, true, true, false]);
+    // A rotated pair no text section covers would need the fourth position.
+    let bad = with_meta(
+        &spec,
+        "qwen35.rope.dimension_sections",
+        Some(MetaValue::Array(
+            MetaType::I32,
+            [2, 1, 0, 1].into_iter().map(MetaValue::I32).collect(),
+        )),
+    );
+    assert!(
+        err(&bad).contains("rope.dimension_sections"),
+        "{}",
+        err(&bad)
+    );
+    let missing = with_meta(&spec, "qwen35.ssm.conv_kernel", None);
+    assert!(
+        err(&missing).contains("qwen35.ssm.conv_kernel"),
+        "{}",
+        err(&missing)
+    );
+    let inner = with_meta(&spec, "qwen35.ssm.inner_size", Some(MetaValue::U32(63)));
+    assert!(err(&inner).contains("ssm.inner_size"), "{}", err(&inner));
 }

@@ -174,6 +174,34 @@ pub struct TokenRows<'a> {
     pub out_rows: &'a [u32],
 }
 
+/// Whether recurrent state that has absorbed positions `0..written` serves a sequence
+/// going on from `kept`: only as its exact continuation, or from scratch.
+pub(crate) fn recurrent_keeps(kept: usize, written: usize) -> bool {
+    kept == 0 || kept == written
+}
+
+/// The refusal of a step that would rewind recurrent state.
+pub(crate) fn recurrent_rewind(pos0: usize, written: usize) -> EngineError {
+    EngineError::Param {
+        name: "recurrent state",
+        message: format!(
+            "going on from position {pos0} needs the recurrent state as it was there, but it \
+             has absorbed positions up to {written}; prefill from position 0 instead"
+        ),
+    }
+}
+
+/// Words per K and V row, and the (layer, region) of every layer holding KV rows.
+type KvLayout = (usize, usize, Vec<(usize, minfer_graph::KvRegion)>);
+
+/// A copy of an engine's recurrent state and the position it holds
+/// ([`Engine::snapshot_recurrent`]).
+#[derive(Debug, Clone)]
+pub struct RecurrentSnapshot {
+    states: Vec<(usize, Vec<f32>, Vec<f32>)>,
+    written: usize,
+}
+
 /// The default context: the model's own, capped at 4096.
 pub const DEFAULT_CTX_CAP: usize = 4096;
 
@@ -241,6 +269,12 @@ pub struct Engine {
     load_time: Duration,
     rebuild_every_step: bool,
     explicit_span: bool,
+    /// The model has recurrent layers: their state holds exactly positions
+    /// `0..written` of the sequence and cannot be rewound ([`Self::keeps`]).
+    recurrent: bool,
+    /// Virtual KV rows per sequence: a token's recurrent state slot is its KV cell
+    /// divided by this (`n_ctx`: one sequence, slot 0).
+    seq_rows: usize,
     /// Reused per-step buffers, so a decode step of a reused graph allocates nothing.
     scratch: StepScratch,
     /// Positions `0..filled` of the KV hold the current sequence (plain steps).
@@ -275,6 +309,7 @@ struct StepScratch {
     positions: Vec<u32>,
     spans: Vec<[u32; 2]>,
     out_rows: Vec<u32>,
+    state_slots: Vec<u32>,
 }
 
 impl Engine {
@@ -407,7 +442,7 @@ impl Engine {
         // The selection, not the bare fence: it adds the host CPU to a device fence.
         alloc.set_fence(fence.map(|_| selection.backends.clone()));
         let caps = alloc.backend_caps();
-        let engine = Engine {
+        let mut engine = Engine {
             file,
             model,
             cache: GraphCache::new(alloc),
@@ -418,6 +453,8 @@ impl Engine {
             load_time: t0.elapsed(),
             rebuild_every_step: false,
             explicit_span: false,
+            seq_rows: n_ctx.max(1),
+            recurrent: false,
             scratch: StepScratch::default(),
             filled: 0,
             written: 0,
@@ -431,6 +468,7 @@ impl Engine {
             trace: None,
             identity: std::sync::OnceLock::new(),
         };
+        engine.recurrent = engine.model.is_recurrent();
         crate::backends::record_in_use(engine.backend_info());
         Ok(engine)
     }
@@ -480,8 +518,19 @@ impl Engine {
         Ok(())
     }
 
+    /// Copies recurrent state slot `src` into slot `dst` in every recurrent layer (a
+    /// forked sequence, [`crate::MultiEngine::copy_prefix`]); `slots` is the engine's
+    /// state slot count.
+    pub(crate) fn copy_state_slot(&mut self, src: usize, dst: usize) -> Result<(), EngineError> {
+        let slots = (self.n_ctx / self.seq_rows).max(1);
+        self.cache
+            .alloc_mut()
+            .copy_state_slot(src, dst, slots)
+            .map_err(EngineError::from)
+    }
+
     /// Words per stored K and V row, and every layer's (K, V) pool regions.
-    fn kv_layout(&self) -> Result<(usize, usize, Vec<minfer_graph::KvRegion>), EngineError> {
+    fn kv_layout(&self) -> Result<KvLayout, EngineError> {
         let hp = self.hparams();
         let row = hp.n_head_kv * hp.head_dim;
         let missing = |what: String| EngineError::Param {
@@ -493,13 +542,16 @@ impl Engine {
                 .ok_or_else(|| missing(format!("rows of {row} as {t}")))
         };
         let (kw, vw) = (words(self.kv_types[0])?, words(self.kv_types[1])?);
+        // A recurrent layer's region is its state, not rows: it is not part of the rows.
         let regions = (0..hp.n_layer)
             .map(|l| {
                 self.cache
                     .alloc()
                     .kv_region(l)
+                    .map(|r| (l, r))
                     .ok_or_else(|| missing(format!("layer {l} has no KV region")))
             })
+            .filter(|r| !r.as_ref().is_ok_and(|(_, r)| r.recurrent))
             .collect::<Result<Vec<_>, _>>()?;
         Ok((kw, vw, regions))
     }
@@ -515,7 +567,7 @@ impl Engine {
         self.ensure_kv_regions()?;
         let (kw, vw, regions) = self.kv_layout()?;
         let alloc = self.cache.alloc_mut();
-        for (il, r) in regions.into_iter().enumerate() {
+        for (il, r) in regions {
             // A ringed layer's rows sit where its ring maps them ([`crate::swa`]).
             let runs = self.swa.runs(il, base, n);
             for (id, w) in [(r.k, kw), (r.v, vw)] {
@@ -551,7 +603,7 @@ impl Engine {
         let alloc = self.cache.alloc_mut();
         let mut at = 0;
         let mut row = Vec::new();
-        for (il, r) in regions.into_iter().enumerate() {
+        for (il, r) in regions {
             // In position order, so where a ring maps two positions to one row the later
             // one stays, as it would have after running them.
             let runs = self.swa.runs(il, base, n);
@@ -699,6 +751,7 @@ impl Engine {
     /// since the rings' rows are allocated then.
     pub(crate) fn set_seq_rows(&mut self, seq_rows: usize) {
         self.swa = self.swa.resized(seq_rows);
+        self.seq_rows = seq_rows.max(1);
     }
 
     /// Per-op wall time since the last call, with `MINFER_PROFILE=1` (empty otherwise).
@@ -757,6 +810,7 @@ impl Engine {
             explicit_span: self.explicit_span,
             ring: self.swa.params(),
             embeddings: self.embeddings,
+            state_slots: (self.n_ctx / self.seq_rows).max(1),
         };
         self.caps.apply(&mut cparams);
         // The one validated constructor: the graph type and weights version follow from
@@ -847,6 +901,9 @@ impl Engine {
                 message,
             }
         })?;
+        if self.recurrent && !recurrent_keeps(pos0, self.written) {
+            return Err(recurrent_rewind(pos0, self.written));
+        }
         let n_vocab = self.n_vocab();
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::BadToken { id, n_vocab });
@@ -904,7 +961,55 @@ impl Engine {
     /// always, unless sliding-window rings dropped rows that position needs; then the
     /// caller prefills from 0 ([`crate::swa`]).
     pub fn keeps(&self, kept: usize) -> bool {
+        if self.recurrent {
+            return recurrent_keeps(kept, self.written);
+        }
         kept >= self.written || self.swa.keeps(kept, self.written)
+    }
+
+    /// Whether the model has recurrent layers (Qwen3.5's Gated DeltaNet): their state
+    /// holds exactly the positions run since the sequence last started at 0, so a
+    /// sequence goes on only from where it stopped or from 0 ([`Self::keeps`]); rolling
+    /// back takes a [`RecurrentSnapshot`].
+    pub fn is_recurrent(&self) -> bool {
+        self.recurrent
+    }
+
+    /// A copy of every recurrent layer's state (all slots) and of the position it
+    /// holds, for [`Self::restore_recurrent`] (speculative decoding's rollback). `None`
+    /// for a model without recurrent layers or before the first step.
+    pub fn snapshot_recurrent(&mut self) -> Option<RecurrentSnapshot> {
+        if !self.recurrent {
+            return None;
+        }
+        let states = self.cache.alloc_mut().snapshot_states();
+        (!states.is_empty()).then_some(RecurrentSnapshot {
+            states,
+            written: self.written,
+        })
+    }
+
+    /// Zeroes every recurrent layer's state in place, keeping the KV rows and the
+    /// sequence's length: what going on without the state carried would compute. For
+    /// the tests that prove the state is carried.
+    #[doc(hidden)]
+    pub fn zero_recurrent_state(&mut self) -> Result<(), EngineError> {
+        let mut states = self.cache.alloc_mut().snapshot_states();
+        for (_, conv, ssm) in &mut states {
+            conv.fill(0.0);
+            ssm.fill(0.0);
+        }
+        self.cache.alloc_mut().restore_states(&states)?;
+        Ok(())
+    }
+
+    /// Puts back the recurrent state of `snap`: the sequence then holds the positions
+    /// it held when the snapshot was taken (its KV rows past them are ignored).
+    pub fn restore_recurrent(&mut self, snap: &RecurrentSnapshot) -> Result<(), EngineError> {
+        self.cache.alloc_mut().restore_states(&snap.states)?;
+        self.written = snap.written;
+        self.filled = self.filled.min(snap.written);
+        Ok(())
     }
 
     /// The sliding-window layers' KV rings.
@@ -1011,6 +1116,17 @@ impl Engine {
             let spans: &[u32] = rows.spans.as_flattened();
             alloc.fill_input_u32(graph, minfer_models::INPUT_SPAN, spans)?;
             alloc.fill_input_u32(graph, minfer_models::INPUT_CELLS, rows.cells)?;
+        }
+        if graph
+            .input_by_name(minfer_models::INPUT_STATE_SLOTS)
+            .is_some()
+        {
+            // A recurrent layer's state slot is its sequence's: the arena range its cells
+            // fall in (data, like the cells themselves).
+            let slots = &mut self.scratch.state_slots;
+            slots.clear();
+            slots.extend(rows.cells.iter().map(|&c| c / self.seq_rows as u32));
+            alloc.fill_input_u32(graph, minfer_models::INPUT_STATE_SLOTS, slots)?;
         }
         self.scheduler.execute(graph, alloc)?;
         if !alloc.read_into(graph.outputs[0], out) {

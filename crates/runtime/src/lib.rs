@@ -25,7 +25,9 @@ pub use constraint::{
     CompiledGrammar, Constraint, ConstraintError, Grammar, GrammarVocab, Prefetch,
 };
 pub use conversation::Conversation;
-pub use engine::{BackendInfo, Engine, EngineError, EngineOptions, TraceSink, TracedStep};
+pub use engine::{
+    BackendInfo, Engine, EngineError, EngineOptions, RecurrentSnapshot, TraceSink, TracedStep,
+};
 pub use generate::{
     generate, generate_reusing, generate_speculative, greedy_tokens, FinishReason, GenerateOptions,
     GenerationStats,

@@ -183,6 +183,9 @@ impl MultiEngine {
     /// the caller prefills from 0.
     pub fn keeps(&self, slot: usize, kept: usize) -> bool {
         let written = self.written.get(slot).copied().unwrap_or(0);
+        if self.engine.is_recurrent() {
+            return crate::engine::recurrent_keeps(kept, written);
+        }
         kept >= written || self.engine.swa().keeps(kept, written)
     }
 
@@ -217,6 +220,18 @@ impl MultiEngine {
                 ),
             });
         }
+        // Recurrent state holds exactly the positions the slot ran: a fork copies it
+        // whole, so it can only take all of them.
+        let recurrent = self.engine.is_recurrent();
+        if recurrent && !crate::engine::recurrent_keeps(n, self.written[src]) {
+            return Err(EngineError::Param {
+                name: "copy_prefix",
+                message: format!(
+                    "slot {src}'s recurrent state holds {} positions; a fork takes all of them, not {n}",
+                    self.written[src]
+                ),
+            });
+        }
         if src == dst {
             self.filled[dst] = n;
             return Ok(());
@@ -229,6 +244,9 @@ impl MultiEngine {
         let ctx = self.slot_ctx;
         self.engine.read_kv_rows(src * ctx, n, &mut words)?;
         self.engine.write_kv_rows(dst * ctx, n, &words)?;
+        if recurrent && n > 0 {
+            self.engine.copy_state_slot(src, dst)?;
+        }
         self.filled[dst] = n;
         Ok(())
     }
@@ -356,6 +374,10 @@ impl MultiEngine {
                 name: "KV",
                 message: format!("slot {}: {message}", s.slot),
             })?;
+            let written = self.written[s.slot];
+            if self.engine.is_recurrent() && !crate::engine::recurrent_keeps(s.pos0, written) {
+                return Err(crate::engine::recurrent_rewind(s.pos0, written));
+            }
             if nt == 0 || s.n_out == 0 || s.n_out > nt {
                 return Err(EngineError::Param {
                     name: "batch",

@@ -133,6 +133,15 @@ pub enum SessionError {
     /// The history to save is not what the engine's KV holds.
     #[error("session: {0}")]
     History(String),
+    /// The model keeps recurrent state, which session files do not carry.
+    #[error(
+        "session: `{arch}` is a hybrid recurrent model; its per-sequence recurrent state is \
+         not stored in session files, so it is neither saved nor restored (run the prompt again)"
+    )]
+    Recurrent {
+        /// The model's architecture.
+        arch: String,
+    },
     /// The engine failed to read or write its KV.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -437,6 +446,7 @@ fn save_rows(
     chat: Option<&SavedChat>,
     path: &Path,
 ) -> Result<(), SessionError> {
+    refuse_recurrent(engine)?;
     let header = Header::of(engine)?;
     let mut words = Vec::new();
     engine.read_kv_rows(base, history.len(), &mut words)?;
@@ -584,7 +594,19 @@ struct Checked {
 
 /// Reads and checks `path` against `engine` for a sequence of at most `cap` positions:
 /// what it holds, or the refusal.
+/// Session files hold KV rows at positions only: a model with recurrent layers is refused
+/// by name before anything is read or written.
+fn refuse_recurrent(engine: &Engine) -> Result<(), SessionError> {
+    if engine.is_recurrent() {
+        return Err(SessionError::Recurrent {
+            arch: engine.arch().to_string(),
+        });
+    }
+    Ok(())
+}
+
 fn read_checked(engine: &Engine, path: &Path, cap: usize) -> Result<Checked, SessionError> {
+    refuse_recurrent(engine)?;
     let p = || path.to_path_buf();
     let buf = std::fs::read(path).map_err(|source| SessionError::Io { path: p(), source })?;
     let damaged = |what: String| SessionError::Damaged { path: p(), what };

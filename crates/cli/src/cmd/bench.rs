@@ -1,7 +1,8 @@
 //! `minfer bench`: throughput measured as llama-bench measures it. `ppN` is one batched
-//! prefill of N random tokens from an empty KV cache; `tgN` is N single-token decodes
-//! from an empty KV cache; each test has one untimed warm-up run, and t/s is computed
-//! per repetition and reported as mean ± sample standard deviation.
+//! prefill of N random tokens; `tgN` is N single-token decodes; both start from an empty
+//! KV cache, or with `-d D` (llama-bench's `--n-depth`) after D random tokens already in
+//! it (named `ppN @ dD`). Each test has one untimed warm-up run, and t/s is computed per
+//! repetition and reported as mean ± sample standard deviation.
 
 use std::time::Instant;
 
@@ -32,6 +33,15 @@ pub struct Args {
         value_parser = usize_in(0..=MAX_CTX)
     )]
     pub n_gen: usize,
+    /// Tokens already in the context when pp and tg start, 0..=16777216 (llama-bench's
+    /// --n-depth): random tokens prefilled untimed, kept across repetitions.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        default_value_t = 0,
+        value_parser = usize_in(0..=MAX_CTX)
+    )]
+    pub n_depth: usize,
     /// Repetitions of each test, 1..=1000000.
     #[arg(
         short = 'r',
@@ -66,7 +76,36 @@ struct TestResult {
     name: String,
     n_prompt: usize,
     n_gen: usize,
+    n_depth: usize,
     samples: Vec<f64>,
+}
+
+/// A test's name as llama-bench writes it: `pp512`, or `pp512 @ d4096` at a depth.
+fn test_name(test: &str, n: usize, depth: usize) -> String {
+    if depth == 0 {
+        format!("{test}{n}")
+    } else {
+        format!("{test}{n} @ d{depth}")
+    }
+}
+
+/// Puts the engine at `depth` tokens of context for the next test repetition. The depth
+/// is prefilled (untimed) once and kept: a repetition writes rows from `depth` on and
+/// reads none past its own, so the next one can start at `depth` again, unless
+/// sliding-window rings have dropped rows it needs; then the depth is prefilled anew.
+fn go_to_depth(
+    engine: &mut minfer_runtime::Engine,
+    depth: usize,
+    n_vocab: usize,
+    seed: &mut u64,
+) -> anyhow::Result<()> {
+    if depth == 0 {
+        engine.reset();
+    } else if engine.seq_len() < depth || !engine.keeps(depth) {
+        engine.reset();
+        engine.prefill(&random_tokens(depth, n_vocab, seed), 0)?;
+    }
+    Ok(())
 }
 
 impl TestResult {
@@ -120,13 +159,16 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         bail!("nothing to measure: both -p and -n are 0");
     }
     let speculative = args.spec.draft.is_some() || args.spec.lookup;
+    if speculative && args.n_depth > 0 {
+        bail!("-d sets the depth of the pp and tg tests; the speculative test (--draft, --lookup) starts from its prompt");
+    }
     if !speculative && (args.prompt_file.is_some() || args.chat) {
         bail!("--prompt-file and --chat set the speculative test's prompt: add --draft MODEL or --lookup");
     }
     if args.model.ctx.is_none() {
         // The speculative test's prompt is not known yet: room for a long one.
         let spec_room = if speculative { 4096 } else { 1 };
-        args.model.ctx = Some(args.n_prompt.max(args.n_gen).max(spec_room));
+        args.model.ctx = Some(args.n_depth + args.n_prompt.max(args.n_gen).max(spec_room));
     }
     let mut engine = args.model.load()?;
     let n_vocab = engine.n_vocab();
@@ -139,24 +181,26 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         .collect::<Vec<_>>()
         .join(",");
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let depth = args.n_depth;
     let mut results = Vec::new();
 
     if args.n_prompt > 0 {
         let mut samples = Vec::new();
         for rep in 0..=args.reps {
             let tokens = random_tokens(args.n_prompt, n_vocab, &mut seed);
-            engine.reset();
+            go_to_depth(&mut engine, depth, n_vocab, &mut seed)?;
             let t0 = Instant::now();
-            engine.prefill(&tokens, 0)?;
+            engine.prefill(&tokens, depth)?;
             let dt = t0.elapsed().as_secs_f64();
             if rep > 0 {
                 samples.push(args.n_prompt as f64 / dt);
             }
         }
         results.push(TestResult {
-            name: format!("pp{}", args.n_prompt),
+            name: test_name("pp", args.n_prompt, depth),
             n_prompt: args.n_prompt,
             n_gen: 0,
+            n_depth: depth,
             samples,
         });
     }
@@ -167,10 +211,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         let mut samples = Vec::new();
         for rep in 0..=args.reps {
             let tokens = random_tokens(args.n_gen, n_vocab, &mut seed);
-            engine.reset();
+            go_to_depth(&mut engine, depth, n_vocab, &mut seed)?;
             let t0 = Instant::now();
-            for (pos, &t) in tokens.iter().enumerate() {
-                engine.forward(&[t], pos, 1)?;
+            for (i, &t) in tokens.iter().enumerate() {
+                engine.forward(&[t], depth + i, 1)?;
             }
             let dt = t0.elapsed().as_secs_f64();
             if rep > 0 {
@@ -178,9 +222,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             }
         }
         results.push(TestResult {
-            name: format!("tg{}", args.n_gen),
+            name: test_name("tg", args.n_gen, depth),
             n_prompt: 0,
             n_gen: args.n_gen,
+            n_depth: depth,
             samples,
         });
     }
@@ -211,6 +256,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                     "backend": backend,
                     "n_prompt": r.n_prompt,
                     "n_gen": r.n_gen,
+                    "n_depth": r.n_depth,
                     "n_threads": threads,
                     "avg_ts": r.mean(),
                     "stddev_ts": r.stddev(),
@@ -339,12 +385,14 @@ fn spec_test(
             name: name("plain"),
             n_prompt: prompt.len(),
             n_gen,
+            n_depth: 0,
             samples: plain,
         },
         TestResult {
             name: name(spec.source_name()),
             n_prompt: prompt.len(),
             n_gen,
+            n_depth: 0,
             samples: specd,
         },
         spec,

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bench;
 mod deploy;
 mod info;
 mod llama;

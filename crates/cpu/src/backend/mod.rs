@@ -33,7 +33,7 @@ use crate::ops::attn::{self, AttnArgs, AttnScratch};
 use crate::ops::elementwise::{self as ew, BinOp};
 use crate::ops::get_rows::{self, Table};
 use crate::ops::vec::VecIsa;
-use crate::ops::{as_i32, kv, layout, moe, norm, rope};
+use crate::ops::{as_i32, kv, layout, moe, norm, recurrent, rope};
 use crate::threadpool::ThreadPool;
 
 pub use weights::{Weight, WeightError, WeightRegistry};
@@ -235,6 +235,9 @@ impl CpuBackend {
             Op::FusedQKV { layer } | Op::FusedQkvNorm { layer } => {
                 return Ok(self.fused_qkv(node, layer, in_bufs, out_buf.id, kv_pair)?);
             }
+            Op::SsmConv { .. } | Op::DeltaNet { .. } => {
+                return Ok(self.recurrent(node, in_bufs, out_buf.id, kv_pair)?);
+            }
             _ => {}
         }
         let out_id = out_buf.id;
@@ -248,6 +251,85 @@ impl CpuBackend {
         // Back into the pool before anything else, unwinding included.
         self.mem.buffers[out_id] = out;
         Ok(r.unwrap_or_else(|payload| resume_unwind(payload))?)
+    }
+
+    /// A recurrent op: reads its sources, advances the layer's state region in place
+    /// and writes its output.
+    fn recurrent(
+        &mut self,
+        node: &CNode,
+        in_bufs: &[BufRef],
+        out_id: usize,
+        kv_pair: Option<(usize, usize)>,
+    ) -> Result<(), String> {
+        let NodeMeta::Recurrent(m) = &node.meta else {
+            return Err(format!("{} without recurrent metadata", node.op.name()));
+        };
+        let (conv_id, ssm_id) =
+            kv_pair.ok_or_else(|| format!("no recurrent state region for layer {}", m.layer))?;
+        let is_conv = matches!(node.op, Op::SsmConv { .. });
+        let state_id = if is_conv { conv_id } else { ssm_id };
+        let n_bufs = self.mem.buffers.len();
+        if state_id >= n_bufs
+            || state_id == out_id
+            || in_bufs.iter().any(|b| b.id == state_id || b.id == out_id)
+        {
+            return Err(format!(
+                "layer {}: state buffer {state_id} / output {out_id} overlap a source or do not exist",
+                m.layer
+            ));
+        }
+        let nt = node.out_shape[1].max(1);
+        let mut state = std::mem::take(&mut self.mem.buffers[state_id]);
+        let mut out = std::mem::take(&mut self.mem.buffers[out_id]);
+        let CpuBackend {
+            pool,
+            isa,
+            mem,
+            weights,
+            ..
+        } = &mut *self;
+        let buffers = &mem.buffers;
+        let src = |i: usize| -> Result<&[f32], String> {
+            in_bufs
+                .get(i)
+                .and_then(|b| buffers.get(b.id))
+                .map(Vec::as_slice)
+                .ok_or_else(|| format!("missing source {i}"))
+        };
+        let r = (|| {
+            let (pos, slots) = if is_conv {
+                (src(1)?, src(2)?)
+            } else {
+                (src(3)?, src(4)?)
+            };
+            let mut toks = Vec::with_capacity(nt);
+            recurrent::token_slots(m, pos, slots, nt, &mut toks)?;
+            let x = src(0)?;
+            if is_conv {
+                let x = x.get(..m.channels * nt).ok_or("conv input too short")?;
+                let w = vector(weights, &m.conv_weight)?;
+                recurrent::ssm_conv(pool, m, x, &toks, &mut state, w, &mut out)
+            } else {
+                let args = recurrent::DeltaArgs {
+                    meta: m,
+                    qkv: x.get(..m.channels * nt).ok_or("qkv input too short")?,
+                    alpha: src(1)?.get(..m.h_v * nt).ok_or("alpha input too short")?,
+                    beta: src(2)?.get(..m.h_v * nt).ok_or("beta input too short")?,
+                    a: vector(weights, &m.a_weight)?,
+                    dt: m
+                        .dt_bias
+                        .as_deref()
+                        .map(|n| vector(weights, n))
+                        .transpose()?,
+                    toks: &toks,
+                };
+                recurrent::delta_net(pool, *isa, &args, &mut state, &mut out)
+            }
+        })();
+        self.mem.buffers[state_id] = state;
+        self.mem.buffers[out_id] = out;
+        r.map_err(|e| format!("layer {}: {e}", m.layer))
     }
 
     fn kv_store(
@@ -622,6 +704,17 @@ impl CpuBackend {
                 moe::weighted_sum(src(0)?, src(1)?, src(2)?, node.out_shape[0], *norm, out)
             }
             (Op::MulSigmoid, _) => moe::mul_sigmoid(src(0)?, src(1)?, node.out_shape[0], out),
+            (Op::SigmoidGate, _) => {
+                let x = src(0)?.get(..n).ok_or("gate input too short")?;
+                let g = src(1)?.get(..n).ok_or("gate too short")?;
+                recurrent::sigmoid_gate(x, g, out)
+            }
+            (Op::Slice { period, start, len }, _) => {
+                let x = src(0)?;
+                let d = n / nt / len.max(&1) * period;
+                let x = x.get(..d * nt).ok_or("slice input too short")?;
+                recurrent::slice(x, *period, *start, *len, out)
+            }
             (op, meta) => Err(format!(
                 "{} with metadata {meta:?} is not implemented by the cpu backend",
                 op.name()
@@ -1125,6 +1218,10 @@ impl BackendImpl for CpuBackend {
                     | Op::MulMatIdSwiGLU
                     | Op::MoeSum { .. }
                     | Op::MulSigmoid
+                    | Op::SigmoidGate
+                    | Op::Slice { .. }
+                    | Op::SsmConv { .. }
+                    | Op::DeltaNet { .. }
             )
     }
 

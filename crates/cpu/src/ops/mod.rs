@@ -14,6 +14,7 @@ pub mod kv;
 pub mod layout;
 pub mod moe;
 pub mod norm;
+pub mod recurrent;
 pub mod rope;
 pub mod vec;
 

@@ -271,6 +271,27 @@ mod avx2 {
         }
         let pv = v.as_ptr();
         let mut c0 = 0;
+        // Whole chunks of 64 with a fixed count, so the eight accumulators stay in
+        // registers (a variable count leaves them in memory: a load and a store per
+        // multiply-add); the same operations in the same order as the general loop.
+        while c0 + 64 <= hd {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(o.as_ptr().add(c0 + 8 * j));
+            }
+            for (i, &pi) in p.iter().enumerate() {
+                let s = _mm256_set1_ps(pi);
+                let row = pv.add(first + i * stride + c0);
+                for (j, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row i is inside `v` (caller), c0 + 8j + 8 <= hd.
+                    *a = _mm256_fmadd_ps(s, _mm256_loadu_ps(row.add(8 * j)), *a);
+                }
+            }
+            for (j, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.as_mut_ptr().add(c0 + 8 * j), *a);
+            }
+            c0 += 64;
+        }
         while c0 < hd {
             let w = (hd - c0).min(64) / 8;
             let mut acc = [_mm256_setzero_ps(); 8];

@@ -36,6 +36,8 @@ pub fn op_detail(op: &Op) -> String {
         Op::Reshape { shape } => format!("shape={shape:?}"),
         Op::Permute { dims } => format!("dims={dims:?}"),
         Op::TopK { k } => format!("k={k}"),
+        Op::Slice { period, start, len } => format!("period={period} start={start} len={len}"),
+        Op::SsmConv { layer } | Op::DeltaNet { layer } => format!("layer={layer}"),
         Op::MoeSum { norm } => format!("norm={norm}"),
         _ => String::new(),
     }
@@ -71,6 +73,10 @@ pub fn op_args(op: &Op) -> Value {
         Op::Reshape { shape } => json!({ "shape": shape }),
         Op::Permute { dims } => json!({ "dims": dims }),
         Op::TopK { k } => json!({ "k": k }),
+        Op::Slice { period, start, len } => {
+            json!({ "period": period, "start": start, "len": len })
+        }
+        Op::SsmConv { layer } | Op::DeltaNet { layer } => json!({ "layer": layer }),
         Op::MoeSum { norm } => json!({ "norm": norm }),
         _ => json!({}),
     }
@@ -249,6 +255,18 @@ pub fn op_from_json(name: &str, args: &Value) -> Result<Op, GraphError> {
             norm: arg_bool(a, "norm")?,
         },
         "mul_sigmoid" => Op::MulSigmoid,
+        "sigmoid_gate" => Op::SigmoidGate,
+        "slice" => Op::Slice {
+            period: arg_usize(a, "period")?,
+            start: arg_usize(a, "start")?,
+            len: arg_usize(a, "len")?,
+        },
+        "ssm_conv" => Op::SsmConv {
+            layer: arg_usize(a, "layer")?,
+        },
+        "delta_net" => Op::DeltaNet {
+            layer: arg_usize(a, "layer")?,
+        },
         "fused_qkv_norm" => Op::FusedQkvNorm {
             layer: arg_usize(a, "layer")?,
         },

@@ -27,6 +27,7 @@ use crate::scheduler::BackendScheduler;
 use crate::GraphAllocator;
 
 mod moe;
+mod recurrent;
 
 /// One input's values: f32 activations or u32 ids (positions, cells, spans).
 #[derive(Debug, Clone, PartialEq)]
@@ -877,6 +878,7 @@ pub fn op_cases() -> Vec<OpCase> {
     rope_cases(&mut out);
     kv_cases(&mut out);
     moe::moe_cases(&mut out);
+    recurrent::recurrent_cases(&mut out);
     out
 }
 

@@ -287,6 +287,11 @@ pub(super) fn compute(
                 .map(|(i, &v)| v / (1.0 + (-g[i / d]).exp()))
                 .collect())
         }
+        (Op::SigmoidGate, _) => super::recurrent::sigmoid_gate(x?, input(inputs, 1)?),
+        (Op::Slice { period, start, len }, _) => {
+            let x = x?;
+            super::recurrent::slice(x, x.len() / nt, *period, *start, *len)
+        }
         (op, meta) => Err(format!(
             "{} with meta {meta:?} is not implemented by the reference backend",
             op.name()

@@ -15,6 +15,7 @@
 pub mod cases;
 mod declining;
 mod kernels;
+mod recurrent;
 
 pub use declining::Declining;
 
@@ -26,7 +27,7 @@ use minfer_gguf::GgufFile;
 
 use crate::backend::{BackendImpl, SplitSpan};
 use crate::backend_error::BackendError;
-use crate::ir::{Backend, BufRef, CNode, DType, FusedOp, Op};
+use crate::ir::{Backend, BufRef, CNode, DType, FusedOp, NodeMeta, Op};
 
 /// A weight in memory order `[out][in]`; a vector is stored with `in_dim == len`, `out_dim == 1`.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,6 +145,10 @@ pub const IMPLEMENTED: &[&str] = &[
     "mul_mat_id_swiglu",
     "moe_sum",
     "mul_sigmoid",
+    "sigmoid_gate",
+    "slice",
+    "ssm_conv",
+    "delta_net",
 ];
 
 /// A host backend with scalar kernels and a configurable claim set.
@@ -400,6 +405,46 @@ impl BackendImpl for RefBackend {
                 let (k, v) = kv_pair.ok_or("no KV pair for attention")?;
                 let out = kernels::attn(node, &inputs, self.buf(k)?, self.buf(v)?)?;
                 self.write_out(out_buf.id, out)
+            }
+            Op::SsmConv { .. } | Op::DeltaNet { .. } => {
+                let (conv, ssm) = kv_pair.ok_or("no recurrent state region")?;
+                let NodeMeta::Recurrent(m) = &node.meta else {
+                    return Err(format!("{} without recurrent metadata", node.op.name()).into());
+                };
+                let nt = node.out_shape[1].max(1);
+                let src = |i: usize| inputs.get(i).ok_or_else(|| format!("missing source {i}"));
+                let weight = |name: &str| {
+                    weights
+                        .get(name)
+                        .map(|w| w.data.clone())
+                        .ok_or_else(|| format!("weight '{name}' is not registered"))
+                };
+                let is_conv = matches!(node.op, Op::SsmConv { .. });
+                let (pos, slots) = if is_conv {
+                    (src(1)?, src(2)?)
+                } else {
+                    (src(3)?, src(4)?)
+                };
+                let toks = recurrent::token_slots(m, pos, slots, nt)?;
+                let id = if is_conv { conv } else { ssm };
+                let mut state = std::mem::take(
+                    self.mem
+                        .buffers
+                        .get_mut(id)
+                        .ok_or(BackendError::NoSuchBuffer { id })?,
+                );
+                let out = if is_conv {
+                    let w = weight(&m.conv_weight)?;
+                    recurrent::ssm_conv(m, src(0)?, &toks, &mut state, &w)
+                } else {
+                    let a = weight(&m.a_weight)?;
+                    let dt = m.dt_bias.as_deref().map(weight).transpose()?;
+                    let (q, al, be) = (src(0)?, src(1)?, src(2)?);
+                    let weights = [Some(a.as_slice()), dt.as_deref()];
+                    recurrent::delta_net(m, [q, al, be], &toks, &mut state, weights)
+                };
+                self.mem.buffers[id] = state;
+                self.write_out(out_buf.id, out?)
             }
             _ => {
                 let out = kernels::compute(node, &inputs, &weights)?;

@@ -297,10 +297,26 @@ impl Speculator {
         self.plan(history, pending, room, sampler)?;
         let t0 = Instant::now();
         let n = self.batch.len();
+        // Recurrent state cannot be rewound by a position: keep the state from before the
+        // block, and after a rejection put it back and run the kept tokens again.
+        let snap = if n > 1 {
+            engine.snapshot_recurrent()
+        } else {
+            None
+        };
         engine.forward_into(&self.batch, history.len(), n, rows)?;
         let elapsed = t0.elapsed();
         let n_vocab = engine.n_vocab();
+        let before = out.len();
         self.verify(sampler, rows, n_vocab, elapsed, out);
+        // The block's tokens the sequence keeps: the pending one and the accepted drafts
+        // (every appended token but the new pending one).
+        let kept = out.len() - before;
+        if let Some(snap) = snap.filter(|_| kept < n) {
+            engine.restore_recurrent(&snap)?;
+            let mut scratch = Vec::new();
+            engine.forward_into(&self.batch[..kept], history.len(), 1, &mut scratch)?;
+        }
         Ok(())
     }
 }

@@ -9,6 +9,7 @@ mod embed;
 mod fusion;
 mod gemma;
 mod moe;
+mod recurrent;
 mod reference;
 mod session;
 mod speculative;

@@ -14,7 +14,8 @@ fn moe_models() -> Vec<(&'static str, TinySpec)> {
         .into_iter()
         .filter(|(_, s)| s.moe.is_some())
         .collect();
-    assert_eq!(v.len(), 6, "the golden set's MoE models");
+    // Qwen3-MoE and Qwen2-MoE in three types each, Qwen3.5-MoE and Qwen3-Next.
+    assert_eq!(v.len(), 8, "the golden set's MoE models");
     v
 }
 

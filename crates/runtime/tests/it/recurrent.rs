@@ -1,0 +1,316 @@
+//! Hybrid recurrent models on the tiny Qwen3.5 (Gated DeltaNet layers beside gated
+//! attention): the state is carried from step to step (decoding token by token gives the
+//! prompt's logits; zeroing the state changes them), greedy decode is bitwise the same
+//! across thread counts, graph reuse and batch composition, speculative decoding rolls
+//! the state back on rejected drafts, and everything that would rewind the state (an
+//! earlier position, a context shift, a session file) prefills again or is refused.
+
+use std::sync::Arc;
+
+use minfer_gguf::{GgmlType, GgufFile};
+use minfer_models::testing::{tiny_model_bytes, TinySpec};
+use minfer_runtime::sampling::argmax;
+use minfer_runtime::session;
+use minfer_runtime::{
+    generate, generate_speculative, Engine, EngineOptions, GenerateOptions, KvHistory, MultiEngine,
+    NgramLookup, SamplingParams, SeqStep, Speculator,
+};
+use minfer_tokenizer::Tokenizer;
+
+const N_CTX: usize = 128;
+
+/// The measured bound between a prompt prefilled at once and token by token (different
+/// batch shapes sum in other orders): observed 0 on this model.
+const DECODE_BOUND: f32 = 1e-4;
+
+fn file() -> Arc<GgufFile> {
+    let spec = TinySpec::qwen35(GgmlType::F32, 1);
+    Arc::new(GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader"))
+}
+
+fn opts(threads: usize, n_batch: usize) -> EngineOptions {
+    EngineOptions {
+        n_threads: threads,
+        n_ctx: Some(N_CTX),
+        n_batch,
+        backend: Some("cpu".into()),
+        ..EngineOptions::default()
+    }
+}
+
+fn engine(threads: usize) -> Engine {
+    Engine::from_arc(file(), &opts(threads, 64)).expect("engine")
+}
+
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 37 + 5 + salt * 11) % 250)
+        .collect()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The prompt's last logits, then `n` greedy steps' logits.
+fn greedy(e: &mut Engine, p: &[u32], n: usize) -> Vec<Vec<f32>> {
+    let mut out = vec![e.prefill(p, 0).expect("prefill")];
+    for i in 0..n {
+        let t = argmax(out.last().unwrap()) as u32;
+        out.push(e.forward(&[t], p.len() + i, 1).expect("decode"));
+    }
+    out
+}
+
+#[test]
+fn the_state_is_carried_from_step_to_step() {
+    let p = prompt(20, 0);
+    let mut whole = engine(2);
+    assert!(whole.is_recurrent());
+    let want = whole.prefill(&p, 0).expect("prefill");
+    // Token by token: each step reads the state the previous one left.
+    let mut e = engine(2);
+    let mut got = Vec::new();
+    for (i, &t) in p.iter().enumerate() {
+        got = e.forward(&[t], i, 1).expect("step");
+    }
+    let d = max_diff(&got, &want);
+    eprintln!("prefill vs token by token: max |dlogit| {d:.3e}");
+    assert!(d <= DECODE_BOUND, "{d}");
+    // The same last step without the state the prompt built: other logits.
+    let mut e = engine(2);
+    e.prefill(&p[..19], 0).expect("prefill");
+    e.zero_recurrent_state().expect("zero");
+    let cut = e.forward(&p[19..], 19, 1).expect("step");
+    let d = max_diff(&cut, &want);
+    eprintln!("with the state zeroed: max |dlogit| {d:.3e}");
+    assert!(d > 0.1, "zeroing the recurrent state changed nothing ({d})");
+}
+
+/// The MoE variants (Qwen3.5-MoE; Qwen3-Next with its joint beta/alpha and grouped key
+/// heads) carry their state and decode bitwise the same on 1 and 2 threads too.
+#[test]
+fn the_moe_variants_carry_their_state_across_threads() {
+    for spec in [
+        TinySpec::qwen35moe(GgmlType::F32, 2),
+        TinySpec::qwen3next(GgmlType::F32, 2),
+    ] {
+        let f = Arc::new(GgufFile::from_bytes(tiny_model_bytes(&spec).unwrap()).unwrap());
+        let make = |threads| Engine::from_arc(Arc::clone(&f), &opts(threads, 64)).unwrap();
+        let p = prompt(16, 6);
+        let one = greedy(&mut make(1), &p, 8);
+        assert_eq!(
+            greedy(&mut make(2), &p, 8),
+            one,
+            "{}: 1 vs 2 threads",
+            spec.arch
+        );
+        let mut e = make(2);
+        let mut got = Vec::new();
+        for (i, &t) in p.iter().enumerate() {
+            got = e.forward(&[t], i, 1).unwrap();
+        }
+        let d = max_diff(&got, &one[0]);
+        assert!(d <= DECODE_BOUND, "{}: token by token {d}", spec.arch);
+        let mut e = make(2);
+        e.prefill(&p[..15], 0).unwrap();
+        e.zero_recurrent_state().unwrap();
+        let cut = e.forward(&p[15..], 15, 1).unwrap();
+        assert!(
+            max_diff(&cut, &one[0]) > 0.1,
+            "{}: state not read",
+            spec.arch
+        );
+    }
+}
+
+#[test]
+fn greedy_decode_is_bitwise_the_same_across_threads_and_graph_reuse() {
+    let p = prompt(24, 1);
+    let one = greedy(&mut engine(1), &p, 16);
+    let two = greedy(&mut engine(2), &p, 16);
+    assert_eq!(one, two, "1 vs 2 threads");
+    let mut rebuilt = engine(2);
+    rebuilt.set_rebuild_every_step(true);
+    assert_eq!(
+        greedy(&mut rebuilt, &p, 16),
+        two,
+        "graph reuse vs rebuilding"
+    );
+    // Prefill chunks of 5 give the same state as one chunk.
+    let mut chunked = Engine::from_arc(file(), &opts(2, 5)).expect("engine");
+    let c = greedy(&mut chunked, &p, 16);
+    let d = max_diff(&c[0], &two[0]);
+    assert!(d <= DECODE_BOUND, "chunked prefill: {d}");
+    let tokens = |v: &[Vec<f32>]| v.iter().map(|l| argmax(l)).collect::<Vec<_>>();
+    assert_eq!(tokens(&c), tokens(&two));
+}
+
+#[test]
+fn four_concurrent_sequences_equal_each_alone() {
+    let prompts: Vec<Vec<u32>> = (0..4).map(|s| prompt(9 + 3 * s as usize, s + 2)).collect();
+    let multi = || MultiEngine::from_shared(file(), &opts(2, 64), 4).expect("slots");
+    // All four at once: prefill together, then 8 decode steps together.
+    let mut m = multi();
+    let steps: Vec<SeqStep> = prompts
+        .iter()
+        .enumerate()
+        .map(|(slot, p)| SeqStep {
+            slot,
+            tokens: p.clone(),
+            pos0: 0,
+            n_out: 1,
+        })
+        .collect();
+    let mut together = vec![Vec::new(); 4];
+    let mut last = m.step(&steps).expect("prefill");
+    for _ in 0..8 {
+        let steps: Vec<SeqStep> = (0..4)
+            .map(|slot| {
+                let t = argmax(&last[slot]) as u32;
+                together[slot].push(t);
+                SeqStep {
+                    slot,
+                    tokens: vec![t],
+                    pos0: prompts[slot].len() + together[slot].len() - 1,
+                    n_out: 1,
+                }
+            })
+            .collect();
+        last = m.step(&steps).expect("decode");
+    }
+    // Each alone, in another slot of a fresh engine, so slot and neighbours both differ.
+    for (i, p) in prompts.iter().enumerate() {
+        let mut m = multi();
+        let slot = 3 - i;
+        let mut l = m
+            .step(&[SeqStep {
+                slot,
+                tokens: p.clone(),
+                pos0: 0,
+                n_out: 1,
+            }])
+            .expect("alone")
+            .remove(0);
+        let mut alone = Vec::new();
+        for _ in 0..8 {
+            let t = argmax(&l) as u32;
+            alone.push(t);
+            l = m
+                .step(&[SeqStep {
+                    slot,
+                    tokens: vec![t],
+                    pos0: p.len() + alone.len() - 1,
+                    n_out: 1,
+                }])
+                .expect("alone")
+                .remove(0);
+        }
+        assert_eq!(alone, together[i], "sequence {i}");
+        assert_eq!(l, last[i], "sequence {i}: last logits");
+        // And against a plain single-sequence engine.
+        let plain = greedy(&mut engine(2), p, 8);
+        assert_eq!(
+            plain.last().unwrap(),
+            &l,
+            "sequence {i} against a plain engine"
+        );
+    }
+}
+
+#[test]
+fn a_fork_copies_the_state_whole() {
+    let p = prompt(15, 3);
+    let mut m = MultiEngine::from_shared(file(), &opts(2, 64), 2).expect("slots");
+    let step = |slot, tokens: Vec<u32>, pos0| SeqStep {
+        slot,
+        tokens,
+        pos0,
+        n_out: 1,
+    };
+    let first = m.step(&[step(0, p.clone(), 0)]).expect("prefill").remove(0);
+    // Only the whole sequence can be forked: the state holds all of it.
+    assert!(m.copy_prefix(0, 1, 10).is_err());
+    m.copy_prefix(0, 1, p.len()).expect("fork");
+    let t = argmax(&first) as u32;
+    let out = m
+        .step(&[step(0, vec![t], p.len()), step(1, vec![t], p.len())])
+        .expect("both");
+    assert_eq!(out[0], out[1], "the fork goes on as its source");
+}
+
+#[test]
+fn rewinding_the_state_is_refused_and_reuse_starts_over() {
+    let p = prompt(30, 4);
+    let mut e = engine(2);
+    greedy(&mut e, &p, 0);
+    assert!(e.keeps(30) && e.keeps(0));
+    assert!(!e.keeps(20), "the state cannot be rewound to position 20");
+    let err = e.forward(&p[20..21], 20, 1).unwrap_err().to_string();
+    assert!(err.contains("recurrent state"), "{err}");
+    // The reuse rule prefills from 0, and the answer is a fresh engine's.
+    let mut other = p[..21].to_vec();
+    other.extend(prompt(6, 9));
+    let mut kv = KvHistory::from_tokens(p.clone());
+    assert_eq!(kv.reuse_if(&other, |k| e.keeps(k)).kept, 0);
+    assert_eq!(greedy(&mut e, &other, 4), greedy(&mut engine(2), &other, 4));
+}
+
+#[test]
+fn session_files_refuse_recurrent_models_by_name() {
+    let p = prompt(12, 5);
+    let mut e = engine(1);
+    greedy(&mut e, &p, 0);
+    let path = std::env::temp_dir().join(format!("minfer-rec-{}.kv", std::process::id()));
+    let err = session::save(&mut e, &p, &path).unwrap_err().to_string();
+    assert!(err.contains("qwen35") && err.contains("recurrent"), "{err}");
+    assert!(!path.exists());
+    let err = session::load(&mut e, &path).unwrap_err().to_string();
+    assert!(err.contains("recurrent"), "{err}");
+}
+
+#[test]
+fn greedy_speculation_rolls_the_state_back_and_gives_plain_tokens() {
+    let f = file();
+    let mut target = Engine::from_arc(Arc::clone(&f), &opts(1, 64)).expect("engine");
+    let tok = Tokenizer::from_gguf(target.file()).expect("tokenizer");
+    let gen = GenerateOptions {
+        max_tokens: 40,
+        stop: Vec::new(),
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        constraint: None,
+    };
+    let mut drafted = 0;
+    for text in [
+        "A list: apples, pears, plums, apples, pears, plums, apples,",
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+        "abc abc abc abc abc abc",
+    ] {
+        let prompt = tok.encode(text, true, true);
+        let plain = generate(&mut target, &tok, &prompt, &gen, |_| true)
+            .expect("plain")
+            .tokens;
+        let mut spec = Speculator::new(Box::new(NgramLookup::new()), 5).unwrap();
+        spec.set_fixed_depth(Some(3));
+        let got =
+            generate_speculative(&mut target, &tok, &prompt, 0, &gen, Some(&mut spec), |_| {
+                true
+            })
+            .expect("speculative")
+            .tokens;
+        assert_eq!(got, plain, "{text:?}");
+        let s = spec.stats();
+        drafted += s.drafted - s.accepted;
+    }
+    assert!(
+        drafted > 0,
+        "no draft was ever rejected: the rollback went untested"
+    );
+}
