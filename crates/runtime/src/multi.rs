@@ -253,9 +253,12 @@ impl MultiEngine {
 
     /// Whether KV rows of this engine may be exported and imported by position
     /// ([`Self::export_rows`]): not when a sliding-window layer keeps a ring, whose
-    /// rows of a position are overwritten once the window moves on.
+    /// rows of a position are overwritten once the window moves on, nor for a model
+    /// with recurrent layers, whose state is not rows by position.
     pub fn rows_portable(&self) -> bool {
-        !self.engine.swa().active()
+        // A recurrent layer's state is one per slot, not rows by position: rows copied
+        // without it would pair another sequence's state with these tokens.
+        !self.engine.swa().active() && !self.engine.is_recurrent()
     }
 
     /// What a row of this engine depends on beyond its tokens and position: the model

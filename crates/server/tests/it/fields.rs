@@ -40,9 +40,9 @@ async fn out_of_range_numbers_and_unknown_fields_are_400s_naming_them() {
     // n_prompt + max_tokens used to wrap around in release builds; a maximum past the
     // context now runs to the full context (256 positions) and ends as `length`.
     for body in [
-        json!({"prompt": "abcd", "max_tokens": u64::MAX}),
-        json!({"prompt": "abcd", "max_tokens": 1u64 << 63}),
-        json!({"prompt": "abcd", "n_predict": i64::MAX}),
+        json!({"prompt": "abcd", "max_tokens": u64::MAX, "temperature": 0}),
+        json!({"prompt": "abcd", "max_tokens": 1u64 << 63, "temperature": 0}),
+        json!({"prompt": "abcd", "n_predict": i64::MAX, "temperature": 0}),
     ] {
         let (st, v) = post(&s.base, "/v1/completions", body.clone()).await;
         assert_eq!(st, 200, "{body}: {v}");

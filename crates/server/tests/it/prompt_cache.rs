@@ -245,3 +245,34 @@ async fn a_slot_that_took_cached_rows_saves_and_restores_as_one_that_prefilled()
     assert_eq!(got, want);
     on.stop().expect("stop");
 }
+
+/// A hybrid recurrent model (the tiny Qwen3.5): its state is one per slot, not rows by
+/// position, so the cache is skipped for it (nothing copied, nothing stored) and the
+/// answer is the one a server without the cache gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recurrent_model_skips_the_cache_and_answers_as_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hybrid.gguf");
+    write_tiny_model(&path, &TinySpec::qwen35(GgmlType::F32, 3)).unwrap();
+    let serve = |cache_ram: usize| {
+        let mut c = tiny_config(&path, 3);
+        c.cache_block = 16;
+        c.cache_ram = cache_ram;
+        let running = start(c).expect("starting the server");
+        let base = format!("http://{}", running.addr());
+        (running, base)
+    };
+    let (off, off_base) = serve(0);
+    let (want, _) = two_slots(&off_base, &json!({})).await;
+    let (on, base) = serve(64 << 20);
+    let (got, hit) = two_slots(&base, &json!({})).await;
+    assert_eq!(got, want, "the cache changed a recurrent model's answer");
+    assert_eq!(hit, 0, "a recurrent model took rows from the cache");
+    assert_eq!(
+        metric(&base, "minfer_prompt_cache_hit_tokens_total").await,
+        0.0
+    );
+    assert_eq!(metric(&base, "minfer_prompt_cache_bytes").await, 0.0);
+    on.stop().expect("stop");
+    off.stop().expect("stop");
+}
