@@ -156,6 +156,33 @@ impl LayerCx<'_> {
 /// with K and V stored into the layer's KV regions along the way.
 pub(crate) type QkvBlock = fn(&mut GraphBuilder, &LayerCx<'_>, NodeId) -> NodeId;
 
+/// The inputs every decoder graph opens with, in this order: token ids, positions, the
+/// tail rows (only when `n_out < nt`), and with `explicit_span` the key spans and the
+/// KV cells.
+pub(crate) struct Inputs {
+    pub ids: NodeId,
+    pub pos: NodeId,
+    pub tail: Option<NodeId>,
+    pub span: Option<NodeId>,
+    pub cells: Option<NodeId>,
+}
+
+/// Appends [`Inputs`] for `nt` tokens and `n_out` output rows.
+pub(crate) fn inputs(b: &mut GraphBuilder, nt: usize, n_out: usize, explicit_span: bool) -> Inputs {
+    let ids = b.input(INPUT_TOKEN_IDS, [nt, 1, 1, 1], DType::I32);
+    let pos = b.input(INPUT_POSITIONS, [nt, 1, 1, 1], DType::I32);
+    let tail = (n_out < nt).then(|| b.input(INPUT_TAIL_IDS, [n_out, 1, 1, 1], DType::I32));
+    let span = explicit_span.then(|| b.input(INPUT_SPAN, [2, nt, 1, 1], DType::I32));
+    let cells = explicit_span.then(|| b.input(INPUT_CELLS, [nt, 1, 1, 1], DType::I32));
+    Inputs {
+        ids,
+        pos,
+        tail,
+        span,
+        cells,
+    }
+}
+
 /// The unfused tail of every Q/K/V block: rope q and k at `positions`, then store k and v
 /// at the layer's KV rows (`cx.cells`).
 pub(crate) fn rope_and_store(
@@ -217,15 +244,13 @@ pub(crate) fn build(
 
     let mut b = GraphBuilder::new();
     // Every input sits at the head: an input in mid-graph would cut a device run in two.
-    let ids = b.input(INPUT_TOKEN_IDS, [nt, 1, 1, 1], DType::I32);
-    let pos = b.input(INPUT_POSITIONS, [nt, 1, 1, 1], DType::I32);
-    let tail = (n_out < nt).then(|| b.input(INPUT_TAIL_IDS, [n_out, 1, 1, 1], DType::I32));
-    let span = cp
-        .explicit_span
-        .then(|| b.input(INPUT_SPAN, [2, nt, 1, 1], DType::I32));
-    let cells = cp
-        .explicit_span
-        .then(|| b.input(INPUT_CELLS, [nt, 1, 1, 1], DType::I32));
+    let Inputs {
+        ids,
+        pos,
+        tail,
+        span,
+        cells,
+    } = inputs(&mut b, nt, n_out, cp.explicit_span);
 
     let mut h = b.embedding(ids, &w.tok_embd);
     b.set_name(h, "inp_embd");

@@ -261,15 +261,6 @@ impl MultiEngine {
         !self.engine.swa().active() && !self.engine.is_recurrent()
     }
 
-    /// What a row of this engine depends on beyond its tokens and position: the model
-    /// (architecture, hyperparameters, digest), the KV backend and element formats, and
-    /// the compute backends. Rows of two engines with the same fingerprint are the same
-    /// bits for the same tokens, so one may take the other's.
-    pub fn kv_fingerprint(&self) -> [u8; 32] {
-        let names = self.engine.backend_names().join("\n");
-        crate::session::fingerprint(&self.engine, names.as_bytes())
-    }
-
     /// The KV rows of positions `from..from + n` of `slot`, exactly as stored (per
     /// layer: its K rows, then its V rows). Positions past what the slot holds, or an
     /// engine whose rows are not portable, are refused by name.

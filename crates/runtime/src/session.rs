@@ -285,15 +285,18 @@ impl Header {
     }
 }
 
-/// SHA-256 of what a session file must match to be restored into `engine` (its header:
-/// model, hyperparameters, KV backend, formats and ring step), followed by `extra`: two
-/// engines with the same fingerprint store the same rows in the same layout.
-pub(crate) fn fingerprint(engine: &Engine, extra: &[u8]) -> [u8; 32] {
+/// What a KV row of `multi` depends on beyond its tokens and position: SHA-256 of what a
+/// session file must match to be restored into its engine (the header: model,
+/// hyperparameters, KV backend, formats and ring step) and the compute backends' names.
+/// Rows of two engines with the same fingerprint are the same bits for the same tokens,
+/// so one may take the other's ([`MultiEngine::export_rows`]).
+pub fn kv_fingerprint(multi: &MultiEngine) -> [u8; 32] {
+    let engine = multi.engine();
     let mut bytes = Vec::new();
     if let Ok(h) = Header::of(engine) {
         h.write(&mut bytes);
     }
-    bytes.extend_from_slice(extra);
+    bytes.extend_from_slice(engine.backend_names().join("\n").as_bytes());
     Sha256::digest(&bytes).into()
 }
 

@@ -6,7 +6,7 @@
 //! A block's key is the SHA-256 of its parent's key (the engine's KV fingerprint for the
 //! first block) and its tokens: equal keys mean the same tokens at the same positions
 //! after the same prefix, run by an engine whose rows are the same bits (same model,
-//! hyperparameters, KV formats and backends, see `MultiEngine::kv_fingerprint`). The rows
+//! hyperparameters, KV formats and backends, see `session::kv_fingerprint`). The rows
 //! are stored exactly as the engine holds them, so a prompt served from the cache
 //! continues bit for bit as one prefilled.
 //!

@@ -8,9 +8,7 @@ use minfer_graph::{
 };
 
 use super::{AttnW, BetaAlpha, LinearW, Mixer, Qwen35};
-use crate::common::{
-    INPUT_CELLS, INPUT_POSITIONS, INPUT_SPAN, INPUT_STATE_SLOTS, INPUT_TAIL_IDS, INPUT_TOKEN_IDS,
-};
+use crate::common::{inputs, Inputs, INPUT_STATE_SLOTS};
 use crate::weights::Ffn;
 
 /// What every layer's block reads.
@@ -182,15 +180,13 @@ pub(super) fn build(m: &Qwen35, p: &GraphParams) -> ComputeGraph {
     let n_out = p.n_out.clamp(1, nt);
     let cp = &p.cparams;
     let mut b = GraphBuilder::new();
-    let ids = b.input(INPUT_TOKEN_IDS, [nt, 1, 1, 1], DType::I32);
-    let pos = b.input(INPUT_POSITIONS, [nt, 1, 1, 1], DType::I32);
-    let tail = (n_out < nt).then(|| b.input(INPUT_TAIL_IDS, [n_out, 1, 1, 1], DType::I32));
-    let span = cp
-        .explicit_span
-        .then(|| b.input(INPUT_SPAN, [2, nt, 1, 1], DType::I32));
-    let cells = cp
-        .explicit_span
-        .then(|| b.input(INPUT_CELLS, [nt, 1, 1, 1], DType::I32));
+    let Inputs {
+        ids,
+        pos,
+        tail,
+        span,
+        cells,
+    } = inputs(&mut b, nt, n_out, cp.explicit_span);
     let slots = b.input(INPUT_STATE_SLOTS, [nt, 1, 1, 1], DType::I32);
     let mut h = b.embedding(ids, &m.globals.tok_embd);
     b.set_name(h, "inp_embd");

@@ -141,27 +141,10 @@ fn default_model_embeddings_match_llama_cpp() {
         ..EngineOptions::default()
     };
     let mut e = Engine::load(&path, &opts).expect("default model");
-    let tok = minfer_tokenizer::Tokenizer::from_gguf(e.file()).expect("tokenizer");
     let entries = golden["entries"].as_array().expect("entries");
     assert!(entries.len() >= 8);
     for g in entries {
-        let text = g["text"].as_str().unwrap();
-        let ids: Vec<u32> = g["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        assert_eq!(tok.encode(text, true, false), ids, "token ids of {text:?}");
-        let pooling = Pooling::parse(g["pooling"].as_str().unwrap()).unwrap();
-        let want: Vec<f32> = g["embedding"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap() as f32)
-            .collect();
-        let got = embed(&mut e, &ids, pooling, true).expect("embed").remove(0);
-        let dist = 1.0 - minfer_runtime::embed::cosine(&got, &want);
+        let (dist, pooling, text) = distance_to_golden(&mut e, g, "default model");
         eprintln!("{} {text:?}: cosine distance {dist:.2e}", pooling.name());
         assert!(
             dist < embd_bound(pooling),
@@ -169,6 +152,42 @@ fn default_model_embeddings_match_llama_cpp() {
             pooling.name()
         );
     }
+}
+
+/// One golden entry embedded on `e`: its token ids must be `e`'s tokenizer's (`what`
+/// names the model in the message); returns the cosine distance of minfer's embedding to
+/// llama.cpp's, with the entry's pooling and text.
+fn distance_to_golden<'a>(
+    e: &mut Engine,
+    g: &'a serde_json::Value,
+    what: &str,
+) -> (f64, Pooling, &'a str) {
+    let tok = minfer_tokenizer::Tokenizer::from_gguf(e.file()).expect("tokenizer");
+    let text = g["text"].as_str().unwrap();
+    let ids: Vec<u32> = g["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(
+        tok.encode(text, true, false),
+        ids,
+        "{what}: token ids of {text:?}"
+    );
+    let pooling = Pooling::parse(g["pooling"].as_str().unwrap()).unwrap();
+    let want: Vec<f32> = g["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    let got = embed(e, &ids, pooling, true).expect("embed").remove(0);
+    (
+        1.0 - minfer_runtime::embed::cosine(&got, &want),
+        pooling,
+        text,
+    )
 }
 
 #[test]
@@ -235,42 +254,29 @@ fn tiny_model_embeddings_match_llama_cpp() {
     let entries = golden["entries"].as_array().expect("entries");
     assert!(entries.len() >= 36, "{} entries", entries.len());
     let mut worst = 0f64;
+    // The entries come model by model: one engine per model.
+    let mut engine: Option<(&str, Engine)> = None;
     for g in entries {
         let stem = g["model"].as_str().unwrap();
-        let spec = minfer_models::testing::golden_models()
-            .into_iter()
-            .find(|(s, _)| *s == stem)
-            .unwrap_or_else(|| panic!("no golden model {stem}"))
-            .1;
-        let file = GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader");
-        let opts = EngineOptions {
-            n_threads: 2,
-            n_ctx: Some(256),
-            ..EngineOptions::default()
+        if engine.as_ref().is_none_or(|(s, _)| *s != stem) {
+            let spec = minfer_models::testing::golden_models()
+                .into_iter()
+                .find(|(s, _)| *s == stem)
+                .unwrap_or_else(|| panic!("no golden model {stem}"))
+                .1;
+            let file =
+                GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader");
+            let opts = EngineOptions {
+                n_threads: 2,
+                n_ctx: Some(256),
+                ..EngineOptions::default()
+            };
+            engine = Some((stem, Engine::from_gguf(file, &opts).expect("engine")));
+        }
+        let Some((_, e)) = engine.as_mut() else {
+            unreachable!("set above")
         };
-        let mut e = Engine::from_gguf(file, &opts).expect("engine");
-        let tok = minfer_tokenizer::Tokenizer::from_gguf(e.file()).expect("tokenizer");
-        let text = g["text"].as_str().unwrap();
-        let ids: Vec<u32> = g["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        assert_eq!(
-            tok.encode(text, true, false),
-            ids,
-            "{stem}: token ids of {text:?}"
-        );
-        let pooling = Pooling::parse(g["pooling"].as_str().unwrap()).unwrap();
-        let want: Vec<f32> = g["embedding"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap() as f32)
-            .collect();
-        let got = embed(&mut e, &ids, pooling, true).expect("embed").remove(0);
-        let dist = 1.0 - minfer_runtime::embed::cosine(&got, &want);
+        let (dist, pooling, text) = distance_to_golden(e, g, stem);
         worst = worst.max(dist);
         assert!(
             dist < 1e-5,

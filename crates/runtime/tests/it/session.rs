@@ -471,20 +471,20 @@ fn rows_exported_from_one_slot_and_imported_into_another_continue_bit_for_bit() 
 
 #[test]
 fn the_kv_fingerprint_tells_models_and_kv_formats_apart() {
-    let f16 = multi_of(&spec(), [KvType::F16; 2], false).kv_fingerprint();
+    let f16 = session::kv_fingerprint(&multi_of(&spec(), [KvType::F16; 2], false));
     assert_eq!(
         f16,
-        multi_of(&spec(), [KvType::F16; 2], false).kv_fingerprint(),
+        session::kv_fingerprint(&multi_of(&spec(), [KvType::F16; 2], false)),
         "the same model and formats must share rows"
     );
-    let q8 = multi_of(&spec(), [KvType::Q8_0, KvType::F16], false).kv_fingerprint();
+    let q8 = session::kv_fingerprint(&multi_of(&spec(), [KvType::Q8_0, KvType::F16], false));
     let other = multi_of(
         &TinySpec::qwen2(GgmlType::Q8_0, 76),
         [KvType::F16; 2],
         false,
     );
     assert_ne!(f16, q8, "another K format");
-    assert_ne!(f16, other.kv_fingerprint(), "another model");
+    assert_ne!(f16, session::kv_fingerprint(&other), "another model");
 }
 
 #[test]

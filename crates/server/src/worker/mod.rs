@@ -226,7 +226,7 @@ pub fn spawn(
             // A ringed sliding-window layer has dropped the rows a block needs: such a
             // model serves without the cache (`--swa-full` keeps them).
             if worker.engine.rows_portable() {
-                worker.fingerprint = worker.engine.kv_fingerprint();
+                worker.fingerprint = minfer_runtime::session::kv_fingerprint(&worker.engine);
                 worker.prompt_cache = prompt_cache;
             }
             let _ = ready_tx.send(Ok(loaded));

@@ -73,8 +73,12 @@ pub fn client() -> reqwest::Client {
         .expect("HTTP client")
 }
 
-/// POSTs JSON and returns (status, parsed body).
-pub async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+/// POSTs JSON and returns (status, response headers, body text).
+pub async fn post_text(
+    base: &str,
+    path: &str,
+    body: Value,
+) -> (u16, reqwest::header::HeaderMap, String) {
     let r = client()
         .post(format!("{base}{path}"))
         .json(&body)
@@ -82,7 +86,14 @@ pub async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
         .await
         .expect("request");
     let status = r.status().as_u16();
+    let headers = r.headers().clone();
     let text = r.text().await.expect("body");
+    (status, headers, text)
+}
+
+/// POSTs JSON and returns (status, parsed body).
+pub async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let (status, _, text) = post_text(base, path, body).await;
     let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
     (status, v)
 }

@@ -273,18 +273,10 @@ async fn lenient_schemas_constrain_by_the_rest_and_say_what_they_left_out() {
     let send = |path: &'static str, body: Value| {
         let base = s.base.clone();
         async move {
-            let r = client()
-                .post(format!("{base}{path}"))
-                .json(&body)
-                .send()
-                .await
-                .expect("request");
-            let st = r.status().as_u16();
-            let h = r
-                .headers()
+            let (st, headers, text) = post_text(&base, path, body).await;
+            let h = headers
                 .get("x-minfer-schema-unenforced")
                 .map(|v| v.to_str().unwrap_or("").to_string());
-            let text = r.text().await.expect("body");
             (st, h, text)
         }
     };
