@@ -7,10 +7,12 @@
 //! relative to the magnitude of the terms. Q4_K results equal [`super::matmul`]'s bitwise. They are identical across thread counts and ISAs: every
 //! output element is one kernel call by one thread, each token's result does not depend on
 //! which tokens share the call, and the scalar kernel replays the AVX2 one exactly.
+//! Where a type has a 512-bit kernel (`quant::wide`), prefill hands it two row groups per
+//! call; its lanes repeat the one-group kernel's steps, so the bits stay those.
 
 use super::{check_shapes, Disjoint, MatmulError, MatmulScratch, QMatrix};
 use crate::hugemem::HugeVec;
-use crate::quant::repack::{act_sidecar, gemv, Act, Tile, TileQ5, TileQ8};
+use crate::quant::repack::{act_sidecar, gemv, gemv_wide, Act, Tile, TileQ5, TileQ8};
 use crate::quant::repack_k::{gemv_q4k, TileQ4K};
 use crate::quant::repack_k6::{gemv_q6k, TileQ6K};
 use crate::quant::repack_nl::TileIq4Nl;
@@ -390,19 +392,24 @@ fn quantize_k<'s>(
 /// The kernel results of one row group for up to [`TOKEN_GROUP`] tokens from `t`.
 type GroupKernel<'a> = dyn Fn(usize, usize, usize) -> [[f32; ROWS]; TOKEN_GROUP] + Sync + 'a;
 
+/// The kernel results of row groups `g` and `g + 1` together (sixteen rows) for up to
+/// [`TOKEN_GROUP`] tokens from `t`, where a two-group kernel exists (`None` otherwise).
+type PairKernel<'a> =
+    dyn Fn(usize, usize, usize) -> Option<[[f32; 2 * ROWS]; TOKEN_GROUP]> + Sync + 'a;
+
 /// Calls `f` with `n` (1 to [`TOKEN_GROUP`]) consecutive tokens from `t` as a const-size
 /// array, padding the result to [`TOKEN_GROUP`].
 #[inline]
-fn by_count<A: Copy>(
+fn by_count<A: Copy, const W: usize>(
     n: usize,
     t: usize,
     act: impl Fn(usize) -> A,
-    f1: impl Fn([A; 1]) -> [[f32; ROWS]; 1],
-    f2: impl Fn([A; 2]) -> [[f32; ROWS]; 2],
-    f3: impl Fn([A; 3]) -> [[f32; ROWS]; 3],
-    f4: impl Fn([A; 4]) -> [[f32; ROWS]; 4],
-) -> [[f32; ROWS]; TOKEN_GROUP] {
-    let mut res = [[0.0f32; ROWS]; TOKEN_GROUP];
+    f1: impl Fn([A; 1]) -> [[f32; W]; 1],
+    f2: impl Fn([A; 2]) -> [[f32; W]; 2],
+    f3: impl Fn([A; 3]) -> [[f32; W]; 3],
+    f4: impl Fn([A; 4]) -> [[f32; W]; 4],
+) -> [[f32; W]; TOKEN_GROUP] {
+    let mut res = [[0.0f32; W]; TOKEN_GROUP];
     match n {
         4 => res = f4([act(t), act(t + 1), act(t + 2), act(t + 3)]),
         3 => res[..3].copy_from_slice(&f3([act(t), act(t + 1), act(t + 2)])),
@@ -422,6 +429,7 @@ fn run(
     act_bytes: usize,
     y: &mut [f32],
     kern: &GroupKernel<'_>,
+    pair: Option<&PairKernel<'_>>,
 ) {
     let groups = rows.div_ceil(ROWS);
     let nth = pool.n_threads();
@@ -436,22 +444,27 @@ fn run(
     let n_gtiles = groups.div_ceil(per_tile);
     let n_tiles = n_chunks * n_gtiles;
     let out = Disjoint::new(y);
+    // Decode (one token) keeps the one-group kernel: it streams each group's weights
+    // once, and a second stream buys nothing at the memory bound.
+    let pair = pair.filter(|_| nt > 1);
     let tile = |tokens: std::ops::Range<usize>, gs: std::ops::Range<usize>| {
-        for g in gs {
-            let valid = (rows - g * ROWS).min(ROWS);
+        let mut g = gs.start;
+        while g < gs.end {
+            if let Some(p) = pair.filter(|_| g + 1 < gs.end) {
+                // Whether the type has a pair kernel shows on the first call, before
+                // anything is written.
+                if pair_rows(&out, rows, g, tokens.clone(), p) {
+                    g += 2;
+                    continue;
+                }
+            }
             let mut t = tokens.start;
             while t < tokens.end {
                 let n = (tokens.end - t).min(TOKEN_GROUP);
-                let res = kern(g, t, n);
-                for (k, r8) in res[..n].iter().enumerate() {
-                    for (r, &v) in r8[..valid].iter().enumerate() {
-                        // SAFETY: (token, row) pairs of this tile belong to it alone, and
-                        // each tile is claimed by one thread.
-                        unsafe { out.write((t + k) * rows + g * ROWS + r, v) };
-                    }
-                }
+                write_rows(&out, rows, g * ROWS, t, &kern(g, t, n)[..n]);
                 t += n;
             }
+            g += 1;
         }
     };
     if n_chunks == 1 {
@@ -471,6 +484,57 @@ fn run(
         let tokens = c * chunk..((c + 1) * chunk).min(nt);
         tile(tokens, gt * per_tile..((gt + 1) * per_tile).min(groups));
     });
+}
+
+/// Writes kernel results (one row of `W` per token from `t`) to the outputs of rows
+/// `row0..` (those below `rows`).
+fn write_rows<const W: usize>(
+    out: &Disjoint<f32>,
+    rows: usize,
+    row0: usize,
+    t: usize,
+    res: &[[f32; W]],
+) {
+    let valid = (rows - row0).min(W);
+    for (k, rw) in res.iter().enumerate() {
+        for (r, &v) in rw[..valid].iter().enumerate() {
+            // SAFETY: (token, row) pairs of a tile belong to it alone, and each tile is
+            // claimed by one thread.
+            unsafe { out.write((t + k) * rows + row0 + r, v) };
+        }
+    }
+}
+
+/// Row groups `g` and `g + 1` for `tokens` with the pair kernel `p`; `false` (nothing
+/// written) when the type has none.
+fn pair_rows(
+    out: &Disjoint<f32>,
+    rows: usize,
+    g: usize,
+    tokens: std::ops::Range<usize>,
+    p: &PairKernel<'_>,
+) -> bool {
+    let mut t = tokens.start;
+    while t < tokens.end {
+        let n = (tokens.end - t).min(TOKEN_GROUP);
+        match p(g, t, n) {
+            Some(res) => write_rows(out, rows, g * ROWS, t, &res[..n]),
+            None => return false,
+        }
+        t += n;
+    }
+    true
+}
+
+/// `r`'s results, or zeros with `none` set when there were none.
+fn flag_none<const N: usize>(
+    r: Option<[[f32; 2 * ROWS]; N]>,
+    none: &std::cell::Cell<bool>,
+) -> [[f32; 2 * ROWS]; N] {
+    r.unwrap_or_else(|| {
+        none.set(true);
+        [[0.0; 2 * ROWS]; N]
+    })
 }
 
 /// Runs a 32-element tile type against Q8_0 activations.
@@ -502,7 +566,25 @@ fn run_q8<T: Tile>(
             |a| gemv(isa, w, a),
         )
     };
-    run(pool, rows, nt, nb * 34, y, &kern);
+    let pair = |g: usize, t: usize, n: usize| {
+        let (w0, w1) = (
+            &tiles[g * nb..(g + 1) * nb],
+            &tiles[(g + 1) * nb..(g + 2) * nb],
+        );
+        // A type without a pair kernel answers `None` on every call.
+        let none = std::cell::Cell::new(false);
+        let res = by_count(
+            n,
+            t,
+            act,
+            |a| flag_none(gemv_wide(isa, w0, w1, a), &none),
+            |a| flag_none(gemv_wide(isa, w0, w1, a), &none),
+            |a| flag_none(gemv_wide(isa, w0, w1, a), &none),
+            |a| flag_none(gemv_wide(isa, w0, w1, a), &none),
+        );
+        (!none.get()).then_some(res)
+    };
+    run(pool, rows, nt, nb * 34, y, &kern, Some(&pair));
 }
 
 /// A k-quant tile type with its dispatching kernel against Q8_K activations.
@@ -561,6 +643,7 @@ fn run_k<T: KTile>(
         nb * std::mem::size_of::<BlockQ8K>(),
         y,
         &kern,
+        None,
     );
 }
 
@@ -796,9 +879,10 @@ mod tests {
 
     #[test]
     fn extreme_levels_are_exact() {
-        // Q8_0 weights of -128 go through the sign trick as |w| = 128; Q5_0 levels span
-        // -16..=15 against activations of ±127.
-        let rows = 8;
+        // Q8_0 weights of -128 go through the sign trick as |w| = 128 (and through the
+        // 512-bit kernel's flipped sign bit as 0, two groups and two tokens); Q5_0 levels
+        // span -16..=15 against activations of ±127.
+        let rows = 16;
         let mut blocks = vec![
             BlockQ8_0 {
                 d: half::f16::ONE,
@@ -807,6 +891,7 @@ mod tests {
             rows
         ];
         blocks[3].qs[7] = 127;
+        blocks[11].qs[7] = 127;
         let bytes = bytemuck::cast_slice::<BlockQ8_0, u8>(&blocks);
         let store = aligned(bytes);
         let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
@@ -817,16 +902,50 @@ mod tests {
             cols: 32,
         };
         let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
-        let x = vec![-127.0f32; 32];
-        for isa in isas() {
-            let y = run_repacked(isa, 1, &rp, &x, 1);
-            for (r, &v) in y.iter().enumerate() {
-                let want = if r == 3 {
-                    31 * 128 * 127 - 127 * 127
-                } else {
-                    32 * 128 * 127
-                };
-                assert_eq!(v, want as f32, "{isa:?} row {r}");
+        for nt in [1, 2] {
+            let x = vec![-127.0f32; 32 * nt];
+            for isa in isas() {
+                let y = run_repacked(isa, 1, &rp, &x, nt);
+                for (i, &v) in y.iter().enumerate() {
+                    let want = if i % rows % 8 == 3 {
+                        31 * 128 * 127 - 127 * 127
+                    } else {
+                        32 * 128 * 127
+                    };
+                    assert_eq!(v, want as f32, "{isa:?} nt={nt} output {i}");
+                }
+            }
+        }
+        // Q5_0: even rows at level -16, odd rows at 15.
+        let q5: Vec<minfer_gguf::quant::BlockQ5_0> = (0..rows)
+            .map(|r| minfer_gguf::quant::BlockQ5_0 {
+                d: half::f16::ONE,
+                qh: if r % 2 == 0 { [0; 4] } else { [0xff; 4] },
+                qs: if r % 2 == 0 { [0; 16] } else { [0xff; 16] },
+            })
+            .collect();
+        let bytes = bytemuck::cast_slice::<_, u8>(&q5);
+        let store = aligned(bytes);
+        let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
+        let q = QMatrix {
+            ty: GgmlType::Q5_0,
+            data,
+            rows,
+            cols: 32,
+        };
+        let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
+        for nt in [1, 2] {
+            let x = vec![-127.0f32; 32 * nt];
+            for isa in isas() {
+                let y = run_repacked(isa, 1, &rp, &x, nt);
+                for (i, &v) in y.iter().enumerate() {
+                    let want = if i % rows % 2 == 0 {
+                        32 * 16 * 127
+                    } else {
+                        -32 * 15 * 127
+                    };
+                    assert_eq!(v, want as f32, "Q5_0 {isa:?} nt={nt} output {i}");
+                }
             }
         }
     }

@@ -60,6 +60,8 @@ mod ternary;
 pub(crate) mod testutil;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod wide;
 
 pub(crate) use act::{q8_0_into, q8_k_into};
 pub use act::{
