@@ -13,8 +13,8 @@
 use super::{check_shapes, Disjoint, MatmulError, MatmulScratch, QMatrix};
 use crate::hugemem::HugeVec;
 use crate::quant::repack::{act_sidecar, gemv, gemv_wide, Act, Tile, TileQ5, TileQ8};
-use crate::quant::repack_k::{gemv_q4k, TileQ4K};
-use crate::quant::repack_k6::{gemv_q6k, TileQ6K};
+use crate::quant::repack_k::{gemv_q4k, gemv_q4k_wide, TileQ4K};
+use crate::quant::repack_k6::{gemv_q6k, gemv_q6k_wide, TileQ6K};
 use crate::quant::repack_nl::TileIq4Nl;
 use crate::quant::repack_xs::{gemv_iq4xs, TileIq4Xs};
 use crate::quant::{q8_0_into, q8_k_into, Isa};
@@ -591,11 +591,31 @@ fn run_q8<T: Tile>(
 trait KTile: Sized + Sync {
     /// [`gemv_q4k`], [`gemv_q6k`] or [`gemv_iq4xs`].
     fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT];
+
+    /// The 512-bit kernel over two row groups (`quant::wide`), bitwise two
+    /// [`Self::gemv`] calls; `None` where the ISA or the type has none.
+    fn gemv_wide<const NT: usize>(
+        _isa: Isa,
+        _w0: &[Self],
+        _w1: &[Self],
+        _y: [&[BlockQ8K]; NT],
+    ) -> Option<[[f32; 2 * ROWS]; NT]> {
+        None
+    }
 }
 
 impl KTile for TileQ4K {
     fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT] {
         gemv_q4k(isa, w, y)
+    }
+
+    fn gemv_wide<const NT: usize>(
+        isa: Isa,
+        w0: &[Self],
+        w1: &[Self],
+        y: [&[BlockQ8K]; NT],
+    ) -> Option<[[f32; 2 * ROWS]; NT]> {
+        gemv_q4k_wide(isa, w0, w1, y)
     }
 }
 
@@ -608,6 +628,15 @@ impl KTile for TileIq4Xs {
 impl KTile for TileQ6K {
     fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT] {
         gemv_q6k(isa, w, y)
+    }
+
+    fn gemv_wide<const NT: usize>(
+        isa: Isa,
+        w0: &[Self],
+        w1: &[Self],
+        y: [&[BlockQ8K]; NT],
+    ) -> Option<[[f32; 2 * ROWS]; NT]> {
+        gemv_q6k_wide(isa, w0, w1, y)
     }
 }
 
@@ -636,6 +665,24 @@ fn run_k<T: KTile>(
             |a| T::gemv(isa, w, a),
         )
     };
+    let pair = |g: usize, t: usize, n: usize| {
+        let (w0, w1) = (
+            &tiles[g * nb..(g + 1) * nb],
+            &tiles[(g + 1) * nb..(g + 2) * nb],
+        );
+        // A type without a pair kernel answers `None` on every call.
+        let none = std::cell::Cell::new(false);
+        let res = by_count(
+            n,
+            t,
+            act,
+            |a| flag_none(T::gemv_wide(isa, w0, w1, a), &none),
+            |a| flag_none(T::gemv_wide(isa, w0, w1, a), &none),
+            |a| flag_none(T::gemv_wide(isa, w0, w1, a), &none),
+            |a| flag_none(T::gemv_wide(isa, w0, w1, a), &none),
+        );
+        (!none.get()).then_some(res)
+    };
     run(
         pool,
         rows,
@@ -643,7 +690,7 @@ fn run_k<T: KTile>(
         nb * std::mem::size_of::<BlockQ8K>(),
         y,
         &kern,
-        None,
+        Some(&pair),
     );
 }
 
@@ -827,23 +874,29 @@ mod tests {
             scales: [-128; 16],
             d: half::f16::ONE,
         };
-        let blocks = vec![blk; 8];
+        // Two row groups, so prefill's two-group kernel runs too.
+        let blocks = vec![blk; 16];
         let bytes = bytemuck::cast_slice::<_, u8>(&blocks);
         let store = aligned(bytes);
         let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
         let q = QMatrix {
             ty: GgmlType::Q6K,
             data,
-            rows: 8,
+            rows: 16,
             cols: 256,
         };
         let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
-        let x = vec![-127.0f32; 256];
+        let x = vec![-127.0f32; 256 * 2];
         // Each element is -128 * 31 against -127; the integer total is exact in f32.
         let want = (256 * 128 * 31 * 127) as f32;
         for isa in isas() {
-            let y = run_repacked(isa, 1, &rp, &x, 1);
-            assert!(y.iter().all(|&v| v == want), "{isa:?}: {y:?} vs {want}");
+            for nt in [1, 2] {
+                let y = run_repacked(isa, 1, &rp, &x[..256 * nt], nt);
+                assert!(
+                    y.iter().all(|&v| v == want),
+                    "{isa:?} nt={nt}: {y:?} vs {want}"
+                );
+            }
         }
     }
 
@@ -857,23 +910,29 @@ mod tests {
             scales: [0xff; 12],
             qs: [0xff; 128],
         };
-        let blocks = vec![blk; 8 * 2];
+        // Two row groups, so prefill's two-group kernel runs too.
+        let blocks = vec![blk; 16 * 2];
         let bytes = bytemuck::cast_slice::<_, u8>(&blocks);
         let store = aligned(bytes);
         let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
         let q = QMatrix {
             ty: GgmlType::Q4K,
             data,
-            rows: 8,
+            rows: 16,
             cols: 512,
         };
         let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
-        let x = vec![127.0f32; 512];
+        let x = vec![127.0f32; 512 * 2];
         // Each element is 63 * 15 - 63 = 882 against 127; every partial sum is exact in f32.
         let want = (512 * 882 * 127) as f32;
         for isa in isas() {
-            let y = run_repacked(isa, 1, &rp, &x, 1);
-            assert!(y.iter().all(|&v| v == want), "{isa:?}: {y:?} vs {want}");
+            for nt in [1, 2] {
+                let y = run_repacked(isa, 1, &rp, &x[..512 * nt], nt);
+                assert!(
+                    y.iter().all(|&v| v == want),
+                    "{isa:?} nt={nt}: {y:?} vs {want}"
+                );
+            }
         }
     }
 
