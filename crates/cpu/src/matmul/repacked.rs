@@ -16,7 +16,7 @@ use crate::quant::repack::{act_sidecar, gemv, gemv_wide, Act, Tile, TileQ5, Tile
 use crate::quant::repack_k::{gemv_q4k, gemv_q4k_wide, TileQ4K};
 use crate::quant::repack_k6::{gemv_q6k, gemv_q6k_wide, TileQ6K};
 use crate::quant::repack_nl::TileIq4Nl;
-use crate::quant::repack_xs::{gemv_iq4xs, TileIq4Xs};
+use crate::quant::repack_xs::{gemv_iq4xs, gemv_iq4xs_wide, TileIq4Xs};
 use crate::quant::{q8_0_into, q8_k_into, Isa};
 use crate::threadpool::{chunk_range, ThreadPool};
 use minfer_gguf::quant::{cast_blocks, Block, BlockQ8K, BlockQ8_0};
@@ -622,6 +622,15 @@ impl KTile for TileQ4K {
 impl KTile for TileIq4Xs {
     fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT] {
         gemv_iq4xs(isa, w, y)
+    }
+
+    fn gemv_wide<const NT: usize>(
+        isa: Isa,
+        w0: &[Self],
+        w1: &[Self],
+        y: [&[BlockQ8K]; NT],
+    ) -> Option<[[f32; 2 * ROWS]; NT]> {
+        gemv_iq4xs_wide(isa, w0, w1, y)
     }
 }
 
