@@ -17,6 +17,8 @@ pub mod norm;
 pub mod recurrent;
 pub mod rope;
 pub mod vec;
+#[cfg(target_arch = "x86_64")]
+mod vec512;
 
 use std::marker::PhantomData;
 use std::ops::Range;

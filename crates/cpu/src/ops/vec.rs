@@ -69,6 +69,35 @@ impl VecIsa {
         }
     }
 
+    /// [`Self::dot_rows`] for two query rows `qa`, `qb` of one length against the same
+    /// keys, into `out_a` and `out_b` (of one length): bitwise two `dot_rows` calls, with
+    /// each key loaded once for both rows where 512-bit registers allow.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn dot_rows2(
+        self,
+        qa: &[f32],
+        qb: &[f32],
+        k: &[f32],
+        stride: usize,
+        first: usize,
+        out_a: &mut [f32],
+        out_b: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self == VecIsa::Avx2 && qa.len() == qb.len() && out_a.len() == out_b.len() {
+            check_rows(qa.len(), k.len(), stride, first, out_a.len());
+            if super::vec512::enabled() {
+                // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were
+                // detected; the rows are in bounds (checked above).
+                unsafe { super::vec512::dot_rows2(qa, qb, k, stride, first, out_a, out_b) };
+                return;
+            }
+        }
+        self.dot_rows(qa, k, stride, first, out_a);
+        self.dot_rows(qb, k, stride, first, out_b);
+    }
+
     /// `o = Σ_i p[i] * v[first + i*stride ..][..o.len()]`, summed in `i` order from zero.
     /// `v` must hold every row read.
     #[inline]
@@ -93,9 +122,47 @@ impl VecIsa {
         match self {
             VecIsa::Scalar => weighted_rows_acc_scalar(p, v, stride, first, o),
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
+            // rows are in bounds (checked above); the length is whole registers of eight.
+            VecIsa::Avx2 if o.len().is_multiple_of(8) && super::vec512::enabled() => unsafe {
+                super::vec512::weighted_rows_acc(p, v, stride, first, o)
+            },
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` exists only after AVX2 and FMA were detected; rows are in bounds.
             VecIsa::Avx2 => unsafe { avx2::weighted_rows_acc(p, v, stride, first, o) },
         }
+    }
+
+    /// [`Self::weighted_rows_acc`] for two weight rows `pa`, `pb` (of one length) over the
+    /// same value rows, into `oa` and `ob` (of one length): bitwise two calls, with each
+    /// value row loaded once for both where 512-bit registers allow.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn weighted_rows_acc2(
+        self,
+        pa: &[f32],
+        pb: &[f32],
+        v: &[f32],
+        stride: usize,
+        first: usize,
+        oa: &mut [f32],
+        ob: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self == VecIsa::Avx2
+            && pa.len() == pb.len()
+            && oa.len() == ob.len()
+            && oa.len().is_multiple_of(8)
+            && super::vec512::enabled()
+        {
+            check_rows(oa.len(), v.len(), stride, first, pa.len());
+            // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
+            // the rows are in bounds (checked above); whole registers of eight.
+            unsafe { super::vec512::weighted_rows_acc2(pa, pb, v, stride, first, oa, ob) };
+            return;
+        }
+        self.weighted_rows_acc(pa, v, stride, first, oa);
+        self.weighted_rows_acc(pb, v, stride, first, ob);
     }
 
     /// `y[i] *= a`.
@@ -167,6 +234,40 @@ pub fn axpy_scalar(y: &mut [f32], a: f32, x: &[f32]) {
     for (y, x) in y.iter_mut().zip(x) {
         *y += a * x;
     }
+}
+
+/// The AVX2 `dot_rows`, for the 512-bit module's tails.
+///
+/// # Safety
+/// AVX2 and FMA must be available; every row read lies inside `k`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(super) unsafe fn avx2_dot_rows(
+    q: &[f32],
+    k: &[f32],
+    stride: usize,
+    first: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe { avx2::dot_rows(q, k, stride, first, out) }
+}
+
+/// The AVX2 `weighted_rows_acc`, for the 512-bit module's tails.
+///
+/// # Safety
+/// AVX2 and FMA must be available; every row read lies inside `v`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(super) unsafe fn avx2_weighted_rows_acc(
+    p: &[f32],
+    v: &[f32],
+    stride: usize,
+    first: usize,
+    o: &mut [f32],
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe { avx2::weighted_rows_acc(p, v, stride, first, o) }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -150,6 +150,26 @@ fn scale_max(s: &mut [f32], scale: f32) -> f32 {
     mx
 }
 
+/// `Σ s` in eight lane sums over blocks of eight, reduced pairwise, then the tail in order:
+/// a fixed order for a given row (so the same bits wherever the row is computed), and eight
+/// independent additions per step where one running sum would wait on each addition.
+#[inline]
+pub(super) fn lane_sum(s: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, x) in lanes.iter_mut().zip(c) {
+            *l += x;
+        }
+    }
+    let mut sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    for x in chunks.remainder() {
+        sum += x;
+    }
+    sum
+}
+
 /// Runs the item (tokens `toks`, KV head `g`): the outputs of the group's query heads
 /// for those tokens into `out`. `ranges[t]` is token `t`'s virtual key range; a ringed
 /// layer's block holds one sequence's tokens whose ranges together fit the ring.
@@ -213,18 +233,34 @@ pub(super) fn block_item(
                 continue;
             }
             let t = t0 + bt;
+            // The scores of the token's query heads, two heads per call (they share the
+            // key range, and each row's bits are those of a call of its own).
+            let r0 = bt * group;
+            for p in ps {
+                let (ps0, ps1) = (p.0.max(s), p.1.min(e));
+                if ps0 >= ps1 {
+                    continue;
+                }
+                let (base, len) = (ks.base(p, ps0), ps1 - ps0);
+                let at = |r: usize| r * KEY_TILE + ps0 - s;
+                let mut i = 0;
+                while i + 1 < group {
+                    let (lo, hi) = scores.split_at_mut(at(r0 + i + 1));
+                    let (da, db) = (&mut lo[at(r0 + i)..][..len], &mut hi[..len]);
+                    isa.dot_rows2(q(t, i), q(t, i + 1), ks.data, ks.stride, base, da, db);
+                    i += 2;
+                }
+                if i < group {
+                    let dst = &mut scores[at(r0 + i)..][..len];
+                    isa.dot_rows(q(t, i), ks.data, ks.stride, base, dst);
+                }
+            }
             // SAFETY: as above; this token's outputs belong to this item.
             let o = unsafe { out.slice(o_at(t)..o_at(t) + group * hd) };
+            // Each head's online-softmax step (its output rescaled if its maximum grew)...
             for (i, oh) in o.chunks_exact_mut(hd).enumerate() {
-                let r = bt * group + i;
+                let r = r0 + i;
                 let row = &mut scores[r * KEY_TILE..][..e - s];
-                for p in ps {
-                    let (ps0, ps1) = (p.0.max(s), p.1.min(e));
-                    if ps0 < ps1 {
-                        let dst = &mut row[ps0 - s..ps1 - s];
-                        isa.dot_rows(q(t, i), ks.data, ks.stride, ks.base(p, ps0), dst);
-                    }
-                }
                 let mut tmax = scale_max(row, m.scale);
                 if let Some(c) = m.softcap {
                     // The cap bends the scaled scores before the softmax (Gemma 2).
@@ -239,12 +275,27 @@ pub(super) fn block_item(
                     mx[r] = tmax;
                 }
                 isa.exp_sub(row, mx[r]);
-                l[r] = row.iter().fold(l[r], |acc, &p| acc + p);
-                for p in ps {
-                    let (ps0, ps1) = (p.0.max(s), p.1.min(e));
-                    if ps0 < ps1 {
-                        let w = &row[ps0 - s..ps1 - s];
-                        isa.weighted_rows_acc(w, vs.data, vs.stride, vs.base(p, ps0), oh);
+                l[r] += lane_sum(row);
+            }
+            // ...then the weighted values, two heads per call (each head's bits those of
+            // a call of its own).
+            let w =
+                |r: usize, ps0: usize, ps1: usize| &scores[r * KEY_TILE + ps0 - s..][..ps1 - ps0];
+            for p in ps {
+                let (ps0, ps1) = (p.0.max(s), p.1.min(e));
+                if ps0 >= ps1 {
+                    continue;
+                }
+                let base = vs.base(p, ps0);
+                let mut heads = o.chunks_exact_mut(hd).enumerate();
+                while let Some((i, oa)) = heads.next() {
+                    let wa = w(r0 + i, ps0, ps1);
+                    match heads.next() {
+                        Some((_, ob)) => {
+                            let wb = w(r0 + i + 1, ps0, ps1);
+                            isa.weighted_rows_acc2(wa, wb, vs.data, vs.stride, base, oa, ob);
+                        }
+                        None => isa.weighted_rows_acc(wa, vs.data, vs.stride, base, oa),
                     }
                 }
             }

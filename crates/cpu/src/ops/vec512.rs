@@ -1,0 +1,284 @@
+//! 512-bit versions of the attention primitives of `vec`, used where the quantized
+//! kernels run their AVX-512 VNNI path (so a cap to AVX2 turns these off too).
+//!
+//! Each computes every output with the operations of its AVX2 twin in the same order, so
+//! the bits are the same: the weighted sum keeps one lane per output element (the lanes
+//! are independent, only their count per register changes), and the two-row scores put
+//! one query row in each 256-bit half of the registers, accumulate each half as the AVX2
+//! kernel accumulates its row, and reduce each half by the AVX2 kernel's horizontal-add
+//! tree (`hadd` rebuilt from two shuffles and an add, which is exact: float addition is
+//! commutative).
+
+use std::arch::x86_64::*;
+
+/// Whether the 512-bit primitives run: the quantized kernels' ISA is the VNNI one (which
+/// implies AVX-512 F/BW/VL, detected at run time, and no cap below it).
+pub(super) fn enabled() -> bool {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let isa = crate::quant::Isa::detect();
+        crate::quant::Isa::vnni() == Some(isa)
+    })
+}
+
+/// `hadd` of the AVX2 kernel in each 256-bit half: per 128-bit lane
+/// `[a0+a1, a2+a3, b0+b1, b2+b3]`.
+#[inline(always)]
+fn hadd(a: __m512, b: __m512) -> __m512 {
+    // SAFETY: register operations; the callers run with AVX-512 F enabled.
+    unsafe {
+        let even = _mm512_shuffle_ps::<0b10_00_10_00>(a, b);
+        let odd = _mm512_shuffle_ps::<0b11_01_11_01>(a, b);
+        _mm512_add_ps(even, odd)
+    }
+}
+
+/// Scores of two query rows against the same keys: `out_a[i] = qa · k_i` and
+/// `out_b[i] = qb · k_i`, bitwise the AVX2 `dot_rows` of each row.
+///
+/// # Safety
+/// AVX2, FMA and AVX-512 F; `qa`, `qb` of one length; every key row read lies inside `k`;
+/// `out_a` and `out_b` of one length.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub(super) unsafe fn dot_rows2(
+    qa: &[f32],
+    qb: &[f32],
+    k: &[f32],
+    stride: usize,
+    first: usize,
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+) {
+    let (hd, n) = (qa.len(), out_a.len());
+    let pk = k.as_ptr();
+    let mut i = 0;
+    if hd.is_multiple_of(8) && hd <= 128 {
+        // Query chunk c (8 values) of row a in the low half, of row b in the high half.
+        let mut q = [_mm512_setzero_ps(); 16];
+        for (c, qc) in q[..hd / 8].iter_mut().enumerate() {
+            // SAFETY: 8c + 8 <= hd elements of each query row.
+            // (The 64-bit-lane forms of insert, broadcast and extract move the same bits
+            // and need only AVX-512 F.)
+            *qc = unsafe {
+                _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(
+                        qa.as_ptr().add(8 * c),
+                    ))),
+                    _mm256_castps_pd(_mm256_loadu_ps(qb.as_ptr().add(8 * c))),
+                ))
+            };
+        }
+        while i + 8 <= n {
+            let mut acc = [_mm512_setzero_ps(); 8];
+            for (c, qc) in q[..hd / 8].iter().enumerate() {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row i + r is inside `k` (caller), 8c + 8 <= hd; the eight
+                    // values go to both halves.
+                    let kv = unsafe {
+                        _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(
+                            pk.add(first + (i + r) * stride + 8 * c),
+                        ))))
+                    };
+                    *a = _mm512_fmadd_ps(*qc, kv, *a);
+                }
+            }
+            let s01 = hadd(acc[0], acc[1]);
+            let s23 = hadd(acc[2], acc[3]);
+            let s45 = hadd(acc[4], acc[5]);
+            let s67 = hadd(acc[6], acc[7]);
+            let s0123 = hadd(s01, s23);
+            let s4567 = hadd(s45, s67);
+            // Per half: the low 128-bit lanes of both, then the high ones (the AVX2
+            // kernel's permute2f128 pair), summed.
+            let lo = _mm512_shuffle_f32x4::<0b10_00_10_00>(s0123, s4567);
+            let hi = _mm512_shuffle_f32x4::<0b11_01_11_01>(s0123, s4567);
+            // lo = [s0123.l0, s0123.l2, s4567.l0, s4567.l2]: reorder to row a then row b.
+            let sum = _mm512_add_ps(lo, hi);
+            let sum = _mm512_shuffle_f32x4::<0b11_01_10_00>(sum, sum);
+            // SAFETY: i + 8 <= n outputs in each row.
+            unsafe {
+                _mm256_storeu_ps(out_a.as_mut_ptr().add(i), _mm512_castps512_ps256(sum));
+                let b = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sum)));
+                _mm256_storeu_ps(out_b.as_mut_ptr().add(i), b);
+            }
+            i += 8;
+        }
+    }
+    if i < n {
+        // The tail, row by row, as the AVX2 kernel takes it.
+        let (qb_len, tail) = (qb.len(), n - i);
+        debug_assert_eq!(qb_len, hd);
+        let first = first + i * stride;
+        // SAFETY: AVX2 and FMA are enabled here; the rows are inside `k`.
+        unsafe {
+            super::vec::avx2_dot_rows(qa, k, stride, first, &mut out_a[i..i + tail]);
+            super::vec::avx2_dot_rows(qb, k, stride, first, &mut out_b[i..i + tail]);
+        }
+    }
+}
+
+/// `o += Σ_i p[i] * v[first + i*stride ..][..o.len()]`, bitwise the AVX2
+/// `weighted_rows_acc` (one FMA per element and row, rows in order).
+///
+/// # Safety
+/// AVX2, FMA and AVX-512 F; every row read lies inside `v`; `o.len()` is a multiple of 8.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub(super) unsafe fn weighted_rows_acc(
+    p: &[f32],
+    v: &[f32],
+    stride: usize,
+    first: usize,
+    o: &mut [f32],
+) {
+    let hd = o.len();
+    let pv = v.as_ptr();
+    let mut c0 = 0;
+    // Whole chunks of 64 in four registers with a fixed count (kept in registers).
+    while c0 + 64 <= hd {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: c0 + 16j + 16 <= hd.
+            *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(c0 + 16 * j)) };
+        }
+        for (i, &pi) in p.iter().enumerate() {
+            let s = _mm512_set1_ps(pi);
+            let row = first + i * stride + c0;
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: row i is inside `v` (caller), c0 + 16j + 16 <= hd.
+                *a = _mm512_fmadd_ps(s, unsafe { _mm512_loadu_ps(pv.add(row + 16 * j)) }, *a);
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            // SAFETY: c0 + 16j + 16 <= hd.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(c0 + 16 * j), *a) };
+        }
+        c0 += 64;
+    }
+    if c0 < hd {
+        // The last partial chunk as the AVX2 kernel computes it.
+        // SAFETY: AVX2 and FMA are enabled here; the rows are inside `v`.
+        unsafe { super::vec::avx2_weighted_rows_acc(p, v, stride, first + c0, &mut o[c0..]) };
+    }
+}
+
+/// [`weighted_rows_acc`] for two weight rows over the same value rows, into `oa` and
+/// `ob`: each value chunk is loaded once for both, and the two rows' eight accumulators
+/// are independent chains (four would wait on the multiply-add latency). Bitwise two
+/// calls of [`weighted_rows_acc`].
+///
+/// # Safety
+/// As [`weighted_rows_acc`]; `pa`, `pb` of one length and `oa`, `ob` of one length.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub(super) unsafe fn weighted_rows_acc2(
+    pa: &[f32],
+    pb: &[f32],
+    v: &[f32],
+    stride: usize,
+    first: usize,
+    oa: &mut [f32],
+    ob: &mut [f32],
+) {
+    let hd = oa.len();
+    let pv = v.as_ptr();
+    let mut c0 = 0;
+    while c0 + 64 <= hd {
+        let (mut aa, mut ab) = ([_mm512_setzero_ps(); 4], [_mm512_setzero_ps(); 4]);
+        for (j, (a, b)) in aa.iter_mut().zip(&mut ab).enumerate() {
+            // SAFETY: c0 + 16j + 16 <= hd in each output.
+            unsafe {
+                *a = _mm512_loadu_ps(oa.as_ptr().add(c0 + 16 * j));
+                *b = _mm512_loadu_ps(ob.as_ptr().add(c0 + 16 * j));
+            }
+        }
+        for (i, (&wa, &wb)) in pa.iter().zip(pb).enumerate() {
+            let (sa, sb) = (_mm512_set1_ps(wa), _mm512_set1_ps(wb));
+            let row = first + i * stride + c0;
+            for (j, (a, b)) in aa.iter_mut().zip(&mut ab).enumerate() {
+                // SAFETY: row i is inside `v` (caller), c0 + 16j + 16 <= hd.
+                let x = unsafe { _mm512_loadu_ps(pv.add(row + 16 * j)) };
+                *a = _mm512_fmadd_ps(sa, x, *a);
+                *b = _mm512_fmadd_ps(sb, x, *b);
+            }
+        }
+        for (j, (a, b)) in aa.iter().zip(&ab).enumerate() {
+            // SAFETY: c0 + 16j + 16 <= hd in each output.
+            unsafe {
+                _mm512_storeu_ps(oa.as_mut_ptr().add(c0 + 16 * j), *a);
+                _mm512_storeu_ps(ob.as_mut_ptr().add(c0 + 16 * j), *b);
+            }
+        }
+        c0 += 64;
+    }
+    if c0 < hd {
+        // SAFETY: AVX2 and FMA are enabled here; the rows are inside `v`.
+        unsafe {
+            super::vec::avx2_weighted_rows_acc(pa, v, stride, first + c0, &mut oa[c0..]);
+            super::vec::avx2_weighted_rows_acc(pb, v, stride, first + c0, &mut ob[c0..]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::vec::VecIsa;
+    use crate::quant::testutil::rand_f32;
+
+    /// Two-row scores equal two AVX2 `dot_rows` calls bit for bit, for head sizes with and
+    /// without the 512-bit path, key counts with and without a tail, and strided rows.
+    #[test]
+    fn two_row_scores_are_the_avx2_bits() {
+        if !super::enabled() {
+            return;
+        }
+        for hd in [8, 64, 128, 256, 72, 12] {
+            for n in [1, 7, 8, 13, 64] {
+                let stride = hd + 16;
+                let k = rand_f32(stride * (n + 2), hd as u64 + n as u64, 1.0);
+                let (qa, qb) = (rand_f32(hd, 1, 1.0), rand_f32(hd, 2, 1.0));
+                let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+                VecIsa::Avx2.dot_rows2(&qa, &qb, &k, stride, 5, &mut a, &mut b);
+                let (mut wa, mut wb) = (vec![0.0; n], vec![0.0; n]);
+                // SAFETY: `enabled` implies AVX2 and FMA; rows are in bounds.
+                unsafe {
+                    super::super::vec::avx2_dot_rows(&qa, &k, stride, 5, &mut wa);
+                    super::super::vec::avx2_dot_rows(&qb, &k, stride, 5, &mut wb);
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&wa), "row a, hd={hd} n={n}");
+                assert_eq!(bits(&b), bits(&wb), "row b, hd={hd} n={n}");
+            }
+        }
+    }
+
+    /// The 512-bit weighted sum equals the AVX2 one bit for bit.
+    #[test]
+    fn weighted_sums_are_the_avx2_bits() {
+        if !super::enabled() {
+            return;
+        }
+        for hd in [8, 64, 128, 256, 72, 136] {
+            for n in [1, 9, 64] {
+                let stride = hd + 8;
+                let v = rand_f32(stride * (n + 1), hd as u64 * 7 + n as u64, 1.0);
+                let p = rand_f32(n, 3, 1.0);
+                let start = rand_f32(hd, 4, 1.0);
+                let (mut a, mut b) = (start.clone(), start.clone());
+                VecIsa::Avx2.weighted_rows_acc(&p, &v, stride, 3, &mut a);
+                // SAFETY: `enabled` implies AVX2 and FMA; rows are in bounds.
+                unsafe { super::super::vec::avx2_weighted_rows_acc(&p, &v, stride, 3, &mut b) };
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "hd={hd} n={n}");
+                // Two rows at once: each the bits of its own AVX2 call.
+                let p2 = rand_f32(n, 5, 1.0);
+                let (mut c, mut d) = (start.clone(), start.clone());
+                VecIsa::Avx2.weighted_rows_acc2(&p, &p2, &v, stride, 3, &mut c, &mut d);
+                let mut e = start.clone();
+                // SAFETY: as above.
+                unsafe { super::super::vec::avx2_weighted_rows_acc(&p2, &v, stride, 3, &mut e) };
+                assert_eq!(bits(&c), bits(&b), "pair row a, hd={hd} n={n}");
+                assert_eq!(bits(&d), bits(&e), "pair row b, hd={hd} n={n}");
+            }
+        }
+    }
+}
