@@ -150,26 +150,6 @@ fn scale_max(s: &mut [f32], scale: f32) -> f32 {
     mx
 }
 
-/// `Σ s` in eight lane sums over blocks of eight, reduced pairwise, then the tail in order:
-/// a fixed order for a given row (so the same bits wherever the row is computed), and eight
-/// independent additions per step where one running sum would wait on each addition.
-#[inline]
-pub(super) fn lane_sum(s: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let mut chunks = s.chunks_exact(8);
-    for c in &mut chunks {
-        for (l, x) in lanes.iter_mut().zip(c) {
-            *l += x;
-        }
-    }
-    let mut sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
-        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-    for x in chunks.remainder() {
-        sum += x;
-    }
-    sum
-}
-
 /// Runs the item (tokens `toks`, KV head `g`): the outputs of the group's query heads
 /// for those tokens into `out`. `ranges[t]` is token `t`'s virtual key range; a ringed
 /// layer's block holds one sequence's tokens whose ranges together fit the ring.
@@ -275,7 +255,14 @@ pub(super) fn block_item(
                     mx[r] = tmax;
                 }
                 isa.exp_sub(row, mx[r]);
-                l[r] += lane_sum(row);
+            }
+            // Each head's denominator grows by its row's weights, summed in key order; the
+            // heads' sums run side by side, independent chains instead of one at a time.
+            let ls = &mut l[r0..r0 + group];
+            for j in 0..e - s {
+                for (i, li) in ls.iter_mut().enumerate() {
+                    *li += scores[(r0 + i) * KEY_TILE + j];
+                }
             }
             // ...then the weighted values, two heads per call (each head's bits those of
             // a call of its own).
