@@ -568,21 +568,23 @@ fn read_state_section(r: &mut Reader) -> Result<Vec<SlotState>, String> {
         // Both counts come before the values.
         let nc = u64::from_le_bytes(r.take("a recurrent layer's conv size")?);
         let nm = u64::from_le_bytes(r.take("a recurrent layer's matrix size")?);
-        let floats = |r: &mut Reader, n: u64, what: &str| -> Result<Vec<f32>, String> {
-            let bytes = usize::try_from(n)
-                .ok()
-                .and_then(|n| n.checked_mul(4))
-                .ok_or_else(|| format!("{n} values in {what}"))?;
-            Ok(r.bytes(bytes, what)?
-                .chunks_exact(4)
-                .map(|c| f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-                .collect())
-        };
-        let conv = floats(r, nc, "a recurrent layer's conv windows")?;
-        let ssm = floats(r, nm, "a recurrent layer's matrices")?;
+        let conv = read_floats(r, nc, "a recurrent layer's conv windows")?;
+        let ssm = read_floats(r, nm, "a recurrent layer's matrices")?;
         state.push((layer, conv, ssm));
     }
     Ok(state)
+}
+
+/// `n` f32 values stored as their bits.
+fn read_floats(r: &mut Reader, n: u64, what: &str) -> Result<Vec<f32>, String> {
+    let bytes = usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_mul(4))
+        .ok_or_else(|| format!("{n} values in {what}"))?;
+    Ok(r.bytes(bytes, what)?
+        .chunks_exact(4)
+        .map(|c| f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .collect())
 }
 
 /// Writes a restored state into the engine's state slot `slot` (nothing for a model

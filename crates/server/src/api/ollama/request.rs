@@ -280,7 +280,13 @@ pub(super) fn messages(obj: &Object) -> Result<Vec<ChatMessage>, ApiError> {
                 }
                 Some(v) => msg.tool_calls = history_calls(v, i)?,
             }
-            opt_str(m, "thinking").map_err(|_| wrong(&at("thinking"), "a string"))?;
+            // An assistant turn's reasoning, for templates that show it (Qwen3.5's
+            // `reasoning_content`).
+            let thinking =
+                opt_str(m, "thinking").map_err(|_| wrong(&at("thinking"), "a string"))?;
+            if role == "assistant" {
+                msg.reasoning_content = thinking.map(str::to_string);
+            }
             opt_str(m, "tool_name").map_err(|_| wrong(&at("tool_name"), "a string"))?;
             Ok(msg)
         })
