@@ -114,6 +114,13 @@ pub trait ModelDef: Send + Sync {
     fn is_recurrent(&self) -> bool {
         self.recurrent_layers().contains(&true)
     }
+
+    /// The f32 values of one sequence's recurrent state, every recurrent layer's
+    /// together (its conv window and delta-rule matrices): what a sequence holds besides
+    /// KV rows, whatever its length. 0 for a model without recurrent layers.
+    fn recurrent_state_floats(&self) -> usize {
+        0
+    }
 }
 
 /// A decoder-only model: the shared skeleton with an architecture's Q/K/V block.

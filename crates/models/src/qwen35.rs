@@ -454,4 +454,13 @@ impl ModelDef for Qwen35 {
             .map(|l| matches!(l.mixer, Mixer::Linear(_)))
             .collect()
     }
+
+    fn recurrent_state_floats(&self) -> usize {
+        // Per layer the graph's RecurrentMeta: (d_conv - 1) x channels conv values and
+        // h_v matrices of s x s.
+        let per_layer = self.ssm.d_conv.saturating_sub(1) * self.ssm.channels()
+            + self.ssm.h_v * self.ssm.s * self.ssm.s;
+        let layers = self.recurrent_layers().iter().filter(|&&r| r).count();
+        layers * per_layer
+    }
 }

@@ -194,6 +194,10 @@ pub(crate) fn recurrent_rewind(pos0: usize, written: usize) -> EngineError {
 /// Words per K and V row, and the (layer, region) of every layer holding KV rows.
 type KvLayout = (usize, usize, Vec<(usize, minfer_graph::KvRegion)>);
 
+/// One recurrent layer's state in one slot: (layer, conv window values, delta-rule
+/// matrix values).
+pub(crate) type SlotState = (usize, Vec<f32>, Vec<f32>);
+
 /// A copy of an engine's recurrent state and the position it holds
 /// ([`Engine::snapshot_recurrent`]).
 #[derive(Debug, Clone)]
@@ -478,20 +482,53 @@ impl Engine {
         self.kv_types
     }
 
-    /// Bytes of the K and V regions of every layer over the whole context.
+    /// Bytes of what the sequences keep: the K and V regions of every attention layer
+    /// over the whole context, and a recurrent model's state (every state slot's conv
+    /// windows and delta-rule matrices, f32).
     pub fn kv_bytes(&self) -> u64 {
         let hp = self.hparams();
         let per_layer = kv_cache_bytes_as(hp, self.n_ctx, self.kv_types)
             .unwrap_or(u64::MAX)
             .checked_div(hp.n_layer as u64)
             .unwrap_or(0);
-        // Ringed layers hold their ring's rows, not the context's.
-        (0..hp.n_layer)
+        let recurrent = self.model.recurrent_layers();
+        // Ringed layers hold their ring's rows, not the context's; recurrent ones none.
+        let rows = (0..hp.n_layer)
+            .filter(|&il| !recurrent.get(il).copied().unwrap_or(false))
             .map(|il| match self.swa.ring(il) {
                 Some(r) => per_layer / self.n_ctx as u64 * r.physical_rows(self.n_ctx) as u64,
                 None => per_layer,
             })
-            .fold(0u64, u64::saturating_add)
+            .fold(0u64, u64::saturating_add);
+        let state = (self.model.recurrent_state_floats() as u64)
+            .saturating_mul(4)
+            .saturating_mul(self.state_slots() as u64);
+        rows.saturating_add(state)
+    }
+
+    /// The positions the recurrent state (or a ring) was last advanced to since the
+    /// sequence started at 0 (see [`Self::keeps`]).
+    pub(crate) fn written(&self) -> usize {
+        self.written
+    }
+
+    /// Virtual KV rows per sequence (the context, or a batched engine's slot share).
+    pub(crate) fn seq_rows(&self) -> usize {
+        self.seq_rows
+    }
+
+    /// Layers that keep KV rows (every layer but the recurrent ones).
+    pub(crate) fn kv_layers(&self) -> usize {
+        self.model
+            .recurrent_layers()
+            .iter()
+            .filter(|&&r| !r)
+            .count()
+    }
+
+    /// State slots of the recurrent regions: one per sequence the context holds.
+    fn state_slots(&self) -> usize {
+        (self.n_ctx / self.seq_rows).max(1)
     }
 
     /// The backend holding the KV regions (one CPU backend today).
@@ -522,11 +559,86 @@ impl Engine {
     /// forked sequence, [`crate::MultiEngine::copy_prefix`]); `slots` is the engine's
     /// state slot count.
     pub(crate) fn copy_state_slot(&mut self, src: usize, dst: usize) -> Result<(), EngineError> {
-        let slots = (self.n_ctx / self.seq_rows).max(1);
+        let slots = self.state_slots();
         self.cache
             .alloc_mut()
             .copy_state_slot(src, dst, slots)
             .map_err(EngineError::from)
+    }
+
+    /// Each recurrent layer's state values per slot: (layer, conv values, matrix values),
+    /// in layer order; empty for a model without recurrent layers. Creates the regions.
+    pub(crate) fn state_geometry(&mut self) -> Result<Vec<(usize, usize, usize)>, EngineError> {
+        self.ensure_kv_regions()?;
+        let slots = self.state_slots();
+        let alloc = self.cache.alloc();
+        Ok((0..self.hparams().n_layer)
+            .filter_map(|l| alloc.kv_region(l).filter(|r| r.recurrent).map(|r| (l, r)))
+            .map(|(l, r)| (l, r.k_words / slots, r.v_words / slots))
+            .collect())
+    }
+
+    /// State slot `slot` of every recurrent layer: (layer, conv values, matrix values)
+    /// as [`Self::state_geometry`] lists them.
+    pub(crate) fn read_state_slot(&mut self, slot: usize) -> Result<Vec<SlotState>, EngineError> {
+        let geometry = self.state_geometry()?;
+        let all = self.cache.alloc_mut().snapshot_states();
+        geometry
+            .iter()
+            .map(|&(layer, conv, ssm)| {
+                let (_, c, s) = all
+                    .iter()
+                    .find(|(l, _, _)| *l == layer)
+                    .filter(|(_, c, s)| c.len() >= (slot + 1) * conv && s.len() >= (slot + 1) * ssm)
+                    .ok_or_else(|| EngineError::Param {
+                        name: "recurrent state",
+                        message: format!("layer {layer} holds no state slot {slot}"),
+                    })?;
+                Ok((
+                    layer,
+                    c[slot * conv..(slot + 1) * conv].to_vec(),
+                    s[slot * ssm..(slot + 1) * ssm].to_vec(),
+                ))
+            })
+            .collect()
+    }
+
+    /// Writes `state` (as [`Self::read_state_slot`] gives it) into state slot `slot`;
+    /// the other slots keep theirs. `state` must match [`Self::state_geometry`].
+    pub(crate) fn write_state_slot(
+        &mut self,
+        slot: usize,
+        state: &[SlotState],
+    ) -> Result<(), EngineError> {
+        let geometry = self.state_geometry()?;
+        let shape: Vec<(usize, usize, usize)> = state
+            .iter()
+            .map(|(l, c, s)| (*l, c.len(), s.len()))
+            .collect();
+        if shape != geometry {
+            return Err(EngineError::Param {
+                name: "recurrent state",
+                message: format!("state of shape {shape:?}, the model keeps {geometry:?}"),
+            });
+        }
+        let mut all = self.cache.alloc_mut().snapshot_states();
+        for (layer, conv, ssm) in state {
+            let (c, s) = (conv.len(), ssm.len());
+            let held = all
+                .iter_mut()
+                .find(|(al, _, _)| al == layer)
+                .filter(|(_, ac, as_)| ac.len() >= (slot + 1) * c && as_.len() >= (slot + 1) * s);
+            let Some((_, ac, as_)) = held else {
+                return Err(EngineError::Param {
+                    name: "recurrent state",
+                    message: format!("layer {layer} holds no state slot {slot}"),
+                });
+            };
+            ac[slot * c..(slot + 1) * c].copy_from_slice(conv);
+            as_[slot * s..(slot + 1) * s].copy_from_slice(ssm);
+        }
+        self.cache.alloc_mut().restore_states(&all)?;
+        Ok(())
     }
 
     /// Words per stored K and V row, and every layer's (K, V) pool regions.

@@ -2,7 +2,7 @@
 //! checksummed file that a later process (or another slot) restores instead of prefilling
 //! the history again (design §3.6, ADR-0006).
 //!
-//! Format (version 3, little-endian):
+//! Format (version 4, little-endian):
 //!
 //! | field | bytes |
 //! |---|---|
@@ -17,7 +17,10 @@
 //! | sliding-window ring step | u64: 0 when every row was kept, else the step the rings were sized with (see below) |
 //! | token count `n` | u64 |
 //! | tokens | n × u32 |
-//! | per layer: K rows, then V rows | n × words per row × u32 each |
+//! | per layer keeping KV rows: K rows, then V rows | n × words per row × u32 each |
+//! | recurrent state: layer count `r` | u32 (0 for a model without recurrent layers) |
+//! | — per recurrent layer: index, conv values `c`, matrix values `m` | u32, u64, u64 |
+//! | — then its conv windows, then its delta-rule matrices | (c + m) × f32 bits |
 //! | conversation | u8: 0 none, 1 present (then the fields below) |
 //! | — tokens dropped by context shifts | u64 |
 //! | — system message | u8: 0 none, 1 present (then u32 length + UTF-8) |
@@ -25,8 +28,17 @@
 //! | — per message: role, content | u16 length + UTF-8, u32 length + UTF-8 |
 //! | SHA-256 of everything above | 32 |
 //!
-//! Version 2 is version 3 without the ring step (every row kept); version 1 is version 2
-//! without the conversation section. This build still reads both and writes version 3.
+//! Version 3 is version 4 without the recurrent state; version 2 is version 3 without
+//! the ring step (every row kept); version 1 is version 2 without the conversation
+//! section. This build still reads them all and writes version 4.
+//!
+//! A hybrid recurrent model (Qwen3.5) keeps KV rows in its attention layers only, and in
+//! each recurrent layer one state per sequence: the conv window and the delta-rule
+//! matrices after exactly the `n` stored tokens. A session of it stores the sequence's
+//! state slot beside the rows, so a restored sequence goes on from position `n` as if it
+//! had never stopped (it cannot go back: the state holds no earlier position). Saving
+//! needs the history to be exactly what the state holds; a file without state (a version
+//! before 4) or with state of another shape is refused by name.
 //!
 //! A sliding-window layer keeping a KV ring ([`crate::swa`]) holds only its last rows:
 //! the file stores every position's row as the ring returns it, so rows the ring had
@@ -48,14 +60,14 @@ use minfer_models::HParams;
 use minfer_tokenizer::ChatMessage;
 use sha2::{Digest, Sha256};
 
-use crate::engine::{Engine, EngineError};
+use crate::engine::{Engine, EngineError, SlotState};
 use crate::multi::MultiEngine;
 
 /// The first bytes of every session file.
 pub const MAGIC: [u8; 8] = *b"MINFERKV";
 
 /// The format version this build writes (and the newest it reads).
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// The oldest format version this build reads: version 1 lacks only the conversation.
 pub const OLDEST_VERSION: u32 = 1;
@@ -133,14 +145,14 @@ pub enum SessionError {
     /// The history to save is not what the engine's KV holds.
     #[error("session: {0}")]
     History(String),
-    /// The model keeps recurrent state, which session files do not carry.
-    #[error(
-        "session: `{arch}` is a hybrid recurrent model; its per-sequence recurrent state is \
-         not stored in session files, so it is neither saved nor restored (run the prompt again)"
-    )]
-    Recurrent {
-        /// The model's architecture.
-        arch: String,
+    /// The file's recurrent state does not fit the engine's model: none stored (a file
+    /// from before version 4), or of another shape.
+    #[error("session {path}: {what}")]
+    RecurrentState {
+        /// The file.
+        path: PathBuf,
+        /// What is missing or differs.
+        what: String,
     },
     /// The engine failed to read or write its KV.
     #[error(transparent)]
@@ -346,6 +358,15 @@ pub fn save_with(
             engine.seq_len()
         )));
     }
+    if engine.is_recurrent() && !engine.keeps(history.len()) {
+        return Err(SessionError::History(format!(
+            "the recurrent state holds {} positions: a session of `{}` saves exactly those, \
+             not {} tokens",
+            engine.written(),
+            engine.arch(),
+            history.len()
+        )));
+    }
     save_rows(engine, 0, history, chat, path)
 }
 
@@ -378,6 +399,7 @@ fn restore(engine: &mut Engine, path: &Path, need_chat: bool) -> Result<Restored
     let Checked {
         history,
         words,
+        state,
         chat,
         ring_step,
     } = read_checked(engine, path, n_ctx)?;
@@ -386,7 +408,10 @@ fn restore(engine: &mut Engine, path: &Path, need_chat: bool) -> Result<Restored
             path: path.to_path_buf(),
         });
     }
-    if let Err(e) = engine.write_kv_rows(0, history.len(), &words) {
+    let written = engine
+        .write_kv_rows(0, history.len(), &words)
+        .and_then(|()| write_state(engine, 0, &state));
+    if let Err(e) = written {
         // Rows may be half rewritten: the sequence no longer holds any of them.
         engine.set_seq_len(0);
         return Err(e.into());
@@ -412,6 +437,13 @@ pub fn save_slot(
             history.len()
         )));
     }
+    if multi.engine().is_recurrent() && !multi.keeps(slot, history.len()) {
+        return Err(SessionError::History(format!(
+            "slot {slot}'s recurrent state holds other positions than the {} tokens to save \
+             (a session of a recurrent model saves exactly what the state holds)",
+            history.len()
+        )));
+    }
     let base = slot * multi.slot_ctx();
     save_rows(multi.engine_mut(), base, history, None, path)
 }
@@ -427,13 +459,15 @@ pub fn load_slot(
     let Checked {
         history,
         words,
+        state,
         ring_step,
         ..
     } = read_checked(multi.engine_mut(), path, cap)?;
-    if let Err(e) = multi
-        .engine_mut()
+    let engine = multi.engine_mut();
+    let written = engine
         .write_kv_rows(base, history.len(), &words)
-    {
+        .and_then(|()| write_state(engine, slot, &state));
+    if let Err(e) = written {
         // Rows may be half rewritten: the slot no longer holds any of them.
         multi.set_slot_len(slot, 0);
         return Err(e.into());
@@ -449,10 +483,15 @@ fn save_rows(
     chat: Option<&SavedChat>,
     path: &Path,
 ) -> Result<(), SessionError> {
-    refuse_recurrent(engine)?;
     let header = Header::of(engine)?;
     let mut words = Vec::new();
     engine.read_kv_rows(base, history.len(), &mut words)?;
+    // The sequence's state slot: its index is its first row over the rows a slot owns.
+    let state = if engine.is_recurrent() {
+        engine.read_state_slot(base / engine.seq_rows())?
+    } else {
+        Vec::new()
+    };
     let mut out = Vec::with_capacity(64 + 4 * (history.len() + words.len()));
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -464,6 +503,7 @@ fn save_rows(
     for w in &words {
         out.extend_from_slice(&w.to_le_bytes());
     }
+    write_state_section(&state, &mut out);
     write_chat(chat, &mut out)?;
     let sum: [u8; 32] = Sha256::digest(&out).into();
     out.extend_from_slice(&sum);
@@ -501,6 +541,57 @@ fn write_chat(chat: Option<&SavedChat>, out: &mut Vec<u8>) -> Result<(), Session
             u32::try_from(m.content.len()).map_err(|_| too_long("a message", m.content.len()))?;
         out.extend_from_slice(&n.to_le_bytes());
         out.extend_from_slice(m.content.as_bytes());
+    }
+    Ok(())
+}
+
+/// Appends the recurrent state section (see the module's table).
+fn write_state_section(state: &[SlotState], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(state.len() as u32).to_le_bytes());
+    for (layer, conv, ssm) in state {
+        out.extend_from_slice(&(*layer as u32).to_le_bytes());
+        out.extend_from_slice(&(conv.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(ssm.len() as u64).to_le_bytes());
+        for x in conv.iter().chain(ssm) {
+            out.extend_from_slice(&x.to_bits().to_le_bytes());
+        }
+    }
+}
+
+/// Reads the recurrent state section: per layer (index, conv values, matrix values).
+fn read_state_section(r: &mut Reader) -> Result<Vec<SlotState>, String> {
+    let count = u32::from_le_bytes(r.take("the recurrent layer count")?);
+    // Not preallocated: the count is only as good as the bytes that follow it.
+    let mut state = Vec::new();
+    for _ in 0..count {
+        let layer = u32::from_le_bytes(r.take("a recurrent layer")?) as usize;
+        // Both counts come before the values.
+        let nc = u64::from_le_bytes(r.take("a recurrent layer's conv size")?);
+        let nm = u64::from_le_bytes(r.take("a recurrent layer's matrix size")?);
+        let conv = read_floats(r, nc, "a recurrent layer's conv windows")?;
+        let ssm = read_floats(r, nm, "a recurrent layer's matrices")?;
+        state.push((layer, conv, ssm));
+    }
+    Ok(state)
+}
+
+/// `n` f32 values stored as their bits.
+fn read_floats(r: &mut Reader, n: u64, what: &str) -> Result<Vec<f32>, String> {
+    let bytes = usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_mul(4))
+        .ok_or_else(|| format!("{n} values in {what}"))?;
+    Ok(r.bytes(bytes, what)?
+        .chunks_exact(4)
+        .map(|c| f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .collect())
+}
+
+/// Writes a restored state into the engine's state slot `slot` (nothing for a model
+/// without recurrent layers).
+fn write_state(engine: &mut Engine, slot: usize, state: &[SlotState]) -> Result<(), EngineError> {
+    if engine.is_recurrent() {
+        engine.write_state_slot(slot, state)?;
     }
     Ok(())
 }
@@ -586,30 +677,22 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
     Ok(())
 }
 
-/// A file that passed every check: its history, KV words and conversation.
+/// A file that passed every check: its history, KV words, recurrent state and
+/// conversation.
 struct Checked {
     history: Vec<u32>,
     words: Vec<u32>,
+    /// The sequence's recurrent state (empty for a model without recurrent layers).
+    state: Vec<SlotState>,
     chat: Option<SavedChat>,
     /// The ring step the rows were saved with (0: every row kept).
     ring_step: usize,
 }
 
 /// Reads and checks `path` against `engine` for a sequence of at most `cap` positions:
-/// what it holds, or the refusal.
-/// Session files hold KV rows at positions only: a model with recurrent layers is refused
-/// by name before anything is read or written.
-fn refuse_recurrent(engine: &Engine) -> Result<(), SessionError> {
-    if engine.is_recurrent() {
-        return Err(SessionError::Recurrent {
-            arch: engine.arch().to_string(),
-        });
-    }
-    Ok(())
-}
-
-fn read_checked(engine: &Engine, path: &Path, cap: usize) -> Result<Checked, SessionError> {
-    refuse_recurrent(engine)?;
+/// what it holds, or the refusal. The engine is changed only by creating its KV and
+/// state regions if no step has run yet (their shape is part of the check).
+fn read_checked(engine: &mut Engine, path: &Path, cap: usize) -> Result<Checked, SessionError> {
     let p = || path.to_path_buf();
     let buf = std::fs::read(path).map_err(|source| SessionError::Io { path: p(), source })?;
     let damaged = |what: String| SessionError::Damaged { path: p(), what };
@@ -695,8 +778,8 @@ fn read_checked(engine: &Engine, path: &Path, cap: usize) -> Result<Checked, Ses
     }
     let n = u64::from_le_bytes(r.take("the token count").map_err(damaged)?);
     let n = usize::try_from(n).map_err(|_| damaged(format!("{n} tokens")))?;
-    let n_layer = mine.hparams[0] as usize;
-    let per_token = (mine.words[0] + mine.words[1]) as usize * n_layer + 1;
+    // Recurrent layers keep state, not rows.
+    let per_token = (mine.words[0] + mine.words[1]) as usize * engine.kv_layers() + 1;
     let rest = body.len() - r.at;
     // Version 1 ends with the KV rows; version 2 adds at least the conversation flag.
     let tail = usize::from(version >= 2);
@@ -735,11 +818,36 @@ fn read_checked(engine: &Engine, path: &Path, cap: usize) -> Result<Checked, Ses
     }
     let kv_end = r.at + 4 * n * (per_token - 1);
     let words = words_of(&body[r.at..kv_end]);
-    let chat = if version >= 2 {
-        let mut c = Reader {
-            buf: body,
-            at: kv_end,
+    let mut c = Reader {
+        buf: body,
+        at: kv_end,
+    };
+    let state = if version >= 4 {
+        read_state_section(&mut c).map_err(damaged)?
+    } else {
+        Vec::new()
+    };
+    let geometry = engine.state_geometry()?;
+    let shape: Vec<(usize, usize, usize)> = state
+        .iter()
+        .map(|(l, c, m)| (*l, c.len(), m.len()))
+        .collect();
+    if shape != geometry {
+        let what = if version < 4 {
+            format!(
+                "format version {version} stores no recurrent state, which `{}` keeps beside \
+                 its KV rows (run the prompt again)",
+                engine.arch()
+            )
+        } else {
+            format!(
+                "recurrent state of (layer, conv, matrix) values {shape:?}, this engine keeps \
+                 {geometry:?}"
+            )
         };
+        return Err(SessionError::RecurrentState { path: p(), what });
+    }
+    let chat = if version >= 2 {
         read_chat(&mut c).map_err(damaged)?
     } else {
         None
@@ -747,6 +855,7 @@ fn read_checked(engine: &Engine, path: &Path, cap: usize) -> Result<Checked, Ses
     Ok(Checked {
         history,
         words,
+        state,
         chat,
         ring_step: usize::try_from(stored.ring_step).unwrap_or(usize::MAX),
     })

@@ -124,7 +124,9 @@ pub fn generate_shifting_with(
     }
     let n_keep = n_keep.min(prompt.len());
     let mut sampler = opts.sampler()?;
-    let reuse = kv.reuse(prompt);
+    // Only a prefix the engine can go on from (sliding-window rings, a recurrent state
+    // that holds exactly its history) is kept; otherwise the prompt runs from 0.
+    let reuse = kv.reuse_if(prompt, |k| engine.keeps(k));
     let t0 = Instant::now();
     let logits = engine.prefill(&prompt[reuse.kept..], reuse.kept)?;
     kv.extend(&prompt[reuse.kept..]);

@@ -4,7 +4,7 @@
 //! first, then calls in what remains) is decided once, here.
 
 use crate::reasoning::{Part, Reasoning, ThinkSplitter};
-use crate::tools::{Call, Piece, StreamSplitter};
+use crate::tools::{Call, Piece, StreamSplitter, ToolSpec};
 
 /// One piece of a split answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,8 +28,8 @@ pub struct Answer {
     pub calls: Vec<Call>,
 }
 
-/// Splits one streamed answer: reasoning when `reasoning.split`, tool calls when the
-/// model was shown tools.
+/// Splits one streamed answer: reasoning when `reasoning.split`, tool calls (in the
+/// model's format) when the model was shown tools.
 #[derive(Debug)]
 pub struct AnswerSplitter {
     think: Option<ThinkSplitter>,
@@ -37,11 +37,14 @@ pub struct AnswerSplitter {
 }
 
 impl AnswerSplitter {
-    /// A splitter for one choice.
-    pub fn new(reasoning: Reasoning, tools: bool) -> Self {
+    /// A splitter for one choice; `tools`: the request's tools when they are shown.
+    pub fn new(reasoning: Reasoning, tools: Option<&ToolSpec>) -> Self {
         AnswerSplitter {
-            think: reasoning.splitter(),
-            tools: tools.then(StreamSplitter::default),
+            think: match tools {
+                Some(_) => reasoning.splitter_with_calls(),
+                None => reasoning.splitter(),
+            },
+            tools: tools.map(ToolSpec::splitter),
         }
     }
 
@@ -91,7 +94,7 @@ fn piece(p: Piece) -> Out {
 }
 
 /// Splits a whole answer (see [`AnswerSplitter`]).
-pub fn split(text: &str, reasoning: Reasoning, tools: bool) -> Answer {
+pub fn split(text: &str, reasoning: Reasoning, tools: Option<&ToolSpec>) -> Answer {
     let mut s = AnswerSplitter::new(reasoning, tools);
     let mut a = Answer::default();
     for o in s.push(text).into_iter().chain(s.finish()) {
@@ -128,13 +131,15 @@ mod tests {
             split: true,
             open: false,
         };
-        let a = split(out, on, true);
+        let spec = crate::tools::test_spec(&["f"]);
+        let tools = Some(&spec);
+        let a = split(out, on, tools);
         assert_eq!(a.reasoning, "I should call f.");
         assert_eq!(a.text, "Sure.");
         assert_eq!(a.calls.len(), 1);
         assert_eq!(a.calls[0].arguments, "{\"x\":1}");
         // Streamed a character at a time: the same three parts.
-        let mut s = AnswerSplitter::new(on, true);
+        let mut s = AnswerSplitter::new(on, tools);
         let mut outs = Vec::new();
         for c in out.chars() {
             outs.extend(s.push(&c.to_string()));
@@ -150,7 +155,7 @@ mod tests {
             ]
         );
         // Neither split: the text as generated.
-        let plain = split(out, Reasoning::default(), false);
+        let plain = split(out, Reasoning::default(), None);
         assert_eq!((plain.text.as_str(), plain.calls.len()), (out, 0));
     }
 }

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::params::{GenRequest, Prompt};
+use crate::tools::CallFormat;
 use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
 use crate::{AppState, Model};
 use minfer_runtime::{CompiledGrammar, Grammar};
@@ -100,6 +101,19 @@ pub struct ChatPrompt {
     pub fault: Option<Fault>,
     /// It ends inside an open `<think>` block: the answer starts as reasoning.
     pub think_open: bool,
+    /// How the model's template writes tool calls.
+    pub tool_format: CallFormat,
+}
+
+impl ChatPrompt {
+    /// Tells `g` what the rendered prompt decides about the answer: whether it starts
+    /// inside a reasoning block, and the format its tool calls come in.
+    pub fn shape(&self, g: &mut GenRequest) {
+        g.reasoning.open = self.think_open;
+        if let Some(t) = &mut g.tools {
+            t.format = self.tool_format;
+        }
+    }
 }
 
 /// [`chat_prompt_with_tools`] with extra template variables (`chat_template_kwargs`,
@@ -126,6 +140,7 @@ pub fn render_chat(
         ids,
         fault: fault_of(st, &rendered.text),
         think_open: crate::reasoning::opened_by(&rendered.text),
+        tool_format: CallFormat::of_template(m.template.source()),
     })
 }
 

@@ -41,6 +41,14 @@ pub struct GenRequest {
     pub reasoning: Reasoning,
 }
 
+impl GenRequest {
+    /// The tools the model is shown (and whose calls are parsed from its answer): the
+    /// request's, unless `tool_choice` is `none`.
+    pub fn shown_tools(&self) -> Option<&ToolSpec> {
+        self.tools.as_ref().filter(|t| t.enabled())
+    }
+}
+
 impl Default for GenRequest {
     /// llama-server's sampling defaults with a fresh random seed, one choice, no stop
     /// strings, no streaming, the slot's context as the limit, prefix reuse on, any

@@ -6,7 +6,7 @@
 //! was opened by the prompt. The request fields that switch it are read in
 //! `api::thinking`.
 
-use crate::tools::partial_tag;
+use crate::tools::{partial_tag, OPEN as CALL_OPEN};
 
 /// The tag that opens a reasoning block.
 pub const OPEN: &str = "<think>";
@@ -26,6 +26,12 @@ impl Reasoning {
     /// A splitter for one choice of this request, or `None` when nothing is split.
     pub fn splitter(&self) -> Option<ThinkSplitter> {
         self.split.then(|| ThinkSplitter::new(self.open))
+    }
+
+    /// [`Reasoning::splitter`] for a request with tools: a `<tool_call>` in the reasoning
+    /// ends it too, and is the answer's ([`ThinkSplitter::ending_at_calls`]).
+    pub fn splitter_with_calls(&self) -> Option<ThinkSplitter> {
+        self.splitter().map(ThinkSplitter::ending_at_calls)
     }
 }
 
@@ -65,6 +71,8 @@ enum State {
 pub struct ThinkSplitter {
     state: State,
     buf: String,
+    /// A `<tool_call>` ends the block (see [`ThinkSplitter::ending_at_calls`]).
+    calls_end: bool,
 }
 
 impl ThinkSplitter {
@@ -73,7 +81,17 @@ impl ThinkSplitter {
         ThinkSplitter {
             state: if open { State::Thinking } else { State::Start },
             buf: String::new(),
+            calls_end: false,
         }
+    }
+
+    /// This splitter, with a `<tool_call>` ending the reasoning as `</think>` does, the
+    /// call itself passed on as answer: a thinking model with tools (Qwen3.5) may open a
+    /// call without closing its reasoning, and the call must still reach the tool-call
+    /// parser (llama.cpp ends such models' reasoning at either tag).
+    pub fn ending_at_calls(mut self) -> Self {
+        self.calls_end = true;
+        self
     }
 
     /// Takes the next piece of output; returns what can be passed on now.
@@ -94,14 +112,26 @@ impl ThinkSplitter {
                     }
                 }
                 State::Thinking => {
-                    if let Some(end) = self.buf.find(CLOSE) {
+                    let call = self.calls_end.then(|| self.buf.find(CALL_OPEN)).flatten();
+                    let close = self.buf.find(CLOSE);
+                    if let Some(at) = call.filter(|&c| close.is_none_or(|e| c < e)) {
+                        if at > 0 {
+                            out.push(Part::Reasoning(self.buf[..at].to_string()));
+                        }
+                        self.buf.drain(..at);
+                        self.state = State::Content;
+                    } else if let Some(end) = close {
                         if end > 0 {
                             out.push(Part::Reasoning(self.buf[..end].to_string()));
                         }
                         self.buf.drain(..end + CLOSE.len());
                         self.state = State::After;
                     } else {
-                        let cut = self.buf.len() - partial_tag(&self.buf, CLOSE);
+                        let mut held = partial_tag(&self.buf, CLOSE);
+                        if self.calls_end {
+                            held = held.max(partial_tag(&self.buf, CALL_OPEN));
+                        }
+                        let cut = self.buf.len() - held;
                         if cut > 0 {
                             out.push(Part::Reasoning(self.buf[..cut].to_string()));
                             self.buf.drain(..cut);
@@ -233,6 +263,41 @@ mod tests {
         assert_eq!(s.push("\n\n"), vec![]);
         assert_eq!(s.push("ok"), vec![Part::Content("ok".into())]);
         assert_eq!(s.finish(), vec![]);
+    }
+
+    #[test]
+    fn a_tool_call_ends_the_reasoning_when_the_request_has_tools() {
+        let out = "Need weather.\n<tool_call>\n<function=f>\n</function>\n</tool_call>";
+        for step in 1..7 {
+            let mut s = ThinkSplitter::new(true).ending_at_calls();
+            let chars: Vec<char> = out.chars().collect();
+            let mut parts = Vec::new();
+            for c in chars.chunks(step) {
+                parts.extend(s.push(&c.iter().collect::<String>()));
+            }
+            parts.extend(s.finish());
+            let (mut r, mut c) = (String::new(), String::new());
+            for p in parts {
+                match p {
+                    Part::Reasoning(t) => r.push_str(&t),
+                    Part::Content(t) => c.push_str(&t),
+                }
+            }
+            assert_eq!(r, "Need weather.\n", "pieces of {step}");
+            assert_eq!(c, &out[14..], "pieces of {step}");
+        }
+        // Without tools the tag is reasoning text; a `</think>` first still closes.
+        assert_eq!(split(out, true).0, out);
+        let mut s = ThinkSplitter::new(true).ending_at_calls();
+        let mut parts = s.push("a</think>b<tool_call>");
+        parts.extend(s.finish());
+        assert_eq!(
+            parts,
+            vec![
+                Part::Reasoning("a".into()),
+                Part::Content("b<tool_call>".into())
+            ]
+        );
     }
 
     #[test]

@@ -1,13 +1,17 @@
 //! OpenAI tool calls in the `<tool_call>` format of Qwen-style chat templates: the request's
-//! `tools` and `tool_choice` read into a [`ToolSpec`], the grammar that constrains a call
-//! to `{"name": <a tool>, "arguments": <its parameters schema>}`, and the parser that
-//! splits generated text into content and calls, whole ([`split`]) or as it streams
-//! ([`StreamSplitter`]).
+//! `tools` and `tool_choice` read into a [`ToolSpec`], the grammar that constrains a call,
+//! and the parser that splits generated text into content and calls, whole ([`split`])
+//! or as it streams ([`StreamSplitter`]). Between the tags a call is written in the
+//! format the model's template teaches ([`CallFormat`]): one line of JSON,
+//! `{"name": <a tool>, "arguments": <its parameters schema>}` (Qwen2.5, Qwen3, Hermes), or
+//! Qwen3-Coder's and Qwen3.5's XML-like blocks (`xml`).
 
 use minfer_runtime::Grammar;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+
+mod xml;
 
 /// The tag that opens a call in the generated text.
 pub const OPEN: &str = "<tool_call>";
@@ -39,6 +43,32 @@ pub struct Function {
     pub strict: bool,
 }
 
+/// How a model writes a call between `<tool_call>` and `</tool_call>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CallFormat {
+    /// `{"name": ..., "arguments": {...}}` on one line.
+    #[default]
+    Json,
+    /// `<function=NAME>`, then per argument `<parameter=NAME>`, the value on its own
+    /// lines, `</parameter>`, then `</function>` (Qwen3-Coder, Qwen3.5).
+    Xml,
+}
+
+impl CallFormat {
+    /// The format a chat template teaches: XML when it writes `<tool_call>`,
+    /// `<function=` and `<parameter=` (the test llama.cpp applies too), JSON otherwise.
+    pub fn of_template(source: &str) -> CallFormat {
+        if ["<tool_call>", "<function=", "<parameter="]
+            .iter()
+            .all(|t| source.contains(t))
+        {
+            CallFormat::Xml
+        } else {
+            CallFormat::Json
+        }
+    }
+}
+
 /// A request's tools.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSpec {
@@ -50,6 +80,9 @@ pub struct ToolSpec {
     pub choice: ToolChoice,
     /// `parallel_tool_calls`: several calls in one answer (default true, as OpenAI's).
     pub parallel: bool,
+    /// How the served model writes calls (set from its chat template once the request
+    /// is rendered; JSON until then).
+    pub format: CallFormat,
 }
 
 fn wrong(field: &str, what: &str) -> ApiError {
@@ -160,6 +193,7 @@ pub fn parse(
         functions,
         choice,
         parallel: parallel.unwrap_or(true),
+        format: CallFormat::Json,
     }))
 }
 
@@ -178,37 +212,73 @@ impl ToolSpec {
             ToolChoice::Auto | ToolChoice::Required => self.functions.iter().collect(),
         };
         let parallel = self.parallel && !matches!(self.choice, ToolChoice::Named(_));
-        let mut g = String::new();
-        let body = "\"\\n\" call \"\\n</tool_call>\"";
-        let repeat = if parallel {
-            format!(" (\"\\n<tool_call>\" {body})*")
-        } else {
-            String::new()
+        let lazy = self.choice == ToolChoice::Auto;
+        let g = match self.format {
+            CallFormat::Json => json_grammar(&funcs, lazy, parallel),
+            CallFormat::Xml => xml::grammar(&funcs, lazy, parallel),
         };
-        match self.choice {
-            // After the trigger (the model's own `<tool_call>`), the call itself.
-            ToolChoice::Auto => g.push_str(&format!("start: {body}{repeat}\n")),
-            _ => g.push_str(&format!("start: \"<tool_call>\" {body}{repeat}\n")),
+        Some((Grammar::Lark(g), lazy.then_some(OPEN)))
+    }
+
+    /// A splitter for one output of this request: calls read in the model's format,
+    /// XML argument values typed by each tool's parameters.
+    pub fn splitter(&self) -> StreamSplitter {
+        StreamSplitter {
+            parser: match self.format {
+                CallFormat::Json => CallParser::Json,
+                CallFormat::Xml => CallParser::Xml(self.functions.clone()),
+            },
+            ..StreamSplitter::default()
         }
-        let alts: Vec<String> = (0..funcs.len()).map(|i| format!("f{i}")).collect();
-        g.push_str(&format!("call: {}\n", alts.join(" | ")));
-        for (i, f) in funcs.iter().enumerate() {
-            let schema = json!({
-                "type": "object",
-                "properties": {
-                    "name": {"const": f.name},
-                    "arguments": f.parameters,
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": false,
-            });
-            // Calls are one line in this format: at most a space between two tokens.
-            let mut schema = schema;
-            schema["x-guidance"] = json!({"whitespace_pattern": r"\x20", "lenient": !f.strict});
-            g.push_str(&format!("f{i}: %json {schema}\n"));
-        }
-        let trigger = (self.choice == ToolChoice::Auto).then_some(OPEN);
-        Some((Grammar::Lark(g), trigger))
+    }
+}
+
+/// The grammar of JSON calls: `{"name": <a tool>, "arguments": <its parameters>}` on one
+/// line between the tags; `lazy`: it starts after the model's own `<tool_call>`.
+fn json_grammar(funcs: &[&Function], lazy: bool, parallel: bool) -> String {
+    let mut g = String::new();
+    let body = "\"\\n\" call \"\\n</tool_call>\"";
+    let repeat = if parallel {
+        format!(" (\"\\n<tool_call>\" {body})*")
+    } else {
+        String::new()
+    };
+    if lazy {
+        // After the trigger (the model's own `<tool_call>`), the call itself.
+        g.push_str(&format!("start: {body}{repeat}\n"));
+    } else {
+        g.push_str(&format!("start: \"<tool_call>\" {body}{repeat}\n"));
+    }
+    let alts: Vec<String> = (0..funcs.len()).map(|i| format!("f{i}")).collect();
+    g.push_str(&format!("call: {}\n", alts.join(" | ")));
+    for (i, f) in funcs.iter().enumerate() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "name": {"const": f.name},
+                "arguments": f.parameters,
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        });
+        // Calls are one line in this format: at most a space between two tokens.
+        let mut schema = schema;
+        schema["x-guidance"] = json!({"whitespace_pattern": r"\x20", "lenient": !f.strict});
+        g.push_str(&format!("f{i}: %json {schema}\n"));
+    }
+    g
+}
+
+/// JSON-format tools of these names without parameters, as a test's request gives them.
+#[cfg(test)]
+pub(crate) fn test_spec(names: &[&str]) -> ToolSpec {
+    let tools: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"type": "function", "function": {"name": n}}))
+        .collect();
+    match parse(Some(&Value::Array(tools)), None, None) {
+        Ok(Some(s)) => s,
+        other => panic!("test tools: {other:?}"),
     }
 }
 
@@ -221,8 +291,27 @@ pub struct Call {
     pub arguments: String,
 }
 
-/// A call's body (the text between the tags) as a call; `None` when it is not one.
-fn parse_call(body: &str) -> Option<Call> {
+/// How a call's body is read.
+#[derive(Debug, Clone, Default)]
+enum CallParser {
+    /// One line of JSON.
+    #[default]
+    Json,
+    /// XML-like blocks, argument values typed by these functions' parameters.
+    Xml(Vec<Function>),
+}
+
+impl CallParser {
+    fn parse(&self, body: &str) -> Option<Call> {
+        match self {
+            CallParser::Json => parse_json_call(body),
+            CallParser::Xml(functions) => xml::parse_call(body, functions),
+        }
+    }
+}
+
+/// A JSON call's body (the text between the tags) as a call; `None` when it is not one.
+fn parse_json_call(body: &str) -> Option<Call> {
     let v: Value = serde_json::from_str(body.trim()).ok()?;
     let name = v.get("name")?.as_str()?.to_string();
     let args = v.get("arguments").cloned().unwrap_or_else(|| json!({}));
@@ -234,19 +323,27 @@ fn parse_call(body: &str) -> Option<Call> {
     Some(Call { name, arguments })
 }
 
-/// Splits a whole output into its text and its calls. A block that does not parse as a
-/// call (cut off by the token limit) stays in the text, as generated.
+/// Splits a whole output of JSON calls into its text and its calls (see
+/// [`StreamSplitter::split`]).
 pub fn split(text: &str) -> (String, Vec<Call>) {
-    let mut s = StreamSplitter::default();
-    let mut content = String::new();
-    let mut calls = Vec::new();
-    for piece in s.push(text).into_iter().chain(s.finish()) {
-        match piece {
-            Piece::Text(t) => content.push_str(&t),
-            Piece::Call(c) => calls.push(c),
+    StreamSplitter::default().split(text)
+}
+
+impl StreamSplitter {
+    /// Splits a whole output into its text and its calls. A block that does not parse as
+    /// a call (cut off by the token limit) stays in the text, as generated.
+    pub fn split(mut self, text: &str) -> (String, Vec<Call>) {
+        let (mut content, mut calls) = (String::new(), Vec::new());
+        let mut pieces = self.push(text);
+        pieces.extend(self.finish());
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) => content.push_str(&t),
+                Piece::Call(c) => calls.push(c),
+            }
         }
+        (content, calls)
     }
-    (content, calls)
 }
 
 /// What the splitter hands on.
@@ -260,8 +357,10 @@ pub enum Piece {
 
 /// Splits streamed text into content and calls: text is passed on as soon as it cannot
 /// be the start of an opening tag; a call is passed on once its closing tag arrives.
+/// The default reads JSON calls; [`ToolSpec::splitter`] reads the request's format.
 #[derive(Debug, Default)]
 pub struct StreamSplitter {
+    parser: CallParser,
     buf: String,
     in_call: bool,
     /// A call has ended: the blank between it and the next call, or the end, is no text.
@@ -289,7 +388,7 @@ impl StreamSplitter {
                 let body = self.buf[..end].to_string();
                 self.buf.drain(..end + CLOSE.len());
                 self.in_call = false;
-                match parse_call(&body) {
+                match self.parser.parse(&body) {
                     Some(c) => out.push(Piece::Call(c)),
                     None => out.push(Piece::Text(format!("{OPEN}{body}{CLOSE}"))),
                 }

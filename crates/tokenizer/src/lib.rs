@@ -13,6 +13,7 @@ mod bpe;
 mod bytes;
 mod error;
 mod hash;
+mod jinja_compat;
 mod pretok;
 mod spm;
 mod stream;

@@ -1,11 +1,13 @@
 //! Chat templates: `tokenizer.chat_template` rendered with minijinja the way Hugging Face
 //! transformers renders it with Jinja2 (`trim_blocks`, `lstrip_blocks`, `raise_exception`,
-//! a Python-style `tojson`, Python string methods, `tools` = none when not given).
+//! its `tojson`, Python's `str()` of lists and dicts and Python string methods; see
+//! `jinja_compat`), `tools` = none when not given. Maps keep their keys' order, as
+//! Python's dicts do, so tools and call arguments render in the order they were given.
 
 use crate::error::TemplateError;
 use crate::tokenizer::Tokenizer;
-use minijinja::value::{Kwargs, Value};
-use minijinja::{Environment, Error, ErrorKind};
+use minijinja::value::Value;
+use minijinja::{Environment, Error};
 use serde::Serialize;
 use std::ops::Range;
 
@@ -29,6 +31,10 @@ pub struct ChatMessage {
     /// The call a `tool` message answers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant message's reasoning, given apart from its content (OpenAI-style
+    /// `reasoning_content`); templates such as Qwen3.5's render it in a `<think>` block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -39,6 +45,7 @@ impl ChatMessage {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 }
@@ -73,6 +80,7 @@ impl Serialize for ToolCall {
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
     fallback: bool,
@@ -87,12 +95,12 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", raise_exception);
-        env.add_filter("tojson", tojson);
+        crate::jinja_compat::install(&mut env);
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| TemplateError::Syntax(describe(&e)))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
             fallback: false,
@@ -122,6 +130,12 @@ impl ChatTemplate {
                 Ok(Self::chatml(&bos, &eos))
             }
         }
+    }
+
+    /// The template's source text (what a server reads a model's tool-call or
+    /// reasoning conventions from).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Whether this is the ChatML fallback rather than the model's template.
@@ -229,12 +243,24 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_json_with_context(messages, tools, add_generation_prompt, &Default::default())
+    }
+
+    /// [`ChatTemplate::render_json`] with `extra` template variables (see
+    /// [`ChatTemplate::render_with_context`]).
+    pub fn render_json_with_context(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TemplateError> {
         let tools = tools.map_or(Value::from(()), Value::from_serialize);
         self.render_values(
             Value::from_serialize(messages),
             tools,
             add_generation_prompt,
-            &Default::default(),
+            extra,
         )
     }
 
@@ -375,68 +401,6 @@ fn describe(e: &Error) -> String {
         src = inner.source();
     }
     s
-}
-
-fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, message))
-}
-
-/// `json.dumps(value, ensure_ascii=False, indent=indent)`: Python's separators (`", "` and
-/// `": "`), non-ASCII kept as is.
-fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    // Accepted for compatibility; output is always ensure_ascii=False, insertion order.
-    let _: Option<bool> = kwargs.get("ensure_ascii")?;
-    let _: Option<bool> = kwargs.get("sort_keys")?;
-    kwargs.assert_all_used()?;
-    let mut buf = Vec::new();
-    let res = match indent {
-        Some(n) => {
-            let pad = vec![b' '; n];
-            let fmt = serde_json::ser::PrettyFormatter::with_indent(&pad);
-            value.serialize(&mut serde_json::Serializer::with_formatter(&mut buf, fmt))
-        }
-        None => value.serialize(&mut serde_json::Serializer::with_formatter(
-            &mut buf, PyCompact,
-        )),
-    };
-    res.map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
-    let s = String::from_utf8(buf)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
-    Ok(Value::from_safe_string(s))
-}
-
-/// serde_json formatter with Python's default separators.
-struct PyCompact;
-
-impl serde_json::ser::Formatter for PyCompact {
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
-    }
-
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
-    }
-
-    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        w.write_all(b": ")
-    }
 }
 
 #[cfg(test)]

@@ -87,6 +87,39 @@ fn run_session_continues_exactly_on_a_tiny_model_in_every_kv_format() {
     }
 }
 
+/// The tokens `minfer run` reports reusing from a session (0 when it says nothing).
+fn reused(err: &str) -> usize {
+    err.split("reusing ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn run_session_carries_a_hybrid_recurrent_model_s_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("tiny-qwen35.gguf");
+    write_tiny_model(&m, &TinySpec::qwen35(GgmlType::F32, 1)).expect("write tiny model");
+    let m = m.to_str().unwrap();
+    let s = dir.path().join("s.kv");
+    let s = s.to_str().unwrap();
+    // One token generated: the saved history is the prompt (the sampled token is never
+    // fed back), so the longer prompt below extends it and the state goes on from it.
+    ok(greedy(m, "Once upon a time", "1", &["--session", s]));
+    let longer = "Once upon a time there";
+    let (cont, err) = ok(greedy(m, longer, "8", &["--session", s]));
+    let (fresh, _) = ok(greedy(m, longer, "8", &[]));
+    assert_eq!(cont, fresh, "the continuation differs from never stopping");
+    assert!(reused(&err) > 2, "the stored state was reused: {err}");
+    // A prompt that leaves the stored history cannot rewind the state: all of it runs
+    // again, and the answer is still a fresh run's.
+    let other = "Once upon a day";
+    let (cont, err) = ok(greedy(m, other, "8", &["--session", s]));
+    assert_eq!(cont, ok(greedy(m, other, "8", &[])).0);
+    assert_eq!(reused(&err), 0, "{err}");
+}
+
 #[test]
 fn run_session_continues_exactly_on_the_default_model() {
     let model = minfer_hub::default_model_path();

@@ -2,8 +2,9 @@
 //! attention): the state is carried from step to step (decoding token by token gives the
 //! prompt's logits; zeroing the state changes them), greedy decode is bitwise the same
 //! across thread counts, graph reuse and batch composition, speculative decoding rolls
-//! the state back on rejected drafts, and everything that would rewind the state (an
-//! earlier position, a context shift, a session file) prefills again or is refused.
+//! the state back on rejected drafts, everything that would rewind the state (an
+//! earlier position, a context shift) prefills again or is refused, and a session file
+//! carries the state, so a restored sequence goes on bit for bit.
 
 use std::sync::Arc;
 
@@ -260,17 +261,129 @@ fn rewinding_the_state_is_refused_and_reuse_starts_over() {
     assert_eq!(greedy(&mut e, &other, 4), greedy(&mut engine(2), &other, 4));
 }
 
+fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    rows.iter()
+        .map(|r| r.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// From `logits` at position `pos`: the greedy steps' logits, `n` of them.
+fn go_on(e: &mut Engine, mut logits: Vec<f32>, mut pos: usize, n: usize) -> Vec<Vec<f32>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = argmax(&logits) as u32;
+        logits = e.forward(&[t], pos, 1).expect("decode");
+        out.push(logits.clone());
+        pos += 1;
+    }
+    out
+}
+
 #[test]
-fn session_files_refuse_recurrent_models_by_name() {
+fn a_restored_session_carries_the_recurrent_state_bit_for_bit() {
+    let d = std::env::temp_dir().join(format!("minfer-rec-session-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    let path = d.join("s.kv");
     let p = prompt(12, 5);
-    let mut e = engine(1);
-    greedy(&mut e, &p, 0);
-    let path = std::env::temp_dir().join(format!("minfer-rec-{}.kv", std::process::id()));
-    let err = session::save(&mut e, &p, &path).unwrap_err().to_string();
-    assert!(err.contains("qwen35") && err.contains("recurrent"), "{err}");
+    // Never stopping: the prompt, then 8 greedy steps.
+    let want = greedy(&mut engine(1), &p, 8);
+    // Stopping after the prompt: save; a new engine restores and takes the next token.
+    let mut first = engine(1);
+    let logits = first.prefill(&p, 0).expect("prefill");
+    // The state holds 12 positions: a shorter history is refused by name.
+    let err = session::save(&mut first, &p[..11], &path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("recurrent state") && err.contains("qwen35"),
+        "{err}"
+    );
     assert!(!path.exists());
-    let err = session::load(&mut e, &path).unwrap_err().to_string();
-    assert!(err.contains("recurrent"), "{err}");
+    session::save(&mut first, &p, &path).expect("save");
+    drop(first);
+    let mut second = engine(2);
+    assert_eq!(session::load(&mut second, &path).expect("load"), p);
+    assert_eq!(second.seq_len(), p.len());
+    assert!(second.keeps(p.len()) && !second.keeps(p.len() - 1));
+    let got = go_on(&mut second, logits.clone(), p.len(), 8);
+    assert_eq!(bits(&got), bits(&want[1..]), "the continuation differs");
+    // The state is what carries it: restored without it, the next step differs.
+    let mut third = engine(1);
+    session::load(&mut third, &path).expect("load");
+    third.zero_recurrent_state().expect("zero");
+    let zeroed = go_on(&mut third, logits, p.len(), 1);
+    assert_ne!(bits(&zeroed), bits(&want[1..2]));
+
+    // A file without the state (version 3's layout: version field 3, no state section)
+    // is refused by name, and so is a damaged one.
+    let bytes = std::fs::read(&path).expect("read back");
+    let body = &bytes[..bytes.len() - 32];
+    // The body ends with the state section and the conversation flag (none).
+    let mut old = body[..body.len() - 1 - state_section_len()].to_vec();
+    old[8..12].copy_from_slice(&3u32.to_le_bytes());
+    old.push(0);
+    let sum: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&old).into();
+    old.extend_from_slice(&sum);
+    let old_path = d.join("v3.kv");
+    std::fs::write(&old_path, &old).expect("write");
+    let err = session::load(&mut engine(1), &old_path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("version 3") && err.contains("recurrent state"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Bytes of the tiny Qwen3.5's recurrent state section: the layer count, and per
+/// recurrent layer its index, two counts and its conv and matrix values.
+fn state_section_len() -> usize {
+    let spec = TinySpec::qwen35(GgmlType::F32, 1);
+    let ssm = spec.ssm.expect("a hybrid model");
+    let layers = (0..spec.n_layer).filter(|&l| ssm.recurrent(l)).count();
+    let values = (ssm.d_conv - 1) * ssm.channels() + ssm.h_v * ssm.s * ssm.s;
+    4 + layers * (4 + 8 + 8 + 4 * values)
+}
+
+#[test]
+fn a_slot_session_carries_its_state_into_another_slot() {
+    let f = file();
+    let o = opts(1, 64);
+    let p = prompt(10, 2);
+    let step = |slot, tokens: Vec<u32>, pos0| SeqStep {
+        slot,
+        tokens,
+        pos0,
+        n_out: 1,
+    };
+    let path = std::env::temp_dir().join(format!("minfer-rec-slot-{}.kv", std::process::id()));
+    let mut a = MultiEngine::from_shared(Arc::clone(&f), &o, 2).expect("multi");
+    a.step(&[step(1, prompt(7, 3), 0)])
+        .expect("another sequence");
+    a.step(&[step(0, p.clone(), 0)]).expect("prefill");
+    session::save_slot(&mut a, 0, &p, &path).expect("save slot");
+    let want = a.step(&[step(0, vec![7], p.len())]).expect("step")[0].clone();
+    let mut b = MultiEngine::from_shared(f, &o, 2).expect("multi");
+    b.step(&[step(0, prompt(9, 4), 0)])
+        .expect("another sequence");
+    assert_eq!(session::load_slot(&mut b, 1, &path).expect("load"), p);
+    let got = b.step(&[step(1, vec![7], p.len())]).expect("step")[0].clone();
+    assert_eq!(bits(&[got]), bits(&[want]));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn the_kv_figure_counts_attention_rows_and_the_recurrent_state() {
+    let spec = TinySpec::qwen35(GgmlType::F32, 1);
+    let ssm = spec.ssm.clone().expect("a hybrid model");
+    let e = engine(1);
+    let attention = (0..spec.n_layer).filter(|&l| !ssm.recurrent(l)).count();
+    let rows = attention * 2 * spec.n_head_kv * spec.head_dim * 4 * N_CTX;
+    let per_layer = (ssm.d_conv - 1) * ssm.channels() + ssm.h_v * ssm.s * ssm.s;
+    let state = (spec.n_layer - attention) * per_layer * 4;
+    assert_eq!(e.kv_bytes(), (rows + state) as u64);
 }
 
 #[test]

@@ -288,12 +288,29 @@ fn a_session_with_a_conversation_round_trips_and_every_damage_to_it_is_refused()
     assert_eq!(session::load(&mut e, &path).expect("load"), hist);
 }
 
-/// Rewrites a version-3 file of a model without sliding windows as version 2 (the same
-/// bytes less the ring step, which is 0), then, with `v1`, as version 1 (less the
-/// conversation flag too), checksummed again.
-fn as_older(v3: &[u8], v1: bool) -> Vec<u8> {
+/// Rewrites a version-4 file of a model without sliding windows or recurrent layers, and
+/// without a conversation, as `version` 3 (the same bytes less the empty recurrent state
+/// section), 2 (less the ring step too, which is 0) or 1 (less the conversation flag
+/// too), checksummed again.
+fn as_older(v4: &[u8], version: u32) -> Vec<u8> {
     use sha2::Digest;
-    let body = &v3[..v3.len() - 32];
+    let body = &v4[..v4.len() - 32];
+    // The empty state section (a zero layer count) before the conversation flag.
+    let state_at = body.len() - 5;
+    assert_eq!(
+        &body[state_at..],
+        &[0; 5],
+        "no recurrent state, no conversation"
+    );
+    let mut body = body.to_vec();
+    body.drain(state_at..state_at + 4);
+    if version == 3 {
+        body[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let sum = sha2::Sha256::digest(&body);
+        body.extend_from_slice(&sum);
+        return body;
+    }
+    let body = &body[..];
     let arch_len = u16::from_le_bytes([body[12], body[13]]) as usize;
     // Magic, version, architecture, hyperparameters, digest, backend, formats, geometry.
     let step_at = 12 + 2 + arch_len + 8 * 8 + 3 * 4 + 1 + 32 + 2 + 2 + 3 * 8;
@@ -304,13 +321,10 @@ fn as_older(v3: &[u8], v1: bool) -> Vec<u8> {
     );
     let mut out = body[..step_at].to_vec();
     out.extend_from_slice(&body[step_at + 8..]);
-    let version: u32 = if v1 {
+    if version == 1 {
         assert_eq!(out.last(), Some(&0), "no conversation in this file");
         out.pop();
-        1
-    } else {
-        2
-    };
+    }
     out[8..12].copy_from_slice(&version.to_le_bytes());
     let sum = sha2::Sha256::digest(&out);
     out.extend_from_slice(&sum);
@@ -318,14 +332,20 @@ fn as_older(v3: &[u8], v1: bool) -> Vec<u8> {
 }
 
 #[test]
-fn version_1_and_2_files_still_load() {
+fn version_1_2_and_3_files_still_load() {
     let d = dir("v1");
     let (path, bytes) = saved(&d, "s.kv", [KvType::F32; 2]);
-    let want = session::load(&mut engine([KvType::F32; 2]), &path).expect("v3");
-    std::fs::write(&path, as_older(&bytes, false)).unwrap();
-    let mut e = engine([KvType::F32; 2]);
-    assert_eq!(session::load(&mut e, &path).expect("v2 loads"), want);
-    std::fs::write(&path, as_older(&bytes, true)).unwrap();
+    let want = session::load(&mut engine([KvType::F32; 2]), &path).expect("v4");
+    for version in [3, 2] {
+        std::fs::write(&path, as_older(&bytes, version)).unwrap();
+        let mut e = engine([KvType::F32; 2]);
+        assert_eq!(
+            session::load(&mut e, &path).expect("loads"),
+            want,
+            "v{version}"
+        );
+    }
+    std::fs::write(&path, as_older(&bytes, 1)).unwrap();
     let mut e = engine([KvType::F32; 2]);
     assert_eq!(session::load(&mut e, &path).expect("v1 loads"), want);
     let err = session::load_chat(&mut engine([KvType::F32; 2]), &path).unwrap_err();
@@ -366,12 +386,12 @@ fn foreign_files_are_refused_with_what_differs() {
     std::fs::write(&bad, b"GGUF\x03\0\0\0 not a session at all").unwrap();
     let e = refused(&mut e32, &bad).to_string();
     assert!(e.contains("bad magic"), "{e}");
-    let mut v4 = bytes.clone();
-    v4[8] = 4;
-    std::fs::write(&bad, &v4).unwrap();
+    let mut v5 = bytes.clone();
+    v5[8] = 5;
+    std::fs::write(&bad, &v5).unwrap();
     let e = refused(&mut e32, &bad).to_string();
     assert!(
-        e.contains("version 4") && e.contains("versions 1 to 3"),
+        e.contains("version 5") && e.contains("versions 1 to 4"),
         "{e}"
     );
     // A missing file names itself.

@@ -23,3 +23,4 @@ mod speculative;
 mod speculative_draft;
 mod structured;
 mod thinking;
+mod xml_tools;

@@ -152,3 +152,95 @@ async fn reasoning_is_split_on_every_route_and_the_switch_removes_it() {
         "{v}"
     );
 }
+
+/// Joins the string at `key` of every JSON frame that `pick` accepts.
+fn joined(frames: &[String], pick: impl Fn(&Value) -> Option<&str>) -> String {
+    frames
+        .iter()
+        .filter_map(|f| serde_json::from_str::<Value>(f).ok())
+        .filter_map(|v| pick(&v).map(str::to_string))
+        .collect()
+}
+
+/// The `delta` of a Responses stream event of type `ty`.
+fn delta_of<'a>(v: &'a Value, ty: &str) -> Option<&'a str> {
+    (v["type"] == ty).then(|| v["delta"].as_str()).flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_reasoning_is_the_whole_answer_s_on_every_route() {
+    let s = thinking_server();
+    let b = &s.base;
+    // The reference: the unsplit text of the OpenAI route (the prompt opened the block,
+    // so all of it is reasoning).
+    let (_, raw) = post(
+        b,
+        "/v1/chat/completions",
+        chat(json!({"reasoning_format": "none"})),
+    )
+    .await;
+    let want = raw["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!want.is_empty(), "{raw}");
+
+    // ollama: NDJSON lines with `message.thinking`, no content.
+    let body = json!({"model": "tiny-think", "stream": true,
+        "messages": [{"role": "user", "content": "hi"}],
+        "options": {"temperature": 0, "num_predict": 6}});
+    let (st, _, text) = post_text(b, "/api/chat", body).await;
+    assert_eq!(st, 200, "{text}");
+    let lines: Vec<String> = text.lines().map(str::to_string).collect();
+    assert_eq!(joined(&lines, |v| v["message"]["thinking"].as_str()), want);
+    assert_eq!(joined(&lines, |v| v["message"]["content"].as_str()), "");
+
+    // Anthropic: `thinking_delta`s only.
+    let body = json!({"model": "m", "max_tokens": 6, "temperature": 0, "stream": true,
+        "thinking": {"type": "enabled", "budget_tokens": 16},
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (st, frames) = post_stream(b, "/v1/messages", body).await;
+    assert_eq!(st, 200);
+    assert_eq!(joined(&frames, |v| v["delta"]["thinking"].as_str()), want);
+    assert_eq!(joined(&frames, |v| v["delta"]["text"].as_str()), "");
+
+    // Responses: `response.reasoning_text.delta` events only.
+    let body = json!({"input": "hi", "temperature": 0, "max_output_tokens": 6, "stream": true});
+    let (st, frames) = post_stream(b, "/v1/responses", body).await;
+    assert_eq!(st, 200);
+    assert_eq!(
+        joined(&frames, |v| delta_of(v, "response.reasoning_text.delta")),
+        want
+    );
+    let text = joined(&frames, |v| delta_of(v, "response.output_text.delta"));
+    assert_eq!(text, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_after_the_close_tag_is_content_streamed_and_not() {
+    // A grammar makes the model close the block the prompt opened, then answer.
+    let s = thinking_server();
+    let mut body = chat(
+        json!({"grammar": "root ::= \"so: 4\" \"</think>\" \"\\n\\n\" \"Four.\"",
+                           "max_tokens": 40}),
+    );
+    // The grammar ends with the end-of-generation token, which the bias would rule out.
+    body.as_object_mut().expect("object").remove("logit_bias");
+    let (st, v) = post(&s.base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert_eq!(
+        (&m["reasoning_content"], &m["content"]),
+        (&json!("so: 4"), &json!("Four.")),
+        "{v}"
+    );
+    let mut sb = body;
+    sb["stream"] = json!(true);
+    let (st, frames) = post_stream(&s.base, "/v1/chat/completions", sb).await;
+    assert_eq!(st, 200);
+    let delta = |k: &'static str| joined(&frames, move |v| v["choices"][0]["delta"][k].as_str());
+    assert_eq!(
+        (delta("reasoning_content"), delta("content")),
+        ("so: 4".into(), "Four.".into())
+    );
+}

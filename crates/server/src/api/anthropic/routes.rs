@@ -47,7 +47,7 @@ async fn messages(
         let tools = p.g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
         let cp = render_chat(s, &m, &p.msgs, tools, &p.kwargs)?;
         let mut g = p.g;
-        g.reasoning.open = cp.think_open;
+        cp.shape(&mut g);
         // `max_tokens` is required and agents send large ones: it is a ceiling here,
         // capped to what the slot has left after the prompt.
         let room = m.slot_ctx.saturating_sub(cp.ids.len());
@@ -59,7 +59,7 @@ async fn messages(
     .await?;
     let id = format!("msg_{}", st.next_serial());
     let model = m.id.clone();
-    let tools = g.tools.as_ref().is_some_and(|t| t.enabled());
+    let tools = g.shown_tools();
     let splitter = AnswerSplitter::new(g.reasoning, tools);
     let mut gen = generate::start(&st, m, prompt, &g, fault, log.start).await?;
     let unenforced = std::mem::take(&mut gen.unenforced);

@@ -175,7 +175,7 @@ fn errors_and_answers_have_anthropics_shape() {
         split: true,
         open: false,
     };
-    let a = split("<think>hmm</think>\n\nHi<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", on, true);
+    let a = split("<think>hmm</think>\n\nHi<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", on, Some(&crate::tools::test_spec(&["get_weather"])));
     let m = message("msg_1", "tiny", &a, &summary(Finish::Stop, None), &[]);
     assert_eq!(m["type"], "message");
     assert_eq!(m["stop_reason"], "tool_use");
@@ -188,7 +188,7 @@ fn errors_and_answers_have_anthropics_shape() {
     assert_eq!(types, ["thinking", "text", "tool_use"]);
     assert_eq!(m["content"][2]["input"], json!({"city": "Oslo"}));
     assert_eq!(m["usage"]["input_tokens"], 12);
-    let plain = split("Hi", on, false);
+    let plain = split("Hi", on, None);
     let stop = ["END".to_string()];
     let m = message(
         "msg_2",
@@ -217,7 +217,11 @@ fn streamed_blocks_follow_anthropics_event_sequence() {
         split: true,
         open: false,
     };
-    let mut b = Blocks::new("msg_9".into(), Vec::new(), AnswerSplitter::new(on, true));
+    let mut b = Blocks::new(
+        "msg_9".into(),
+        Vec::new(),
+        AnswerSplitter::new(on, Some(&crate::tools::test_spec(&["f"]))),
+    );
     let out = "<think>plan</think>\n\nSure.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
     let mut frames = Vec::new();
     for c in out.chars() {

@@ -280,7 +280,13 @@ pub(super) fn messages(obj: &Object) -> Result<Vec<ChatMessage>, ApiError> {
                 }
                 Some(v) => msg.tool_calls = history_calls(v, i)?,
             }
-            opt_str(m, "thinking").map_err(|_| wrong(&at("thinking"), "a string"))?;
+            // An assistant turn's reasoning, for templates that show it (Qwen3.5's
+            // `reasoning_content`).
+            let thinking =
+                opt_str(m, "thinking").map_err(|_| wrong(&at("thinking"), "a string"))?;
+            if role == "assistant" {
+                msg.reasoning_content = thinking.map(str::to_string);
+            }
             opt_str(m, "tool_name").map_err(|_| wrong(&at("tool_name"), "a string"))?;
             Ok(msg)
         })
@@ -358,7 +364,7 @@ pub(super) fn prepare_chat(st: &AppState, m: &Model, obj: &Object) -> Result<Pre
     }
     let tools = g.tools.as_ref().map(|t| &t.defs);
     let p = generate::render_chat(st, m, &msgs, tools, &kwargs)?;
-    g.reasoning.open = p.think_open;
+    p.shape(&mut g);
     Ok(Prepared {
         prompt: p.ids,
         g,
@@ -421,7 +427,7 @@ pub(super) fn prepare_generate(
         }
         msgs.push(ChatMessage::new("user", prompt));
         let p = generate::render_chat(st, m, &msgs, None, &kwargs)?;
-        g.reasoning.open = p.think_open;
+        p.shape(&mut g);
         p.ids
     };
     let mut all = context;

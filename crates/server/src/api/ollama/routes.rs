@@ -126,7 +126,7 @@ pub(super) async fn answer(
         return Ok(load_answer(shape, &model));
     }
     let prompt_ids = (shape == Shape::Generate).then(|| p.prompt.clone());
-    let tools = p.g.tools.as_ref().is_some_and(|t| t.enabled());
+    let tools = p.g.shown_tools();
     let mut gen = generate::start(&st, m, p.prompt, &p.g, None, log.start).await?;
     let unenforced = std::mem::take(&mut gen.unenforced);
     if !p.g.stream {

@@ -116,6 +116,7 @@ fn chat_messages_refuse_images_and_read_tool_calls_and_results() {
         {"role": "tool", "content": "18 C", "tool_name": "get_weather"}]})))
     .unwrap();
     assert_eq!(m[1].tool_calls[0].name, "get_weather");
+    assert_eq!(m[1].reasoning_content.as_deref(), Some("call it"));
     assert_eq!(m[1].tool_calls[0].arguments, r#"{"city":"Oslo"}"#);
     assert_eq!(
         (m[2].role.as_str(), m[2].content.as_str()),

@@ -100,8 +100,15 @@ pub const COMPLETION_FIELDS: &[&str] = &[
 pub const NO_EFFECT_FIELDS: &[&str] = &["user", "metadata", "store"];
 
 /// Fields of one chat message (`tool_call_id` only on `tool` messages, where it is
-/// checked against the calls before it; `tool_calls` only on assistant messages).
-const MESSAGE_FIELDS: &[&str] = &["role", "content", "tool_call_id", "tool_calls"];
+/// checked against the calls before it; `tool_calls` and `reasoning_content`, the
+/// reasoning this server returned beside the content, only on assistant messages).
+const MESSAGE_FIELDS: &[&str] = &[
+    "role",
+    "content",
+    "tool_call_id",
+    "tool_calls",
+    "reasoning_content",
+];
 
 /// Type checks of the fields accepted without effect.
 fn check_no_effect(obj: &Object) -> Result<(), ApiError> {
@@ -377,9 +384,17 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
         } else {
             message_content(m.get("content"), i)?
         };
+        let reasoning = opt_str(m, "reasoning_content")
+            .map_err(|_| wrong(&format!("messages[{i}].reasoning_content"), "a string"))?;
+        if role != "assistant" && reasoning.is_some() {
+            return Err(ApiError::bad_request(format!(
+                "field `messages[{i}].reasoning_content` belongs only on assistant messages"
+            )));
+        }
         let mut msg = ChatMessage::new(role, content);
         msg.tool_calls = calls;
         msg.tool_call_id = tool_call_id.map(str::to_string);
+        msg.reasoning_content = reasoning.map(str::to_string);
         out.push(msg);
     }
     let mut g = common(obj, &["max_completion_tokens", "max_tokens"])?;

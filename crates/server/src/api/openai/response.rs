@@ -59,7 +59,7 @@ pub async fn generate(
     // Calls are parsed out of chat answers whenever the model was shown tools, and
     // reasoning whenever the request splits it.
     let split = (kind == Kind::Chat).then(|| Split {
-        tools: g.tools.as_ref().is_some_and(|t| t.enabled()),
+        tools: g.shown_tools().cloned(),
         reasoning: g.reasoning,
     });
     let resp = if g.stream {
@@ -71,15 +71,15 @@ pub async fn generate(
 }
 
 /// How a chat answer is taken apart.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Split {
-    tools: bool,
+    tools: Option<crate::tools::ToolSpec>,
     reasoning: crate::reasoning::Reasoning,
 }
 
 impl Split {
     fn splitter(&self) -> AnswerSplitter {
-        AnswerSplitter::new(self.reasoning, self.tools)
+        AnswerSplitter::new(self.reasoning, self.tools.as_ref())
     }
 }
 
@@ -164,9 +164,9 @@ async fn collect_reply(
         .iter()
         .map(|c| {
             let lp = (!c.logprobs.is_empty()).then_some(&c.logprobs);
-            match (r.kind, split) {
+            match (r.kind, &split) {
                 (Kind::Chat, Some(sp)) => {
-                    let a = answer::split(&c.text, sp.reasoning, sp.tools);
+                    let a = answer::split(&c.text, sp.reasoning, sp.tools.as_ref());
                     let mut message =
                         json!({"role": "assistant", "content": a.text, "refusal": null});
                     if !a.reasoning.is_empty() {

@@ -62,7 +62,7 @@ async fn chat(
         let m = s.model(g.model.as_deref())?;
         let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
         let p = render_chat(s, &m, &msgs, tools, &kwargs)?;
-        g.reasoning.open = p.think_open;
+        p.shape(&mut g);
         Ok((m, p.ids, g, p.fault))
     })
     .await?;

@@ -92,13 +92,13 @@ async fn create(
         let cp = render_chat(s, &m, &msgs, tools, &kwargs)?;
         let head = base(&rid, created, &m.id, &p, &obj);
         let mut g = p.g;
-        g.reasoning.open = cp.think_open;
+        cp.shape(&mut g);
         let history = p.store.then_some(history);
         Ok((m, cp.ids, g, cp.fault, history, head))
     })
     .await?;
     let model = m.id.clone();
-    let tools = g.tools.as_ref().is_some_and(|t| t.enabled());
+    let tools = g.shown_tools();
     let splitter = AnswerSplitter::new(g.reasoning, tools);
     let mut gen = generate::start(&st, m, prompt, &g, fault, log.start).await?;
     let unenforced = std::mem::take(&mut gen.unenforced);

@@ -198,6 +198,10 @@ fn message_roles_and_order_are_checked_by_name() {
             json!([{"role": "user", "content": 5}]),
         ),
         ("`messages` must be a non-empty array", json!([])),
+        (
+            "`messages[0].reasoning_content` belongs only on assistant messages",
+            json!([{"role": "user", "content": "x", "reasoning_content": "r"}]),
+        ),
     ] {
         let e = parse_chat(&msgs(m.clone())).unwrap_err();
         assert_eq!(e.status, 400);
@@ -208,6 +212,11 @@ fn message_roles_and_order_are_checked_by_name() {
         {"role": "assistant", "content": "b"}, {"role": "assistant", "content": "c"}])))
     .unwrap();
     assert_eq!(m.len(), 3);
+    // An assistant turn's reasoning, as this server returned it, reaches the template.
+    let (m, _) = parse_chat(&msgs(json!([{"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b", "reasoning_content": "because"}])))
+    .unwrap();
+    assert_eq!(m[1].reasoning_content.as_deref(), Some("because"));
 }
 
 #[test]
