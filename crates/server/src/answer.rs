@@ -3,7 +3,7 @@
 //! renders these three in its own shape, so the order of the two splits (reasoning
 //! first, then calls in what remains) is decided once, here.
 
-use crate::reasoning::{Part, Reasoning, ThinkSplitter};
+use crate::reasoning::{Part, Reasoning, Splitter};
 use crate::tools::{Call, Piece, StreamSplitter};
 
 /// One piece of a split answer.
@@ -32,7 +32,7 @@ pub struct Answer {
 /// model was shown tools.
 #[derive(Debug)]
 pub struct AnswerSplitter {
-    think: Option<ThinkSplitter>,
+    think: Option<Splitter>,
     tools: Option<StreamSplitter>,
 }
 
@@ -59,7 +59,7 @@ impl AnswerSplitter {
         let parts = self
             .think
             .as_mut()
-            .map(ThinkSplitter::finish)
+            .map(Splitter::finish)
             .unwrap_or_default();
         let mut out = self.route(parts);
         if let Some(t) = &mut self.tools {
@@ -127,6 +127,7 @@ mod tests {
         let on = Reasoning {
             split: true,
             open: false,
+            harmony: false,
         };
         let a = split(out, on, true);
         assert_eq!(a.reasoning, "I should call f.");
@@ -152,5 +153,20 @@ mod tests {
         // Neither split: the text as generated.
         let plain = split(out, Reasoning::default(), false);
         assert_eq!((plain.text.as_str(), plain.calls.len()), (out, 0));
+    }
+
+    /// A gpt-oss answer: the analysis channel is the reasoning, the final one the text.
+    #[test]
+    fn harmony_channels_are_reasoning_and_text() {
+        let out = "<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant<|channel|>final<|message|>4";
+        let on = Reasoning {
+            split: true,
+            open: false,
+            harmony: true,
+        };
+        let a = split(out, on, false);
+        assert_eq!((a.reasoning.as_str(), a.text.as_str()), ("Add them.", "4"));
+        let off = Reasoning { split: false, ..on };
+        assert_eq!(split(out, off, false).text, out);
     }
 }

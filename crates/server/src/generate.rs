@@ -100,6 +100,8 @@ pub struct ChatPrompt {
     pub fault: Option<Fault>,
     /// It ends inside an open `<think>` block: the answer starts as reasoning.
     pub think_open: bool,
+    /// It opens a harmony assistant message (gpt-oss): the answer is split by channel.
+    pub harmony: bool,
 }
 
 /// [`chat_prompt_with_tools`] with extra template variables (`chat_template_kwargs`,
@@ -126,6 +128,7 @@ pub fn render_chat(
         ids,
         fault: fault_of(st, &rendered.text),
         think_open: crate::reasoning::opened_by(&rendered.text),
+        harmony: crate::harmony::opened_by(&rendered.text),
     })
 }
 

@@ -1,11 +1,13 @@
 //! Reasoning ("thinking") told apart from the answer: models such as Qwen3 and
 //! DeepSeek-R1 write their reasoning inside `<think>…</think>` before the answer, and
-//! some templates open that block in the prompt already. [`ThinkSplitter`] splits the
+//! some templates open that block in the prompt already; gpt-oss writes it as harmony's
+//! `analysis` channel (`crate::harmony`). [`ThinkSplitter`] splits the
 //! generated text, whole or as it streams (a tag cut across tokens is held back until it
 //! is whole), and [`Reasoning`] says per request whether to split and whether the block
 //! was opened by the prompt. The request fields that switch it are read in
 //! `api::thinking`.
 
+use crate::harmony::HarmonySplitter;
 use crate::tools::partial_tag;
 
 /// The tag that opens a reasoning block.
@@ -20,12 +22,48 @@ pub struct Reasoning {
     pub split: bool,
     /// The prompt ended inside an open `<think>` block: the output starts as reasoning.
     pub open: bool,
+    /// The prompt opened a harmony message (gpt-oss): the output is split by channel
+    /// ([`crate::harmony`]) rather than by `<think>` tags.
+    pub harmony: bool,
 }
 
 impl Reasoning {
     /// A splitter for one choice of this request, or `None` when nothing is split.
-    pub fn splitter(&self) -> Option<ThinkSplitter> {
-        self.split.then(|| ThinkSplitter::new(self.open))
+    pub fn splitter(&self) -> Option<Splitter> {
+        self.split.then(|| {
+            if self.harmony {
+                Splitter::Harmony(HarmonySplitter::default())
+            } else {
+                Splitter::Think(ThinkSplitter::new(self.open))
+            }
+        })
+    }
+}
+
+/// One output's splitter, in the format its prompt set up.
+#[derive(Debug, Clone)]
+pub enum Splitter {
+    /// `<think>…</think>` before the answer.
+    Think(ThinkSplitter),
+    /// harmony channels (gpt-oss).
+    Harmony(HarmonySplitter),
+}
+
+impl Splitter {
+    /// Takes the next piece of output; returns what can be passed on now.
+    pub fn push(&mut self, text: &str) -> Vec<Part> {
+        match self {
+            Splitter::Think(s) => s.push(text),
+            Splitter::Harmony(s) => s.push(text),
+        }
+    }
+
+    /// The end of the output: what was held back.
+    pub fn finish(&mut self) -> Vec<Part> {
+        match self {
+            Splitter::Think(s) => s.finish(),
+            Splitter::Harmony(s) => s.finish(),
+        }
     }
 }
 

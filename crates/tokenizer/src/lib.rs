@@ -16,6 +16,7 @@ mod hash;
 mod pretok;
 mod spm;
 mod stream;
+mod strftime;
 mod template;
 mod texts;
 mod tokenizer;

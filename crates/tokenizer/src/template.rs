@@ -1,5 +1,5 @@
 //! Chat templates: `tokenizer.chat_template` rendered with minijinja the way Hugging Face
-//! transformers renders it with Jinja2 (`trim_blocks`, `lstrip_blocks`, `raise_exception`,
+//! transformers renders it with Jinja2 (`trim_blocks`, `lstrip_blocks`, `raise_exception`, `strftime_now`,
 //! a Python-style `tojson`, Python string methods, `tools` = none when not given).
 
 use crate::error::TemplateError;
@@ -88,6 +88,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", crate::strftime::strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| TemplateError::Syntax(describe(&e)))?;

@@ -48,6 +48,7 @@ async fn messages(
         let cp = render_chat(s, &m, &p.msgs, tools, &p.kwargs)?;
         let mut g = p.g;
         g.reasoning.open = cp.think_open;
+        g.reasoning.harmony = cp.harmony;
         // `max_tokens` is required and agents send large ones: it is a ceiling here,
         // capped to what the slot has left after the prompt.
         let room = m.slot_ctx.saturating_sub(cp.ids.len());

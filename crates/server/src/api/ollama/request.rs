@@ -359,6 +359,7 @@ pub(super) fn prepare_chat(st: &AppState, m: &Model, obj: &Object) -> Result<Pre
     let tools = g.tools.as_ref().map(|t| &t.defs);
     let p = generate::render_chat(st, m, &msgs, tools, &kwargs)?;
     g.reasoning.open = p.think_open;
+    g.reasoning.harmony = p.harmony;
     Ok(Prepared {
         prompt: p.ids,
         g,
@@ -422,6 +423,7 @@ pub(super) fn prepare_generate(
         msgs.push(ChatMessage::new("user", prompt));
         let p = generate::render_chat(st, m, &msgs, None, &kwargs)?;
         g.reasoning.open = p.think_open;
+        g.reasoning.harmony = p.harmony;
         p.ids
     };
     let mut all = context;

@@ -63,6 +63,7 @@ async fn chat(
         let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
         let p = render_chat(s, &m, &msgs, tools, &kwargs)?;
         g.reasoning.open = p.think_open;
+        g.reasoning.harmony = p.harmony;
         Ok((m, p.ids, g, p.fault))
     })
     .await?;

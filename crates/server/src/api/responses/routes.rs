@@ -93,6 +93,7 @@ async fn create(
         let head = base(&rid, created, &m.id, &p, &obj);
         let mut g = p.g;
         g.reasoning.open = cp.think_open;
+        g.reasoning.harmony = cp.harmony;
         let history = p.store.then_some(history);
         Ok((m, cp.ids, g, cp.fault, history, head))
     })
