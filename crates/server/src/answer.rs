@@ -73,6 +73,12 @@ impl AnswerSplitter {
         for p in parts {
             match p {
                 Part::Reasoning(r) => out.push(Out::Reasoning(r)),
+                // A call in the model's own message format: a call when the model was
+                // shown tools, else the text it wrote.
+                Part::Call { name, arguments } => match &self.tools {
+                    Some(_) => out.push(Out::Call(Call::new(name, &arguments))),
+                    None => out.push(Out::Text(arguments)),
+                },
                 Part::Content(c) => match &mut self.tools {
                     Some(t) => out.extend(t.push(&c).into_iter().map(piece)),
                     None => out.push(Out::Text(c)),
@@ -168,5 +174,13 @@ mod tests {
         assert_eq!((a.reasoning.as_str(), a.text.as_str()), ("Add them.", "4"));
         let off = Reasoning { split: false, ..on };
         assert_eq!(split(out, off, false).text, out);
+        // A call to a function the model was shown: an OpenAI tool call, arguments compact.
+        let call = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": 1}";
+        let a = split(call, on, true);
+        assert_eq!((a.text.as_str(), a.calls.len()), ("", 1));
+        assert_eq!(
+            (a.calls[0].name.as_str(), a.calls[0].arguments.as_str()),
+            ("f", "{\"x\":1}")
+        );
     }
 }

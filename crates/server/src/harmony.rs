@@ -5,8 +5,9 @@
 //! the prompt at `<|start|>assistant`, so the output opens with the first message's
 //! `<|channel|>`. [`HarmonySplitter`] turns the `analysis` channel into reasoning and the
 //! others (`final`, `commentary`) into answer text, whole or as it streams (a marker cut
-//! across tokens is held back until it is whole). Output that does not open with a
-//! header passes as answer text.
+//! across tokens is held back until it is whole), and a message addressed to a function
+//! (`to=functions.NAME`, its body the arguments, the turn ending at `<|call|>`) into a
+//! tool call. Output that does not open with a header passes as answer text.
 
 use crate::reasoning::Part;
 use crate::tools::partial_tag;
@@ -38,6 +39,9 @@ enum State {
 pub struct HarmonySplitter {
     state: State,
     buf: String,
+    /// The function the current message is addressed to (`to=functions.NAME`): its
+    /// body is that call's arguments, passed on whole at the message's end.
+    call: Option<String>,
 }
 
 impl Default for HarmonySplitter {
@@ -45,8 +49,18 @@ impl Default for HarmonySplitter {
         HarmonySplitter {
             state: State::Header,
             buf: String::new(),
+            call: None,
         }
     }
+}
+
+/// The function a message header addresses (`to=functions.NAME`, before or after the
+/// channel), without the `functions.` namespace.
+fn recipient(header: &str) -> Option<String> {
+    let (_, rest) = header.split_once("to=")?;
+    let name = rest.split([' ', '<']).next()?;
+    let name = name.strip_prefix("functions.").unwrap_or(name);
+    (!name.is_empty()).then(|| name.to_string())
 }
 
 impl HarmonySplitter {
@@ -77,6 +91,7 @@ impl HarmonySplitter {
                         .nth(1)
                         .and_then(|c| c.split([' ', '<']).next())
                         .unwrap_or("");
+                    self.call = recipient(&t[..at]);
                     self.state = State::Body {
                         reasoning: channel == "analysis",
                     };
@@ -97,12 +112,20 @@ impl HarmonySplitter {
                         .filter_map(|&m| self.buf.find(m).map(|i| (i, m.len(), m == END)))
                         .min();
                     if let Some((at, len, is_end)) = end {
-                        if at > 0 {
+                        if let Some(name) = self.call.take() {
+                            out.push(Part::Call {
+                                name,
+                                arguments: self.buf[..at].to_string(),
+                            });
+                        } else if at > 0 {
                             out.push(part(&self.buf[..at]));
                         }
                         let skip = if is_end { at + len } else { at };
                         self.buf.drain(..skip);
                         self.state = State::Header;
+                    } else if self.call.is_some() {
+                        // A call's arguments pass on whole.
+                        break;
                     } else {
                         let hold = partial_tag(&self.buf, END).max(partial_tag(&self.buf, START));
                         let cut = self.buf.len() - hold;
@@ -128,6 +151,13 @@ impl HarmonySplitter {
     /// unfinished header is dropped, unless the output never was harmony.
     pub fn finish(&mut self) -> Vec<Part> {
         let rest = std::mem::take(&mut self.buf);
+        if let Some(name) = self.call.take() {
+            // The call ended the turn (`<|call|>`, which is not rendered).
+            return vec![Part::Call {
+                name,
+                arguments: rest,
+            }];
+        }
         if rest.is_empty() {
             return Vec::new();
         }
@@ -163,6 +193,7 @@ mod tests {
             match p {
                 Part::Reasoning(t) => r.0.push_str(&t),
                 Part::Content(t) => r.1.push_str(&t),
+                Part::Call { .. } => panic!("a call in {text:?}"),
             }
         }
         r
@@ -197,6 +228,51 @@ mod tests {
                     split(text, step),
                     (reasoning.into(), content.into()),
                     "{text:?} in pieces of {step}"
+                );
+            }
+        }
+    }
+
+    /// A function call after the reasoning, as gpt-oss writes one: the arguments whole,
+    /// with the recipient before or after the channel.
+    #[test]
+    fn a_message_to_a_function_is_a_call() {
+        let outs = [
+            "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+            "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}",
+        ];
+        for out in outs {
+            for step in [1, 3, 1000] {
+                let mut s = HarmonySplitter::default();
+                let chars: Vec<char> = out.chars().collect();
+                let mut parts = Vec::new();
+                for c in chars.chunks(step) {
+                    parts.extend(s.push(&c.iter().collect::<String>()));
+                }
+                parts.extend(s.finish());
+                let reasoning: String = parts
+                    .iter()
+                    .filter_map(|p| match p {
+                        Part::Reasoning(r) => Some(r.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(reasoning, "Need weather.", "{out} / {step}");
+                let calls: Vec<&Part> = parts
+                    .iter()
+                    .filter(|p| matches!(p, Part::Call { .. }))
+                    .collect();
+                assert_eq!(
+                    calls,
+                    [&Part::Call {
+                        name: "get_weather".into(),
+                        arguments: "{\"city\": \"Paris\"}".into()
+                    }],
+                    "{out} / {step}"
+                );
+                assert!(
+                    !parts.iter().any(|p| matches!(p, Part::Content(_))),
+                    "{parts:?}"
                 );
             }
         }

@@ -81,6 +81,14 @@ pub enum Part {
     Reasoning(String),
     /// Answer text.
     Content(String),
+    /// A whole tool call in the model's own message format (harmony's `to=functions.NAME`
+    /// messages): the function's name and its arguments as written.
+    Call {
+        /// The function's name.
+        name: String,
+        /// The arguments' text.
+        arguments: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,6 +198,7 @@ pub fn split(text: &str, open: bool) -> (String, String) {
         match p {
             Part::Reasoning(r) => reasoning.push_str(&r),
             Part::Content(c) => content.push_str(&c),
+            Part::Call { .. } => {}
         }
     }
     (reasoning, content)
@@ -213,6 +222,7 @@ mod tests {
             match p {
                 Part::Reasoning(t) => r.0.push_str(&t),
                 Part::Content(t) => r.1.push_str(&t),
+                Part::Call { .. } => {}
             }
         }
         r

@@ -221,6 +221,18 @@ pub struct Call {
     pub arguments: String,
 }
 
+impl Call {
+    /// A call to `name` with `arguments` as the model wrote them: JSON written compactly
+    /// (as [`parse_call`] writes an object), other text as it is.
+    pub fn new(name: String, arguments: &str) -> Self {
+        let arguments = match serde_json::from_str::<Value>(arguments.trim()) {
+            Ok(v) => v.to_string(),
+            Err(_) => arguments.to_string(),
+        };
+        Call { name, arguments }
+    }
+}
+
 /// A call's body (the text between the tags) as a call; `None` when it is not one.
 fn parse_call(body: &str) -> Option<Call> {
     let v: Value = serde_json::from_str(body.trim()).ok()?;
