@@ -42,6 +42,7 @@ fn main() -> Result<(), String> {
         window: None,
         softcap: None,
         ring: None,
+        sinks: None,
     };
     // Deterministic pseudo-random values in [-1, 1).
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
@@ -81,6 +82,7 @@ fn main() -> Result<(), String> {
             k: &kr,
             v: &vr,
             types,
+            sinks: None,
         };
         attention(&pool, isa, &a, &mut out, &mut scratch)?;
         p0 += nt;

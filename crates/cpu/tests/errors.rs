@@ -61,6 +61,7 @@ fn store_graph(n_ctx: usize) -> ComputeGraph {
         window: None,
         softcap: None,
         ring: None,
+        sinks: None,
     };
     let a = b.attn(q, kv, cells, None, AttnMode::Gqa, meta);
     b.output(a);

@@ -126,6 +126,7 @@ fn rope_matches_for_both_styles_and_partial_dims() {
                 hd: 16,
                 style,
                 freq_factors: None,
+                yarn: None,
             };
             // Rope of an input (copy) and of a computed value (in place).
             let a = b.rope(x, pos, style, meta.clone());
@@ -157,6 +158,7 @@ fn attention_with_store_and_span_matches() {
         window: None,
         softcap: None,
         ring: None,
+        sinks: None,
     };
     for span in [false, true] {
         let mut b = GraphBuilder::new();

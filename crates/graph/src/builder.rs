@@ -261,6 +261,34 @@ impl GraphBuilder {
             out_dim: w.shape[1] / n_expert.max(1),
             n_expert,
             wtype: w.wtype,
+            bias_name: None,
+            gate_bias_name: None,
+            glu: Glu::Silu,
+        }
+    }
+
+    /// Gives an expert-routed node made by [`Self::mul_mat_id`] or
+    /// [`Self::mul_mat_id_swiglu`] its stacked biases (F32, GGUF `[out, n_expert]`; the
+    /// gate's only on a gated node) and its gate activation (gpt-oss's experts).
+    pub fn set_expert_terms(
+        &mut self,
+        id: NodeId,
+        bias: Option<&WeightRef>,
+        gate_bias: Option<&WeightRef>,
+        glu: Glu,
+    ) {
+        if let Some(CNode {
+            meta: NodeMeta::MatMulId(m),
+            ..
+        }) = self.nodes.get_mut(id)
+        {
+            debug_assert!(
+                m.gate_name.is_some() || (gate_bias.is_none() && glu.is_silu()),
+                "gate terms on a plain expert matmul"
+            );
+            m.bias_name = bias.map(|w| w.name.clone());
+            m.gate_bias_name = gate_bias.map(|w| w.name.clone());
+            m.glu = glu;
         }
     }
 
@@ -624,6 +652,7 @@ mod tests {
             hd: 4,
             style: RopeStyle::NonInterleaved,
             freq_factors: None,
+            yarn: None,
         }
     }
 
@@ -667,6 +696,7 @@ mod tests {
             window: None,
             softcap: None,
             ring: None,
+            sinks: None,
         };
         // Output width comes from the meta, not from the wider fused q buffer.
         let a = b.attn(fq, kv, pos, None, AttnMode::Gqa, meta.clone());

@@ -137,11 +137,13 @@ pub enum Op {
     /// `[k, nt]` expert choice; slot `(j, t)` of the `[out, k * nt]` output is expert
     /// `ids[j, t]` of the stacked weight in [`crate::MatMulIdMeta`] times `x`'s row `t`
     /// (`x` of `nt` rows: every slot of a token reads the token's row) or row `t * k + j`
-    /// (`x` of `k * nt` rows). The experts are data: the topology does not depend on them.
+    /// (`x` of `k * nt` rows), plus the expert's row of `MatMulIdMeta::bias_name` when
+    /// set. The experts are data: the topology does not depend on them.
     MulMatId,
     /// `silu(gate_e x) * (up_e x)` for each slot, as [`Op::MulMatId`] computes each
-    /// product, with the gate weight in `MatMulIdMeta::gate_name`: one node so a backend
-    /// reads the activations (and quantizes them) once for both.
+    /// product (biases included), with the gate weight in `MatMulIdMeta::gate_name`: one
+    /// node so a backend reads the activations (and quantizes them) once for both. The
+    /// activation is `MatMulIdMeta::glu` ([`crate::Glu`]: SiLU, or gpt-oss's clamped form).
     MulMatIdSwiGLU,
     /// The experts' weighted sum: sources `[h, probs, ids]`, `h` `[d, k * nt]` (slot
     /// `(j, t)` at row `t * k + j`), `probs` the router's `[n_expert, nt]` gate values,

@@ -141,6 +141,53 @@ pub struct MatMulIdMeta {
     pub n_expert: usize,
     /// Storage type of the weight(s).
     pub wtype: WeightType,
+    /// Stacked F32 bias of the (up) product, GGUF `[out_dim, n_expert]`: slot `(j, t)`
+    /// adds row `ids[j, t]` (ggml's `add_id`); `None`: no bias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bias_name: Option<String>,
+    /// Stacked F32 bias of the gate product of a gated node, as [`Self::bias_name`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_bias_name: Option<String>,
+    /// The gated node's activation of `(gate, up)`.
+    #[serde(default, skip_serializing_if = "Glu::is_silu")]
+    pub glu: Glu,
+}
+
+/// The activation a gated expert node applies to its gate and up products.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Glu {
+    /// `silu(gate) * up`.
+    #[default]
+    Silu,
+    /// gpt-oss's clamped form (ggml's `swiglu_oai`): `x = min(gate, limit)`, `y =
+    /// clamp(up, -limit, limit)`, output `x * sigmoid(alpha * x) * (y + 1)`.
+    Oai {
+        /// Slope inside the sigmoid (1.702 in gpt-oss).
+        alpha: f32,
+        /// Clamp bound (7 in gpt-oss).
+        limit: f32,
+    },
+}
+
+impl Glu {
+    /// Whether this is the plain SiLU gate (what a serialized meta omits).
+    pub fn is_silu(&self) -> bool {
+        *self == Glu::Silu
+    }
+
+    /// The activation of one `(gate, up)` pair, the scalar reference of every kernel.
+    #[inline]
+    pub fn apply(&self, gate: f32, up: f32) -> f32 {
+        match *self {
+            Glu::Silu => gate / (1.0 + (-gate).exp()) * up,
+            Glu::Oai { alpha, limit } => {
+                let x = gate.min(limit);
+                let y = up.clamp(-limit, limit);
+                x / (1.0 + (alpha * -x).exp()) * (y + 1.0)
+            }
+        }
+    }
 }
 
 /// RMSNorm / QkNorm scale weight.
@@ -170,6 +217,65 @@ pub struct RoPEMeta {
     /// for plain rope.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub freq_factors: Option<String>,
+    /// YaRN context extension (ggml's `rope_ext` with a non-zero `ext_factor`); `None`:
+    /// plain (linearly scaled) rope. A backend without the term declines the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yarn: Option<Yarn>,
+}
+
+/// The YaRN terms of a rope, as ggml's `rope_ext` takes them. Pair `i` turns by
+/// `theta_interp * (1 - r) + theta_extrap * r`, where `theta_extrap` is the unscaled
+/// angle, `theta_interp = freq_scale * theta_extrap` and `r = ext_factor * ramp(i)`,
+/// `ramp` falling from 1 to 0 between the correction dims of `beta_fast` and
+/// `beta_slow` ([`Yarn::corr_dims`]); cos and sin are multiplied by `attn_factor * (1 +
+/// 0.1 ln(1 / freq_scale))`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Yarn {
+    /// Weight of the extrapolated angle (1 for YaRN files).
+    pub ext_factor: f32,
+    /// Magnitude factor before the `1 + 0.1 ln(1 / freq_scale)` term.
+    pub attn_factor: f32,
+    /// Rotations per context where the ramp starts (32 by default).
+    pub beta_fast: f32,
+    /// Rotations per context where the ramp ends (1 by default).
+    pub beta_slow: f32,
+    /// Context the model was trained at before extension.
+    pub n_ctx_orig: usize,
+}
+
+impl Yarn {
+    /// The ramp's start and end pair dims for `n_dims` rotated dims and theta `base`
+    /// (ggml's `rope_yarn_corr_dims`, in f32 as there).
+    pub fn corr_dims(&self, n_dims: usize, base: f32) -> [f32; 2] {
+        let dim = |rot: f32| {
+            n_dims as f32 * (self.n_ctx_orig as f32 / (rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let start = dim(self.beta_fast).floor();
+        let end = dim(self.beta_slow).ceil();
+        [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+    }
+
+    /// The cos/sin magnitude for a rope of linear scale `freq_scale`.
+    pub fn mscale(&self, freq_scale: f32) -> f32 {
+        if self.ext_factor == 0.0 {
+            self.attn_factor
+        } else {
+            self.attn_factor * (1.0 + 0.1 * (1.0 / freq_scale).ln())
+        }
+    }
+
+    /// Pair `i`'s angle from its unscaled angle `theta_extrap` (ggml's `rope_yarn`).
+    #[inline]
+    pub fn angle(&self, theta_extrap: f32, freq_scale: f32, corr: [f32; 2], i: usize) -> f32 {
+        let interp = freq_scale * theta_extrap;
+        if self.ext_factor == 0.0 {
+            return interp;
+        }
+        let y = (i as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+        let ramp = (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor;
+        interp * (1.0 - ramp) + theta_extrap * ramp
+    }
 }
 
 /// Attention geometry; `layer` selects the KV pair through `KvProvider::kv_pair`.
@@ -205,6 +311,12 @@ pub struct AttnMeta {
     /// declines the node by capability.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ring: Option<KvRing>,
+    /// Attention sinks (gpt-oss): an F32 weight of `n_head` logits, head `h`'s taking
+    /// part in its softmax's normaliser (unscaled, as ggml's `soft_max_add_sinks`) with
+    /// no value row, so a row's weights sum to less than one. `None`: plain softmax. A
+    /// backend whose kernel has no such term declines the node by capability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sinks: Option<String>,
 }
 
 impl AttnMeta {

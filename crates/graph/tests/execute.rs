@@ -301,6 +301,7 @@ fn explicit_span_attention_goes_only_where_spans_are_read() {
         window: None,
         softcap: None,
         ring: None,
+        sinks: None,
     };
     let a = b.attn(q, kv, pos, Some(span), AttnMode::Gqa, meta);
     b.output(a);
@@ -338,6 +339,7 @@ fn a_layer_whose_attention_a_device_declines_keeps_its_kv_nodes_together() {
         window: None,
         softcap: Some(5.0),
         ring: None,
+        sinks: None,
     };
     let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
     b.output(a);

@@ -134,6 +134,7 @@ fn all_metas() -> Vec<NodeMeta> {
         hd: 64,
         style: RopeStyle::NonInterleaved,
         freq_factors: None,
+        yarn: None,
     };
     vec![
         NodeMeta::None,
@@ -156,6 +157,7 @@ fn all_metas() -> Vec<NodeMeta> {
             window: None,
             softcap: None,
             ring: None,
+            sinks: None,
         }),
         NodeMeta::Kvcache(KvcacheMeta {
             layer: 1,
@@ -220,6 +222,9 @@ fn all_metas() -> Vec<NodeMeta> {
             out_dim: 768,
             n_expert: 128,
             wtype: WeightType::Q4_K,
+            bias_name: None,
+            gate_bias_name: None,
+            glu: Glu::Silu,
         }),
         NodeMeta::Recurrent(RecurrentMeta {
             layer: 2,
@@ -318,6 +323,7 @@ fn attention_window_and_softcap_round_trip_and_stay_optional() {
         window: Some(4),
         softcap: Some(50.0),
         ring: None,
+        sinks: None,
     };
     let mut b = GraphBuilder::new();
     let x = b.input("x", [128, 1, 1, 1], DType::F32);
@@ -372,4 +378,83 @@ fn dot_of_a_scheduled_graph_colors_both_backends() {
     let mut buf = Vec::new();
     g.dump_dot(&mut buf).unwrap();
     assert_eq!(String::from_utf8(buf).unwrap(), dot);
+}
+
+/// gpt-oss's terms (attention sinks, YaRN, the experts' biases and clamped GLU) survive
+/// the round trip, and metas without them carry none of their keys.
+#[test]
+fn gpt_oss_terms_round_trip_and_stay_optional() {
+    let rope = RoPEMeta {
+        n_dims: 64,
+        freq_base: 150_000.0,
+        freq_scale: 1.0 / 32.0,
+        n_head: 64,
+        hd: 64,
+        style: RopeStyle::NonInterleaved,
+        freq_factors: None,
+        yarn: Some(Yarn {
+            ext_factor: 1.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 4096,
+        }),
+    };
+    let attn = AttnMeta {
+        layer: 0,
+        n_head: 64,
+        n_head_kv: 8,
+        hd: 64,
+        scale: 0.125,
+        n_ctx: 4096,
+        window: Some(128),
+        softcap: None,
+        ring: None,
+        sinks: Some("blk.0.attn_sinks.weight".into()),
+    };
+    let experts = MatMulIdMeta {
+        weight_name: "blk.0.ffn_up_exps.weight".into(),
+        gate_name: Some("blk.0.ffn_gate_exps.weight".into()),
+        in_dim: 2880,
+        out_dim: 2880,
+        n_expert: 32,
+        wtype: WeightType(39),
+        bias_name: Some("blk.0.ffn_up_exps.bias".into()),
+        gate_bias_name: Some("blk.0.ffn_gate_exps.bias".into()),
+        glu: Glu::Oai {
+            alpha: 1.702,
+            limit: 7.0,
+        },
+    };
+    let metas = [
+        NodeMeta::Rope(rope.clone()),
+        NodeMeta::Attn(attn.clone()),
+        NodeMeta::MatMulId(experts.clone()),
+        NodeMeta::Rope(RoPEMeta { yarn: None, ..rope }),
+        NodeMeta::Attn(AttnMeta {
+            sinks: None,
+            ..attn
+        }),
+        NodeMeta::MatMulId(MatMulIdMeta {
+            bias_name: None,
+            gate_bias_name: None,
+            glu: Glu::Silu,
+            ..experts
+        }),
+    ];
+    let mut b = GraphBuilder::new();
+    let mut prev = b.input("x", [8, 1, 1, 1], DType::F32);
+    for meta in metas {
+        prev = b.node("", Op::Add, &[prev], [8, 1, 1, 1], DType::F32, meta);
+    }
+    b.output(prev);
+    let g = b.build();
+    let text = g.export_json("tiny", "decode");
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["nodes"][2]["meta"]["sinks"], "blk.0.attn_sinks.weight");
+    assert_eq!(doc["nodes"][3]["meta"]["glu"]["kind"], "oai");
+    for (i, key) in [(4, "yarn"), (5, "sinks"), (6, "glu"), (6, "bias_name")] {
+        assert!(doc["nodes"][i]["meta"].get(key).is_none(), "{i} {key}");
+    }
+    assert_eq!(import_json_str(&text).unwrap().nodes, g.nodes);
 }

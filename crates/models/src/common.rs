@@ -143,6 +143,7 @@ impl LayerCx<'_> {
             hd: self.hp.head_dim,
             style: self.hp.rope_style,
             freq_factors: self.rope_freqs.map(|w| w.name.clone()),
+            yarn: self.hp.rope_yarn,
         }
     }
 
@@ -298,10 +299,11 @@ pub(crate) fn build(
             window: cx.attn.window,
             softcap: cx.attn.softcap,
             ring: cx.ring,
+            sinks: lw.sinks.as_ref().map(|w| w.name.clone()),
         };
         let attn = b.attn(q, kv, pos, span, mode, meta);
         b.set_name(attn, &cx.name("kqv_out"));
-        let wo = named_matmul(&mut b, &cx, "attn_out", attn, &lw.wo, None);
+        let wo = named_matmul(&mut b, &cx, "attn_out", attn, &lw.wo, lw.wo_bias.as_ref());
 
         // G3: from the last layer's residual on, only the n_out tail rows are computed.
         let last = il + 1 == w.layers.len();

@@ -155,7 +155,13 @@ fn read_terms(file: &GgufFile, g: Gen, hp: &HParams) -> Result<Terms, ModelError
         (_, Gen::Three) => None,
     };
     let local = match window {
-        Some(_) => local_layers(file, g, hp.n_layer)?,
+        Some(_) => {
+            let default = match g {
+                Gen::Two => 2,
+                Gen::Three => 6,
+            };
+            local_layers(file, arch, default, hp.n_layer)?
+        }
         None => vec![false; hp.n_layer],
     };
 
@@ -238,10 +244,16 @@ fn soft_caps(
     })
 }
 
-/// Which layers are local: the per-layer array of `attention.sliding_window_pattern`,
-/// or its period (the generation's default when absent).
-fn local_layers(file: &GgufFile, g: Gen, n_layer: usize) -> Result<Vec<bool>, ModelError> {
-    let k = format!("{}.attention.sliding_window_pattern", g.arch());
+/// Which layers are local (sliding-window): the per-layer array of `{arch}.attention.
+/// sliding_window_pattern`, or its period (`default` when absent), layer `il` being local
+/// unless `il % n == n - 1` (`n = 0`: every layer), as llama.cpp's `set_swa_pattern`.
+pub(crate) fn local_layers(
+    file: &GgufFile,
+    arch: &str,
+    default: usize,
+    n_layer: usize,
+) -> Result<Vec<bool>, ModelError> {
+    let k = format!("{arch}.attention.sliding_window_pattern");
     let period = match file.get(&k) {
         Some(MetaValue::Array(_, items)) => {
             if items.len() != n_layer {
@@ -262,10 +274,7 @@ fn local_layers(file: &GgufFile, g: Gen, n_layer: usize) -> Result<Vec<bool>, Mo
                 .collect();
         }
         Some(_) => file.get_u32(&k)? as usize,
-        None => match g {
-            Gen::Two => 2,
-            Gen::Three => 6,
-        },
+        None => default,
     };
     Ok((0..n_layer)
         .map(|il| period == 0 || il % period < period - 1)

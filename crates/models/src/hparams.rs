@@ -5,7 +5,7 @@
 //! `key_length` to `embedding_length / head_count`, `rope.freq_base` to 10000.
 
 use minfer_gguf::GgufFile;
-use minfer_graph::RopeStyle;
+use minfer_graph::{RopeStyle, Yarn};
 
 use crate::error::ModelError;
 
@@ -37,6 +37,8 @@ pub struct HParams {
     pub rope_freq_base: f32,
     /// Linear position scale (`1 / rope.scaling.factor`, 1 without scaling).
     pub rope_freq_scale: f32,
+    /// YaRN terms (`rope.scaling.type` `yarn`), applied by every rope of the model.
+    pub rope_yarn: Option<Yarn>,
     /// Rope pairing of the architecture.
     pub rope_style: RopeStyle,
     /// The routed experts of a mixture-of-experts architecture; `None` for a dense one.
@@ -198,7 +200,12 @@ impl HParams {
                 "must be a positive number".into(),
             ));
         }
-        let rope_freq_scale = read_rope_scale(file, arch)?;
+        let (rope_freq_scale, yarn) = read_rope_scale(file, arch)?;
+        let rope_yarn = if yarn {
+            Some(read_yarn(file, arch, rope_freq_scale, n_ctx_train)?)
+        } else {
+            None
+        };
 
         Ok(HParams {
             n_layer,
@@ -212,6 +219,7 @@ impl HParams {
             rms_eps,
             rope_freq_base,
             rope_freq_scale,
+            rope_yarn,
             rope_style,
             moe: None,
         })
@@ -219,25 +227,26 @@ impl HParams {
 }
 
 /// `1 / factor` from `rope.scaling.factor` (or the older `rope.scale_linear`), as llama.cpp
-/// reads it; scaling type `none` means no scaling. Types that need more than a linear
-/// position scale (yarn, longrope) are refused: the graph has no term for them.
-fn read_rope_scale(file: &GgufFile, arch: &str) -> Result<f32, ModelError> {
+/// reads it, and whether the scaling is YaRN; scaling type `none` means no scaling.
+/// Types that need more (longrope) are refused: the graph has no term for them.
+fn read_rope_scale(file: &GgufFile, arch: &str) -> Result<(f32, bool), ModelError> {
     let type_key = format!("{arch}.rope.scaling.type");
     let ty = match file.get(&type_key) {
         None => "linear",
         Some(_) => file.get_str(&type_key)?,
     };
-    match ty {
-        "none" => return Ok(1.0),
-        "linear" => {}
+    let yarn = match ty {
+        "none" => return Ok((1.0, false)),
+        "linear" => false,
+        "yarn" => true,
         other => {
             return Err(bad(
                 &type_key,
                 other,
-                "only linear rope scaling is supported".into(),
+                "only linear and yarn rope scaling are supported".into(),
             ))
         }
-    }
+    };
     let mut factor = 0.0;
     for name in ["rope.scaling.factor", "rope.scale_linear"] {
         let k = format!("{arch}.{name}");
@@ -249,7 +258,52 @@ fn read_rope_scale(file: &GgufFile, arch: &str) -> Result<f32, ModelError> {
             break;
         }
     }
-    Ok(if factor == 0.0 { 1.0 } else { 1.0 / factor })
+    Ok((if factor == 0.0 { 1.0 } else { 1.0 / factor }, yarn))
+}
+
+/// The YaRN terms as llama.cpp derives them for a `yarn` file: the extrapolation weight 1,
+/// ramp bounds 32 and 1 rotations, the original context from
+/// `rope.scaling.original_context_length` (else the training context), and a magnitude
+/// whose `attn_factor` cancels the kernel's `1 + 0.1 ln(factor)` against its own
+/// `0.1 ln(factor) + 1` (so exactly 1 when the factor exceeds 1) times
+/// `rope.scaling.attn_factor` (default 1).
+fn read_yarn(
+    file: &GgufFile,
+    arch: &str,
+    freq_scale: f32,
+    n_ctx_train: usize,
+) -> Result<Yarn, ModelError> {
+    let orig_key = format!("{arch}.rope.scaling.original_context_length");
+    let n_ctx_orig = match file.get(&orig_key) {
+        None => n_ctx_train,
+        Some(_) => positive(&orig_key, file.get_u32(&orig_key)? as usize)?,
+    };
+    let attn_key = format!("{arch}.rope.scaling.attn_factor");
+    let rope_attn_factor = match file.get(&attn_key) {
+        None => 1.0,
+        Some(_) => file.get_f32(&attn_key)?,
+    };
+    if !(rope_attn_factor.is_finite() && rope_attn_factor > 0.0) {
+        return Err(bad(
+            &attn_key,
+            rope_attn_factor,
+            "must be a positive number".into(),
+        ));
+    }
+    let factor = 1.0 / freq_scale;
+    let mscale = if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
+    };
+    Ok(Yarn {
+        ext_factor: 1.0,
+        // In llama.cpp's order of f32 operations: times the reciprocal, then the key.
+        attn_factor: mscale * (1.0 / (1.0 + 0.1 * factor.ln())) * rope_attn_factor,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        n_ctx_orig,
+    })
 }
 
 fn positive(key: &str, v: usize) -> Result<usize, ModelError> {

@@ -1,5 +1,6 @@
 //! Model definitions for minfer (Qwen2, Qwen3, their mixture-of-experts variants Qwen2-MoE
-//! and Qwen3-MoE, the hybrid recurrent Qwen3.5, Qwen3.5-MoE and Qwen3-Next, Llama, Gemma 2 and 3): hyperparameters,
+//! and Qwen3-MoE, the hybrid recurrent Qwen3.5, Qwen3.5-MoE and Qwen3-Next, Llama, Gemma 2 and 3,
+//! gpt-oss): hyperparameters,
 //! load-time weight validation and compute-graph construction for the supported
 //! architectures (design §4, §10).
 //!
@@ -32,6 +33,7 @@ mod common;
 pub mod error;
 mod ffn;
 pub mod gemma;
+pub mod gpt_oss;
 pub mod hparams;
 pub mod llama;
 mod model;
@@ -73,6 +75,7 @@ pub const REGISTRY: &[(&str, LoadFn)] = &[
     (llama::ARCH, llama::load),
     (gemma::ARCH_GEMMA2, gemma::load_gemma2),
     (gemma::ARCH_GEMMA3, gemma::load_gemma3),
+    (gpt_oss::ARCH, gpt_oss::load),
 ];
 
 /// Names of the supported architectures, in registry order.

@@ -8,11 +8,16 @@
 //! does so ([`minfer_graph::Op::MoeSum`]). Qwen2-MoE adds a shared expert, a dense FFN
 //! every token runs, scaled by `sigmoid(ffn_gate_inp_shexp · x)`.
 //!
+//! gpt-oss adds a bias to the router and to each expert's gate, up and down products and
+//! gates its experts with the clamped SwiGLU ([`Glu::Oai`]); its gate values are the
+//! softmax over the chosen experts' logits, which is the full softmax renormalised over
+//! the chosen ones (`norm`), up to rounding.
+//!
 //! The expert choice is data flowing through the graph (the I32 output of the top-k
 //! node), so the topology stays a function of the graph params alone (invariant 2).
 
 use minfer_gguf::GgufFile;
-use minfer_graph::{GraphBuilder, NodeId, WeightRef};
+use minfer_graph::{Glu, GraphBuilder, NodeId, WeightRef};
 
 use crate::error::ModelError;
 use crate::ffn::DenseFfn;
@@ -37,6 +42,12 @@ pub(crate) struct MoeFfn {
     pub norm: bool,
     /// Qwen2-MoE's shared expert.
     pub shared: Option<SharedExpert>,
+    /// The router's bias `[n_expert]` (gpt-oss).
+    pub router_bias: Option<WeightRef>,
+    /// Stacked biases of the gate, up and down products, `[out, n_expert]` each (gpt-oss).
+    pub expert_biases: Option<[WeightRef; 3]>,
+    /// The experts' gate activation.
+    pub glu: Glu,
 }
 
 /// A dense FFN every token runs beside its routed experts, scaled per token by
@@ -78,6 +89,9 @@ impl MoeFfn {
             n_used: moe.n_expert_used,
             norm,
             shared,
+            router_bias: None,
+            expert_biases: None,
+            glu: Glu::Silu,
         })
     }
 
@@ -103,6 +117,11 @@ impl MoeFfn {
         if let Some(s) = &self.shared {
             v.extend([&s.gate_inp, &s.ffn.gate, &s.ffn.up, &s.ffn.down]);
         }
+        v.extend(
+            self.router_bias
+                .iter()
+                .chain(self.expert_biases.iter().flatten()),
+        );
         v
     }
 }
@@ -116,7 +135,8 @@ pub(crate) fn build_ffn(b: &mut GraphBuilder, il: usize, normed: NodeId, m: &Moe
         b.set_name(id, &name(n));
         id
     };
-    let logits = mm(b, "ffn_moe_logits", normed, &m.router);
+    let logits = b.matmul(normed, &m.router, m.router_bias.as_ref());
+    b.set_name(logits, &name("ffn_moe_logits"));
     let probs = b.softmax(logits, 0);
     b.set_name(probs, &name("ffn_moe_probs"));
     let ids = b.top_k(probs, m.n_used);
@@ -125,6 +145,12 @@ pub(crate) fn build_ffn(b: &mut GraphBuilder, il: usize, normed: NodeId, m: &Moe
     b.set_name(par, &name("ffn_moe_gate_par"));
     let down = b.mul_mat_id(par, ids, &m.down_exps, m.n_expert);
     b.set_name(down, &name("ffn_moe_down"));
+    if let Some([gate_b, up_b, down_b]) = &m.expert_biases {
+        b.set_expert_terms(par, Some(up_b), Some(gate_b), m.glu);
+        b.set_expert_terms(down, Some(down_b), None, Glu::Silu);
+    } else if !m.glu.is_silu() {
+        b.set_expert_terms(par, None, None, m.glu);
+    }
     let out = b.moe_sum(down, probs, ids, m.norm);
     b.set_name(out, &name("ffn_moe_out"));
     let Some(s) = &m.shared else {
@@ -208,6 +234,9 @@ mod tests {
                     down: wref("ffn_down_shexp", [NF, NE]),
                 },
             }),
+            router_bias: None,
+            expert_biases: None,
+            glu: Glu::Silu,
         }
     }
 

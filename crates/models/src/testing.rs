@@ -51,11 +51,18 @@ pub const TINY_GEMMA2_ATTN_CAP: f32 = 2.0;
 /// Final-logit soft-cap of the tiny Gemma 2 models, within their logit spread.
 pub const TINY_GEMMA2_FINAL_CAP: f32 = 8.0;
 
+/// Rope theta of the tiny gpt-oss models (the published files' value).
+pub const TINY_GPT_OSS_ROPE_BASE: f32 = 150_000.0;
+
+/// YaRN factor and original context of the tiny gpt-oss models (the published files'
+/// values; with a 32-dim head the YaRN ramp then falls inside the rotated pairs).
+pub const TINY_GPT_OSS_YARN: (f32, u32) = (32.0, 4096);
+
 /// Geometry, storage type and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TinySpec {
     /// `"qwen2"`, `"qwen3"`, `"qwen2moe"`, `"qwen3moe"`, `"qwen35"`, `"qwen35moe"`,
-    /// `"qwen3next"`, `"llama"`, `"gemma2"` or `"gemma3"`.
+    /// `"qwen3next"`, `"llama"`, `"gemma2"`, `"gemma3"` or `"gpt-oss"`.
     pub arch: &'static str,
     /// Blocks.
     pub n_layer: usize,
@@ -73,18 +80,19 @@ pub struct TinySpec {
     pub n_vocab: usize,
     /// `context_length`.
     pub n_ctx: usize,
-    /// Type of the matrices (norms and biases stay F32); their input widths must be
-    /// whole blocks of it.
+    /// Type of the matrices (norms and biases stay F32; for `gpt-oss` only the stacked
+    /// experts, see [`TinySpec::dense_wtype`]); their input widths must be whole blocks
+    /// of it.
     pub wtype: GgmlType,
     /// Omit `output.weight` so the lm head is the embedding.
     pub tied: bool,
     /// Write `rope_freqs.weight` ([`tiny_rope_freqs`], Llama 3 scaling; `llama` only).
     pub rope_freqs: bool,
-    /// `attention.sliding_window` (Gemma only; the layer pattern is llama.cpp's default
-    /// for the architecture).
+    /// `attention.sliding_window` (Gemma and gpt-oss only; the layer pattern is
+    /// llama.cpp's default for the architecture).
     pub sliding_window: Option<usize>,
-    /// Routed experts (`qwen2moe`, `qwen3moe`, `qwen35moe`, `qwen3next` only; their FFN
-    /// is the experts).
+    /// Routed experts (`qwen2moe`, `qwen3moe`, `qwen35moe`, `qwen3next`, `gpt-oss` only;
+    /// their FFN is the experts).
     pub moe: Option<TinyMoe>,
     /// Gated DeltaNet layers (`qwen35`, `qwen35moe`, `qwen3next` only).
     pub ssm: Option<TinySsm>,
@@ -384,6 +392,50 @@ impl TinySpec {
     }
 }
 
+impl TinySpec {
+    /// The type of the matrices outside the stacked experts: F32 for `gpt-oss`, whose
+    /// published files quantize the experts (to MXFP4) and keep the rest wider; `wtype`
+    /// for every other architecture.
+    pub fn dense_wtype(&self) -> GgmlType {
+        if self.arch == "gpt-oss" {
+            GgmlType::F32
+        } else {
+            self.wtype
+        }
+    }
+
+    /// A small gpt-oss: 4 layers (local and global alternating, a window of 4 rows,
+    /// shorter than the test prompt), width 64, 4 heads of 32 over 2 KV heads (so the
+    /// query width differs from the residual's), 8 experts of width 32 with 4 used per
+    /// token, untied head (the architecture requires one), YaRN rope as the published
+    /// files have it.
+    pub fn gpt_oss(wtype: GgmlType, seed: u64) -> Self {
+        TinySpec {
+            arch: "gpt-oss",
+            n_layer: 4,
+            n_embd: 64,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 32,
+            n_ff: 32,
+            n_vocab: 512,
+            n_ctx: 256,
+            wtype,
+            tied: false,
+            rope_freqs: false,
+            sliding_window: Some(4),
+            moe: Some(TinyMoe {
+                n_expert: 8,
+                n_expert_used: 4,
+                n_ff_exp: 32,
+                n_ff_shexp: 0,
+            }),
+            ssm: None,
+            seed,
+        }
+    }
+}
+
 // Seeds picked among the first 150 for wide top-1 margins along the 32-token greedy path
 // of every type in the family, preferring continuations that do not repeat one token.
 const QWEN2_SEED: u64 = 75;
@@ -407,6 +459,12 @@ const QWEN2MOE_SEED: u64 = 20;
 // std on this random model (the CPU backend, which rounds as llama.cpp does, matches it to
 // 1e-5), past the Q8_0 tolerance.
 const QWEN35_SEED: u64 = 1;
+// gpt-oss: picked among seeds 2 to 13 as the one whose MXFP4 variant stays within its
+// tolerance of llama.cpp along the teacher-forced path: choosing 4 of 8 experts, the
+// router meets near-tied choices often, and llama.cpp's Q8_0-rounded expert activations
+// flip them against the f32 reference kernels (the others miss by 0.15 to 1.1 of the
+// logit std).
+const GPT_OSS_SEED: u64 = 10;
 // Qwen3.5-MoE: the first seed from 1 on whose F32 router choices along the
 // teacher-forced path are not near-ties that the CPU backend's summation order flips
 // against llama.cpp's (seed 1 flips one at the third decode step).
@@ -588,6 +646,14 @@ pub fn golden_models() -> Vec<(&'static str, TinySpec)> {
             "qwen3next-f32",
             TinySpec::qwen3next(GgmlType::F32, QWEN35MOE_SEED),
         ),
+        (
+            "gpt-oss-f32",
+            TinySpec::gpt_oss(GgmlType::F32, GPT_OSS_SEED),
+        ),
+        (
+            "gpt-oss-mxfp4",
+            TinySpec::gpt_oss(GgmlType::Mxfp4, GPT_OSS_SEED),
+        ),
     ]
 }
 
@@ -638,12 +704,16 @@ pub(crate) fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError
     w.add_tensor_f32(
         TOKEN_EMBD,
         &[ne as u64, spec.n_vocab as u64],
-        spec.wtype,
+        spec.dense_wtype(),
         &embd,
     )?;
     for il in 0..spec.n_layer {
         if let Some(ssm) = &spec.ssm {
             hybrid_layer(&mut w, &mut rng, spec, ssm, il)?;
+            continue;
+        }
+        if spec.arch == "gpt-oss" {
+            gpt_oss_layer(&mut w, &mut rng, spec, il)?;
             continue;
         }
         let mut mat = |w: &mut GgufWriter, name: String, i: usize, o: usize| {
@@ -701,7 +771,12 @@ pub(crate) fn tiny_model_writer(spec: &TinySpec) -> Result<GgufWriter, GgufError
     if !spec.tied {
         // The same logit spread as a tied head over the embedding would give.
         let out = rng.normal_vec(ne * spec.n_vocab, EMBD_STD);
-        w.add_tensor_f32(OUTPUT, &[ne as u64, spec.n_vocab as u64], spec.wtype, &out)?;
+        w.add_tensor_f32(
+            OUTPUT,
+            &[ne as u64, spec.n_vocab as u64],
+            spec.dense_wtype(),
+            &out,
+        )?;
     }
     Ok(w)
 }
@@ -786,6 +861,98 @@ fn hybrid_layer(
     }
     vec(w, rng, &blk(il, "attn_norm"), ne, 1.0)?;
     vec(w, rng, &blk(il, "post_attention_norm"), ne, 1.0)?;
+    Ok(())
+}
+
+/// Layer `il` of a gpt-oss model: biased q/k/v/output, attention sinks of std 1 (the
+/// scores' order, so each takes a visible share of its softmax), `attn_norm`,
+/// `post_attention_norm`, a biased router and biased experts. The experts' gate and up
+/// weights have std `4/sqrt(n_embd)`, so some of their products pass the clamped
+/// SwiGLU's limit of 7.
+fn gpt_oss_layer(
+    w: &mut GgufWriter,
+    rng: &mut SplitMix64,
+    spec: &TinySpec,
+    il: usize,
+) -> Result<(), GgufError> {
+    let (ne, nq, nkv) = (
+        spec.n_embd,
+        spec.n_head * spec.head_dim,
+        spec.n_head_kv * spec.head_dim,
+    );
+    let Some(m) = &spec.moe else {
+        return Err(GgufError::InvalidMeta {
+            key: "gpt-oss.expert_count".into(),
+            reason: "a gpt-oss model needs experts".into(),
+        });
+    };
+    let (nf, nx) = (m.n_ff_exp, m.n_expert);
+    let mat = |w: &mut GgufWriter, rng: &mut SplitMix64, name: &str, dims: &[usize], std: f64| {
+        let n = dims.iter().product();
+        let v = rng.normal_vec(n, std);
+        let d: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
+        // Stacked experts take the spec's type, the other matrices its dense one.
+        let ty = if dims.len() == 3 {
+            spec.wtype
+        } else {
+            spec.dense_wtype()
+        };
+        w.add_tensor_f32(name, &d, ty, &v).map(|_| ())
+    };
+    let vec = |w: &mut GgufWriter,
+               rng: &mut SplitMix64,
+               name: &str,
+               dims: &[usize],
+               center: f64,
+               std: f64| {
+        let n = dims.iter().product();
+        let v: Vec<f32> = rng
+            .normal_vec(n, std)
+            .into_iter()
+            .map(|x| (center + f64::from(x)) as f32)
+            .collect();
+        let d: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
+        w.add_tensor_f32(name, &d, GgmlType::F32, &v).map(|_| ())
+    };
+    let inv = |i: usize| 1.0 / (i as f64).sqrt();
+    mat(w, rng, &blk(il, "attn_q"), &[ne, nq], inv(ne))?;
+    mat(w, rng, &blk(il, "attn_k"), &[ne, nkv], inv(ne))?;
+    mat(w, rng, &blk(il, "attn_v"), &[ne, nkv], inv(ne))?;
+    mat(w, rng, &blk(il, "attn_output"), &[nq, ne], inv(nq))?;
+    vec(w, rng, &blk_bias(il, "attn_q"), &[nq], 0.0, 0.1)?;
+    vec(w, rng, &blk_bias(il, "attn_k"), &[nkv], 0.0, 0.1)?;
+    vec(w, rng, &blk_bias(il, "attn_v"), &[nkv], 0.0, 0.1)?;
+    vec(w, rng, &blk_bias(il, "attn_output"), &[ne], 0.0, 0.1)?;
+    vec(w, rng, &blk(il, "attn_sinks"), &[spec.n_head], 0.0, 1.0)?;
+    vec(w, rng, &blk(il, "attn_norm"), &[ne], 1.0, 0.1)?;
+    vec(w, rng, &blk(il, "post_attention_norm"), &[ne], 1.0, 0.1)?;
+    // The router stays F32, as llama.cpp's quantizer keeps it.
+    let router = rng.normal_vec(ne * nx, 2.0 * inv(ne));
+    w.add_tensor_f32(
+        &blk(il, "ffn_gate_inp"),
+        &[ne as u64, nx as u64],
+        GgmlType::F32,
+        &router,
+    )?;
+    vec(w, rng, &blk_bias(il, "ffn_gate_inp"), &[nx], 0.0, 0.5)?;
+    mat(
+        w,
+        rng,
+        &blk(il, "ffn_gate_exps"),
+        &[ne, nf, nx],
+        4.0 * inv(ne),
+    )?;
+    mat(
+        w,
+        rng,
+        &blk(il, "ffn_up_exps"),
+        &[ne, nf, nx],
+        4.0 * inv(ne),
+    )?;
+    mat(w, rng, &blk(il, "ffn_down_exps"), &[nf, ne, nx], inv(nf))?;
+    vec(w, rng, &blk_bias(il, "ffn_gate_exps"), &[nf, nx], 0.0, 0.5)?;
+    vec(w, rng, &blk_bias(il, "ffn_up_exps"), &[nf, nx], 0.0, 0.5)?;
+    vec(w, rng, &blk_bias(il, "ffn_down_exps"), &[ne, nx], 0.0, 0.1)?;
     Ok(())
 }
 
@@ -900,7 +1067,7 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
     }
     if matches!(
         a,
-        "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe" | "qwen3next"
+        "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe" | "qwen3next" | "gpt-oss"
     ) || a.starts_with("gemma")
     {
         for name in ["attention.key_length", "attention.value_length"] {
@@ -925,6 +1092,18 @@ fn metadata(w: &mut GgufWriter, spec: &TinySpec) -> Result<(), GgufError> {
             MetaValue::F32(TINY_GEMMA3_ROPE_FACTOR),
         );
         TINY_GEMMA3_ROPE_BASE
+    } else if a == "gpt-oss" {
+        let (factor, orig) = TINY_GPT_OSS_YARN;
+        w.add_meta(
+            &format!("{a}.rope.scaling.type"),
+            MetaValue::String("yarn".into()),
+        )
+        .add_meta(&format!("{a}.rope.scaling.factor"), MetaValue::F32(factor))
+        .add_meta(
+            &format!("{a}.rope.scaling.original_context_length"),
+            MetaValue::U32(orig),
+        );
+        TINY_GPT_OSS_ROPE_BASE
     } else {
         TINY_ROPE_FREQ_BASE
     };

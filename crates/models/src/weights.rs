@@ -27,6 +27,10 @@ pub(crate) struct LayerWeights {
     pub wo: WeightRef,
     /// q, k, v biases.
     pub bias: Option<[WeightRef; 3]>,
+    /// The attention output's bias (gpt-oss).
+    pub wo_bias: Option<WeightRef>,
+    /// Attention sinks, one logit per query head (gpt-oss).
+    pub sinks: Option<WeightRef>,
     /// Per-head q and k norm scales.
     pub qk_norm: Option<[WeightRef; 2]>,
     pub ffn_norm: WeightRef,
@@ -99,6 +103,8 @@ impl LayerWeights {
             wv: matrix(file, &blk(il, "attn_v"), ne, nkv)?,
             wo: matrix(file, &blk(il, "attn_output"), nq, ne)?,
             bias: None,
+            wo_bias: None,
+            sinks: None,
             qk_norm: None,
             ffn_norm: vector(file, &blk(il, "ffn_norm"), ne)?,
             ffn: Ffn::Dense(DenseFfn {
@@ -115,7 +121,9 @@ impl LayerWeights {
         let mut v = vec![&self.attn_norm, &self.wq, &self.wk, &self.wv];
         v.extend(self.bias.iter().flatten());
         v.extend(self.qk_norm.iter().flatten());
-        v.extend([&self.wo, &self.ffn_norm]);
+        v.push(&self.wo);
+        v.extend(self.wo_bias.iter().chain(&self.sinks));
+        v.push(&self.ffn_norm);
         v.extend(self.ffn.all());
         v.extend(self.post_norms.iter().flatten());
         v

@@ -112,7 +112,7 @@ fn unsupported_architectures_are_refused_with_the_supported_list() {
     );
     assert_eq!(
         err(&f),
-        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next, llama, gemma2, gemma3"
+        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next, llama, gemma2, gemma3, gpt-oss"
     );
     assert_eq!(
         supported_architectures(),
@@ -127,6 +127,7 @@ fn unsupported_architectures_are_refused_with_the_supported_list() {
             "llama",
             "gemma2",
             "gemma3",
+            "gpt-oss",
         ]
     );
     let f = with_meta(&q2(), "general.architecture", None);
@@ -190,20 +191,40 @@ fn unusable_hyperparameters_name_the_key_and_reason() {
 }
 
 #[test]
-fn rope_scaling_is_linear_or_refused() {
+fn rope_scaling_is_linear_yarn_or_refused() {
     let f = with_meta(
         &q2(),
         "qwen2.rope.scaling.factor",
         Some(MetaValue::F32(4.0)),
     );
-    assert_eq!(load_model(&f).unwrap().hparams().rope_freq_scale, 0.25);
+    let m = load_model(&f).unwrap();
+    assert_eq!(m.hparams().rope_freq_scale, 0.25);
+    assert_eq!(m.hparams().rope_yarn, None);
+    let f = edited(
+        &q2(),
+        &[
+            ("qwen2.rope.scaling.factor", Some(MetaValue::F32(4.0))),
+            (
+                "qwen2.rope.scaling.type",
+                Some(MetaValue::String("yarn".into())),
+            ),
+            (
+                "qwen2.rope.scaling.original_context_length",
+                Some(MetaValue::U32(64)),
+            ),
+        ],
+        |_| None,
+    );
+    let y = load_model(&f).unwrap().hparams().rope_yarn.unwrap();
+    assert_eq!((y.ext_factor, y.attn_factor, y.n_ctx_orig), (1.0, 1.0, 64));
+    assert_eq!((y.beta_fast, y.beta_slow), (32.0, 1.0));
     let f = with_meta(
         &q2(),
         "qwen2.rope.scaling.type",
-        Some(MetaValue::String("yarn".into())),
+        Some(MetaValue::String("longrope".into())),
     );
     let e = err(&f);
-    assert!(e.contains("`qwen2.rope.scaling.type` = yarn"), "{e}");
+    assert!(e.contains("`qwen2.rope.scaling.type` = longrope"), "{e}");
 }
 
 #[test]

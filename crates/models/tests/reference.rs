@@ -8,7 +8,7 @@
 mod common;
 
 use common::{argmax, RefRunner};
-use minfer_gguf::GgufFile;
+use minfer_gguf::{GgmlType, GgufFile, GgufWriter};
 use minfer_models::testing::{golden_models, tiny_model_bytes, TinySpec};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -139,6 +139,45 @@ fn all_rows_without_tail_reduction_agree_with_the_reduced_graph() {
         &floats(&entry(&g, "qwen2-f32")["last_logits"]),
     );
     assert!(d < 1e-3, "{d}");
+}
+
+/// gpt-oss's attention sinks are felt: with each sink at -1e30 (no share of any softmax,
+/// what a kernel ignoring them computes) the prefill logits leave llama.cpp's by many
+/// times the tolerance, so the golden checks above fail for a graph or kernel that drops
+/// them.
+#[test]
+fn gpt_oss_without_its_sinks_misses_llama_cpp() {
+    let g = golden();
+    let prompt = ids(&g["prompt_ids"]);
+    let e = entry(&g, "gpt-oss-f32");
+    let (_, spec) = golden_models()
+        .into_iter()
+        .find(|(n, _)| *n == "gpt-oss-f32")
+        .expect("gpt-oss-f32 in the golden set");
+    let src = GgufFile::from_bytes(tiny_model_bytes(&spec).unwrap()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata() {
+        w.add_meta(k, v.clone());
+    }
+    let mut sinks = 0;
+    for t in src.tensors() {
+        if t.name.ends_with(".attn_sinks.weight") {
+            sinks += 1;
+            let n = spec.n_head;
+            w.add_tensor_f32(&t.name, &t.dims, GgmlType::F32, &vec![-1e30; n])
+                .unwrap();
+        } else {
+            w.add_tensor_bytes(&t.name, &t.dims, t.ggml_type, src.tensor_data(t).to_vec())
+                .unwrap();
+        }
+    }
+    assert_eq!(sinks, spec.n_layer);
+    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let got = RefRunner::new(&file, 64).forward(&prompt, 0, 1);
+    let tol = e["logit_tolerance"].as_f64().unwrap() as f32;
+    let d = max_abs_diff(&got, &floats(&e["last_logits"]));
+    eprintln!("gpt-oss-f32 without sinks: max |dlogit| {d:.3e} (tolerance {tol:.3e})");
+    assert!(d > 20.0 * tol, "{d} vs tolerance {tol}");
 }
 
 /// Decode steps fed llama.cpp's own greedy tokens: the top logits of every step agree,

@@ -1394,6 +1394,7 @@ mod tests {
             rms_eps: 1e-6,
             rope_freq_base: 10000.0,
             rope_freq_scale: 1.0,
+            rope_yarn: None,
             rope_style: minfer_graph::RopeStyle::NonInterleaved,
             moe: None,
         }

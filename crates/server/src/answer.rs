@@ -3,7 +3,7 @@
 //! renders these three in its own shape, so the order of the two splits (reasoning
 //! first, then calls in what remains) is decided once, here.
 
-use crate::reasoning::{Part, Reasoning, ThinkSplitter};
+use crate::reasoning::{Part, Reasoning, Splitter};
 use crate::tools::{Call, Piece, StreamSplitter, ToolSpec};
 
 /// One piece of a split answer.
@@ -32,7 +32,7 @@ pub struct Answer {
 /// model's format) when the model was shown tools.
 #[derive(Debug)]
 pub struct AnswerSplitter {
-    think: Option<ThinkSplitter>,
+    think: Option<Splitter>,
     tools: Option<StreamSplitter>,
 }
 
@@ -62,7 +62,7 @@ impl AnswerSplitter {
         let parts = self
             .think
             .as_mut()
-            .map(ThinkSplitter::finish)
+            .map(Splitter::finish)
             .unwrap_or_default();
         let mut out = self.route(parts);
         if let Some(t) = &mut self.tools {
@@ -76,6 +76,12 @@ impl AnswerSplitter {
         for p in parts {
             match p {
                 Part::Reasoning(r) => out.push(Out::Reasoning(r)),
+                // A call in the model's own message format: a call when the model was
+                // shown tools, else the text it wrote.
+                Part::Call { name, arguments } => match &self.tools {
+                    Some(_) => out.push(Out::Call(Call::new(name, &arguments))),
+                    None => out.push(Out::Text(arguments)),
+                },
                 Part::Content(c) => match &mut self.tools {
                     Some(t) => out.extend(t.push(&c).into_iter().map(piece)),
                     None => out.push(Out::Text(c)),
@@ -130,6 +136,7 @@ mod tests {
         let on = Reasoning {
             split: true,
             open: false,
+            harmony: false,
         };
         let spec = crate::tools::test_spec(&["f"]);
         let tools = Some(&spec);
@@ -157,5 +164,29 @@ mod tests {
         // Neither split: the text as generated.
         let plain = split(out, Reasoning::default(), None);
         assert_eq!((plain.text.as_str(), plain.calls.len()), (out, 0));
+    }
+
+    /// A gpt-oss answer: the analysis channel is the reasoning, the final one the text.
+    #[test]
+    fn harmony_channels_are_reasoning_and_text() {
+        let out = "<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant<|channel|>final<|message|>4";
+        let on = Reasoning {
+            split: true,
+            open: false,
+            harmony: true,
+        };
+        let a = split(out, on, None);
+        assert_eq!((a.reasoning.as_str(), a.text.as_str()), ("Add them.", "4"));
+        let off = Reasoning { split: false, ..on };
+        assert_eq!(split(out, off, None).text, out);
+        // A call to a function the model was shown: an OpenAI tool call, arguments compact.
+        let call = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": 1}";
+        let spec = crate::tools::test_spec(&["f"]);
+        let a = split(call, on, Some(&spec));
+        assert_eq!((a.text.as_str(), a.calls.len()), ("", 1));
+        assert_eq!(
+            (a.calls[0].name.as_str(), a.calls[0].arguments.as_str()),
+            ("f", "{\"x\":1}")
+        );
     }
 }

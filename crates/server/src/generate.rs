@@ -103,13 +103,17 @@ pub struct ChatPrompt {
     pub think_open: bool,
     /// How the model's template writes tool calls.
     pub tool_format: CallFormat,
+    /// It opens a harmony assistant message (gpt-oss): the answer is split by channel.
+    pub harmony: bool,
 }
 
 impl ChatPrompt {
     /// Tells `g` what the rendered prompt decides about the answer: whether it starts
-    /// inside a reasoning block, and the format its tool calls come in.
+    /// inside a reasoning block or a harmony message, and the format its tool calls come
+    /// in.
     pub fn shape(&self, g: &mut GenRequest) {
         g.reasoning.open = self.think_open;
+        g.reasoning.harmony = self.harmony;
         if let Some(t) = &mut g.tools {
             t.format = self.tool_format;
         }
@@ -141,6 +145,7 @@ pub fn render_chat(
         fault: fault_of(st, &rendered.text),
         think_open: crate::reasoning::opened_by(&rendered.text),
         tool_format: CallFormat::of_template(m.template.source()),
+        harmony: crate::harmony::opened_by(&rendered.text),
     })
 }
 

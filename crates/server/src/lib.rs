@@ -29,6 +29,7 @@ mod blocking;
 mod body;
 pub mod error;
 pub mod generate;
+pub mod harmony;
 mod http;
 pub mod job;
 pub mod metrics;

@@ -1,11 +1,13 @@
 //! Reasoning ("thinking") told apart from the answer: models such as Qwen3 and
 //! DeepSeek-R1 write their reasoning inside `<think>…</think>` before the answer, and
-//! some templates open that block in the prompt already. [`ThinkSplitter`] splits the
+//! some templates open that block in the prompt already; gpt-oss writes it as harmony's
+//! `analysis` channel (`crate::harmony`). [`ThinkSplitter`] splits the
 //! generated text, whole or as it streams (a tag cut across tokens is held back until it
 //! is whole), and [`Reasoning`] says per request whether to split and whether the block
 //! was opened by the prompt. The request fields that switch it are read in
 //! `api::thinking`.
 
+use crate::harmony::HarmonySplitter;
 use crate::tools::{partial_tag, OPEN as CALL_OPEN};
 
 /// The tag that opens a reasoning block.
@@ -20,18 +22,57 @@ pub struct Reasoning {
     pub split: bool,
     /// The prompt ended inside an open `<think>` block: the output starts as reasoning.
     pub open: bool,
+    /// The prompt opened a harmony message (gpt-oss): the output is split by channel
+    /// ([`crate::harmony`]) rather than by `<think>` tags.
+    pub harmony: bool,
 }
 
 impl Reasoning {
     /// A splitter for one choice of this request, or `None` when nothing is split.
-    pub fn splitter(&self) -> Option<ThinkSplitter> {
-        self.split.then(|| ThinkSplitter::new(self.open))
+    pub fn splitter(&self) -> Option<Splitter> {
+        self.split.then(|| {
+            if self.harmony {
+                Splitter::Harmony(HarmonySplitter::default())
+            } else {
+                Splitter::Think(ThinkSplitter::new(self.open))
+            }
+        })
     }
 
     /// [`Reasoning::splitter`] for a request with tools: a `<tool_call>` in the reasoning
     /// ends it too, and is the answer's ([`ThinkSplitter::ending_at_calls`]).
-    pub fn splitter_with_calls(&self) -> Option<ThinkSplitter> {
-        self.splitter().map(ThinkSplitter::ending_at_calls)
+    pub fn splitter_with_calls(&self) -> Option<Splitter> {
+        self.splitter().map(|s| match s {
+            Splitter::Think(t) => Splitter::Think(t.ending_at_calls()),
+            harmony => harmony,
+        })
+    }
+}
+
+/// One output's splitter, in the format its prompt set up.
+#[derive(Debug, Clone)]
+pub enum Splitter {
+    /// `<think>…</think>` before the answer.
+    Think(ThinkSplitter),
+    /// harmony channels (gpt-oss).
+    Harmony(HarmonySplitter),
+}
+
+impl Splitter {
+    /// Takes the next piece of output; returns what can be passed on now.
+    pub fn push(&mut self, text: &str) -> Vec<Part> {
+        match self {
+            Splitter::Think(s) => s.push(text),
+            Splitter::Harmony(s) => s.push(text),
+        }
+    }
+
+    /// The end of the output: what was held back.
+    pub fn finish(&mut self) -> Vec<Part> {
+        match self {
+            Splitter::Think(s) => s.finish(),
+            Splitter::Harmony(s) => s.finish(),
+        }
     }
 }
 
@@ -49,6 +90,14 @@ pub enum Part {
     Reasoning(String),
     /// Answer text.
     Content(String),
+    /// A whole tool call in the model's own message format (harmony's `to=functions.NAME`
+    /// messages): the function's name and its arguments as written.
+    Call {
+        /// The function's name.
+        name: String,
+        /// The arguments' text.
+        arguments: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +231,7 @@ pub fn split(text: &str, open: bool) -> (String, String) {
         match p {
             Part::Reasoning(r) => reasoning.push_str(&r),
             Part::Content(c) => content.push_str(&c),
+            Part::Call { .. } => {}
         }
     }
     (reasoning, content)
@@ -205,6 +255,7 @@ mod tests {
             match p {
                 Part::Reasoning(t) => r.0.push_str(&t),
                 Part::Content(t) => r.1.push_str(&t),
+                Part::Call { .. } => {}
             }
         }
         r
@@ -281,6 +332,7 @@ mod tests {
                 match p {
                     Part::Reasoning(t) => r.push_str(&t),
                     Part::Content(t) => c.push_str(&t),
+                    Part::Call { .. } => panic!("no harmony calls here"),
                 }
             }
             assert_eq!(r, "Need weather.\n", "pieces of {step}");

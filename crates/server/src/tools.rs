@@ -291,6 +291,18 @@ pub struct Call {
     pub arguments: String,
 }
 
+impl Call {
+    /// A call to `name` with `arguments` as the model wrote them: JSON written compactly
+    /// (as [`parse_json_call`] writes an object), other text as it is.
+    pub fn new(name: String, arguments: &str) -> Self {
+        let arguments = match serde_json::from_str::<Value>(arguments.trim()) {
+            Ok(v) => v.to_string(),
+            Err(_) => arguments.to_string(),
+        };
+        Call { name, arguments }
+    }
+}
+
 /// How a call's body is read.
 #[derive(Debug, Clone, Default)]
 enum CallParser {

@@ -12,6 +12,7 @@ use std::fmt::Write;
 /// Registers the Jinja2/transformers behaviour on `env`.
 pub fn install(env: &mut Environment<'static>) {
     env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", crate::strftime::strftime_now);
     env.add_filter("tojson", tojson);
     env.add_filter("string", string);
     env.add_test("iterable", is_iterable);

@@ -17,6 +17,7 @@ mod jinja_compat;
 mod pretok;
 mod spm;
 mod stream;
+mod strftime;
 mod template;
 mod texts;
 mod tokenizer;

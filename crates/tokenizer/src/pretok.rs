@@ -21,6 +21,12 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 /// GPT-2: lower-case contractions, optional leading space before letter/digit/other runs.
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
 
+/// GPT-4o's o200k split (gpt-oss, Llama 4): letter runs cased as words (an upper-case
+/// run followed by lower-case letters, or an upper-case run alone) with one leading
+/// non-letter and an optional case-insensitive contraction, digits in groups of up to
+/// three, punctuation runs with trailing line breaks or slashes, newline runs, whitespace.
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+";
+
 /// SmolLM (and StarCoder, Command-R): every digit on its own, then GPT-2's pattern.
 const DIGIT: &str = r"\p{N}";
 
@@ -36,6 +42,8 @@ pub enum PreKind {
     /// `smollm` (also `starcoder`, `refact`, `command-r`, `codeshell`): digits split one by
     /// one, then GPT-2's split.
     SmolLm,
+    /// `gpt-4o` (also `llama4`): the o200k split.
+    Gpt4o,
 }
 
 impl PreKind {
@@ -48,6 +56,7 @@ impl PreKind {
             }
             "gpt-2" | "gpt2" | "phi-2" | "roberta-bpe" | "mpt" | "olmo" | "jais" => PreKind::Gpt2,
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" => PreKind::SmolLm,
+            "gpt-4o" | "llama4" => PreKind::Gpt4o,
             other => return Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
         })
     }
@@ -85,6 +94,7 @@ impl PreTokenizer {
             PreKind::Llama3 => vec![step(LLAMA3, true, true)],
             PreKind::Gpt2 => vec![step(GPT2, true, false)],
             PreKind::SmolLm => vec![step(DIGIT, false, false), step(GPT2, true, false)],
+            PreKind::Gpt4o => vec![step(GPT4O, true, true)],
         };
         PreTokenizer { kind, steps }
     }
@@ -220,6 +230,47 @@ mod tests {
             vec!["x", " ", "2", "0", "2", "4", " ab", "1", "2", "c"]
         );
         assert_eq!(PreKind::from_name("smollm").unwrap(), PreKind::SmolLm);
+    }
+
+    /// Expected splits from Python's `regex` module (a backtracking engine with the
+    /// look-ahead) over the tokenizer's original pattern.
+    #[test]
+    fn gpt4o_splits_like_the_o200k_pattern() {
+        let cases: [(&str, &[&str]); 4] = [
+            (
+                "Hello World's HTTPServer 12345\n\n  x",
+                &[
+                    "Hello",
+                    " World's",
+                    " HTTPServer",
+                    " ",
+                    "123",
+                    "45",
+                    "\n\n",
+                    " ",
+                    " x",
+                ],
+            ),
+            (
+                "I'M you'RE it's DON'T",
+                &["I'M", " you'RE", " it's", " DON'T"],
+            ),
+            (
+                "a \n b  c\t\t(y)//\n",
+                &["a", " \n", " b", " ", " c", "\t", "\t", "(y", ")//\n"],
+            ),
+            (
+                "<|channel|>analysis<|message|>Need 2+2=4.  Done",
+                &[
+                    "<|", "channel", "|>", "analysis", "<|", "message", "|>", "Need", " ", "2",
+                    "+", "2", "=", "4", ".", " ", " Done",
+                ],
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(pieces(PreKind::Gpt4o, text), want, "{text:?}");
+        }
+        assert_eq!(PreKind::from_name("gpt-4o").unwrap(), PreKind::Gpt4o);
     }
 
     #[test]

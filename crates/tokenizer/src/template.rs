@@ -1,8 +1,9 @@
 //! Chat templates: `tokenizer.chat_template` rendered with minijinja the way Hugging Face
 //! transformers renders it with Jinja2 (`trim_blocks`, `lstrip_blocks`, `raise_exception`,
-//! its `tojson`, Python's `str()` of lists and dicts and Python string methods; see
-//! `jinja_compat`), `tools` = none when not given. Maps keep their keys' order, as
-//! Python's dicts do, so tools and call arguments render in the order they were given.
+//! `strftime_now`, its `tojson`, Python's `str()` of lists and dicts and Python string
+//! methods; see `jinja_compat`), `tools` = none when not given. Maps keep their keys'
+//! order, as Python's dicts do, so tools and call arguments render in the order they were
+//! given.
 
 use crate::error::TemplateError;
 use crate::tokenizer::Tokenizer;

@@ -612,6 +612,43 @@ pub(crate) mod tests {
         assert!(tok.encode("", true, true).is_empty());
     }
 
+    /// The harmony vocabulary (gpt-oss): `<|return|>` and `<|call|>` end generation,
+    /// `<|end|>` does not, and it and the message markers render as text; a vocabulary
+    /// without `<|call|>` keeps `<|end|>` as an end of generation.
+    #[test]
+    fn harmony_ends_at_return_and_call_and_renders_its_markers() {
+        let with = |extra: &[&str]| {
+            let mut m = tiny_metadata();
+            let Some(MetaValue::Array(_, tokens)) = m.get_mut("tokenizer.ggml.tokens") else {
+                panic!("tokens");
+            };
+            tokens.extend(extra.iter().map(|t| MetaValue::String(t.to_string())));
+            let Some(MetaValue::Array(_, types)) = m.get_mut("tokenizer.ggml.token_type") else {
+                panic!("types");
+            };
+            types.extend(extra.iter().map(|_| MetaValue::I32(3)));
+            build(&m).unwrap()
+        };
+        let marks = [
+            "<|start|>",
+            "<|channel|>",
+            "<|message|>",
+            "<|end|>",
+            "<|return|>",
+            "<|call|>",
+        ];
+        let tok = with(&marks);
+        let id = |t: &str| 260 + marks.iter().position(|m| *m == t).unwrap() as u32;
+        assert_eq!(tok.eog_ids(), &[258, id("<|return|>"), id("<|call|>")]);
+        for m in ["<|start|>", "<|channel|>", "<|message|>", "<|end|>"] {
+            assert_eq!(tok.token_bytes(id(m), false).unwrap(), m.as_bytes(), "{m}");
+        }
+        assert!(tok.token_bytes(id("<|return|>"), false).unwrap().is_empty());
+        let tok = with(&["<|end|>", "<|return|>"]);
+        assert_eq!(tok.eog_ids(), &[258, 260, 261]);
+        assert!(tok.token_bytes(260, false).unwrap().is_empty());
+    }
+
     #[test]
     fn control_text_in_literal_ranges_stays_text() {
         let tok = build(&tiny_metadata()).unwrap();

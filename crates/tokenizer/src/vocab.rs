@@ -6,6 +6,13 @@
 //! pad/repo/separator tokens are otherwise found by their well-known texts. The EOG set is
 //! those FIM tokens, every token whose text is one of [`EOG_TEXTS`], and the EOS, EOT and EOM
 //! ids. A token found by text is treated as CONTROL whatever its stored type.
+//!
+//! The harmony vocabulary of gpt-oss (o200k_harmony) follows llama.cpp's rules for it: with
+//! `<|return|>` and `<|call|>` ending generation, `<|end|>` (which closes a message that
+//! another follows, such as the reasoning before the answer) does not, and it is rendered
+//! as text (USER_DEFINED), as the message markers `<|channel|>`, `<|message|>`,
+//! `<|start|>` and `<|constrain|>` are in every vocabulary, so the generated text carries
+//! the message structure.
 
 use crate::bytes::char_to_byte;
 use crate::error::TokenizerError;
@@ -67,7 +74,7 @@ impl TokenType {
 }
 
 /// Texts that mark a token as end-of-generation wherever it sits in the vocabulary.
-pub const EOG_TEXTS: [&str; 7] = [
+pub const EOG_TEXTS: [&str; 9] = [
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
@@ -75,7 +82,12 @@ pub const EOG_TEXTS: [&str; 7] = [
     "<|endoftext|>",
     "<|eom_id|>",
     "<EOT>",
+    "<|return|>",
+    "<|call|>",
 ];
+
+/// The harmony message markers, rendered as text (see the module documentation).
+const HARMONY_MARKERS: [&str; 4] = ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
 
 /// Candidate texts for the EOT token when the metadata names none, in preference order.
 const EOT_TEXTS: [&str; 7] = [
@@ -252,6 +264,20 @@ impl Vocab {
         eog.dedup();
         for id in forced {
             types[id as usize] = TokenType::Control;
+        }
+        // Harmony: `<|end|>` closes one message of several, not the turn.
+        let harmony = ["<|return|>", "<|call|>"]
+            .iter()
+            .all(|t| texts.id(t).is_some_and(|id| eog.contains(&id)));
+        if let Some(end) = texts.id("<|end|>").filter(|_| harmony) {
+            eog.retain(|&id| id != end);
+            types[end as usize] = TokenType::UserDefined;
+        }
+        // As llama.cpp, whatever the vocabulary: these always render.
+        for t in HARMONY_MARKERS {
+            if let Some(id) = texts.id(t) {
+                types[id as usize] = TokenType::UserDefined;
+            }
         }
 
         let mut piece_bytes = Vec::with_capacity(n * 7);

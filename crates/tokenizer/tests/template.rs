@@ -261,3 +261,33 @@ fn qwen35_templates_match_jinja2() {
     }
     assert_eq!(checked, 84);
 }
+
+/// gpt-oss's harmony template (as its GGUF files carry it) against Jinja2's renderings
+/// (scripts/gen_harmony_chat_golden.py), with and without the generation prompt and
+/// tools; the date `strftime_now` writes is set to the reference's.
+#[test]
+fn harmony_template_matches_reference_rendering() {
+    let g: serde_json::Value =
+        serde_json::from_str(include_str!("golden/harmony_chat.json")).expect("golden JSON");
+    let tmpl = ChatTemplate::new(
+        g["source"].as_str().unwrap(),
+        "<|startoftext|>",
+        "<|return|>",
+    )
+    .expect("template compiles");
+    let date = g["date"].as_str().unwrap();
+    let renders = g["renders"].as_array().unwrap();
+    assert_eq!(renders.len(), 6);
+    for (i, r) in renders.iter().enumerate() {
+        let tools = r["tools"].is_array().then_some(&r["tools"]);
+        let gen = r["add_generation_prompt"].as_bool().unwrap();
+        let mut got = tmpl
+            .render_json(&r["messages"], tools, gen)
+            .expect("renders");
+        let key = "Current date: ";
+        let at = got.find(key).expect("a date line") + key.len();
+        got.replace_range(at..at + date.len(), date);
+        assert_eq!(got, r["text"].as_str().unwrap(), "render {i}");
+        assert_eq!(got.ends_with("<|start|>assistant"), gen, "render {i}");
+    }
+}

@@ -502,6 +502,7 @@ fn rope_meta(style: RopeStyle, n_dims: usize) -> RoPEMeta {
         hd: 16,
         style,
         freq_factors: None,
+        yarn: None,
     }
 }
 
@@ -627,6 +628,7 @@ fn attn_meta(n_head: usize, n_head_kv: usize, hd: usize, n_ctx: usize) -> AttnMe
         window: None,
         softcap: None,
         ring: None,
+        sinks: None,
     }
 }
 
@@ -899,6 +901,7 @@ fn qkv_bias_rope_store_is_bit_identical_to_its_unfused_chain() {
         hd,
         style: RopeStyle::NonInterleaved,
         freq_factors: None,
+        yarn: None,
     };
     let nt = 3;
     let positions = ints(&[2, 5, 7]);

@@ -642,8 +642,10 @@ impl CpuBackend {
                     ));
                 }
                 let q = src(0)?;
+                let sinks = m.sinks.as_deref().map(|n| vector(weights, n)).transpose()?;
                 let args = AttnArgs {
                     meta: m,
+                    sinks,
                     q,
                     q_stride: q.len() / nt,
                     nt,
@@ -764,10 +766,42 @@ impl Experts<'_> {
             })
         };
         let err = |e: matmul::MatmulError| format!("experts of '{}': {e}", m.weight_name);
+        // Each slot adds its expert's row of a stacked bias (ggml's `add_id`); the ids
+        // were checked by the product.
+        let weights = self.weights;
+        let bias = |y: &mut [f32], name: &Option<String>, ids: &[u32]| -> Result<(), String> {
+            let Some(name) = name else {
+                return Ok(());
+            };
+            let b = vector(weights, name)?;
+            let d = m.out_dim;
+            if b.len() != d * m.n_expert {
+                return Err(format!(
+                    "bias '{name}' holds {} values, {} experts of {d} expected",
+                    b.len(),
+                    m.n_expert
+                ));
+            }
+            for (row, &e) in y.chunks_exact_mut(d).zip(ids) {
+                let br = b
+                    .get(e as usize * d..(e as usize + 1) * d)
+                    .ok_or_else(|| format!("expert id {e} outside bias '{name}'"))?;
+                row.iter_mut().zip(br).for_each(|(v, b)| *v += b);
+            }
+            Ok(())
+        };
         let up = mat(&m.weight_name)?;
         let Some(gate_name) = &m.gate_name else {
-            return matmul::matmul_id(self.pool, &[up], x, self.ids, &mut [out], self.scratch)
-                .map_err(err);
+            matmul::matmul_id(
+                self.pool,
+                &[up],
+                x,
+                self.ids,
+                &mut [&mut *out],
+                self.scratch,
+            )
+            .map_err(err)?;
+            return bias(out, &m.bias_name, self.ids);
         };
         let gate = mat(gate_name)?;
         let n = out.len();
@@ -780,17 +814,26 @@ impl Experts<'_> {
                 &[gate, up],
                 x,
                 self.ids,
-                &mut [g, u],
+                &mut [&mut *g, &mut *u],
                 self.scratch,
             )
             .map_err(err)?;
         } else {
-            matmul::matmul_id(self.pool, &[gate], x, self.ids, &mut [g], self.scratch)
-                .map_err(err)?;
-            matmul::matmul_id(self.pool, &[up], x, self.ids, &mut [u], self.scratch)
+            matmul::matmul_id(
+                self.pool,
+                &[gate],
+                x,
+                self.ids,
+                &mut [&mut *g],
+                self.scratch,
+            )
+            .map_err(err)?;
+            matmul::matmul_id(self.pool, &[up], x, self.ids, &mut [&mut *u], self.scratch)
                 .map_err(err)?;
         }
-        ew::swiglu(self.pool, g, u, out)
+        bias(g, &m.gate_bias_name, self.ids)?;
+        bias(u, &m.bias_name, self.ids)?;
+        ew::glu(self.pool, m.glu, g, u, out)
     }
 }
 

@@ -1,7 +1,9 @@
 //! Element-wise ops: add and multiply (with `b` broadcast by repetition), scale, SiLU,
-//! SwiGLU, GeGLU, vectorised unary kernels (GELU, soft-cap) and row softmax. Large
+//! SwiGLU, GeGLU, gpt-oss's clamped GLU, vectorised unary kernels (GELU, soft-cap) and row softmax. Large
 //! inputs are cut into fixed rows across the pool; every element is computed
 //! independently, so the thread count never changes a result.
+
+use minfer_graph::Glu;
 
 use super::{par_rows, ELEM_ROW, PAR_MIN_ELEMS};
 use crate::threadpool::ThreadPool;
@@ -122,6 +124,25 @@ pub fn swiglu(pool: &ThreadPool, gate: &[f32], up: &[f32], out: &mut [f32]) -> R
 pub fn geglu(pool: &ThreadPool, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), String> {
     let isa = VecIsa::detect();
     gated(pool, "geglu", gate, up, out, &|g, u, y| isa.geglu(g, u, y))
+}
+
+/// `out = glu(gate, up)` for any [`Glu`] (gpt-oss's clamped form among them), each value
+/// as [`Glu::apply`] computes it.
+pub fn glu(
+    pool: &ThreadPool,
+    glu: Glu,
+    gate: &[f32],
+    up: &[f32],
+    out: &mut [f32],
+) -> Result<(), String> {
+    if glu.is_silu() {
+        return swiglu(pool, gate, up, out);
+    }
+    gated(pool, "glu", gate, up, out, &|g, u, y| {
+        for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+            *y = glu.apply(g, u);
+        }
+    })
 }
 
 /// A serial gated kernel over equal-length `(gate, up, out)` pieces.

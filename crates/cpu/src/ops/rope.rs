@@ -6,30 +6,43 @@
 //! Pairs are `(2i, 2i+1)` for [`RopeStyle::Interleaved`] (ggml "normal") and
 //! `(i, i + n_dims/2)` for [`RopeStyle::NonInterleaved`] (NEOX); dimensions from `n_dims`
 //! to `hd` pass through unchanged. With frequency factors (Llama 3 scaling) pair `i` turns by
-//! `freq_scale * theta_i / factor_i`, as ggml's `rope_ext` does.
+//! `freq_scale * theta_i / factor_i`, as ggml's `rope_ext` does. With YaRN terms
+//! ([`Yarn`]) the pair's angle mixes that interpolated angle with the unscaled one along
+//! ggml's ramp, and cos and sin carry its magnitude factor.
 
-use minfer_graph::{RoPEMeta, RopeStyle};
+use minfer_graph::{RoPEMeta, RopeStyle, Yarn};
 
 use super::{as_i32, par_rows, PAR_MIN_ELEMS};
 use crate::threadpool::ThreadPool;
 
 /// Writes the `(cos, sin)` pairs of position `pos` into `cache` (`n_dims` values);
-/// `factors` (at least `n_dims / 2` values) divide the pairs' angles.
+/// `factors` (at least `n_dims / 2` values) divide the pairs' angles; `yarn` adds the
+/// YaRN terms.
 pub fn rope_cache(
     pos: i32,
     n_dims: usize,
     freq_base: f32,
     freq_scale: f32,
     factors: Option<&[f32]>,
+    yarn: Option<&Yarn>,
     cache: &mut [f32],
 ) {
     let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
     let mut theta = pos as f32;
+    let corr = yarn.map(|y| y.corr_dims(n_dims, freq_base));
+    let mscale = yarn.map_or(1.0, |y| y.mscale(freq_scale));
     for (i, pair) in cache[..n_dims].chunks_exact_mut(2).enumerate() {
         let ff = factors.map_or(1.0, |f| f[i]);
-        let t = freq_scale * (theta / ff);
-        pair[0] = t.cos();
-        pair[1] = t.sin();
+        (pair[0], pair[1]) = match (yarn, corr) {
+            (Some(y), Some(corr)) => {
+                let t = y.angle(theta / ff, freq_scale, corr, i);
+                (t.cos() * mscale, t.sin() * mscale)
+            }
+            _ => {
+                let t = freq_scale * (theta / ff);
+                (t.cos(), t.sin())
+            }
+        };
         theta *= theta_scale;
     }
 }
@@ -107,6 +120,7 @@ pub fn rope_inplace(
                     m.freq_base,
                     m.freq_scale,
                     factors,
+                    m.yarn.as_ref(),
                     c,
                 );
             }
@@ -144,6 +158,7 @@ mod tests {
             hd: 8,
             style,
             freq_factors: None,
+            yarn: None,
         }
     }
 
@@ -256,13 +271,54 @@ mod tests {
     #[test]
     fn angles_are_the_running_product() {
         let mut c = [0.0f32; 8];
-        rope_cache(3, 8, 10000.0, 0.5, None, &mut c);
+        rope_cache(3, 8, 10000.0, 0.5, None, None, &mut c);
         let ts = 10000f32.powf(-2.0 / 8.0);
         let mut th = 3.0f32;
         for i in 0..4 {
             assert_eq!(c[2 * i].to_bits(), (0.5 * th).cos().to_bits());
             assert_eq!(c[2 * i + 1].to_bits(), (0.5 * th).sin().to_bits());
             th *= ts;
+        }
+    }
+
+    /// YaRN against an f64 closed form of ggml's `rope_yarn`: with factor 32 over a
+    /// 4096-token original context, the fast pairs keep their unscaled angle, the slow
+    /// ones the interpolated one, the middle a mix, all scaled by `1 + 0.1 ln 32`.
+    #[test]
+    fn yarn_mixes_the_angles_along_the_ramp() {
+        let y = Yarn {
+            ext_factor: 1.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 4096,
+        };
+        let (n_dims, base, fs) = (64usize, 150_000.0f32, 1.0f32 / 32.0);
+        let corr = y.corr_dims(n_dims, base);
+        assert!(
+            corr[0] > 0.0 && corr[1] < 31.0 && corr[0] < corr[1],
+            "{corr:?}"
+        );
+        let pos = 3001;
+        let mut c = vec![0.0f32; n_dims];
+        rope_cache(pos, n_dims, base, fs, None, Some(&y), &mut c);
+        let ms = 1.0 + 0.1 * 32f64.ln();
+        for i in 0..n_dims / 2 {
+            let extrap = pos as f64 * (base as f64).powf(-2.0 * i as f64 / n_dims as f64);
+            let r =
+                1.0 - ((i as f64 - corr[0] as f64) / (corr[1] - corr[0]) as f64).clamp(0.0, 1.0);
+            let th = extrap * fs as f64 * (1.0 - r) + extrap * r;
+            let (gc, gs) = (c[2 * i] as f64, c[2 * i + 1] as f64);
+            assert!(
+                (gc - th.cos() * ms).abs() < 2e-3,
+                "pair {i}: cos {gc} vs {}",
+                th.cos() * ms
+            );
+            assert!(
+                (gs - th.sin() * ms).abs() < 2e-3,
+                "pair {i}: sin {gs} vs {}",
+                th.sin() * ms
+            );
         }
     }
 

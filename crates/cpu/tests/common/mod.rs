@@ -290,6 +290,7 @@ pub fn model_graph(cfg: &Cfg, ws: &[TestWeight], nt: usize) -> ComputeGraph {
             hd: cfg.hd,
             style: RopeStyle::NonInterleaved,
             freq_factors: None,
+            yarn: None,
         };
         let q = b.rope(q, pos, RopeStyle::NonInterleaved, rope(cfg.n_head));
         let k = b.rope(k, pos, RopeStyle::NonInterleaved, rope(cfg.n_kv));
@@ -305,6 +306,7 @@ pub fn model_graph(cfg: &Cfg, ws: &[TestWeight], nt: usize) -> ComputeGraph {
             window: None,
             softcap: None,
             ring: None,
+            sinks: None,
         };
         let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
         let o = b.matmul(a, &w(&p("attn_output.weight")), None);

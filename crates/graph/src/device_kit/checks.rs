@@ -200,10 +200,10 @@ fn out_of_range(ids: &[i32], bound: usize) -> Option<(usize, i32)> {
 /// rotated dims within the head.
 pub fn rope_meta(m: &RoPEMeta) -> Result<(), BackendError> {
     // No frequency-factor term in the kernels; `supports_op` declines such nodes.
-    if m.freq_factors.is_some() {
+    if m.freq_factors.is_some() || m.yarn.is_some() {
         return Err(BackendError::Unsupported {
             op: "rope".into(),
-            detail: "with frequency factors is not implemented here".into(),
+            detail: "with frequency factors or YaRN terms is not implemented here".into(),
         });
     }
     if m.n_dims == 0 || !m.n_dims.is_multiple_of(2) || m.n_dims > m.hd {

@@ -37,9 +37,9 @@ pub fn supports_op(op: &Op, dtype: DType) -> bool {
 /// Whether a device backend takes `node`: an op of [`supports_op`], a node touching
 /// the KV regions only when they live here (`kv_here`; the QKV fusions store into
 /// them), sliding-window attention only where its kernel honours the window
-/// (`windows`), no attention with a score soft-cap (no device kernel has that term), no
-/// node of a ringed KV layer, and every weight it names decoded (`weights_decoded`, the
-/// backend's own).
+/// (`windows`), no attention with a score soft-cap or sinks and no rope with YaRN terms
+/// (no device kernel has those terms), no node of a ringed KV layer, and every weight it
+/// names decoded (`weights_decoded`, the backend's own).
 pub fn supports_node(
     node: &CNode,
     kv_here: bool,
@@ -48,7 +48,15 @@ pub fn supports_node(
 ) -> bool {
     let kv = node.kv_layer().is_some();
     let windowed = matches!(&node.meta, NodeMeta::Attn(m) if m.window.is_some());
-    let capped = matches!(&node.meta, NodeMeta::Attn(m) if m.softcap.is_some());
+    let capped =
+        matches!(&node.meta, NodeMeta::Attn(m) if m.softcap.is_some() || m.sinks.is_some());
+    let yarn = match &node.meta {
+        NodeMeta::Rope(m) => m.yarn.is_some(),
+        NodeMeta::FusedQkv(m) => m.rope.yarn.is_some(),
+        NodeMeta::FusedQkvNorm(m) => m.rope.yarn.is_some(),
+        NodeMeta::QkvBiasRopeStore(m) => m.rope.yarn.is_some(),
+        _ => false,
+    };
     // No device kernel maps virtual rows onto a KV ring: ringed layers stay on the host.
     let ringed = match &node.meta {
         NodeMeta::Attn(m) => m.ring.is_some(),
@@ -59,6 +67,7 @@ pub fn supports_node(
         && (kv_here || !kv)
         && (windows || !windowed)
         && !capped
+        && !yarn
         && !ringed
         && weights_decoded(node)
 }

@@ -286,7 +286,10 @@ pub fn check_device_report(
     for case in &report.unclaimed {
         let mut words = case.split_whitespace();
         let (op, ty) = (words.next(), words.next().unwrap_or(""));
-        let declined_rope = op == Some("rope") && case.contains("freq_factors");
+        // No device kernel has the frequency factors or the YaRN terms
+        // (`device_kit::supports_op` and `supports_node`).
+        let declined_rope =
+            op == Some("rope") && (case.contains("freq_factors") || case.contains(" yarn "));
         // A device kernel without a window term declines it (`device_kit::supports_node`).
         let declined_window = op == Some("attn") && case.contains(" window ");
         // No device kernel maps rows onto a KV ring (`device_kit::supports_node`).
@@ -295,6 +298,8 @@ pub fn check_device_report(
         // (`device_kit::supports_op` and `supports_node` leave them to the CPU).
         let declined_gemma = matches!(op, Some("gelu" | "geglu" | "softcap"))
             || (op == Some("attn") && case.contains(" softcap "));
+        // Nor attention sinks (gpt-oss; `device_kit::supports_node`).
+        let declined_sinks = op == Some("attn") && case.contains(" sinks");
         let declined_matmul = op == Some("matmul") && !decoded.iter().any(|d| d.name() == ty);
         // No device kernel routes experts or has a softmax (`device_kit::supports_op`).
         let declined_moe = matches!(
@@ -319,6 +324,7 @@ pub fn check_device_report(
             || declined_gemma
             || declined_moe
             || declined_ring
+            || declined_sinks
             || declined_recurrent)
         {
             return Err(format!(
@@ -654,6 +660,7 @@ fn rope_meta(hd: usize, nh: usize, style: RopeStyle) -> RoPEMeta {
         hd,
         style,
         freq_factors: None,
+        yarn: None,
     }
 }
 
@@ -703,6 +710,41 @@ fn rope_cases(out: &mut Vec<OpCase>) {
             inputs: vec![
                 f32_input("x", values(32, hd * nh * nt)),
                 ids_input("pos", vec![0, 1, 9, 30]),
+            ],
+            weights: gguf(&[]),
+            bound: 1e-4,
+        });
+    }
+    // YaRN (gpt-oss's scaling: factor 32 over a 4096-token original context, so the ramp
+    // falls inside the head's pairs), at positions up to those of the other cases (f32
+    // angles of far positions differ by their rounding between a running product and a
+    // direct power).
+    for style in [RopeStyle::NonInterleaved, RopeStyle::Interleaved] {
+        let nt = 7usize;
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", [hd * nh, nt, 1, 1], DType::F32);
+        let pos = b.input("pos", [nt, 1, 1, 1], DType::I32);
+        let meta = RoPEMeta {
+            freq_base: 150_000.0,
+            freq_scale: 1.0 / 32.0,
+            yarn: Some(crate::meta::Yarn {
+                ext_factor: 1.0,
+                attn_factor: 1.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                n_ctx_orig: 4096,
+            }),
+            ..rope_meta(hd, nh, style)
+        };
+        let y = b.rope(x, pos, style, meta);
+        b.output(y);
+        out.push(OpCase {
+            name: format!("rope {style:?} yarn hd={hd} nh={nh} nt={nt}"),
+            op: "rope",
+            graph: b.build(),
+            inputs: vec![
+                f32_input("x", values(33, hd * nh * nt)),
+                ids_input("pos", vec![0, 1, 5, 37, 100, 211, 300]),
             ],
             weights: gguf(&[]),
             bound: 1e-4,
@@ -794,6 +836,7 @@ fn attn_case(
         window,
         softcap,
         ring,
+        sinks: None,
     };
     let a = b.attn(q, kv, pos, span, AttnMode::Gqa, meta);
     b.output(a);
@@ -865,12 +908,43 @@ fn kv_cases(out: &mut Vec<OpCase>) {
     // the tokens' rows wrapping around it, alone and in two sequences.
     out.push(attn_case(5, 1, 4, 2, Some(3), None, Some((7, 4))));
     out.push(attn_case(5, 2, 4, 1, Some(3), None, Some((7, 4))));
+    // Attention sinks (gpt-oss): per-head logits from a weight, from well below the
+    // scores to well above them (that head's weights then sum to far less than one), on
+    // causal rows (decode and prefill), several sequences, a window and a ring.
+    for c in [
+        attn_case(1, 1, 4, 2, None, None, None),
+        attn_case(7, 1, 4, 2, None, None, None),
+        attn_case(3, 2, 4, 1, None, None, None),
+        attn_case(7, 1, 4, 2, Some(3), None, None),
+        attn_case(5, 1, 4, 2, Some(3), None, Some((7, 4))),
+    ] {
+        out.push(with_sinks(c, 4));
+    }
     // The store alone, read back through attention: a one-row arena read by one query
     // reproduces that row's V exactly, so a misplaced row shows.
     let mut c = attn_case(1, 1, 2, 2, None, None, None);
     c.name = "kvcache_store then attn over one row".into();
     c.op = "kvcache_store";
     out.push(c);
+}
+
+/// `c` with attention sinks of its `n_head` query heads (`-4`, `0.3`, `1.5`, `6`: below,
+/// among and above the scores of [`values`]-sized q and k).
+fn with_sinks(mut c: OpCase, n_head: usize) -> OpCase {
+    let name = "blk.0.attn_sinks.weight";
+    for node in &mut c.graph.nodes {
+        if let crate::meta::NodeMeta::Attn(m) = &mut node.meta {
+            m.sinks = Some(name.into());
+        }
+    }
+    let sinks: Vec<f32> = [-4.0, 0.3, 1.5, 6.0]
+        .into_iter()
+        .cycle()
+        .take(n_head)
+        .collect();
+    c.weights = gguf(&[(name, vec![n_head as u64], GgmlType::F32, sinks)]);
+    c.name.push_str(" sinks");
+    c
 }
 
 /// The whole table.
@@ -923,6 +997,16 @@ mod tests {
             "mul_sigmoid",
         ] {
             assert!(cases.iter().any(|c| c.op == op), "no case for {op}");
+        }
+        // gpt-oss's terms: attention sinks, YaRN rope, biased experts with the clamped GLU.
+        for (op, word) in [
+            ("attn", " sinks"),
+            ("rope", " yarn "),
+            ("mul_mat_id", " bias "),
+            ("mul_mat_id_swiglu", " oai bias "),
+        ] {
+            let hit = cases.iter().any(|c| c.op == op && c.name.contains(word));
+            assert!(hit, "no {op} case with{word}");
         }
         for &(ty, _) in MATMUL_TYPES {
             assert!(cases.iter().any(|c| c.name.contains(ty.name())), "{ty:?}");

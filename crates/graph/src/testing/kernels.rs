@@ -116,15 +116,24 @@ fn rope(
     if factors.is_some_and(|f| f.len() < half) {
         return Err(format!("rope: fewer than {half} frequency factors"));
     }
+    let corr = m.yarn.map(|y| y.corr_dims(m.n_dims, m.freq_base));
     for (t, p) in ints(&pos[..nt]).enumerate() {
         for h in 0..m.n_head {
             let base = t * (x.len() / nt) + h * m.hd;
             for i in 0..half {
                 let ff = factors.map_or(1.0, |f| f[i]);
-                let theta =
-                    p as f32 * m.freq_scale * m.freq_base.powf(-2.0 * i as f32 / m.n_dims as f32)
-                        / ff;
-                let (c, s) = (theta.cos(), theta.sin());
+                let inv_freq = m.freq_base.powf(-2.0 * i as f32 / m.n_dims as f32);
+                let (theta, mscale) = match (m.yarn, corr) {
+                    (Some(y), Some(corr)) => {
+                        let extrap = p as f32 * inv_freq / ff;
+                        (
+                            y.angle(extrap, m.freq_scale, corr, i),
+                            y.mscale(m.freq_scale),
+                        )
+                    }
+                    _ => (p as f32 * m.freq_scale * inv_freq / ff, 1.0),
+                };
+                let (c, s) = (theta.cos() * mscale, theta.sin() * mscale);
                 let (a, b) = match m.style {
                     RopeStyle::NonInterleaved => (base + i, base + i + half),
                     RopeStyle::Interleaved => (base + 2 * i, base + 2 * i + 1),
@@ -368,11 +377,21 @@ fn mul_mat_id(
                 .map(|wr| wr.iter().zip(xr).map(|(a, b)| a * b).sum())
                 .collect())
         };
-        let up = product(&m.weight_name)?;
+        let biased = |mut y: Vec<f32>, bias: &Option<String>| -> Result<Vec<f32>, String> {
+            if let Some(name) = bias {
+                let row = weight(w, name)?
+                    .data
+                    .get(e * m.out_dim..(e + 1) * m.out_dim)
+                    .ok_or_else(|| format!("bias '{name}' holds no row for expert {e}"))?;
+                y.iter_mut().zip(row).for_each(|(v, b)| *v += b);
+            }
+            Ok(y)
+        };
+        let up = biased(product(&m.weight_name)?, &m.bias_name)?;
         match &m.gate_name {
             Some(g) => {
-                let gate = product(g)?;
-                out.extend(gate.iter().zip(&up).map(|(&a, &b)| silu(a) * b));
+                let gate = biased(product(g)?, &m.gate_bias_name)?;
+                out.extend(gate.iter().zip(&up).map(|(&a, &b)| m.glu.apply(a, b)));
             }
             None => out.extend(up),
         }
@@ -473,9 +492,24 @@ pub(super) fn attn(
     inputs: &[Vec<f32>],
     k: &[f32],
     v: &[f32],
+    w: &WeightStore,
 ) -> Result<Vec<f32>, String> {
     let NodeMeta::Attn(m) = &node.meta else {
         return Err("attention without AttnMeta".into());
+    };
+    let sinks = match &m.sinks {
+        Some(name) => {
+            let s = &weight(w, name)?.data;
+            if s.len() != m.n_head {
+                return Err(format!(
+                    "sinks '{name}': {} values for {} heads",
+                    s.len(),
+                    m.n_head
+                ));
+            }
+            Some(s.as_slice())
+        }
+        None => None,
     };
     let nt = nt_of(node);
     let (q, pos) = (input(inputs, 0)?, input(inputs, 2)?);
@@ -521,9 +555,14 @@ pub(super) fn attn(
                     m.softcap.map_or(s, |c| softcap(s, c))
                 })
                 .collect();
-            let mx = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let mut mx = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            // A sink joins the normaliser (and the maximum) with no value row.
+            let sink = sinks.map(|s| s[h]);
+            if let Some(s) = sink {
+                mx = mx.max(s);
+            }
             let e: Vec<f32> = scores.iter().map(|s| (s - mx).exp()).collect();
-            let sum: f32 = e.iter().sum();
+            let sum: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - mx).exp());
             let o = &mut out[t * m.n_head * m.hd + h * m.hd..][..m.hd];
             for (j, p) in (lo..hi).zip(&e) {
                 let j = row(j);

@@ -403,7 +403,7 @@ impl BackendImpl for RefBackend {
             }
             Op::Attn { .. } => {
                 let (k, v) = kv_pair.ok_or("no KV pair for attention")?;
-                let out = kernels::attn(node, &inputs, self.buf(k)?, self.buf(v)?)?;
+                let out = kernels::attn(node, &inputs, self.buf(k)?, self.buf(v)?, &self.weights)?;
                 self.write_out(out_buf.id, out)
             }
             Op::SsmConv { .. } | Op::DeltaNet { .. } => {

@@ -86,6 +86,7 @@ pub fn rope_meta(n_head: usize) -> RoPEMeta {
         hd: HD,
         style: RopeStyle::NonInterleaved,
         freq_factors: None,
+        yarn: None,
     }
 }
 
@@ -118,6 +119,7 @@ pub fn build_block(p: &GraphParams) -> ComputeGraph {
         window: None,
         softcap: None,
         ring: None,
+        sinks: None,
     };
     let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
     let o = b.matmul(a, &wr("wo", [N_HEAD * HD, N_EMBD]), None);

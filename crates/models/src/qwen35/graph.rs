@@ -50,6 +50,7 @@ impl Qwen35 {
             hd: self.hp.head_dim,
             style: RopeStyle::NonInterleaved,
             freq_factors: None,
+            yarn: self.hp.rope_yarn,
         }
     }
 
@@ -97,6 +98,7 @@ impl Qwen35 {
             window: None,
             softcap: None,
             ring: None,
+            sinks: None,
         };
         let mode = if cx.p.cparams.flash_attn {
             AttnMode::Flash

@@ -1,4 +1,4 @@
-//! The tiny mixture-of-experts models (Qwen3-MoE, Qwen2-MoE; F32, Q8_0, Q4_K) on the CPU
+//! The tiny mixture-of-experts models (Qwen3-MoE, Qwen2-MoE; F32, Q8_0, Q4_K; gpt-oss) on the CPU
 //! engine: greedy decode is bitwise the same whether the decode graph is reused or rebuilt
 //! every step and whatever the thread count, as for the dense models (batch composition:
 //! `batch.rs` runs the golden set, these models included).
@@ -14,8 +14,9 @@ fn moe_models() -> Vec<(&'static str, TinySpec)> {
         .into_iter()
         .filter(|(_, s)| s.moe.is_some())
         .collect();
-    // Qwen3-MoE and Qwen2-MoE in three types each, Qwen3.5-MoE and Qwen3-Next.
-    assert_eq!(v.len(), 8, "the golden set's MoE models");
+    // Qwen3-MoE and Qwen2-MoE in three types each, Qwen3.5-MoE, Qwen3-Next, and gpt-oss
+    // in two types.
+    assert_eq!(v.len(), 10, "the golden set's MoE models");
     v
 }
 

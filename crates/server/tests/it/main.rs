@@ -12,6 +12,7 @@ mod e2e_openai;
 mod e2e_structured;
 mod embeddings;
 mod fields;
+mod harmony;
 mod llama_api;
 mod load_real;
 mod models;

@@ -82,6 +82,14 @@ pub(super) fn validate(a: &AttnArgs, out_len: usize) -> Result<(), String> {
             m.softcap
         ));
     }
+    if a.sinks.is_some() != m.sinks.is_some() || a.sinks.is_some_and(|s| s.len() != m.n_head) {
+        return Err(format!(
+            "attention: sinks {:?} with {:?} values for {} heads",
+            m.sinks,
+            a.sinks.map(<[f32]>::len),
+            m.n_head
+        ));
+    }
     let qrow = m.n_head * m.hd;
     if a.q_stride < qrow || a.q.len() < a.nt * a.q_stride {
         return Err(format!(

@@ -12,7 +12,9 @@
 //! Per query row: `s_j = (q · k_j) * scale` (then `c * tanh(s_j / c)` with a soft-cap),
 //! an online softmax over the key tiles (`p_j = exp(s_j - m)` against the running maximum
 //! `m`, vectorised with the C library's bits: see `exp`), `o = (Σ p_j v_j) / Σ p_j`, all
-//! in f32. A row's arithmetic depends on its own key range only, so results do not depend
+//! in f32. With attention sinks (gpt-oss) head `h`'s sink logit `s_h` joins the
+//! normaliser after the last tile, as ggml folds it: `o = Σ p_j v_j / (Σ p_j + e^(s_h -
+//! m))` against `m = max(m, s_h)`, so it is part of each row's own arithmetic. A row's arithmetic depends on its own key range only, so results do not depend
 //! on `-t`, on the block or batch a token is computed in, or on prefix reuse; a decode
 //! token runs the same code as a prefill token at its position.
 
@@ -59,6 +61,8 @@ pub struct AttnArgs<'a> {
     pub v: &'a [f32],
     /// The storage formats of K and V.
     pub types: [KvType; 2],
+    /// One sink logit per query head when the node has them (`AttnMeta::sinks`).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Reusable buffers: per-token key ranges, the query blocks, and per-thread score rows,

@@ -12,6 +12,7 @@ fn meta() -> AttnMeta {
         window: None,
         softcap: None,
         ring: None,
+        sinks: None,
     }
 }
 
@@ -35,9 +36,14 @@ fn reference(a: &AttnArgs) -> Vec<f64> {
                         * m.scale as f64
                 })
                 .collect();
-            let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sink = a.sinks.map(|s| f64::from(s[h]));
+            let mx = s
+                .iter()
+                .cloned()
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
-            let sum: f64 = e.iter().sum();
+            let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - mx).exp());
             for (j, p) in e.iter().enumerate() {
                 for d in 0..hd {
                     out[t * m.n_head * hd + h * hd + d] += p / sum * a.v[j * nkt + off + d] as f64;
@@ -72,6 +78,7 @@ fn matches_reference_for_every_isa_and_thread_count() {
         k: &k,
         v: &v,
         types: [KvType::F32; 2],
+        sinks: None,
     };
     let want = reference(&a);
     let mut results = Vec::new();
@@ -94,6 +101,95 @@ fn matches_reference_for_every_isa_and_thread_count() {
     }
 }
 
+/// Attention sinks (one logit per head in the normaliser, no value): the f64 definition,
+/// on one to three threads with the same bits, a decode token's bits equal to its row in
+/// the prefill, and a sink above every score (the fold's other branch) scaling the row down.
+#[test]
+fn sinks_join_the_normaliser_with_the_same_bits_everywhere() {
+    let m = AttnMeta {
+        sinks: Some("blk.3.attn_sinks.weight".into()),
+        ..meta()
+    };
+    let mut r = Rng::new(21);
+    let nt = 70; // past one key tile
+    let q = r.vec(nt * m.n_head * m.hd, 1.0);
+    let k = r.vec(m.nkt() * 80, 1.0);
+    let v = r.vec(m.nkt() * 80, 1.0);
+    let m = AttnMeta { n_ctx: 80, ..m };
+    let pos: Vec<f32> = (0..nt as u32).map(f32::from_bits).collect();
+    // Below, among and far above the scores (about 0.25 * N(0, 16) here).
+    let sinks = [-3.0f32, 0.2, 1.0, 30.0];
+    let a = AttnArgs {
+        meta: &m,
+        q: &q,
+        q_stride: m.n_head * m.hd,
+        nt,
+        pos: &pos,
+        span: None,
+        k: &k,
+        v: &v,
+        types: [KvType::F32; 2],
+        sinks: Some(&sinks),
+    };
+    let want = reference(&a);
+    let plain = reference(&AttnArgs { sinks: None, ..a });
+    let run = |a: &AttnArgs, nth: usize, isa: VecIsa| {
+        let mut out = vec![f32::NAN; a.nt * m.n_head * m.hd];
+        attention(
+            &ThreadPool::new(nth),
+            isa,
+            a,
+            &mut out,
+            &mut AttnScratch::default(),
+        )
+        .unwrap();
+        out
+    };
+    for isa in [VecIsa::Scalar, VecIsa::detect()] {
+        let one = run(&a, 1, isa);
+        for (x, y) in one.iter().zip(&want) {
+            assert!((*x as f64 - y).abs() < 1e-5, "{isa:?}: {x} vs {y}");
+        }
+        for nth in [2, 3] {
+            assert_eq!(run(&a, nth, isa), one, "{isa:?}: {nth} threads");
+        }
+        // Each token alone (decode) gives its prefill row's bits.
+        let row = m.n_head * m.hd;
+        for t in [0usize, 1, 63, 64, 69] {
+            let dec = AttnArgs {
+                q: &q[t * row..(t + 1) * row],
+                nt: 1,
+                pos: &pos[t..t + 1],
+                ..a
+            };
+            assert_eq!(
+                run(&dec, 2, isa),
+                one[t * row..(t + 1) * row],
+                "{isa:?} token {t}"
+            );
+        }
+    }
+    // The sinks are felt: head 3's sink dwarfs its scores, so its output nearly vanishes.
+    let hd = m.hd;
+    let diff = |h: usize| {
+        (0..nt * hd)
+            .map(|i| {
+                (want[(i / hd) * 4 * hd + h * hd + i % hd]
+                    - plain[(i / hd) * 4 * hd + h * hd + i % hd])
+                    .abs()
+            })
+            .fold(0.0, f64::max)
+    };
+    assert!(
+        diff(0) < diff(3) && diff(3) > 0.1,
+        "{} {}",
+        diff(0),
+        diff(3)
+    );
+    let head3 = (0..nt * hd).map(|i| want[(i / hd) * 4 * hd + 3 * hd + i % hd].abs());
+    assert!(head3.fold(0.0, f64::max) < 1e-6);
+}
+
 /// A causal row whose largest score lies in its first key tile gets the bits of the
 /// two-pass softmax (scores, their maximum, exponentials, one weighted sum in key order):
 /// the tiles start where that kernel's key blocks started, and no rescaling happens. With
@@ -111,6 +207,7 @@ fn a_first_tile_maximum_gives_the_two_pass_bits() {
         window: None,
         softcap: None,
         ring: None,
+        sinks: None,
     };
     let mut r = Rng::new(9);
     let positions = [0i32, 7, 64, 130, 299];
@@ -139,6 +236,7 @@ fn a_first_tile_maximum_gives_the_two_pass_bits() {
         k: &k,
         v: &v,
         types: [KvType::F32; 2],
+        sinks: None,
     };
     for isa in [VecIsa::Scalar, VecIsa::detect()] {
         let mut out = vec![f32::NAN; nt * m.n_head * m.hd];
@@ -267,6 +365,7 @@ fn rows_do_not_depend_on_their_block_batch_or_threads() {
         window: None,
         softcap: None,
         ring: None,
+        sinks: None,
     };
     // (meta, positions, optional spans): causal prefill; windowed and soft-capped; two
     // sequences of a ring (150 virtual rows, 64 physical, window 30) interleaved.
@@ -339,6 +438,7 @@ fn rows_do_not_depend_on_their_block_batch_or_threads() {
                         k: &kp,
                         v: &vp,
                         types,
+                        sinks: None,
                     };
                     let mut out = vec![f32::NAN; sel.len() * m.n_head * m.hd];
                     attention(
@@ -386,6 +486,7 @@ fn rows_do_not_depend_on_their_block_batch_or_threads() {
                     k: &kd,
                     v: &vd,
                     types: [KvType::F32; 2],
+                    sinks: None,
                 };
                 for t in (0..nt).step_by(11) {
                     for (x, y) in row(&full, t).iter().zip(reference_row(&a, t)) {
@@ -415,6 +516,7 @@ fn packed_regions_equal_f32_regions_of_their_decoded_values() {
         window: None,
         softcap: None,
         ring: None,
+        sinks: None,
     };
     let mut r = Rng::new(11);
     let positions = [0i32, 5, 63, 64, 149];
@@ -472,6 +574,7 @@ fn packed_regions_equal_f32_regions_of_their_decoded_values() {
                     k,
                     v,
                     types,
+                    sinks: None,
                 };
                 let mut out = vec![f32::NAN; nt * m.n_head * m.hd];
                 attention(&pool, isa, &a, &mut out, &mut AttnScratch::default()).unwrap();
@@ -497,6 +600,7 @@ fn packed_regions_equal_f32_regions_of_their_decoded_values() {
         k: &k,
         v: &v,
         types: [KvType::Q8_0, KvType::F32],
+        sinks: None,
     };
     let mut out = vec![0.0; bad.n_head * bad.hd];
     let e = attention(
@@ -530,6 +634,7 @@ fn explicit_span_limits_the_keys() {
         k: &k,
         v: &v,
         types: [KvType::F32; 2],
+        sinks: None,
     };
     let mut causal = vec![0.0; m.n_head * m.hd];
     let mut s = AttnScratch::default();
@@ -564,6 +669,7 @@ fn out_of_range_positions_and_bad_geometry_are_errors() {
         k: &kv,
         v: &kv,
         types: [KvType::F32; 2],
+        sinks: None,
     };
     let e = attention(&pool, VecIsa::Scalar, &a, &mut out, &mut s).unwrap_err();
     assert!(e.contains("position 40") && e.contains("layer 3"), "{e}");

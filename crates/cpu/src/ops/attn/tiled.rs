@@ -292,7 +292,19 @@ pub(super) fn block_item(
         // SAFETY: as above.
         let o = unsafe { out.slice(o_at(t)..o_at(t) + group * hd) };
         for (i, oh) in o.chunks_exact_mut(hd).enumerate() {
-            isa.scale(oh, 1.0 / l[(t - t0) * group + i]);
+            let r = (t - t0) * group + i;
+            if let Some(s) = a.sinks.map(|s| s[g * group + i]) {
+                // The sink's logit joins the normaliser with no value row (ggml's fold).
+                if s > mx[r] {
+                    let c = (mx[r] - s).exp();
+                    l[r] = l[r] * c + 1.0;
+                    isa.scale(oh, c);
+                    mx[r] = s;
+                } else {
+                    l[r] += (s - mx[r]).exp();
+                }
+            }
+            isa.scale(oh, 1.0 / l[r]);
         }
     }
 }

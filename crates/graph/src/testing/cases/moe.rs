@@ -9,6 +9,7 @@ use minfer_gguf::GgmlType;
 use super::{f32_input, gguf, ids_input, values, wref, OpCase, MATMUL_TYPES, TOKENS};
 use crate::builder::GraphBuilder;
 use crate::ir::DType;
+use crate::meta::Glu;
 
 /// Experts stacked in the case weights, and experts chosen per token.
 const N_EXPERT: usize = 4;
@@ -23,7 +24,78 @@ fn choice(nt: usize) -> Vec<u32> {
 
 pub(super) fn moe_cases(out: &mut Vec<OpCase>) {
     mul_mat_id_cases(out);
+    expert_terms_cases(out);
     routing_cases(out);
+}
+
+/// gpt-oss's experts: stacked biases on the gate, up and down products and the clamped
+/// SwiGLU ([`Glu::Oai`]), over F32, Q8_0 and the MXFP4 its files store experts in. The
+/// activations are scaled so that some gate and up values pass the clamp.
+fn expert_terms_cases(out: &mut Vec<OpCase>) {
+    let oai = Glu::Oai {
+        alpha: 1.702,
+        limit: 7.0,
+    };
+    for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Mxfp4] {
+        let bound = MATMUL_TYPES
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .map_or(2e-2, |&(_, b)| b);
+        let (in_dim, out_dim) = (96usize, 36usize);
+        let dims = vec![in_dim as u64, out_dim as u64, N_EXPERT as u64];
+        let bdims = vec![out_dim as u64, N_EXPERT as u64];
+        let n = in_dim * out_dim * N_EXPERT;
+        let bias = |seed: u64| -> Vec<f32> {
+            values(seed, out_dim * N_EXPERT)
+                .iter()
+                .map(|v| v * 4.0)
+                .collect()
+        };
+        let weights = gguf(&[
+            ("up", dims.clone(), ty, values(61, n)),
+            ("gate", dims, ty, values(71, n)),
+            ("up_b", bdims.clone(), GgmlType::F32, bias(62)),
+            ("gate_b", bdims, GgmlType::F32, bias(72)),
+        ]);
+        let folded = [in_dim, out_dim * N_EXPERT];
+        let (up, gate) = (wref("up", ty, folded), wref("gate", ty, folded));
+        let (up_b, gate_b) = (
+            wref("up_b", GgmlType::F32, [out_dim, N_EXPERT]),
+            wref("gate_b", GgmlType::F32, [out_dim, N_EXPERT]),
+        );
+        for nt in TOKENS {
+            for form in ["bias", "oai bias"] {
+                let mut b = GraphBuilder::new();
+                let x = b.input("x", [in_dim, nt, 1, 1], DType::F32);
+                let ids = b.input("ids", [K, nt, 1, 1], DType::I32);
+                let (op, y) = if form == "bias" {
+                    let y = b.mul_mat_id(x, ids, &up, N_EXPERT);
+                    b.set_expert_terms(y, Some(&up_b), None, Glu::Silu);
+                    ("mul_mat_id", y)
+                } else {
+                    let y = b.mul_mat_id_swiglu(x, ids, &gate, &up, N_EXPERT);
+                    b.set_expert_terms(y, Some(&up_b), Some(&gate_b), oai);
+                    ("mul_mat_id_swiglu", y)
+                };
+                b.output(y);
+                let xs = values(81 + nt as u64, in_dim * nt);
+                out.push(OpCase {
+                    name: format!(
+                        "{op} {} [{in_dim}x{out_dim}x{N_EXPERT}] {form} nt={nt}",
+                        ty.name()
+                    ),
+                    op,
+                    graph: b.build(),
+                    inputs: vec![
+                        f32_input("x", xs.iter().map(|v| v * 6.0).collect()),
+                        ids_input("ids", choice(nt)),
+                    ],
+                    weights: Arc::clone(&weights),
+                    bound,
+                });
+            }
+        }
+    }
 }
 
 fn mul_mat_id_cases(out: &mut Vec<OpCase>) {

@@ -174,6 +174,7 @@ fn errors_and_answers_have_anthropics_shape() {
     let on = Reasoning {
         split: true,
         open: false,
+        harmony: false,
     };
     let a = split("<think>hmm</think>\n\nHi<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", on, Some(&crate::tools::test_spec(&["get_weather"])));
     let m = message("msg_1", "tiny", &a, &summary(Finish::Stop, None), &[]);
@@ -216,6 +217,7 @@ fn streamed_blocks_follow_anthropics_event_sequence() {
     let on = Reasoning {
         split: true,
         open: false,
+        harmony: false,
     };
     let mut b = Blocks::new(
         "msg_9".into(),
