@@ -130,7 +130,10 @@ pub fn ssm_conv(
                 acc += xt[ch] * wr[km];
                 o[ch - lo] = acc;
                 if km > 0 {
-                    wc.copy_within(1.., 0);
+                    // An element loop: a window is a few values, too short for a memmove call.
+                    for i in 1..km {
+                        wc[i - 1] = wc[i];
+                    }
                     wc[km - 1] = xt[ch];
                 }
             }
@@ -246,10 +249,10 @@ pub fn delta_net(
                     mat.fill(0.0);
                 }
                 for (j, r) in mat.chunks_exact_mut(sk).enumerate() {
-                    r.iter_mut().for_each(|x| *x *= decay);
-                    let delta = (v[j] - isa.dot(r, &k)) * b;
-                    isa.axpy(r, delta, &k);
-                    o[j] = isa.dot(r, &q) * scale;
+                    // Decay, read, write, read: two passes over the row (`delta_row`),
+                    // with the bits of the four separate steps.
+                    let delta = (v[j] - isa.scale_dot(r, decay, &k)) * b;
+                    o[j] = isa.axpy_dot(r, delta, &k, &q) * scale;
                 }
             }
         }
