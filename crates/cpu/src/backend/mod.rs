@@ -514,10 +514,10 @@ impl CpuBackend {
                 ew::map(pool, src(0)?, out, &|v| v * s)
             }
             (Op::Silu, _) if in_place => {
-                ew::map_inplace(pool, out, &ew::silu);
+                ew::silu_inplace(pool, out);
                 Ok(())
             }
-            (Op::Silu, _) => ew::map(pool, src(0)?, out, &ew::silu),
+            (Op::Silu, _) => ew::silu_into(pool, src(0)?, out),
             (Op::SwiGLU, _) => ew::swiglu(pool, src(0)?, src(1)?, out),
             (Op::GeGLU, _) => ew::geglu(pool, src(0)?, src(1)?, out),
             (Op::Gelu, _) => {
@@ -699,6 +699,7 @@ impl CpuBackend {
                     scratch: experts,
                     gate,
                     up,
+                    repack,
                 };
                 ex.run(m, src(0)?, src(1)?, out)
             }
@@ -733,6 +734,9 @@ struct Experts<'a> {
     scratch: &'a mut IdScratch,
     gate: &'a mut Vec<f32>,
     up: &'a mut Vec<f32>,
+    /// Read k-quant experts through their repacked tiles and other mapped experts from a
+    /// huge-page copy ([`CpuBackend::set_repack`]); the bits are the same either way.
+    repack: bool,
 }
 
 impl Experts<'_> {
@@ -757,12 +761,23 @@ impl Experts<'_> {
                     w.in_dim, w.out_dim, m.n_expert, m.in_dim, m.out_dim
                 ));
             }
+            // Only the tile types whose kernels give the GGUF layout's bits are repacked
+            // (a Q8_0-family repack would round differently, and would go unread).
+            let packed = if matmul::RepackedMatrix::gives_k_tiles(w.ty) {
+                w.repacked(self.pool, self.repack)
+            } else {
+                None
+            };
             Ok(ExpertMatrix {
                 ty: w.ty,
-                data: w.bytes(),
+                data: match packed {
+                    Some(_) => w.bytes(),
+                    None => w.matmul_bytes(self.repack),
+                },
                 rows: m.out_dim,
                 cols: m.in_dim,
                 n_expert: m.n_expert,
+                packed,
             })
         };
         let err = |e: matmul::MatmulError| format!("experts of '{}': {e}", m.weight_name);

@@ -8,16 +8,24 @@
 //! kernels as [`super::matmul`] does. The activations are quantized once per call and
 //! shared by every matrix of the call (an expert's gate and up read the same rows).
 //!
+//! Stacked weights repacked into k-quant tiles ([`ExpertMatrix::packed`]: Q4_K, Q6_K,
+//! IQ4_XS) are read through the tile kernels, eight rows per activation load, as the
+//! dense [`super::matmul_repacked`] reads them; those kernels give the unpacked kernels'
+//! bits, so the layout never changes a result.
+//!
 //! Determinism: every output element is one kernel call by one thread; the token
 //! grouping depends on the routing only, and each kernel's per-token result does not
 //! depend on the group, so results are identical for every thread count and batch mix.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use minfer_gguf::quant::cast_blocks;
+use minfer_gguf::quant::{cast_blocks, Block, BlockQ8K};
 use minfer_gguf::GgmlType;
 
-use super::{for_type, Activation, Disjoint, MatmulError, MatmulScratch, TypeFn, TOKEN_GROUP};
+use super::repacked::{KTiles, ROWS};
+use super::{
+    for_type, Activation, Disjoint, MatmulError, MatmulScratch, RepackedMatrix, TypeFn, TOKEN_GROUP,
+};
 use crate::quant::{dot_float, dot_unchecked, FloatWeight, Isa, QuantDot};
 use crate::threadpool::{chunk_range, ThreadPool};
 
@@ -38,6 +46,9 @@ pub struct ExpertMatrix<'a> {
     pub cols: usize,
     /// Experts stacked.
     pub n_expert: usize,
+    /// The same `n_expert * rows` rows repacked ([`RepackedMatrix`]), read instead of
+    /// `data` when they are k-quant tiles and every matrix of the call has them.
+    pub packed: Option<&'a RepackedMatrix>,
 }
 
 /// Reusable buffers of [`matmul_id`]: the quantized activations and the slot grouping.
@@ -157,6 +168,7 @@ pub fn matmul_id_with(
         starts,
         active,
     } = scratch;
+    let tiles = k_tiles(mats, rows, cols);
     let work = Work {
         isa,
         pool,
@@ -170,8 +182,100 @@ pub fn matmul_id_with(
         starts,
         active,
         outs: &outs,
+        align: if tiles.is_some() { ROWS } else { 1 },
     };
-    for_type(ty, IdCall { work, acts })
+    match tiles {
+        Some(t) => {
+            run_tiles(work, t, acts);
+            Ok(())
+        }
+        None => for_type(ty, IdCall { work, acts }),
+    }
+}
+
+/// The k-quant tiles of every matrix of the call, when each has them for its whole
+/// stacked shape and an expert is whole row groups; `None` reads the GGUF layout.
+fn k_tiles<'a>(
+    mats: &[ExpertMatrix<'a>],
+    rows: usize,
+    cols: usize,
+) -> Option<[KTiles<'a>; MAX_MATS]> {
+    if !rows.is_multiple_of(ROWS) {
+        return None;
+    }
+    let mut out = [None; MAX_MATS];
+    for (slot, m) in out.iter_mut().zip(mats) {
+        let p = m.packed?;
+        if p.ty() != m.ty || p.rows() != m.n_expert * rows || p.cols() != cols {
+            return None;
+        }
+        *slot = Some(p.k_tiles()?);
+    }
+    let first = out[0]?;
+    Some(out.map(|t| t.unwrap_or(first)))
+}
+
+/// Quantizes the call's activation rows into scratch (rows split over the pool).
+fn quantize_acts<'s, A: Activation>(work: &Work<'_, '_>, acts: &'s mut MatmulScratch) -> &'s [A] {
+    let (isa, cols, x) = (work.isa, work.cols, work.x);
+    let bpr = cols / A::ELEMS;
+    let n = work.x_rows * bpr;
+    let buf = A::buffer(acts);
+    if buf.len() < n {
+        buf.resize(n, bytemuck::Zeroable::zeroed());
+    }
+    let acts = &mut buf[..n];
+    if work.x_rows == 1 {
+        A::quantize_row(isa, x, acts);
+    } else {
+        let shared = Disjoint::new(acts);
+        work.pool.run(&|ith, nth| {
+            let r = chunk_range(n / bpr, ith, nth);
+            // SAFETY: row ranges of different threads are disjoint.
+            let out = unsafe { shared.slice(r.start * bpr..r.end * bpr) };
+            A::quantize_row(isa, &x[r.start * cols..r.end * cols], out);
+        });
+    }
+    acts
+}
+
+/// The call over k-quant tiles: per work item, each group of up to four slots against
+/// each row group of the item's rows (the tile kernels give the unpacked kernels' bits).
+fn run_tiles(work: Work<'_, '_>, tiles: [KTiles<'_>; MAX_MATS], acts: &mut MatmulScratch) {
+    let acts: &[BlockQ8K] = quantize_acts(&work, acts);
+    let (isa, rows, per_row) = (work.isa, work.rows, work.per_row);
+    let nb = work.cols / BlockQ8K::ELEMS;
+    let act = |s: u32| {
+        let row = s as usize / per_row;
+        &acts[row * nb..(row + 1) * nb]
+    };
+    let outs = work.outs;
+    work.for_items(&|e, m, rr, slots| {
+        let t = tiles[m];
+        // Items start and end on row groups (`Work::align`), and an expert is whole groups.
+        let (g0, g1) = ((e * rows + rr.start) / ROWS, (e * rows + rr.end) / ROWS);
+        for group in slots.chunks(TOKEN_GROUP) {
+            for g in g0..g1 {
+                let mut res = [[0.0f32; ROWS]; TOKEN_GROUP];
+                match *group {
+                    [a, b, c, d] => res = t.gemv(isa, g, nb, [act(a), act(b), act(c), act(d)]),
+                    [a, b, c] => {
+                        res[..3].copy_from_slice(&t.gemv(isa, g, nb, [act(a), act(b), act(c)]))
+                    }
+                    [a, b] => res[..2].copy_from_slice(&t.gemv(isa, g, nb, [act(a), act(b)])),
+                    [a] => res[0] = t.gemv(isa, g, nb, [act(a)])[0],
+                    _ => {}
+                }
+                let r0 = g * ROWS - e * rows;
+                for (&s, r8) in group.iter().zip(&res) {
+                    for (r, &v) in r8.iter().enumerate() {
+                        // SAFETY: slot s's rows of this item belong to this item only.
+                        unsafe { outs[m].write(s as usize * rows + r0 + r, v) };
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// Sorts the slots by expert into `scratch.order` (stable), with each expert's start in
@@ -230,6 +334,8 @@ struct Work<'a, 'b> {
     starts: &'a [usize],
     active: &'a [u32],
     outs: &'a [Disjoint<f32>; MAX_MATS],
+    /// Items hold whole multiples of this many rows (the tile height, or 1).
+    align: usize,
 }
 
 impl Work<'_, '_> {
@@ -238,7 +344,8 @@ impl Work<'_, '_> {
         let groups = self.active.len() * self.mats.len();
         let want = 4 * self.pool.n_threads();
         let tiles_per_group = want.div_ceil(groups.max(1));
-        self.rows.div_ceil(tiles_per_group).clamp(1, 64)
+        let a = self.align;
+        (self.rows.div_ceil(tiles_per_group).clamp(1, 64)).div_ceil(a) * a
     }
 
     /// Runs `body(expert, matrix, rows, slots)` over every work item: a contiguous run of
@@ -294,25 +401,7 @@ impl TypeFn for IdCall<'_, '_> {
         }
         let (isa, cols, rows) = (work.isa, work.cols, work.rows);
         let bpr = cols / B::ELEMS;
-        let n = work.x_rows * bpr;
-        let buf = B::Act::buffer(acts);
-        if buf.len() < n {
-            buf.resize(n, bytemuck::Zeroable::zeroed());
-        }
-        let acts = &mut buf[..n];
-        let x = work.x;
-        if work.x_rows == 1 {
-            B::Act::quantize_row(isa, x, acts);
-        } else {
-            let shared = Disjoint::new(acts);
-            work.pool.run(&|ith, nth| {
-                let r = chunk_range(n / bpr, ith, nth);
-                // SAFETY: row ranges of different threads are disjoint.
-                let out = unsafe { shared.slice(r.start * bpr..r.end * bpr) };
-                B::Act::quantize_row(isa, &x[r.start * cols..r.end * cols], out);
-            });
-        }
-        let acts: &[B::Act] = acts;
+        let acts: &[B::Act] = quantize_acts(&work, acts);
         let per_row = work.per_row;
         let act = |s: u32| {
             let row = s as usize / per_row;
@@ -440,6 +529,7 @@ mod tests {
                         rows,
                         cols,
                         n_expert,
+                        packed: None,
                     };
                     let mut first: Option<Vec<f32>> = None;
                     for isa in isas() {
@@ -519,6 +609,7 @@ mod tests {
             rows,
             cols,
             n_expert,
+            packed: None,
         };
         let (nt, k) = (5, 2);
         let ids = routing(nt * k, n_expert);
@@ -541,6 +632,72 @@ mod tests {
         assert_eq!((yg, yu), (sg, su));
     }
 
+    /// Experts repacked into k-quant tiles give the bits of the GGUF layout, for every
+    /// ISA and thread count, decode and prefill, one matrix or gate and up together; a
+    /// matrix without tiles, or an expert that is not whole row groups, falls back.
+    #[test]
+    fn k_quant_tiles_give_the_bits_of_the_gguf_layout() {
+        let (n_expert, k, cols) = (5, 2, 512);
+        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Iq4Xs] {
+            for rows in [16, 12] {
+                let mk = |seed: u64| {
+                    let wf = rand_f32(n_expert * rows * cols, seed + ty.id() as u64, 1.0);
+                    let b = quantize_to_vec(ty, &wf).unwrap();
+                    (aligned(&b), b.len())
+                };
+                let ((ga, gl), (ua, ul)) = (mk(21), mk(22));
+                let g = &bytemuck::cast_slice::<u64, u8>(&ga)[..gl];
+                let u = &bytemuck::cast_slice::<u64, u8>(&ua)[..ul];
+                let pack = |data| {
+                    let q = QMatrix {
+                        ty,
+                        data,
+                        rows: n_expert * rows,
+                        cols,
+                    };
+                    RepackedMatrix::from_qmatrix(&q).unwrap()
+                };
+                let (gp, up) = (pack(g), pack(u));
+                assert!(gp.k_tiles().is_some());
+                let m = |data, packed| ExpertMatrix {
+                    ty,
+                    data,
+                    rows,
+                    cols,
+                    n_expert,
+                    packed,
+                };
+                for nt in [1usize, 3, 9] {
+                    let ids = routing(nt * k, n_expert);
+                    for x_rows in [nt, nt * k] {
+                        let x = rand_f32(x_rows * cols, nt as u64 + 5, 1.0);
+                        let call = |isa, threads, mats: &[ExpertMatrix]| {
+                            let pool = ThreadPool::new(threads);
+                            let mut ys = vec![vec![f32::NAN; nt * k * rows]; mats.len()];
+                            let mut outs: Vec<&mut [f32]> =
+                                ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+                            let mut sc = IdScratch::default();
+                            matmul_id_with(isa, &pool, mats, &x, &ids, &mut outs, &mut sc).unwrap();
+                            ys
+                        };
+                        let want = call(Isa::SCALAR, 1, &[m(g, None), m(u, None)]);
+                        for isa in isas() {
+                            for threads in [1, 2, 3] {
+                                let both = [m(g, Some(&gp)), m(u, Some(&up))];
+                                assert_eq!(call(isa, threads, &both), want, "{ty} {rows} {nt}");
+                                let one = call(isa, threads, &[m(u, Some(&up))]);
+                                assert_eq!(one[0], want[1], "{ty} {rows} {nt} up alone");
+                                // One matrix without tiles: both read the GGUF layout.
+                                let mixed = [m(g, Some(&gp)), m(u, None)];
+                                assert_eq!(call(isa, threads, &mixed), want, "{ty} mixed");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn bad_expert_ids_and_shapes_are_errors() {
         let pool = ThreadPool::new(1);
@@ -551,6 +708,7 @@ mod tests {
             rows: 3,
             cols: 32,
             n_expert: 2,
+            packed: None,
         };
         let x = vec![0.0; 32];
         let mut y = vec![0.0; 3];

@@ -31,7 +31,7 @@ pub use multi::{
 };
 
 /// Rows per tile (one SIMD accumulator's lanes).
-const ROWS: usize = 8;
+pub(crate) const ROWS: usize = 8;
 /// Tokens per kernel call.
 const TOKEN_GROUP: usize = 4;
 /// Target bytes of quantized activations per token chunk (stays in L2 while every row
@@ -216,6 +216,54 @@ impl RepackedMatrix {
             Tiles::Q4K(t) => std::mem::size_of_val(&t[..]),
             Tiles::Q6K(t) => std::mem::size_of_val(&t[..]),
             Tiles::Iq4Xs(t) => std::mem::size_of_val(&t[..]),
+        }
+    }
+}
+
+/// A borrowed view of k-quant tiles (Q4_K, Q6_K, IQ4_XS): they read Q8_K activations and
+/// their kernels give the unpacked kernels' bits, so a routed product can read them in
+/// place of the GGUF layout without changing a result.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KTiles<'a> {
+    Q4K(&'a [TileQ4K]),
+    Q6K(&'a [TileQ6K]),
+    Iq4Xs(&'a [TileIq4Xs]),
+}
+
+impl KTiles<'_> {
+    /// Row group `g`'s [`ROWS`] results (rows `8g..8g + 8`) for `NT` tokens' Q8_K
+    /// activations of `nb` super-blocks each.
+    #[inline]
+    pub(crate) fn gemv<const NT: usize>(
+        self,
+        isa: Isa,
+        g: usize,
+        nb: usize,
+        y: [&[BlockQ8K]; NT],
+    ) -> [[f32; ROWS]; NT] {
+        let at = g * nb..(g + 1) * nb;
+        match self {
+            KTiles::Q4K(t) => gemv_q4k(isa, &t[at], y),
+            KTiles::Q6K(t) => gemv_q6k(isa, &t[at], y),
+            KTiles::Iq4Xs(t) => gemv_iq4xs(isa, &t[at], y),
+        }
+    }
+}
+
+impl RepackedMatrix {
+    /// Whether weights of `ty` repack into [`KTiles`] (so [`Self::k_tiles`] of their
+    /// repacked matrix is `Some`) and [`Self::supports`] repacking them on this CPU.
+    pub fn gives_k_tiles(ty: GgmlType) -> bool {
+        matches!(ty, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Iq4Xs) && Self::supports(ty)
+    }
+
+    /// The tiles as [`KTiles`], or `None` for the Q8_0-activation types.
+    pub(crate) fn k_tiles(&self) -> Option<KTiles<'_>> {
+        match &self.tiles {
+            Tiles::Q4K(t) => Some(KTiles::Q4K(t)),
+            Tiles::Q6K(t) => Some(KTiles::Q6K(t)),
+            Tiles::Iq4Xs(t) => Some(KTiles::Iq4Xs(t)),
+            Tiles::Q8_0(_) | Tiles::Q5_0(_) | Tiles::Iq4Nl(_) => None,
         }
     }
 }

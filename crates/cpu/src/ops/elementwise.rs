@@ -115,6 +115,30 @@ pub fn map(
     Ok(())
 }
 
+/// `y = silu(y)` over the pool, vectorised with the bits of [`silu`].
+pub fn silu_inplace(pool: &ThreadPool, y: &mut [f32]) {
+    let n = y.len();
+    let isa = VecIsa::detect();
+    par_rows(pool, y, ELEM_ROW, n >= PAR_MIN_ELEMS, &|_, ys| {
+        isa.silu_in_place(ys)
+    });
+}
+
+/// `out = silu(x)` over the pool, vectorised with the bits of [`silu`]; `x` holds at
+/// least `out.len()` values.
+pub fn silu_into(pool: &ThreadPool, x: &[f32], out: &mut [f32]) -> Result<(), String> {
+    let n = out.len();
+    if x.len() < n {
+        return Err(format!("silu: {} inputs for {n} outputs", x.len()));
+    }
+    let isa = VecIsa::detect();
+    par_rows(pool, out, ELEM_ROW, n >= PAR_MIN_ELEMS, &|r0, ys| {
+        let s = r0 * ELEM_ROW;
+        isa.silu(&x[s..s + ys.len()], ys);
+    });
+    Ok(())
+}
+
 /// `out = silu(gate) * up` in one pass, bit-identical to `silu` followed by `mul`.
 pub fn swiglu(pool: &ThreadPool, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), String> {
     gated(pool, "swiglu", gate, up, out, &swiglu_slice)

@@ -101,6 +101,33 @@ impl VecIsa {
         }
     }
 
+    /// `y[i] = silu(y[i])`, with the bits of [`silu`].
+    pub fn silu_in_place(self, y: &mut [f32]) {
+        match self {
+            VecIsa::Scalar => y.iter_mut().for_each(|v| *v = silu(*v)),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` exists only after AVX2 and FMA were detected; source and
+            // destination are the same `y.len()` values.
+            VecIsa::Avx2 => unsafe { avx2::silu(y.as_ptr(), y.as_mut_ptr(), y.len()) },
+        }
+    }
+
+    /// `out[i] = silu(x[i])` over the common length, with the bits of [`silu`].
+    pub fn silu(self, x: &[f32], out: &mut [f32]) {
+        let n = out.len().min(x.len());
+        match self {
+            VecIsa::Scalar => {
+                for (o, &v) in out[..n].iter_mut().zip(&x[..n]) {
+                    *o = silu(v);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` exists only after AVX2 and FMA were detected; both slices
+            // hold `n` values.
+            VecIsa::Avx2 => unsafe { avx2::silu(x.as_ptr(), out.as_mut_ptr(), n) },
+        }
+    }
+
     /// `out[i] = silu(gate[i]) * up[i]` over the common length, with [`silu`].
     pub fn swiglu(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
         let n = out.len().min(gate.len()).min(up.len());
@@ -204,6 +231,33 @@ mod avx2 {
         exp_sub_scalar(&mut s[i..], mx);
     }
 
+    /// `dst[i] = silu(src[i])` for `i < n`, the steps of [`super::silu`]: `-x` (exact),
+    /// [`exp8`], `1 + e` and the division, each rounded as the scalar code rounds it.
+    /// `src` may equal `dst` (each value is read before it is written).
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; `src` and `dst` hold `n` values each.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn silu(src: *const f32, dst: *mut f32, n: usize) {
+        let one = _mm256_set1_ps(1.0);
+        let sign = _mm256_set1_ps(-0.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n values at both pointers.
+            unsafe {
+                let x = _mm256_loadu_ps(src.add(i));
+                let e = exp8(_mm256_xor_ps(x, sign));
+                _mm256_storeu_ps(dst.add(i), _mm256_div_ps(x, _mm256_add_ps(one, e)));
+            }
+            i += 8;
+        }
+        while i < n {
+            // SAFETY: i < n.
+            unsafe { *dst.add(i) = super::silu(*src.add(i)) };
+            i += 1;
+        }
+    }
+
     /// # Safety
     /// AVX2 and FMA must be available; the slices have equal lengths.
     #[target_feature(enable = "avx2,fma")]
@@ -274,6 +328,35 @@ mod tests {
             }
         }
         assert!(checked > 30_000_000);
+    }
+
+    /// The SiLU kernels (in place and not) give [`silu`]'s bits, specials and tails too.
+    #[test]
+    fn silu_kernels_give_the_scalar_bits() {
+        let mut r = Rng::new(23);
+        let mut xs: Vec<f32> = (0..1003).map(|_| r.f32() * 60.0 - 30.0).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            88.5,
+            -95.0,
+            -200.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
+        let want: Vec<u32> = xs.iter().map(|&x| silu(x).to_bits()).collect();
+        for isa in [VecIsa::Scalar, VecIsa::detect()] {
+            for n in [0, 5, 8, 13, xs.len()] {
+                let mut out = vec![f32::NAN; n];
+                isa.silu(&xs[..n], &mut out);
+                let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want[..n], "{isa:?} n {n}");
+                let mut y = xs[..n].to_vec();
+                isa.silu_in_place(&mut y);
+                let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want[..n], "{isa:?} in place, n {n}");
+            }
+        }
     }
 
     /// The SIMD kernels give the scalar bits, on the fast path and on lanes that leave it.

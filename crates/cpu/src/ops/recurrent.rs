@@ -120,6 +120,11 @@ pub fn ssm_conv(
                 win.fill(0.0);
             }
             let xt = &x[t * c..(t + 1) * c];
+            if k == 4 {
+                // The kernel width of every model so far: the same steps, unrolled.
+                conv_fixed::<3, 4>(win, &w[lo * k..hi * k], &xt[lo..hi], o);
+                continue;
+            }
             for ch in lo..hi {
                 let wr = &w[ch * k..(ch + 1) * k];
                 let wc = &mut win[(ch - lo) * km..(ch - lo + 1) * km];
@@ -130,7 +135,10 @@ pub fn ssm_conv(
                 acc += xt[ch] * wr[km];
                 o[ch - lo] = acc;
                 if km > 0 {
-                    wc.copy_within(1.., 0);
+                    // An element loop: a window is a few values, too short for a memmove call.
+                    for i in 1..km {
+                        wc[i - 1] = wc[i];
+                    }
                     wc[km - 1] = xt[ch];
                 }
             }
@@ -147,6 +155,32 @@ pub fn ssm_conv(
         });
     }
     Ok(())
+}
+
+/// One token's convolution over a run of channels with windows of `KM = K - 1` values
+/// and weights of `K`: [`ssm_conv`]'s per-channel steps in the same order, with the
+/// widths known at compile time. `win`, `w`, `xt` and `o` hold the same channels.
+#[inline]
+fn conv_fixed<const KM: usize, const K: usize>(
+    win: &mut [f32],
+    w: &[f32],
+    xt: &[f32],
+    o: &mut [f32],
+) {
+    let (wins, _) = win.as_chunks_mut::<KM>();
+    let (ws, _) = w.as_chunks::<K>();
+    for (((wc, wr), &xv), oc) in wins.iter_mut().zip(ws).zip(xt).zip(o.iter_mut()) {
+        let mut acc = 0.0f32;
+        for (&v, &wj) in wc.iter().zip(wr) {
+            acc += v * wj;
+        }
+        acc += xv * wr[KM];
+        *oc = acc;
+        for i in 1..KM {
+            wc[i - 1] = wc[i];
+        }
+        wc[KM - 1] = xv;
+    }
 }
 
 /// The inputs of [`delta_net`] besides the state.
@@ -246,10 +280,10 @@ pub fn delta_net(
                     mat.fill(0.0);
                 }
                 for (j, r) in mat.chunks_exact_mut(sk).enumerate() {
-                    r.iter_mut().for_each(|x| *x *= decay);
-                    let delta = (v[j] - isa.dot(r, &k)) * b;
-                    isa.axpy(r, delta, &k);
-                    o[j] = isa.dot(r, &q) * scale;
+                    // Decay, read, write, read: two passes over the row (`delta_row`),
+                    // with the bits of the four separate steps.
+                    let delta = (v[j] - isa.scale_dot(r, decay, &k)) * b;
+                    o[j] = isa.axpy_dot(r, delta, &k, &q) * scale;
                 }
             }
         }
@@ -318,6 +352,46 @@ mod tests {
         };
         delta_net(&pool, VecIsa::detect(), &args, &mut state, &mut out).unwrap();
         [conv, conv_state, out, state]
+    }
+
+    /// The unrolled width-4 convolution gives the bits of the per-channel steps written
+    /// out here (window dot in order, then the new input), and shifts the windows.
+    #[test]
+    fn width_four_convolution_gives_the_reference_bits() {
+        let m = meta(2);
+        let toks = [(false, 1), (false, 0), (true, 1), (false, 1)];
+        let nt = toks.len();
+        let mut r = Rng::new(43);
+        let x = r.vec(m.channels * nt, 1.0);
+        let w = r.vec(m.channels * 4, 0.5);
+        let state0 = r.vec(m.conv_slot() * m.slots, 1.0);
+        let mut state = state0.clone();
+        let mut out = vec![0.0; m.channels * nt];
+        ssm_conv(&ThreadPool::new(2), &m, &x, &toks, &mut state, &w, &mut out).unwrap();
+        let mut want_state = state0;
+        for (t, &(fresh, s)) in toks.iter().enumerate() {
+            for ch in 0..m.channels {
+                let at = s * m.conv_slot() + ch * 3;
+                let win = &mut want_state[at..at + 3];
+                if fresh {
+                    win.fill(0.0);
+                }
+                let wr = &w[ch * 4..ch * 4 + 4];
+                let xv = x[t * m.channels + ch];
+                let mut acc = 0.0f32;
+                acc += win[0] * wr[0];
+                acc += win[1] * wr[1];
+                acc += win[2] * wr[2];
+                acc += xv * wr[3];
+                assert_eq!(
+                    out[t * m.channels + ch].to_bits(),
+                    acc.to_bits(),
+                    "t {t} ch {ch}"
+                );
+                win.copy_from_slice(&[win[1], win[2], xv]);
+            }
+        }
+        assert_eq!(state, want_state);
     }
 
     #[test]
