@@ -1,6 +1,6 @@
 //! The 512-bit VNNI tile kernels: two row groups (sixteen output rows) per call, the first
 //! group in the low 256 bits of every register and the second in the high ones. The
-//! 32-element types (Q8_0, Q5_0) are here, the super-block types in `kquant`.
+//! 32-element types (Q8_0, Q5_0, IQ4_NL) are here, the super-block types in `kquant`.
 //!
 //! Where a core runs 512-bit `vpdpbusd` on two ports (Intel server cores), a 512-bit
 //! instruction does twice the multiply-adds of a 256-bit one at the same rate, so the
@@ -15,6 +15,8 @@
 //! instead of the sign trick's two.
 
 use super::repack::{Act, TileQ5, TileQ8};
+use super::repack_nl::TileIq4Nl;
+use minfer_gguf::quant::KVALUES_IQ4NL;
 use std::arch::x86_64::*;
 
 mod kquant;
@@ -186,6 +188,51 @@ pub(crate) unsafe fn gemv2_q5<const NT: usize>(
         }
         for t in 0..NT {
             acc[t] = scale_acc(acc[t], dw, sum[t], y[t].1[b], 16 * y[t].2[b]);
+        }
+    }
+    store(acc)
+}
+
+/// IQ4_NL tiles `w0` and `w1` against `NT` activation rows, as [`gemv2_q8`] (the steps of
+/// `repack_nl`'s VNNI kernel: levels `K + 128` by byte shuffle, `128 · Σ y` taken off).
+///
+/// # Safety
+/// As [`gemv2_q8`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn gemv2_iq4nl<const NT: usize>(
+    w0: &[TileIq4Nl],
+    w1: &[TileIq4Nl],
+    y: [Act<'_>; NT],
+) -> [[f32; 16]; NT] {
+    let n = w0.len();
+    let (w1, y) = (&w1[..n], y.map(|a| (&a.q[..n], &a.d[..n], &a.s[..n])));
+    let shifted: [u8; 16] = KVALUES_IQ4NL.map(|k| (k as i32 + 128) as u8);
+    // SAFETY: 16 bytes.
+    let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(shifted.as_ptr().cast()) });
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); NT];
+    for (b, (t0, t1)) in w0.iter().zip(w1).enumerate() {
+        let dw = scales(&t0.d, &t1.d);
+        let mut u = [_mm512_setzero_si512(); 8];
+        for m in 0..4 {
+            // SAFETY: 32 bytes at 32m + 32 <= 128 of each tile's `nib`.
+            let q = unsafe { join(t0.nib.as_ptr().add(32 * m), t1.nib.as_ptr().add(32 * m)) };
+            u[2 * m] = _mm512_shuffle_epi8(table, _mm512_and_si512(q, m4));
+            u[2 * m + 1] =
+                _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
+        }
+        let mut sum = [[_mm512_setzero_si512(); 2]; NT];
+        for (k, uk) in u.iter().enumerate() {
+            for t in 0..NT {
+                // SAFETY: 4k + 4 <= 32 bytes of the block's levels.
+                let yk = unsafe { bcast4(y[t].0[b].qs.as_ptr().add(4 * k)) };
+                let s = &mut sum[t][k % 2];
+                *s = _mm512_dpbusd_epi32(*s, *uk, yk);
+            }
+        }
+        for t in 0..NT {
+            acc[t] = scale_acc(acc[t], dw, sum[t], y[t].1[b], 128 * y[t].2[b]);
         }
     }
     store(acc)
