@@ -9,7 +9,7 @@
 //! (`to=functions.NAME`, its body the arguments, the turn ending at `<|call|>`) into a
 //! tool call. Output that does not open with a header passes as answer text.
 
-use crate::reasoning::Part;
+use crate::part::Part;
 use crate::tools::partial_tag;
 
 const START: &str = "<|start|>";

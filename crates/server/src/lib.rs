@@ -35,6 +35,7 @@ pub mod job;
 pub mod metrics;
 pub mod models;
 pub mod params;
+pub mod part;
 pub mod prompt_cache;
 pub mod reasoning;
 mod routes;

@@ -8,6 +8,7 @@
 //! `api::thinking`.
 
 use crate::harmony::HarmonySplitter;
+pub use crate::part::Part;
 use crate::tools::{partial_tag, OPEN as CALL_OPEN};
 
 /// The tag that opens a reasoning block.
@@ -81,23 +82,6 @@ impl Splitter {
 pub fn opened_by(prompt: &str) -> bool {
     let t = prompt.trim_end();
     t.ends_with(OPEN)
-}
-
-/// A piece of split output.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Part {
-    /// Text inside the reasoning block.
-    Reasoning(String),
-    /// Answer text.
-    Content(String),
-    /// A whole tool call in the model's own message format (harmony's `to=functions.NAME`
-    /// messages): the function's name and its arguments as written.
-    Call {
-        /// The function's name.
-        name: String,
-        /// The arguments' text.
-        arguments: String,
-    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

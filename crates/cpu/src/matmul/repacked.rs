@@ -12,11 +12,12 @@
 
 use super::{check_shapes, Disjoint, MatmulError, MatmulScratch, QMatrix};
 use crate::hugemem::HugeVec;
-use crate::quant::repack::{act_sidecar, gemv, gemv_wide, Act, Tile, TileQ5, TileQ8};
-use crate::quant::repack_k::{gemv_q4k, gemv_q4k_wide, TileQ4K};
-use crate::quant::repack_k6::{gemv_q6k, gemv_q6k_wide, TileQ6K};
+use crate::quant::repack::{act_sidecar, gemv, Act, Tile, TileQ5, TileQ8};
+use crate::quant::repack_k::{gemv_q4k, TileQ4K};
+use crate::quant::repack_k6::{gemv_q6k, TileQ6K};
 use crate::quant::repack_nl::TileIq4Nl;
-use crate::quant::repack_xs::{gemv_iq4xs, gemv_iq4xs_wide, TileIq4Xs};
+use crate::quant::repack_xs::{gemv_iq4xs, TileIq4Xs};
+use crate::quant::wide::{gemv_wide, gemv_wide_k, Wide32};
 use crate::quant::{q8_0_into, q8_k_into, Isa};
 use crate::threadpool::{chunk_range, ThreadPool};
 use minfer_gguf::quant::{cast_blocks, Block, BlockQ8K, BlockQ8_0};
@@ -587,7 +588,7 @@ fn flag_none<const N: usize>(
 
 /// Runs a 32-element tile type against Q8_0 activations.
 #[allow(clippy::too_many_arguments)]
-fn run_q8<T: Tile>(
+fn run_q8<T: Tile + Wide32>(
     isa: Isa,
     pool: &ThreadPool,
     tiles: &[T],
@@ -663,7 +664,7 @@ impl KTile for TileQ4K {
         w1: &[Self],
         y: [&[BlockQ8K]; NT],
     ) -> Option<[[f32; 2 * ROWS]; NT]> {
-        gemv_q4k_wide(isa, w0, w1, y)
+        gemv_wide_k(isa, w0, w1, y)
     }
 }
 
@@ -678,7 +679,7 @@ impl KTile for TileIq4Xs {
         w1: &[Self],
         y: [&[BlockQ8K]; NT],
     ) -> Option<[[f32; 2 * ROWS]; NT]> {
-        gemv_iq4xs_wide(isa, w0, w1, y)
+        gemv_wide_k(isa, w0, w1, y)
     }
 }
 
@@ -693,7 +694,7 @@ impl KTile for TileQ6K {
         w1: &[Self],
         y: [&[BlockQ8K]; NT],
     ) -> Option<[[f32; 2 * ROWS]; NT]> {
-        gemv_q6k_wide(isa, w0, w1, y)
+        gemv_wide_k(isa, w0, w1, y)
     }
 }
 

@@ -90,7 +90,17 @@ impl VecIsa {
             if super::vec512::enabled() {
                 // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were
                 // detected; the rows are in bounds (checked above).
-                unsafe { super::vec512::dot_rows2(qa, qb, k, stride, first, out_a, out_b) };
+                let done =
+                    unsafe { super::vec512::dot_rows2(qa, qb, k, stride, first, out_a, out_b) };
+                if done < out_a.len() {
+                    // The rest row by row, as the AVX2 kernel takes it.
+                    let first = first + done * stride;
+                    // SAFETY: as above.
+                    unsafe {
+                        avx2::dot_rows(qa, k, stride, first, &mut out_a[done..]);
+                        avx2::dot_rows(qb, k, stride, first, &mut out_b[done..]);
+                    }
+                }
                 return;
             }
         }
@@ -125,7 +135,11 @@ impl VecIsa {
             // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
             // rows are in bounds (checked above); the length is whole registers of eight.
             VecIsa::Avx2 if o.len().is_multiple_of(8) && super::vec512::enabled() => unsafe {
-                super::vec512::weighted_rows_acc(p, v, stride, first, o)
+                let done = super::vec512::weighted_rows_acc(p, v, stride, first, o);
+                // The last partial chunk as the AVX2 kernel computes it.
+                if done < o.len() {
+                    avx2::weighted_rows_acc(p, v, stride, first + done, &mut o[done..]);
+                }
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` exists only after AVX2 and FMA were detected; rows are in bounds.
@@ -158,7 +172,14 @@ impl VecIsa {
             check_rows(oa.len(), v.len(), stride, first, pa.len());
             // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
             // the rows are in bounds (checked above); whole registers of eight.
-            unsafe { super::vec512::weighted_rows_acc2(pa, pb, v, stride, first, oa, ob) };
+            unsafe {
+                let done = super::vec512::weighted_rows_acc2(pa, pb, v, stride, first, oa, ob);
+                if done < oa.len() {
+                    let first = first + done;
+                    avx2::weighted_rows_acc(pa, v, stride, first, &mut oa[done..]);
+                    avx2::weighted_rows_acc(pb, v, stride, first, &mut ob[done..]);
+                }
+            }
             return;
         }
         self.weighted_rows_acc(pa, v, stride, first, oa);
@@ -234,40 +255,6 @@ pub fn axpy_scalar(y: &mut [f32], a: f32, x: &[f32]) {
     for (y, x) in y.iter_mut().zip(x) {
         *y += a * x;
     }
-}
-
-/// The AVX2 `dot_rows`, for the 512-bit module's tails.
-///
-/// # Safety
-/// AVX2 and FMA must be available; every row read lies inside `k`.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-pub(super) unsafe fn avx2_dot_rows(
-    q: &[f32],
-    k: &[f32],
-    stride: usize,
-    first: usize,
-    out: &mut [f32],
-) {
-    // SAFETY: as the caller guarantees.
-    unsafe { avx2::dot_rows(q, k, stride, first, out) }
-}
-
-/// The AVX2 `weighted_rows_acc`, for the 512-bit module's tails.
-///
-/// # Safety
-/// AVX2 and FMA must be available; every row read lies inside `v`.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-pub(super) unsafe fn avx2_weighted_rows_acc(
-    p: &[f32],
-    v: &[f32],
-    stride: usize,
-    first: usize,
-    o: &mut [f32],
-) {
-    // SAFETY: as the caller guarantees.
-    unsafe { avx2::weighted_rows_acc(p, v, stride, first, o) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -516,5 +503,70 @@ mod tests {
         let mut y = vec![1.0; 3];
         VecIsa::Scalar.scale(&mut y, 0.5);
         assert_eq!(y, vec![0.5; 3]);
+    }
+}
+
+/// The 512-bit attention primitives (`vec512`) against the AVX2 ones, bit for bit.
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests512 {
+    use super::{avx2, VecIsa};
+    use crate::quant::testutil::rand_f32;
+
+    /// Two-row scores equal two AVX2 `dot_rows` calls bit for bit, for head sizes with and
+    /// without the 512-bit path, key counts with and without a tail, and strided rows.
+    #[test]
+    fn two_row_scores_are_the_avx2_bits() {
+        if !super::super::vec512::enabled() {
+            return;
+        }
+        for hd in [8, 64, 128, 256, 72, 12] {
+            for n in [1, 7, 8, 13, 64] {
+                let stride = hd + 16;
+                let k = rand_f32(stride * (n + 2), hd as u64 + n as u64, 1.0);
+                let (qa, qb) = (rand_f32(hd, 1, 1.0), rand_f32(hd, 2, 1.0));
+                let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+                VecIsa::Avx2.dot_rows2(&qa, &qb, &k, stride, 5, &mut a, &mut b);
+                let (mut wa, mut wb) = (vec![0.0; n], vec![0.0; n]);
+                // SAFETY: `enabled` implies AVX2 and FMA; rows are in bounds.
+                unsafe {
+                    avx2::dot_rows(&qa, &k, stride, 5, &mut wa);
+                    avx2::dot_rows(&qb, &k, stride, 5, &mut wb);
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&wa), "row a, hd={hd} n={n}");
+                assert_eq!(bits(&b), bits(&wb), "row b, hd={hd} n={n}");
+            }
+        }
+    }
+
+    /// The 512-bit weighted sum equals the AVX2 one bit for bit.
+    #[test]
+    fn weighted_sums_are_the_avx2_bits() {
+        if !super::super::vec512::enabled() {
+            return;
+        }
+        for hd in [8, 64, 128, 256, 72, 136] {
+            for n in [1, 9, 64] {
+                let stride = hd + 8;
+                let v = rand_f32(stride * (n + 1), hd as u64 * 7 + n as u64, 1.0);
+                let p = rand_f32(n, 3, 1.0);
+                let start = rand_f32(hd, 4, 1.0);
+                let (mut a, mut b) = (start.clone(), start.clone());
+                VecIsa::Avx2.weighted_rows_acc(&p, &v, stride, 3, &mut a);
+                // SAFETY: `enabled` implies AVX2 and FMA; rows are in bounds.
+                unsafe { avx2::weighted_rows_acc(&p, &v, stride, 3, &mut b) };
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "hd={hd} n={n}");
+                // Two rows at once: each the bits of its own AVX2 call.
+                let p2 = rand_f32(n, 5, 1.0);
+                let (mut c, mut d) = (start.clone(), start.clone());
+                VecIsa::Avx2.weighted_rows_acc2(&p, &p2, &v, stride, 3, &mut c, &mut d);
+                let mut e = start.clone();
+                // SAFETY: as above.
+                unsafe { avx2::weighted_rows_acc(&p2, &v, stride, 3, &mut e) };
+                assert_eq!(bits(&c), bits(&b), "pair row a, hd={hd} n={n}");
+                assert_eq!(bits(&d), bits(&e), "pair row b, hd={hd} n={n}");
+            }
+        }
     }
 }

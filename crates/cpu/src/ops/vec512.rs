@@ -35,7 +35,9 @@ fn hadd(a: __m512, b: __m512) -> __m512 {
 }
 
 /// Scores of two query rows against the same keys: `out_a[i] = qa · k_i` and
-/// `out_b[i] = qb · k_i`, bitwise the AVX2 `dot_rows` of each row.
+/// `out_b[i] = qb · k_i`, bitwise the AVX2 `dot_rows` of each row, for the keys of whole
+/// groups of eight (none where the head size has no 512-bit path); returns how many keys
+/// it did, the caller takes the rest as the AVX2 kernel does.
 ///
 /// # Safety
 /// AVX2, FMA and AVX-512 F; `qa`, `qb` of one length; every key row read lies inside `k`;
@@ -49,7 +51,7 @@ pub(super) unsafe fn dot_rows2(
     first: usize,
     out_a: &mut [f32],
     out_b: &mut [f32],
-) {
+) -> usize {
     let (hd, n) = (qa.len(), out_a.len());
     let pk = k.as_ptr();
     let mut i = 0;
@@ -105,24 +107,15 @@ pub(super) unsafe fn dot_rows2(
             i += 8;
         }
     }
-    if i < n {
-        // The tail, row by row, as the AVX2 kernel takes it.
-        let (qb_len, tail) = (qb.len(), n - i);
-        debug_assert_eq!(qb_len, hd);
-        let first = first + i * stride;
-        // SAFETY: AVX2 and FMA are enabled here; the rows are inside `k`.
-        unsafe {
-            super::vec::avx2_dot_rows(qa, k, stride, first, &mut out_a[i..i + tail]);
-            super::vec::avx2_dot_rows(qb, k, stride, first, &mut out_b[i..i + tail]);
-        }
-    }
+    i
 }
 
 /// `o += Σ_i p[i] * v[first + i*stride ..][..o.len()]`, bitwise the AVX2
-/// `weighted_rows_acc` (one FMA per element and row, rows in order).
+/// `weighted_rows_acc` (one FMA per element and row, rows in order), for the elements of
+/// whole chunks of 64; returns how many elements it did (the caller takes the rest).
 ///
 /// # Safety
-/// AVX2, FMA and AVX-512 F; every row read lies inside `v`; `o.len()` is a multiple of 8.
+/// AVX2, FMA and AVX-512 F; every row read lies inside `v`.
 #[target_feature(enable = "avx2,fma,avx512f")]
 pub(super) unsafe fn weighted_rows_acc(
     p: &[f32],
@@ -130,7 +123,7 @@ pub(super) unsafe fn weighted_rows_acc(
     stride: usize,
     first: usize,
     o: &mut [f32],
-) {
+) -> usize {
     let hd = o.len();
     let pv = v.as_ptr();
     let mut c0 = 0;
@@ -155,17 +148,13 @@ pub(super) unsafe fn weighted_rows_acc(
         }
         c0 += 64;
     }
-    if c0 < hd {
-        // The last partial chunk as the AVX2 kernel computes it.
-        // SAFETY: AVX2 and FMA are enabled here; the rows are inside `v`.
-        unsafe { super::vec::avx2_weighted_rows_acc(p, v, stride, first + c0, &mut o[c0..]) };
-    }
+    c0
 }
 
 /// [`weighted_rows_acc`] for two weight rows over the same value rows, into `oa` and
 /// `ob`: each value chunk is loaded once for both, and the two rows' eight accumulators
 /// are independent chains (four would wait on the multiply-add latency). Bitwise two
-/// calls of [`weighted_rows_acc`].
+/// calls of [`weighted_rows_acc`]; returns how many elements of each it did.
 ///
 /// # Safety
 /// As [`weighted_rows_acc`]; `pa`, `pb` of one length and `oa`, `ob` of one length.
@@ -178,7 +167,7 @@ pub(super) unsafe fn weighted_rows_acc2(
     first: usize,
     oa: &mut [f32],
     ob: &mut [f32],
-) {
+) -> usize {
     let hd = oa.len();
     let pv = v.as_ptr();
     let mut c0 = 0;
@@ -210,75 +199,5 @@ pub(super) unsafe fn weighted_rows_acc2(
         }
         c0 += 64;
     }
-    if c0 < hd {
-        // SAFETY: AVX2 and FMA are enabled here; the rows are inside `v`.
-        unsafe {
-            super::vec::avx2_weighted_rows_acc(pa, v, stride, first + c0, &mut oa[c0..]);
-            super::vec::avx2_weighted_rows_acc(pb, v, stride, first + c0, &mut ob[c0..]);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::vec::VecIsa;
-    use crate::quant::testutil::rand_f32;
-
-    /// Two-row scores equal two AVX2 `dot_rows` calls bit for bit, for head sizes with and
-    /// without the 512-bit path, key counts with and without a tail, and strided rows.
-    #[test]
-    fn two_row_scores_are_the_avx2_bits() {
-        if !super::enabled() {
-            return;
-        }
-        for hd in [8, 64, 128, 256, 72, 12] {
-            for n in [1, 7, 8, 13, 64] {
-                let stride = hd + 16;
-                let k = rand_f32(stride * (n + 2), hd as u64 + n as u64, 1.0);
-                let (qa, qb) = (rand_f32(hd, 1, 1.0), rand_f32(hd, 2, 1.0));
-                let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
-                VecIsa::Avx2.dot_rows2(&qa, &qb, &k, stride, 5, &mut a, &mut b);
-                let (mut wa, mut wb) = (vec![0.0; n], vec![0.0; n]);
-                // SAFETY: `enabled` implies AVX2 and FMA; rows are in bounds.
-                unsafe {
-                    super::super::vec::avx2_dot_rows(&qa, &k, stride, 5, &mut wa);
-                    super::super::vec::avx2_dot_rows(&qb, &k, stride, 5, &mut wb);
-                }
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&a), bits(&wa), "row a, hd={hd} n={n}");
-                assert_eq!(bits(&b), bits(&wb), "row b, hd={hd} n={n}");
-            }
-        }
-    }
-
-    /// The 512-bit weighted sum equals the AVX2 one bit for bit.
-    #[test]
-    fn weighted_sums_are_the_avx2_bits() {
-        if !super::enabled() {
-            return;
-        }
-        for hd in [8, 64, 128, 256, 72, 136] {
-            for n in [1, 9, 64] {
-                let stride = hd + 8;
-                let v = rand_f32(stride * (n + 1), hd as u64 * 7 + n as u64, 1.0);
-                let p = rand_f32(n, 3, 1.0);
-                let start = rand_f32(hd, 4, 1.0);
-                let (mut a, mut b) = (start.clone(), start.clone());
-                VecIsa::Avx2.weighted_rows_acc(&p, &v, stride, 3, &mut a);
-                // SAFETY: `enabled` implies AVX2 and FMA; rows are in bounds.
-                unsafe { super::super::vec::avx2_weighted_rows_acc(&p, &v, stride, 3, &mut b) };
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&a), bits(&b), "hd={hd} n={n}");
-                // Two rows at once: each the bits of its own AVX2 call.
-                let p2 = rand_f32(n, 5, 1.0);
-                let (mut c, mut d) = (start.clone(), start.clone());
-                VecIsa::Avx2.weighted_rows_acc2(&p, &p2, &v, stride, 3, &mut c, &mut d);
-                let mut e = start.clone();
-                // SAFETY: as above.
-                unsafe { super::super::vec::avx2_weighted_rows_acc(&p2, &v, stride, 3, &mut e) };
-                assert_eq!(bits(&c), bits(&b), "pair row a, hd={hd} n={n}");
-                assert_eq!(bits(&d), bits(&e), "pair row b, hd={hd} n={n}");
-            }
-        }
-    }
+    c0
 }

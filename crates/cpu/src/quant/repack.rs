@@ -72,21 +72,6 @@ pub(crate) trait Tile: bytemuck::Pod + Send + Sync {
     /// The CPU must support AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI.
     #[cfg(target_arch = "x86_64")]
     unsafe fn gemv_vnni<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT];
-
-    /// The 512-bit VNNI kernel over two row groups (`quant::wide`): the sixteen row
-    /// results of `w0` then `w1` per token, bitwise those of two [`Self::gemv_vnni`]
-    /// calls; `None` for a type without one.
-    ///
-    /// # Safety
-    /// As [`Self::gemv_vnni`]; `w1` holds at least `w0.len()` blocks.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn gemv_wide<const NT: usize>(
-        _w0: &[Self],
-        _w1: &[Self],
-        _y: [Act<'_>; NT],
-    ) -> Option<[[f32; 16]; NT]> {
-        None
-    }
 }
 
 /// One activation row: Q8_0 blocks with their scales widened to f32 and their level sums.
@@ -157,17 +142,6 @@ impl Tile for TileQ8 {
     unsafe fn gemv_vnni<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT] {
         // SAFETY: the caller guarantees the features.
         unsafe { vnni::gemv_q8(w, y) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    unsafe fn gemv_wide<const NT: usize>(
-        w0: &[Self],
-        w1: &[Self],
-        y: [Act<'_>; NT],
-    ) -> Option<[[f32; 16]; NT]> {
-        // SAFETY: the caller guarantees the features and the lengths.
-        Some(unsafe { super::wide::gemv2_q8(w0, w1, y) })
     }
 }
 
@@ -260,17 +234,6 @@ impl Tile for TileQ5 {
     unsafe fn gemv_vnni<const NT: usize>(w: &[Self], y: [Act<'_>; NT]) -> [[f32; 8]; NT] {
         // SAFETY: the caller guarantees the features.
         unsafe { vnni::gemv_q5(w, y) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    unsafe fn gemv_wide<const NT: usize>(
-        w0: &[Self],
-        w1: &[Self],
-        y: [Act<'_>; NT],
-    ) -> Option<[[f32; 16]; NT]> {
-        // SAFETY: the caller guarantees the features and the lengths.
-        Some(unsafe { super::wide::gemv2_q5(w0, w1, y) })
     }
 }
 
@@ -462,24 +425,6 @@ mod avx2 {
             }
         }
         store(acc)
-    }
-}
-
-/// The 512-bit kernel of `T` over two row groups where `isa` is the VNNI one and `T` has
-/// it (see [`Tile::gemv_wide`]); `None` otherwise.
-#[inline]
-pub(crate) fn gemv_wide<T: Tile, const NT: usize>(
-    isa: super::Isa,
-    w0: &[T],
-    w1: &[T],
-    y: [Act<'_>; NT],
-) -> Option<[[f32; 16]; NT]> {
-    match isa.0 {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a `Vnni` value exists only after runtime detection of its features
-        // (AVX-512 F/BW/VL/VNNI among them); the caller passes equal-length row groups.
-        super::IsaKind::Vnni if w1.len() >= w0.len() => unsafe { T::gemv_wide(w0, w1, y) },
-        _ => None,
     }
 }
 

@@ -229,26 +229,6 @@ pub(crate) fn gemv_q6k<const NT: usize>(
     }
 }
 
-/// The 512-bit kernel over two row groups where `isa` is the VNNI one (`quant::wide`);
-/// `None` otherwise.
-#[inline]
-pub(crate) fn gemv_q6k_wide<const NT: usize>(
-    isa: super::Isa,
-    w0: &[TileQ6K],
-    w1: &[TileQ6K],
-    y: [&[BlockQ8K]; NT],
-) -> Option<[[f32; 16]; NT]> {
-    match isa.0 {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a `Vnni` value exists only after runtime detection of its features
-        // (AVX-512 F/BW/VL/VNNI among them); `w1` is at least as long as `w0`.
-        super::IsaKind::Vnni if w1.len() >= w0.len() => {
-            Some(unsafe { super::wide::gemv2_q6k(w0, w1, y) })
-        }
-        _ => None,
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 /// The AVX-512 VNNI kernels of these tiles: the AVX2 ones with the integer dots done by
 /// `vpdpbusd` (the shared steps, and why the bits stay equal, are in `quant::vnni`).

@@ -76,17 +76,6 @@ impl Tile for TileIq4Nl {
         // SAFETY: the caller guarantees the features.
         unsafe { gemv_vnni(w, y) }
     }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    unsafe fn gemv_wide<const NT: usize>(
-        w0: &[Self],
-        w1: &[Self],
-        y: [Act<'_>; NT],
-    ) -> Option<[[f32; 16]; NT]> {
-        // SAFETY: the caller guarantees the features and the lengths.
-        Some(unsafe { super::wide::gemv2_iq4nl(w0, w1, y) })
-    }
 }
 
 /// The eight registers of levels looked up in `table` (16 bytes, broadcast to both lanes).

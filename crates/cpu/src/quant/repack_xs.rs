@@ -212,26 +212,6 @@ pub(crate) unsafe fn gemv_iq4xs_vnni<const NT: usize>(
     out
 }
 
-/// The 512-bit kernel over two row groups where `isa` is the VNNI one (`quant::wide`);
-/// `None` otherwise.
-#[inline]
-pub(crate) fn gemv_iq4xs_wide<const NT: usize>(
-    isa: super::Isa,
-    w0: &[TileIq4Xs],
-    w1: &[TileIq4Xs],
-    y: [&[BlockQ8K]; NT],
-) -> Option<[[f32; 16]; NT]> {
-    match isa.0 {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a `Vnni` value exists only after runtime detection of its features
-        // (AVX-512 F/BW/VL/VNNI among them); `w1` is at least as long as `w0`.
-        super::IsaKind::Vnni if w1.len() >= w0.len() => {
-            Some(unsafe { super::wide::gemv2_iq4xs(w0, w1, y) })
-        }
-        _ => None,
-    }
-}
-
 /// Dispatches to the scalar, AVX2 or VNNI IQ4_XS tile kernel.
 #[inline]
 pub(crate) fn gemv_iq4xs<const NT: usize>(

@@ -9,6 +9,71 @@ use super::{dot2, join, scales, store};
 use minfer_gguf::quant::{BlockQ8K, KVALUES_IQ4NL};
 use std::arch::x86_64::*;
 
+/// A super-block tile type with a two-group kernel here.
+pub(crate) trait WideK: Sized {
+    /// The sixteen row results of `w0` then `w1` per token.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI; `w1` and every activation row hold at
+    /// least `w0.len()` super-blocks.
+    unsafe fn gemv2<const NT: usize>(
+        w0: &[Self],
+        w1: &[Self],
+        y: [&[BlockQ8K]; NT],
+    ) -> [[f32; 16]; NT];
+}
+
+impl WideK for TileQ4K {
+    unsafe fn gemv2<const NT: usize>(
+        w0: &[Self],
+        w1: &[Self],
+        y: [&[BlockQ8K]; NT],
+    ) -> [[f32; 16]; NT] {
+        // SAFETY: as the caller guarantees.
+        unsafe { gemv2_q4k(w0, w1, y) }
+    }
+}
+
+impl WideK for TileQ6K {
+    unsafe fn gemv2<const NT: usize>(
+        w0: &[Self],
+        w1: &[Self],
+        y: [&[BlockQ8K]; NT],
+    ) -> [[f32; 16]; NT] {
+        // SAFETY: as the caller guarantees.
+        unsafe { gemv2_q6k(w0, w1, y) }
+    }
+}
+
+impl WideK for TileIq4Xs {
+    unsafe fn gemv2<const NT: usize>(
+        w0: &[Self],
+        w1: &[Self],
+        y: [&[BlockQ8K]; NT],
+    ) -> [[f32; 16]; NT] {
+        // SAFETY: as the caller guarantees.
+        unsafe { gemv2_iq4xs(w0, w1, y) }
+    }
+}
+
+/// The two-group kernel of `T` where `isa` is the VNNI one (bitwise two calls of its
+/// one-group VNNI kernel); `None` otherwise.
+#[inline]
+pub(crate) fn gemv_wide_k<T: WideK, const NT: usize>(
+    isa: super::super::Isa,
+    w0: &[T],
+    w1: &[T],
+    y: [&[BlockQ8K]; NT],
+) -> Option<[[f32; 16]; NT]> {
+    match isa.0 {
+        // SAFETY: a `Vnni` value exists only after runtime detection of its features
+        // (AVX-512 F/BW/VL/VNNI among them); `w1` is at least as long as `w0`, and the
+        // caller sizes the activations to the weights.
+        super::super::IsaKind::Vnni if w1.len() >= w0.len() => Some(unsafe { T::gemv2(w0, w1, y) }),
+        _ => None,
+    }
+}
+
 /// Q4_K tiles `w0` and `w1` (two row groups, the same super-blocks) against `NT` Q8_K
 /// activation rows: the sixteen row results per token, bitwise those of the 256-bit
 /// kernels (`repack_k`: exact scaled level dots and min terms, then the same float steps).
@@ -17,7 +82,7 @@ use std::arch::x86_64::*;
 /// As [`super::gemv2_q8`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn gemv2_q4k<const NT: usize>(
+unsafe fn gemv2_q4k<const NT: usize>(
     w0: &[TileQ4K],
     w1: &[TileQ4K],
     y: [&[BlockQ8K]; NT],
@@ -109,7 +174,7 @@ fn accumulate_q4k(
 /// As [`super::gemv2_q8`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn gemv2_q6k<const NT: usize>(
+unsafe fn gemv2_q6k<const NT: usize>(
     w0: &[TileQ6K],
     w1: &[TileQ6K],
     y: [&[BlockQ8K]; NT],
@@ -194,7 +259,7 @@ pub(crate) unsafe fn gemv2_q6k<const NT: usize>(
 /// As [`super::gemv2_q8`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn gemv2_iq4xs<const NT: usize>(
+unsafe fn gemv2_iq4xs<const NT: usize>(
     w0: &[TileIq4Xs],
     w1: &[TileIq4Xs],
     y: [&[BlockQ8K]; NT],

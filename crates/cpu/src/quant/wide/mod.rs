@@ -20,7 +20,69 @@ use minfer_gguf::quant::KVALUES_IQ4NL;
 use std::arch::x86_64::*;
 
 mod kquant;
-pub(crate) use kquant::{gemv2_iq4xs, gemv2_q4k, gemv2_q6k};
+pub(crate) use kquant::gemv_wide_k;
+
+/// A 32-element tile type with a two-group kernel here.
+pub(crate) trait Wide32: Sized {
+    /// The sixteen row results of `w0` then `w1` per token.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI; `w1` and every activation row hold at
+    /// least `w0.len()` blocks.
+    unsafe fn gemv2<const NT: usize>(w0: &[Self], w1: &[Self], y: [Act<'_>; NT])
+        -> [[f32; 16]; NT];
+}
+
+impl Wide32 for TileQ8 {
+    unsafe fn gemv2<const NT: usize>(
+        w0: &[Self],
+        w1: &[Self],
+        y: [Act<'_>; NT],
+    ) -> [[f32; 16]; NT] {
+        // SAFETY: as the caller guarantees.
+        unsafe { gemv2_q8(w0, w1, y) }
+    }
+}
+
+impl Wide32 for TileQ5 {
+    unsafe fn gemv2<const NT: usize>(
+        w0: &[Self],
+        w1: &[Self],
+        y: [Act<'_>; NT],
+    ) -> [[f32; 16]; NT] {
+        // SAFETY: as the caller guarantees.
+        unsafe { gemv2_q5(w0, w1, y) }
+    }
+}
+
+impl Wide32 for TileIq4Nl {
+    unsafe fn gemv2<const NT: usize>(
+        w0: &[Self],
+        w1: &[Self],
+        y: [Act<'_>; NT],
+    ) -> [[f32; 16]; NT] {
+        // SAFETY: as the caller guarantees.
+        unsafe { gemv2_iq4nl(w0, w1, y) }
+    }
+}
+
+/// The two-group kernel of `T` where `isa` is the VNNI one (bitwise two calls of its
+/// one-group VNNI kernel); `None` otherwise.
+#[inline]
+pub(crate) fn gemv_wide<T: Wide32, const NT: usize>(
+    isa: super::Isa,
+    w0: &[T],
+    w1: &[T],
+    y: [Act<'_>; NT],
+) -> Option<[[f32; 16]; NT]> {
+    match isa.0 {
+        // SAFETY: a `Vnni` value exists only after runtime detection of its features
+        // (AVX-512 F/BW/VL/VNNI among them); `w1` is at least as long as `w0`, and the
+        // caller sizes the activations to the weights.
+        super::IsaKind::Vnni if w1.len() >= w0.len() => Some(unsafe { T::gemv2(w0, w1, y) }),
+        _ => None,
+    }
+}
 
 /// The 32 bytes at `a` in the low half and the 32 at `b` in the high half.
 ///
@@ -94,7 +156,7 @@ fn scale_acc(acc: __m512, dw: __m512, s: [__m512i; 2], dy: f32, off: i32) -> __m
 /// least `w0.len()` blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn gemv2_q8<const NT: usize>(
+unsafe fn gemv2_q8<const NT: usize>(
     w0: &[TileQ8],
     w1: &[TileQ8],
     y: [Act<'_>; NT],
@@ -166,7 +228,7 @@ fn unpack_q5(t0: &TileQ5, t1: &TileQ5) -> [__m512i; 8] {
 /// As [`gemv2_q8`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn gemv2_q5<const NT: usize>(
+unsafe fn gemv2_q5<const NT: usize>(
     w0: &[TileQ5],
     w1: &[TileQ5],
     y: [Act<'_>; NT],
@@ -200,7 +262,7 @@ pub(crate) unsafe fn gemv2_q5<const NT: usize>(
 /// As [`gemv2_q8`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn gemv2_iq4nl<const NT: usize>(
+unsafe fn gemv2_iq4nl<const NT: usize>(
     w0: &[TileIq4Nl],
     w1: &[TileIq4Nl],
     y: [Act<'_>; NT],
