@@ -17,7 +17,7 @@ use crate::quant::repack_k::{gemv_q4k, TileQ4K};
 use crate::quant::repack_k6::{gemv_q6k, TileQ6K};
 use crate::quant::repack_nl::TileIq4Nl;
 use crate::quant::repack_xs::{gemv_iq4xs, TileIq4Xs};
-use crate::quant::wide::{gemv_wide, gemv_wide_k, Wide32};
+use crate::quant::wide::{gemv_wide, gemv_wide_k, wide, Wide, Wide32};
 use crate::quant::{q8_0_into, q8_k_into, Isa};
 use crate::threadpool::{chunk_range, ThreadPool};
 use minfer_gguf::quant::{cast_blocks, Block, BlockQ8K, BlockQ8_0};
@@ -442,9 +442,8 @@ fn quantize_k<'s>(
 type GroupKernel<'a> = dyn Fn(usize, usize, usize) -> [[f32; ROWS]; TOKEN_GROUP] + Sync + 'a;
 
 /// The kernel results of row groups `g` and `g + 1` together (sixteen rows) for up to
-/// [`TOKEN_GROUP`] tokens from `t`, where a two-group kernel exists (`None` otherwise).
-type PairKernel<'a> =
-    dyn Fn(usize, usize, usize) -> Option<[[f32; 2 * ROWS]; TOKEN_GROUP]> + Sync + 'a;
+/// [`TOKEN_GROUP`] tokens from `t`.
+type PairKernel<'a> = dyn Fn(usize, usize, usize) -> [[f32; 2 * ROWS]; TOKEN_GROUP] + Sync + 'a;
 
 /// Calls `f` with `n` (1 to [`TOKEN_GROUP`]) consecutive tokens from `t` as a const-size
 /// array, padding the result to [`TOKEN_GROUP`].
@@ -500,12 +499,9 @@ fn run(
         let mut g = gs.start;
         while g < gs.end {
             if let Some(p) = pair.filter(|_| g + 1 < gs.end) {
-                // Whether the type has a pair kernel shows on the first call, before
-                // anything is written.
-                if pair_rows(&out, rows, g, tokens.clone(), p) {
-                    g += 2;
-                    continue;
-                }
+                pair_rows(&out, rows, g, tokens.clone(), p);
+                g += 2;
+                continue;
             }
             let mut t = tokens.start;
             while t < tokens.end {
@@ -554,36 +550,20 @@ fn write_rows<const W: usize>(
     }
 }
 
-/// Row groups `g` and `g + 1` for `tokens` with the pair kernel `p`; `false` (nothing
-/// written) when the type has none.
+/// Row groups `g` and `g + 1` for `tokens` with the pair kernel `p`.
 fn pair_rows(
     out: &Disjoint<f32>,
     rows: usize,
     g: usize,
     tokens: std::ops::Range<usize>,
     p: &PairKernel<'_>,
-) -> bool {
+) {
     let mut t = tokens.start;
     while t < tokens.end {
         let n = (tokens.end - t).min(TOKEN_GROUP);
-        match p(g, t, n) {
-            Some(res) => write_rows(out, rows, g * ROWS, t, &res[..n]),
-            None => return false,
-        }
+        write_rows(out, rows, g * ROWS, t, &p(g, t, n)[..n]);
         t += n;
     }
-    true
-}
-
-/// `r`'s results, or zeros with `none` set when there were none.
-fn flag_none<const N: usize>(
-    r: Option<[[f32; 2 * ROWS]; N]>,
-    none: &std::cell::Cell<bool>,
-) -> [[f32; 2 * ROWS]; N] {
-    r.unwrap_or_else(|| {
-        none.set(true);
-        [[0.0; 2 * ROWS]; N]
-    })
 }
 
 /// Runs a 32-element tile type against Q8_0 activations.
@@ -615,25 +595,25 @@ fn run_q8<T: Tile + Wide32>(
             |a| gemv(isa, w, a),
         )
     };
-    let pair = |g: usize, t: usize, n: usize| {
-        let (w0, w1) = (
-            &tiles[g * nb..(g + 1) * nb],
-            &tiles[(g + 1) * nb..(g + 2) * nb],
-        );
-        // A type without a pair kernel answers `None` on every call.
-        let none = std::cell::Cell::new(false);
-        let res = by_count(
-            n,
-            t,
-            act,
-            |a| flag_none(gemv_wide(isa, w0, w1, a), &none),
-            |a| flag_none(gemv_wide(isa, w0, w1, a), &none),
-            |a| flag_none(gemv_wide(isa, w0, w1, a), &none),
-            |a| flag_none(gemv_wide(isa, w0, w1, a), &none),
-        );
-        (!none.get()).then_some(res)
-    };
-    run(pool, rows, nt, nb * 34, y, &kern, Some(&pair));
+    let pair = wide(isa).map(|wd| {
+        move |g: usize, t: usize, n: usize| {
+            let (w0, w1) = (
+                &tiles[g * nb..(g + 1) * nb],
+                &tiles[(g + 1) * nb..(g + 2) * nb],
+            );
+            by_count(
+                n,
+                t,
+                act,
+                |a| gemv_wide(wd, w0, w1, a),
+                |a| gemv_wide(wd, w0, w1, a),
+                |a| gemv_wide(wd, w0, w1, a),
+                |a| gemv_wide(wd, w0, w1, a),
+            )
+        }
+    });
+    let pair = pair.as_ref().map(|p| p as &PairKernel<'_>);
+    run(pool, rows, nt, nb * 34, y, &kern, pair);
 }
 
 /// A k-quant tile type with its dispatching kernel against Q8_K activations.
@@ -642,15 +622,13 @@ trait KTile: Sized + Sync {
     fn gemv<const NT: usize>(isa: Isa, w: &[Self], y: [&[BlockQ8K]; NT]) -> [[f32; ROWS]; NT];
 
     /// The 512-bit kernel over two row groups (`quant::wide`), bitwise two
-    /// [`Self::gemv`] calls; `None` where the ISA or the type has none.
+    /// [`Self::gemv`] calls.
     fn gemv_wide<const NT: usize>(
-        _isa: Isa,
-        _w0: &[Self],
-        _w1: &[Self],
-        _y: [&[BlockQ8K]; NT],
-    ) -> Option<[[f32; 2 * ROWS]; NT]> {
-        None
-    }
+        wd: Wide,
+        w0: &[Self],
+        w1: &[Self],
+        y: [&[BlockQ8K]; NT],
+    ) -> [[f32; 2 * ROWS]; NT];
 }
 
 impl KTile for TileQ4K {
@@ -659,12 +637,12 @@ impl KTile for TileQ4K {
     }
 
     fn gemv_wide<const NT: usize>(
-        isa: Isa,
+        wd: Wide,
         w0: &[Self],
         w1: &[Self],
         y: [&[BlockQ8K]; NT],
-    ) -> Option<[[f32; 2 * ROWS]; NT]> {
-        gemv_wide_k(isa, w0, w1, y)
+    ) -> [[f32; 2 * ROWS]; NT] {
+        gemv_wide_k(wd, w0, w1, y)
     }
 }
 
@@ -674,12 +652,12 @@ impl KTile for TileIq4Xs {
     }
 
     fn gemv_wide<const NT: usize>(
-        isa: Isa,
+        wd: Wide,
         w0: &[Self],
         w1: &[Self],
         y: [&[BlockQ8K]; NT],
-    ) -> Option<[[f32; 2 * ROWS]; NT]> {
-        gemv_wide_k(isa, w0, w1, y)
+    ) -> [[f32; 2 * ROWS]; NT] {
+        gemv_wide_k(wd, w0, w1, y)
     }
 }
 
@@ -689,12 +667,12 @@ impl KTile for TileQ6K {
     }
 
     fn gemv_wide<const NT: usize>(
-        isa: Isa,
+        wd: Wide,
         w0: &[Self],
         w1: &[Self],
         y: [&[BlockQ8K]; NT],
-    ) -> Option<[[f32; 2 * ROWS]; NT]> {
-        gemv_wide_k(isa, w0, w1, y)
+    ) -> [[f32; 2 * ROWS]; NT] {
+        gemv_wide_k(wd, w0, w1, y)
     }
 }
 
@@ -723,24 +701,24 @@ fn run_k<T: KTile>(
             |a| T::gemv(isa, w, a),
         )
     };
-    let pair = |g: usize, t: usize, n: usize| {
-        let (w0, w1) = (
-            &tiles[g * nb..(g + 1) * nb],
-            &tiles[(g + 1) * nb..(g + 2) * nb],
-        );
-        // A type without a pair kernel answers `None` on every call.
-        let none = std::cell::Cell::new(false);
-        let res = by_count(
-            n,
-            t,
-            act,
-            |a| flag_none(T::gemv_wide(isa, w0, w1, a), &none),
-            |a| flag_none(T::gemv_wide(isa, w0, w1, a), &none),
-            |a| flag_none(T::gemv_wide(isa, w0, w1, a), &none),
-            |a| flag_none(T::gemv_wide(isa, w0, w1, a), &none),
-        );
-        (!none.get()).then_some(res)
-    };
+    let pair = wide(isa).map(|wd| {
+        move |g: usize, t: usize, n: usize| {
+            let (w0, w1) = (
+                &tiles[g * nb..(g + 1) * nb],
+                &tiles[(g + 1) * nb..(g + 2) * nb],
+            );
+            by_count(
+                n,
+                t,
+                act,
+                |a| T::gemv_wide(wd, w0, w1, a),
+                |a| T::gemv_wide(wd, w0, w1, a),
+                |a| T::gemv_wide(wd, w0, w1, a),
+                |a| T::gemv_wide(wd, w0, w1, a),
+            )
+        }
+    });
+    let pair = pair.as_ref().map(|p| p as &PairKernel<'_>);
     run(
         pool,
         rows,
@@ -748,7 +726,7 @@ fn run_k<T: KTile>(
         nb * std::mem::size_of::<BlockQ8K>(),
         y,
         &kern,
-        Some(&pair),
+        pair,
     );
 }
 
@@ -759,6 +737,25 @@ mod tests {
     use crate::matmul::matmul_with;
     use crate::quant::testutil::{isas, rand_f32};
     use minfer_gguf::quant::{dequantize, quantize_to_vec};
+
+    /// `blocks` (rows of `cols` elements of `ty`) repacked.
+    fn repack_blocks<B: bytemuck::Pod>(
+        ty: GgmlType,
+        blocks: &[B],
+        rows: usize,
+        cols: usize,
+    ) -> RepackedMatrix {
+        let bytes = bytemuck::cast_slice::<B, u8>(blocks);
+        let store = aligned(bytes);
+        let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
+        RepackedMatrix::from_qmatrix(&QMatrix {
+            ty,
+            data,
+            rows,
+            cols,
+        })
+        .unwrap()
+    }
 
     /// The activations as the kernels see them: quantized to Q8_K for k-quant weights, to
     /// Q8_0 otherwise, and widened back to f32.
@@ -934,16 +931,7 @@ mod tests {
         };
         // Two row groups, so prefill's two-group kernel runs too.
         let blocks = vec![blk; 16];
-        let bytes = bytemuck::cast_slice::<_, u8>(&blocks);
-        let store = aligned(bytes);
-        let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
-        let q = QMatrix {
-            ty: GgmlType::Q6K,
-            data,
-            rows: 16,
-            cols: 256,
-        };
-        let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
+        let rp = repack_blocks(GgmlType::Q6K, &blocks, 16, 256);
         let x = vec![-127.0f32; 256 * 2];
         // Each element is -128 * 31 against -127; the integer total is exact in f32.
         let want = (256 * 128 * 31 * 127) as f32;
@@ -970,16 +958,7 @@ mod tests {
         };
         // Two row groups, so prefill's two-group kernel runs too.
         let blocks = vec![blk; 16 * 2];
-        let bytes = bytemuck::cast_slice::<_, u8>(&blocks);
-        let store = aligned(bytes);
-        let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
-        let q = QMatrix {
-            ty: GgmlType::Q4K,
-            data,
-            rows: 16,
-            cols: 512,
-        };
-        let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
+        let rp = repack_blocks(GgmlType::Q4K, &blocks, 16, 512);
         let x = vec![127.0f32; 512 * 2];
         // Each element is 63 * 15 - 63 = 882 against 127; every partial sum is exact in f32.
         let want = (512 * 882 * 127) as f32;
@@ -1009,16 +988,7 @@ mod tests {
         ];
         blocks[3].qs[7] = 127;
         blocks[11].qs[7] = 127;
-        let bytes = bytemuck::cast_slice::<BlockQ8_0, u8>(&blocks);
-        let store = aligned(bytes);
-        let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
-        let q = QMatrix {
-            ty: GgmlType::Q8_0,
-            data,
-            rows,
-            cols: 32,
-        };
-        let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
+        let rp = repack_blocks(GgmlType::Q8_0, &blocks, rows, 32);
         for nt in [1, 2] {
             let x = vec![-127.0f32; 32 * nt];
             for isa in isas() {
@@ -1041,16 +1011,7 @@ mod tests {
                 qs: if r % 2 == 0 { [0; 16] } else { [0xff; 16] },
             })
             .collect();
-        let bytes = bytemuck::cast_slice::<_, u8>(&q5);
-        let store = aligned(bytes);
-        let data = &bytemuck::cast_slice::<u64, u8>(&store)[..bytes.len()];
-        let q = QMatrix {
-            ty: GgmlType::Q5_0,
-            data,
-            rows,
-            cols: 32,
-        };
-        let rp = RepackedMatrix::from_qmatrix(&q).unwrap();
+        let rp = repack_blocks(GgmlType::Q5_0, &q5, rows, 32);
         for nt in [1, 2] {
             let x = vec![-127.0f32; 32 * nt];
             for isa in isas() {

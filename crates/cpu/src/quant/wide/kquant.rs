@@ -56,22 +56,18 @@ impl WideK for TileIq4Xs {
     }
 }
 
-/// The two-group kernel of `T` where `isa` is the VNNI one (bitwise two calls of its
-/// one-group VNNI kernel); `None` otherwise.
+/// The two-group kernel of `T`: bitwise two calls of its one-group VNNI kernel. Panics
+/// when `w1` or an activation row is shorter than `w0`.
 #[inline]
 pub(crate) fn gemv_wide_k<T: WideK, const NT: usize>(
-    isa: super::super::Isa,
+    _: super::Wide,
     w0: &[T],
     w1: &[T],
     y: [&[BlockQ8K]; NT],
-) -> Option<[[f32; 16]; NT]> {
-    match isa.0 {
-        // SAFETY: a `Vnni` value exists only after runtime detection of its features
-        // (AVX-512 F/BW/VL/VNNI among them); `w1` is at least as long as `w0`, and the
-        // caller sizes the activations to the weights.
-        super::super::IsaKind::Vnni if w1.len() >= w0.len() => Some(unsafe { T::gemv2(w0, w1, y) }),
-        _ => None,
-    }
+) -> [[f32; 16]; NT] {
+    // SAFETY: a `Wide` exists only after runtime detection of the kernels' features; the
+    // kernels slice `w1` and the activations to `w0`'s length (panicking when shorter).
+    unsafe { T::gemv2(w0, w1, y) }
 }
 
 /// Q4_K tiles `w0` and `w1` (two row groups, the same super-blocks) against `NT` Q8_K

@@ -66,22 +66,29 @@ impl Wide32 for TileIq4Nl {
     }
 }
 
-/// The two-group kernel of `T` where `isa` is the VNNI one (bitwise two calls of its
-/// one-group VNNI kernel); `None` otherwise.
+/// Proof that the two-group kernels may run: the kernels' ISA is the VNNI one, detected
+/// at run time (AVX-512 F/BW/VL/VNNI among its features).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wide(());
+
+/// [`Wide`] where `isa` is the VNNI one; `None` otherwise (the callers then keep the
+/// one-group kernels).
+pub(crate) fn wide(isa: super::Isa) -> Option<Wide> {
+    matches!(isa.0, super::IsaKind::Vnni).then_some(Wide(()))
+}
+
+/// The two-group kernel of `T`: bitwise two calls of its one-group VNNI kernel. Panics
+/// when `w1` or an activation row is shorter than `w0`.
 #[inline]
 pub(crate) fn gemv_wide<T: Wide32, const NT: usize>(
-    isa: super::Isa,
+    _: Wide,
     w0: &[T],
     w1: &[T],
     y: [Act<'_>; NT],
-) -> Option<[[f32; 16]; NT]> {
-    match isa.0 {
-        // SAFETY: a `Vnni` value exists only after runtime detection of its features
-        // (AVX-512 F/BW/VL/VNNI among them); `w1` is at least as long as `w0`, and the
-        // caller sizes the activations to the weights.
-        super::IsaKind::Vnni if w1.len() >= w0.len() => Some(unsafe { T::gemv2(w0, w1, y) }),
-        _ => None,
-    }
+) -> [[f32; 16]; NT] {
+    // SAFETY: a `Wide` exists only after runtime detection of the kernels' features; the
+    // kernels slice `w1` and the activations to `w0`'s length (panicking when shorter).
+    unsafe { T::gemv2(w0, w1, y) }
 }
 
 /// The 32 bytes at `a` in the low half and the 32 at `b` in the high half.
