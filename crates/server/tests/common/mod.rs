@@ -60,6 +60,26 @@ pub fn tiny_server(slots: usize, edit: impl FnOnce(&mut Config)) -> TestServer {
     }
 }
 
+/// Starts a one-slot server on a tiny Qwen3 (seed 11) whose GGUF carries the chat
+/// `template`, served as model `name`, for tests of what a template sets up (reasoning,
+/// call formats).
+pub fn tiny_server_with_template(name: &str, template: &str) -> TestServer {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join(format!("{name}.gguf"));
+    minfer_models::testing::write_tiny_model_with_template(
+        &path,
+        &TinySpec::qwen3(GgmlType::Q8_0, 11),
+        template,
+    )
+    .expect("writing the tiny model");
+    let running = start(tiny_config(&path, 1)).expect("starting the server");
+    TestServer {
+        base: format!("http://{}", running.addr()),
+        running,
+        _dir: Some(dir),
+    }
+}
+
 /// The real default model, or a loud failure telling how to get it.
 pub fn real_model() -> PathBuf {
     minfer_hub::testing::default_model()

@@ -9,8 +9,6 @@
 use crate::common;
 
 use common::*;
-use minfer_gguf::GgmlType;
-use minfer_models::testing::{write_tiny_model_with_template, TinySpec};
 use serde_json::{json, Value};
 
 const TEMPLATE: &str = "{%- for message in messages %}\
@@ -21,16 +19,7 @@ const GRAMMAR: &str = "root ::= \"<|channel|>analysis<|message|>\" [a-z]{4} \
 \"<|end|><|start|>assistant<|channel|>final<|message|>\" [a-z]{3}";
 
 fn harmony_server() -> TestServer {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let path = dir.path().join("tiny-harmony.gguf");
-    write_tiny_model_with_template(&path, &TinySpec::qwen3(GgmlType::Q8_0, 11), TEMPLATE)
-        .expect("writing the tiny model");
-    let running = minfer_server::start(tiny_config(&path, 1)).expect("starting the server");
-    TestServer {
-        base: format!("http://{}", running.addr()),
-        running,
-        _dir: Some(dir),
-    }
+    tiny_server_with_template("tiny-harmony", TEMPLATE)
 }
 
 fn chat(extra: Value) -> Value {

@@ -8,8 +8,6 @@
 use crate::common;
 
 use common::*;
-use minfer_gguf::GgmlType;
-use minfer_models::testing::{write_tiny_model_with_template, TinySpec};
 use serde_json::{json, Value};
 
 /// ChatML with the XML call format shown when tools are given, and an open reasoning
@@ -21,16 +19,7 @@ const TEMPLATE: &str = "{%- for message in messages %}\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}";
 
 fn xml_server() -> TestServer {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let path = dir.path().join("tiny-xml.gguf");
-    write_tiny_model_with_template(&path, &TinySpec::qwen3(GgmlType::Q8_0, 11), TEMPLATE)
-        .expect("writing the tiny model");
-    let running = minfer_server::start(tiny_config(&path, 1)).expect("starting the server");
-    TestServer {
-        base: format!("http://{}", running.addr()),
-        running,
-        _dir: Some(dir),
-    }
+    tiny_server_with_template("tiny-xml", TEMPLATE)
 }
 
 /// The tool: a string enum, a bounded integer and a boolean, all required.
