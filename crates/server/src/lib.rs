@@ -634,6 +634,9 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     opts.cache_type_v = config.cache_type_v;
     opts.swa_full = config.swa_full;
     let metrics = Arc::new(Metrics::default());
+    if config.cache_ram > 0 {
+        metrics.set_cache_block(config.cache_block);
+    }
     let load = models::LoadOptions {
         engine: opts.clone(),
         slots: config.slots,

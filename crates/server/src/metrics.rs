@@ -96,6 +96,8 @@ pub struct Metrics {
     cache_hits: AtomicU64,
     /// Bytes of rows the shared prompt cache holds.
     cache_bytes: AtomicUsize,
+    /// Positions per block of the shared prompt cache; 0 while it is off.
+    cache_block: AtomicUsize,
 }
 
 impl Default for Metrics {
@@ -121,6 +123,7 @@ impl Default for Metrics {
             accepted: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
             cache_bytes: AtomicUsize::new(0),
+            cache_block: AtomicUsize::new(0),
         }
     }
 }
@@ -131,6 +134,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Metrics {
+    /// Records the shared prompt cache's block size in positions (0: the cache is off),
+    /// which `vllm:cache_config_info` reports to routers that hash prompts by block.
+    pub fn set_cache_block(&self, positions: usize) {
+        self.cache_block.store(positions, Ordering::Relaxed);
+    }
+
     /// Counts a finished HTTP request by status.
     pub fn request(&self, status: u16) {
         *lock(&self.requests).entry(status).or_insert(0) += 1;

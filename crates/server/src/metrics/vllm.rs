@@ -87,13 +87,15 @@ impl Metrics {
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
         );
-        // KV rows are kept per token, so a block is one token.
+        // Prompts are reused across requests in whole blocks of the shared prompt cache;
+        // without it a slot reuses its own rows token by token, a block of one.
+        let block = self.cache_block.load(Ordering::Relaxed).max(1);
         let _ = writeln!(
             s,
             "# HELP vllm:cache_config_info Information of the KV cache configuration.\n\
              # TYPE vllm:cache_config_info gauge\n\
-             vllm:cache_config_info{{block_size=\"1\",enable_prefix_caching=\"True\",num_gpu_blocks=\"{}\"}} 1",
-            kv_capacity as u64
+             vllm:cache_config_info{{block_size=\"{block}\",enable_prefix_caching=\"True\",num_gpu_blocks=\"{}\"}} 1",
+            kv_capacity as u64 / block as u64
         );
         // No LoRA adapters: the gauge says so (its value is when it was last updated),
         // for routers that read it to pick servers.
@@ -135,10 +137,15 @@ mod tests {
             "vllm:generation_tokens_total 3\n",
             "# TYPE vllm:time_to_first_token_seconds histogram\n",
             "vllm:time_to_first_token_seconds_count 1\n",
-            "vllm:cache_config_info{block_size=\"1\"",
+            "vllm:cache_config_info{block_size=\"1\",enable_prefix_caching=\"True\",num_gpu_blocks=\"64\"} 1\n",
             "# TYPE vllm:lora_requests_info gauge\n",
         ] {
             assert!(s.contains(want), "missing {want:?} in\n{s}");
         }
+        // With the shared prompt cache on, a block is one of its blocks.
+        m.set_cache_block(16);
+        assert!(m.render().contains(
+            "vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"True\",num_gpu_blocks=\"4\"} 1\n"
+        ));
     }
 }
