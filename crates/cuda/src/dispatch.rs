@@ -130,7 +130,7 @@ mod tests {
 
     #[test]
     fn decode_takes_the_matvec_kernel_and_prefill_the_int8_one() {
-        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in MMQ_TYPES {
             assert_eq!(matmul_kernel(ty, 1).unwrap(), (Kernel::MatVec(ty), None));
             assert_eq!(
                 matmul_kernel(ty, MATVEC_MAX_TOKENS).unwrap().0,
@@ -146,6 +146,14 @@ mod tests {
         );
         assert_eq!(
             matmul_kernel(GgmlType::Q8_0, 512).unwrap().1,
+            Some(ActQuant::Q8_0)
+        );
+        assert_eq!(
+            matmul_kernel(GgmlType::Iq4Xs, 9).unwrap(),
+            (Kernel::Mmq(GgmlType::Iq4Xs), Some(ActQuant::Q8K))
+        );
+        assert_eq!(
+            matmul_kernel(GgmlType::Iq4Nl, 9).unwrap().1,
             Some(ActQuant::Q8_0)
         );
         // Float weights stay on the mat-vec kernel, tiled over tokens.

@@ -39,6 +39,8 @@ fn tiny_models_of_every_architecture_agree_with_the_cpu_through_decode() {
         TinySpec::qwen3(GgmlType::Q8_0, 6),
         TinySpec::qwen3_kquant(GgmlType::Q4K, 7),
         TinySpec::qwen3_kquant(GgmlType::Q6K, 8),
+        TinySpec::qwen3_kquant(GgmlType::Iq4Nl, 9),
+        TinySpec::qwen3_kquant(GgmlType::Iq4Xs, 10),
     ];
     for spec in specs {
         let what = format!("{} {}", spec.arch, spec.wtype);

@@ -17,7 +17,14 @@ fn the_int8_prefill_matmul_matches_the_cpu_for_every_quantized_type() {
         return;
     }
     let mut cases = Vec::new();
-    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::Iq4Nl,
+        GgmlType::Iq4Xs,
+    ] {
         let (in_dim, out_dim) = (512usize, 37usize);
         let mut w = GgufWriter::new();
         w.add_tensor_f32(

@@ -116,6 +116,14 @@ fn qwen3_kquants_on_wgpu_match_the_cpu() {
     }
 }
 
+/// A whole model in the IQ4 types, whose matmuls and embedding run in the wgpu shaders.
+#[test]
+fn qwen3_iq4_on_wgpu_matches_the_cpu() {
+    for ty in [GgmlType::Iq4Nl, GgmlType::Iq4Xs] {
+        compare(&TinySpec::qwen3_kquant(ty, 57), false, &[], 2);
+    }
+}
+
 /// The decode QKV fusions (`fused_qkv` with Qwen2's biases, `fused_qkv_norm` with
 /// Qwen3's per-head norms) against the unfused chain on the same backend: the same
 /// kernels over the same values, so every logits row is bit-identical, and the

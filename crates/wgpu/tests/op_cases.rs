@@ -4,7 +4,7 @@
 //! types no shader decodes, which the backend declines by capability (they run on the
 //! CPU in a real graph), rope with Llama 3 frequency factors or YaRN terms, Gemma's GELU,
 //! GeGLU and soft-caps, and gpt-oss's attention sinks, which have no term in the shaders: every op the Qwen2/Qwen3 graphs emit, and every weight type of the real
-//! models, runs on the device.
+//! models and IQ4_NL/IQ4_XS, runs on the device.
 
 use minfer_cpu::CpuBackend;
 use minfer_graph::testing::cases::run_device_cases;

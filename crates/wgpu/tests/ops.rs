@@ -137,8 +137,8 @@ fn wtype(ty: GgmlType) -> WeightType {
 }
 
 /// Weight types with the bound of their case against the CPU backend. Both round the
-/// activations of a quantized matmul to the same Q8 levels (Q8_0 beside Q8_0 and
-/// Q5_0, Q8_K beside the K-quants), so every case differs only in float summation
+/// activations of a quantized matmul to the same Q8 levels (Q8_0 beside Q8_0, Q5_0 and
+/// IQ4_NL, Q8_K beside the K-quants and IQ4_XS), so every case differs only in float summation
 /// order; each is also held to 1e-5 against the exact product of the dequantized
 /// weight and the activations rounded by the reference quantizer.
 fn matmul_cases() -> Vec<(GgmlType, usize, f32)> {
@@ -150,6 +150,8 @@ fn matmul_cases() -> Vec<(GgmlType, usize, f32)> {
         (GgmlType::Q5_0, 256, 1e-5),
         (GgmlType::Q4K, 512, 1e-5),
         (GgmlType::Q6K, 256, 1e-5),
+        (GgmlType::Iq4Nl, 160, 1e-5),
+        (GgmlType::Iq4Xs, 512, 1e-5),
     ]
 }
 
@@ -157,8 +159,8 @@ fn matmul_cases() -> Vec<(GgmlType, usize, f32)> {
 /// Q8_0 or Q8_K levels of each row of `k`, unchanged for float weights.
 fn rounded_activations(ty: GgmlType, x: &[f32], k: usize) -> Vec<f32> {
     let act = match ty {
-        GgmlType::Q8_0 | GgmlType::Q5_0 => GgmlType::Q8_0,
-        GgmlType::Q4K | GgmlType::Q6K => GgmlType::Q8K,
+        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Iq4Nl => GgmlType::Q8_0,
+        GgmlType::Q4K | GgmlType::Q6K | GgmlType::Iq4Xs => GgmlType::Q8K,
         _ => return x.to_vec(),
     };
     x.chunks(k)

@@ -21,7 +21,7 @@ __device__ __forceinline__ u16 f2h(float f) {
     return h;
 }
 
-// Blocks of 34, 22 and 210 bytes leave 16-bit fields only 2-byte aligned.
+// Blocks of 34, 22, 18 and 210 bytes leave 16-bit fields only 2-byte aligned.
 __device__ __forceinline__ u16 ld16(const u8* p) { return (u16)p[0] | ((u16)p[1] << 8); }
 
 __device__ __forceinline__ u32 ld32(const u8* p) {
@@ -128,6 +128,42 @@ __device__ __forceinline__ void dq32_q6_k(const u8* row, int s, float* out) {
     }
 }
 
+// The 16 signed levels IQ4_NL and IQ4_XS indices select (ggml's kvalues_iq4nl; checked
+// against the CPU's table by the kernel module's tests).
+__constant__ i8 IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                  1,    13,   25,  38,  53,  69,  89,  113};
+
+// 32 values at scale d from 16 bytes of level indices: value j the low nibble of qs[j],
+// value j + 16 its high nibble.
+__device__ __forceinline__ void iq4_32(float d, const u8* qs, float* out) {
+    for (int j = 0; j < 16; j++) {
+        out[j] = d * (float)IQ4_LEVELS[qs[j] & 0x0f];
+        out[j + 16] = d * (float)IQ4_LEVELS[qs[j] >> 4];
+    }
+}
+
+// The scale d * (ls - 32) of sub-block j of the IQ4_XS block at b: ls is nibble j % 2 of
+// scales_l[j / 2] (byte 4 on) with bits 2j..2j + 2 of scales_h (byte 2) above it.
+__device__ __forceinline__ float iq4_xs_scale(const u8* b, int j) {
+    int lo = (b[4 + (j >> 1)] >> (4 * (j & 1))) & 0x0f;
+    int hi = (ld16(b + 2) >> (2 * j)) & 3;
+    return h2f(ld16(b)) * (float)((lo | (hi << 4)) - 32);
+}
+
+// IQ4_NL: 32 values per 18-byte block: f16 d, 16 bytes of level indices.
+__device__ __forceinline__ void dq32_iq4_nl(const u8* row, int s, float* out) {
+    const u8* b = row + 18 * s;
+    iq4_32(h2f(ld16(b)), b + 2, out);
+}
+
+// IQ4_XS: 256 values per 136-byte block: f16 d, u16 scales_h, 4 bytes scales_l, 128 bytes
+// of level indices, sub-block j's 16 at 8 + 16 j packed as IQ4_NL's.
+__device__ __forceinline__ void dq32_iq4_xs(const u8* row, int s, float* out) {
+    const u8* b = row + 136 * (s >> 3);
+    int j = s & 7;
+    iq4_32(iq4_xs_scale(b, j), b + 8 + 16 * j, out);
+}
+
 // ---- int8 decoders for the dp4a kernels ------------------------------------------------
 // value l of sub-block s = scale[l / 16] * q[l] - minterm, with q packed four per word.
 
@@ -203,5 +239,36 @@ __device__ __forceinline__ void iq32_q6_k(const u8* row, int s, i32* q, float* s
     }
     scale[0] = d * (float)sc[0];
     scale[1] = d * (float)sc[1];
+    *minterm = 0.0f;
+}
+
+// The levels of 16 bytes of IQ4 indices, four per word: words 0-3 the low nibbles
+// (values 0..16), words 4-7 the high ones (values 16..32).
+__device__ __forceinline__ void iq4_levels_i8(const u8* qs, i32* q) {
+    for (int w = 0; w < 4; w++) {
+        u32 x = ld32(qs + 4 * w);
+        q[w] = pack4(IQ4_LEVELS[x & 0x0f], IQ4_LEVELS[(x >> 8) & 0x0f],
+                     IQ4_LEVELS[(x >> 16) & 0x0f], IQ4_LEVELS[(x >> 24) & 0x0f]);
+        q[w + 4] = pack4(IQ4_LEVELS[(x >> 4) & 0x0f], IQ4_LEVELS[(x >> 12) & 0x0f],
+                         IQ4_LEVELS[(x >> 20) & 0x0f], IQ4_LEVELS[x >> 28]);
+    }
+}
+
+__device__ __forceinline__ void iq32_iq4_nl(const u8* row, int s, i32* q, float* scale,
+                                            float* minterm) {
+    const u8* b = row + 18 * s;
+    iq4_levels_i8(b + 2, q);
+    scale[0] = h2f(ld16(b));
+    scale[1] = scale[0];
+    *minterm = 0.0f;
+}
+
+__device__ __forceinline__ void iq32_iq4_xs(const u8* row, int s, i32* q, float* scale,
+                                            float* minterm) {
+    const u8* b = row + 136 * (s >> 3);
+    int j = s & 7;
+    iq4_levels_i8(b + 8 + 16 * j, q);
+    scale[0] = iq4_xs_scale(b, j);
+    scale[1] = scale[0];
     *minterm = 0.0f;
 }

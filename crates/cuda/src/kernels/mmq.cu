@@ -1,6 +1,7 @@
 // Int8 (dp4a) matrix product for prefill: the weight's sub-blocks decoded to int8 once
 // per pass and dotted with activations quantized by quant.cu (Q8_0 groups of 32 for
-// Q8_0/Q5_0 weights, Q8_K groups of 256 for Q4_K/Q6_K), MQ_TOKENS tokens per pass.
+// Q8_0/Q5_0/IQ4_NL weights, Q8_K groups of 256 for Q4_K/Q6_K/IQ4_XS), MQ_TOKENS tokens
+// per pass.
 // One warp per row, four rows per block of 128 threads, fixed-order warp sums.
 // `group` is the activation group (32 or 256); scales sit at [t][in_dim / 32] stride.
 
@@ -51,3 +52,5 @@ MMQ(mmq_q8_0, iq32_q8_0)
 MMQ(mmq_q5_0, iq32_q5_0)
 MMQ(mmq_q4_k, iq32_q4_k)
 MMQ(mmq_q6_k, iq32_q6_k)
+MMQ(mmq_iq4_nl, iq32_iq4_nl)
+MMQ(mmq_iq4_xs, iq32_iq4_xs)

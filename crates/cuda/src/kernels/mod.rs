@@ -32,24 +32,33 @@ pub fn program() -> String {
 }
 
 /// The weight types the kernels decode (embedding and mat-vec).
-pub const WEIGHT_TYPES: [GgmlType; 6] = [
+pub const WEIGHT_TYPES: [GgmlType; 8] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q8_0,
     GgmlType::Q5_0,
     GgmlType::Q4K,
     GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
 ];
 
 /// The weight types the int8 (dp4a) prefill matmul decodes.
-pub const MMQ_TYPES: [GgmlType; 4] = [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K];
+pub const MMQ_TYPES: [GgmlType; 6] = [
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4K,
+    GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+];
 
 /// How the activation of an int8 matmul is quantized, as the CPU does for that weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ActQuant {
-    /// Q8_0: groups of 32 (for Q8_0 and Q5_0 weights).
+    /// Q8_0: groups of 32 (for Q8_0, Q5_0 and IQ4_NL weights).
     Q8_0,
-    /// Q8_K: groups of 256 (for the K-quants).
+    /// Q8_K: groups of 256 (for the K-quants and IQ4_XS).
     Q8K,
 }
 
@@ -65,8 +74,8 @@ impl ActQuant {
     /// The activation format the CPU pairs with weights of type `ty`.
     pub fn for_weight(ty: GgmlType) -> Option<ActQuant> {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q5_0 => Some(ActQuant::Q8_0),
-            GgmlType::Q4K | GgmlType::Q6K => Some(ActQuant::Q8K),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Iq4Nl => Some(ActQuant::Q8_0),
+            GgmlType::Q4K | GgmlType::Q6K | GgmlType::Iq4Xs => Some(ActQuant::Q8K),
             _ => None,
         }
     }
@@ -113,6 +122,8 @@ fn type_suffix(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q5_0 => "q5_0",
         GgmlType::Q4K => "q4_k",
         GgmlType::Q6K => "q6_k",
+        GgmlType::Iq4Nl => "iq4_nl",
+        GgmlType::Iq4Xs => "iq4_xs",
         _ => return None,
     })
 }
@@ -343,5 +354,22 @@ mod tests {
         assert_eq!(ActQuant::for_weight(GgmlType::Q4K), Some(ActQuant::Q8K));
         assert_eq!(ActQuant::for_weight(GgmlType::Q5_0), Some(ActQuant::Q8_0));
         assert_eq!(ActQuant::for_weight(GgmlType::F16), None);
+        assert_eq!(ActQuant::for_weight(GgmlType::Iq4Nl), Some(ActQuant::Q8_0));
+        assert_eq!(ActQuant::for_weight(GgmlType::Iq4Xs), Some(ActQuant::Q8K));
+    }
+
+    #[test]
+    fn the_iq4_levels_are_the_cpu_table() {
+        let src = program();
+        let list = src
+            .split("__constant__ i8 IQ4_LEVELS[16] = {")
+            .nth(1)
+            .and_then(|s| s.split('}').next())
+            .expect("the IQ4 table in common.cu");
+        let levels: Vec<i8> = list
+            .split(',')
+            .map(|v| v.trim().parse().expect("a level"))
+            .collect();
+        assert_eq!(levels, minfer_gguf::quant::KVALUES_IQ4NL);
     }
 }

@@ -403,14 +403,18 @@ pub const MATMUL_TYPES: &[(GgmlType, f32)] = &[
     (GgmlType::Tq2_0, 2e-2),
 ];
 
-/// The weight types of the real models (the table a GPU backend must cover first).
-pub const MODEL_TYPES: &[GgmlType] = &[
+/// The weight types every device backend decodes: those of the real models (the table a
+/// GPU backend must cover first) and the IQ4 pair. Their embedding lookups are cases, and
+/// a device may decline none of them.
+pub const DEVICE_TYPES: &[GgmlType] = &[
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q8_0,
     GgmlType::Q5_0,
     GgmlType::Q4K,
     GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
 ];
 
 /// Token counts: one (decode) and several, odd and past a 4-token kernel tile.
@@ -424,54 +428,99 @@ fn f32_input(name: &str, v: Vec<f32>) -> (String, CaseInput) {
     (name.to_string(), CaseInput::F32(v))
 }
 
+/// A `[in_dim x out_dim]` weight `w` of type `ty` and a bias `b`, seeded by the type.
+fn matmul_weights(ty: GgmlType, in_dim: usize, out_dim: usize) -> Arc<GgufFile> {
+    gguf(&[
+        (
+            "w",
+            vec![in_dim as u64, out_dim as u64],
+            ty,
+            values(ty.id() as u64 + 1, in_dim * out_dim),
+        ),
+        (
+            "b",
+            vec![out_dim as u64],
+            GgmlType::F32,
+            values(99, out_dim),
+        ),
+    ])
+}
+
+/// `x [in_dim, nt] @ w (+ b)` over `weights` (see [`matmul_weights`]).
+fn matmul_case(
+    ty: GgmlType,
+    [in_dim, out_dim]: [usize; 2],
+    nt: usize,
+    bias: bool,
+    weights: &Arc<GgufFile>,
+    bound: f32,
+) -> OpCase {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", [in_dim, nt, 1, 1], DType::F32);
+    let w = wref("w", ty, [in_dim, out_dim]);
+    let bw = wref("b", GgmlType::F32, [out_dim, 1]);
+    let y = b.matmul(x, &w, bias.then_some(&bw));
+    b.output(y);
+    OpCase {
+        name: format!(
+            "matmul {} [{in_dim}x{out_dim}] nt={nt}{}",
+            ty.name(),
+            if bias { " +bias" } else { "" }
+        ),
+        op: "matmul",
+        graph: b.build(),
+        inputs: vec![f32_input("x", values(7 + nt as u64, in_dim * nt))],
+        weights: Arc::clone(weights),
+        bound,
+    }
+}
+
 fn matmul_cases(out: &mut Vec<OpCase>) {
+    // 37 outputs is odd, so no row count is a multiple of a device's rows per workgroup.
+    let out_dim = 37;
     for &(ty, bound) in MATMUL_TYPES {
         // K-quants, the 256-element i-quants and TQ pack 256 values per block, the others
-        // 32; 37 outputs is odd.
+        // 32.
         let in_dim = if ty.block_size() == 256 { 256 } else { 96 };
-        let out_dim = 37;
-        let weights = gguf(&[
-            (
-                "w",
-                vec![in_dim as u64, out_dim],
-                ty,
-                values(ty.id() as u64 + 1, in_dim * out_dim as usize),
-            ),
-            (
-                "b",
-                vec![out_dim],
-                GgmlType::F32,
-                values(99, out_dim as usize),
-            ),
-        ]);
+        let weights = matmul_weights(ty, in_dim, out_dim);
         for nt in TOKENS {
             for bias in [false, true] {
-                let mut b = GraphBuilder::new();
-                let x = b.input("x", [in_dim, nt, 1, 1], DType::F32);
-                let w = wref("w", ty, [in_dim, out_dim as usize]);
-                let bw = wref("b", GgmlType::F32, [out_dim as usize, 1]);
-                let y = b.matmul(x, &w, bias.then_some(&bw));
-                b.output(y);
-                out.push(OpCase {
-                    name: format!(
-                        "matmul {} [{in_dim}x{out_dim}] nt={nt}{}",
-                        ty.name(),
-                        if bias { " +bias" } else { "" }
-                    ),
-                    op: "matmul",
-                    graph: b.build(),
-                    inputs: vec![f32_input("x", values(7 + nt as u64, in_dim * nt))],
-                    weights: Arc::clone(&weights),
+                out.push(matmul_case(
+                    ty,
+                    [in_dim, out_dim],
+                    nt,
+                    bias,
+                    &weights,
                     bound,
-                });
+                ));
             }
+        }
+    }
+    // The IQ4 pair, which the devices decode, over several super-blocks a row (sixteen
+    // IQ4_NL blocks, two IQ4_XS super-blocks) for decode and for a prompt of 9 tokens,
+    // past the devices' 8-token tiles and decode kernels.
+    for &(ty, bound) in MATMUL_TYPES {
+        if !matches!(ty, GgmlType::Iq4Nl | GgmlType::Iq4Xs) {
+            continue;
+        }
+        let in_dim = 512;
+        let weights = matmul_weights(ty, in_dim, out_dim);
+        for nt in [1, 9] {
+            out.push(matmul_case(
+                ty,
+                [in_dim, out_dim],
+                nt,
+                true,
+                &weights,
+                bound,
+            ));
         }
     }
 }
 
 fn get_rows_cases(out: &mut Vec<OpCase>) {
     let (n_embd, n_vocab) = (256usize, 11u64);
-    for &ty in MODEL_TYPES {
+    for &ty in DEVICE_TYPES {
         let weights = gguf(&[(
             "tok_embd",
             vec![n_embd as u64, n_vocab],

@@ -1,6 +1,7 @@
 //! The kernel table: every WGSL entry point the backend dispatches, with the shape of
 //! its bind group. Pipelines are compiled once per kernel and cached by the backend.
 
+use minfer_gguf::quant::KVALUES_IQ4NL;
 use minfer_gguf::GgmlType;
 
 mod matmul;
@@ -45,6 +46,7 @@ const SWIGLU_ROWS: &str = include_str!("swiglu_rows.wgsl");
 const NORM: &str = include_str!("norm.wgsl");
 const GET_ROWS: &str = include_str!("get_rows.wgsl");
 const QUANT_COMMON: &str = include_str!("quant_common.wgsl");
+const IQ4: &str = include_str!("iq4.wgsl");
 const X_F32: &str = include_str!("xs_f32.wgsl");
 const X_Q8: &str = include_str!("xs_q8.wgsl");
 const EMBED: &str = include_str!("embed.wgsl");
@@ -67,8 +69,8 @@ impl ActFormat {
     /// The activation format of a weight type, `None` for float weights (no rounding).
     pub(crate) fn of(ty: GgmlType) -> Option<ActFormat> {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q5_0 => Some(ActFormat::Q8_0),
-            GgmlType::Q4K | GgmlType::Q6K => Some(ActFormat::Q8K),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Iq4Nl => Some(ActFormat::Q8_0),
+            GgmlType::Q4K | GgmlType::Q6K | GgmlType::Iq4Xs => Some(ActFormat::Q8K),
             _ => None,
         }
     }
@@ -83,13 +85,15 @@ impl ActFormat {
 }
 
 /// The weight types whose blocks the shaders can dequantize.
-pub(crate) const WEIGHT_TYPES: [GgmlType; 6] = [
+pub(crate) const WEIGHT_TYPES: [GgmlType; 8] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q8_0,
     GgmlType::Q5_0,
     GgmlType::Q4K,
     GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
 ];
 
 /// The matmul's `chunk_at` and `group` of a weight type (values four at a time), or
@@ -102,6 +106,8 @@ fn group_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q5_0 => include_str!("dg_q5_0.wgsl"),
         GgmlType::Q4K => include_str!("dg_q4_k.wgsl"),
         GgmlType::Q6K => include_str!("dg_q6_k.wgsl"),
+        GgmlType::Iq4Nl => include_str!("dg_iq4_nl.wgsl"),
+        GgmlType::Iq4Xs => include_str!("dg_iq4_xs.wgsl"),
         _ => return None,
     })
 }
@@ -115,8 +121,40 @@ fn dequant_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q5_0 => include_str!("dq_q5_0.wgsl"),
         GgmlType::Q4K => include_str!("dq_q4_k.wgsl"),
         GgmlType::Q6K => include_str!("dq_q6_k.wgsl"),
+        GgmlType::Iq4Nl => include_str!("dq_iq4_nl.wgsl"),
+        GgmlType::Iq4Xs => include_str!("dq_iq4_xs.wgsl"),
         _ => return None,
     })
+}
+
+/// The shared decoding a weight type's file builds on: quant_common.wgsl, and for the
+/// IQ4 types iq4.wgsl with the level table written out from the CPU's.
+fn common_source(ty: GgmlType) -> String {
+    match ty {
+        GgmlType::Iq4Nl | GgmlType::Iq4Xs => {
+            format!(
+                "{QUANT_COMMON}\n{}",
+                IQ4.replace("{{IQ4_LEVELS}}", &iq4_levels())
+            )
+        }
+        _ => QUANT_COMMON.to_string(),
+    }
+}
+
+/// The IQ4 table's 16 signed levels as four WGSL u32 literals, four bytes each, level
+/// 4i + b in byte b of word i.
+fn iq4_levels() -> String {
+    KVALUES_IQ4NL
+        .chunks(4)
+        .map(|c| {
+            let word = c
+                .iter()
+                .enumerate()
+                .fold(0u32, |w, (b, &l)| w | (u32::from(l as u8) << (8 * b)));
+            format!("{word:#010x}u")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 use Bind::{Ro, Rw, Uniform};
@@ -126,7 +164,7 @@ impl Kernel {
     pub(crate) fn spec(self) -> Result<(String, &'static str, &'static [Bind]), String> {
         let quant = |body: &str, ty: GgmlType| {
             dequant_source(ty)
-                .map(|dq| format!("{QUANT_COMMON}\n{dq}\n{body}"))
+                .map(|dq| format!("{}\n{dq}\n{body}", common_source(ty)))
                 .ok_or_else(|| format!("no wgpu kernel decodes {ty} weights"))
         };
         // A quantized weight's activations come packed by the rounding pass.
@@ -136,7 +174,7 @@ impl Kernel {
                 None => X_F32,
             };
             group_source(ty)
-                .map(|dq| format!("{QUANT_COMMON}\n{dq}\n{xs}\n{body}"))
+                .map(|dq| format!("{}\n{dq}\n{xs}\n{body}", common_source(ty)))
                 .ok_or_else(|| format!("no wgpu kernel decodes {ty} weights"))
         };
         Ok(match self {
@@ -159,5 +197,35 @@ impl Kernel {
             Kernel::KvStore => (KV_STORE.into(), "kv_store", &[Ro, Ro, Ro, Rw, Rw, Uniform]),
             Kernel::Attn => (ATTN.into(), "attn", &[Ro, Ro, Ro, Ro, Ro, Rw, Uniform]),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_iq4_levels_are_the_cpu_table_packed_four_to_a_word() {
+        // ggml's kvalues_iq4nl: -127, -104, -83, -65 | -49, -35, -22, -10 | 1, 13, 25, 38 |
+        // 53, 69, 89, 113, as bytes 0x81 0x98 0xad 0xbf and so on, little end first.
+        assert_eq!(
+            iq4_levels(),
+            "0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u"
+        );
+        let src = common_source(GgmlType::Iq4Xs);
+        assert!(src.contains("vec4<u32>(0xbfad9881u") && !src.contains("{{"));
+        assert!(!common_source(GgmlType::Q4K).contains("iq4_level"));
+    }
+
+    #[test]
+    fn every_weight_type_has_both_decoders() {
+        for ty in WEIGHT_TYPES {
+            assert!(
+                group_source(ty).is_some() && dequant_source(ty).is_some(),
+                "{ty}"
+            );
+        }
+        assert_eq!(ActFormat::of(GgmlType::Iq4Nl), Some(ActFormat::Q8_0));
+        assert_eq!(ActFormat::of(GgmlType::Iq4Xs), Some(ActFormat::Q8K));
     }
 }
