@@ -36,6 +36,16 @@ pub use repacked::{
 
 /// Tokens per kernel call in prefill.
 const TOKEN_GROUP: usize = 4;
+/// Fewest tokens for which a type's 8-row prefill tiles ([`QuantDot::rows8_avx2`]) run:
+/// decoding a tile costs about as much as a few tokens' dot products.
+const ROWS8_MIN_TOKENS: usize = 8;
+
+/// Whether `B`'s 8-row prefill tiles run for `nt` tokens on `isa`: `Some(vnni)`.
+fn rows8_isa<B: QuantDot>(isa: Isa, nt: usize) -> Option<bool> {
+    (nt >= ROWS8_MIN_TOKENS)
+        .then(|| quant::rows8_kernel::<B>(isa))
+        .flatten()
+}
 /// Rows per tile when decoding one token (small, for load balance).
 const DECODE_TILE_ROWS: usize = 16;
 /// Target bytes of weights per prefill tile (kept in L1/L2 across token groups).
@@ -443,9 +453,31 @@ impl Problem {
         let acts: &[B::Act] = acts;
 
         let out = Disjoint::new(y);
-        let tile_rows = self.tile_rows(bpr * std::mem::size_of::<B>(), pool.n_threads());
+        let rows8 = rows8_isa::<B>(isa, nt);
+        let mut tile_rows = self.tile_rows(bpr * std::mem::size_of::<B>(), pool.n_threads());
+        if rows8.is_some() {
+            tile_rows = tile_rows.next_multiple_of(8);
+        }
         let act = |t: usize| &acts[t * bpr..(t + 1) * bpr];
         self.for_tiles(pool, tile_rows, &|rr: Range<usize>| {
+            let mut rr = rr;
+            #[cfg(target_arch = "x86_64")]
+            if let Some(vnni) = rows8 {
+                while rr.len() >= 8 {
+                    let r0 = rr.start;
+                    let w: [&[B]; 8] =
+                        std::array::from_fn(|i| &blocks[(r0 + i) * bpr..(r0 + i + 1) * bpr]);
+                    // SAFETY: `rows8_isa` only answers with the ISA detected at run time;
+                    // `acts` holds `nt` rows of `bpr` blocks; rows r0..r0 + 8 belong to this
+                    // tile only, claimed by one thread.
+                    unsafe {
+                        B::rows8_avx2(vnni, w, acts, nt, &mut |t, i, v| {
+                            out.write(t * rows + r0 + i, v)
+                        })
+                    };
+                    rr.start += 8;
+                }
+            }
             let mut t = 0;
             while t < nt {
                 let g = (nt - t).min(TOKEN_GROUP);

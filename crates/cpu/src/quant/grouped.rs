@@ -271,8 +271,41 @@ macro_rules! grouped_dot {
 #[cfg(target_arch = "x86_64")]
 use super::{lattice::dot_lattice_avx2, ternary::dot_ternary_avx2};
 
-grouped_dot!(
-    dot_lattice_avx2: BlockIq2Xxs,
+/// [`grouped_dot`] for the lattice types, with their 8-row prefill tiles.
+macro_rules! lattice_dot {
+    ($($t:ty),*) => {$(
+        impl QuantDot for $t {
+            type Act = BlockQ8K;
+
+            fn dot_scalar<const NT: usize>(w: &[Self], x: [&[BlockQ8K]; NT]) -> [f32; NT] {
+                dot_grouped_scalar(w, x)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn dot_avx2<const NT: usize>(w: &[Self], x: [&[BlockQ8K]; NT]) -> [f32; NT] {
+                dot_lattice_avx2(w, x)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            const ROWS8: bool = true;
+
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn rows8_avx2(
+                vnni: bool,
+                w: [&[Self]; 8],
+                x: &[BlockQ8K],
+                nt: usize,
+                emit: &mut dyn FnMut(usize, usize, f32),
+            ) {
+                super::lattice::rows8(vnni, w, x, nt, emit)
+            }
+        }
+    )*};
+}
+
+lattice_dot!(
+    BlockIq2Xxs,
     BlockIq2Xs,
     BlockIq2S,
     BlockIq3Xxs,

@@ -10,6 +10,10 @@
 //! `sumi` of the scalar reference. The float step `sum += (f * dy) * sumi`, with `f`
 //! formed as the reference forms it, runs in block order as there.
 
+mod tile;
+
+pub(super) use tile::rows8;
+
 use super::simd::{bytes_from_bits_32, hsum_epi32, prefetch_ahead};
 use minfer_gguf::quant::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockQ8K,

@@ -205,6 +205,49 @@ pub trait QuantDot: Block {
     unsafe fn dot_avx2<const NT: usize>(w: &[Self], x: [&[Self::Act]; NT]) -> [f32; NT] {
         Self::dot_scalar(w, x)
     }
+
+    /// Whether [`Self::rows8_avx2`] has a kernel of its own for prefill (else it runs
+    /// [`Self::dot_avx2`] row by row).
+    const ROWS8: bool = false;
+
+    /// The eight weight rows `w` (equal lengths) against the `nt` activation rows of `x`
+    /// (one after another, each as long as a weight row), each result handed to
+    /// `emit(token, row, value)` with the bits of [`Self::dot_avx2`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C, and AVX-512 F/BW/VL/VNNI when `vnni`;
+    /// `x` holds `nt` rows of `w[0].len()` blocks.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn rows8_avx2(
+        vnni: bool,
+        w: [&[Self]; 8],
+        x: &[Self::Act],
+        nt: usize,
+        emit: &mut dyn FnMut(usize, usize, f32),
+    ) {
+        let _ = vnni;
+        let bpr = w[0].len();
+        for t in 0..nt {
+            for (r, row) in w.iter().enumerate() {
+                emit(t, r, Self::dot_avx2(row, [&x[t * bpr..(t + 1) * bpr]])[0]);
+            }
+        }
+    }
+}
+
+/// Whether `B` has 8-row prefill tiles ([`QuantDot::rows8_avx2`]) that run on `isa`:
+/// `Some(vnni)`, the flag that kernel takes.
+pub(crate) fn rows8_kernel<B: QuantDot>(isa: Isa) -> Option<bool> {
+    if !B::ROWS8 {
+        return None;
+    }
+    match isa.0 {
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx2 => Some(false),
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Vnni => Some(true),
+        _ => None,
+    }
 }
 
 /// Errors of the checked dot-product entry points.
