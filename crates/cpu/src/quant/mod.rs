@@ -34,6 +34,8 @@ mod act;
 mod float;
 mod grouped;
 #[cfg(target_arch = "x86_64")]
+mod ktile;
+#[cfg(target_arch = "x86_64")]
 mod lattice;
 mod legacy;
 mod q2_k;

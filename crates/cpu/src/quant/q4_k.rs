@@ -44,7 +44,7 @@ impl K4Like for BlockQ5K {
 }
 
 /// The eight 6-bit scales and mins of a block.
-fn scales_mins(packed: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+pub(super) fn scales_mins(packed: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
     for j in 0..8 {
         (sc[j], m[j]) = scale_min_k4(j, packed);

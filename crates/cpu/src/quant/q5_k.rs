@@ -16,6 +16,20 @@ impl QuantDot for BlockQ5K {
     unsafe fn dot_avx2<const NT: usize>(w: &[Self], x: [&[BlockQ8K]; NT]) -> [f32; NT] {
         super::q4_k::dot_k4_avx2(w, x)
     }
+
+    #[cfg(target_arch = "x86_64")]
+    const ROWS8: bool = true;
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn rows8_avx2(
+        _vnni: bool,
+        w: [&[Self]; 8],
+        x: &[BlockQ8K],
+        nt: usize,
+        emit: &mut dyn FnMut(usize, usize, f32),
+    ) {
+        super::ktile::rows8(w, x, nt, emit)
+    }
 }
 
 #[cfg(test)]
