@@ -615,6 +615,7 @@ fn norm_cases(out: &mut Vec<OpCase>) {
     let weights = gguf(&[
         ("norm", vec![d as u64], GgmlType::F32, values(21, d)),
         ("qk", vec![hd as u64], GgmlType::F32, values(22, hd)),
+        ("norm_b", vec![d as u64], GgmlType::F32, values(26, d)),
     ]);
     for nt in TOKENS {
         for weighted in [false, true] {
@@ -631,6 +632,30 @@ fn norm_cases(out: &mut Vec<OpCase>) {
                 op: "rms_norm",
                 graph: b.build(),
                 inputs: vec![f32_input("x", values(23, d * nt))],
+                weights: Arc::clone(&weights),
+                bound: 1e-5,
+            });
+        }
+        // BERT's layer norm, with its weight and bias and bare; the inputs are offset so
+        // that the mean matters.
+        for affine in [false, true] {
+            let mut b = GraphBuilder::new();
+            let x = b.input("x", [d, nt, 1, 1], DType::F32);
+            let (w, bias) = (
+                wref("norm", GgmlType::F32, [d, 1]),
+                wref("norm_b", GgmlType::F32, [d, 1]),
+            );
+            let y = b.layer_norm(x, affine.then_some(&w), affine.then_some(&bias), 1e-12);
+            b.output(y);
+            let xs = values(25, d * nt).into_iter().map(|v| v + 0.75).collect();
+            out.push(OpCase {
+                name: format!(
+                    "layer_norm [{d}] nt={nt}{}",
+                    if affine { " weight bias" } else { "" }
+                ),
+                op: "layer_norm",
+                graph: b.build(),
+                inputs: vec![f32_input("x", xs)],
                 weights: Arc::clone(&weights),
                 bound: 1e-5,
             });
@@ -837,6 +862,7 @@ fn attn_case(
         softcap,
         ring,
         sinks: None,
+        causal: true,
     };
     let a = b.attn(q, kv, pos, span, AttnMode::Gqa, meta);
     b.output(a);
@@ -920,6 +946,15 @@ fn kv_cases(out: &mut Vec<OpCase>) {
     ] {
         out.push(with_sinks(c, 4));
     }
+    // An encoder's bidirectional attention (BERT): every token reads all of its
+    // sequence's rows of the step, over positions and over explicit spans.
+    for c in [
+        attn_case(7, 1, 4, 2, None, None, None),
+        attn_case(20, 1, 2, 2, None, None, None),
+        attn_case(3, 2, 4, 1, None, None, None),
+    ] {
+        out.push(non_causal(c));
+    }
     // The store alone, read back through attention: a one-row arena read by one query
     // reproduces that row's V exactly, so a misplaced row shows.
     let mut c = attn_case(1, 1, 2, 2, None, None, None);
@@ -944,6 +979,17 @@ fn with_sinks(mut c: OpCase, n_head: usize) -> OpCase {
         .collect();
     c.weights = gguf(&[(name, vec![n_head as u64], GgmlType::F32, sinks)]);
     c.name.push_str(" sinks");
+    c
+}
+
+/// `c` with its attention bidirectional (`AttnMeta::causal` off).
+fn non_causal(mut c: OpCase) -> OpCase {
+    for node in &mut c.graph.nodes {
+        if let crate::meta::NodeMeta::Attn(m) = &mut node.meta {
+            m.causal = false;
+        }
+    }
+    c.name.push_str(" non-causal");
     c
 }
 
@@ -985,6 +1031,7 @@ mod tests {
             "gelu",
             "softcap",
             "rms_norm",
+            "layer_norm",
             "qk_norm",
             "rope",
             "attn",
@@ -1001,6 +1048,7 @@ mod tests {
         // gpt-oss's terms: attention sinks, YaRN rope, biased experts with the clamped GLU.
         for (op, word) in [
             ("attn", " sinks"),
+            ("attn", " non-causal"),
             ("rope", " yarn "),
             ("mul_mat_id", " bias "),
             ("mul_mat_id_swiglu", " oai bias "),
