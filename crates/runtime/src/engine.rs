@@ -85,7 +85,7 @@ pub enum EngineError {
     #[error(transparent)]
     Env(#[from] minfer_env::EnvError),
     /// Generation (logits) was asked of an encoder, which has no generation head.
-    #[error("`{arch}` is an encoder model: it computes embeddings (and rerank scores), not text; use `minfer embed` or the embedding routes")]
+    #[error("`{arch}` is an encoder model: it computes embeddings, not text; use `minfer embed` or the embedding routes")]
     Encoder { arch: &'static str },
 }
 

@@ -274,7 +274,8 @@ pub fn run_device_cases(
 /// over a weight type outside `decoded`, rope with Llama 3 frequency factors, or
 /// sliding-window attention on a backend whose kernel has no term for it, attention over
 /// a KV ring, GELU, GeGLU, the soft-cap and soft-capped attention, the mixture-of-experts
-/// ops, the hybrid recurrent layers' ops: those nodes run on the CPU in a real graph); at
+/// ops, the hybrid recurrent layers' ops, BERT's LayerNorm and bidirectional attention:
+/// those nodes run on the CPU in a real graph); at
 /// least one matmul case ran for each type in `decoded`; and every case is accounted for.
 pub fn check_device_report(
     report: &CaseReport,
@@ -300,6 +301,10 @@ pub fn check_device_report(
             || (op == Some("attn") && case.contains(" softcap "));
         // Nor attention sinks (gpt-oss; `device_kit::supports_node`).
         let declined_sinks = op == Some("attn") && case.contains(" sinks");
+        // Nor an encoder's terms: bidirectional attention and LayerNorm (BERT;
+        // `device_kit::supports_node` and `supports_op`).
+        let declined_encoder =
+            op == Some("layer_norm") || (op == Some("attn") && case.contains(" non-causal"));
         let declined_matmul = op == Some("matmul") && !decoded.iter().any(|d| d.name() == ty);
         // No device kernel routes experts or has a softmax (`device_kit::supports_op`).
         let declined_moe = matches!(
@@ -325,6 +330,7 @@ pub fn check_device_report(
             || declined_moe
             || declined_ring
             || declined_sinks
+            || declined_encoder
             || declined_recurrent)
         {
             return Err(format!(

@@ -249,6 +249,61 @@ mod tests {
         assert_eq!(sorted.len(), tokens.len(), "duplicate texts");
     }
 
+    fn load(w: &GgufWriter) -> Result<Box<dyn crate::ModelDef>, crate::ModelError> {
+        crate::load_model(&minfer_gguf::GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap())
+    }
+
+    #[test]
+    fn the_graph_is_bidirectional_with_layer_norms_and_no_head() {
+        use minfer_graph::{NodeMeta, Op};
+        let spec = TinyBert::new(GgmlType::F32, BERT_SEED);
+        let m = load(&tiny_bert_writer(&spec).unwrap()).unwrap();
+        let p = crate::params::prefill(9, 9, crate::params::cpu_cparams(128)).unwrap();
+        let g = m.build_graph(&p);
+        let attn: Vec<_> = g
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::Attn { .. }))
+            .collect();
+        assert_eq!(attn.len(), spec.n_layer);
+        assert!(attn
+            .iter()
+            .all(|n| matches!(&n.meta, NodeMeta::Attn(a) if !a.causal)));
+        let norms = g
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::LayerNorm { .. }))
+            .count();
+        assert_eq!(norms, 1 + 2 * spec.n_layer);
+        assert!(g.input_by_name(crate::bert::INPUT_TOKEN_TYPES).is_some());
+        // The output is the hidden rows, not logits.
+        assert_eq!(g.nodes[g.outputs[0]].out_shape[..2], [spec.n_embd, 9]);
+        assert!(!m.weight_names().iter().any(|n| n.starts_with("output")));
+    }
+
+    #[test]
+    fn a_causal_bert_and_variant_tensors_are_refused_by_name() {
+        let spec = TinyBert::new(GgmlType::F32, BERT_SEED);
+        let mut w = tiny_bert_writer(&spec).unwrap();
+        w.add_meta("bert.attention.causal", MetaValue::Bool(true));
+        let e = load(&w).err().unwrap().to_string();
+        assert!(e.contains("bert.attention.causal"), "{e}");
+        let mut w = tiny_bert_writer(&spec).unwrap();
+        w.add_tensor_f32(
+            "blk.1.attn_qkv.weight",
+            &[64, 192],
+            GgmlType::F32,
+            &[0.0; 64 * 192],
+        )
+        .unwrap();
+        let e = load(&w).err().unwrap().to_string();
+        assert!(e.contains("blk.1.attn_qkv.weight"), "{e}");
+        let mut w = tiny_bert_writer(&spec).unwrap();
+        w.add_meta("bert.attention.layer_norm_epsilon", MetaValue::F32(-1.0));
+        let e = load(&w).err().unwrap().to_string();
+        assert!(e.contains("layer_norm_epsilon"), "{e}");
+    }
+
     #[test]
     fn a_tiny_bert_loads() {
         for (stem, spec) in bert_models() {
