@@ -2,7 +2,8 @@
 //! against the scalar f32 reference backend, within each case's stated bound. Every
 //! case must run on CUDA except those the backend declines by capability: matmuls over
 //! weight types no kernel decodes, rope with Llama 3 frequency factors, sliding-window
-//! attention, and Gemma's GELU, GeGLU and soft-caps. Skips
+//! attention, Gemma's GELU, GeGLU and soft-caps, and BERT's LayerNorm and bidirectional
+//! attention. Skips
 //! (saying so) without a device, fails there under `MINFER_CUDA_TESTS=require`.
 
 use minfer_cpu::CpuBackend;
