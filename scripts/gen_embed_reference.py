@@ -19,7 +19,10 @@ embeds and the embedding llama.cpp computes (the library's embedding mode, as
 With --tiny, DIR holds the tiny random-weight models written by
 `cargo run -p minfer-models --example write_tiny_models -- DIR`; the F32 ones of TINY are
 embedded with every pooling of TINY_POOLINGS (a Qwen3 with last-token pooling is how
-Qwen3-Embedding is built), into crates/runtime/tests/golden/embed_tiny_reference.json.
+Qwen3-Embedding is built), into crates/runtime/tests/golden/embed_tiny_reference.json;
+then the tiny BERT encoders of DIR/bert (BERT: bert-f32 with mean and CLS pooling,
+bert-q8_0 with mean) on TEXTS and BERT_TEXTS, with a 128-token context (their position
+table) and the whole text in one batch, as an encoder needs.
 """
 import json
 import os
@@ -46,9 +49,17 @@ POOLINGS = {
     "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
 }
 TINY_POOLINGS = dict(POOLINGS, cls=llama_cpp.LLAMA_POOLING_TYPE_CLS)
+BERT = {
+    "bert-f32": {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN, "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS},
+    "bert-q8_0": {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN},
+}
+# WordPiece's normalization on the way: accents, CJK, unknown words, punctuation.
+BERT_TEXTS = [
+    "Héllo, WORLD! The naïve café's résumé: playing & unplayable (3.14) 中文 zebra.",
+]
 
 
-def embeddings(model, poolings, n_ctx):
+def embeddings(model, poolings, n_ctx, texts=TEXTS):
     """(text, pooling, ids, normalised embedding) for every text and pooling."""
     rows = []
     for name, ptype in poolings.items():
@@ -64,7 +75,7 @@ def embeddings(model, poolings, n_ctx):
             type_v=GGML_TYPE_F32,
             verbose=False,
         )
-        for text in TEXTS:
+        for text in texts:
             ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
             v = np.array(llm.embed(text, normalize=False), dtype=np.float64)
             v = v / np.linalg.norm(v)
@@ -78,6 +89,11 @@ def main_tiny(d):
     out = {"entries": []}
     for stem in TINY:
         for row in embeddings(os.path.join(d, stem + ".gguf"), TINY_POOLINGS, 256):
+            row["model"] = stem
+            out["entries"].append(row)
+    for stem, poolings in BERT.items():
+        path = os.path.join(d, "bert", stem + ".gguf")
+        for row in embeddings(path, poolings, 128, TEXTS + BERT_TEXTS):
             row["model"] = stem
             out["entries"].append(row)
     with open(OUT_TINY, "w") as f:

@@ -43,6 +43,7 @@ fn main() -> Result<(), String> {
         softcap: None,
         ring: None,
         sinks: None,
+        causal: true,
     };
     // Deterministic pseudo-random values in [-1, 1).
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;

@@ -62,6 +62,7 @@ fn store_graph(n_ctx: usize) -> ComputeGraph {
         softcap: None,
         ring: None,
         sinks: None,
+        causal: true,
     };
     let a = b.attn(q, kv, cells, None, AttnMode::Gqa, meta);
     b.output(a);

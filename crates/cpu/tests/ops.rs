@@ -159,6 +159,7 @@ fn attention_with_store_and_span_matches() {
         softcap: None,
         ring: None,
         sinks: None,
+        causal: true,
     };
     for span in [false, true] {
         let mut b = GraphBuilder::new();

@@ -123,9 +123,27 @@ impl GraphBuilder {
     pub fn rms_norm(&mut self, x: NodeId, weight: Option<&WeightRef>, eps: f32) -> NodeId {
         let meta = NodeMeta::Norm(NormMeta {
             weight_name: weight.map(|w| w.name.clone()),
+            bias_name: None,
         });
         let shape = self.shape(x);
         self.node("", Op::RmsNorm { eps }, &[x], shape, DType::F32, meta)
+    }
+
+    /// Layer norm over dim 0 (mean removed, unit variance), then `* weight + bias`
+    /// where given (BERT's norms).
+    pub fn layer_norm(
+        &mut self,
+        x: NodeId,
+        weight: Option<&WeightRef>,
+        bias: Option<&WeightRef>,
+        eps: f32,
+    ) -> NodeId {
+        let meta = NodeMeta::Norm(NormMeta {
+            weight_name: weight.map(|w| w.name.clone()),
+            bias_name: bias.map(|w| w.name.clone()),
+        });
+        let shape = self.shape(x);
+        self.node("", Op::LayerNorm { eps }, &[x], shape, DType::F32, meta)
     }
 
     /// Per-head RMS norm: `x` is treated as `[hd, nt*nh]`, `weight` has `hd` values.
@@ -139,6 +157,7 @@ impl GraphBuilder {
     ) -> NodeId {
         let meta = NodeMeta::Norm(NormMeta {
             weight_name: weight.map(|w| w.name.clone()),
+            bias_name: None,
         });
         let shape = self.shape(x);
         self.node(
@@ -697,6 +716,7 @@ mod tests {
             softcap: None,
             ring: None,
             sinks: None,
+            causal: true,
         };
         // Output width comes from the meta, not from the wider fused q buffer.
         let a = b.attn(fq, kv, pos, None, AttnMode::Gqa, meta.clone());

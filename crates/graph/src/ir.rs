@@ -43,6 +43,13 @@ pub enum Op {
         /// Epsilon inside the root.
         eps: f32,
     },
+    /// Layer normalization over dim 0 (BERT): each row less its mean, divided by
+    /// `sqrt(variance + eps)`, then times the optional weight and plus the optional bias
+    /// of [`crate::NormMeta`] (ggml's `norm` followed by its `mul` and `add` nodes).
+    LayerNorm {
+        /// Epsilon inside the root.
+        eps: f32,
+    },
     /// Per-head RMS normalization (Qwen3 q/k norm).
     QkNorm {
         /// Head dimension.
@@ -202,6 +209,7 @@ impl Op {
             Op::SoftCap(_) => "softcap",
             Op::Softmax { .. } => "softmax",
             Op::RmsNorm { .. } => "rms_norm",
+            Op::LayerNorm { .. } => "layer_norm",
             Op::QkNorm { .. } => "qk_norm",
             Op::MatMul { .. } => "matmul",
             Op::GetRows => "get_rows",

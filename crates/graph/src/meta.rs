@@ -190,11 +190,15 @@ impl Glu {
     }
 }
 
-/// RMSNorm / QkNorm scale weight.
+/// A norm's scale weight (RMSNorm, QkNorm, LayerNorm) and, for LayerNorm only, its bias.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct NormMeta {
     /// Scale vector name; `None` for an unscaled norm.
     pub weight_name: Option<String>,
+    /// Bias vector name, added after the scale ([`crate::Op::LayerNorm`] only); `None`:
+    /// no bias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bias_name: Option<String>,
 }
 
 /// Rotary embedding parameters.
@@ -317,12 +321,50 @@ pub struct AttnMeta {
     /// backend whose kernel has no such term declines the node by capability.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sinks: Option<String>,
+    /// Whether a token attends only to keys up to its own position (decoders), or to
+    /// every key row of its sequence in the step (`false`: an encoder's bidirectional
+    /// attention, BERT): a token's key range ends where the step's last row of its
+    /// sequence ends instead of at its own row. Windows and rings are causal only. A
+    /// backend whose kernel has no such mode declines the node by capability.
+    #[serde(default = "causal_default", skip_serializing_if = "is_causal")]
+    pub causal: bool,
+}
+
+fn causal_default() -> bool {
+    true
+}
+
+fn is_causal(c: &bool) -> bool {
+    *c
 }
 
 impl AttnMeta {
     /// Width of one K (or V) row: `n_head_kv * hd`.
     pub fn nkt(&self) -> usize {
         self.n_head_kv * self.hd
+    }
+
+    /// Widens causal key ranges to an encoder's when the node is not causal: each
+    /// token's range `[lo, hi)` ends where the longest range starting at the same `lo`
+    /// (the step's last row of the token's sequence) ends, so every token of a sequence
+    /// sees all of the sequence's rows in the step. A causal node's ranges stay as given.
+    pub fn widen_non_causal(&self, ranges: &mut [(usize, usize)]) {
+        if self.causal {
+            return;
+        }
+        // (sequence start, its last row + 1); a step holds few sequences.
+        let mut ends: Vec<(usize, usize)> = Vec::new();
+        for &(lo, hi) in ranges.iter() {
+            match ends.iter_mut().find(|e| e.0 == lo) {
+                Some(e) => e.1 = e.1.max(hi),
+                None => ends.push((lo, hi)),
+            }
+        }
+        for r in ranges.iter_mut() {
+            if let Some(e) = ends.iter().find(|e| e.0 == r.0) {
+                r.1 = e.1;
+            }
+        }
     }
 
     /// Virtual rows the spans and positions may name: `n_ctx`, or what the ring serves.

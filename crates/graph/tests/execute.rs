@@ -302,6 +302,7 @@ fn explicit_span_attention_goes_only_where_spans_are_read() {
         softcap: None,
         ring: None,
         sinks: None,
+        causal: true,
     };
     let a = b.attn(q, kv, pos, Some(span), AttnMode::Gqa, meta);
     b.output(a);
@@ -340,6 +341,7 @@ fn a_layer_whose_attention_a_device_declines_keeps_its_kv_nodes_together() {
         softcap: Some(5.0),
         ring: None,
         sinks: None,
+        causal: true,
     };
     let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
     b.output(a);

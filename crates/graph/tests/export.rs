@@ -44,6 +44,7 @@ fn op_index(op: &Op) -> usize {
         Op::Slice { .. } => 32,
         Op::SsmConv { .. } => 33,
         Op::DeltaNet { .. } => 34,
+        Op::LayerNorm { .. } => 35,
     }
 }
 
@@ -122,6 +123,7 @@ fn all_ops() -> Vec<Op> {
         },
         Op::SsmConv { layer: 2 },
         Op::DeltaNet { layer: 2 },
+        Op::LayerNorm { eps: 1e-12 },
     ]
 }
 
@@ -145,7 +147,10 @@ fn all_metas() -> Vec<NodeMeta> {
             wtype: WeightType::Q5_0,
             bias_name: Some("blk.0.attn_q.bias".into()),
         }),
-        NodeMeta::Norm(NormMeta { weight_name: None }),
+        NodeMeta::Norm(NormMeta {
+            weight_name: Some("token_embd_norm.weight".into()),
+            bias_name: Some("token_embd_norm.bias".into()),
+        }),
         NodeMeta::Rope(rope.clone()),
         NodeMeta::Attn(AttnMeta {
             layer: 2,
@@ -158,6 +163,7 @@ fn all_metas() -> Vec<NodeMeta> {
             softcap: None,
             ring: None,
             sinks: None,
+            causal: false,
         }),
         NodeMeta::Kvcache(KvcacheMeta {
             layer: 1,
@@ -250,7 +256,7 @@ fn every_op_and_meta_variant_round_trips_through_json() {
     let metas = all_metas();
     let mut seen_ops: Vec<usize> = ops.iter().map(op_index).collect();
     seen_ops.dedup();
-    assert_eq!(seen_ops, (0..35).collect::<Vec<_>>());
+    assert_eq!(seen_ops, (0..36).collect::<Vec<_>>());
     assert_eq!(
         metas.iter().map(meta_index).collect::<Vec<_>>(),
         (0..13).collect::<Vec<_>>()
@@ -324,6 +330,7 @@ fn attention_window_and_softcap_round_trip_and_stay_optional() {
         softcap: Some(50.0),
         ring: None,
         sinks: None,
+        causal: true,
     };
     let mut b = GraphBuilder::new();
     let x = b.input("x", [128, 1, 1, 1], DType::F32);
@@ -411,6 +418,7 @@ fn gpt_oss_terms_round_trip_and_stay_optional() {
         softcap: None,
         ring: None,
         sinks: Some("blk.0.attn_sinks.weight".into()),
+        causal: true,
     };
     let experts = MatMulIdMeta {
         weight_name: "blk.0.ffn_up_exps.weight".into(),

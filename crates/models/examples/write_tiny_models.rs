@@ -1,6 +1,8 @@
 //! Writes the golden set of tiny random-weight models into a directory, with a
 //! `manifest.json` describing each (stem, file, spec), for the reference script, and the
-//! F32 models of the quantization-mix check into `DIR/mix` with a manifest of their own:
+//! F32 models of the quantization-mix check into `DIR/mix` with a manifest of their own,
+//! and the tiny BERT encoders (no logits: the embedding reference reads them) into
+//! `DIR/bert`:
 //!
 //! ```text
 //! cargo run -p minfer-models --example write_tiny_models -- DIR
@@ -11,7 +13,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use minfer_models::testing::{golden_models, quant_mix_models, write_tiny_model, TinySpec};
+use minfer_models::testing::{
+    bert_models, golden_models, quant_mix_models, write_tiny_bert, write_tiny_model, TinySpec,
+};
 
 /// The spec as JSON; `sliding_window` and the expert geometry only where set, so the
 /// other entries read as before.
@@ -62,8 +66,9 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mix = dir.join("mix");
-    if let Err(e) =
-        write_set(&dir, golden_models()).and_then(|()| write_set(&mix, quant_mix_models()))
+    if let Err(e) = write_set(&dir, golden_models())
+        .and_then(|()| write_set(&mix, quant_mix_models()))
+        .and_then(|()| write_berts(&dir.join("bert")))
     {
         eprintln!("{e}");
         return ExitCode::FAILURE;
@@ -89,4 +94,18 @@ fn write_set(dir: &std::path::Path, models: Vec<(&'static str, TinySpec)>) -> Re
     let manifest = format!("[{}]\n", entries.join(","));
     std::fs::write(dir.join("manifest.json"), manifest)
         .map_err(|e| format!("cannot write the manifest: {e}"))
+}
+
+/// Writes the tiny BERTs into `dir` (their stems name them; no manifest is needed).
+fn write_berts(dir: &std::path::Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    for (stem, spec) in bert_models() {
+        let path = dir.join(format!("{stem}.gguf"));
+        write_tiny_bert(&path, &spec).map_err(|e| format!("{stem}: {e}"))?;
+        println!(
+            "bert/{stem}.gguf: {} bytes",
+            std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
+        );
+    }
+    Ok(())
 }

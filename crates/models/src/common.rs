@@ -300,6 +300,7 @@ pub(crate) fn build(
             softcap: cx.attn.softcap,
             ring: cx.ring,
             sinks: lw.sinks.as_ref().map(|w| w.name.clone()),
+            causal: true,
         };
         let attn = b.attn(q, kv, pos, span, mode, meta);
         b.set_name(attn, &cx.name("kqv_out"));

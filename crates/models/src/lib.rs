@@ -1,6 +1,6 @@
 //! Model definitions for minfer (Qwen2, Qwen3, their mixture-of-experts variants Qwen2-MoE
 //! and Qwen3-MoE, the hybrid recurrent Qwen3.5, Qwen3.5-MoE and Qwen3-Next, Llama, Gemma 2 and 3,
-//! gpt-oss): hyperparameters,
+//! gpt-oss, and the BERT encoder): hyperparameters,
 //! load-time weight validation and compute-graph construction for the supported
 //! architectures (design §4, §10).
 //!
@@ -19,7 +19,10 @@
 //! * several sequences share one step through explicit spans: each owns a range of the
 //!   KV arena, its tokens write rows of that range and attend only inside it. The number
 //!   of sequences is data, so batches of one shape share one graph whatever their mix;
-//! * one output: logits `[n_vocab, n_out]`, token-major (row `i` is the `i`-th tail token);
+//! * one output: logits `[n_vocab, n_out]`, token-major (row `i` is the `i`-th tail token),
+//!   or the hidden rows `[n_embd, n_out]` with `CParams::embeddings` and always for an
+//!   encoder ([`ModelDef::is_encoder`], whose graph may add a `token_types` input, 0 for
+//!   every token: [`bert::INPUT_TOKEN_TYPES`]);
 //! * weights referenced by GGUF name ([`ModelDef::weight_names`]), plus the concatenated
 //!   weights of the GPU decode fusions ([`ModelDef::concat_weights`]).
 //!
@@ -29,6 +32,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bert;
 mod common;
 pub mod error;
 mod ffn;
@@ -76,6 +80,7 @@ pub const REGISTRY: &[(&str, LoadFn)] = &[
     (gemma::ARCH_GEMMA2, gemma::load_gemma2),
     (gemma::ARCH_GEMMA3, gemma::load_gemma3),
     (gpt_oss::ARCH, gpt_oss::load),
+    (bert::ARCH, bert::load),
 ];
 
 /// Names of the supported architectures, in registry order.

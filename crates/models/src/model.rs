@@ -48,6 +48,14 @@ pub trait ModelDef: Send + Sync {
         Vec::new()
     }
 
+    /// Whether this is an encoder (BERT): bidirectional attention and no generation
+    /// head. Its graph's output is every token's hidden state whatever
+    /// `CParams::embeddings` says, it may have a `token_types` input (filled with 0), and
+    /// a text must run whole in one step (its tokens read each other both ways).
+    fn is_encoder(&self) -> bool {
+        false
+    }
+
     /// Whether the lm head is the token embedding (`output.weight` absent).
     fn tied_output(&self) -> bool;
 

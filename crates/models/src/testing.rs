@@ -1,4 +1,5 @@
-//! Tiny random-weight models for tests, written with the project's own GGUF writer.
+//! Tiny random-weight models for tests, written with the project's own GGUF writer
+//! (the decoders here, the BERT encoders with their WordPiece vocabulary in `bert`).
 //!
 //! The files are complete enough for llama.cpp to load: every `{arch}.*` key it reads,
 //! and a byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2", pre "qwen2", or
@@ -20,6 +21,12 @@ use minfer_gguf::{GgmlType, GgufError, GgufWriter, MetaType, MetaValue};
 use minfer_testkit::SplitMix64;
 
 use crate::weights::{blk, blk_bias, OUTPUT, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD};
+
+mod bert;
+pub use bert::{
+    bert_models, bert_vocab, tiny_bert_bytes, write_tiny_bert, TinyBert, BERT_SEED, BERT_SPECIALS,
+    TINY_BERT_EPS,
+};
 
 /// Control tokens appended at the end of the vocabulary, in this order.
 pub const CONTROL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];

@@ -4,7 +4,8 @@
 //! The graph returns the hidden rows the output head would read (`CParams::embeddings`);
 //! pooling and normalisation run here, over all of a text's rows, in f64 so the order of
 //! the prefill chunks does not matter. A text runs as its own sequence from position 0,
-//! causal as the model is.
+//! causal as the model is; an encoder's text (BERT: every token attends to every other)
+//! runs whole in one step ([`chunk_len`]).
 
 use crate::engine::{Engine, EngineError};
 
@@ -86,11 +87,32 @@ pub fn embed(
             n_ctx: engine.n_ctx(),
         });
     }
-    let (n_embd, n_batch) = (engine.hparams().n_embd, engine.n_batch());
+    let n_embd = engine.hparams().n_embd;
+    let n_batch = chunk_len(engine, tokens.len(), engine.n_batch())?;
     engine.reset();
     pool(tokens, n_embd, n_batch, pooling, normalize, |chunk, pos| {
         engine.forward_hidden(chunk, pos)
     })
+}
+
+/// The chunk a text of `n` tokens is embedded in: `n_batch` for a causal model; the
+/// whole text for an encoder, whose tokens attend both ways so a text cannot be split,
+/// and which refuses a text past its position table (`{arch}.context_length`) by name.
+pub(crate) fn chunk_len(engine: &Engine, n: usize, n_batch: usize) -> Result<usize, EngineError> {
+    if !engine.is_encoder() {
+        return Ok(n_batch);
+    }
+    let limit = engine.hparams().n_ctx_train;
+    if n > limit {
+        return Err(EngineError::Param {
+            name: "input",
+            message: format!(
+                "{n} tokens exceed the {limit} positions of this encoder ({}.context_length); an encoder embeds a text in one pass",
+                engine.arch()
+            ),
+        });
+    }
+    Ok(n.max(1))
 }
 
 /// Runs `tokens` through `hidden` (a chunk of at most `n_batch` tokens and its first

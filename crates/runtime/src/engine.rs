@@ -84,6 +84,9 @@ pub enum EngineError {
     /// A `MINFER_*` environment variable holds a value it does not accept.
     #[error(transparent)]
     Env(#[from] minfer_env::EnvError),
+    /// Generation (logits) was asked of an encoder, which has no generation head.
+    #[error("`{arch}` is an encoder model: it computes embeddings, not text; use `minfer embed` or the embedding routes")]
+    Encoder { arch: &'static str },
 }
 
 /// How to build an engine.
@@ -314,6 +317,8 @@ struct StepScratch {
     spans: Vec<[u32; 2]>,
     out_rows: Vec<u32>,
     state_slots: Vec<u32>,
+    /// Zeros: an encoder's token types (every token segment 0, as llama.cpp runs it).
+    token_types: Vec<u32>,
 }
 
 impl Engine {
@@ -983,6 +988,7 @@ impl Engine {
         n_out: usize,
         out: &mut Vec<f32>,
     ) -> Result<(), EngineError> {
+        self.check_not_encoder()?;
         let nt = tokens.len();
         if nt == 0 || n_out == 0 || n_out > nt {
             return Err(EngineError::Param {
@@ -1069,6 +1075,21 @@ impl Engine {
         r
     }
 
+    /// Whether the model is an encoder (BERT): embeddings only, a text in one step.
+    pub fn is_encoder(&self) -> bool {
+        self.model.is_encoder()
+    }
+
+    /// Refuses a logits step on an encoder by name (embedding steps pass).
+    fn check_not_encoder(&self) -> Result<(), EngineError> {
+        if self.model.is_encoder() && !self.embeddings {
+            return Err(EngineError::Encoder {
+                arch: self.model.arch(),
+            });
+        }
+        Ok(())
+    }
+
     /// Whether the current sequence can go on from position `kept` (a reused prefix):
     /// always, unless sliding-window rings dropped rows that position needs; then the
     /// caller prefills from 0 ([`crate::swa`]).
@@ -1133,6 +1154,7 @@ impl Engine {
     /// and returns the logits of `rows.out_rows`, row by row. Every row is checked
     /// against the vocabulary and the KV arena before anything runs.
     pub fn forward_rows(&mut self, rows: &TokenRows) -> Result<Vec<f32>, EngineError> {
+        self.check_not_encoder()?;
         let bad = |message: String| {
             Err(EngineError::Param {
                 name: "batch",
@@ -1239,6 +1261,15 @@ impl Engine {
             slots.clear();
             slots.extend(rows.cells.iter().map(|&c| c / self.seq_rows as u32));
             alloc.fill_input_u32(graph, minfer_models::INPUT_STATE_SLOTS, slots)?;
+        }
+        if graph
+            .input_by_name(minfer_models::bert::INPUT_TOKEN_TYPES)
+            .is_some()
+        {
+            let types = &mut self.scratch.token_types;
+            types.clear();
+            types.resize(nt, 0);
+            alloc.fill_input_u32(graph, minfer_models::bert::INPUT_TOKEN_TYPES, types)?;
         }
         self.scheduler.execute(graph, alloc)?;
         if !alloc.read_into(graph.outputs[0], out) {

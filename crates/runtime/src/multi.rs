@@ -407,6 +407,12 @@ impl MultiEngine {
     fn plan(&self, batch: &[SeqStep]) -> Vec<Exec> {
         let mut execs: Vec<Exec> = Vec::new();
         let mut cur = Exec::default();
+        // An encoder's entry is a whole text whose tokens attend both ways: never cut.
+        let cap = if self.engine.is_encoder() {
+            usize::MAX
+        } else {
+            self.n_batch
+        };
         for (e, s) in batch.iter().enumerate() {
             if !self.batching && cur.len() > 0 {
                 execs.push(std::mem::take(&mut cur));
@@ -414,7 +420,7 @@ impl MultiEngine {
             let base = s.slot * self.slot_ctx;
             let first_out = s.tokens.len() - s.n_out;
             for (i, &tok) in s.tokens.iter().enumerate() {
-                if cur.len() == self.n_batch {
+                if cur.len() == cap {
                     execs.push(std::mem::take(&mut cur));
                 }
                 let p = s.pos0 + i;
@@ -477,7 +483,8 @@ impl MultiEngine {
                 n_ctx: self.slot_ctx,
             });
         }
-        let (n_embd, n_batch) = (self.engine.hparams().n_embd, self.n_batch);
+        let n_embd = self.engine.hparams().n_embd;
+        let n_batch = crate::embed::chunk_len(&self.engine, tokens.len(), self.n_batch)?;
         self.filled[slot] = 0;
         crate::embed::pool(
             tokens,

@@ -18,7 +18,7 @@ pub enum TokenizerError {
         expected: &'static str,
     },
     /// `tokenizer.ggml.model` names a tokenizer minfer does not implement.
-    #[error("unsupported tokenizer model `{0}` (supported: gpt2, llama)")]
+    #[error("unsupported tokenizer model `{0}` (supported: gpt2, llama, bert)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer minfer does not implement.
     #[error(

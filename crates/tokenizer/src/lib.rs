@@ -3,7 +3,8 @@
 //! [`Tokenizer`] is a byte-level BPE (`tokenizer.ggml.model = "gpt2"`) built from
 //! `tokenizer.ggml.tokens`, `token_type` and `merges`, with the pre-tokenizer named by
 //! `tokenizer.ggml.pre` ([`PreKind`]), or a SentencePiece-style vocabulary
-//! (`tokenizer.ggml.model = "llama"`: `tokens`, `scores`, `token_type`, byte fallback).
+//! (`tokenizer.ggml.model = "llama"`: `tokens`, `scores`, `token_type`, byte fallback),
+//! or WordPiece (`"bert"`: llama.cpp's WPM normalizer and greedy longest-piece cut).
 //! Unknown models and pre-tokenizers are refused by name.
 //! Encoding follows llama.cpp's rules for special tokens; decoding is byte-exact.
 //! [`StreamDecoder`] turns a token stream into whole UTF-8 characters, and [`ChatTemplate`]
@@ -22,6 +23,7 @@ mod template;
 mod texts;
 mod tokenizer;
 mod vocab;
+mod wpm;
 
 pub use error::{TemplateError, TokenizerError};
 pub use pretok::{PreKind, PreTokenizer};

@@ -6,10 +6,11 @@ use crate::error::TokenizerError;
 use crate::pretok::{PreKind, PreTokenizer};
 use crate::spm::{Spm, SpmScratch};
 use crate::vocab::{opt_id, Meta, Rendering, TokenType, Vocab, SPACE_MARK};
+use crate::wpm::Wpm;
 use minfer_gguf::GgufFile;
 use std::ops::Range;
 
-/// A tokenizer built from a GGUF vocabulary: byte-level BPE or SentencePiece.
+/// A tokenizer built from a GGUF vocabulary: byte-level BPE, SentencePiece or WordPiece.
 pub struct Tokenizer {
     vocab: Vocab,
     model: Model,
@@ -31,6 +32,8 @@ enum Model {
     },
     /// `llama`: score-ordered merges over characters with byte fallback.
     Spm(Spm),
+    /// `bert`: normalized words cut greedily into the longest pieces (WordPiece).
+    Wpm(Wpm),
 }
 
 /// One piece of the input after special-token partitioning.
@@ -54,6 +57,7 @@ impl Tokenizer {
         match model {
             "gpt2" => Self::bpe(get),
             "llama" => Self::spm(get),
+            "bert" => Self::wpm(get),
             other => Err(TokenizerError::UnsupportedModel(other.to_string())),
         }
     }
@@ -119,7 +123,38 @@ impl Tokenizer {
         Self::finish(get, vocab, Model::Spm(spm), pre_name.to_string(), true)
     }
 
-    /// BOS/EOS flags and the chat template, shared by both models.
+    /// WordPiece vocabularies, with llama.cpp's defaults for what the file leaves out:
+    /// `[CLS]`/`[UNK]`/`[SEP]`/`[PAD]` ids 101/100/102/0, lowercasing on and accent
+    /// stripping as lowercasing. `[CLS]` and `[SEP]` enclose every encoding with special
+    /// tokens, whatever `add_bos_token` says (llama.cpp adds both for this model).
+    fn wpm<'a>(get: &Meta<'a>) -> Result<Self, TokenizerError> {
+        let mut vocab = Vocab::load(get, Rendering::SentencePiece)?;
+        let n = vocab.texts.len();
+        let id = |key: &'static str, default: u32| -> Result<Option<u32>, TokenizerError> {
+            Ok(opt_id(get, key, n)?
+                .or((get(key).is_none() && (default as usize) < n).then_some(default)))
+        };
+        vocab.bos = vocab.bos.or(id("tokenizer.ggml.bos_token_id", 101)?);
+        vocab.pad = vocab.pad.or(id("tokenizer.ggml.padding_token_id", 0)?);
+        let unk = id("tokenizer.ggml.unknown_token_id", 100)?
+            .ok_or(TokenizerError::MissingSpecial { which: "unknown" })?;
+        // llama.cpp's key is spelled so.
+        let sep = id("tokenizer.ggml.seperator_token_id", 102)?
+            .ok_or(TokenizerError::MissingSpecial { which: "separator" })?;
+        if vocab.bos.is_none() {
+            return Err(TokenizerError::MissingSpecial { which: "bos" });
+        }
+        let lowercase = meta_bool(get, "tokenizer.ggml.normalizer.lowercase")?.unwrap_or(true);
+        let strip_accents =
+            meta_bool(get, "tokenizer.ggml.normalizer.strip_accents")?.unwrap_or(lowercase);
+        let wpm = Wpm::new(&vocab.texts, lowercase, strip_accents, unk, sep);
+        let pre_name = meta_str(get, "tokenizer.ggml.pre")?.unwrap_or("default");
+        let mut t = Self::finish(get, vocab, Model::Wpm(wpm), pre_name.to_string(), true)?;
+        t.add_bos = true;
+        Ok(t)
+    }
+
+    /// BOS/EOS flags and the chat template, shared by every model.
     fn finish<'a>(
         get: &Meta<'a>,
         vocab: Vocab,
@@ -151,7 +186,7 @@ impl Tokenizer {
     fn spm_model(&self) -> Option<&Spm> {
         match &self.model {
             Model::Spm(s) => Some(s),
-            Model::Bpe { .. } => None,
+            Model::Bpe { .. } | Model::Wpm(_) => None,
         }
     }
 
@@ -235,6 +270,14 @@ impl Tokenizer {
                     }
                 }
             }
+            Model::Wpm(wpm) => {
+                for f in frags {
+                    match f {
+                        Frag::Token(id) => out.push(id),
+                        Frag::Text(s, e) => wpm.encode(&self.vocab.texts, &text[s..e], &mut out),
+                    }
+                }
+            }
             Model::Spm(spm) => {
                 let mut scratch = SpmScratch::default();
                 let mut escaped = String::new();
@@ -261,7 +304,9 @@ impl Tokenizer {
                 }
             }
         }
-        if add_special && self.add_eos {
+        if let (true, Model::Wpm(wpm)) = (add_special, &self.model) {
+            out.push(wpm.sep);
+        } else if add_special && self.add_eos {
             out.extend(self.vocab.eos);
         }
         out
@@ -399,7 +444,7 @@ impl Tokenizer {
     pub fn n_merges(&self) -> usize {
         match &self.model {
             Model::Bpe { merges, .. } => merges.len(),
-            Model::Spm(_) => 0,
+            Model::Spm(_) | Model::Wpm(_) => 0,
         }
     }
 
@@ -408,6 +453,7 @@ impl Tokenizer {
         match &self.model {
             Model::Bpe { .. } => "gpt2",
             Model::Spm(_) => "llama",
+            Model::Wpm(_) => "bert",
         }
     }
 
@@ -681,14 +727,14 @@ pub(crate) mod tests {
         let mut m = tiny_metadata();
         m.insert(
             "tokenizer.ggml.model".into(),
-            MetaValue::String("bert".into()),
+            MetaValue::String("rwkv".into()),
         );
         let err = build(&m).err().unwrap();
         assert!(
-            matches!(err, TokenizerError::UnsupportedModel(ref n) if n == "bert"),
+            matches!(err, TokenizerError::UnsupportedModel(ref n) if n == "rwkv"),
             "{err}"
         );
-        assert!(err.to_string().contains("`bert`"), "{err}");
+        assert!(err.to_string().contains("`rwkv`"), "{err}");
 
         let mut m = tiny_metadata();
         m.insert(

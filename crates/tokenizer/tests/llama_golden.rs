@@ -1,6 +1,8 @@
 //! The Llama family's tokenizers against golden vectors from independent implementations
 //! (scripts/gen_llama_tokenizer_golden.py): byte-level BPE with the `llama-bpe` and `smollm`
-//! pre-tokenizers (HF `tokenizers`) and a SentencePiece vocabulary (`sentencepiece`). Each
+//! pre-tokenizers (HF `tokenizers`) and a SentencePiece vocabulary (`sentencepiece`); and
+//! BERT's WordPiece against llama.cpp's own WPM tokenizer on the tiny BERT's vocabulary
+//! (scripts/gen_wpm_tokenizer_golden.py). Each
 //! golden file carries its vocabulary; the test writes it into a GGUF file with minfer's
 //! writer, reads it back and compares encodings, then checks byte-exact round trips.
 
@@ -209,4 +211,47 @@ fn broken_sentencepiece_vocabularies_are_named_errors() {
     .err()
     .unwrap();
     assert!(err.to_string().contains("`t5`"), "{err}");
+}
+
+/// WordPiece against llama.cpp on the tiny BERT's vocabulary: accents, CJK, punctuation,
+/// control characters, unknown words, `[CLS]`/`[SEP]` added (or not), special-token texts
+/// parsed (or not).
+#[test]
+fn wordpiece_matches_llama_cpp() {
+    let src = include_str!("golden/wpm.json");
+    let v: Value = serde_json::from_str(src).expect("golden JSON");
+    let tok = tokenizer(&golden(src));
+    assert_eq!(tok.model_name(), "bert");
+    let cases = v["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 600, "only {} cases", cases.len());
+    let unk = tok.token_id("[UNK]").expect("[UNK]");
+    let ids_of = |c: &Value| -> Vec<u32> {
+        c["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect()
+    };
+    // The golden set must exercise what it claims to: unknown words and continuation pieces.
+    assert!(cases.iter().any(|c| ids_of(c).contains(&unk)));
+    let mut failures = Vec::new();
+    for c in cases {
+        let text = c["text"].as_str().expect("text");
+        let (special, add) = (c["special"].as_bool().unwrap(), c["add"].as_bool().unwrap());
+        let got = tok.encode(text, add, special);
+        let want = ids_of(c);
+        if got != want {
+            failures.push(format!(
+                "{text:?} (special={special}, add={add}): expected {want:?}, got {got:?}"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} WordPiece cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures[..failures.len().min(10)].join("\n")
+    );
 }

@@ -3,8 +3,9 @@
 //! each case's stated bound. Every case must run on wgpu except the matmuls over weight
 //! types no shader decodes, which the backend declines by capability (they run on the
 //! CPU in a real graph), rope with Llama 3 frequency factors or YaRN terms, Gemma's GELU,
-//! GeGLU and soft-caps, and gpt-oss's attention sinks, which have no term in the shaders: every op the Qwen2/Qwen3 graphs emit, and every weight type of the real
-//! models and IQ4_NL/IQ4_XS, runs on the device.
+//! GeGLU and soft-caps, gpt-oss's attention sinks, and BERT's LayerNorm and bidirectional
+//! attention, which have no term in the shaders: every op the Qwen2/Qwen3 graphs emit, and
+//! every weight type of the real models and IQ4_NL/IQ4_XS, runs on the device.
 
 use minfer_cpu::CpuBackend;
 use minfer_graph::testing::cases::run_device_cases;

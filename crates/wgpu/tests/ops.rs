@@ -117,6 +117,7 @@ fn rms_norm_matches_the_cpu_at_wide_and_odd_widths() {
     ] {
         let meta = NodeMeta::Norm(NormMeta {
             weight_name: name.map(str::to_string),
+            bias_name: None,
         });
         let nd = node(Op::RmsNorm { eps: 1e-6 }, 1, [d, nt, 1, 1], meta);
         let x = r.vec(d * nt, 1.0);
@@ -631,6 +632,7 @@ fn attn_meta(n_head: usize, n_head_kv: usize, hd: usize, n_ctx: usize) -> AttnMe
         softcap: None,
         ring: None,
         sinks: None,
+        causal: true,
     }
 }
 

@@ -5,6 +5,7 @@
 mod common;
 
 mod bench;
+mod bert;
 mod deploy;
 mod info;
 mod llama;

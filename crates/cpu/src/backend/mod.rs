@@ -537,6 +537,15 @@ impl CpuBackend {
                 let w = norm_weight(weights, meta)?;
                 norm::rms_norm(pool, src(0)?, out, node.out_shape[0], *eps, w)
             }
+            (Op::LayerNorm { eps }, meta) => {
+                let w = norm_weight(weights, meta)?;
+                let b = match meta {
+                    NodeMeta::Norm(m) => m.bias_name.as_deref().map(|n| vector(weights, n)),
+                    _ => None,
+                }
+                .transpose()?;
+                norm::layer_norm(pool, src(0)?, out, node.out_shape[0], *eps, w, b)
+            }
             (Op::QkNorm { hd, eps, .. }, meta) => {
                 let w = norm_weight(weights, meta)?;
                 norm::rms_norm(pool, src(0)?, out, *hd, *eps, w)
@@ -1257,6 +1266,7 @@ impl BackendImpl for CpuBackend {
                     | Op::SoftCap(_)
                     | Op::Softmax { dim: 0 }
                     | Op::RmsNorm { .. }
+                    | Op::LayerNorm { .. }
                     | Op::QkNorm { .. }
                     | Op::MatMul { .. }
                     | Op::GetRows

@@ -1,6 +1,7 @@
-//! RMS normalization (whole rows, and per head for the Qwen3 q/k norm).
+//! RMS normalization (whole rows, and per head for the Qwen3 q/k norm) and layer
+//! normalization (BERT).
 //!
-//! Arithmetic follows ggml's CPU kernel: each square is formed in f32 and summed in f64
+//! RMS arithmetic follows ggml's CPU kernel: each square is formed in f32 and summed in f64
 //! in element order, the mean is rounded to f32, `scale = 1 / sqrt(mean + eps)` in f32,
 //! `y = x * scale`, and the optional weight multiplies afterwards (`(x * scale) * w`, as
 //! ggml's separate `mul` node does).
@@ -67,6 +68,70 @@ pub fn rms_norm(
     Ok(())
 }
 
+/// Layer-normalizes one row `x` into `y` (same length), as ggml's `norm` does it: the
+/// sum in f64, the mean rounded to f32, `y = x - mean`, the variance the f64 sum of
+/// `y * y` over the row rounded to f32, `y *= 1 / sqrt(var + eps)`; then `* w` and `+ b`
+/// where given (ggml's separate `mul` and `add` nodes).
+pub fn layer_norm_row(x: &[f32], y: &mut [f32], eps: f32, w: Option<&[f32]>, b: Option<&[f32]>) {
+    let n = x.len() as f64;
+    let mean = (x.iter().map(|&v| f64::from(v)).sum::<f64>() / n) as f32;
+    let mut sum = 0.0f64;
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = x - mean;
+        sum += f64::from(*y * *y);
+    }
+    let scale = 1.0f32 / ((sum / n) as f32 + eps).sqrt();
+    for (i, y) in y.iter_mut().enumerate() {
+        *y *= scale;
+        if let Some(w) = w {
+            *y *= w[i];
+        }
+        if let Some(b) = b {
+            *y += b[i];
+        }
+    }
+}
+
+/// Layer-normalizes every row of `d` values of `x` into `y` (`y.len()` values, a
+/// multiple of `d`, at most `x.len()`), with the optional weight and bias of `d` values.
+pub fn layer_norm(
+    pool: &ThreadPool,
+    x: &[f32],
+    y: &mut [f32],
+    d: usize,
+    eps: f32,
+    w: Option<&[f32]>,
+    b: Option<&[f32]>,
+) -> Result<(), String> {
+    let n = y.len();
+    if d == 0 || !n.is_multiple_of(d) || x.len() < n {
+        return Err(format!(
+            "layer norm: {n} output values in rows of {d} from {} inputs",
+            x.len()
+        ));
+    }
+    for (what, v) in [("weight", w), ("bias", b)] {
+        if let Some(v) = v.filter(|v| v.len() != d) {
+            return Err(format!(
+                "layer norm: {what} has {} values, rows have {d}",
+                v.len()
+            ));
+        }
+    }
+    if eps.is_nan() || eps < 0.0 {
+        return Err(format!(
+            "layer norm: eps {eps} is not a non-negative number"
+        ));
+    }
+    par_rows(pool, y, d, n >= PAR_MIN_ELEMS, &|row0, ys| {
+        for (i, yr) in ys.chunks_exact_mut(d).enumerate() {
+            let r = row0 + i;
+            layer_norm_row(&x[r * d..(r + 1) * d], yr, eps, w, b);
+        }
+    });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +180,51 @@ mod tests {
         rms_norm_row(&x, &mut y, 0.0, Some(&[0.7]));
         let scale = 1.0f32 / 9.0f32.sqrt();
         assert_eq!(y[0].to_bits(), ((3.0 * scale) * 0.7f32).to_bits());
+    }
+
+    #[test]
+    fn layer_norm_matches_f64_reference_and_is_thread_count_independent() {
+        let mut r = Rng::new(9);
+        let (d, rows) = (384, 40);
+        // Offset rows: a kernel that forgot the mean would be far off.
+        let x: Vec<f32> = r.vec(d * rows, 1.0).iter().map(|v| v + 3.0).collect();
+        let (w, b) = (r.vec(d, 1.0), r.vec(d, 1.0));
+        let want: Vec<f64> = x
+            .chunks(d)
+            .flat_map(|row| {
+                let m = row.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+                let var = row.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / d as f64;
+                let s = 1.0 / (var + 1e-12).sqrt();
+                let (w, b) = (&w, &b);
+                row.iter()
+                    .enumerate()
+                    .map(move |(i, &v)| (v as f64 - m) * s * w[i] as f64 + b[i] as f64)
+            })
+            .collect();
+        let mut outs = Vec::new();
+        for nth in [1, 3] {
+            let pool = ThreadPool::new(nth);
+            let mut y = vec![0.0; d * rows];
+            layer_norm(&pool, &x, &mut y, d, 1e-12, Some(&w), Some(&b)).unwrap();
+            for (a, e) in y.iter().zip(&want) {
+                assert!(
+                    (*a as f64 - e).abs() <= 1e-4 * e.abs().max(1.0),
+                    "{a} vs {e}"
+                );
+            }
+            outs.push(y);
+        }
+        assert_eq!(outs[0], outs[1]);
+        // Bare: every row has mean 0 and variance 1.
+        let mut y = vec![0.0; d];
+        layer_norm_row(&x[..d], &mut y, 0.0, None, None);
+        let m = y.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+        let var = y.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / d as f64;
+        assert!(m.abs() < 1e-5 && (var - 1.0).abs() < 1e-4, "{m} {var}");
+        let pool = ThreadPool::new(1);
+        let mut y = vec![0.0; 6];
+        assert!(layer_norm(&pool, &[0.0; 6], &mut y, 3, 1e-5, None, Some(&[0.0; 2])).is_err());
+        assert!(layer_norm(&pool, &[0.0; 6], &mut y, 4, 1e-5, None, None).is_err());
     }
 
     #[test]

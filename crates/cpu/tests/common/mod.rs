@@ -307,6 +307,7 @@ pub fn model_graph(cfg: &Cfg, ws: &[TestWeight], nt: usize) -> ComputeGraph {
             softcap: None,
             ring: None,
             sinks: None,
+            causal: true,
         };
         let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
         let o = b.matmul(a, &w(&p("attn_output.weight")), None);

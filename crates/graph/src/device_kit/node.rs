@@ -37,7 +37,8 @@ pub fn supports_op(op: &Op, dtype: DType) -> bool {
 /// Whether a device backend takes `node`: an op of [`supports_op`], a node touching
 /// the KV regions only when they live here (`kv_here`; the QKV fusions store into
 /// them), sliding-window attention only where its kernel honours the window
-/// (`windows`), no attention with a score soft-cap or sinks and no rope with YaRN terms
+/// (`windows`), no attention with a score soft-cap or sinks or that is not causal, and
+/// no rope with YaRN terms
 /// (no device kernel has those terms), no node of a ringed KV layer, and every weight it
 /// names decoded (`weights_decoded`, the backend's own).
 pub fn supports_node(
@@ -48,8 +49,9 @@ pub fn supports_node(
 ) -> bool {
     let kv = node.kv_layer().is_some();
     let windowed = matches!(&node.meta, NodeMeta::Attn(m) if m.window.is_some());
-    let capped =
-        matches!(&node.meta, NodeMeta::Attn(m) if m.softcap.is_some() || m.sinks.is_some());
+    // Nor a bidirectional (encoder) key range: the device kernels bound keys causally.
+    let capped = matches!(&node.meta, NodeMeta::Attn(m)
+        if m.softcap.is_some() || m.sinks.is_some() || !m.causal);
     let yarn = match &node.meta {
         NodeMeta::Rope(m) => m.yarn.is_some(),
         NodeMeta::FusedQkv(m) => m.rope.yarn.is_some(),

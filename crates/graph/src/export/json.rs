@@ -16,7 +16,7 @@ pub fn op_detail(op: &Op) -> String {
         Op::Scale(s) => format!("s={s}"),
         Op::SoftCap(c) => format!("c={c}"),
         Op::Softmax { dim } => format!("dim={dim}"),
-        Op::RmsNorm { eps } => format!("eps={eps}"),
+        Op::RmsNorm { eps } | Op::LayerNorm { eps } => format!("eps={eps}"),
         Op::QkNorm { hd, nh, eps } => format!("hd={hd} nh={nh} eps={eps}"),
         Op::MatMul { transpose_b } => format!("transpose_b={transpose_b}"),
         Op::RoPE {
@@ -53,7 +53,7 @@ pub fn op_args(op: &Op) -> Value {
         Op::Scale(s) => json!({ "s": s }),
         Op::SoftCap(c) => json!({ "c": c }),
         Op::Softmax { dim } => json!({ "dim": dim }),
-        Op::RmsNorm { eps } => json!({ "eps": eps }),
+        Op::RmsNorm { eps } | Op::LayerNorm { eps } => json!({ "eps": eps }),
         Op::QkNorm { hd, nh, eps } => json!({ "hd": hd, "nh": nh, "eps": eps }),
         Op::MatMul { transpose_b } => json!({ "transpose_b": transpose_b }),
         Op::RoPE {
@@ -197,6 +197,9 @@ pub fn op_from_json(name: &str, args: &Value) -> Result<Op, GraphError> {
             dim: arg_usize(a, "dim")?,
         },
         "rms_norm" => Op::RmsNorm {
+            eps: arg_f32(a, "eps")?,
+        },
+        "layer_norm" => Op::LayerNorm {
             eps: arg_f32(a, "eps")?,
         },
         "qk_norm" => Op::QkNorm {

@@ -274,7 +274,8 @@ pub fn run_device_cases(
 /// over a weight type outside `decoded`, rope with Llama 3 frequency factors, or
 /// sliding-window attention on a backend whose kernel has no term for it, attention over
 /// a KV ring, GELU, GeGLU, the soft-cap and soft-capped attention, the mixture-of-experts
-/// ops, the hybrid recurrent layers' ops: those nodes run on the CPU in a real graph); at
+/// ops, the hybrid recurrent layers' ops, BERT's LayerNorm and bidirectional attention:
+/// those nodes run on the CPU in a real graph); at
 /// least one matmul case ran for each type in `decoded`; and every case is accounted for.
 pub fn check_device_report(
     report: &CaseReport,
@@ -300,6 +301,10 @@ pub fn check_device_report(
             || (op == Some("attn") && case.contains(" softcap "));
         // Nor attention sinks (gpt-oss; `device_kit::supports_node`).
         let declined_sinks = op == Some("attn") && case.contains(" sinks");
+        // Nor an encoder's terms: bidirectional attention and LayerNorm (BERT;
+        // `device_kit::supports_node` and `supports_op`).
+        let declined_encoder =
+            op == Some("layer_norm") || (op == Some("attn") && case.contains(" non-causal"));
         let declined_matmul = op == Some("matmul") && !decoded.iter().any(|d| d.name() == ty);
         // No device kernel routes experts or has a softmax (`device_kit::supports_op`).
         let declined_moe = matches!(
@@ -325,6 +330,7 @@ pub fn check_device_report(
             || declined_moe
             || declined_ring
             || declined_sinks
+            || declined_encoder
             || declined_recurrent)
         {
             return Err(format!(
@@ -664,6 +670,7 @@ fn norm_cases(out: &mut Vec<OpCase>) {
     let weights = gguf(&[
         ("norm", vec![d as u64], GgmlType::F32, values(21, d)),
         ("qk", vec![hd as u64], GgmlType::F32, values(22, hd)),
+        ("norm_b", vec![d as u64], GgmlType::F32, values(26, d)),
     ]);
     for nt in TOKENS {
         for weighted in [false, true] {
@@ -680,6 +687,30 @@ fn norm_cases(out: &mut Vec<OpCase>) {
                 op: "rms_norm",
                 graph: b.build(),
                 inputs: vec![f32_input("x", values(23, d * nt))],
+                weights: Arc::clone(&weights),
+                bound: 1e-5,
+            });
+        }
+        // BERT's layer norm, with its weight and bias and bare; the inputs are offset so
+        // that the mean matters.
+        for affine in [false, true] {
+            let mut b = GraphBuilder::new();
+            let x = b.input("x", [d, nt, 1, 1], DType::F32);
+            let (w, bias) = (
+                wref("norm", GgmlType::F32, [d, 1]),
+                wref("norm_b", GgmlType::F32, [d, 1]),
+            );
+            let y = b.layer_norm(x, affine.then_some(&w), affine.then_some(&bias), 1e-12);
+            b.output(y);
+            let xs = values(25, d * nt).into_iter().map(|v| v + 0.75).collect();
+            out.push(OpCase {
+                name: format!(
+                    "layer_norm [{d}] nt={nt}{}",
+                    if affine { " weight bias" } else { "" }
+                ),
+                op: "layer_norm",
+                graph: b.build(),
+                inputs: vec![f32_input("x", xs)],
                 weights: Arc::clone(&weights),
                 bound: 1e-5,
             });
@@ -886,6 +917,7 @@ fn attn_case(
         softcap,
         ring,
         sinks: None,
+        causal: true,
     };
     let a = b.attn(q, kv, pos, span, AttnMode::Gqa, meta);
     b.output(a);
@@ -969,6 +1001,15 @@ fn kv_cases(out: &mut Vec<OpCase>) {
     ] {
         out.push(with_sinks(c, 4));
     }
+    // An encoder's bidirectional attention (BERT): every token reads all of its
+    // sequence's rows of the step, over positions and over explicit spans.
+    for c in [
+        attn_case(7, 1, 4, 2, None, None, None),
+        attn_case(20, 1, 2, 2, None, None, None),
+        attn_case(3, 2, 4, 1, None, None, None),
+    ] {
+        out.push(non_causal(c));
+    }
     // The store alone, read back through attention: a one-row arena read by one query
     // reproduces that row's V exactly, so a misplaced row shows.
     let mut c = attn_case(1, 1, 2, 2, None, None, None);
@@ -993,6 +1034,17 @@ fn with_sinks(mut c: OpCase, n_head: usize) -> OpCase {
         .collect();
     c.weights = gguf(&[(name, vec![n_head as u64], GgmlType::F32, sinks)]);
     c.name.push_str(" sinks");
+    c
+}
+
+/// `c` with its attention bidirectional (`AttnMeta::causal` off).
+fn non_causal(mut c: OpCase) -> OpCase {
+    for node in &mut c.graph.nodes {
+        if let crate::meta::NodeMeta::Attn(m) = &mut node.meta {
+            m.causal = false;
+        }
+    }
+    c.name.push_str(" non-causal");
     c
 }
 
@@ -1034,6 +1086,7 @@ mod tests {
             "gelu",
             "softcap",
             "rms_norm",
+            "layer_norm",
             "qk_norm",
             "rope",
             "attn",
@@ -1050,6 +1103,7 @@ mod tests {
         // gpt-oss's terms: attention sinks, YaRN rope, biased experts with the clamped GLU.
         for (op, word) in [
             ("attn", " sinks"),
+            ("attn", " non-causal"),
             ("rope", " yarn "),
             ("mul_mat_id", " bias "),
             ("mul_mat_id_swiglu", " oai bias "),

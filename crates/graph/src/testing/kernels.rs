@@ -71,6 +71,31 @@ fn rms_rows(x: &[f32], d: usize, eps: f32, w: Option<&[f32]>) -> Result<Vec<f32>
     Ok(out)
 }
 
+/// Layer norm of rows of `d` in f64: `(x - mean) / sqrt(var + eps) * w + b`.
+fn layer_rows(
+    x: &[f32],
+    d: usize,
+    eps: f32,
+    w: Option<&[f32]>,
+    b: Option<&[f32]>,
+) -> Result<Vec<f32>, String> {
+    let bad = |v: Option<&[f32]>| v.is_some_and(|v| v.len() != d);
+    if d == 0 || !x.len().is_multiple_of(d) || bad(w) || bad(b) {
+        return Err(format!("layer norm of {} values in rows of {d}", x.len()));
+    }
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(d) {
+        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+        let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
+        let s = 1.0 / (var + eps as f64).sqrt();
+        for (i, &v) in row.iter().enumerate() {
+            let y = (v as f64 - mean) * s * w.map_or(1.0, |w| w[i] as f64);
+            out.push((y + b.map_or(0.0, |b| b[i] as f64)) as f32);
+        }
+    }
+    Ok(out)
+}
+
 /// `y[t][o] = sum_i w[o][i] * x[t][i]` with `x` rows of `stride >= in_dim`.
 fn matmul(
     x: &[f32],
@@ -210,6 +235,22 @@ pub(super) fn compute(
             }
             Ok(out)
         }
+        (Op::LayerNorm { eps }, meta) => {
+            let (scale, bias) = match meta {
+                NodeMeta::Norm(m) => (
+                    m.weight_name.as_deref().map(|n| weight(w, n)).transpose()?,
+                    m.bias_name.as_deref().map(|n| weight(w, n)).transpose()?,
+                ),
+                _ => (None, None),
+            };
+            layer_rows(
+                x?,
+                node.out_shape[0],
+                *eps,
+                scale.map(|s| s.data.as_slice()),
+                bias.map(|b| b.data.as_slice()),
+            )
+        }
         (Op::RmsNorm { eps }, meta) | (Op::QkNorm { eps, .. }, meta) => {
             let d = match node.op {
                 Op::QkNorm { hd, .. } => hd,
@@ -218,6 +259,7 @@ pub(super) fn compute(
             let scale = match meta {
                 NodeMeta::Norm(NormMeta {
                     weight_name: Some(n),
+                    ..
                 }) => Some(weight(w, n)?.data.as_slice()),
                 _ => None,
             };
@@ -486,7 +528,8 @@ pub(super) fn kv_store(
     Ok(())
 }
 
-/// Causal (or explicit-span) GQA attention over the layer's K/V regions.
+/// Causal (or explicit-span, or an encoder's bidirectional) GQA attention over the
+/// layer's K/V regions.
 pub(super) fn attn(
     node: &CNode,
     inputs: &[Vec<f32>],
@@ -521,7 +564,10 @@ pub(super) fn attn(
         return Err(format!("attention geometry {m:?} vs q row {q_stride}"));
     }
     let pos: Vec<i64> = ints(pos).collect();
-    let mut out = vec![0.0; m.n_head * m.hd * nt];
+    if !m.causal && (m.window.is_some() || m.ring.is_some()) {
+        return Err("non-causal attention with a window or ring".into());
+    }
+    let mut ranges = Vec::with_capacity(nt);
     for t in 0..nt {
         let (lo, hi) = match span {
             Some(s) => {
@@ -530,7 +576,11 @@ pub(super) fn attn(
             }
             None => (0, pos.get(t).ok_or("short positions")? + 1),
         };
-        let (lo, hi) = (lo.max(0) as usize, hi.max(0) as usize);
+        ranges.push((lo.max(0) as usize, hi.max(0) as usize));
+    }
+    m.widen_non_causal(&mut ranges);
+    let mut out = vec![0.0; m.n_head * m.hd * nt];
+    for (t, &(lo, hi)) in ranges.iter().enumerate() {
         let bad_cap = m.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0));
         if hi > m.virtual_rows() || lo >= hi || m.window == Some(0) || bad_cap {
             return Err(format!(

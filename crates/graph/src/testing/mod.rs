@@ -127,6 +127,7 @@ pub const IMPLEMENTED: &[&str] = &[
     "softcap",
     "softmax",
     "rms_norm",
+    "layer_norm",
     "qk_norm",
     "matmul",
     "get_rows",

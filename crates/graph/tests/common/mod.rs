@@ -120,6 +120,7 @@ pub fn build_block(p: &GraphParams) -> ComputeGraph {
         softcap: None,
         ring: None,
         sinks: None,
+        causal: true,
     };
     let a = b.attn(q, kv, pos, None, AttnMode::Gqa, meta);
     let o = b.matmul(a, &wr("wo", [N_HEAD * HD, N_EMBD]), None);

@@ -99,6 +99,7 @@ impl Qwen35 {
             softcap: None,
             ring: None,
             sinks: None,
+            causal: true,
         };
         let mode = if cx.p.cparams.flash_attn {
             AttnMode::Flash

@@ -3,6 +3,7 @@
 
 mod backends;
 mod batch;
+mod bert;
 mod constraint;
 mod conversation;
 mod embed;

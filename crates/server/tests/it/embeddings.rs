@@ -216,3 +216,45 @@ async fn rerank_names_what_it_needs() {
         assert!(v.to_string().contains(want), "{body}: {v}");
     }
 }
+
+/// A BERT encoder served: `/v1/embeddings` gives llama.cpp's mean-pooled vector of the
+/// tiny BERT (the golden of the runtime's check), `/embedding` the same, and a chat
+/// request is refused naming the encoder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bert_encoder_serves_embeddings_and_refuses_chat() {
+    let golden: Value = serde_json::from_str(include_str!(
+        "../../../runtime/tests/golden/embed_tiny_reference.json"
+    ))
+    .expect("golden JSON");
+    let g = golden["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .find(|g| g["model"] == "bert-f32" && g["pooling"] == "mean")
+        .expect("a bert-f32 mean entry");
+    let want = vector(&g["embedding"]);
+    let text = g["text"].as_str().expect("text");
+    let s = tiny_bert_server();
+    let b = &s.base;
+    let (st, v) = post(b, "/v1/embeddings", json!({ "input": text })).await;
+    assert_eq!(st, 200, "{v}");
+    let got = vector(&v["data"][0]["embedding"]);
+    assert_eq!(got.len(), want.len());
+    let cos: f64 = got
+        .iter()
+        .zip(&want)
+        .map(|(&a, &b)| a as f64 * b as f64)
+        .sum();
+    assert!(1.0 - cos < 1e-5, "cosine {cos}");
+    let (st, v) = post(b, "/embedding", json!({ "content": text })).await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = post(
+        b,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+    )
+    .await;
+    assert!(st >= 400, "{st} {v}");
+    assert!(v.to_string().contains("encoder"), "{v}");
+    s.stop().expect("clean stop");
+}

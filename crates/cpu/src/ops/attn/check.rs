@@ -53,6 +53,9 @@ pub(super) fn key_ranges(a: &AttnArgs, ranges: &mut Vec<(usize, usize)>) -> Resu
         }
         ranges.push((lo as usize, hi as usize));
     }
+    // An encoder's tokens read their whole sequence's rows of the step (validated: no
+    // window or ring, so the widened range stays inside the region).
+    m.widen_non_causal(ranges);
     Ok(())
 }
 
@@ -74,6 +77,12 @@ pub(super) fn validate(a: &AttnArgs, out_len: usize) -> Result<(), String> {
         return Err(format!(
             "attention: a sliding window of {:?} rows (it must hold at least the token's own row)",
             m.window
+        ));
+    }
+    if !m.causal && (m.window.is_some() || m.ring.is_some()) {
+        return Err(format!(
+            "attention: a non-causal layer {} with a window {:?} or ring (both are causal)",
+            m.layer, m.window
         ));
     }
     if m.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {

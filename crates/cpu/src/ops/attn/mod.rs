@@ -3,7 +3,9 @@
 //!
 //! Query head `h` reads KV head `h / (n_head / n_head_kv)`. Token `t` attends to KV rows
 //! `0..=pos[t]` (causal), or to its explicit `[lo, hi)` span, bounded by a sliding
-//! window where the layer has one. Work items are (query block, KV head) pairs claimed
+//! window where the layer has one; a non-causal (encoder) node widens each range to the
+//! end of its sequence's rows in the step (`AttnMeta::widen_non_causal`), before the
+//! blocks are cut, so the tiling below serves both. Work items are (query block, KV head) pairs claimed
 //! dynamically by the pool's threads: a block of consecutive tokens and the query heads
 //! that share the KV head read each tile of keys together (see [`tiled`]), so a tile of
 //! K and V is loaded, and for packed formats decoded, once per block rather than once per

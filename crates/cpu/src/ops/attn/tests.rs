@@ -13,6 +13,7 @@ fn meta() -> AttnMeta {
         softcap: None,
         ring: None,
         sinks: None,
+        causal: true,
     }
 }
 
@@ -21,8 +22,17 @@ fn reference(a: &AttnArgs) -> Vec<f64> {
     let m = a.meta;
     let (hd, nkt, group) = (m.hd, m.nkt(), m.n_head / m.n_head_kv);
     let mut out = vec![0.0; a.nt * m.n_head * hd];
+    // Non-causal: every token reads the rows up to the step's last position.
+    let last = (0..a.nt)
+        .map(|t| as_i32(a.pos[t]) as usize)
+        .max()
+        .unwrap_or(0);
     for t in 0..a.nt {
-        let hi = as_i32(a.pos[t]) as usize + 1;
+        let hi = if m.causal {
+            as_i32(a.pos[t]) as usize
+        } else {
+            last
+        } + 1;
         for h in 0..m.n_head {
             let q = &a.q[t * a.q_stride + h * hd..][..hd];
             let off = (h / group) * hd;
@@ -99,6 +109,85 @@ fn matches_reference_for_every_isa_and_thread_count() {
             assert_eq!(w[0].1, w[1].1, "thread count changed the result");
         }
     }
+}
+
+/// An encoder's bidirectional attention: over three key tiles and several query blocks,
+/// each token reads every row of the step (the f64 definition, on one to three threads
+/// with the same bits), which differs from the causal result for all but the last token.
+#[test]
+fn non_causal_reads_every_row_of_the_step() {
+    let nt = 150;
+    let m = AttnMeta {
+        causal: false,
+        n_ctx: 160,
+        ..meta()
+    };
+    let mut r = Rng::new(31);
+    let q = r.vec(nt * m.n_head * m.hd, 1.0);
+    let k = r.vec(m.nkt() * m.n_ctx, 1.0);
+    let v = r.vec(m.nkt() * m.n_ctx, 1.0);
+    let pos: Vec<f32> = (0..nt as u32).map(f32::from_bits).collect();
+    let a = AttnArgs {
+        meta: &m,
+        q: &q,
+        q_stride: m.n_head * m.hd,
+        nt,
+        pos: &pos,
+        span: None,
+        k: &k,
+        v: &v,
+        types: [KvType::F32; 2],
+        sinks: None,
+    };
+    let want = reference(&a);
+    let mut outs = Vec::new();
+    for nth in [1, 3] {
+        let pool = ThreadPool::new(nth);
+        let mut out = vec![f32::NAN; nt * m.n_head * m.hd];
+        attention(
+            &pool,
+            VecIsa::detect(),
+            &a,
+            &mut out,
+            &mut AttnScratch::default(),
+        )
+        .unwrap();
+        for (x, y) in out.iter().zip(&want) {
+            assert!((*x as f64 - y).abs() < 1e-5, "{x} vs {y}");
+        }
+        outs.push(out);
+    }
+    assert_eq!(outs[0], outs[1], "thread count changed the result");
+    let causal = AttnMeta {
+        causal: true,
+        ..m.clone()
+    };
+    let c = reference(&AttnArgs { meta: &causal, ..a });
+    let row = m.n_head * m.hd;
+    assert!(
+        (c[0] - want[0]).abs() > 1e-3,
+        "token 0 must see the later rows"
+    );
+    assert_eq!(
+        c[(nt - 1) * row..],
+        want[(nt - 1) * row..],
+        "the last token reads all rows either way"
+    );
+    // A window or ring on a non-causal node is refused by name.
+    let bad = AttnMeta {
+        window: Some(4),
+        ..m.clone()
+    };
+    let mut out = vec![0.0; nt * row];
+    let e = attention(
+        &ThreadPool::new(1),
+        VecIsa::Scalar,
+        &AttnArgs { meta: &bad, ..a },
+        &mut out,
+        &mut AttnScratch::default(),
+    )
+    .unwrap_err();
+    assert!(e.contains("non-causal"), "{e}");
 }
 
 /// Attention sinks (one logit per head in the normaliser, no value): the f64 definition,
@@ -208,6 +297,7 @@ fn a_first_tile_maximum_gives_the_two_pass_bits() {
         softcap: None,
         ring: None,
         sinks: None,
+        causal: true,
     };
     let mut r = Rng::new(9);
     let positions = [0i32, 7, 64, 130, 299];
@@ -366,6 +456,7 @@ fn rows_do_not_depend_on_their_block_batch_or_threads() {
         softcap: None,
         ring: None,
         sinks: None,
+        causal: true,
     };
     // (meta, positions, optional spans): causal prefill; windowed and soft-capped; two
     // sequences of a ring (150 virtual rows, 64 physical, window 30) interleaved.
@@ -517,6 +608,7 @@ fn packed_regions_equal_f32_regions_of_their_decoded_values() {
         softcap: None,
         ring: None,
         sinks: None,
+        causal: true,
     };
     let mut r = Rng::new(11);
     let positions = [0i32, 5, 63, 64, 149];

@@ -1,0 +1,74 @@
+//! A BERT encoder through the command line: `minfer embed` gives llama.cpp's vector of
+//! the tiny BERT, `minfer info` names the architecture and its WordPiece tokenizer, and
+//! `minfer run` is refused naming the encoder, without a panic.
+
+use std::path::PathBuf;
+
+use minfer_gguf::GgmlType;
+use minfer_models::testing::{write_tiny_bert, TinyBert, BERT_SEED};
+
+use crate::common::*;
+
+fn tiny_bert(dir: &std::path::Path) -> PathBuf {
+    let p = dir.join("tiny-bert.gguf");
+    write_tiny_bert(&p, &TinyBert::new(GgmlType::F32, BERT_SEED)).expect("write tiny BERT");
+    p
+}
+
+#[test]
+fn embed_info_and_a_refused_run_on_a_bert() {
+    let home = test_home("bert");
+    std::fs::create_dir_all(&home).expect("home");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = tiny_bert(dir.path());
+    let m = path.to_str().expect("UTF-8 path");
+
+    let golden: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../runtime/tests/golden/embed_tiny_reference.json"
+    ))
+    .expect("golden JSON");
+    let g = golden["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .find(|g| g["model"] == "bert-f32" && g["pooling"] == "mean")
+        .expect("a bert-f32 mean entry");
+    let text = g["text"].as_str().expect("text");
+    let out = minfer_command(&home)
+        .args(["embed", "-m", m, "-t", "2", text])
+        .output()
+        .expect("minfer runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let dot: f64 = v[0]
+        .as_array()
+        .expect("one vector")
+        .iter()
+        .zip(g["embedding"].as_array().expect("golden vector"))
+        .map(|(a, b)| a.as_f64().unwrap() * b.as_f64().unwrap())
+        .sum();
+    assert!(1.0 - dot < 1e-5, "cosine {dot}");
+
+    let out = minfer_command(&home)
+        .args(["info", "-m", m, "--json"])
+        .output()
+        .expect("minfer runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(j["architecture"], "bert");
+    assert_eq!(j["tokenizer"]["model"], "bert");
+
+    let out = minfer_command(&home)
+        .args(["run", "-m", m, "-n", "4", "-t", "2", "hello"])
+        .output()
+        .expect("minfer runs");
+    assert_refused(&out, "`bert` is an encoder");
+}

@@ -1,0 +1,316 @@
+//! Tiny random-weight BERT encoders with a small WordPiece vocabulary, for the embedding
+//! and tokenizer goldens against llama.cpp.
+//!
+//! The vocabulary is written as llama.cpp's converter writes a BERT one: word-initial
+//! pieces carry the `▁` marker, continuation pieces (BERT's `##ing`) are bare, and
+//! `[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]` open it. It is small on purpose, so that
+//! texts cut into several pieces per word and some words (those starting with a letter
+//! that has no word-initial piece, most non-Latin characters) become `[UNK]`. Weights
+//! come from the same pinned [`SplitMix64`] stream as the other tiny models.
+
+use std::path::Path;
+
+use minfer_gguf::{GgmlType, GgufError, GgufWriter, MetaType, MetaValue};
+use minfer_testkit::SplitMix64;
+
+use crate::weights::{blk, blk_bias, TOKEN_EMBD};
+
+/// The special tokens at ids 0..5, as BERT orders its own (`[UNK]` is id 1).
+pub const BERT_SPECIALS: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
+
+/// Whole words and word-initial pieces (written with the `▁` marker).
+const WORDS: &[&str] = &[
+    "the", "quick", "brown", "fox", "jump", "over", "lazy", "dog", "play", "un", "re", "search",
+    "token", "embed", "café", "model", "text", "find", "similar", "question", "pass", "age", "is",
+    "a", "an", "of", "to", "in", "it", "and", "for", "on", "with", "as", "at", "by", "hello",
+    "world", "good", "morning", "name", "count", "select", "from", "group", "order", "def",
+    "return", "if", "else", "gen", "era", "tion", "look", "up", "中", "文", "é",
+];
+
+/// Continuation pieces (BERT's `##` pieces, written bare).
+const PIECES: &[&str] = &[
+    "s", "ing", "ed", "er", "ly", "able", "tion", "ation", "ize", "ment", "ness", "al", "ion",
+    "es", "d", "y", "ieval", "ented", "ar", "ages", "ci", "bon", "acci", "ect", "rom", "é",
+];
+
+/// Letters with a word-initial piece: a word starting with any other letter that is not
+/// in [`WORDS`] has no cut and becomes `[UNK]`.
+const INITIAL_LETTERS: &str = "abcdefghijklmnopqrst";
+
+/// Geometry, storage type and seed of a tiny BERT.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TinyBert {
+    /// Blocks.
+    pub n_layer: usize,
+    /// Residual width (a multiple of 32 for the quantized variant).
+    pub n_embd: usize,
+    /// Heads.
+    pub n_head: usize,
+    /// FFN width.
+    pub n_ff: usize,
+    /// `context_length`: rows of the position table.
+    pub n_ctx: usize,
+    /// Type of the projection matrices and the token embedding (the position and
+    /// token-type tables, norms and biases stay F32).
+    pub wtype: GgmlType,
+    /// `pooling_type` written into the file (1 mean, 2 CLS).
+    pub pooling: u32,
+    /// PRNG seed.
+    pub seed: u64,
+}
+
+/// Seed of the tiny BERT models.
+pub const BERT_SEED: u64 = 0xBE27;
+
+/// LayerNorm epsilon written into tiny BERTs (the published models' value).
+pub const TINY_BERT_EPS: f32 = 1e-12;
+
+impl TinyBert {
+    /// The tiny BERT of type `wtype`: 2 layers, width 64, 4 heads, FFN 128, 128 positions,
+    /// mean pooling.
+    pub fn new(wtype: GgmlType, seed: u64) -> Self {
+        TinyBert {
+            n_layer: 2,
+            n_embd: 64,
+            n_head: 4,
+            n_ff: 128,
+            n_ctx: 128,
+            wtype,
+            pooling: 1,
+            seed,
+        }
+    }
+}
+
+/// The tiny BERTs of the golden set: F32 and Q8_0.
+pub fn bert_models() -> Vec<(&'static str, TinyBert)> {
+    vec![
+        ("bert-f32", TinyBert::new(GgmlType::F32, BERT_SEED)),
+        ("bert-q8_0", TinyBert::new(GgmlType::Q8_0, BERT_SEED)),
+    ]
+}
+
+/// The vocabulary's texts and token types (1 normal, 2 unknown, 3 control), in id order.
+pub fn bert_vocab() -> (Vec<String>, Vec<i32>) {
+    let mut tokens: Vec<String> = BERT_SPECIALS.iter().map(|s| s.to_string()).collect();
+    let mut types = vec![3, 2, 3, 3, 3];
+    let push = |t: String, tokens: &mut Vec<String>| {
+        if !tokens.contains(&t) {
+            tokens.push(t);
+        }
+    };
+    let marked = |s: &str| format!("\u{2581}{s}");
+    for w in WORDS {
+        push(marked(w), &mut tokens);
+    }
+    for c in INITIAL_LETTERS.chars() {
+        push(marked(&c.to_string()), &mut tokens);
+    }
+    for c in ('a'..='z').chain('0'..='9') {
+        push(c.to_string(), &mut tokens);
+    }
+    for d in '0'..='9' {
+        push(marked(&d.to_string()), &mut tokens);
+    }
+    for p in PIECES {
+        push(p.to_string(), &mut tokens);
+    }
+    for p in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~".chars() {
+        push(marked(&p.to_string()), &mut tokens);
+    }
+    types.resize(tokens.len(), 1);
+    (tokens, types)
+}
+
+/// Writes the model `spec` describes to `path`.
+pub fn write_tiny_bert(path: &Path, spec: &TinyBert) -> Result<(), GgufError> {
+    tiny_bert_writer(spec)?.write_to(path)
+}
+
+/// The file `spec` describes, as bytes.
+pub fn tiny_bert_bytes(spec: &TinyBert) -> Result<Vec<u8>, GgufError> {
+    tiny_bert_writer(spec)?.to_bytes()
+}
+
+fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
+    let mut w = GgufWriter::new();
+    let (tokens, types) = bert_vocab();
+    let n_vocab = tokens.len();
+    let a = "bert";
+    w.add_meta("general.architecture", MetaValue::String(a.into()))
+        .add_meta(
+            "general.name",
+            MetaValue::String(format!("minfer tiny bert {}", spec.wtype)),
+        );
+    for (name, v) in [
+        ("context_length", spec.n_ctx),
+        ("embedding_length", spec.n_embd),
+        ("block_count", spec.n_layer),
+        ("feed_forward_length", spec.n_ff),
+        ("attention.head_count", spec.n_head),
+    ] {
+        w.add_meta(&format!("{a}.{name}"), MetaValue::U32(v as u32));
+    }
+    w.add_meta(
+        &format!("{a}.attention.layer_norm_epsilon"),
+        MetaValue::F32(TINY_BERT_EPS),
+    )
+    .add_meta(&format!("{a}.attention.causal"), MetaValue::Bool(false))
+    .add_meta(&format!("{a}.pooling_type"), MetaValue::U32(spec.pooling));
+    let strings = |v: Vec<String>| {
+        MetaValue::Array(
+            MetaType::String,
+            v.into_iter().map(MetaValue::String).collect(),
+        )
+    };
+    w.add_meta("tokenizer.ggml.model", MetaValue::String("bert".into()))
+        .add_meta("tokenizer.ggml.tokens", strings(tokens))
+        .add_meta(
+            "tokenizer.ggml.token_type",
+            MetaValue::Array(
+                MetaType::I32,
+                types.into_iter().map(MetaValue::I32).collect(),
+            ),
+        )
+        .add_meta("tokenizer.ggml.token_type_count", MetaValue::U32(2))
+        .add_meta("tokenizer.ggml.padding_token_id", MetaValue::U32(0))
+        .add_meta("tokenizer.ggml.unknown_token_id", MetaValue::U32(1))
+        .add_meta("tokenizer.ggml.bos_token_id", MetaValue::U32(2))
+        .add_meta("tokenizer.ggml.seperator_token_id", MetaValue::U32(3))
+        .add_meta("tokenizer.ggml.mask_token_id", MetaValue::U32(4));
+
+    let mut rng = SplitMix64::new(spec.seed);
+    let (ne, nf) = (spec.n_embd, spec.n_ff);
+    let f32v = |w: &mut GgufWriter, name: &str, dims: &[u64], v: &[f32]| {
+        w.add_tensor_f32(name, dims, GgmlType::F32, v).map(|_| ())
+    };
+    let embd = rng.normal_vec(ne * n_vocab, 1.0);
+    w.add_tensor_f32(TOKEN_EMBD, &[ne as u64, n_vocab as u64], spec.wtype, &embd)?;
+    f32v(
+        &mut w,
+        "token_types.weight",
+        &[ne as u64, 2],
+        &rng.normal_vec(ne * 2, 0.5),
+    )?;
+    let pos = rng.normal_vec(ne * spec.n_ctx, 0.5);
+    f32v(
+        &mut w,
+        "position_embd.weight",
+        &[ne as u64, spec.n_ctx as u64],
+        &pos,
+    )?;
+    let norm = |w: &mut GgufWriter, rng: &mut SplitMix64, name: &str| {
+        let g: Vec<f32> = rng
+            .normal_vec(ne, 0.1)
+            .into_iter()
+            .map(|x| (1.0 + f64::from(x)) as f32)
+            .collect();
+        f32v(w, &format!("{name}.weight"), &[ne as u64], &g)?;
+        f32v(
+            w,
+            &format!("{name}.bias"),
+            &[ne as u64],
+            &rng.normal_vec(ne, 0.1),
+        )
+    };
+    norm(&mut w, &mut rng, "token_embd_norm")?;
+    for il in 0..spec.n_layer {
+        let mut affine = |w: &mut GgufWriter, name: &str, i: usize, o: usize| {
+            let v = rng.normal_vec(i * o, 1.0 / (i as f64).sqrt());
+            w.add_tensor_f32(&blk(il, name), &[i as u64, o as u64], spec.wtype, &v)?;
+            f32v(w, &blk_bias(il, name), &[o as u64], &rng.normal_vec(o, 0.1))
+        };
+        affine(&mut w, "attn_q", ne, ne)?;
+        affine(&mut w, "attn_k", ne, ne)?;
+        affine(&mut w, "attn_v", ne, ne)?;
+        affine(&mut w, "attn_output", ne, ne)?;
+        affine(&mut w, "ffn_up", ne, nf)?;
+        affine(&mut w, "ffn_down", nf, ne)?;
+        norm(&mut w, &mut rng, &format!("blk.{il}.attn_output_norm"))?;
+        norm(&mut w, &mut rng, &format!("blk.{il}.layer_output_norm"))?;
+    }
+    Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vocabulary_has_pieces_punctuation_and_unknown() {
+        let (tokens, types) = bert_vocab();
+        assert_eq!(tokens.len(), types.len());
+        assert_eq!(&tokens[..5], BERT_SPECIALS);
+        assert!(tokens.iter().any(|t| t == "ing") && tokens.iter().any(|t| t == "\u{2581},"));
+        assert!(!tokens.iter().any(|t| t == "\u{2581}z"));
+        let mut sorted = tokens.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), tokens.len(), "duplicate texts");
+    }
+
+    fn load(w: &GgufWriter) -> Result<Box<dyn crate::ModelDef>, crate::ModelError> {
+        crate::load_model(&minfer_gguf::GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap())
+    }
+
+    #[test]
+    fn the_graph_is_bidirectional_with_layer_norms_and_no_head() {
+        use minfer_graph::{NodeMeta, Op};
+        let spec = TinyBert::new(GgmlType::F32, BERT_SEED);
+        let m = load(&tiny_bert_writer(&spec).unwrap()).unwrap();
+        let p = crate::params::prefill(9, 9, crate::params::cpu_cparams(128)).unwrap();
+        let g = m.build_graph(&p);
+        let attn: Vec<_> = g
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::Attn { .. }))
+            .collect();
+        assert_eq!(attn.len(), spec.n_layer);
+        assert!(attn
+            .iter()
+            .all(|n| matches!(&n.meta, NodeMeta::Attn(a) if !a.causal)));
+        let norms = g
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::LayerNorm { .. }))
+            .count();
+        assert_eq!(norms, 1 + 2 * spec.n_layer);
+        assert!(g.input_by_name(crate::bert::INPUT_TOKEN_TYPES).is_some());
+        // The output is the hidden rows, not logits.
+        assert_eq!(g.nodes[g.outputs[0]].out_shape[..2], [spec.n_embd, 9]);
+        assert!(!m.weight_names().iter().any(|n| n.starts_with("output")));
+    }
+
+    #[test]
+    fn a_causal_bert_and_variant_tensors_are_refused_by_name() {
+        let spec = TinyBert::new(GgmlType::F32, BERT_SEED);
+        let mut w = tiny_bert_writer(&spec).unwrap();
+        w.add_meta("bert.attention.causal", MetaValue::Bool(true));
+        let e = load(&w).err().unwrap().to_string();
+        assert!(e.contains("bert.attention.causal"), "{e}");
+        let mut w = tiny_bert_writer(&spec).unwrap();
+        w.add_tensor_f32(
+            "blk.1.attn_qkv.weight",
+            &[64, 192],
+            GgmlType::F32,
+            &[0.0; 64 * 192],
+        )
+        .unwrap();
+        let e = load(&w).err().unwrap().to_string();
+        assert!(e.contains("blk.1.attn_qkv.weight"), "{e}");
+        let mut w = tiny_bert_writer(&spec).unwrap();
+        w.add_meta("bert.attention.layer_norm_epsilon", MetaValue::F32(-1.0));
+        let e = load(&w).err().unwrap().to_string();
+        assert!(e.contains("layer_norm_epsilon"), "{e}");
+    }
+
+    #[test]
+    fn a_tiny_bert_loads() {
+        for (stem, spec) in bert_models() {
+            let f = minfer_gguf::GgufFile::from_bytes(tiny_bert_bytes(&spec).unwrap()).unwrap();
+            let m = crate::load_model(&f).unwrap_or_else(|e| panic!("{stem}: {e}"));
+            assert!(m.is_encoder());
+            assert_eq!(m.arch(), "bert");
+        }
+    }
+}
