@@ -287,19 +287,7 @@ macro_rules! lattice_dot {
                 dot_lattice_avx2(w, x)
             }
 
-            #[cfg(target_arch = "x86_64")]
-            const ROWS8: bool = true;
-
-            #[cfg(target_arch = "x86_64")]
-            unsafe fn rows8_avx2(
-                vnni: bool,
-                w: [&[Self]; 8],
-                x: &[BlockQ8K],
-                nt: usize,
-                emit: &mut dyn FnMut(usize, usize, f32),
-            ) {
-                super::lattice::rows8(vnni, w, x, nt, emit)
-            }
+            super::rows8_items!(super::lattice::rows8);
         }
     )*};
 }

@@ -29,6 +29,19 @@ pub(super) struct Unpacked {
     dmin: f32,
 }
 
+impl Unpacked {
+    /// Zero levels, scales and mins, and the row scales `d`, `dmin`.
+    fn new(d: f32, dmin: f32) -> Self {
+        Unpacked {
+            levels: [0; 256],
+            scales: [0; 16],
+            mins: [0; 16],
+            d,
+            dmin,
+        }
+    }
+}
+
 /// A K-quant super-block the tiles can hold.
 pub(super) trait KTile: Copy {
     /// Added to every level so it is a small unsigned byte.
@@ -43,13 +56,7 @@ impl KTile for BlockQ2K {
     const OFFSET: i32 = 0;
     const MINS: bool = true;
     fn unpack(&self) -> Unpacked {
-        let mut u = Unpacked {
-            levels: [0; 256],
-            scales: [0; 16],
-            mins: [0; 16],
-            d: self.d.to_f32(),
-            dmin: self.dmin.to_f32(),
-        };
+        let mut u = Unpacked::new(self.d.to_f32(), self.dmin.to_f32());
         for g in 0..16 {
             let q = &self.qs[32 * (g / 8) + 16 * (g % 2)..][..16];
             let shift = 2 * ((g % 8) / 2);
@@ -67,13 +74,7 @@ impl KTile for BlockQ3K {
     const OFFSET: i32 = 4;
     const MINS: bool = false;
     fn unpack(&self) -> Unpacked {
-        let mut u = Unpacked {
-            levels: [0; 256],
-            scales: [0; 16],
-            mins: [0; 16],
-            d: self.d.to_f32(),
-            dmin: 0.0,
-        };
+        let mut u = Unpacked::new(self.d.to_f32(), 0.0);
         for g in 0..16 {
             let start = 16 * (g % 2);
             let q = &self.qs[32 * (g / 8) + start..][..16];
@@ -96,13 +97,10 @@ impl KTile for BlockQ5K {
     fn unpack(&self) -> Unpacked {
         let (d, dmin, packed, qs, qh) = self.parts();
         let (sc, m) = scales_mins(packed);
-        let mut u = Unpacked {
-            levels: [0; 256],
-            scales: [0; 16],
-            mins: [0; 16],
-            d: half::f16::from_bits(d).to_f32(),
-            dmin: half::f16::from_bits(dmin).to_f32(),
-        };
+        let mut u = Unpacked::new(
+            half::f16::from_bits(d).to_f32(),
+            half::f16::from_bits(dmin).to_f32(),
+        );
         for c in 0..4 {
             for l in 0..32 {
                 let (b, h) = (qs[32 * c + l], qh[l]);
@@ -237,13 +235,15 @@ unsafe fn block<W: KTile, const NT: usize>(t: &Tile, y: [&BlockQ8K; NT], acc: &m
 
 /// Results of the eight weight rows `w` against the `nt` activation rows of `x` (each
 /// `w[r].len()` blocks, one after another), handed to `emit(token, row, value)`: bitwise
-/// the row kernel's.
+/// the row kernel's. `_vnni` is [`super::QuantDot::rows8_avx2`]'s flag: these tiles run
+/// `maddubs` on every ISA (their levels are too small for `vpdpbusd` to pay).
 ///
 /// # Safety
 /// AVX2/FMA/F16C required; the rows have equal lengths and `x` holds `nt` rows of that
 /// many blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows8<W: KTile>(
+    _vnni: bool,
     w: [&[W]; 8],
     x: &[BlockQ8K],
     nt: usize,
@@ -280,14 +280,13 @@ pub(super) unsafe fn rows8<W: KTile>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::testutil::{quantize_blocks, rand_f32};
-    use crate::quant::{dot, Isa, QuantDot};
+    use crate::quant::testutil::{check_rows8, quantize_blocks, rand_f32};
+    use crate::quant::QuantDot;
     use minfer_gguf::quant::Quantize;
 
     /// Eight rows against `nt` activation rows: the tile results equal the row kernel's
     /// bit for bit, on real encoder output and on rows with extreme levels and scales.
     fn check<W: KTile + QuantDot<Act = BlockQ8K> + Quantize>(seed: u64) {
-        let Some(avx2) = Isa::avx2() else { return };
         for (bpr, nt) in [(1, 1), (3, 2), (2, 7), (4, 9)] {
             let mut xf = rand_f32(8 * bpr * 256, seed + bpr as u64, 1.5);
             // Row 0 a constant (every level at its top), row 1 alternating extremes.
@@ -299,20 +298,7 @@ mod tests {
             let rows: [&[W]; 8] = std::array::from_fn(|r| &blocks[r * bpr..(r + 1) * bpr]);
             let yf = rand_f32(nt * bpr * 256, seed + 7, 2.0);
             let x: Vec<BlockQ8K> = yf.chunks_exact(256).map(BlockQ8K::quantize).collect();
-            let mut got = vec![f32::NAN; nt * 8];
-            // SAFETY: AVX2 was detected; the shapes match.
-            unsafe { rows8(rows, &x, nt, &mut |t, r, v| got[t * 8 + r] = v) };
-            for t in 0..nt {
-                for (r, row) in rows.iter().enumerate() {
-                    let want = dot(avx2, row, [&x[t * bpr..(t + 1) * bpr]]).unwrap()[0];
-                    assert_eq!(
-                        got[t * 8 + r].to_bits(),
-                        want.to_bits(),
-                        "bpr {bpr} nt {nt} token {t} row {r}: {} vs {want}",
-                        got[t * 8 + r]
-                    );
-                }
-            }
+            check_rows8(rows, &x, nt);
         }
     }
 

@@ -237,6 +237,27 @@ pub trait QuantDot: Block {
     }
 }
 
+/// The [`QuantDot::ROWS8`] items of an impl whose 8-row prefill tiles are
+/// `$rows8(vnni, w, x, nt, emit)` (Q8_K activations).
+macro_rules! rows8_items {
+    ($rows8:path) => {
+        #[cfg(target_arch = "x86_64")]
+        const ROWS8: bool = true;
+
+        #[cfg(target_arch = "x86_64")]
+        unsafe fn rows8_avx2(
+            vnni: bool,
+            w: [&[Self]; 8],
+            x: &[minfer_gguf::quant::BlockQ8K],
+            nt: usize,
+            emit: &mut dyn FnMut(usize, usize, f32),
+        ) {
+            $rows8(vnni, w, x, nt, emit)
+        }
+    };
+}
+use rows8_items;
+
 /// Whether `B` has 8-row prefill tiles ([`QuantDot::rows8_avx2`]) that run on `isa`:
 /// `Some(vnni)`, the flag that kernel takes.
 pub(crate) fn rows8_kernel<B: QuantDot>(isa: Isa) -> Option<bool> {

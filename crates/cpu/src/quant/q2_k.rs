@@ -80,19 +80,7 @@ impl QuantDot for BlockQ2K {
         acc
     }
 
-    #[cfg(target_arch = "x86_64")]
-    const ROWS8: bool = true;
-
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn rows8_avx2(
-        _vnni: bool,
-        w: [&[Self]; 8],
-        x: &[BlockQ8K],
-        nt: usize,
-        emit: &mut dyn FnMut(usize, usize, f32),
-    ) {
-        super::ktile::rows8(w, x, nt, emit)
-    }
+    super::rows8_items!(super::ktile::rows8);
 }
 
 #[cfg(test)]

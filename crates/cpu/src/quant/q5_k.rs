@@ -17,19 +17,7 @@ impl QuantDot for BlockQ5K {
         super::q4_k::dot_k4_avx2(w, x)
     }
 
-    #[cfg(target_arch = "x86_64")]
-    const ROWS8: bool = true;
-
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn rows8_avx2(
-        _vnni: bool,
-        w: [&[Self]; 8],
-        x: &[BlockQ8K],
-        nt: usize,
-        emit: &mut dyn FnMut(usize, usize, f32),
-    ) {
-        super::ktile::rows8(w, x, nt, emit)
-    }
+    super::rows8_items!(super::ktile::rows8);
 }
 
 #[cfg(test)]

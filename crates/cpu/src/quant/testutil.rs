@@ -202,3 +202,35 @@ where
         })
     );
 }
+
+/// Runs `B`'s 8-row prefill tiles ([`QuantDot::rows8_avx2`]) on `rows` against the `nt`
+/// activation rows of `x` and checks each result against the row kernel bit for bit, on
+/// AVX2 and, where the CPU has it, VNNI.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn check_rows8<B: QuantDot<Act = minfer_gguf::quant::BlockQ8K>>(
+    rows: [&[B]; 8],
+    x: &[minfer_gguf::quant::BlockQ8K],
+    nt: usize,
+) {
+    let Some(avx2) = Isa::avx2() else { return };
+    let bpr = rows[0].len();
+    for vnni in [false, true] {
+        if vnni && Isa::vnni().is_none() {
+            continue;
+        }
+        let mut got = vec![f32::NAN; nt * 8];
+        // SAFETY: the features were detected above; `x` holds `nt` rows of `bpr` blocks.
+        unsafe { B::rows8_avx2(vnni, rows, x, nt, &mut |t, r, v| got[t * 8 + r] = v) };
+        for t in 0..nt {
+            for (r, row) in rows.iter().enumerate() {
+                let want = dot(avx2, row, [&x[t * bpr..(t + 1) * bpr]]).unwrap()[0];
+                let v = got[t * 8 + r];
+                assert_eq!(
+                    v.to_bits(),
+                    want.to_bits(),
+                    "bpr {bpr} nt {nt} vnni {vnni} token {t} row {r}: {v} vs {want}"
+                );
+            }
+        }
+    }
+}

@@ -189,8 +189,10 @@ pub(crate) unsafe fn rows8<W: Lattice>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::testutil::{iq1m_valid_scale, rand_f32, random_blocks, small_f16};
-    use crate::quant::{dot, Isa, QuantDot};
+    use crate::quant::testutil::{
+        check_rows8, iq1m_valid_scale, rand_f32, random_blocks, small_f16,
+    };
+    use crate::quant::{Isa, QuantDot};
     use minfer_gguf::quant::{
         BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Quantize,
     };
@@ -198,31 +200,12 @@ mod tests {
     /// Eight rows of `bpr` random blocks against `nt` activation rows: the tile results
     /// equal the row kernel's bit for bit on every ISA that has them.
     fn check<W: Lattice + QuantDot<Act = BlockQ8K>>(fix: impl Fn(&mut W, u32) + Copy, seed: u64) {
-        let Some(avx2) = Isa::avx2() else { return };
         for (bpr, nt) in [(1, 1), (3, 2), (2, 7), (4, 9)] {
             let blocks: Vec<W> = random_blocks(8 * bpr, seed + bpr as u64, fix);
             let rows: [&[W]; 8] = std::array::from_fn(|r| &blocks[r * bpr..(r + 1) * bpr]);
             let xf = rand_f32(nt * bpr * 256, seed + 7, 2.0);
             let x: Vec<BlockQ8K> = xf.chunks_exact(256).map(BlockQ8K::quantize).collect();
-            for vnni in [false, true] {
-                if vnni && Isa::vnni().is_none() {
-                    continue;
-                }
-                let mut got = vec![f32::NAN; nt * 8];
-                // SAFETY: the features were detected above; the shapes match.
-                unsafe { rows8(vnni, rows, &x, nt, &mut |t, r, v| got[t * 8 + r] = v) };
-                for t in 0..nt {
-                    for (r, row) in rows.iter().enumerate() {
-                        let want = dot(avx2, row, [&x[t * bpr..(t + 1) * bpr]]).unwrap()[0];
-                        assert_eq!(
-                            got[t * 8 + r].to_bits(),
-                            want.to_bits(),
-                            "bpr {bpr} nt {nt} vnni {vnni} token {t} row {r}: {} vs {want}",
-                            got[t * 8 + r]
-                        );
-                    }
-                }
-            }
+            check_rows8(rows, &x, nt);
         }
     }
 
