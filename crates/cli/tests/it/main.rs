@@ -10,6 +10,7 @@ mod info;
 mod llama;
 mod pull;
 mod quantize;
+mod quantize_imatrix;
 mod run;
 mod scale_out;
 mod session;
