@@ -49,6 +49,8 @@ mod q8_k;
 mod tq;
 mod weighted;
 
+pub use weighted::{quantize_rows_weighted, uses_importance};
+
 pub use iq1::{BlockIq1M, BlockIq1S, IQ1S_DELTA};
 pub use iq2::{BlockIq2S, BlockIq2Xs, BlockIq2Xxs, KSIGNS_IQ2XS};
 pub use iq3::{BlockIq3S, BlockIq3Xxs};
@@ -293,123 +295,6 @@ pub fn quantize_to_vec(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError>
     let mut out = vec![0u8; bytes];
     quantize(ty, src, &mut out)?;
     Ok(out)
-}
-
-/// Whether ggml's encoder for `ty` reads importance weights (llama-quantize's imatrix) and
-/// [`quantize_rows_weighted`] passes them on: the lattice i-quants (IQ1_S, IQ1_M, IQ2_XXS,
-/// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), IQ4_NL, IQ4_XS, the k-quants Q2_K..Q6_K and Q4_0,
-/// Q4_1, Q5_0, Q5_1. ggml ignores them for the others (Q8_0, TQ1_0, TQ2_0, MXFP4), which
-/// are encoded as without weights.
-pub fn uses_importance(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q4_0
-            | GgmlType::Iq4Nl
-            | GgmlType::Iq4Xs
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q2K
-            | GgmlType::Q3K
-            | GgmlType::Q4K
-            | GgmlType::Q5K
-            | GgmlType::Q6K
-            | GgmlType::Iq1S
-            | GgmlType::Iq1M
-            | GgmlType::Iq2Xxs
-            | GgmlType::Iq2Xs
-            | GgmlType::Iq2S
-            | GgmlType::Iq3Xxs
-            | GgmlType::Iq3S
-    )
-}
-
-/// Encodes whole rows of `n_per_row` values into blocks, block `b` of a row from
-/// `x[..ELEMS]` and the matching slice of the row's weights.
-fn quantize_rows_blocks<B: Block>(
-    src: &[f32],
-    n_per_row: usize,
-    qw: &[f32],
-    enc: impl Fn(&[f32], &[f32]) -> B,
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(src.len() / B::ELEMS * std::mem::size_of::<B>());
-    for row in src.chunks_exact(n_per_row) {
-        for (x, w) in row.chunks_exact(B::ELEMS).zip(qw.chunks_exact(B::ELEMS)) {
-            out.extend_from_slice(enc(x, w).as_bytes());
-        }
-    }
-    out
-}
-
-/// Quantizes whole rows of `n_per_row` values as ggml's `quantize_<type>` does when given
-/// importance weights: `qw` holds one weight per column (`n_per_row` values, the same for
-/// every row). Types that take no weights ([`uses_importance`]) are encoded as by
-/// [`quantize_to_vec`].
-pub fn quantize_rows_weighted(
-    ty: GgmlType,
-    src: &[f32],
-    n_per_row: usize,
-    qw: &[f32],
-) -> Result<Vec<u8>, QuantError> {
-    let block = ty.block_size();
-    if n_per_row == 0 || !n_per_row.is_multiple_of(block) || !src.len().is_multiple_of(n_per_row) {
-        return Err(QuantError::NotBlockMultiple {
-            ty,
-            n: src.len(),
-            block,
-        });
-    }
-    if qw.len() != n_per_row {
-        return Err(QuantError::Weights {
-            ty,
-            got: qw.len(),
-            expected: n_per_row,
-        });
-    }
-    Ok(match ty {
-        GgmlType::Iq2Xxs => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
-            BlockIq2Xxs::quantize_weighted(x, Some(q))
-        }),
-        GgmlType::Iq2Xs => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
-            BlockIq2Xs::quantize_weighted(x, Some(q))
-        }),
-        GgmlType::Iq2S => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
-            BlockIq2S::quantize_weighted(x, Some(q))
-        }),
-        GgmlType::Iq3Xxs => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
-            BlockIq3Xxs::quantize_weighted(x, Some(q))
-        }),
-        GgmlType::Iq3S => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
-            BlockIq3S::quantize_weighted(x, Some(q))
-        }),
-        GgmlType::Iq1S => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
-            BlockIq1S::quantize_weighted(x, Some(q))
-        }),
-        GgmlType::Iq1M => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
-            BlockIq1M::quantize_weighted(x, Some(q))
-        }),
-        GgmlType::Iq4Nl => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
-            BlockIq4Nl::quantize_weighted(x, Some(q))
-        }),
-        GgmlType::Iq4Xs => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
-            BlockIq4Xs::quantize_weighted(x, Some(q))
-        }),
-        GgmlType::Q2K => quantize_rows_blocks(src, n_per_row, qw, weighted::q2_k),
-        GgmlType::Q3K => quantize_rows_blocks(src, n_per_row, qw, weighted::q3_k),
-        GgmlType::Q4K => quantize_rows_blocks(src, n_per_row, qw, weighted::q4_k),
-        GgmlType::Q5K => quantize_rows_blocks(src, n_per_row, qw, weighted::q5_k),
-        GgmlType::Q6K => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
-            BlockQ6K::quantize_weighted(x, Some(q))
-        }),
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
-            let mut out = Vec::with_capacity(ty.bytes_for(src.len() as u64).unwrap_or(0) as usize);
-            for row in src.chunks_exact(n_per_row) {
-                weighted::legacy_row(ty, row, qw, &mut out);
-            }
-            out
-        }
-        _ => quantize_to_vec(ty, src)?,
-    })
 }
 
 #[cfg(test)]

@@ -12,8 +12,129 @@ use super::common::{
 use super::iq_search::make_qp_quants_into;
 use super::q4_k::{pack_scale_min_k4, scale_min_k4};
 use super::q5_0::pack_q5;
-use super::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1};
-use crate::types::QK_K;
+use super::{
+    quantize_to_vec, Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S,
+    BlockIq3Xxs, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, QuantError,
+};
+use crate::types::{GgmlType, QK_K};
+
+/// Whether ggml's encoder for `ty` reads importance weights (llama-quantize's imatrix) and
+/// [`quantize_rows_weighted`] passes them on: the lattice i-quants (IQ1_S, IQ1_M, IQ2_XXS,
+/// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), IQ4_NL, IQ4_XS, the k-quants Q2_K..Q6_K and Q4_0,
+/// Q4_1, Q5_0, Q5_1. ggml ignores them for the others (Q8_0, TQ1_0, TQ2_0, MXFP4), which
+/// are encoded as without weights.
+pub fn uses_importance(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_0
+            | GgmlType::Iq4Nl
+            | GgmlType::Iq4Xs
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q2K
+            | GgmlType::Q3K
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+            | GgmlType::Iq1S
+            | GgmlType::Iq1M
+            | GgmlType::Iq2Xxs
+            | GgmlType::Iq2Xs
+            | GgmlType::Iq2S
+            | GgmlType::Iq3Xxs
+            | GgmlType::Iq3S
+    )
+}
+
+/// Encodes whole rows of `n_per_row` values into blocks, block `b` of a row from
+/// `x[..ELEMS]` and the matching slice of the row's weights.
+fn quantize_rows_blocks<B: Block>(
+    src: &[f32],
+    n_per_row: usize,
+    qw: &[f32],
+    enc: impl Fn(&[f32], &[f32]) -> B,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(src.len() / B::ELEMS * std::mem::size_of::<B>());
+    for row in src.chunks_exact(n_per_row) {
+        for (x, w) in row.chunks_exact(B::ELEMS).zip(qw.chunks_exact(B::ELEMS)) {
+            out.extend_from_slice(enc(x, w).as_bytes());
+        }
+    }
+    out
+}
+
+/// Quantizes whole rows of `n_per_row` values as ggml's `quantize_<type>` does when given
+/// importance weights: `qw` holds one weight per column (`n_per_row` values, the same for
+/// every row). Types that take no weights ([`uses_importance`]) are encoded as by
+/// [`quantize_to_vec`].
+pub fn quantize_rows_weighted(
+    ty: GgmlType,
+    src: &[f32],
+    n_per_row: usize,
+    qw: &[f32],
+) -> Result<Vec<u8>, QuantError> {
+    let block = ty.block_size();
+    if n_per_row == 0 || !n_per_row.is_multiple_of(block) || !src.len().is_multiple_of(n_per_row) {
+        return Err(QuantError::NotBlockMultiple {
+            ty,
+            n: src.len(),
+            block,
+        });
+    }
+    if qw.len() != n_per_row {
+        return Err(QuantError::Weights {
+            ty,
+            got: qw.len(),
+            expected: n_per_row,
+        });
+    }
+    Ok(match ty {
+        GgmlType::Iq2Xxs => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
+            BlockIq2Xxs::quantize_weighted(x, Some(q))
+        }),
+        GgmlType::Iq2Xs => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
+            BlockIq2Xs::quantize_weighted(x, Some(q))
+        }),
+        GgmlType::Iq2S => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
+            BlockIq2S::quantize_weighted(x, Some(q))
+        }),
+        GgmlType::Iq3Xxs => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
+            BlockIq3Xxs::quantize_weighted(x, Some(q))
+        }),
+        GgmlType::Iq3S => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
+            BlockIq3S::quantize_weighted(x, Some(q))
+        }),
+        GgmlType::Iq1S => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
+            BlockIq1S::quantize_weighted(x, Some(q))
+        }),
+        GgmlType::Iq1M => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
+            BlockIq1M::quantize_weighted(x, Some(q))
+        }),
+        GgmlType::Iq4Nl => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
+            BlockIq4Nl::quantize_weighted(x, Some(q))
+        }),
+        GgmlType::Iq4Xs => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
+            BlockIq4Xs::quantize_weighted(x, Some(q))
+        }),
+        GgmlType::Q2K => quantize_rows_blocks(src, n_per_row, qw, q2_k),
+        GgmlType::Q3K => quantize_rows_blocks(src, n_per_row, qw, q3_k),
+        GgmlType::Q4K => quantize_rows_blocks(src, n_per_row, qw, q4_k),
+        GgmlType::Q5K => quantize_rows_blocks(src, n_per_row, qw, q5_k),
+        GgmlType::Q6K => quantize_rows_blocks(src, n_per_row, qw, |x, q| {
+            BlockQ6K::quantize_weighted(x, Some(q))
+        }),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let mut out = Vec::with_capacity(ty.bytes_for(src.len() as u64).unwrap_or(0) as usize);
+            for row in src.chunks_exact(n_per_row) {
+                legacy_row(ty, row, qw, &mut out);
+            }
+            out
+        }
+        _ => quantize_to_vec(ty, src)?,
+    })
+}
 
 /// ggml's `make_qkx3_quants(.., -0.9, 0.05, 36, false)` with weights, which is the
 /// weighted `make_qkx2_quants` over that range: `(scale, min)` of an affine fit.
@@ -63,8 +184,8 @@ fn pack_q4(l: &[u8; 32]) -> [u8; 16] {
 }
 
 /// Q4_0, Q4_1, Q5_0 or Q5_1 rows (`ty` by block type) with weights.
-pub(super) fn legacy_row(ty: crate::GgmlType, row: &[f32], qw: &[f32], out: &mut Vec<u8>) {
-    use crate::GgmlType as T;
+fn legacy_row(ty: GgmlType, row: &[f32], qw: &[f32], out: &mut Vec<u8>) {
+    use GgmlType as T;
     let symmetric = |nmax: i32, xb: &[f32], w: &[f32]| {
         let mut l = [0i8; 32];
         let d = make_qx_quants(nmax, xb, &mut l, Some(w));
@@ -115,7 +236,7 @@ pub(super) fn legacy_row(ty: crate::GgmlType, row: &[f32], qw: &[f32], out: &mut
 }
 
 /// Q2_K with weights (`quantize_row_q2_K_impl`).
-pub(super) fn q2_k(x: &[f32], qw: &[f32]) -> BlockQ2K {
+fn q2_k(x: &[f32], qw: &[f32]) -> BlockQ2K {
     let sigma2 = mean_square(&x[..QK_K], 1.0);
     let mut levels = [0u8; QK_K];
     let (mut scales, mut mins, mut sw) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 16]);
@@ -151,7 +272,7 @@ pub(super) fn q2_k(x: &[f32], qw: &[f32]) -> BlockQ2K {
 }
 
 /// Q3_K with weights (`quantize_row_q3_K_impl`).
-pub(super) fn q3_k(x: &[f32], qw: &[f32]) -> BlockQ3K {
+fn q3_k(x: &[f32], qw: &[f32]) -> BlockQ3K {
     let sigma2 = mean_square(&x[..QK_K], 2.0);
     let mut levels = [0i8; QK_K];
     let (mut scales, mut sw) = ([0.0f32; 16], [0.0f32; 16]);
@@ -242,13 +363,42 @@ fn k4_like(x: &[f32], qw: &[f32], nmax: i32, cap: bool) -> (f32, f32, [u8; 12], 
 }
 
 /// Q4_K with weights.
-pub(super) fn q4_k(x: &[f32], qw: &[f32]) -> BlockQ4K {
+fn q4_k(x: &[f32], qw: &[f32]) -> BlockQ4K {
     let (d, dmin, scales, levels) = k4_like(x, qw, 15, false);
     BlockQ4K::from_parts(f32_to_f16(d), f32_to_f16(dmin), scales, &levels)
 }
 
 /// Q5_K with weights.
-pub(super) fn q5_k(x: &[f32], qw: &[f32]) -> BlockQ5K {
+fn q5_k(x: &[f32], qw: &[f32]) -> BlockQ5K {
     let (d, dmin, scales, levels) = k4_like(x, qw, 31, true);
     BlockQ5K::from_parts(f32_to_f16(d), f32_to_f16(dmin), scales, &levels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The weights reach every encoder that takes them (uneven weights move some level)
+    /// and no other (those encode as without weights); lengths are checked.
+    #[test]
+    fn weights_reach_exactly_the_weighting_encoders() {
+        let x: Vec<f32> = (0..512)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0).powi(3))
+            .collect();
+        let qw: Vec<f32> = (0..256)
+            .map(|i| if i % 3 == 0 { 50.0 } else { 0.01 })
+            .collect();
+        for ty in crate::types::ALL_TYPES {
+            if ty == GgmlType::Q8K || !256usize.is_multiple_of(ty.block_size()) {
+                continue;
+            }
+            let plain = quantize_to_vec(ty, &x).unwrap();
+            let weighted = quantize_rows_weighted(ty, &x, 256, &qw).unwrap();
+            assert_eq!(weighted.len(), plain.len(), "{ty}");
+            assert_eq!(weighted != plain, uses_importance(ty), "{ty}");
+        }
+        let e = quantize_rows_weighted(GgmlType::Q4K, &x, 256, &qw[..128]).unwrap_err();
+        assert!(e.to_string().contains("128 importance weights"), "{e}");
+        assert!(quantize_rows_weighted(GgmlType::Q4K, &x, 100, &qw[..100]).is_err());
+    }
 }
