@@ -11,6 +11,7 @@ mod info;
 mod llama;
 mod pull;
 mod quantize;
+mod quantize_imatrix;
 mod run;
 mod scale_out;
 mod session;

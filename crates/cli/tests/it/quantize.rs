@@ -12,14 +12,14 @@ use minfer_gguf::{GgmlType, GgufFile};
 use minfer_models::testing::{quant_mix_models, write_tiny_model, TinySpec};
 use sha2::{Digest, Sha256};
 
-fn minfer(args: &[&str]) -> Output {
+pub(crate) fn minfer(args: &[&str]) -> Output {
     minfer_command(&test_home("quantize"))
         .args(args)
         .output()
         .expect("run minfer")
 }
 
-fn assert_ok(out: &Output) {
+pub(crate) fn assert_ok(out: &Output) {
     assert!(
         out.status.success(),
         "{}",
@@ -27,7 +27,7 @@ fn assert_ok(out: &Output) {
     );
 }
 
-fn tiny(dir: &Path, name: &str, spec: &TinySpec) -> PathBuf {
+pub(crate) fn tiny(dir: &Path, name: &str, spec: &TinySpec) -> PathBuf {
     let p = dir.join(name);
     write_tiny_model(&p, spec).expect("write tiny model");
     p
@@ -212,7 +212,7 @@ fn bad_requests_are_refused_by_name() {
     assert!(!Path::new(out).exists(), "nothing written on refusal");
 }
 
-fn sha256_hex(b: &[u8]) -> String {
+pub(crate) fn sha256_hex(b: &[u8]) -> String {
     Sha256::digest(b)
         .iter()
         .map(|x| format!("{x:02x}"))

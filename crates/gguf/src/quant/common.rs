@@ -29,10 +29,10 @@ pub(crate) fn f32_to_f16(x: f32) -> f16 {
     f16::from_f32(x)
 }
 
-/// Symmetric scale search (ggml `make_qx_quants` with `rmse_type == 1` and no importance
-/// weights): levels `L[i]` in `0..2*nmax` with `x[i] ≈ scale * (L[i] - nmax)`, weighting by
-/// `x[i]²`, then trying 18 nearby scales and keeping the best weighted fit.
-pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
+/// Symmetric scale search (ggml `make_qx_quants` with `rmse_type == 1`): levels `L[i]` in
+/// `0..2*nmax` with `x[i] ≈ scale * (L[i] - nmax)`, weighting by `qw[i]` (by `x[i]²`
+/// without), then trying 18 nearby scales and keeping the best weighted fit.
+pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], levels: &mut [i8], qw: Option<&[f32]>) -> f32 {
     let (max, amax) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         levels.iter_mut().for_each(|l| *l = 0);
@@ -41,9 +41,9 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
     let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
     let sums = |iscale: f32| {
         let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-        for &v in x {
+        for (i, &v) in x.iter().enumerate() {
             let l = quant(iscale, v) as f32;
-            let w = v * v;
+            let w = qw.map_or(v * v, |q| q[i]);
             sumlx += w * v * l;
             suml2 += w * l * l;
         }
@@ -266,7 +266,7 @@ mod tests {
         // Values on an exact grid of step 0.25 must be recovered exactly.
         let x: Vec<f32> = (0..16).map(|i| (i as f32 - 8.0) * 0.25).collect();
         let mut l = [0i8; 16];
-        let scale = make_qx_quants(8, &x, &mut l);
+        let scale = make_qx_quants(8, &x, &mut l, None);
         for (q, v) in l.iter().zip(&x) {
             assert!(
                 (scale * (*q as f32 - 8.0) - v).abs() < 1e-6,

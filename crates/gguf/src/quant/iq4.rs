@@ -105,7 +105,7 @@ pub(crate) fn nearest_level(v: f32) -> u8 {
 /// the fifteen inverse scales `(t - 127) / max` for `t` in `-7..=7`, each with every
 /// element at its nearest level, keeping the one whose optimal scale `Σwqx / Σwq²`
 /// explains most of the data. Returns that scale (0 for an all-but-zero group).
-fn fit_scale(x: &[f32]) -> f32 {
+fn fit_scale(x: &[f32], w: Option<&[f32]>) -> f32 {
     const NTRY: i32 = 7;
     let (mut amax, mut max) = (0.0f32, 0.0f32);
     for &v in x {
@@ -121,9 +121,9 @@ fn fit_scale(x: &[f32]) -> f32 {
     let k0 = KVALUES_IQ4NL[0] as f32;
     let sums = |id: f32| {
         let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
-        for &v in x {
+        for (j, &v) in x.iter().enumerate() {
             let q = KVALUES_IQ4NL[nearest_level(id * v) as usize] as f32;
-            let w = v * v;
+            let w = w.map_or(v * v, |w| w[j]);
             sumqx += w * q * v;
             sumq2 += w * q * q;
         }
@@ -158,10 +158,36 @@ impl Block for BlockIq4Nl {
     }
 }
 
+/// ggml's element weights with an importance matrix: `qw · sqrt(sigma2 + x²)`, `sigma2`
+/// twice the mean square of the (super-)block `x`.
+fn element_weights(x: &[f32], qw: &[f32]) -> Vec<f32> {
+    let mut s = 0.0f32;
+    for &v in x {
+        s += v * v;
+    }
+    let sigma2 = s * (2.0 / x.len() as f32);
+    x.iter()
+        .zip(qw)
+        .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
+        .collect()
+}
+
 impl super::Quantize for BlockIq4Nl {
     fn quantize(x: &[f32]) -> Self {
+        Self::quantize_weighted(x, None)
+    }
+}
+
+impl BlockIq4Nl {
+    /// Encodes `x[..32]` weighting the scale fit by the importance weights `qw` as ggml's
+    /// `quantize_row_iq4_nl_impl` does (by `x²` without them).
+    ///
+    /// # Panics
+    /// If `x` or `qw` is shorter than 32.
+    pub fn quantize_weighted(x: &[f32], qw: Option<&[f32]>) -> Self {
         let x = &x[..32];
-        let d = fit_scale(x);
+        let w = qw.map(|q| element_weights(x, &q[..32]));
+        let d = fit_scale(x, w.as_deref());
         let mut qs = [0u8; 16];
         // ggml picks the levels for the unrounded scale.
         pack_32(x, if d != 0.0 { 1.0 / d } else { 0.0 }, &mut qs);
@@ -187,12 +213,24 @@ impl Block for BlockIq4Xs {
 
 impl super::Quantize for BlockIq4Xs {
     fn quantize(x: &[f32]) -> Self {
+        Self::quantize_weighted(x, None)
+    }
+}
+
+impl BlockIq4Xs {
+    /// Encodes `x[..256]` weighting the sub-block scale fits by the importance weights `qw`
+    /// as ggml's `quantize_row_iq4_nl_impl` does for IQ4_XS (by `x²` without them).
+    ///
+    /// # Panics
+    /// If `x` or `qw` is shorter than 256.
+    pub fn quantize_weighted(x: &[f32], qw: Option<&[f32]>) -> Self {
         let x = &x[..QK_K];
+        let w = qw.map(|q| element_weights(x, &q[..QK_K]));
         let mut b: BlockIq4Xs = bytemuck::Zeroable::zeroed();
         let mut scales = [0.0f32; 8];
         let (mut amax, mut max) = (0.0f32, 0.0f32);
-        for (s, xb) in scales.iter_mut().zip(x.chunks_exact(32)) {
-            *s = fit_scale(xb);
+        for (ib, (s, xb)) in scales.iter_mut().zip(x.chunks_exact(32)).enumerate() {
+            *s = fit_scale(xb, w.as_deref().map(|w| &w[32 * ib..32 * ib + 32]));
             if s.abs() > amax {
                 amax = s.abs();
                 max = *s;

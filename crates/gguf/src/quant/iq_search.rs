@@ -364,18 +364,23 @@ pub(crate) fn fit_sub_blocks<const N: usize>(
 /// the scale is kept; the levels live in ggml's `uint8_t` array, whose wrap-around for
 /// the (rare) negative level is kept too because it steers the refinement.
 pub(crate) fn make_qp_quants(nmax: i32, x: &[f32], w: &[f32]) -> f32 {
+    make_qp_quants_into(nmax, x, w, &mut [0u8; 32])
+}
+
+/// [`make_qp_quants`] keeping the levels (`x.len()` of them, at most 32) in `big_l`.
+pub(crate) fn make_qp_quants_into(nmax: i32, x: &[f32], w: &[f32], big_l: &mut [u8]) -> f32 {
     let max = x.iter().fold(0.0f32, |m, &v| c_max(m, v));
     if max < super::common::GROUP_MAX_EPS {
+        big_l.iter_mut().for_each(|l| *l = 0);
         return 0.0;
     }
     let mut iscale = nmax as f32 / max;
-    let mut big_l = [0u8; 32];
     for (li, &v) in big_l.iter_mut().zip(x) {
         *li = nearest_int(iscale * v) as u8;
     }
     let scale = 1.0 / iscale;
     let mut best_mse = 0.0f32;
-    for ((&v, &wi), &li) in x.iter().zip(w).zip(&big_l) {
+    for ((&v, &wi), &li) in x.iter().zip(w).zip(big_l.iter()) {
         let diff = v - scale * li as f32;
         best_mse += wi * diff * diff;
     }

@@ -19,7 +19,11 @@
 //! `iq4`), and the lattice i-quants (IQ1/IQ2/IQ3) follow ggml's `quantize_row_iq*_impl`
 //! byte for byte (`lattice` holds the grids' neighbour maps, `iq_search` the shared
 //! sub-block search). Those take optional importance weights through their blocks'
-//! `quantize_weighted`; [`Quantize::quantize`] passes none.
+//! `quantize_weighted`; [`Quantize::quantize`] passes none. With an importance matrix,
+//! [`quantize_rows_weighted`] encodes whole rows as ggml's `quantize_<type>` does when
+//! given `quant_weights`: the lattice types, IQ4_NL, IQ4_XS and Q6_K through their
+//! `quantize_weighted`, the other k-quants and the 4/5-bit legacy types through
+//! `weighted` (ggml's `quantize_row_*_impl`).
 
 mod common;
 mod float;
@@ -43,6 +47,9 @@ mod q6_k;
 mod q8_0;
 mod q8_k;
 mod tq;
+mod weighted;
+
+pub use weighted::{quantize_rows_weighted, uses_importance};
 
 pub use iq1::{BlockIq1M, BlockIq1S, IQ1S_DELTA};
 pub use iq2::{BlockIq2S, BlockIq2Xs, BlockIq2Xxs, KSIGNS_IQ2XS};
@@ -92,6 +99,16 @@ pub enum QuantError {
         /// The byte count given.
         got: usize,
         /// The byte count the element count needs.
+        expected: usize,
+    },
+    /// Importance weights of the wrong length for the rows.
+    #[error("{ty}: {got} importance weights for rows of {expected} values")]
+    Weights {
+        /// The tensor type.
+        ty: GgmlType,
+        /// The weight count given.
+        got: usize,
+        /// The row length.
         expected: usize,
     },
     /// The type decodes but has no encoder here.

@@ -151,6 +151,13 @@ impl super::Quantize for BlockQ4K {
             use_mad: false,
         };
         let (d, dmin, scales, levels) = quantize_k4_like(&x[..QK_K], &search);
+        BlockQ4K::from_parts(d, dmin, scales, &levels)
+    }
+}
+
+impl BlockQ4K {
+    /// The block of scales `d`/`dmin`, packed group scales and 4-bit `levels`.
+    pub(super) fn from_parts(d: f16, dmin: f16, scales: [u8; 12], levels: &[u8; QK_K]) -> Self {
         let mut qs = [0u8; 128];
         for c in 0..4 {
             for l in 0..32 {

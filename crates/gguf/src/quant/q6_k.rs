@@ -52,13 +52,30 @@ impl Block for BlockQ6K {
 
 impl super::Quantize for BlockQ6K {
     fn quantize(x: &[f32]) -> Self {
+        Self::quantize_weighted(x, None)
+    }
+}
+
+impl BlockQ6K {
+    /// Encodes `x[..256]` as ggml's `quantize_row_q6_K_impl`: each 16-group's scale search
+    /// weighted by the importance weights `qw` themselves (ggml does not mix in `x²` here),
+    /// or by `x²` without (the reference encoder).
+    ///
+    /// # Panics
+    /// If `x` or `qw` is shorter than 256.
+    pub fn quantize_weighted(x: &[f32], qw: Option<&[f32]>) -> Self {
         let x = &x[..QK_K];
         let mut levels = [0i8; QK_K];
         let mut scales = [0.0f32; 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for (g, s) in scales.iter_mut().enumerate() {
             let r = 16 * g..16 * g + 16;
-            *s = make_qx_quants(32, &x[r.clone()], &mut levels[r]);
+            *s = make_qx_quants(
+                32,
+                &x[r.clone()],
+                &mut levels[r],
+                qw.map(|q| &q[16 * g..16 * g + 16]),
+            );
             if s.abs() > max_abs_scale {
                 max_abs_scale = s.abs();
                 max_scale = *s;

@@ -3,7 +3,7 @@
 //! quantization (the value projections, the first and last `ffn_down` layers, the output
 //! matrix) to a wider one. Following the rule tensor by tensor means `minfer quantize` and
 //! llama-quantize give the same file the same types, so the two can be compared file for
-//! file. There is no importance matrix here, so the rule's no-imatrix branches apply.
+//! file. A few branches depend on whether an importance matrix is given ([`Mix::imatrix`]).
 
 use anyhow::{bail, Result};
 use minfer_gguf::{GgmlType, GgufFile, MetaValue, TensorInfo, QK_K};
@@ -211,6 +211,7 @@ impl ModelFacts {
 pub struct Mix {
     ftype: Ftype,
     pure: bool,
+    has_imatrix: bool,
     facts: ModelFacts,
     n_attention_wv: usize,
     i_attention_wv: usize,
@@ -236,6 +237,7 @@ impl Mix {
         Mix {
             ftype,
             pure,
+            has_imatrix: false,
             facts,
             n_attention_wv,
             i_attention_wv: 0,
@@ -243,6 +245,14 @@ impl Mix {
             i_ffn_gate: 0,
             i_ffn_up: 0,
         }
+    }
+
+    /// The rule as llama-quantize applies it with an importance matrix (`has`): IQ3_XXS
+    /// keeps its value projections and `ffn_down` at IQ3_XXS, IQ4_NL and IQ4_XS no longer
+    /// raise the first `ffn_down` layers, and Q4_0 and Q5_0 raise them to Q4_1 and Q5_1.
+    pub fn imatrix(mut self, has: bool) -> Mix {
+        self.has_imatrix = has;
+        self
     }
 
     /// The type of every tensor of `tensors`, index for index: unquantizable ones keep
@@ -276,7 +286,7 @@ impl Mix {
         fallback(ty, t.dims.first().copied().unwrap_or(1))
     }
 
-    /// llama-quantize's per-category rule (its no-imatrix branches).
+    /// llama-quantize's per-category rule.
     fn raise(&mut self, t: &TensorInfo, default: GgmlType) -> GgmlType {
         use Category as C;
         use GgmlType::*;
@@ -358,7 +368,9 @@ impl Mix {
                 "Q2_K" => ty = if gqa4 { Q4K } else { Q3K },
                 "Q2_K_S" if gqa4 => ty = Q4K,
                 // Without an importance matrix IQ3_XXS raises the value projection to IQ3_S.
-                "IQ3_XXS" => ty = if gqa4 { Q4K } else { Iq3S },
+                "IQ3_XXS" if gqa4 => ty = Q4K,
+                "IQ3_XXS" if !self.has_imatrix => ty = Iq3S,
+                "IQ3_XXS" => {}
                 "IQ3_XS" | "IQ3_S" if gqa4 => ty = Q4K,
                 "IQ3_M" => ty = Q4K,
                 "Q3_K_M" => ty = if i < 2 { Q5K } else { Q4K },
@@ -395,7 +407,7 @@ impl Mix {
             match f {
                 "Q2_K" => ty = Q3K,
                 "Q2_K_S" if i < n / 8 => ty = Q4K,
-                "IQ3_XXS" => ty = if i < n / 8 { Q4K } else { Q3K },
+                "IQ3_XXS" if !self.has_imatrix => ty = if i < n / 8 { Q4K } else { Q3K },
                 "Q3_K_M" => {
                     ty = if i < n / 16 {
                         Q5K
@@ -420,9 +432,13 @@ impl Mix {
                         ty = Q6K;
                     }
                 }
-                "IQ4_NL" | "IQ4_XS" if i < n / 8 => ty = Q5K,
+                "IQ4_NL" | "IQ4_XS" if i < n / 8 && !self.has_imatrix => ty = Q5K,
                 "Q5_K_M" if use_more_bits(i, n) => ty = Q6K,
                 "Q4_K_S" if !facts.falcon && i < n / 8 => ty = Q5K,
+                // With an importance matrix the first eighth of Q4_0 and Q5_0 `ffn_down`
+                // takes the type with a minimum.
+                "Q4_0" if self.has_imatrix && i < n / 8 => ty = Q4_1,
+                "Q5_0" if self.has_imatrix && i < n / 8 => ty = Q5_1,
                 _ => {}
             }
             self.i_ffn_down += 1;
@@ -467,6 +483,21 @@ impl Mix {
             *counter += 1;
         }
         ty
+    }
+}
+
+/// Whether llama-quantize refuses to write tensor `name` as `ty` in mix `ftype` without
+/// importance weights: the 1- to 3-bit lattice types, and Q2_K in the Q2_K_S mix, except
+/// on the token embedding and the output matrix.
+pub fn requires_imatrix(name: &str, ty: GgmlType, ftype: &Ftype) -> bool {
+    use GgmlType::*;
+    if category(name) == Category::TokenEmbd || name == "output.weight" {
+        return false;
+    }
+    match ty {
+        Iq3Xxs | Iq2Xxs | Iq2Xs | Iq2S | Iq1M | Iq1S => true,
+        Q2K => ftype.name == "Q2_K_S",
+        _ => false,
     }
 }
 
