@@ -249,9 +249,10 @@ unsafe fn dot_iq4_xs_avx2<const NT: usize>(w: &[BlockIq4Xs], x: [&[BlockQ8K]; NT
     acc
 }
 
-/// Implements [`QuantDot`] with this file's scalar reference and the AVX2 kernel `$avx2`.
+/// Implements [`QuantDot`] with this file's scalar reference and the AVX2 kernel `$avx2`,
+/// and with the 8-row prefill tiles `$rows8` where given.
 macro_rules! grouped_dot {
-    ($avx2:path: $($t:ty),*) => {$(
+    (@one $t:ty, $avx2:path, [$($extra:tt)*]) => {
         impl QuantDot for $t {
             type Act = BlockQ8K;
 
@@ -264,35 +265,21 @@ macro_rules! grouped_dot {
             unsafe fn dot_avx2<const NT: usize>(w: &[Self], x: [&[BlockQ8K]; NT]) -> [f32; NT] {
                 $avx2(w, x)
             }
+
+            $($extra)*
         }
-    )*};
+    };
+    ($avx2:path: $($t:ty),*) => {$(grouped_dot!(@one $t, $avx2, []);)*};
+    ($avx2:path, $rows8:path: $($t:ty),*) => {
+        $(grouped_dot!(@one $t, $avx2, [super::rows8_items!($rows8);]);)*
+    };
 }
 
 #[cfg(target_arch = "x86_64")]
 use super::{lattice::dot_lattice_avx2, ternary::dot_ternary_avx2};
 
-/// [`grouped_dot`] for the lattice types, with their 8-row prefill tiles.
-macro_rules! lattice_dot {
-    ($($t:ty),*) => {$(
-        impl QuantDot for $t {
-            type Act = BlockQ8K;
-
-            fn dot_scalar<const NT: usize>(w: &[Self], x: [&[BlockQ8K]; NT]) -> [f32; NT] {
-                dot_grouped_scalar(w, x)
-            }
-
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn dot_avx2<const NT: usize>(w: &[Self], x: [&[BlockQ8K]; NT]) -> [f32; NT] {
-                dot_lattice_avx2(w, x)
-            }
-
-            super::rows8_items!(super::lattice::rows8);
-        }
-    )*};
-}
-
-lattice_dot!(
+grouped_dot!(
+    dot_lattice_avx2, super::lattice::rows8:
     BlockIq2Xxs,
     BlockIq2Xs,
     BlockIq2S,

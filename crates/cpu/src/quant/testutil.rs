@@ -212,6 +212,9 @@ pub(crate) fn check_rows8<B: QuantDot<Act = minfer_gguf::quant::BlockQ8K>>(
     x: &[minfer_gguf::quant::BlockQ8K],
     nt: usize,
 ) {
+    // Without tiles of its own the type runs the row kernel, which this check could not
+    // tell from a correct tile kernel.
+    assert!(B::ROWS8, "the type has no tile kernel to check");
     let Some(avx2) = Isa::avx2() else { return };
     let bpr = rows[0].len();
     for vnni in [false, true] {
