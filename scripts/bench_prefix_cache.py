@@ -21,22 +21,15 @@ import json
 import os
 import random
 import re
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
+
+from local_server import free_port, start, stop, wait_ready
 
 WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega orbit "
          "vector matrix tensor kernel buffer socket thread queue router worker cache "
          "policy budget stream record index search engine planet river forest city").split()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ttft(port, system, question, slot):
@@ -92,22 +85,11 @@ def main():
            "-c", str(2 * (args.tokens + 1024)), "-t", str(args.threads), "--port", str(port)]
     if args.cache_ram is not None:
         cmd += ["--cache-ram", str(args.cache_ram)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = start(cmd)
     ratios, ok = [], True
     try:
-        end = time.time() + 300
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() > end or proc.poll() is not None:
-                raise SystemExit("the server did not become ready")
-            time.sleep(0.3)
+        if not wait_ready(port, proc):
+            raise SystemExit("the server did not become ready")
         print("| run | first request TTFT (slot 0) | second request TTFT (slot 1) "
               "| tokens from the cache (of the system prompt's) | ratio |")
         print("|---|---:|---:|---:|---:|")
@@ -128,11 +110,7 @@ def main():
         print(f"request failed: {e}", file=sys.stderr)
         ok = False
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop(proc)
     if ratios:
         print(f"median ratio {statistics.median(ratios):.3f} (bar {args.max_ratio})")
     return 0 if ok and ratios and statistics.median(ratios) <= args.max_ratio else 1

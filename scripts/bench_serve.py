@@ -27,14 +27,13 @@ import argparse
 import http.client
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from local_server import free_port, start, stop, wait_ready
 
 TOPICS = [
     "how a hash map handles collisions",
@@ -62,30 +61,7 @@ def prompt(i):
     return f"Question {i}: explain {t}, in detail and step by step.\nAnswer:"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(port, proc, timeout=300):
-    """Waits until GET /health answers 200; False when the process exits or time runs out."""
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc.poll() is not None:
-            return False
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return True
-        except OSError:
-            pass
-        time.sleep(0.3)
-    return False
-
-
-def start(kind, args, slots, port, log):
+def server(kind, args, slots, port, log):
     ctx = str(slots * args.ctx_per_slot)
     if kind == "minfer":
         cmd = [args.minfer, "serve", "-m", args.model, "--slots", str(slots), "-c", ctx,
@@ -93,16 +69,7 @@ def start(kind, args, slots, port, log):
     else:
         cmd = [args.llama_server, "-m", args.model, "-np", str(slots), "-c", ctx,
                "-t", str(args.threads), "--port", str(port), "--host", "127.0.0.1"]
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    return start(cmd, log)
 
 
 def one(port, text, tokens):
@@ -188,7 +155,7 @@ def main():
             for kind in order:
                 port = free_port()
                 with open(os.path.join(logdir, f"{kind}-{n}-{r}.log"), "w") as log:
-                    proc = start(kind, args, n, port, log)
+                    proc = server(kind, args, n, port, log)
                     try:
                         if not wait_ready(port, proc):
                             print(f"{kind}: the server did not become ready "

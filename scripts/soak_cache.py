@@ -25,15 +25,13 @@ that difference exceeds the budget plus --slack MiB.
 import argparse
 import http.client
 import json
-import os
 import random
 import re
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
+
+from local_server import free_port, start, stop, wait_ready
 
 WORDS = ("system user request data model cache token server client memory block "
          "prompt answer question context layer matrix vector kernel thread queue "
@@ -42,12 +40,6 @@ WORDS = ("system user request data model cache token server client memory block 
 
 def text(rng, n_words):
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid):
@@ -91,21 +83,12 @@ def run(args, cache_ram, minutes):
            "-c", str(args.slots * args.ctx_per_slot), "-t", str(args.threads),
            "--port", str(port), "--cache-ram", str(cache_ram),
            "--queue", str(4 * args.clients)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = start(cmd)
     counts = {"ok": 0, "failed": 0}
     errors = []
     samples = []  # (seconds, rss MiB, cache bytes, hit tokens)
     try:
-        end = time.time() + 300
-        while time.time() < end:
-            try:
-                if get(port, "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.3)
-        else:
+        if not wait_ready(port, proc):
             raise SystemExit("the server did not become ready")
         rng = random.Random(args.seed)
         systems = [text(rng, rng.randint(450, 1100)) for _ in range(8)]
@@ -147,11 +130,7 @@ def run(args, cache_ram, minutes):
         for t in threads:
             t.join()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop(proc)
     return cmd, idle, samples, counts, errors
 
 
