@@ -208,6 +208,9 @@ impl GraphAllocator {
     /// the CPU, matching the scheduler's fallback.
     pub fn alloc_graph(&mut self, graph: &ComputeGraph) -> Result<(), GraphError> {
         self.release_graph_buffers();
+        for b in self.backends.values_mut() {
+            b.open_alloc_pass();
+        }
         graph.validate()?;
         let n = graph.nodes.len();
         let live = |i: usize| !graph.is_dead(i);

@@ -180,6 +180,11 @@ pub trait BackendImpl: Send {
     fn pool_elems(&self) -> usize {
         0
     }
+    /// Called when the allocator starts placing a new graph, after the previous graph's
+    /// buffers were freed: buffers free at this point are named by no node of the new
+    /// graph, so a host pool may give their storage another length; buffers freed later
+    /// in the pass are shared only at their own length. The default does nothing.
+    fn open_alloc_pass(&mut self) {}
     /// Called after each allocation pass with every buffer id the new graph, the KV
     /// and the staging use: the backend may drop the storage of other free buffers, so
     /// graphs of ever new shapes do not grow the pool without bound. Never touches

@@ -16,7 +16,12 @@ use crate::backend_error::BackendError;
 pub struct HostPool {
     /// The buffers; an id indexes this vector. Backends borrow them directly in kernels.
     pub buffers: Vec<Vec<f32>>,
+    /// Freed during the current allocation pass: shared only at their exact length,
+    /// since nodes placed earlier in the pass may still name them at that length.
     free: Vec<usize>,
+    /// Free since before the current pass: no node of the graph being placed names
+    /// them, so their storage may take another length.
+    idle: Vec<usize>,
     /// Ids whose storage was released; reused before the pool grows.
     vacant: Vec<usize>,
 }
@@ -27,19 +32,40 @@ impl HostPool {
         Self::default()
     }
 
-    /// A zero-filled buffer of `size` values, recycled from the free list when one of
-    /// exactly that length is free.
+    /// A zero-filled buffer of `size` values, recycled when possible: a free buffer of
+    /// exactly that length, else the idle buffer (free since before this pass) with the
+    /// least storage that holds `size` values without wasting more than half of it.
+    /// Consecutive graphs of nearly equal shapes (prefill chunks of 512 and then 464
+    /// tokens) so share their storage instead of each holding its own.
     pub fn alloc(&mut self, size: usize) -> usize {
-        if let Some(pos) = self
-            .free
-            .iter()
-            .position(|&i| self.buffers[i].len() == size)
-        {
+        let bufs = &self.buffers;
+        if let Some(pos) = self.free.iter().position(|&i| bufs[i].len() == size) {
             let id = self.free.swap_remove(pos);
             self.buffers[id].fill(0.0);
             return id;
         }
+        let fit = self
+            .idle
+            .iter()
+            .enumerate()
+            .map(|(pos, &i)| (pos, i, bufs[i].len(), bufs[i].capacity()))
+            .filter(|&(_, _, _, cap)| cap >= size && cap / 2 <= size)
+            .min_by_key(|&(_, i, len, cap)| (len != size, cap, i))
+            .map(|(pos, ..)| pos);
+        if let Some(pos) = fit {
+            let id = self.idle.swap_remove(pos);
+            let b = &mut self.buffers[id];
+            b.clear();
+            b.resize(size, 0.0);
+            return id;
+        }
         self.alloc_fresh(size)
+    }
+
+    /// Starts an allocation pass: every buffer free now becomes idle, its storage open
+    /// to any length.
+    pub fn open_pass(&mut self) {
+        self.idle.append(&mut self.free);
     }
 
     /// A new zero-filled buffer that never comes from the free list (a vacant id, whose
@@ -56,7 +82,11 @@ impl HostPool {
     /// Returns `id` to the free list (its memory stays in the pool); unknown, vacant or
     /// already free ids are ignored.
     pub fn free(&mut self, id: usize) {
-        if id < self.buffers.len() && !self.free.contains(&id) && !self.vacant.contains(&id) {
+        if id < self.buffers.len()
+            && !self.free.contains(&id)
+            && !self.idle.contains(&id)
+            && !self.vacant.contains(&id)
+        {
             self.free.push(id);
         }
     }
@@ -72,21 +102,22 @@ impl HostPool {
         let budget: usize = used
             .iter()
             .filter_map(|&id| self.buffers.get(id))
-            .map(Vec::len)
+            .map(Vec::capacity)
             .sum();
         let mut idle: Vec<usize> = self
             .free
             .iter()
+            .chain(&self.idle)
             .copied()
             .filter(|id| used.binary_search(id).is_err())
             .collect();
         // Smaller buffers first: they are kept while the budget lasts, so a small graph
         // met again (the decode graph between prefills) finds its buffers.
-        idle.sort_by_key(|&id| (self.buffers[id].len(), id));
+        idle.sort_by_key(|&id| (self.buffers[id].capacity(), id));
         let mut kept = 0usize;
         let mut drop = Vec::new();
         for id in idle {
-            let len = self.buffers[id].len();
+            let len = self.buffers[id].capacity();
             if kept + len <= budget {
                 kept += len;
             } else {
@@ -96,13 +127,15 @@ impl HostPool {
         for id in drop {
             self.buffers[id] = Vec::new();
             self.free.retain(|&f| f != id);
+            self.idle.retain(|&f| f != id);
             self.vacant.push(id);
         }
     }
 
-    /// Elements held by every buffer of the pool (its memory, in f32s).
+    /// Elements held by every buffer of the pool (its memory, in f32s: the storage of a
+    /// recycled buffer may exceed its length).
     pub fn elems(&self) -> usize {
-        self.buffers.iter().map(Vec::len).sum()
+        self.buffers.iter().map(Vec::capacity).sum()
     }
 
     /// Buffers ever created.
@@ -115,9 +148,9 @@ impl HostPool {
         self.buffers.is_empty()
     }
 
-    /// Buffers currently on the free list.
+    /// Buffers currently free (freed this pass or idle since an earlier one).
     pub fn free_len(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.idle.len()
     }
 
     /// A borrowed view of buffer `id`.
@@ -196,6 +229,10 @@ macro_rules! host_pool_methods {
             self.$pool.elems()
         }
 
+        fn open_alloc_pass(&mut self) {
+            self.$pool.open_pass()
+        }
+
         fn release_unused(&mut self, in_use: &[usize]) {
             self.$pool.release_unused(in_use)
         }
@@ -214,12 +251,40 @@ mod tests {
         p.free(a);
         p.free(a);
         assert_eq!(p.free_len(), 1, "a double free is ignored");
-        assert_eq!(p.alloc(3), 1, "another length gets a new buffer");
+        assert_eq!(p.alloc(5), 1, "a longer buffer is new");
         assert_eq!(p.alloc(4), a, "the freed buffer of that length comes back");
         assert_eq!(p.read(a), Some(&[0.0; 4][..]), "zero-filled on reuse");
         p.free(a);
         assert_ne!(p.alloc_fresh(4), a, "staging never recycles");
         assert_eq!(p.len(), 3);
+    }
+
+    #[test]
+    fn a_new_pass_reuses_the_tightest_idle_storage_that_is_not_mostly_waste() {
+        let mut p = HostPool::new();
+        let (big, mid, exact) = (p.alloc(100), p.alloc(60), p.alloc(50));
+        p.write(mid, &[3.0; 60]).unwrap();
+        for id in [big, mid, exact] {
+            p.free(id);
+        }
+        assert_eq!(
+            p.alloc(55),
+            3,
+            "within a pass only exact lengths are shared"
+        );
+        p.free(3);
+        p.open_pass();
+        assert_eq!(p.alloc(50), exact, "an exact length comes first");
+        assert_eq!(p.alloc(55), 3, "then the same length among the idle");
+        assert_eq!(p.alloc(55), mid, "then the least storage that holds it");
+        assert_eq!(
+            p.read(mid),
+            Some(&[0.0; 55][..]),
+            "zero-filled at its new length"
+        );
+        assert_eq!(p.alloc(20), 4, "100 values for 20 would waste most of them");
+        assert_eq!(p.alloc(50), big);
+        assert_eq!(p.elems(), 100 + 60 + 50 + 55 + 20, "memory counts storage");
     }
 
     #[test]

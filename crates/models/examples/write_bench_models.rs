@@ -6,7 +6,10 @@
 //! cargo run --release -p minfer-models --example write_bench_models -- DIR [NAME ...]
 //! ```
 //!
-//! NAME is one of the models below (all of them without a NAME).
+//! NAME is one of the models below (all of them without a NAME). A model written in F16
+//! is meant to be requantized with `minfer quantize` to a llama-quantize mix, so that
+//! widths that are not whole k-quant blocks get the mix's fallback types, as in the
+//! published files.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,6 +50,30 @@ fn models() -> Vec<(&'static str, &'static str, TinySpec)> {
                     n_rot: 64,
                     sections: [11, 11, 10, 0],
                 }),
+                seed: 1,
+            },
+        ),
+        (
+            "gemma3-1b-f16",
+            "Gemma 3 1B's shapes (26 layers, every sixth global, the others a 512-row \
+             sliding window; width 1152, 4 query heads of 256 over 1 KV head; FFN 6912; \
+             vocabulary 262144, tied head), F16",
+            TinySpec {
+                arch: "gemma3",
+                n_layer: 26,
+                n_embd: 1152,
+                n_head: 4,
+                n_head_kv: 1,
+                head_dim: 256,
+                n_ff: 6912,
+                n_vocab: 262144,
+                n_ctx: 32768,
+                wtype: GgmlType::F16,
+                tied: true,
+                rope_freqs: false,
+                sliding_window: Some(512),
+                moe: None,
+                ssm: None,
                 seed: 1,
             },
         ),

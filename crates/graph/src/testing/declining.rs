@@ -83,6 +83,9 @@ impl BackendImpl for Declining {
     fn pool_elems(&self) -> usize {
         self.inner.pool_elems()
     }
+    fn open_alloc_pass(&mut self) {
+        self.inner.open_alloc_pass()
+    }
     fn release_unused(&mut self, in_use: &[usize]) {
         self.inner.release_unused(in_use)
     }
