@@ -1,7 +1,7 @@
-//! Element-wise and row-wise op families on CUDA: add, mul, SiLU, SwiGLU, row
-//! gathers, RMS norm, biases and rope.
+//! Element-wise and row-wise op families on CUDA: add, mul, the scale, SiLU, SwiGLU,
+//! GELU, GeGLU and the soft-cap, row gathers, RMS norm, biases and rope.
 
-use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall};
+use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall, Unary};
 use minfer_graph::{BackendError, CNode, Op, RoPEMeta, RopeStyle};
 
 use super::launch::{f32_arg, u32_of};
@@ -63,6 +63,43 @@ impl ElementwiseOps for CudaBackend {
             un(n, "elements")?,
         ];
         self.launch(Kernel::SwiGlu, geom, args);
+        Ok(())
+    }
+
+    fn unary(&mut self, c: &NodeCall, f: Unary) -> Result<(), BackendError> {
+        let n = c.io.n;
+        let geom = dispatch::elementwise_geom(n)?;
+        // Element i reads only a[i]: in place is safe.
+        let mut args = vec![
+            Arg::Buf(c.io.id(0)?),
+            Arg::Buf(c.io.out),
+            un(n, "elements")?,
+        ];
+        let k = match f {
+            Unary::Scale(s) => {
+                args.push(f32_arg(s));
+                Kernel::Scale
+            }
+            Unary::Gelu => Kernel::Gelu,
+            Unary::SoftCap(cap) => {
+                args.extend([f32_arg(cap), f32_arg(1.0 / cap)]);
+                Kernel::SoftCap
+            }
+        };
+        self.launch(k, geom, args);
+        Ok(())
+    }
+
+    fn geglu(&mut self, c: &NodeCall) -> Result<(), BackendError> {
+        let n = c.io.n;
+        let geom = dispatch::elementwise_geom(n)?;
+        let args = vec![
+            Arg::Buf(c.io.id(0)?),
+            Arg::Buf(c.io.id(1)?),
+            Arg::Buf(c.io.out),
+            un(n, "elements")?,
+        ];
+        self.launch(Kernel::GeGlu, geom, args);
         Ok(())
     }
 

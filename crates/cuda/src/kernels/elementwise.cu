@@ -40,3 +40,9 @@ extern "C" __global__ void gather_f32(const float* x, const i32* sel, float* y, 
     u32 r = i / d, c = i % d;
     y[i] = x[(size_t)sel[r] * d + c];
 }
+
+// y = a * s (the embedding scale).
+extern "C" __global__ void scale_f32(const float* a, float* y, u32 n, float s) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a[i] * s;
+}
