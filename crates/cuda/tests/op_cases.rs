@@ -3,9 +3,10 @@
 //! case must run on CUDA except those the backend declines by capability: matmuls over
 //! weight types no kernel decodes (never one of the real models' types or IQ4_NL/IQ4_XS),
 //! rope with Llama 3 frequency factors or YaRN terms, sliding-window attention, attention
-//! sinks or over a KV ring, BERT's LayerNorm and bidirectional attention, and the
-//! mixture-of-experts and recurrent ops. Gemma's GELU, GeGLU, embedding scale and
-//! soft-caps (the attention score cap included) run here. Skips (saying so) without a
+//! sinks or over a KV ring, BERT's LayerNorm and bidirectional attention, the experts'
+//! routing and products, and the recurrent ops. Gemma's GELU, GeGLU, embedding scale
+//! and soft-caps (the attention score cap included) and the MoE shared expert's sigmoid
+//! gate run here. Skips (saying so) without a
 //! device, fails there under `MINFER_CUDA_TESTS=require`.
 
 use minfer_cpu::CpuBackend;

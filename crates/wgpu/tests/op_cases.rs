@@ -4,10 +4,10 @@
 //! types no shader decodes, which the backend declines by capability (they run on the
 //! CPU in a real graph), rope with Llama 3 frequency factors or YaRN terms, gpt-oss's
 //! attention sinks, attention over a KV ring, BERT's LayerNorm and bidirectional
-//! attention, and the mixture-of-experts and recurrent ops, which have no shader: every
-//! op the Qwen2/Qwen3 and Gemma graphs emit (Gemma's GELU, GeGLU, embedding scale and
-//! soft-caps included), and every weight type of the real models and IQ4_NL/IQ4_XS,
-//! runs on the device.
+//! attention, the experts' routing and products, and the recurrent ops, which have no
+//! shader: every op the Qwen2/Qwen3 and Gemma graphs emit (Gemma's GELU, GeGLU,
+//! embedding scale and soft-caps included), the MoE shared expert's sigmoid gate, and
+//! every weight type of the real models and IQ4_NL/IQ4_XS, runs on the device.
 
 use minfer_cpu::CpuBackend;
 use minfer_graph::testing::cases::run_device_cases;

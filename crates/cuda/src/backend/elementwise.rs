@@ -1,5 +1,5 @@
 //! Element-wise and row-wise op families on CUDA: add, mul, the scale, SiLU, SwiGLU,
-//! GELU, GeGLU and the soft-cap, row gathers, RMS norm, biases and rope.
+//! GELU, GeGLU, the soft-cap and the per-row sigmoid gate, row gathers, RMS norm, biases and rope.
 
 use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall, Unary};
 use minfer_graph::{BackendError, CNode, Op, RoPEMeta, RopeStyle};
@@ -100,6 +100,23 @@ impl ElementwiseOps for CudaBackend {
             un(n, "elements")?,
         ];
         self.launch(Kernel::GeGlu, geom, args);
+        Ok(())
+    }
+
+    fn mul_sigmoid(&mut self, c: &NodeCall, d: usize) -> Result<(), BackendError> {
+        let n = c.io.n;
+        let geom = dispatch::elementwise_geom(n)?;
+        // Element i reads x[i] and its row's gate: a gate buffer that is the output is
+        // snapshotted (an earlier row's output would overwrite a later row's gate).
+        let g = self.src_arg(c.io.id(1)?, c.io.out)?;
+        let args = vec![
+            Arg::Buf(c.io.id(0)?),
+            g,
+            Arg::Buf(c.io.out),
+            un(n, "elements")?,
+            un(d, "row length")?,
+        ];
+        self.launch(Kernel::MulSigmoid, geom, args);
         Ok(())
     }
 

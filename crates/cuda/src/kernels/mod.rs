@@ -95,6 +95,8 @@ pub enum Kernel {
     Silu,
     /// `y = silu(g) * u`.
     SwiGlu,
+    /// `y = x * sigmoid(g)`, one gate per row.
+    MulSigmoid,
     /// `y = gelu(a)` (tanh form).
     Gelu,
     /// `y = gelu(g) * u`.
@@ -150,6 +152,7 @@ impl Kernel {
             Kernel::Scale => "scale_f32".into(),
             Kernel::Silu => "silu_f32".into(),
             Kernel::SwiGlu => "swiglu_f32".into(),
+            Kernel::MulSigmoid => "mul_sigmoid_f32".into(),
             Kernel::Gelu => "gelu_f32".into(),
             Kernel::GeGlu => "geglu_f32".into(),
             Kernel::SoftCap => "softcap_f32".into(),
@@ -175,6 +178,7 @@ impl Kernel {
             Kernel::Scale,
             Kernel::Silu,
             Kernel::SwiGlu,
+            Kernel::MulSigmoid,
             Kernel::Gelu,
             Kernel::GeGlu,
             Kernel::SoftCap,
@@ -212,7 +216,7 @@ impl Kernel {
     pub fn params(self) -> &'static [Param] {
         use Param::{Ptr as P, F32 as F, U32 as U};
         match self {
-            Kernel::Add | Kernel::Mul | Kernel::Gather => &[P, P, P, U, U],
+            Kernel::Add | Kernel::Mul | Kernel::Gather | Kernel::MulSigmoid => &[P, P, P, U, U],
             Kernel::Silu | Kernel::Gelu => &[P, P, U],
             Kernel::Scale => &[P, P, U, F],
             Kernel::SoftCap => &[P, P, U, F, F],

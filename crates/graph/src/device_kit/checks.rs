@@ -53,6 +53,18 @@ pub fn gated(op: &'static str, gate: usize, up: usize, n: usize) -> Result<(), B
     Ok(())
 }
 
+/// `MulSigmoid`: `n` outputs in rows of `d` from `x_len` values and `g_len` gates, one
+/// per row.
+pub fn mul_sigmoid(d: usize, x_len: usize, g_len: usize, n: usize) -> Result<(), BackendError> {
+    if d == 0 || !n.is_multiple_of(d) || x_len < n || g_len < n / d {
+        return Err(BackendError::sizes(
+            "mul_sigmoid",
+            format!("{x_len} values and {g_len} gates for {n} outputs in rows of {d}"),
+        ));
+    }
+    Ok(())
+}
+
 /// A tanh soft-cap `c` (`SoftCap`, `AttnMeta::softcap`): a positive finite number, as
 /// `c * tanh(x / c)` needs.
 pub fn softcap(c: f32) -> Result<f32, BackendError> {

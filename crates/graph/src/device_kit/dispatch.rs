@@ -175,6 +175,9 @@ pub trait ElementwiseOps {
     fn unary(&mut self, c: &NodeCall, f: Unary) -> Result<(), BackendError>;
     /// `GeGLU`: `gelu(gate) * up` (sizes checked).
     fn geglu(&mut self, c: &NodeCall) -> Result<(), BackendError>;
+    /// `MulSigmoid`: rows of `d` values times the sigmoid of their row's gate (sizes
+    /// checked).
+    fn mul_sigmoid(&mut self, c: &NodeCall, d: usize) -> Result<(), BackendError>;
     /// `RmsNorm` (rows of `d`, the output's width) and `QkNorm` (rows of a head).
     fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), BackendError>;
     /// `GetRows` over values: rows of `d` of the first source (`rows` of them) at the
@@ -261,6 +264,11 @@ where
         (Op::GeGLU, _) => {
             checks::gated("geglu", len0, len1, n)?;
             b.geglu(&c)?;
+        }
+        (Op::MulSigmoid, _) => {
+            let d = node.out_shape[0];
+            checks::mul_sigmoid(d, len0, len1, n)?;
+            b.mul_sigmoid(&c, d)?;
         }
         (Op::Scale(s), _) => {
             checks::unary("scale", len0, n)?;

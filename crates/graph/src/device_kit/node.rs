@@ -20,6 +20,7 @@ pub fn supports_op(op: &Op, dtype: DType) -> bool {
                 | Op::SoftCap(_)
                 | Op::SwiGLU
                 | Op::GeGLU
+                | Op::MulSigmoid
                 | Op::RmsNorm { .. }
                 | Op::QkNorm { .. }
                 | Op::MatMul { .. }

@@ -274,8 +274,8 @@ pub fn run_device_cases(
 /// no case failed; every case it did not run is one it declines by capability (a matmul
 /// over a weight type outside `decoded`, rope with Llama 3 frequency factors, or
 /// sliding-window attention on a backend whose kernel has no term for it, attention over
-/// a KV ring, the mixture-of-experts
-/// ops, the hybrid recurrent layers' ops, BERT's LayerNorm and bidirectional attention:
+/// a KV ring, the experts' routing and products
+/// (not the shared expert's sigmoid gate), the hybrid recurrent layers' ops, BERT's LayerNorm and bidirectional attention:
 /// those nodes run on the CPU in a real graph); at
 /// least one matmul case ran for each type in `decoded`; and every case is accounted for.
 pub fn check_device_report(
@@ -303,17 +303,11 @@ pub fn check_device_report(
         let declined_encoder =
             op == Some("layer_norm") || (op == Some("attn") && case.contains(" non-causal"));
         let declined_matmul = op == Some("matmul") && !decoded.iter().any(|d| d.name() == ty);
-        // No device kernel routes experts or has a softmax (`device_kit::supports_op`).
+        // No device kernel routes experts or has a softmax (`device_kit::supports_op`);
+        // the shared expert's `mul_sigmoid` has one.
         let declined_moe = matches!(
             op,
-            Some(
-                "softmax"
-                    | "top_k"
-                    | "mul_mat_id"
-                    | "mul_mat_id_swiglu"
-                    | "moe_sum"
-                    | "mul_sigmoid"
-            )
+            Some("softmax" | "top_k" | "mul_mat_id" | "mul_mat_id_swiglu" | "moe_sum")
         );
         // No device kernel has the hybrid recurrent layers' ops (`device_kit::supports_op`).
         let declined_recurrent = matches!(
@@ -1137,7 +1131,12 @@ mod tests {
             "'add nt=3' was not run on dev, though the backend implements it"
         );
         // Gemma's terms have device kernels: a device leaving them out has a gap.
-        for case in ["gelu [67] nt=1", "scale [67] nt=1", "attn softcap 50 nt=1"] {
+        for case in [
+            "gelu [67] nt=1",
+            "scale [67] nt=1",
+            "attn softcap 50 nt=1",
+            "mul_sigmoid [67] nt=1",
+        ] {
             let e = gap(&|r| r.unclaimed.push(case.into()), 6);
             assert!(e.starts_with(&format!("'{case}' was not run")), "{e}");
         }

@@ -166,6 +166,50 @@ fn gemma_models_run_their_terms_on_wgpu() {
 }
 
 #[test]
+fn moe_models_route_experts_on_the_cpu_and_gate_the_shared_expert_on_wgpu() {
+    if !minfer_wgpu::testing::adapter_or_skip() {
+        return;
+    }
+    // No shader routes experts: the router's softmax and top-k, the expert products and
+    // their weighted sum run on the CPU as splits. Qwen2-MoE's shared-expert gate has a
+    // shader, and so does everything else of both models.
+    for spec in [
+        TinySpec::qwen3moe(GgmlType::F32, 21),
+        TinySpec::qwen2moe(GgmlType::F32, 22),
+    ] {
+        let f = file(&spec);
+        let mut g = Engine::from_arc(Arc::clone(&f), &opts("wgpu")).expect("wgpu engine");
+        let graph = g.preview_graph(4, 1).expect("graph");
+        let mut gates = 0;
+        for n in graph.nodes.iter().filter(|n| !graph.is_dead(n.id)) {
+            let routing = matches!(
+                n.op,
+                Op::Softmax { .. }
+                    | Op::TopK { .. }
+                    | Op::MulMatId
+                    | Op::MulMatIdSwiGLU
+                    | Op::MoeSum { .. }
+            );
+            if routing {
+                assert_eq!(n.backend, Some(Backend::CPU), "#{} {}", n.id, n.name);
+            }
+            if matches!(n.op, Op::MulSigmoid | Op::MatMul { .. }) {
+                assert_eq!(n.backend, Some(Backend::WGPU), "#{} {}", n.id, n.name);
+                gates += usize::from(n.op == Op::MulSigmoid);
+            }
+        }
+        assert_eq!(gates > 0, spec.arch == "qwen2moe", "{}: {gates}", spec.arch);
+        let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
+        let err = rel_err(&logits(&mut g), &logits(&mut c));
+        eprintln!(
+            "tiny {}: wgpu and the CPU against the CPU, relative error {err:.2e}",
+            spec.arch
+        );
+        assert!(err < 1e-3, "{}: relative error {err:e}", spec.arch);
+    }
+}
+
+#[test]
 fn a_packed_kv_format_keeps_the_kv_and_attention_on_the_cpu() {
     if !minfer_wgpu::testing::adapter_or_skip() {
         return;

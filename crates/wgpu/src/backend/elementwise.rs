@@ -1,5 +1,5 @@
 //! Element-wise and row-wise op families on wgpu: add, mul, the scale, SiLU, SwiGLU,
-//! GELU, GeGLU and the soft-cap, row gathers, RMS norm and rope, with the kernels'
+//! GELU, GeGLU, the soft-cap and the per-row sigmoid gate, row gathers, RMS norm and rope, with the kernels'
 //! dispatch geometry.
 
 use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall, Unary};
@@ -49,6 +49,11 @@ impl ElementwiseOps for WgpuBackend {
         let (g, u) = (self.src(&c.io, 0)?, self.src(&c.io, 1)?);
         let n = c.io.n;
         self.elementwise(Kernel::GeGlu, &[g, u, Res::Pool(c.io.out)], n, n)
+    }
+
+    fn mul_sigmoid(&mut self, c: &NodeCall, d: usize) -> Result<(), BackendError> {
+        let (x, g) = (self.src(&c.io, 0)?, self.src(&c.io, 1)?);
+        self.elementwise(Kernel::MulSigmoid, &[x, g, Res::Pool(c.io.out)], c.io.n, d)
     }
 
     fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), BackendError> {

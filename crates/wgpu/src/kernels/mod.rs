@@ -28,6 +28,8 @@ pub(crate) enum Kernel {
     Scale,
     Silu,
     SwiGlu,
+    /// `y = x * sigmoid(g)`, one gate per row.
+    MulSigmoid,
     /// Tanh-approximated GELU.
     Gelu,
     /// `gelu(gate) * up`.
@@ -192,6 +194,7 @@ impl Kernel {
             Kernel::Silu => (ELEMENTWISE.into(), "silu", &[Ro, Ro, Rw, Uniform]),
             Kernel::SwiGlu => (ELEMENTWISE.into(), "swiglu", &[Ro, Ro, Rw, Uniform]),
             Kernel::Scale => (ELEMENTWISE.into(), "scale", &[Ro, Ro, Rw, Uniform]),
+            Kernel::MulSigmoid => (ELEMENTWISE.into(), "mul_sigmoid", &[Ro, Ro, Rw, Uniform]),
             Kernel::Gelu => (TANH_ACT.into(), "gelu", &[Ro, Ro, Rw, Uniform]),
             Kernel::GeGlu => (TANH_ACT.into(), "geglu", &[Ro, Ro, Rw, Uniform]),
             Kernel::SoftCap => (TANH_ACT.into(), "softcap", &[Ro, Ro, Rw, Uniform]),
