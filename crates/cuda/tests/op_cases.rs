@@ -2,9 +2,12 @@
 //! against the scalar f32 reference backend, within each case's stated bound. Every
 //! case must run on CUDA except those the backend declines by capability: matmuls over
 //! weight types no kernel decodes (never one of the real models' types or IQ4_NL/IQ4_XS),
-//! rope with Llama 3 frequency factors, sliding-window attention, Gemma's GELU, GeGLU and
-//! soft-caps, and BERT's LayerNorm and bidirectional attention. Skips (saying so) without
-//! a device, fails there under `MINFER_CUDA_TESTS=require`.
+//! rope with Llama 3 frequency factors or YaRN terms, sliding-window attention, attention
+//! sinks or over a KV ring, BERT's LayerNorm and bidirectional attention, the experts'
+//! routing and products, and the recurrent ops. Gemma's GELU, GeGLU, embedding scale
+//! and soft-caps (the attention score cap included) and the MoE shared expert's sigmoid
+//! gate run here. Skips (saying so) without a
+//! device, fails there under `MINFER_CUDA_TESTS=require`.
 
 use minfer_cpu::CpuBackend;
 use minfer_graph::testing::cases::run_device_cases;

@@ -1,8 +1,8 @@
 //! The placement rule for the nodes that touch one layer's KV regions (stores, loads,
 //! attention, the decode QKV fusions): the regions live on one backend, so those nodes
 //! run on one. A layer whose nodes were placed apart, because a backend took its KV
-//! store but declined its attention by capability (a soft-capped or windowed attention
-//! without that term in the device kernel), moves whole to the first backend in priority
+//! store but declined its attention by capability (a windowed attention, or one with
+//! sinks, without that term in the device kernel), moves whole to the first backend in priority
 //! order that takes every one of its nodes, the CPU at the latest.
 
 use std::collections::BTreeMap;

@@ -860,7 +860,7 @@ fn fused_ffn_matches_the_cpu_and_is_bit_identical_to_the_unfused_chain() {
 #[test]
 fn an_op_the_backend_does_not_claim_is_an_error_not_a_fallback() {
     let Some(mut g) = gpu() else { return };
-    for op in [Op::Scale(2.0), Op::Softmax { dim: 0 }, Op::BatchMatMul] {
+    for op in [Op::SigmoidGate, Op::Softmax { dim: 0 }, Op::BatchMatMul] {
         assert!(
             !g.supports_op(&op, minfer_graph::DType::F32),
             "{op:?} is not claimed"

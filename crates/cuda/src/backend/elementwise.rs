@@ -1,7 +1,7 @@
-//! Element-wise and row-wise op families on CUDA: add, mul, SiLU, SwiGLU, row
-//! gathers, RMS norm, biases and rope.
+//! Element-wise and row-wise op families on CUDA: add, mul, the scale, SiLU, SwiGLU,
+//! GELU, GeGLU, the soft-cap and the per-row sigmoid gate, row gathers, RMS norm, biases and rope.
 
-use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall};
+use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall, Unary};
 use minfer_graph::{BackendError, CNode, Op, RoPEMeta, RopeStyle};
 
 use super::launch::{f32_arg, u32_of};
@@ -63,6 +63,60 @@ impl ElementwiseOps for CudaBackend {
             un(n, "elements")?,
         ];
         self.launch(Kernel::SwiGlu, geom, args);
+        Ok(())
+    }
+
+    fn unary(&mut self, c: &NodeCall, f: Unary) -> Result<(), BackendError> {
+        let n = c.io.n;
+        let geom = dispatch::elementwise_geom(n)?;
+        // Element i reads only a[i]: in place is safe.
+        let mut args = vec![
+            Arg::Buf(c.io.id(0)?),
+            Arg::Buf(c.io.out),
+            un(n, "elements")?,
+        ];
+        let k = match f {
+            Unary::Scale(s) => {
+                args.push(f32_arg(s));
+                Kernel::Scale
+            }
+            Unary::Gelu => Kernel::Gelu,
+            Unary::SoftCap(cap) => {
+                args.extend([f32_arg(cap), f32_arg(1.0 / cap)]);
+                Kernel::SoftCap
+            }
+        };
+        self.launch(k, geom, args);
+        Ok(())
+    }
+
+    fn geglu(&mut self, c: &NodeCall) -> Result<(), BackendError> {
+        let n = c.io.n;
+        let geom = dispatch::elementwise_geom(n)?;
+        let args = vec![
+            Arg::Buf(c.io.id(0)?),
+            Arg::Buf(c.io.id(1)?),
+            Arg::Buf(c.io.out),
+            un(n, "elements")?,
+        ];
+        self.launch(Kernel::GeGlu, geom, args);
+        Ok(())
+    }
+
+    fn mul_sigmoid(&mut self, c: &NodeCall, d: usize) -> Result<(), BackendError> {
+        let n = c.io.n;
+        let geom = dispatch::elementwise_geom(n)?;
+        // Element i reads x[i] and its row's gate: a gate buffer that is the output is
+        // snapshotted (an earlier row's output would overwrite a later row's gate).
+        let g = self.src_arg(c.io.id(1)?, c.io.out)?;
+        let args = vec![
+            Arg::Buf(c.io.id(0)?),
+            g,
+            Arg::Buf(c.io.out),
+            un(n, "elements")?,
+            un(d, "row length")?,
+        ];
+        self.launch(Kernel::MulSigmoid, geom, args);
         Ok(())
     }
 

@@ -60,6 +60,7 @@ impl KvOps for CudaBackend {
         let geom = dispatch::attn_geom(m.n_head, nt, m.hd)?;
         let (q_stride, pos_id, span_id) =
             io.attn_checked(&self.pool, c.node, m, explicit_span, (k_id, v_id))?;
+        let cap = checks::attn_softcap(m)?;
         let q = self.src_arg(io.id(0)?, out)?;
         let un = |v: usize, what: &str| u32_of(v, what).map(Arg::U32);
         let args = vec![
@@ -76,6 +77,8 @@ impl KvOps for CudaBackend {
             un(q_stride, "q stride")?,
             f32_arg(m.scale),
             Arg::U32(u32::from(explicit_span)),
+            f32_arg(cap),
+            f32_arg(if cap > 0.0 { 1.0 / cap } else { 0.0 }),
         ];
         self.launch(Kernel::Attn, geom, args);
         Ok(())

@@ -230,9 +230,7 @@ impl BackendImpl for CudaBackend {
 
     fn supports_fused(&self, fused: FusedOp) -> bool {
         match fused {
-            FusedOp::SwiGLU | FusedOp::DecodeFfn => true,
-            // No GELU kernel: the gated GELU stays on the CPU with its activation.
-            FusedOp::GeGLU => false,
+            FusedOp::SwiGLU | FusedOp::GeGLU | FusedOp::DecodeFfn => true,
             // Claimed only where every fused node would run here: the host has no kernel
             // for them, and with a packed KV format the stores stay on the host.
             FusedOp::DecodeQkv => self.kv_here && self.qkv_fusable,

@@ -4,6 +4,7 @@
 // launch does not change from step to step. The softmax runs online over chunks of
 // ATTN_THREADS keys: each thread scores one key, the chunk max and sum are reduced in a
 // fixed order, and each thread accumulates the output dims it owns (hd <= 2 x threads).
+// A soft-cap (Gemma 2) bounds each scaled score first.
 // Dynamic shared memory: q (hd floats), the chunk's probabilities, 8 reduction slots.
 
 #define ATTN_THREADS 128
@@ -23,7 +24,8 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
 extern "C" __global__ void attn_f32(const float* q, const float* kc, const float* vc,
                                     const i32* pos, const i32* span, float* y, u32 n_head,
                                     u32 n_head_kv, u32 hd, u32 n_ctx, u32 q_stride,
-                                    float scale, u32 has_span) {
+                                    float scale, u32 has_span, float softcap,
+                                    float inv_cap) {
     extern __shared__ float sm[];
     float* qs = sm;
     float* probs = sm + hd;
@@ -49,6 +51,8 @@ extern "C" __global__ void attn_f32(const float* q, const float* kc, const float
             float d = 0.0f;
             for (u32 e = 0; e < hd; e++) d += qs[e] * kr[e];
             s = d * scale;
+            // Gemma 2's score cap (0: none), before the softmax, as the CPU applies it.
+            if (softcap > 0.0f) s = softcap * tanh_exp(s * inv_cap);
         }
         float m_new = fmaxf(m, block_reduce(s, red, true));
         float p = j < hi ? expf(s - m_new) : 0.0f;

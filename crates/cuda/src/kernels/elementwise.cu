@@ -40,3 +40,17 @@ extern "C" __global__ void gather_f32(const float* x, const i32* sel, float* y, 
     u32 r = i / d, c = i % d;
     y[i] = x[(size_t)sel[r] * d + c];
 }
+
+// y = a * s (the embedding scale).
+extern "C" __global__ void scale_f32(const float* a, float* y, u32 n, float s) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a[i] * s;
+}
+
+// x times the sigmoid of its row's gate (one gate per row of d values; Qwen2-MoE's
+// shared expert), the sigmoid rounded once as the CPU rounds it: 1 / (1 + e^-g).
+extern "C" __global__ void mul_sigmoid_f32(const float* x, const float* g, float* y, u32 n,
+                                           u32 d) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * (1.0f / (1.0f + expf(-g[i / d])));
+}

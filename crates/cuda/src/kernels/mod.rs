@@ -7,9 +7,10 @@
 use minfer_gguf::GgmlType;
 
 /// The kernel sources in program order (`common.cu` defines what the others use).
-pub const SOURCES: [(&str, &str); 10] = [
+pub const SOURCES: [(&str, &str); 11] = [
     ("common.cu", include_str!("common.cu")),
     ("elementwise.cu", include_str!("elementwise.cu")),
+    ("tanh_act.cu", include_str!("tanh_act.cu")),
     ("norm.cu", include_str!("norm.cu")),
     ("embed.cu", include_str!("embed.cu")),
     ("matvec.cu", include_str!("matvec.cu")),
@@ -88,10 +89,20 @@ pub enum Kernel {
     Add,
     /// `y = a * b` (b broadcast over tokens).
     Mul,
+    /// `y = a * s`.
+    Scale,
     /// `y = silu(a)`.
     Silu,
     /// `y = silu(g) * u`.
     SwiGlu,
+    /// `y = x * sigmoid(g)`, one gate per row.
+    MulSigmoid,
+    /// `y = gelu(a)` (tanh form).
+    Gelu,
+    /// `y = gelu(g) * u`.
+    GeGlu,
+    /// `y = c * tanh(a / c)`.
+    SoftCap,
     /// The fused FFN's in-place SwiGLU over `[gate | up]` rows.
     SwiGluRows,
     /// Row gather by index.
@@ -138,8 +149,13 @@ impl Kernel {
         Ok(match self {
             Kernel::Add => "add_f32".into(),
             Kernel::Mul => "mul_f32".into(),
+            Kernel::Scale => "scale_f32".into(),
             Kernel::Silu => "silu_f32".into(),
             Kernel::SwiGlu => "swiglu_f32".into(),
+            Kernel::MulSigmoid => "mul_sigmoid_f32".into(),
+            Kernel::Gelu => "gelu_f32".into(),
+            Kernel::GeGlu => "geglu_f32".into(),
+            Kernel::SoftCap => "softcap_f32".into(),
             Kernel::SwiGluRows => "swiglu_rows_f32".into(),
             Kernel::Gather => "gather_f32".into(),
             Kernel::RmsNorm => "rms_norm_f32".into(),
@@ -159,8 +175,13 @@ impl Kernel {
         let mut v = vec![
             Kernel::Add,
             Kernel::Mul,
+            Kernel::Scale,
             Kernel::Silu,
             Kernel::SwiGlu,
+            Kernel::MulSigmoid,
+            Kernel::Gelu,
+            Kernel::GeGlu,
+            Kernel::SoftCap,
             Kernel::SwiGluRows,
             Kernel::Gather,
             Kernel::RmsNorm,
@@ -195,9 +216,11 @@ impl Kernel {
     pub fn params(self) -> &'static [Param] {
         use Param::{Ptr as P, F32 as F, U32 as U};
         match self {
-            Kernel::Add | Kernel::Mul | Kernel::Gather => &[P, P, P, U, U],
-            Kernel::Silu => &[P, P, U],
-            Kernel::SwiGlu => &[P, P, P, U],
+            Kernel::Add | Kernel::Mul | Kernel::Gather | Kernel::MulSigmoid => &[P, P, P, U, U],
+            Kernel::Silu | Kernel::Gelu => &[P, P, U],
+            Kernel::Scale => &[P, P, U, F],
+            Kernel::SoftCap => &[P, P, U, F, F],
+            Kernel::SwiGlu | Kernel::GeGlu => &[P, P, P, U],
             Kernel::SwiGluRows => &[P, U, U],
             Kernel::RmsNorm => &[P, P, P, U, F, U],
             Kernel::Embed(_) => &[P, P, P, U, U],
@@ -206,7 +229,7 @@ impl Kernel {
             Kernel::Mmq(_) => &[P, P, P, P, P, U, U, U, U, U, U, U, U],
             Kernel::Rope => &[P, P, U, U, U, U, U, U, F, F],
             Kernel::KvStore => &[P, P, P, P, P, U, U],
-            Kernel::Attn => &[P, P, P, P, P, P, U, U, U, U, U, F, U],
+            Kernel::Attn => &[P, P, P, P, P, P, U, U, U, U, U, F, U, F, F],
         }
     }
 }

@@ -22,9 +22,15 @@ pub fn binary(node: &CNode, na: usize, nb: usize, n: usize) -> Result<(), Backen
 
 /// `Silu`: `x_len` inputs for `n` outputs.
 pub fn silu(x_len: usize, n: usize) -> Result<(), BackendError> {
+    unary("silu", x_len, n)
+}
+
+/// A one-value-in, one-value-out op `op` (`Silu`, `Scale`, `Gelu`, `SoftCap`): `x_len`
+/// inputs for `n` outputs.
+pub fn unary(op: &'static str, x_len: usize, n: usize) -> Result<(), BackendError> {
     if x_len < n {
         return Err(BackendError::sizes(
-            "silu",
+            op,
             format!("{x_len} inputs for {n} outputs"),
         ));
     }
@@ -33,13 +39,47 @@ pub fn silu(x_len: usize, n: usize) -> Result<(), BackendError> {
 
 /// `SwiGLU`: gate and up of at least `n` values each.
 pub fn swiglu(gate: usize, up: usize, n: usize) -> Result<(), BackendError> {
+    gated("swiglu", gate, up, n)
+}
+
+/// A gated activation `op` (`SwiGLU`, `GeGLU`): gate and up of at least `n` values each.
+pub fn gated(op: &'static str, gate: usize, up: usize, n: usize) -> Result<(), BackendError> {
     if gate < n || up < n {
         return Err(BackendError::sizes(
-            "swiglu",
+            op,
             format!("gate {gate} and up {up} values for {n} outputs"),
         ));
     }
     Ok(())
+}
+
+/// `MulSigmoid`: `n` outputs in rows of `d` from `x_len` values and `g_len` gates, one
+/// per row.
+pub fn mul_sigmoid(d: usize, x_len: usize, g_len: usize, n: usize) -> Result<(), BackendError> {
+    if d == 0 || !n.is_multiple_of(d) || x_len < n || g_len < n / d {
+        return Err(BackendError::sizes(
+            "mul_sigmoid",
+            format!("{x_len} values and {g_len} gates for {n} outputs in rows of {d}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A tanh soft-cap `c` (`SoftCap`, `AttnMeta::softcap`): a positive finite number, as
+/// `c * tanh(x / c)` needs.
+pub fn softcap(c: f32) -> Result<f32, BackendError> {
+    if !(c.is_finite() && c > 0.0) {
+        return Err(BackendError::sizes(
+            "softcap",
+            format!("cap {c} is not a positive number"),
+        ));
+    }
+    Ok(c)
+}
+
+/// Attention's score cap as a kernel parameter: the checked cap, 0 for none.
+pub fn attn_softcap(m: &AttnMeta) -> Result<f32, BackendError> {
+    m.softcap.map_or(Ok(0.0), softcap)
 }
 
 /// `MatMul`: the output holds `nt` rows of the weight's `out_dim`.

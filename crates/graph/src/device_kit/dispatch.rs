@@ -152,6 +152,17 @@ impl<'a> QkvPlan<'a> {
     }
 }
 
+/// A one-value-in, one-value-out op with its constant, checked (a soft-cap is positive).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Unary {
+    /// `x * s` (`Op::Scale`).
+    Scale(f32),
+    /// Tanh-approximated GELU (`Op::Gelu`).
+    Gelu,
+    /// `c * tanh(x / c)` (`Op::SoftCap`).
+    SoftCap(f32),
+}
+
 /// Element-wise and row-wise ops; each is called after the kit's checks of its sizes.
 pub trait ElementwiseOps {
     /// `Add` / `Mul` (sizes checked: the second source broadcasts over the first).
@@ -160,6 +171,13 @@ pub trait ElementwiseOps {
     fn silu(&mut self, c: &NodeCall) -> Result<(), BackendError>;
     /// `SwiGLU` (sizes checked).
     fn swiglu(&mut self, c: &NodeCall) -> Result<(), BackendError>;
+    /// `Scale`, `Gelu` and `SoftCap` (sizes and the constant checked).
+    fn unary(&mut self, c: &NodeCall, f: Unary) -> Result<(), BackendError>;
+    /// `GeGLU`: `gelu(gate) * up` (sizes checked).
+    fn geglu(&mut self, c: &NodeCall) -> Result<(), BackendError>;
+    /// `MulSigmoid`: rows of `d` values times the sigmoid of their row's gate (sizes
+    /// checked).
+    fn mul_sigmoid(&mut self, c: &NodeCall, d: usize) -> Result<(), BackendError>;
     /// `RmsNorm` (rows of `d`, the output's width) and `QkNorm` (rows of a head).
     fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), BackendError>;
     /// `GetRows` over values: rows of `d` of the first source (`rows` of them) at the
@@ -242,6 +260,27 @@ where
         (Op::SwiGLU, _) => {
             checks::swiglu(len0, len1, n)?;
             b.swiglu(&c)?;
+        }
+        (Op::GeGLU, _) => {
+            checks::gated("geglu", len0, len1, n)?;
+            b.geglu(&c)?;
+        }
+        (Op::MulSigmoid, _) => {
+            let d = node.out_shape[0];
+            checks::mul_sigmoid(d, len0, len1, n)?;
+            b.mul_sigmoid(&c, d)?;
+        }
+        (Op::Scale(s), _) => {
+            checks::unary("scale", len0, n)?;
+            b.unary(&c, Unary::Scale(*s))?;
+        }
+        (Op::Gelu, _) => {
+            checks::unary("gelu", len0, n)?;
+            b.unary(&c, Unary::Gelu)?;
+        }
+        (Op::SoftCap(cap), _) => {
+            checks::unary("softcap", len0, n)?;
+            b.unary(&c, Unary::SoftCap(checks::softcap(*cap)?))?;
         }
         (Op::RmsNorm { eps }, _) => b.rms_norm(&c, node.out_shape[0], *eps)?,
         (Op::QkNorm { hd, eps, .. }, _) => b.rms_norm(&c, *hd, *eps)?,

@@ -26,7 +26,9 @@ pub mod node;
 pub mod pool;
 pub mod weights;
 
-pub use dispatch::{ElementwiseOps, FusedOps, KvOps, MatmulOps, MatmulPlan, NodeCall, QkvPlan};
+pub use dispatch::{
+    ElementwiseOps, FusedOps, KvOps, MatmulOps, MatmulPlan, NodeCall, QkvPlan, Unary,
+};
 pub use node::{supports_node, supports_op, NodeBufs};
 pub use pool::{DeviceBuf, DeviceHost, DevicePool, HostCopy, HOST_COPY_MAX};
 pub use weights::{DeviceWeight, WeightError, WeightLayout, WeightTable};

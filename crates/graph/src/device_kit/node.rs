@@ -14,8 +14,13 @@ pub fn supports_op(op: &Op, dtype: DType) -> bool {
             op,
             Op::Add
                 | Op::Mul
+                | Op::Scale(_)
                 | Op::Silu
+                | Op::Gelu
+                | Op::SoftCap(_)
                 | Op::SwiGLU
+                | Op::GeGLU
+                | Op::MulSigmoid
                 | Op::RmsNorm { .. }
                 | Op::QkNorm { .. }
                 | Op::MatMul { .. }
@@ -37,8 +42,8 @@ pub fn supports_op(op: &Op, dtype: DType) -> bool {
 /// Whether a device backend takes `node`: an op of [`supports_op`], a node touching
 /// the KV regions only when they live here (`kv_here`; the QKV fusions store into
 /// them), sliding-window attention only where its kernel honours the window
-/// (`windows`), no attention with a score soft-cap or sinks or that is not causal, and
-/// no rope with YaRN terms
+/// (`windows`), no attention with sinks or that is not causal (a score soft-cap the
+/// kernels apply), and no rope with YaRN terms
 /// (no device kernel has those terms), no node of a ringed KV layer, and every weight it
 /// names decoded (`weights_decoded`, the backend's own).
 pub fn supports_node(
@@ -50,8 +55,7 @@ pub fn supports_node(
     let kv = node.kv_layer().is_some();
     let windowed = matches!(&node.meta, NodeMeta::Attn(m) if m.window.is_some());
     // Nor a bidirectional (encoder) key range: the device kernels bound keys causally.
-    let capped = matches!(&node.meta, NodeMeta::Attn(m)
-        if m.softcap.is_some() || m.sinks.is_some() || !m.causal);
+    let foreign_attn = matches!(&node.meta, NodeMeta::Attn(m) if m.sinks.is_some() || !m.causal);
     let yarn = match &node.meta {
         NodeMeta::Rope(m) => m.yarn.is_some(),
         NodeMeta::FusedQkv(m) => m.rope.yarn.is_some(),
@@ -68,7 +72,7 @@ pub fn supports_node(
     supports_op(&node.op, node.out_dtype)
         && (kv_here || !kv)
         && (windows || !windowed)
-        && !capped
+        && !foreign_attn
         && !yarn
         && !ringed
         && weights_decoded(node)

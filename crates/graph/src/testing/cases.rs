@@ -26,6 +26,7 @@ use crate::meta::{AttnMeta, RoPEMeta};
 use crate::scheduler::BackendScheduler;
 use crate::GraphAllocator;
 
+mod activation;
 mod moe;
 mod recurrent;
 
@@ -273,8 +274,8 @@ pub fn run_device_cases(
 /// no case failed; every case it did not run is one it declines by capability (a matmul
 /// over a weight type outside `decoded`, rope with Llama 3 frequency factors, or
 /// sliding-window attention on a backend whose kernel has no term for it, attention over
-/// a KV ring, GELU, GeGLU, the soft-cap and soft-capped attention, the mixture-of-experts
-/// ops, the hybrid recurrent layers' ops, BERT's LayerNorm and bidirectional attention:
+/// a KV ring, the experts' routing and products
+/// (not the shared expert's sigmoid gate), the hybrid recurrent layers' ops, BERT's LayerNorm and bidirectional attention:
 /// those nodes run on the CPU in a real graph); at
 /// least one matmul case ran for each type in `decoded`; and every case is accounted for.
 pub fn check_device_report(
@@ -295,10 +296,6 @@ pub fn check_device_report(
         let declined_window = op == Some("attn") && case.contains(" window ");
         // No device kernel maps rows onto a KV ring (`device_kit::supports_node`).
         let declined_ring = op == Some("attn") && case.contains(" ring ");
-        // No device kernel has GELU, GeGLU, the soft-cap or the attention score cap
-        // (`device_kit::supports_op` and `supports_node` leave them to the CPU).
-        let declined_gemma = matches!(op, Some("gelu" | "geglu" | "softcap"))
-            || (op == Some("attn") && case.contains(" softcap "));
         // Nor attention sinks (gpt-oss; `device_kit::supports_node`).
         let declined_sinks = op == Some("attn") && case.contains(" sinks");
         // Nor an encoder's terms: bidirectional attention and LayerNorm (BERT;
@@ -306,17 +303,11 @@ pub fn check_device_report(
         let declined_encoder =
             op == Some("layer_norm") || (op == Some("attn") && case.contains(" non-causal"));
         let declined_matmul = op == Some("matmul") && !decoded.iter().any(|d| d.name() == ty);
-        // No device kernel routes experts or has a softmax (`device_kit::supports_op`).
+        // No device kernel routes experts or has a softmax (`device_kit::supports_op`);
+        // the shared expert's `mul_sigmoid` has one.
         let declined_moe = matches!(
             op,
-            Some(
-                "softmax"
-                    | "top_k"
-                    | "mul_mat_id"
-                    | "mul_mat_id_swiglu"
-                    | "moe_sum"
-                    | "mul_sigmoid"
-            )
+            Some("softmax" | "top_k" | "mul_mat_id" | "mul_mat_id_swiglu" | "moe_sum")
         );
         // No device kernel has the hybrid recurrent layers' ops (`device_kit::supports_op`).
         let declined_recurrent = matches!(
@@ -326,7 +317,6 @@ pub fn check_device_report(
         if !(declined_rope
             || declined_matmul
             || declined_window
-            || declined_gemma
             || declined_moe
             || declined_ring
             || declined_sinks
@@ -613,54 +603,6 @@ fn elementwise_cases(out: &mut Vec<OpCase>) {
                 });
             }
         }
-    }
-}
-
-/// GELU and the soft-cap over values wide enough to reach the tails of tanh (the
-/// shared generator's range scaled by `spread`), so saturation and the linear middle
-/// are both checked.
-fn activation_cases(out: &mut Vec<OpCase>) {
-    let d = 67usize;
-    for nt in TOKENS {
-        for (op, spread) in [("gelu", 16.0f32), ("softcap", 200.0)] {
-            let mut b = GraphBuilder::new();
-            let x = b.input("x", [d, nt, 1, 1], DType::F32);
-            let y = match op {
-                "gelu" => b.gelu(x),
-                _ => b.softcap(x, 30.0),
-            };
-            b.output(y);
-            let xs = values(13, d * nt).iter().map(|v| v * spread).collect();
-            out.push(OpCase {
-                name: format!("{op} [{d}] nt={nt}"),
-                op,
-                graph: b.build(),
-                inputs: vec![f32_input("x", xs)],
-                weights: gguf(&[]),
-                bound: 1e-6,
-            });
-        }
-    }
-    // Over an intermediate read by nothing else, which the allocator lets the op
-    // overwrite in place.
-    for op in ["gelu", "softcap"] {
-        let mut b = GraphBuilder::new();
-        let x = b.input("x", [d, 3, 1, 1], DType::F32);
-        let y = b.add(x, x);
-        let z = match op {
-            "gelu" => b.gelu(y),
-            _ => b.softcap(y, 30.0),
-        };
-        b.output(z);
-        let xs = values(14, d * 3).iter().map(|v| v * 60.0).collect();
-        out.push(OpCase {
-            name: format!("{op} in place [{d}] nt=3"),
-            op,
-            graph: b.build(),
-            inputs: vec![f32_input("x", xs)],
-            weights: gguf(&[]),
-            bound: 1e-6,
-        });
     }
 }
 
@@ -1054,7 +996,7 @@ pub fn op_cases() -> Vec<OpCase> {
     matmul_cases(&mut out);
     get_rows_cases(&mut out);
     elementwise_cases(&mut out);
-    activation_cases(&mut out);
+    activation::activation_cases(&mut out);
     norm_cases(&mut out);
     rope_cases(&mut out);
     kv_cases(&mut out);
@@ -1085,6 +1027,7 @@ mod tests {
             "geglu",
             "gelu",
             "softcap",
+            "scale",
             "rms_norm",
             "layer_norm",
             "qk_norm",
@@ -1187,6 +1130,16 @@ mod tests {
             e,
             "'add nt=3' was not run on dev, though the backend implements it"
         );
+        // Gemma's terms have device kernels: a device leaving them out has a gap.
+        for case in [
+            "gelu [67] nt=1",
+            "scale [67] nt=1",
+            "attn softcap 50 nt=1",
+            "mul_sigmoid [67] nt=1",
+        ] {
+            let e = gap(&|r| r.unclaimed.push(case.into()), 6);
+            assert!(e.starts_with(&format!("'{case}' was not run")), "{e}");
+        }
         let e = gap(&|r| r.unclaimed.push("matmul Q8_0 [64x8] nt=3".into()), 6);
         assert!(
             e.starts_with("'matmul Q8_0 [64x8] nt=3' was not run"),

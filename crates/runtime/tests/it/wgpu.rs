@@ -113,31 +113,92 @@ fn a_weight_type_the_shaders_do_not_decode_runs_on_the_cpu_by_capability() {
 }
 
 #[test]
-fn gemma_models_split_their_terms_without_a_shader_onto_the_cpu() {
+fn gemma_models_run_their_terms_on_wgpu() {
     if !minfer_wgpu::testing::adapter_or_skip() {
         return;
     }
-    // Gemma 3: windowed attention runs here; the embedding scale, GELU and GeGLU have no
-    // shader. Gemma 2: its soft-capped attention has no shader either, so its layers'
-    // KV stores and loads join it on the CPU, where their regions then live.
+    // Gemma's terms have shaders: the embedding scale, GELU and GeGLU (Gemma 3), the
+    // final-logit soft-cap and the soft-capped attention (Gemma 2) run on the device,
+    // like the windowed attention, except where a layer's KV is a ring (no shader maps
+    // rows onto one: those layers' attention and KV stay on the CPU).
     for spec in [
         TinySpec::gemma3(GgmlType::F32, 8),
         TinySpec::gemma2(GgmlType::F32, 5),
     ] {
         let f = file(&spec);
         let mut g = Engine::from_arc(Arc::clone(&f), &opts("wgpu")).expect("wgpu engine");
+        for (nt, n_out) in [(4, 1), (1, 1)] {
+            let graph = g.preview_graph(nt, n_out).expect("graph");
+            // Per kind: the scale, GeGLU, the logit cap, capped attention on the device.
+            let mut placed = [0usize; 4];
+            for n in graph.nodes.iter().filter(|n| !graph.is_dead(n.id)) {
+                let ringed = matches!(&n.meta, NodeMeta::Attn(m) if m.ring.is_some());
+                let capped = matches!(&n.meta, NodeMeta::Attn(m) if m.softcap.is_some());
+                let kind = match n.op {
+                    Op::Scale(_) => Some(0),
+                    Op::GeGLU | Op::Gelu => Some(1),
+                    Op::SoftCap(_) => Some(2),
+                    Op::Attn { .. } if capped && !ringed => Some(3),
+                    _ => None,
+                };
+                if kind.is_some() || matches!(n.op, Op::MatMul { .. }) {
+                    assert_eq!(n.backend, Some(Backend::WGPU), "#{} {}", n.id, n.name);
+                }
+                if let Some(k) = kind {
+                    placed[k] += 1;
+                }
+            }
+            let gemma2 = usize::from(spec.arch == "gemma2");
+            assert!(
+                placed[0] == 1 && placed[1] > 0 && placed[2] == gemma2 && placed[3] >= gemma2,
+                "{} nt={nt}: scale, GeGLU, logit cap, capped attention: {placed:?}",
+                spec.arch
+            );
+        }
+        let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
+        let err = rel_err(&logits(&mut g), &logits(&mut c));
+        eprintln!(
+            "tiny {}: wgpu and the CPU against the CPU, relative error {err:.2e}",
+            spec.arch
+        );
+        assert!(err < 1e-3, "{}: relative error {err:e}", spec.arch);
+    }
+}
+
+#[test]
+fn moe_models_route_experts_on_the_cpu_and_gate_the_shared_expert_on_wgpu() {
+    if !minfer_wgpu::testing::adapter_or_skip() {
+        return;
+    }
+    // No shader routes experts: the router's softmax and top-k, the expert products and
+    // their weighted sum run on the CPU as splits. Qwen2-MoE's shared-expert gate has a
+    // shader, and so does everything else of both models.
+    for spec in [
+        TinySpec::qwen3moe(GgmlType::F32, 21),
+        TinySpec::qwen2moe(GgmlType::F32, 22),
+    ] {
+        let f = file(&spec);
+        let mut g = Engine::from_arc(Arc::clone(&f), &opts("wgpu")).expect("wgpu engine");
         let graph = g.preview_graph(4, 1).expect("graph");
+        let mut gates = 0;
         for n in graph.nodes.iter().filter(|n| !graph.is_dead(n.id)) {
-            let capped = matches!(&n.meta, NodeMeta::Attn(m) if m.softcap.is_some());
-            let shaderless = matches!(n.op, Op::Scale(_) | Op::Gelu | Op::GeGLU | Op::SoftCap(_));
-            let gemma2_kv = spec.arch == "gemma2" && n.kv_layer().is_some();
-            if capped || shaderless || gemma2_kv {
+            let routing = matches!(
+                n.op,
+                Op::Softmax { .. }
+                    | Op::TopK { .. }
+                    | Op::MulMatId
+                    | Op::MulMatIdSwiGLU
+                    | Op::MoeSum { .. }
+            );
+            if routing {
                 assert_eq!(n.backend, Some(Backend::CPU), "#{} {}", n.id, n.name);
             }
-            if matches!(n.op, Op::MatMul { .. }) {
+            if matches!(n.op, Op::MulSigmoid | Op::MatMul { .. }) {
                 assert_eq!(n.backend, Some(Backend::WGPU), "#{} {}", n.id, n.name);
+                gates += usize::from(n.op == Op::MulSigmoid);
             }
         }
+        assert_eq!(gates > 0, spec.arch == "qwen2moe", "{}: {gates}", spec.arch);
         let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
         let err = rel_err(&logits(&mut g), &logits(&mut c));
         eprintln!(

@@ -1,7 +1,8 @@
-//! Element-wise and row-wise op families on wgpu: add, mul, SiLU, SwiGLU, row
-//! gathers, RMS norm and rope, with the kernels' dispatch geometry.
+//! Element-wise and row-wise op families on wgpu: add, mul, the scale, SiLU, SwiGLU,
+//! GELU, GeGLU, the soft-cap and the per-row sigmoid gate, row gathers, RMS norm and rope, with the kernels'
+//! dispatch geometry.
 
-use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall};
+use minfer_graph::device_kit::{checks, ElementwiseOps, NodeCall, Unary};
 use minfer_graph::{BackendError, CNode, NodeMeta, RoPEMeta, RopeStyle};
 
 use super::res::{grid, u32_of, Res};
@@ -31,6 +32,28 @@ impl ElementwiseOps for WgpuBackend {
         let (g, u) = (self.src(&c.io, 0)?, self.src(&c.io, 1)?);
         let n = c.io.n;
         self.elementwise(Kernel::SwiGlu, &[g, u, Res::Pool(c.io.out)], n, n)
+    }
+
+    fn unary(&mut self, c: &NodeCall, f: Unary) -> Result<(), BackendError> {
+        let a = self.src(&c.io, 0)?;
+        let (k, consts) = match f {
+            Unary::Scale(s) => (Kernel::Scale, [s, 0.0]),
+            Unary::Gelu => (Kernel::Gelu, [0.0; 2]),
+            Unary::SoftCap(cap) => (Kernel::SoftCap, [cap, 1.0 / cap]),
+        };
+        let n = c.io.n;
+        self.elementwise_with(k, &[a, a, Res::Pool(c.io.out)], n, n, consts)
+    }
+
+    fn geglu(&mut self, c: &NodeCall) -> Result<(), BackendError> {
+        let (g, u) = (self.src(&c.io, 0)?, self.src(&c.io, 1)?);
+        let n = c.io.n;
+        self.elementwise(Kernel::GeGlu, &[g, u, Res::Pool(c.io.out)], n, n)
+    }
+
+    fn mul_sigmoid(&mut self, c: &NodeCall, d: usize) -> Result<(), BackendError> {
+        let (x, g) = (self.src(&c.io, 0)?, self.src(&c.io, 1)?);
+        self.elementwise(Kernel::MulSigmoid, &[x, g, Res::Pool(c.io.out)], c.io.n, d)
     }
 
     fn rms_norm(&mut self, c: &NodeCall, d: usize, eps: f32) -> Result<(), BackendError> {

@@ -300,16 +300,25 @@ impl WgpuBackend {
         n: usize,
         nb: usize,
     ) -> Result<(), BackendError> {
+        self.elementwise_with(k, res, n, nb, [0.0; 2])
+    }
+
+    /// [`Self::elementwise`] with the kernel's two f32 constants (the third and fourth
+    /// words of its parameter block: a scale, or a soft-cap and its reciprocal).
+    pub(super) fn elementwise_with(
+        &mut self,
+        k: Kernel,
+        res: &[Res],
+        n: usize,
+        nb: usize,
+        consts: [f32; 2],
+    ) -> Result<(), BackendError> {
         let (gx, gy) = grid(n.div_ceil(256))?;
         let p = [
             u32_of(n, "elements")?,
             u32_of(nb.max(1), "elements")?,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
+            consts[0].to_bits(),
+            consts[1].to_bits(),
         ];
         self.dispatch(k, res, &p, (gx, gy, 1))
     }

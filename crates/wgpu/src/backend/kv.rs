@@ -61,6 +61,7 @@ impl KvOps for WgpuBackend {
             ).into());
         }
         let (q_stride, ..) = io.attn_checked(&self.pool, c.node, m, explicit_span, kv)?;
+        let cap = checks::attn_softcap(m)?;
         let q = self.src(io, 0)?;
         let pos = self.src(io, 2)?;
         let span = if explicit_span { self.src(io, 3)? } else { pos };
@@ -78,8 +79,8 @@ impl KvOps for WgpuBackend {
                 Some(w) => u32_of(w, "window")?,
                 None => 0,
             },
-            0,
-            0,
+            cap.to_bits(),
+            if cap > 0.0 { 1.0 / cap } else { 0.0 }.to_bits(),
             0,
         ];
         let res = [

@@ -205,9 +205,7 @@ impl BackendImpl for WgpuBackend {
 
     fn supports_fused(&self, fused: FusedOp) -> bool {
         match fused {
-            FusedOp::SwiGLU => true,
-            // No GELU shader: the gated GELU stays on the CPU with its activation.
-            FusedOp::GeGLU => false,
+            FusedOp::SwiGLU | FusedOp::GeGLU => true,
             // A claim turns the fusion on for the whole model, and a fused node this
             // backend then declined would land on a backend that may not have it: claim
             // it only when every one will run here, i.e. the KV lives here and no

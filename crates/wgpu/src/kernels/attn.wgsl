@@ -1,6 +1,7 @@
 // Grouped-query attention over the persistent KV regions, one workgroup per (head,
 // token). Keys [lo, hi) come from the causal bound (0, pos + 1) or from the explicit
-// span pair; both were checked on the host. A sliding window keeps the last `window`. The softmax runs online over chunks of
+// span pair; both were checked on the host. A sliding window keeps the last `window`;
+// a soft-cap bounds each scaled score. The softmax runs online over chunks of
 // 64 keys: each thread scores one key of the chunk, the chunk max and sum meet in
 // workgroup memory, and each thread accumulates the output dims it owns.
 
@@ -16,10 +17,12 @@ struct P {
     nt: u32,
     scale: f32,
     has_span: u32,
-    // Sliding window in rows (0: none); then padding to 16 bytes.
+    // Sliding window in rows (0: none).
     window: u32,
-    pad0: u32,
-    pad1: u32,
+    // Score soft-cap c (0: none) and 1 / c: each scaled score s becomes c tanh(s / c),
+    // before the softmax (Gemma 2); then padding to 16 bytes.
+    softcap: f32,
+    inv_cap: f32,
     pad2: u32,
 }
 
@@ -72,6 +75,12 @@ fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var d = 0.0;
             for (var e = 0u; e < p.hd; e++) { d += q[qb + e] * kc[kb + e]; }
             s = d * p.scale;
+            if (p.softcap > 0.0) {
+                // tanh through the exponential, as the CPU computes it, clamped below
+                // overflow where tanh is already -1.
+                let e = exp(min(-2.0 * (s * p.inv_cap), 88.0));
+                s = p.softcap * (2.0 / (1.0 + e) - 1.0);
+            }
         }
         red[lid] = s;
         workgroupBarrier();

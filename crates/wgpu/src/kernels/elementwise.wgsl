@@ -3,8 +3,9 @@
 
 struct P {
     n: u32,   // output elements
-    nb: u32,  // elements of b (b broadcasts over rows when nb < n)
-    _p0: u32,
+    nb: u32,  // elements of b (b broadcasts over rows when nb < n); the row length of
+              // `mul_sigmoid`
+    s: f32,   // the constant of `scale`
     _p1: u32,
 }
 
@@ -52,4 +53,22 @@ fn swiglu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let i = index(wid, nwg, lid);
     if (i >= p.n) { return; }
     y[i] = silu1(a[i]) * b[i];
+}
+
+@compute @workgroup_size(256)
+fn scale(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let i = index(wid, nwg, lid);
+    if (i >= p.n) { return; }
+    y[i] = a[i] * p.s;
+}
+
+// x times the sigmoid of its row's gate (one gate per row of `nb` values), the sigmoid
+// rounded once per row as the CPU rounds it: 1 / (1 + e^-g).
+@compute @workgroup_size(256)
+fn mul_sigmoid(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let i = index(wid, nwg, lid);
+    if (i >= p.n) { return; }
+    y[i] = a[i] * (1.0 / (1.0 + exp(-b[i / p.nb])));
 }

@@ -24,8 +24,18 @@ pub(crate) enum Bind {
 pub(crate) enum Kernel {
     Add,
     Mul,
+    /// `y = a * s`.
+    Scale,
     Silu,
     SwiGlu,
+    /// `y = x * sigmoid(g)`, one gate per row.
+    MulSigmoid,
+    /// Tanh-approximated GELU.
+    Gelu,
+    /// `gelu(gate) * up`.
+    GeGlu,
+    /// `c * tanh(x / c)`.
+    SoftCap,
     /// The fused FFN's in-place SwiGLU over `[gate | up]` rows.
     SwiGluRows,
     RmsNorm,
@@ -42,6 +52,7 @@ pub(crate) enum Kernel {
 }
 
 const ELEMENTWISE: &str = include_str!("elementwise.wgsl");
+const TANH_ACT: &str = include_str!("tanh_act.wgsl");
 const SWIGLU_ROWS: &str = include_str!("swiglu_rows.wgsl");
 const NORM: &str = include_str!("norm.wgsl");
 const GET_ROWS: &str = include_str!("get_rows.wgsl");
@@ -182,6 +193,11 @@ impl Kernel {
             Kernel::Mul => (ELEMENTWISE.into(), "mul", &[Ro, Ro, Rw, Uniform]),
             Kernel::Silu => (ELEMENTWISE.into(), "silu", &[Ro, Ro, Rw, Uniform]),
             Kernel::SwiGlu => (ELEMENTWISE.into(), "swiglu", &[Ro, Ro, Rw, Uniform]),
+            Kernel::Scale => (ELEMENTWISE.into(), "scale", &[Ro, Ro, Rw, Uniform]),
+            Kernel::MulSigmoid => (ELEMENTWISE.into(), "mul_sigmoid", &[Ro, Ro, Rw, Uniform]),
+            Kernel::Gelu => (TANH_ACT.into(), "gelu", &[Ro, Ro, Rw, Uniform]),
+            Kernel::GeGlu => (TANH_ACT.into(), "geglu", &[Ro, Ro, Rw, Uniform]),
+            Kernel::SoftCap => (TANH_ACT.into(), "softcap", &[Ro, Ro, Rw, Uniform]),
             Kernel::SwiGluRows => (SWIGLU_ROWS.into(), "swiglu_rows", &[Rw, Uniform]),
             Kernel::RmsNorm => (NORM.into(), "rms_norm", &[Ro, Ro, Rw, Uniform]),
             Kernel::Gather => (GET_ROWS.into(), "gather", &[Ro, Ro, Rw, Uniform]),
