@@ -78,9 +78,10 @@ pub(crate) fn compute(
         EngineError::ContextOverflow { .. } | EngineError::BadToken { .. } => {
             ApiError::bad_request(format!("input {i}: {e}"))
         }
-        EngineError::Param { name: "input", .. } => {
-            ApiError::bad_request(format!("input {i}: {e}"))
-        }
+        EngineError::Param {
+            name: "input" | "pooling",
+            ..
+        } => ApiError::bad_request(format!("input {i}: {e}")),
         other => ApiError::internal(format!("inference failed on input {i}: {other}")),
     };
     match kind {
