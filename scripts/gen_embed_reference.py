@@ -10,6 +10,7 @@ host of this kind); then:
     LLAMA_CPP_LIB_PATH=DIR/llama_cpp_python-0.3.36/vendor/llama.cpp/build2/bin \
     python3 scripts/gen_embed_reference.py MODEL.gguf
     python3 scripts/gen_embed_reference.py --tiny DIR
+    python3 scripts/gen_embed_reference.py --rerank DIR
 
 For each text of TEXTS and each pooling of POOLINGS it records the token ids llama.cpp
 embeds and the embedding llama.cpp computes (the library's embedding mode, as
@@ -23,6 +24,17 @@ Qwen3-Embedding is built), into crates/runtime/tests/golden/embed_tiny_reference
 then the tiny BERT encoders of DIR/bert (BERT: bert-f32 with mean and CLS pooling,
 bert-q8_0 with mean) on TEXTS and BERT_TEXTS, with a 128-token context (their position
 table) and the whole text in one batch, as an encoder needs.
+
+With --rerank, DIR is the same directory; the tiny BERT reranker DIR/bert/bert-rerank-f32
+(a classifier head, `pooling_type` 4) scores each (query, document) of RERANK_PAIRS with
+rank pooling, into crates/runtime/tests/golden/rerank_tiny_reference.json. Each pair is
+laid out twice from llama.cpp's own pieces (each text tokenized without specials, the
+vocabulary's BOS/EOS/SEP ids and add flags): as llama-server's rerank joins it (BOS,
+query, EOS if the vocabulary adds one, SEP if it adds one, document, EOS if it adds one)
+and as llama-embedding joins a `query<TAB>document` line (the same, then the closing
+tokens of a tokenization with specials: SEP for a WordPiece vocabulary). The score is the
+first value of the sequence's pooled output, raw (no sigmoid, no normalisation), as
+llama-server reports it.
 """
 import json
 import os
@@ -35,6 +47,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, "..", "crates", "runtime", "tests", "golden")
 OUT = os.path.join(GOLDEN, "embed_reference.json")
 OUT_TINY = os.path.join(GOLDEN, "embed_tiny_reference.json")
+OUT_RERANK = os.path.join(GOLDEN, "rerank_tiny_reference.json")
+RERANK_PAIRS = [
+    ("what is a quick fox?", "The quick brown fox jumps over the lazy dog."),
+    ("what is a quick fox?", "SELECT name, COUNT(*) FROM users GROUP BY name;"),
+    ("find similar passages", "Retrieval-augmented generation looks up passages similar to the question."),
+    ("hello world", "Héllo, WORLD! The naïve café's résumé: playing & unplayable (3.14) 中文 zebra."),
+]
 TINY = ["qwen3-f32", "qwen2-f32", "llama-f32"]
 
 TEXTS = [
@@ -102,9 +121,64 @@ def main_tiny(d):
     print(f"wrote {len(out['entries'])} embeddings to {OUT_TINY}")
 
 
+def rank_score(llm, ids):
+    """The first value of llama.cpp's rank-pooled output for one sequence of `ids`."""
+    llm._batch.reset()
+    llm._ctx.kv_cache_clear()
+    llm._batch.add_sequence(ids, 0, False)
+    llm._ctx.decode(llm._batch)
+    llm._batch.reset()
+    return float(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)[0])
+
+
+def main_rerank(d):
+    path = os.path.join(d, "bert", "bert-rerank-f32.gguf")
+    llm = llama_cpp.Llama(
+        model_path=path,
+        embedding=True,
+        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_RANK,
+        n_ctx=128,
+        n_batch=128,
+        n_ubatch=128,
+        n_threads=2,
+        flash_attn=False,
+        type_k=GGML_TYPE_F32,
+        type_v=GGML_TYPE_F32,
+        verbose=False,
+    )
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    bos, eos, sep = (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab),
+                     llama_cpp.llama_vocab_sep(vocab))
+    add_bos = llama_cpp.llama_vocab_get_add_bos(vocab)
+    add_eos = llama_cpp.llama_vocab_get_add_eos(vocab)
+    add_sep = llama_cpp.llama_vocab_get_add_sep(vocab)
+    if eos < 0:
+        eos = sep  # llama-server's fallback for a vocabulary without EOS
+    entries = []
+    for query, doc in RERANK_PAIRS:
+        q = llm.tokenize(query.encode("utf-8"), add_bos=False, special=False)
+        t = llm.tokenize(doc.encode("utf-8"), add_bos=False, special=False)
+        server = ([bos] if add_bos else []) + q + ([eos] if add_eos else []) \
+            + ([sep] if add_sep else []) + t + ([eos] if add_eos else [])
+        # llama-embedding tokenizes the joined line with specials: it ends in EOS where
+        # the vocabulary adds one (as the server's layout does), else in SEP where it
+        # adds that (a WordPiece vocabulary).
+        embedding = server + ([sep] if add_sep and not add_eos else [])
+        for layout, ids in (("server", server), ("embedding", embedding)):
+            entries.append({"query": query, "document": doc, "layout": layout,
+                            "ids": list(ids), "score": rank_score(llm, ids)})
+    out = {"model": "bert-rerank-f32", "entries": entries}
+    with open(OUT_RERANK, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    print(f"wrote {len(entries)} rank scores to {OUT_RERANK}")
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--tiny":
         return main_tiny(sys.argv[2])
+    if len(sys.argv) == 3 and sys.argv[1] == "--rerank":
+        return main_rerank(sys.argv[2])
     model = sys.argv[1]
     out = {"model": os.path.basename(model), "entries": embeddings(model, POOLINGS, 512)}
     with open(OUT, "w") as f:

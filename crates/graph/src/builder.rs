@@ -453,6 +453,12 @@ impl GraphBuilder {
         self.unary(Op::SoftCap(c), x)
     }
 
+    /// `tanh(x)`: the soft-cap with `c = 1` (exact: `x / 1` and `1 * t` round to
+    /// themselves), so every backend that runs [`Op::SoftCap`] runs it.
+    pub fn tanh(&mut self, x: NodeId) -> NodeId {
+        self.softcap(x, 1.0)
+    }
+
     /// `a + b` (b may be a single row broadcast over tokens); shape of `a`.
     pub fn add(&mut self, a: NodeId, b: NodeId) -> NodeId {
         self.binary(Op::Add, a, b)

@@ -159,6 +159,7 @@ mod tests {
                 explicit_span: false,
                 ring: None,
                 embeddings: false,
+                rank: false,
                 state_slots: 1,
             },
             weights_version: 1,

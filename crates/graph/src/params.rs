@@ -40,6 +40,10 @@ pub struct CParams {
     /// The graph returns the final-normed hidden rows (what embeddings pool) instead of
     /// the logits.
     pub embeddings: bool,
+    /// The graph ends in the model's rank (classifier) head: each output row becomes
+    /// its `n_cls_out` scores instead of a hidden row (only an encoder with a head
+    /// honours it; the runtime sets it only for such a model).
+    pub rank: bool,
     /// Recurrent state slots of a model with recurrent layers (sequences that may run
     /// at once: 1 for one sequence, the slot count of a batched engine); each token's
     /// slot is data (the `state_slots` input), the count sizes the state regions.
@@ -158,6 +162,7 @@ mod tests {
             explicit_span: true,
             ring: None,
             embeddings: false,
+            rank: false,
             state_slots: 1,
         };
         caps.apply(&mut cp);

@@ -1,8 +1,8 @@
 //! Writes the golden set of tiny random-weight models into a directory, with a
 //! `manifest.json` describing each (stem, file, spec), for the reference script, and the
 //! F32 models of the quantization-mix check into `DIR/mix` with a manifest of their own,
-//! and the tiny BERT encoders (no logits: the embedding reference reads them) into
-//! `DIR/bert`:
+//! and the tiny BERT encoders and the tiny BERT reranker (no logits: the embedding
+//! reference reads them) into `DIR/bert`:
 //!
 //! ```text
 //! cargo run -p minfer-models --example write_tiny_models -- DIR
@@ -14,7 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use minfer_models::testing::{
-    bert_models, golden_models, quant_mix_models, write_tiny_bert, write_tiny_model, TinySpec,
+    bert_models, bert_reranker, golden_models, quant_mix_models, write_tiny_bert, write_tiny_model,
+    TinySpec,
 };
 
 /// The spec as JSON; `sliding_window` and the expert geometry only where set, so the
@@ -96,10 +97,10 @@ fn write_set(dir: &std::path::Path, models: Vec<(&'static str, TinySpec)>) -> Re
         .map_err(|e| format!("cannot write the manifest: {e}"))
 }
 
-/// Writes the tiny BERTs into `dir` (their stems name them; no manifest is needed).
+/// Writes the tiny BERTs and the reranker into `dir` (their stems name them; no manifest is needed).
 fn write_berts(dir: &std::path::Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    for (stem, spec) in bert_models() {
+    for (stem, spec) in bert_models().into_iter().chain([bert_reranker()]) {
         let path = dir.join(format!("{stem}.gguf"));
         write_tiny_bert(&path, &spec).map_err(|e| format!("{stem}: {e}"))?;
         println!(

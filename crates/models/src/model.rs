@@ -56,6 +56,13 @@ pub trait ModelDef: Send + Sync {
         false
     }
 
+    /// Values per output row of the model's rank (classifier) head when it has one: what
+    /// a graph built with `CParams::rank` returns per row instead of a hidden row (a
+    /// reranker's relevance logit first). `None`: no head, the model cannot rank.
+    fn rank_width(&self) -> Option<usize> {
+        None
+    }
+
     /// Whether the lm head is the token embedding (`output.weight` absent).
     fn tied_output(&self) -> bool;
 

@@ -20,6 +20,7 @@ pub fn cpu_cparams(n_ctx: usize) -> CParams {
         explicit_span: false,
         ring: None,
         embeddings: false,
+        rank: false,
         state_slots: 1,
     }
 }

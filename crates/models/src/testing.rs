@@ -24,8 +24,8 @@ use crate::weights::{blk, blk_bias, OUTPUT, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD}
 
 mod bert;
 pub use bert::{
-    bert_models, bert_vocab, tiny_bert_bytes, write_tiny_bert, TinyBert, BERT_SEED, BERT_SPECIALS,
-    TINY_BERT_EPS,
+    bert_models, bert_reranker, bert_vocab, tiny_bert_bytes, write_tiny_bert, TinyBert, BERT_SEED,
+    BERT_SPECIALS, TINY_BERT_EPS,
 };
 
 /// Control tokens appended at the end of the vocabulary, in this order.

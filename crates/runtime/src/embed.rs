@@ -6,6 +6,11 @@
 //! the prefill chunks does not matter. A text runs as its own sequence from position 0,
 //! causal as the model is; an encoder's text (BERT: every token attends to every other)
 //! runs whole in one step ([`chunk_len`]).
+//!
+//! Rank pooling (llama.cpp's `pooling_type` 4) runs the rows through the model's
+//! classifier head in the graph (`CParams::rank`, a BERT cross-encoder's `cls` layers)
+//! and keeps the first token's (`[CLS]`) scores, never normalised: a reranker's relevance
+//! logit is its first value.
 
 use crate::engine::{Engine, EngineError};
 
@@ -20,6 +25,9 @@ pub enum Pooling {
     Cls,
     /// The last token's row (Qwen3-Embedding and other decoder embedders).
     Last,
+    /// The first token's scores from the model's classifier head (a cross-encoder
+    /// reranker): [`Engine::rank_width`] values, the relevance logit first.
+    Rank,
 }
 
 impl Pooling {
@@ -30,30 +38,35 @@ impl Pooling {
             Pooling::Mean => "mean",
             Pooling::Cls => "cls",
             Pooling::Last => "last",
+            Pooling::Rank => "rank",
         }
     }
 
-    /// Parses `none`, `mean`, `cls` or `last`; an error names the accepted values.
+    /// Parses `none`, `mean`, `cls`, `last` or `rank`; an error names the accepted values.
     pub fn parse(s: &str) -> Result<Pooling, String> {
         match s {
             "none" => Ok(Pooling::None),
             "mean" => Ok(Pooling::Mean),
             "cls" => Ok(Pooling::Cls),
             "last" => Ok(Pooling::Last),
+            "rank" => Ok(Pooling::Rank),
             other => Err(format!(
-                "pooling '{other}' is not one of none, mean, cls, last"
+                "pooling '{other}' is not one of none, mean, cls, last, rank"
             )),
         }
     }
 
-    /// The pooling the model file states (`<arch>.pooling_type`: 1 mean, 2 cls, 3 last),
-    /// or `None` when it states none (or one minfer does not compute, such as rank).
+    /// The pooling the model file states (`<arch>.pooling_type`: 1 mean, 2 cls, 3 last,
+    /// 4 rank), or `None` when it states none or one minfer does not compute: rank on a
+    /// model without a classifier head (a decoder reranker's file states rank, but its
+    /// judgement is read from the logits, not from a head).
     pub fn of_model(engine: &Engine) -> Option<Pooling> {
         let key = format!("{}.pooling_type", engine.arch());
         match engine.file().get_u32(&key).ok()? {
             1 => Some(Pooling::Mean),
             2 => Some(Pooling::Cls),
             3 => Some(Pooling::Last),
+            4 if engine.rank_width().is_some() => Some(Pooling::Rank),
             _ => None,
         }
     }
@@ -87,12 +100,25 @@ pub fn embed(
             n_ctx: engine.n_ctx(),
         });
     }
-    let n_embd = engine.hparams().n_embd;
+    let width = row_width(engine, pooling)?;
     let n_batch = chunk_len(engine, tokens.len(), engine.n_batch())?;
     engine.reset();
-    pool(tokens, n_embd, n_batch, pooling, normalize, |chunk, pos| {
-        engine.forward_hidden(chunk, pos)
+    pool(tokens, width, n_batch, pooling, normalize, |chunk, pos| {
+        if pooling == Pooling::Rank {
+            engine.forward_scores(chunk, pos)
+        } else {
+            engine.forward_hidden(chunk, pos)
+        }
     })
+}
+
+/// Values per row the graph returns for `pooling`: the head's scores for rank (a model
+/// without a classifier head is refused by name), else `n_embd`.
+pub(crate) fn row_width(engine: &Engine, pooling: Pooling) -> Result<usize, EngineError> {
+    if pooling != Pooling::Rank {
+        return Ok(engine.hparams().n_embd);
+    }
+    engine.require_rank_head()
 }
 
 /// The chunk a text of `n` tokens is embedded in: `n_batch` for a causal model; the
@@ -116,8 +142,9 @@ pub(crate) fn chunk_len(engine: &Engine, n: usize, n_batch: usize) -> Result<usi
 }
 
 /// Runs `tokens` through `hidden` (a chunk of at most `n_batch` tokens and its first
-/// position in, the chunk's `n_embd`-wide hidden rows out) and pools the rows: the one
-/// pooling of [`embed`] and of [`crate::MultiEngine::embed`].
+/// position in, the chunk's `n_embd`-wide rows out: hidden rows, or scores for rank) and
+/// pools the rows: the one pooling of [`embed`] and of [`crate::MultiEngine::embed`].
+/// Rank scores are never normalised.
 pub(crate) fn pool(
     tokens: &[u32],
     n_embd: usize,
@@ -136,7 +163,7 @@ pub(crate) fn pool(
             match pooling {
                 Pooling::None => rows.push(row.to_vec()),
                 Pooling::Mean => sum.iter_mut().zip(row).for_each(|(s, &x)| *s += x as f64),
-                Pooling::Cls if p == 0 => rows.push(row.to_vec()),
+                Pooling::Cls | Pooling::Rank if p == 0 => rows.push(row.to_vec()),
                 Pooling::Last if p + 1 == tokens.len() => rows.push(row.to_vec()),
                 _ => {}
             }
@@ -147,7 +174,7 @@ pub(crate) fn pool(
         let n = tokens.len() as f64;
         rows.push(sum.iter().map(|s| (s / n) as f32).collect());
     }
-    if normalize {
+    if normalize && pooling != Pooling::Rank {
         rows.iter_mut().for_each(|r| l2_normalize(r));
     }
     Ok(rows)
@@ -180,7 +207,13 @@ mod tests {
 
     #[test]
     fn pooling_names_round_trip_and_bad_ones_are_named() {
-        for p in [Pooling::None, Pooling::Mean, Pooling::Cls, Pooling::Last] {
+        for p in [
+            Pooling::None,
+            Pooling::Mean,
+            Pooling::Cls,
+            Pooling::Last,
+            Pooling::Rank,
+        ] {
             assert_eq!(Pooling::parse(p.name()), Ok(p));
         }
         let e = Pooling::parse("max").unwrap_err();

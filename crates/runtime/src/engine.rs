@@ -293,6 +293,9 @@ pub struct Engine {
     swa: SwaRings,
     /// Steps return the final-normed hidden rows instead of logits (embeddings).
     embeddings: bool,
+    /// Embedding steps end in the model's rank head (`CParams::rank`): each output row
+    /// becomes its scores.
+    rank: bool,
     /// Set while a step executes; still set at the next step only if the last one
     /// unwound, whose graph buffers are then not trusted.
     poisoned: bool,
@@ -469,6 +472,7 @@ impl Engine {
             written: 0,
             swa,
             embeddings: false,
+            rank: false,
             poisoned: false,
             fault,
             caps,
@@ -927,6 +931,7 @@ impl Engine {
             explicit_span: self.explicit_span,
             ring: self.swa.params(),
             embeddings: self.embeddings,
+            rank: self.rank,
             state_slots: (self.n_ctx / self.seq_rows).max(1),
         };
         self.caps.apply(&mut cparams);
@@ -1073,6 +1078,45 @@ impl Engine {
         let r = self.forward_rows(rows);
         self.embeddings = false;
         r
+    }
+
+    /// Values per row of the model's rank (classifier) head, or `None` when it has none
+    /// ([`minfer_models::ModelDef::rank_width`]).
+    pub fn rank_width(&self) -> Option<usize> {
+        self.model.rank_width()
+    }
+
+    /// [`Self::forward_hidden`] through the model's rank head: every token's scores
+    /// ([`Self::rank_width`] values each; rank pooling reads the first token's). A model
+    /// without a head is refused by name.
+    pub fn forward_scores(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
+        self.require_rank_head()?;
+        self.rank = true;
+        let r = self.forward_hidden(tokens, pos0);
+        self.rank = false;
+        r
+    }
+
+    /// [`Self::forward_rows_hidden`] through the model's rank head, as
+    /// [`Self::forward_scores`].
+    pub fn forward_rows_scores(&mut self, rows: &TokenRows) -> Result<Vec<f32>, EngineError> {
+        self.require_rank_head()?;
+        self.rank = true;
+        let r = self.forward_rows_hidden(rows);
+        self.rank = false;
+        r
+    }
+
+    /// [`Self::rank_width`], or an error naming what a model without a classifier head
+    /// lacks for rank pooling.
+    pub fn require_rank_head(&self) -> Result<usize, EngineError> {
+        self.rank_width().ok_or_else(|| EngineError::Param {
+            name: "pooling",
+            message: format!(
+                "rank needs a classifier head (`cls.output.weight` or `cls.weight`), which this `{}` model does not have",
+                self.model.arch()
+            ),
+        })
     }
 
     /// Whether the model is an encoder (BERT): embeddings only, a text in one step.

@@ -454,7 +454,7 @@ impl MultiEngine {
     /// fails while running, or panics, leaves each of its slots holding only the
     /// positions before its `pos0` (and the other slots untouched).
     pub fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.run_step(batch, false)
+        self.run_step(batch, Rows::Logits)
     }
 
     /// The embedding of `tokens` run as `slot`'s whole sequence from position 0 (one
@@ -483,35 +483,32 @@ impl MultiEngine {
                 n_ctx: self.slot_ctx,
             });
         }
-        let n_embd = self.engine.hparams().n_embd;
+        let width = crate::embed::row_width(&self.engine, pooling)?;
         let n_batch = crate::embed::chunk_len(&self.engine, tokens.len(), self.n_batch)?;
+        let kind = if pooling == Pooling::Rank {
+            Rows::Scores
+        } else {
+            Rows::Hidden
+        };
         self.filled[slot] = 0;
-        crate::embed::pool(
-            tokens,
-            n_embd,
-            n_batch,
-            pooling,
-            normalize,
-            |chunk, pos0| {
-                let entry = SeqStep {
-                    slot,
-                    tokens: chunk.to_vec(),
-                    pos0,
-                    n_out: chunk.len(),
-                };
-                Ok(self.run_step(&[entry], true)?.pop().unwrap_or_default())
-            },
-        )
+        crate::embed::pool(tokens, width, n_batch, pooling, normalize, |chunk, pos0| {
+            let entry = SeqStep {
+                slot,
+                tokens: chunk.to_vec(),
+                pos0,
+                n_out: chunk.len(),
+            };
+            Ok(self.run_step(&[entry], kind)?.pop().unwrap_or_default())
+        })
     }
 
-    /// [`Self::step`], returning hidden rows (`n_embd` wide) instead of logits when
-    /// `hidden`.
-    fn run_step(&mut self, batch: &[SeqStep], hidden: bool) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// [`Self::step`], returning the rows `kind` names.
+    fn run_step(&mut self, batch: &[SeqStep], kind: Rows) -> Result<Vec<Vec<f32>>, EngineError> {
         self.validate(batch)?;
-        let width = if hidden {
-            self.engine.hparams().n_embd
-        } else {
-            self.n_vocab()
+        let width = match kind {
+            Rows::Logits => self.n_vocab(),
+            Rows::Hidden => self.engine.hparams().n_embd,
+            Rows::Scores => self.engine.require_rank_head()?,
         };
         let mut out: Vec<Vec<f32>> = batch.iter().map(|s| vec![0.0; s.n_out * width]).collect();
         // The step rewrites each slot's rows from its `pos0` on: until it succeeds (an
@@ -530,10 +527,10 @@ impl MultiEngine {
                 spans: &x.spans,
                 out_rows: &x.out_rows,
             };
-            let logits = if hidden {
-                self.engine.forward_rows_hidden(&rows)?
-            } else {
-                self.engine.forward_rows(&rows)?
+            let logits = match kind {
+                Rows::Logits => self.engine.forward_rows(&rows)?,
+                Rows::Hidden => self.engine.forward_rows_hidden(&rows)?,
+                Rows::Scores => self.engine.forward_rows_scores(&rows)?,
             };
             for (row, dest) in logits.chunks_exact(width).zip(&x.dests) {
                 if let Some((e, r)) = *dest {
@@ -546,6 +543,17 @@ impl MultiEngine {
         }
         Ok(out)
     }
+}
+
+/// What a step returns per output row.
+#[derive(Clone, Copy)]
+enum Rows {
+    /// The logits (`n_vocab`).
+    Logits,
+    /// The hidden state (`n_embd`): embeddings.
+    Hidden,
+    /// The rank head's scores ([`Engine::rank_width`]).
+    Scores,
 }
 
 #[cfg(test)]

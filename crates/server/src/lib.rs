@@ -150,7 +150,8 @@ pub struct Config {
     /// How the embedding routes pool a text's rows (`--pooling`); `None`: each model's
     /// own (`pooling_type`), else mean.
     pub pooling: Option<minfer_runtime::embed::Pooling>,
-    /// Serve `/v1/rerank` and `/rerank` (`--rerank`); refused with a 501 otherwise.
+    /// Serve `/v1/rerank` and `/rerank` with the yes/no judgement (`--rerank`); without
+    /// it only a cross-encoder pooled with rank reranks, others answer a 501.
     pub rerank: bool,
     /// Answer `GET /metrics` with llama-server's "not supported" error (`--no-metrics`).
     pub no_metrics: bool,
@@ -390,7 +391,7 @@ pub struct AppState {
     slot_save_path: Option<PathBuf>,
     /// The embedding routes' pooling (`Config::pooling`).
     pooling: Option<minfer_runtime::embed::Pooling>,
-    /// Whether rerank is served (`Config::rerank`).
+    /// Whether rerank by yes/no judgement is served (`Config::rerank`).
     rerank: bool,
     /// Which of llama-server's monitoring endpoints are on.
     native: api::llama::Native,

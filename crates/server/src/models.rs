@@ -59,6 +59,12 @@ pub struct Model {
     pub fim: Result<crate::api::llama::Fim, String>,
     /// The model as ollama's listing routes describe it.
     pub facts: crate::api::ollama::ModelFacts,
+    /// How it pools embeddings unless the server's `--pooling` says otherwise.
+    pub pooling: minfer_runtime::embed::Pooling,
+    /// Scores per text of its classifier head (a cross-encoder reranker), if it has one.
+    pub rank_width: Option<usize>,
+    /// Whether it is an encoder (embeddings only, no logits).
+    pub encoder: bool,
     /// Its vocabulary for constrained decoding, built by the first request that needs it.
     pub grammar: std::sync::OnceLock<Result<Arc<minfer_runtime::GrammarVocab>, String>>,
 }
@@ -292,6 +298,9 @@ impl Models {
             path: e.path.clone(),
             fim,
             facts,
+            pooling: loaded.pooling,
+            rank_width: loaded.rank_width,
+            encoder: loaded.encoder,
             grammar: std::sync::OnceLock::new(),
         })
     }

@@ -1,7 +1,8 @@
 //! Whole-text work the worker runs between two decode steps, in one idle slot: the
-//! embeddings of a batch of inputs, and the yes/no relevance judgement of rerank. Each
-//! text runs as the slot's sequence from position 0 and nothing of it is kept (the slot's
-//! cached prefix is forgotten), so no other slot's KV is touched.
+//! embeddings of a batch of inputs (a cross-encoder's rank scores among them), and the
+//! yes/no relevance judgement of rerank. Each text runs as the slot's sequence from
+//! position 0 and nothing of it is kept (the slot's cached prefix is forgotten), so no
+//! other slot's KV is touched.
 //!
 //! A task runs to the end once started: decoding slots wait for it, as they wait for a
 //! long prompt's prefill. With every slot busy it waits for one to free.
@@ -78,9 +79,10 @@ pub(crate) fn compute(
         EngineError::ContextOverflow { .. } | EngineError::BadToken { .. } => {
             ApiError::bad_request(format!("input {i}: {e}"))
         }
-        EngineError::Param { name: "input", .. } => {
-            ApiError::bad_request(format!("input {i}: {e}"))
-        }
+        EngineError::Param {
+            name: "input" | "pooling",
+            ..
+        } => ApiError::bad_request(format!("input {i}: {e}")),
         other => ApiError::internal(format!("inference failed on input {i}: {other}")),
     };
     match kind {

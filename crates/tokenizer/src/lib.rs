@@ -8,13 +8,15 @@
 //! Unknown models and pre-tokenizers are refused by name.
 //! Encoding follows llama.cpp's rules for special tokens; decoding is byte-exact.
 //! [`StreamDecoder`] turns a token stream into whole UTF-8 characters, and [`ChatTemplate`]
-//! renders `tokenizer.chat_template` with minijinja.
+//! renders `tokenizer.chat_template` with minijinja. [`Tokenizer::encode_pair`] joins a
+//! (query, document) pair as llama.cpp's rerank does.
 
 mod bpe;
 mod bytes;
 mod error;
 mod hash;
 mod jinja_compat;
+mod pair;
 mod pretok;
 mod spm;
 mod stream;
@@ -26,6 +28,7 @@ mod vocab;
 mod wpm;
 
 pub use error::{TemplateError, TokenizerError};
+pub use pair::PairEnd;
 pub use pretok::{PreKind, PreTokenizer};
 pub use stream::StreamDecoder;
 pub use template::{ChatMessage, ChatTemplate, RenderedChat, ToolCall, CHATML_TEMPLATE};

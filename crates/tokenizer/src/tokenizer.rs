@@ -497,6 +497,15 @@ impl Tokenizer {
         self.add_eos
     }
 
+    /// The separator id (`[SEP]`) a WordPiece vocabulary closes every encoding with
+    /// special tokens with (llama.cpp's `add_sep`); `None` for the other models.
+    pub fn sep(&self) -> Option<u32> {
+        match &self.model {
+            Model::Wpm(wpm) => Some(wpm.sep),
+            _ => None,
+        }
+    }
+
     /// Whether generation must stop at `id`.
     pub fn is_eog(&self, id: u32) -> bool {
         self.vocab.eog.binary_search(&id).is_ok()

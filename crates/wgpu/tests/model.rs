@@ -218,6 +218,7 @@ fn a_reused_decode_graph_is_bit_identical_and_allocates_nothing_new() {
             explicit_span: false,
             ring: None,
             embeddings: false,
+            rank: false,
             state_slots: 1,
         },
         weights_version: 1,

@@ -79,6 +79,7 @@ fn traced(
                 explicit_span: false,
                 ring: None,
                 embeddings: false,
+                rank: false,
                 state_slots: 1,
             },
             weights_version: 1,

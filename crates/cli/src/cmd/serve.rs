@@ -85,12 +85,14 @@ pub struct Args {
     /// Turn off `GET /slots` (it answers llama-server's 501 "not supported").
     #[arg(long = "no-slots")]
     pub no_slots: bool,
-    /// How the embedding routes pool a text's token rows: mean, cls, last, or none (one
-    /// vector per token). Default: the model's own (`pooling_type`), else mean.
+    /// How the embedding routes pool a text's token rows: mean, cls, last, none (one
+    /// vector per token), or rank (a cross-encoder's classifier scores; rerank then
+    /// scores with the head). Default: the model's own (`pooling_type`), else mean.
     #[arg(long = "pooling", value_parser = minfer_runtime::embed::Pooling::parse)]
     pub pooling: Option<minfer_runtime::embed::Pooling>,
-    /// Serve `POST /v1/rerank` and `/rerank` (the yes/no judgement of a
-    /// Qwen3-Reranker-style model); off by default.
+    /// Serve `POST /v1/rerank` and `/rerank` with the yes/no judgement of a
+    /// Qwen3-Reranker-style model; off by default (a cross-encoder pooled with rank
+    /// reranks without it).
     #[arg(long = "rerank", visible_alias = "reranking")]
     pub rerank: bool,
     /// Turn off `GET /metrics` (on by default; it answers llama-server's 501 then).

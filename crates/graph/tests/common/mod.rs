@@ -71,6 +71,7 @@ pub fn params(nt: usize, fuse_ffn: bool) -> GraphParams {
             explicit_span: false,
             ring: None,
             embeddings: false,
+            rank: false,
             state_slots: 1,
         },
         weights_version: 1,

@@ -53,8 +53,12 @@ pub struct TinyBert {
     /// Type of the projection matrices and the token embedding (the position and
     /// token-type tables, norms and biases stay F32).
     pub wtype: GgmlType,
-    /// `pooling_type` written into the file (1 mean, 2 CLS).
+    /// `pooling_type` written into the file (1 mean, 2 CLS, 4 rank).
     pub pooling: u32,
+    /// Write a reranker's classifier head (`cls.weight`/`cls.bias`, dense `[n_embd,
+    /// n_embd]`, and `cls.output.weight`/`cls.output.bias`, one score), drawn after every
+    /// other tensor so the encoder's weights equal the headless model's.
+    pub rank_head: bool,
     /// PRNG seed.
     pub seed: u64,
 }
@@ -77,9 +81,26 @@ impl TinyBert {
             n_ctx: 128,
             wtype,
             pooling: 1,
+            rank_head: false,
             seed,
         }
     }
+
+    /// The tiny BERT reranker: the F32 encoder of [`TinyBert::new`] with a classifier
+    /// head and rank pooling (`pooling_type` 4), as llama.cpp converts bge-reranker.
+    pub fn reranker(seed: u64) -> Self {
+        TinyBert {
+            pooling: 4,
+            rank_head: true,
+            ..TinyBert::new(GgmlType::F32, seed)
+        }
+    }
+}
+
+/// The tiny BERT reranker of the golden set (kept out of [`bert_models`], whose models
+/// are embedders).
+pub fn bert_reranker() -> (&'static str, TinyBert) {
+    ("bert-rerank-f32", TinyBert::reranker(BERT_SEED))
 }
 
 /// The tiny BERTs of the golden set: F32 and Q8_0.
@@ -229,6 +250,15 @@ fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
         norm(&mut w, &mut rng, &format!("blk.{il}.attn_output_norm"))?;
         norm(&mut w, &mut rng, &format!("blk.{il}.layer_output_norm"))?;
     }
+    if spec.rank_head {
+        // Scaled so the tanh is neither linear nor saturated on LayerNorm'd rows.
+        let dense = rng.normal_vec(ne * ne, 1.0 / (ne as f64).sqrt());
+        w.add_tensor_f32("cls.weight", &[ne as u64, ne as u64], spec.wtype, &dense)?;
+        f32v(&mut w, "cls.bias", &[ne as u64], &rng.normal_vec(ne, 0.1))?;
+        let out = rng.normal_vec(ne, 1.0 / (ne as f64).sqrt());
+        w.add_tensor_f32("cls.output.weight", &[ne as u64, 1], spec.wtype, &out)?;
+        f32v(&mut w, "cls.output.bias", &[1], &rng.normal_vec(1, 0.1))?;
+    }
     Ok(w)
 }
 
@@ -302,6 +332,41 @@ mod tests {
         w.add_meta("bert.attention.layer_norm_epsilon", MetaValue::F32(-1.0));
         let e = load(&w).err().unwrap().to_string();
         assert!(e.contains("layer_norm_epsilon"), "{e}");
+    }
+
+    #[test]
+    fn the_reranker_ends_in_its_head_only_when_the_graph_asks_for_rank() {
+        use minfer_graph::Op;
+        let (_, spec) = bert_reranker();
+        let m = load(&tiny_bert_writer(&spec).unwrap()).unwrap();
+        assert_eq!(m.rank_width(), Some(1));
+        let names = m.weight_names();
+        for t in [
+            "cls.weight",
+            "cls.bias",
+            "cls.output.weight",
+            "cls.output.bias",
+        ] {
+            assert!(names.iter().any(|n| n == t), "{t} not referenced");
+        }
+        let cp = crate::params::cpu_cparams(128);
+        let plain = m.build_graph(&crate::params::prefill(9, 9, cp.clone()).unwrap());
+        assert_eq!(
+            plain.nodes[plain.outputs[0]].out_shape[..2],
+            [spec.n_embd, 9]
+        );
+        let cp = minfer_graph::CParams { rank: true, ..cp };
+        let g = m.build_graph(&crate::params::prefill(9, 9, cp).unwrap());
+        let out = &g.nodes[g.outputs[0]];
+        assert_eq!(out.out_shape[..2], [1, 9]);
+        assert_eq!(
+            g.nodes.iter().filter(|n| n.op == Op::SoftCap(1.0)).count(),
+            1,
+            "one tanh between the dense layer and the classifier"
+        );
+        // A headless BERT has no rank width: the runtime refuses rank pooling for it.
+        let plain = load(&tiny_bert_writer(&TinyBert::new(GgmlType::F32, BERT_SEED)).unwrap());
+        assert_eq!(plain.unwrap().rank_width(), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod gemma;
 mod moe;
 mod recurrent;
 mod reference;
+mod rerank;
 mod session;
 mod speculative;
 mod swa;

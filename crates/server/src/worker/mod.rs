@@ -108,6 +108,13 @@ pub struct Loaded {
     pub name: Option<String>,
     /// The model's digest (tensor table and sampled weights).
     pub digest: [u8; 32],
+    /// How it pools embeddings unless `--pooling` says otherwise (its `pooling_type`,
+    /// else mean).
+    pub pooling: minfer_runtime::embed::Pooling,
+    /// Scores per text of its classifier head, when it has one (a cross-encoder).
+    pub rank_width: Option<usize>,
+    /// Whether it is an encoder (no logits).
+    pub encoder: bool,
 }
 
 /// How the worker's slots decode speculatively.
@@ -207,6 +214,9 @@ pub fn spawn(
                     .ok()
                     .map(str::to_string),
                 digest: engine.engine().model_digest(),
+                pooling: minfer_runtime::embed::Pooling::default_for(engine.engine()),
+                rank_width: engine.engine().rank_width(),
+                encoder: engine.engine().is_encoder(),
             };
             // The slots are published before the server is reported ready, so /slots
             // never shows an empty list to the first client.

@@ -82,12 +82,22 @@ pub fn tiny_server_with_template(name: &str, template: &str) -> TestServer {
 
 /// Starts a one-slot server on the tiny F32 BERT encoder (embeddings only).
 pub fn tiny_bert_server() -> TestServer {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let path = dir.path().join("tiny-bert.gguf");
     let spec =
         minfer_models::testing::TinyBert::new(GgmlType::F32, minfer_models::testing::BERT_SEED);
-    minfer_models::testing::write_tiny_bert(&path, &spec).expect("writing the tiny BERT");
-    let running = start(tiny_config(&path, 1)).expect("starting the server");
+    bert_server(&spec, |_| {})
+}
+
+/// Starts a one-slot server on the tiny BERT `spec` describes, its config edited by `edit`.
+pub fn bert_server(
+    spec: &minfer_models::testing::TinyBert,
+    edit: impl FnOnce(&mut Config),
+) -> TestServer {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("tiny-bert.gguf");
+    minfer_models::testing::write_tiny_bert(&path, spec).expect("writing the tiny BERT");
+    let mut c = tiny_config(&path, 1);
+    edit(&mut c);
+    let running = start(c).expect("starting the server");
     TestServer {
         base: format!("http://{}", running.addr()),
         running,

@@ -19,6 +19,7 @@ mod models;
 mod ollama_api;
 mod openai_shape;
 mod prompt_cache;
+mod rerank;
 mod slots;
 mod speculative;
 mod speculative_draft;

@@ -284,6 +284,7 @@ pub fn run_model_fused(
                 explicit_span,
                 ring: None,
                 embeddings: false,
+                rank: false,
                 state_slots: 1,
             },
             weights_version: 1,

@@ -1,10 +1,18 @@
-//! `POST /v1/rerank` and `/rerank` (llama-server's and Jina's shape): each document is
-//! scored by the model's yes/no judgement, as Qwen3-Reranker is used. The model reads
-//! its judge prompt (a system turn asking whether the Document meets the Query under the
-//! Instruct, answering only "yes" or "no") and the score is softmax(logit("yes"),
-//! logit("no")) for "yes" at the last position. It suits Qwen3-Reranker and other chat
-//! models trained to answer that prompt; a model without single "yes"/"no" tokens, or a
-//! server started without `--rerank`, is refused by name.
+//! `POST /v1/rerank` and `/rerank` (llama-server's and Jina's shape), two ways:
+//!
+//! - A cross-encoder (a BERT reranker such as bge-reranker: a classifier head, pooled
+//!   with rank, from its `pooling_type` or `--pooling rank`) scores each (query,
+//!   document) pair joined as llama-server joins it ([`PairEnd::Server`]: `[CLS] query
+//!   [SEP] document` for a WordPiece vocabulary); the score is the head's raw logit, as
+//!   llama-server reports it (no sigmoid).
+//! - Otherwise, with `--rerank`, the model's yes/no judgement, as Qwen3-Reranker is used:
+//!   the model reads its judge prompt (a system turn asking whether the Document meets
+//!   the Query under the Instruct, answering only "yes" or "no") and the score is
+//!   softmax(logit("yes"), logit("no")) for "yes" at the last position.
+//!
+//! A model that can do neither (no head with rank pooling; an encoder, or a model without
+//! single "yes"/"no" tokens, with `--rerank`) is refused with a 400 naming why; a server
+//! with neither a cross-encoder nor `--rerank` answers 501.
 
 use std::sync::Arc;
 
@@ -12,7 +20,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use minfer_tokenizer::Tokenizer;
+use minfer_runtime::embed::Pooling;
+use minfer_tokenizer::{PairEnd, Tokenizer};
 use serde_json::{json, Value};
 
 use super::{run, MAX_INPUTS};
@@ -20,6 +29,7 @@ use crate::api::fields::{check_fields, field, opt_bool, opt_str, opt_usize, stri
 use crate::api::prepare::prepare;
 use crate::body::Body;
 use crate::error::ApiError;
+use crate::models::Model;
 use crate::task::{TaskKind, TaskOutput};
 use crate::AppState;
 
@@ -66,15 +76,54 @@ pub fn judge_prompt(
     Ok([head, body, tail].concat())
 }
 
-/// The route.
-pub(super) async fn rerank(State(st): State<Arc<AppState>>, b: Body) -> Result<Response, ApiError> {
+/// How a model scores a document.
+enum Scorer {
+    /// Its classifier head over the joined pair (a cross-encoder).
+    Head,
+    /// Its yes/no judgement: the ids of "yes" and "no".
+    Judge(u32, u32),
+}
+
+/// How `m` reranks on this server, or why it cannot.
+fn scorer(st: &AppState, m: &Model) -> Result<Scorer, ApiError> {
+    if st.pooling.unwrap_or(m.pooling) == Pooling::Rank {
+        if m.rank_width.is_none() {
+            return Err(ApiError::bad_request(format!(
+                "model {} cannot rerank with pooling rank: it has no classifier head \
+                 (`cls.output.weight` or `cls.weight`)",
+                m.id
+            )));
+        }
+        return Ok(Scorer::Head);
+    }
     if !st.rerank {
         return Err(ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
-            "rerank is off: start the server with --rerank (and a Qwen3-Reranker-style model)",
+            "rerank is off: serve a cross-encoder reranker (a classifier head with pooling \
+             rank), or start the server with --rerank (and a Qwen3-Reranker-style model)",
         ));
     }
-    let (m, prompts, docs, top_n, with_docs, yes, no) = prepare(&st, b, |s, obj| {
+    if m.encoder {
+        return Err(ApiError::bad_request(format!(
+            "model {} is an encoder without a classifier head pooled with rank: it cannot \
+             rerank (a cross-encoder reranker has `cls.output.weight`; serve it with \
+             --pooling rank if its file states another pooling)",
+            m.id
+        )));
+    }
+    match (single(&m.tok, "yes"), single(&m.tok, "no")) {
+        (Some(yes), Some(no)) => Ok(Scorer::Judge(yes, no)),
+        _ => Err(ApiError::bad_request(format!(
+            "model {} has no single \"yes\" and \"no\" tokens: rerank scores a \
+             Qwen3-Reranker-style yes/no judgement",
+            m.id
+        ))),
+    }
+}
+
+/// The route.
+pub(super) async fn rerank(State(st): State<Arc<AppState>>, b: Body) -> Result<Response, ApiError> {
+    let (m, prompts, docs, top_n, with_docs, how) = prepare(&st, b, |s, obj| {
         check_fields(
             &obj,
             &[
@@ -102,27 +151,40 @@ pub(super) async fn rerank(State(st): State<Arc<AppState>>, b: Body) -> Result<R
                 docs.len()
             )));
         }
-        let (Some(yes), Some(no)) = (single(&m.tok, "yes"), single(&m.tok, "no")) else {
-            return Err(ApiError::bad_request(format!(
-                "model {} has no single \"yes\" and \"no\" tokens: rerank scores a \
-                 Qwen3-Reranker-style yes/no judgement",
-                m.id
-            )));
-        };
+        let how = scorer(s, &m)?;
         let instruction = opt_str(&obj, "instruction")?.unwrap_or(DEFAULT_INSTRUCTION);
         let prompts = docs
             .iter()
-            .map(|d| judge_prompt(&m.tok, instruction, query, d, m.slot_ctx))
+            .map(|d| match how {
+                Scorer::Head => Ok(m.tok.encode_pair(query, d, PairEnd::Server)),
+                Scorer::Judge(..) => judge_prompt(&m.tok, instruction, query, d, m.slot_ctx),
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let top_n = opt_usize(&obj, "top_n")?.unwrap_or(docs.len());
         let with_docs = opt_bool(&obj, "return_documents")?.unwrap_or(false);
-        Ok((m, prompts, docs, top_n, with_docs, yes, no))
+        Ok((m, prompts, docs, top_n, with_docs, how))
     })
     .await?;
     let n_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let out = run(&st, &m, TaskKind::Judge { prompts, yes, no }).await?;
-    let TaskOutput::Scores(scores) = out else {
-        return Err(ApiError::internal("the worker answered with embeddings"));
+    let kind = match how {
+        // The head's first value is the relevance logit; never normalised.
+        Scorer::Head => TaskKind::Embed {
+            inputs: prompts,
+            pooling: Some(Pooling::Rank),
+            normalize: false,
+        },
+        Scorer::Judge(yes, no) => TaskKind::Judge { prompts, yes, no },
+    };
+    let scores: Vec<f64> = match run(&st, &m, kind).await? {
+        TaskOutput::Scores(scores) => scores,
+        TaskOutput::Embeddings(rows, _) => rows
+            .iter()
+            .map(|r| {
+                r.first()
+                    .and_then(|v| v.first())
+                    .map_or(f64::NAN, |&x| x as f64)
+            })
+            .collect(),
     };
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));

@@ -6,9 +6,11 @@
 //! Q/K/V with biases, bidirectional attention over the whole sequence of the step
 //! (`AttnMeta::causal` off), the output projection, the residual and the post-attention
 //! LayerNorm (`attn_output_norm`), then the FFN (up, GELU, down, each with its bias), the
-//! residual and the post-FFN LayerNorm (`layer_output_norm`). No final norm, no head: the
-//! graph's one output is every token's hidden state (the rows embeddings pool), whatever
-//! `CParams::embeddings` says; the runtime refuses generation on an encoder by name.
+//! residual and the post-FFN LayerNorm (`layer_output_norm`). No final norm, no lm head:
+//! the graph's one output is the hidden state of each output row (the rows embeddings
+//! pool), whatever `CParams::embeddings` says; the runtime refuses generation on an
+//! encoder by name. A reranker's classifier head ([`head`]) ends the graph instead when
+//! `CParams::rank` asks for it.
 //!
 //! K and V pass through the layer's KV region as for a decoder (invariant 1: the rows are
 //! data), but nothing is kept between texts: a text runs whole in one step from
@@ -19,6 +21,8 @@ use minfer_graph::{
     AttnMeta, AttnMode, ComputeGraph, DType, GraphBuilder, GraphParams, NodeId, RopeStyle,
     WeightRef,
 };
+
+mod head;
 
 use crate::common::{inputs, Inputs};
 use crate::error::ModelError;
@@ -58,6 +62,7 @@ pub struct Bert {
     pos_embd: WeightRef,
     embd_norm: [WeightRef; 2],
     layers: Vec<Layer>,
+    rank: Option<head::RankHead>,
 }
 
 /// Reads the hyperparameters: the shared geometry keys, `attention.layer_norm_epsilon`
@@ -195,6 +200,7 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
         pos_embd: matrix(file, "position_embd.weight", d, hp.n_ctx_train)?,
         embd_norm: norm(file, "token_embd_norm", d)?,
         layers,
+        rank: head::load(file, d)?,
         hp,
     }))
 }
@@ -305,6 +311,9 @@ impl ModelDef for Bert {
             b.set_name(h, "result_rows");
         }
         b.set_name(h, "result_embd");
+        if let (true, Some(head)) = (p.cparams.rank, &self.rank) {
+            h = head.build(&mut b, h);
+        }
         b.output(h);
         b.build()
     }
@@ -321,6 +330,7 @@ impl ModelDef for Bert {
             }
             out.extend(l.attn_norm.iter().chain(&l.out_norm).cloned());
         }
+        out.extend(self.rank.iter().flat_map(|r| r.weights()).cloned());
         out
     }
 
@@ -331,5 +341,9 @@ impl ModelDef for Bert {
 
     fn is_encoder(&self) -> bool {
         true
+    }
+
+    fn rank_width(&self) -> Option<usize> {
+        self.rank.as_ref().map(|r| r.width())
     }
 }
