@@ -933,6 +933,11 @@ impl Engine {
         sc.spans.extend(sc.positions.iter().map(|&p| [0, p + 1]));
         sc.out_rows.clear();
         sc.out_rows.extend((nt - n_out) as u32..nt as u32);
+        if self.recurrent {
+            // The state advances as the step runs: from here on, an error or an unwind
+            // included, it no longer holds exactly `0..pos0` (a checkpoint still does).
+            self.written = end;
+        }
         let r = self.run(
             &TokenRows {
                 tokens,

@@ -263,3 +263,35 @@ fn a_slot_goes_on_from_its_checkpoint_beside_a_busy_neighbour() {
     m.reset_slot(0).expect("reset");
     assert_eq!(m.resume_point(0, 19), 0);
 }
+
+#[test]
+fn after_a_step_that_unwinds_the_state_goes_on_only_from_a_checkpoint() {
+    let p = prompt(30, 6);
+    let want = {
+        let mut e = engine_with(0);
+        e.prefill(&p, 0).expect("prompt");
+        e.forward(&[5], p.len(), 1).expect("decode")
+    };
+    for checkpoints in [8, 0] {
+        let mut e = engine_with(checkpoints);
+        e.prefill_prompt(&p, 0).expect("prompt");
+        // Deep in the step, past the first Gated DeltaNet layers' state updates.
+        let nodes = e.preview_graph(1, 1).expect("graph").nodes.len();
+        e.inject_kernel_panic(nodes * 3 / 4);
+        let r =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.forward(&[5], p.len(), 1)));
+        assert!(r.is_err(), "the armed node did not panic");
+        assert_eq!(e.seq_len(), p.len(), "the prompt's rows stay");
+        let again = e.forward(&[5], p.len(), 1);
+        if checkpoints > 0 {
+            // The checkpoint at the prompt's end puts the state back.
+            let got = again.expect("from the checkpoint");
+            assert!(bits(&[got]) == bits(std::slice::from_ref(&want)));
+        } else {
+            // Without one, the half-advanced state is refused, not computed on.
+            let err = again.unwrap_err().to_string();
+            assert!(err.contains("recurrent state"), "{err}");
+            assert_eq!(e.resume_point(p.len()), 0);
+        }
+    }
+}
