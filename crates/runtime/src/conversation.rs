@@ -330,7 +330,9 @@ impl Conversation {
         }
 
         let engine = &self.engine;
-        let reuse = self.kv.reuse_if(&prompt, |k| engine.keeps(k));
+        // The longest shared prefix the engine can go on from (for a recurrent model:
+        // its state's end, or the last state checkpoint inside it).
+        let reuse = self.kv.reuse_from(&prompt, |k| engine.resume_point(k));
         let t0 = Instant::now();
         let new = &prompt[reuse.kept..];
         let Some(logits) = prefill_chunks(&mut self.engine, &mut self.kv, new, interrupted)? else {

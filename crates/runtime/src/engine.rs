@@ -24,7 +24,10 @@ use minfer_graph::{
 };
 use minfer_models::{HParams, ModelDef};
 
+use crate::checkpoint::CheckpointStore;
 use crate::swa::{self, SwaRings};
+
+mod recurrent;
 
 /// Entries of a traced step's `logits_top`.
 pub const TRACE_LOGITS_TOP: usize = 5;
@@ -118,11 +121,15 @@ pub struct EngineOptions {
     /// Keep every row of sliding-window layers (`--swa-full`) instead of a ring of the
     /// window plus a step ([`crate::swa`]): more memory, and any prefix stays reusable.
     pub swa_full: bool,
+    /// State checkpoints a sequence of a recurrent model keeps (`--ctx-checkpoints`, 0:
+    /// none), so a reused prefix goes on from inside it ([`crate::checkpoint`]).
+    pub ctx_checkpoints: usize,
 }
 
 impl Default for EngineOptions {
     /// Physical cores, default context, no fence, 512-token prefill chunks, F32 KV,
-    /// batching on, no profile or split report, the backends' default options.
+    /// batching on, no profile or split report, the backends' default options,
+    /// [`crate::checkpoint::DEFAULT_CTX_CHECKPOINTS`] state checkpoints.
     fn default() -> Self {
         EngineOptions {
             n_threads: minfer_cpu::threadpool::physical_cores(),
@@ -135,6 +142,7 @@ impl Default for EngineOptions {
             scheduler: SchedulerOptions::default(),
             backend_options: BackendOptions::default(),
             swa_full: false,
+            ctx_checkpoints: crate::checkpoint::DEFAULT_CTX_CHECKPOINTS,
         }
     }
 }
@@ -177,37 +185,8 @@ pub struct TokenRows<'a> {
     pub out_rows: &'a [u32],
 }
 
-/// Whether recurrent state that has absorbed positions `0..written` serves a sequence
-/// going on from `kept`: only as its exact continuation, or from scratch.
-pub(crate) fn recurrent_keeps(kept: usize, written: usize) -> bool {
-    kept == 0 || kept == written
-}
-
-/// The refusal of a step that would rewind recurrent state.
-pub(crate) fn recurrent_rewind(pos0: usize, written: usize) -> EngineError {
-    EngineError::Param {
-        name: "recurrent state",
-        message: format!(
-            "going on from position {pos0} needs the recurrent state as it was there, but it \
-             has absorbed positions up to {written}; prefill from position 0 instead"
-        ),
-    }
-}
-
 /// Words per K and V row, and the (layer, region) of every layer holding KV rows.
 type KvLayout = (usize, usize, Vec<(usize, minfer_graph::KvRegion)>);
-
-/// One recurrent layer's state in one slot: (layer, conv window values, delta-rule
-/// matrix values).
-pub(crate) type SlotState = (usize, Vec<f32>, Vec<f32>);
-
-/// A copy of an engine's recurrent state and the position it holds
-/// ([`Engine::snapshot_recurrent`]).
-#[derive(Debug, Clone)]
-pub struct RecurrentSnapshot {
-    states: Vec<(usize, Vec<f32>, Vec<f32>)>,
-    written: usize,
-}
 
 /// The default context: the model's own, capped at 4096.
 pub const DEFAULT_CTX_CAP: usize = 4096;
@@ -291,6 +270,8 @@ pub struct Engine {
     written: usize,
     /// The sliding-window layers' KV rings.
     swa: SwaRings,
+    /// A recurrent model's state checkpoints, per state slot.
+    checkpoints: CheckpointStore,
     /// Steps return the final-normed hidden rows instead of logits (embeddings).
     embeddings: bool,
     /// Embedding steps end in the model's rank head (`CParams::rank`): each output row
@@ -471,6 +452,7 @@ impl Engine {
             filled: 0,
             written: 0,
             swa,
+            checkpoints: CheckpointStore::new(opts.ctx_checkpoints),
             embeddings: false,
             rank: false,
             poisoned: false,
@@ -535,11 +517,6 @@ impl Engine {
             .count()
     }
 
-    /// State slots of the recurrent regions: one per sequence the context holds.
-    fn state_slots(&self) -> usize {
-        (self.n_ctx / self.seq_rows).max(1)
-    }
-
     /// The backend holding the KV regions (one CPU backend today).
     pub fn kv_backend(&self) -> Backend {
         Backend::CPU
@@ -561,92 +538,6 @@ impl Engine {
         let graph = self.model.build_graph(&params);
         self.cache
             .install(graph, params, &mut self.scheduler, &self.fusion)?;
-        Ok(())
-    }
-
-    /// Copies recurrent state slot `src` into slot `dst` in every recurrent layer (a
-    /// forked sequence, [`crate::MultiEngine::copy_prefix`]); `slots` is the engine's
-    /// state slot count.
-    pub(crate) fn copy_state_slot(&mut self, src: usize, dst: usize) -> Result<(), EngineError> {
-        let slots = self.state_slots();
-        self.cache
-            .alloc_mut()
-            .copy_state_slot(src, dst, slots)
-            .map_err(EngineError::from)
-    }
-
-    /// Each recurrent layer's state values per slot: (layer, conv values, matrix values),
-    /// in layer order; empty for a model without recurrent layers. Creates the regions.
-    pub(crate) fn state_geometry(&mut self) -> Result<Vec<(usize, usize, usize)>, EngineError> {
-        self.ensure_kv_regions()?;
-        let slots = self.state_slots();
-        let alloc = self.cache.alloc();
-        Ok((0..self.hparams().n_layer)
-            .filter_map(|l| alloc.kv_region(l).filter(|r| r.recurrent).map(|r| (l, r)))
-            .map(|(l, r)| (l, r.k_words / slots, r.v_words / slots))
-            .collect())
-    }
-
-    /// State slot `slot` of every recurrent layer: (layer, conv values, matrix values)
-    /// as [`Self::state_geometry`] lists them.
-    pub(crate) fn read_state_slot(&mut self, slot: usize) -> Result<Vec<SlotState>, EngineError> {
-        let geometry = self.state_geometry()?;
-        let all = self.cache.alloc_mut().snapshot_states();
-        geometry
-            .iter()
-            .map(|&(layer, conv, ssm)| {
-                let (_, c, s) = all
-                    .iter()
-                    .find(|(l, _, _)| *l == layer)
-                    .filter(|(_, c, s)| c.len() >= (slot + 1) * conv && s.len() >= (slot + 1) * ssm)
-                    .ok_or_else(|| EngineError::Param {
-                        name: "recurrent state",
-                        message: format!("layer {layer} holds no state slot {slot}"),
-                    })?;
-                Ok((
-                    layer,
-                    c[slot * conv..(slot + 1) * conv].to_vec(),
-                    s[slot * ssm..(slot + 1) * ssm].to_vec(),
-                ))
-            })
-            .collect()
-    }
-
-    /// Writes `state` (as [`Self::read_state_slot`] gives it) into state slot `slot`;
-    /// the other slots keep theirs. `state` must match [`Self::state_geometry`].
-    pub(crate) fn write_state_slot(
-        &mut self,
-        slot: usize,
-        state: &[SlotState],
-    ) -> Result<(), EngineError> {
-        let geometry = self.state_geometry()?;
-        let shape: Vec<(usize, usize, usize)> = state
-            .iter()
-            .map(|(l, c, s)| (*l, c.len(), s.len()))
-            .collect();
-        if shape != geometry {
-            return Err(EngineError::Param {
-                name: "recurrent state",
-                message: format!("state of shape {shape:?}, the model keeps {geometry:?}"),
-            });
-        }
-        let mut all = self.cache.alloc_mut().snapshot_states();
-        for (layer, conv, ssm) in state {
-            let (c, s) = (conv.len(), ssm.len());
-            let held = all
-                .iter_mut()
-                .find(|(al, _, _)| al == layer)
-                .filter(|(_, ac, as_)| ac.len() >= (slot + 1) * c && as_.len() >= (slot + 1) * s);
-            let Some((_, ac, as_)) = held else {
-                return Err(EngineError::Param {
-                    name: "recurrent state",
-                    message: format!("layer {layer} holds no state slot {slot}"),
-                });
-            };
-            ac[slot * c..(slot + 1) * c].copy_from_slice(conv);
-            as_[slot * s..(slot + 1) * s].copy_from_slice(ssm);
-        }
-        self.cache.alloc_mut().restore_states(&all)?;
         Ok(())
     }
 
@@ -891,9 +782,11 @@ impl Engine {
 
     /// Starts a new, unrelated sequence: the next plain step must start at position 0.
     /// The graph, the KV regions and every buffer stay; nothing is allocated or cleared,
-    /// since no later step can read a row the new sequence has not written.
+    /// since no later step can read a row the new sequence has not written. The old
+    /// sequence's state checkpoints go.
     pub fn reset(&mut self) {
         self.filled = 0;
+        self.checkpoints.clear(0);
     }
 
     /// Positions of the current sequence held in the KV (a plain step may start at any
@@ -1024,12 +917,16 @@ impl Engine {
                 message,
             }
         })?;
-        if self.recurrent && !recurrent_keeps(pos0, self.written) {
-            return Err(recurrent_rewind(pos0, self.written));
+        if self.recurrent && !self.recurrent_step_ok(0, pos0, self.written) {
+            return Err(Self::recurrent_step_error(pos0, self.written));
         }
         let n_vocab = self.n_vocab();
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::BadToken { id, n_vocab });
+        }
+        if self.recurrent && self.prepare_recurrent_step(0, pos0, self.written)? {
+            // The state now holds exactly `0..pos0`, as the restored checkpoint did.
+            self.written = pos0;
         }
         // Rows from `pos0` on are rewritten by this step: until it succeeds (an error or
         // an unwind included) the sequence holds only the rows before it.
@@ -1041,6 +938,11 @@ impl Engine {
         sc.spans.extend(sc.positions.iter().map(|&p| [0, p + 1]));
         sc.out_rows.clear();
         sc.out_rows.extend((nt - n_out) as u32..nt as u32);
+        if self.recurrent {
+            // The state advances as the step runs: from here on, an error or an unwind
+            // included, it no longer holds exactly `0..pos0` (a checkpoint still does).
+            self.written = end;
+        }
         let r = self.run(
             &TokenRows {
                 tokens,
@@ -1134,59 +1036,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Whether the current sequence can go on from position `kept` (a reused prefix):
-    /// always, unless sliding-window rings dropped rows that position needs; then the
-    /// caller prefills from 0 ([`crate::swa`]).
+    /// Whether the current sequence can go on from position `kept` (a reused prefix)
+    /// as it stands: always, unless sliding-window rings dropped rows that position
+    /// needs ([`crate::swa`]) or recurrent state holds other positions; then the caller
+    /// goes on from [`Self::resume_point`].
     pub fn keeps(&self, kept: usize) -> bool {
         if self.recurrent {
-            return recurrent_keeps(kept, self.written);
+            return Self::recurrent_continues(kept, self.written);
         }
         kept >= self.written || self.swa.keeps(kept, self.written)
-    }
-
-    /// Whether the model has recurrent layers (Qwen3.5's Gated DeltaNet): their state
-    /// holds exactly the positions run since the sequence last started at 0, so a
-    /// sequence goes on only from where it stopped or from 0 ([`Self::keeps`]); rolling
-    /// back takes a [`RecurrentSnapshot`].
-    pub fn is_recurrent(&self) -> bool {
-        self.recurrent
-    }
-
-    /// A copy of every recurrent layer's state (all slots) and of the position it
-    /// holds, for [`Self::restore_recurrent`] (speculative decoding's rollback). `None`
-    /// for a model without recurrent layers or before the first step.
-    pub fn snapshot_recurrent(&mut self) -> Option<RecurrentSnapshot> {
-        if !self.recurrent {
-            return None;
-        }
-        let states = self.cache.alloc_mut().snapshot_states();
-        (!states.is_empty()).then_some(RecurrentSnapshot {
-            states,
-            written: self.written,
-        })
-    }
-
-    /// Zeroes every recurrent layer's state in place, keeping the KV rows and the
-    /// sequence's length: what going on without the state carried would compute. For
-    /// the tests that prove the state is carried.
-    #[doc(hidden)]
-    pub fn zero_recurrent_state(&mut self) -> Result<(), EngineError> {
-        let mut states = self.cache.alloc_mut().snapshot_states();
-        for (_, conv, ssm) in &mut states {
-            conv.fill(0.0);
-            ssm.fill(0.0);
-        }
-        self.cache.alloc_mut().restore_states(&states)?;
-        Ok(())
-    }
-
-    /// Puts back the recurrent state of `snap`: the sequence then holds the positions
-    /// it held when the snapshot was taken (its KV rows past them are ignored).
-    pub fn restore_recurrent(&mut self, snap: &RecurrentSnapshot) -> Result<(), EngineError> {
-        self.cache.alloc_mut().restore_states(&snap.states)?;
-        self.written = snap.written;
-        self.filled = self.filled.min(snap.written);
-        Ok(())
     }
 
     /// The sliding-window layers' KV rings.

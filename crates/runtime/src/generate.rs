@@ -130,13 +130,14 @@ pub fn generate_speculative(
         });
     }
     let mut sampler = opts.sampler()?;
-    // Rows a sliding-window ring dropped cannot be reused: prefill from the start.
-    let reuse = if engine.keeps(reuse) { reuse } else { 0 };
+    // Rows a sliding-window ring dropped cannot be reused, and a recurrent state goes on
+    // only from its end or a checkpoint: prefill from the last point the engine holds.
+    let reuse = engine.resume_point(reuse);
     if reuse == 0 {
         engine.reset();
     }
     let t0 = Instant::now();
-    let logits = engine.prefill(&prompt[reuse..], reuse)?;
+    let logits = engine.prefill_prompt(&prompt[reuse..], reuse)?;
     let prompt_time = t0.elapsed();
     for &t in prompt {
         sampler.accept(t);

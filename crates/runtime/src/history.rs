@@ -67,12 +67,18 @@ impl KvHistory {
     /// (the engine's sliding-window rule, [`crate::swa`]): a refused prefix keeps nothing,
     /// and the whole prompt is prefilled again.
     pub fn reuse_if(&mut self, prompt: &[u32], keeps: impl Fn(usize) -> bool) -> Reuse {
+        self.reuse_from(prompt, |k| if keeps(k) { k } else { 0 })
+    }
+
+    /// [`Self::reuse`] going on from `resume(kept)` instead of `kept`: the engine's
+    /// largest position at most `kept` it can go on from (`Engine::resume_point`: the
+    /// prefix itself, a recurrent model's state checkpoint inside it, or 0). A value past
+    /// `kept` counts as `kept`.
+    pub fn reuse_from(&mut self, prompt: &[u32], resume: impl Fn(usize) -> usize) -> Reuse {
         let common = self.matching(prompt);
         let rewound = common < self.tokens.len();
-        let mut kept = common.min(prompt.len().saturating_sub(1));
-        if !keeps(kept) {
-            kept = 0;
-        }
+        let kept = common.min(prompt.len().saturating_sub(1));
+        let kept = resume(kept).min(kept);
         self.tokens.truncate(kept);
         Reuse { kept, rewound }
     }
@@ -140,6 +146,18 @@ mod tests {
             }
         );
         assert_eq!(h.tokens(), &[1]);
+        // Going on from an earlier point (a state checkpoint) keeps only that much.
+        let mut h = KvHistory::from_tokens(vec![1, 2, 3, 4, 5]);
+        let r = h.reuse_from(&[1, 2, 3, 4, 9, 9], |k| if k == 4 { 2 } else { 99 });
+        assert_eq!(
+            r,
+            Reuse {
+                kept: 2,
+                rewound: true
+            }
+        );
+        assert_eq!(h.tokens(), &[1, 2]);
+        assert_eq!(h.clone().reuse_from(&[1, 2, 3], |_| 99).kept, 2);
         assert_eq!(
             KvHistory::new().reuse(&[]),
             Reuse {

@@ -2,6 +2,7 @@
 //! the sampler chain, stop strings, perplexity, the generation loop and conversations.
 
 pub mod backends;
+pub mod checkpoint;
 pub mod constraint;
 pub mod conversation;
 pub mod digest;
@@ -21,13 +22,12 @@ pub mod swa;
 pub mod testing;
 pub mod turn;
 
+pub use checkpoint::{CheckpointStats, RecurrentSnapshot};
 pub use constraint::{
     CompiledGrammar, Constraint, ConstraintError, Grammar, GrammarVocab, Prefetch,
 };
 pub use conversation::Conversation;
-pub use engine::{
-    BackendInfo, Engine, EngineError, EngineOptions, RecurrentSnapshot, TraceSink, TracedStep,
-};
+pub use engine::{BackendInfo, Engine, EngineError, EngineOptions, TraceSink, TracedStep};
 pub use generate::{
     generate, generate_reusing, generate_speculative, greedy_tokens, FinishReason, GenerateOptions,
     GenerationStats,

@@ -52,6 +52,9 @@ pub struct MultiEngine {
     filled: Vec<usize>,
     /// Each slot's `written` mark for its sliding-window rings ([`crate::swa`]).
     written: Vec<usize>,
+    /// Where each slot's running prompt ends, while its checkpoints are still to be
+    /// taken ([`Self::checkpoint_prompt`]).
+    prompt_end: Vec<Option<usize>>,
     batching: bool,
     n_batch: usize,
 }
@@ -68,6 +71,8 @@ struct Exec {
     spans: Vec<[u32; 2]>,
     out_rows: Vec<u32>,
     dests: Vec<Dest>,
+    /// (slot, position) state checkpoints to take once this execution ran.
+    checkpoints: Vec<(usize, usize)>,
 }
 
 impl Exec {
@@ -113,6 +118,7 @@ impl MultiEngine {
             slot_ctx,
             filled: vec![0; n_slots],
             written: vec![0; n_slots],
+            prompt_end: vec![None; n_slots],
             batching,
             n_batch: opts.n_batch,
         })
@@ -178,15 +184,45 @@ impl MultiEngine {
         }
     }
 
-    /// Whether `slot` can go on from position `kept` (a reused prefix): always, unless
-    /// its sliding-window rings dropped rows that position needs ([`crate::swa`]); then
-    /// the caller prefills from 0.
+    /// Whether `slot` can go on from position `kept` (a reused prefix) as it stands:
+    /// always, unless its sliding-window rings dropped rows that position needs
+    /// ([`crate::swa`]) or its recurrent state holds other positions; then the caller
+    /// goes on from [`Self::resume_point`].
     pub fn keeps(&self, slot: usize, kept: usize) -> bool {
         let written = self.written.get(slot).copied().unwrap_or(0);
         if self.engine.is_recurrent() {
-            return crate::engine::recurrent_keeps(kept, written);
+            return Engine::recurrent_continues(kept, written);
         }
         kept >= written || self.engine.swa().keeps(kept, written)
+    }
+
+    /// The largest position at most `kept` from which `slot` can go on: `kept` when
+    /// [`Self::keeps`] says so, else the slot's last state checkpoint inside it (a
+    /// recurrent model), else 0. A step from a checkpoint restores it first.
+    pub fn resume_point(&self, slot: usize, kept: usize) -> usize {
+        if self.keeps(slot, kept) {
+            return kept;
+        }
+        if !self.engine.is_recurrent() || slot >= self.n_slots() {
+            return 0;
+        }
+        self.engine
+            .recurrent_resume(slot, kept, self.written[slot], self.filled[slot])
+    }
+
+    /// Declares that `slot` runs a prompt ending at position `end`: the steps that run
+    /// its tokens stop at its checkpoint marks ([`crate::checkpoint`]) and copy the
+    /// slot's state there. Nothing for a model without recurrent layers or with
+    /// checkpoints off.
+    pub fn checkpoint_prompt(&mut self, slot: usize, end: usize) {
+        if let Some(e) = self.prompt_end.get_mut(slot) {
+            *e = self.engine.checkpointing().then_some(end);
+        }
+    }
+
+    /// Checkpoints taken and restored, and what they hold now (every slot).
+    pub fn checkpoint_stats(&self) -> crate::checkpoint::CheckpointStats {
+        self.engine.checkpoint_stats()
     }
 
     /// Arms a panic inside the kernel of the `nth` node executed from now on (1-based),
@@ -201,6 +237,8 @@ impl MultiEngine {
         self.check_slot(slot)?;
         // Its rows are only ever read inside spans ending at positions written since.
         self.filled[slot] = 0;
+        self.prompt_end[slot] = None;
+        self.engine.clear_checkpoints(slot);
         Ok(())
     }
 
@@ -223,7 +261,7 @@ impl MultiEngine {
         // Recurrent state holds exactly the positions the slot ran: a fork copies it
         // whole, so it can only take all of them.
         let recurrent = self.engine.is_recurrent();
-        if recurrent && !crate::engine::recurrent_keeps(n, self.written[src]) {
+        if recurrent && !Engine::recurrent_continues(n, self.written[src]) {
             return Err(EngineError::Param {
                 name: "copy_prefix",
                 message: format!(
@@ -369,8 +407,9 @@ impl MultiEngine {
                 message: format!("slot {}: {message}", s.slot),
             })?;
             let written = self.written[s.slot];
-            if self.engine.is_recurrent() && !crate::engine::recurrent_keeps(s.pos0, written) {
-                return Err(crate::engine::recurrent_rewind(s.pos0, written));
+            if self.engine.is_recurrent() && !self.engine.recurrent_step_ok(s.slot, s.pos0, written)
+            {
+                return Err(Engine::recurrent_step_error(s.pos0, written));
             }
             if nt == 0 || s.n_out == 0 || s.n_out > nt {
                 return Err(EngineError::Param {
@@ -419,11 +458,21 @@ impl MultiEngine {
             }
             let base = s.slot * self.slot_ctx;
             let first_out = s.tokens.len() - s.n_out;
+            let end = s.pos0 + s.tokens.len();
+            // A prompt's checkpoint marks inside this entry end an execution there.
+            let marks = match self.prompt_end[s.slot] {
+                Some(pe) if pe >= end => crate::checkpoint::prompt_marks(s.pos0, pe),
+                _ => Vec::new(),
+            };
             for (i, &tok) in s.tokens.iter().enumerate() {
+                let p = s.pos0 + i;
+                if i > 0 && marks.contains(&p) {
+                    cur.checkpoints.push((s.slot, p));
+                    execs.push(std::mem::take(&mut cur));
+                }
                 if cur.len() == cap {
                     execs.push(std::mem::take(&mut cur));
                 }
-                let p = s.pos0 + i;
                 if i >= first_out {
                     cur.out_rows.push(cur.len() as u32);
                     cur.dests.push(Some((e, i - first_out)));
@@ -432,6 +481,9 @@ impl MultiEngine {
                 cur.positions.push(p as u32);
                 cur.cells.push((base + p) as u32);
                 cur.spans.push([base as u32, (base + p + 1) as u32]);
+            }
+            if marks.contains(&end) {
+                cur.checkpoints.push((s.slot, end));
             }
         }
         if cur.len() > 0 {
@@ -505,6 +557,17 @@ impl MultiEngine {
     /// [`Self::step`], returning the rows `kind` names.
     fn run_step(&mut self, batch: &[SeqStep], kind: Rows) -> Result<Vec<Vec<f32>>, EngineError> {
         self.validate(batch)?;
+        if self.engine.is_recurrent() {
+            for s in batch {
+                // The slot's state must hold exactly `0..pos0`: a checkpoint is restored.
+                if self
+                    .engine
+                    .prepare_recurrent_step(s.slot, s.pos0, self.written[s.slot])?
+                {
+                    self.written[s.slot] = s.pos0;
+                }
+            }
+        }
         let width = match kind {
             Rows::Logits => self.n_vocab(),
             Rows::Hidden => self.engine.hparams().n_embd,
@@ -537,9 +600,16 @@ impl MultiEngine {
                     out[e][r * width..(r + 1) * width].copy_from_slice(row);
                 }
             }
+            for &(slot, pos) in &x.checkpoints {
+                self.engine.take_checkpoint(slot, pos)?;
+            }
         }
         for s in batch {
-            self.filled[s.slot] = s.pos0 + s.tokens.len();
+            let end = s.pos0 + s.tokens.len();
+            self.filled[s.slot] = end;
+            if self.prompt_end[s.slot].is_some_and(|pe| pe <= end) {
+                self.prompt_end[s.slot] = None;
+            }
         }
         Ok(out)
     }

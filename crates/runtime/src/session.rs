@@ -60,7 +60,8 @@ use minfer_models::HParams;
 use minfer_tokenizer::ChatMessage;
 use sha2::{Digest, Sha256};
 
-use crate::engine::{Engine, EngineError, SlotState};
+use crate::checkpoint::SlotState;
+use crate::engine::{Engine, EngineError};
 use crate::multi::MultiEngine;
 
 /// The first bytes of every session file.

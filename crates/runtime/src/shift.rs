@@ -29,27 +29,22 @@ pub(crate) fn shift_and_run(
     if discard == 0 {
         return Ok(None);
     }
-    let mut rest = kv.tokens()[n_keep + discard..].to_vec();
-    rest.push(tok);
-    if engine.keeps(n_keep) {
-        kv.truncate(n_keep);
-        *logits = engine.prefill(&rest, n_keep)?;
-    } else {
-        // Sliding-window rings no longer hold the rows before `n_keep`: the kept tokens
-        // run again too.
-        let mut all = kv.tokens()[..n_keep].to_vec();
-        all.extend_from_slice(&rest);
-        kv.truncate(0);
-        *logits = engine.prefill(&all, 0)?;
-        kv.extend(&all[..n_keep]);
-    }
-    kv.extend(&rest);
+    // Where sliding-window rings no longer hold the rows before `n_keep`, or recurrent
+    // state holds other positions, the kept tokens run again from the last point the
+    // engine can go on from (a state checkpoint, or 0).
+    let from = engine.resume_point(n_keep);
+    let mut run = kv.tokens()[from..n_keep].to_vec();
+    run.extend_from_slice(&kv.tokens()[n_keep + discard..]);
+    run.push(tok);
+    kv.truncate(from);
+    *logits = engine.prefill(&run, from)?;
+    kv.extend(&run);
     Ok(Some(discard))
 }
 
-/// Prefills `tokens` at `kv.len()` in the engine's batch-sized chunks (the chunks
-/// [`Engine::prefill`] runs), recording each in `kv` once it ran and asking
-/// `interrupted` after each. Returns the last token's logits, or `None` when interrupted
+/// Prefills a prompt's `tokens` at `kv.len()` in the steps [`Engine::prefill_prompt`]
+/// runs (batch-sized chunks, stopping at the state checkpoint marks), recording each in
+/// `kv` once it ran and asking `interrupted` after each. Returns the last token's logits, or `None` when interrupted
 /// (then `kv` holds the chunks that ran): an interruption during the last chunk still
 /// counts, since no answer has started.
 pub(crate) fn prefill_chunks(
@@ -58,23 +53,10 @@ pub(crate) fn prefill_chunks(
     tokens: &[u32],
     interrupted: &mut dyn FnMut() -> bool,
 ) -> Result<Option<Vec<f32>>, EngineError> {
-    let end = kv.len().saturating_add(tokens.len());
-    if end > engine.n_ctx() {
-        return Err(EngineError::ContextOverflow {
-            what: "the prompt",
-            needed: end,
-            n_ctx: engine.n_ctx(),
-        });
-    }
-    let mut logits = Vec::new();
-    for chunk in tokens.chunks(engine.n_batch().max(1)) {
-        logits = engine.forward(chunk, kv.len(), 1)?;
+    engine.prefill_prompt_with(tokens, kv.len(), |chunk| {
         kv.extend(chunk);
-        if interrupted() {
-            return Ok(None);
-        }
-    }
-    Ok(Some(logits))
+        !interrupted()
+    })
 }
 
 /// Counts of a [`generate_shifting`] run.
@@ -125,10 +107,10 @@ pub fn generate_shifting_with(
     let n_keep = n_keep.min(prompt.len());
     let mut sampler = opts.sampler()?;
     // Only a prefix the engine can go on from (sliding-window rings, a recurrent state
-    // that holds exactly its history) is kept; otherwise the prompt runs from 0.
-    let reuse = kv.reuse_if(prompt, |k| engine.keeps(k));
+    // at its end or at a checkpoint) is kept; otherwise the prompt runs from there.
+    let reuse = kv.reuse_from(prompt, |k| engine.resume_point(k));
     let t0 = Instant::now();
-    let logits = engine.prefill(&prompt[reuse.kept..], reuse.kept)?;
+    let logits = engine.prefill_prompt(&prompt[reuse.kept..], reuse.kept)?;
     kv.extend(&prompt[reuse.kept..]);
     let prompt_time = t0.elapsed();
     for &t in prompt {

@@ -145,6 +145,8 @@ pub struct Config {
     pub cache_type_v: minfer_runtime::KvType,
     /// Keep every KV row of sliding-window layers instead of their rings (`--swa-full`).
     pub swa_full: bool,
+    /// State checkpoints each slot of a recurrent model keeps (`--ctx-checkpoints`).
+    pub ctx_checkpoints: usize,
     /// Answer `GET /slots` with llama-server's "not supported" error (`--no-slots`).
     pub no_slots: bool,
     /// How the embedding routes pool a text's rows (`--pooling`); `None`: each model's
@@ -213,6 +215,7 @@ impl Config {
             cache_type_k: minfer_runtime::KvType::F32,
             cache_type_v: minfer_runtime::KvType::F32,
             swa_full: false,
+            ctx_checkpoints: minfer_runtime::checkpoint::DEFAULT_CTX_CHECKPOINTS,
             no_slots: false,
             no_metrics: false,
             pooling: None,
@@ -634,6 +637,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     opts.cache_type_k = config.cache_type_k;
     opts.cache_type_v = config.cache_type_v;
     opts.swa_full = config.swa_full;
+    opts.ctx_checkpoints = config.ctx_checkpoints;
     let metrics = Arc::new(Metrics::default());
     if config.cache_ram > 0 {
         metrics.set_cache_block(config.cache_block);

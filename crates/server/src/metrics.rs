@@ -98,6 +98,10 @@ pub struct Metrics {
     cache_bytes: AtomicUsize,
     /// Positions per block of the shared prompt cache; 0 while it is off.
     cache_block: AtomicUsize,
+    /// Bytes the slots' recurrent state checkpoints hold, and the prompts that went on
+    /// from one.
+    checkpoint_bytes: AtomicU64,
+    checkpoint_restores: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -124,6 +128,8 @@ impl Default for Metrics {
             cache_hits: AtomicU64::new(0),
             cache_bytes: AtomicUsize::new(0),
             cache_block: AtomicUsize::new(0),
+            checkpoint_bytes: AtomicU64::new(0),
+            checkpoint_restores: AtomicU64::new(0),
         }
     }
 }
@@ -195,6 +201,13 @@ impl Metrics {
         self.cache_bytes.store(n, Ordering::Relaxed);
     }
 
+    /// Sets what the recurrent state checkpoints hold (bytes) and how many prompts went
+    /// on from one so far (a hybrid model's slots, `--ctx-checkpoints`).
+    pub fn set_checkpoints(&self, bytes: u64, restores: u64) {
+        self.checkpoint_bytes.store(bytes, Ordering::Relaxed);
+        self.checkpoint_restores.store(restores, Ordering::Relaxed);
+    }
+
     /// Raises the high-water mark of positions one slot has held.
     pub fn observe_slot_tokens(&self, n: usize) {
         self.kv_high.fetch_max(n, Ordering::Relaxed);
@@ -257,7 +270,7 @@ impl Metrics {
         let gen = self.generated_tokens.load(Ordering::Relaxed);
         let busy = self.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9;
         let rate = if busy > 0.0 { gen as f64 / busy } else { 0.0 };
-        let scalars: [(&str, &str, &str, String); 10] = [
+        let scalars: [(&str, &str, &str, String); 12] = [
             (
                 "minfer_prompt_tokens_total",
                 "counter",
@@ -317,6 +330,18 @@ impl Metrics {
                 "gauge",
                 "Bytes of KV rows the shared prompt cache holds.",
                 self.cache_bytes.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "minfer_ctx_checkpoint_bytes",
+                "gauge",
+                "Bytes of recurrent state checkpoints the slots hold (--ctx-checkpoints).",
+                self.checkpoint_bytes.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "minfer_ctx_checkpoint_restores_total",
+                "counter",
+                "Prompts that went on from a recurrent state checkpoint instead of position 0.",
+                self.checkpoint_restores.load(Ordering::Relaxed).to_string(),
             ),
         ];
         for (name, kind, help, value) in scalars {

@@ -140,6 +140,10 @@ pub const MAX_THREADS: u64 = 1024;
 /// fit the machine's memory, which the engine checks when it loads).
 pub const MAX_CTX: u64 = 1 << 24;
 
+/// Most state checkpoints per sequence `--ctx-checkpoints` accepts (each holds a whole
+/// recurrent state, megabytes on real models).
+pub const MAX_CTX_CHECKPOINTS: u64 = 1024;
+
 /// A clap parser for a `usize` flag limited to `range`, so an out-of-range value is refused
 /// with the flag's name before anything runs.
 pub fn usize_in(range: std::ops::RangeInclusive<u64>) -> RangedU64ValueParser<usize> {
@@ -186,6 +190,11 @@ pub struct ModelArgs {
     /// last rows (more memory; any earlier prefix stays reusable).
     #[arg(long = "swa-full")]
     pub swa_full: bool,
+    /// State checkpoints each sequence of a recurrent model keeps (two per prompt: a few
+    /// tokens before its end and at its end), so a later prompt sharing only part of what
+    /// ran goes on from the last one inside the shared prefix; 0 turns them off.
+    #[arg(long = "ctx-checkpoints", visible_alias = "swa-checkpoints", default_value_t = minfer_runtime::checkpoint::DEFAULT_CTX_CHECKPOINTS, value_parser = usize_in(0..=MAX_CTX_CHECKPOINTS))]
+    pub ctx_checkpoints: usize,
     /// Say more on stderr: which compiled backends are left out, and why.
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
@@ -232,6 +241,7 @@ impl ModelArgs {
         o.cache_type_k = self.cache_type_k;
         o.cache_type_v = self.cache_type_v;
         o.swa_full = self.swa_full;
+        o.ctx_checkpoints = self.ctx_checkpoints;
         o
     }
 }

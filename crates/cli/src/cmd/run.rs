@@ -359,9 +359,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // A refused file is an error, not a silent fresh start: it is left as it is.
         kv = KvHistory::from_tokens(session::load(&mut engine, path)?);
         // The shared reuse rule: at least the last prompt token runs again, for the
-        // first logits, and only where the engine can go on from there (a recurrent
-        // model's state goes on only from its end).
-        let reuse = kv.clone().reuse_if(&prompt, |k| engine.keeps(k)).kept;
+        // first logits, and only from where the engine can go on (a recurrent model's
+        // state goes on from its end, or from a state checkpoint).
+        let reuse = kv
+            .clone()
+            .reuse_from(&prompt, |k| engine.resume_point(k))
+            .kept;
         eprintln!(
             "session {}: reusing {reuse} of {} prompt tokens ({} stored)",
             path.display(),

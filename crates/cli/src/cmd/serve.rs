@@ -77,6 +77,11 @@ pub struct Args {
     /// last rows (more memory; any earlier prefix stays reusable).
     #[arg(long = "swa-full")]
     pub swa_full: bool,
+    /// State checkpoints each slot of a recurrent model keeps (two per prompt: a few
+    /// tokens before its end and at its end), so a later prompt sharing only part of what
+    /// ran goes on from the last one inside the shared prefix; 0 turns them off.
+    #[arg(long = "ctx-checkpoints", visible_alias = "swa-checkpoints", default_value_t = minfer_runtime::checkpoint::DEFAULT_CTX_CHECKPOINTS, value_parser = super::common::usize_in(0..=super::common::MAX_CTX_CHECKPOINTS))]
+    pub ctx_checkpoints: usize,
     /// MiB of host RAM for the prompt cache shared across slots: KV rows of prompts
     /// that ran, kept in blocks so that another slot starting with the same tokens copies
     /// them instead of prefilling (least recently used blocks go first; 0 turns it off).
@@ -173,6 +178,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.cache_type_k = args.cache_type_k;
     config.cache_type_v = args.cache_type_v;
     config.swa_full = args.swa_full;
+    config.ctx_checkpoints = args.ctx_checkpoints;
     config.cache_ram = args.cache_ram.saturating_mul(1 << 20);
     config.no_slots = args.no_slots;
     config.no_metrics = args.no_metrics;

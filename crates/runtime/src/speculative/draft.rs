@@ -117,16 +117,15 @@ impl DraftKv {
         &mut self,
         context: &'c [u32],
         held: usize,
-        keeps: impl Fn(usize) -> bool,
+        resume: impl Fn(usize) -> usize,
     ) -> (usize, &'c [u32]) {
         let view = context.get(self.base..).unwrap_or_default();
-        let mut keep = common_prefix(&self.kv, view)
+        let keep = common_prefix(&self.kv, view)
             .min(view.len().saturating_sub(1))
             .min(held);
-        // Rows the draft's sliding-window rings dropped run again.
-        if !keeps(keep) {
-            keep = 0;
-        }
+        // Rows the draft's sliding-window rings dropped run again, and a recurrent
+        // draft's state goes on from its end or a checkpoint.
+        let mut keep = resume(keep).min(keep);
         if keep == 0 {
             self.base = 0;
         } else if view.len() - keep > DRAFT_CATCHUP_MAX {
@@ -234,7 +233,7 @@ impl DraftSource for DraftModel {
         let engine = &self.engine;
         let (keep, run) = self
             .rows
-            .catch_up(context, engine.seq_len(), |k| engine.keeps(k));
+            .catch_up(context, engine.seq_len(), |k| engine.resume_point(k));
         match self.engine.prefill(run, keep) {
             Ok(logits) => self.logits = logits,
             Err(e) => {
@@ -400,7 +399,7 @@ impl MultiDraft {
             let engine = &self.engine;
             let (keep, run) = seq
                 .rows
-                .catch_up(a.context, held, |k| engine.keeps(a.slot, k));
+                .catch_up(a.context, held, |k| engine.resume_point(a.slot, k));
             steps.push(SeqStep {
                 slot: a.slot,
                 tokens: run.to_vec(),

@@ -4,6 +4,7 @@
 mod backends;
 mod batch;
 mod bert;
+mod checkpoint;
 mod constraint;
 mod conversation;
 mod embed;

@@ -24,12 +24,12 @@ const N_CTX: usize = 128;
 /// batch shapes sum in other orders): observed 0 on this model.
 const DECODE_BOUND: f32 = 1e-4;
 
-fn file() -> Arc<GgufFile> {
+pub(crate) fn file() -> Arc<GgufFile> {
     let spec = TinySpec::qwen35(GgmlType::F32, 1);
     Arc::new(GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader"))
 }
 
-fn opts(threads: usize, n_batch: usize) -> EngineOptions {
+pub(crate) fn opts(threads: usize, n_batch: usize) -> EngineOptions {
     EngineOptions {
         n_threads: threads,
         n_ctx: Some(N_CTX),
@@ -39,11 +39,11 @@ fn opts(threads: usize, n_batch: usize) -> EngineOptions {
     }
 }
 
-fn engine(threads: usize) -> Engine {
+pub(crate) fn engine(threads: usize) -> Engine {
     Engine::from_arc(file(), &opts(threads, 64)).expect("engine")
 }
 
-fn prompt(n: usize, salt: u32) -> Vec<u32> {
+pub(crate) fn prompt(n: usize, salt: u32) -> Vec<u32> {
     (0..n as u32)
         .map(|i| (i * 37 + 5 + salt * 11) % 250)
         .collect()
@@ -261,14 +261,19 @@ fn rewinding_the_state_is_refused_and_reuse_starts_over() {
     assert_eq!(greedy(&mut e, &other, 4), greedy(&mut engine(2), &other, 4));
 }
 
-fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
+pub(crate) fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
     rows.iter()
         .map(|r| r.iter().map(|x| x.to_bits()).collect())
         .collect()
 }
 
 /// From `logits` at position `pos`: the greedy steps' logits, `n` of them.
-fn go_on(e: &mut Engine, mut logits: Vec<f32>, mut pos: usize, n: usize) -> Vec<Vec<f32>> {
+pub(crate) fn go_on(
+    e: &mut Engine,
+    mut logits: Vec<f32>,
+    mut pos: usize,
+    n: usize,
+) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
     for _ in 0..n {
         let t = argmax(&logits) as u32;

@@ -73,11 +73,12 @@ impl Worker {
             self.slots[idx].cached.clear();
         }
         // The conversation engine's reuse rule: the longest held prefix, less the last
-        // prompt token, whose logits start the generation.
+        // prompt token, whose logits start the generation, from where the slot can go on
+        // (a recurrent model's state: its end, or a state checkpoint inside the prefix).
         let engine = &self.engine;
         let mut keep = self.slots[idx]
             .cached
-            .reuse_if(&job.prompt, |k| engine.keeps(idx, k))
+            .reuse_from(&job.prompt, |k| engine.resume_point(idx, k))
             .kept;
         if job.cache_prompt {
             keep = self.take_cached(idx, &job.prompt, keep);

@@ -60,6 +60,8 @@ impl Worker {
                 }
                 let pos0 = slot.cached.len();
                 slot.cached.extend(&tokens);
+                // A recurrent model copies the slot's state at the prompt's checkpoints.
+                self.engine.checkpoint_prompt(idx, pos0 + tokens.len());
                 metrics.add_prefilled(tokens.len());
                 prefilled.push(idx);
                 steps.push(SeqStep {
@@ -175,6 +177,8 @@ impl Worker {
                 for idx in prefilled {
                     self.offer(idx);
                 }
+                let st = self.engine.checkpoint_stats();
+                self.metrics.set_checkpoints(st.bytes, st.restored);
             }
             Ok(Err(e)) => {
                 let err = engine_error(e);

@@ -6,6 +6,7 @@ mod common;
 
 mod agent_apis;
 mod api;
+mod checkpoints;
 mod cross_site;
 mod e2e_agents;
 mod e2e_openai;
