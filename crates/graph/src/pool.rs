@@ -92,18 +92,24 @@ impl HostPool {
     }
 
     /// Drops the storage of free buffers that are not in `in_use`, largest first, until
-    /// such buffers hold at most as many elements as the buffers in use. Their ids become
+    /// the pool's storage is at most twice the length of the buffers in use (as much
+    /// idle as in use when no buffer holds more storage than its length, less when
+    /// some took over a longer one's). Their ids become
     /// vacant. Free buffers in `in_use` (a graph's buffers whose values expired during
     /// its pass) are never touched.
     pub fn release_unused(&mut self, in_use: &[usize]) {
         let mut used: Vec<usize> = in_use.to_vec();
         used.sort_unstable();
         used.dedup();
-        let budget: usize = used
+        // The pool's storage stays within twice the lengths in use: what buffers in use
+        // hold beyond their length comes out of the idle budget.
+        let (len, cap) = used
             .iter()
             .filter_map(|&id| self.buffers.get(id))
-            .map(Vec::capacity)
-            .sum();
+            .fold((0usize, 0usize), |(l, c), b| {
+                (l + b.len(), c + b.capacity())
+            });
+        let budget = (2 * len).saturating_sub(cap);
         let mut idle: Vec<usize> = self
             .free
             .iter()
