@@ -1,5 +1,5 @@
-//! Tiny random-weight BERT encoders with a small WordPiece vocabulary, for the embedding
-//! and tokenizer goldens against llama.cpp.
+//! Tiny random-weight encoders of the BERT family (`bert` and `nomic-bert`) with a small
+//! WordPiece vocabulary, for the embedding and tokenizer goldens against llama.cpp.
 //!
 //! The vocabulary is written as llama.cpp's converter writes a BERT one: word-initial
 //! pieces carry the `▁` marker, continuation pieces (BERT's `##ing`) are bare, and
@@ -59,9 +59,20 @@ pub struct TinyBert {
     /// n_embd]`, and `cls.output.weight`/`cls.output.bias`, one score), drawn after every
     /// other tensor so the encoder's weights equal the headless model's.
     pub rank_head: bool,
+    /// Write a `nomic-bert` instead (nomic-embed-text's layout: no position table, rope
+    /// with base [`TINY_NOMIC_ROPE_BASE`], one fused `attn_qkv`, a SwiGLU FFN, and no
+    /// biases but the norms'); `rank_head` is ignored.
+    pub nomic: bool,
     /// PRNG seed.
     pub seed: u64,
 }
+
+/// Seed of the tiny nomic-bert models.
+pub const NOMIC_SEED: u64 = 0x90_31C;
+
+/// Rope theta of the tiny nomic-bert models (nomic-embed-text v1.5's value; not the
+/// default 10000, so a reader that ignores the key is caught).
+pub const TINY_NOMIC_ROPE_BASE: f32 = 1000.0;
 
 /// Seed of the tiny BERT models.
 pub const BERT_SEED: u64 = 0xBE27;
@@ -82,7 +93,17 @@ impl TinyBert {
             wtype,
             pooling: 1,
             rank_head: false,
+            nomic: false,
             seed,
+        }
+    }
+
+    /// The tiny nomic-bert of type `wtype`: the geometry of [`TinyBert::new`] (its 128
+    /// `context_length` is a limit only: nomic-bert has no position table).
+    pub fn nomic(wtype: GgmlType, seed: u64) -> Self {
+        TinyBert {
+            nomic: true,
+            ..TinyBert::new(wtype, seed)
         }
     }
 
@@ -108,6 +129,14 @@ pub fn bert_models() -> Vec<(&'static str, TinyBert)> {
     vec![
         ("bert-f32", TinyBert::new(GgmlType::F32, BERT_SEED)),
         ("bert-q8_0", TinyBert::new(GgmlType::Q8_0, BERT_SEED)),
+    ]
+}
+
+/// The tiny nomic-berts of the golden set: F32 and Q8_0.
+pub fn nomic_models() -> Vec<(&'static str, TinyBert)> {
+    vec![
+        ("nomic-f32", TinyBert::nomic(GgmlType::F32, NOMIC_SEED)),
+        ("nomic-q8_0", TinyBert::nomic(GgmlType::Q8_0, NOMIC_SEED)),
     ]
 }
 
@@ -153,15 +182,17 @@ pub fn tiny_bert_bytes(spec: &TinyBert) -> Result<Vec<u8>, GgufError> {
     tiny_bert_writer(spec)?.to_bytes()
 }
 
-fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
+/// The writer of the file `spec` describes, for a test that edits a key or adds a
+/// tensor before writing it.
+pub fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
     let mut w = GgufWriter::new();
     let (tokens, types) = bert_vocab();
     let n_vocab = tokens.len();
-    let a = "bert";
+    let a = if spec.nomic { "nomic-bert" } else { "bert" };
     w.add_meta("general.architecture", MetaValue::String(a.into()))
         .add_meta(
             "general.name",
-            MetaValue::String(format!("minfer tiny bert {}", spec.wtype)),
+            MetaValue::String(format!("minfer tiny {a} {}", spec.wtype)),
         );
     for (name, v) in [
         ("context_length", spec.n_ctx),
@@ -178,6 +209,12 @@ fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
     )
     .add_meta(&format!("{a}.attention.causal"), MetaValue::Bool(false))
     .add_meta(&format!("{a}.pooling_type"), MetaValue::U32(spec.pooling));
+    if spec.nomic {
+        w.add_meta(
+            &format!("{a}.rope.freq_base"),
+            MetaValue::F32(TINY_NOMIC_ROPE_BASE),
+        );
+    }
     let strings = |v: Vec<String>| {
         MetaValue::Array(
             MetaType::String,
@@ -213,13 +250,15 @@ fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
         &[ne as u64, 2],
         &rng.normal_vec(ne * 2, 0.5),
     )?;
-    let pos = rng.normal_vec(ne * spec.n_ctx, 0.5);
-    f32v(
-        &mut w,
-        "position_embd.weight",
-        &[ne as u64, spec.n_ctx as u64],
-        &pos,
-    )?;
+    if !spec.nomic {
+        let pos = rng.normal_vec(ne * spec.n_ctx, 0.5);
+        f32v(
+            &mut w,
+            "position_embd.weight",
+            &[ne as u64, spec.n_ctx as u64],
+            &pos,
+        )?;
+    }
     let norm = |w: &mut GgufWriter, rng: &mut SplitMix64, name: &str| {
         let g: Vec<f32> = rng
             .normal_vec(ne, 0.1)
@@ -236,6 +275,21 @@ fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
     };
     norm(&mut w, &mut rng, "token_embd_norm")?;
     for il in 0..spec.n_layer {
+        if spec.nomic {
+            let mut mat = |w: &mut GgufWriter, name: &str, i: usize, o: usize| {
+                let v = rng.normal_vec(i * o, 1.0 / (i as f64).sqrt());
+                w.add_tensor_f32(&blk(il, name), &[i as u64, o as u64], spec.wtype, &v)
+                    .map(|_| ())
+            };
+            mat(&mut w, "attn_qkv", ne, 3 * ne)?;
+            mat(&mut w, "attn_output", ne, ne)?;
+            mat(&mut w, "ffn_up", ne, nf)?;
+            mat(&mut w, "ffn_gate", ne, nf)?;
+            mat(&mut w, "ffn_down", nf, ne)?;
+            norm(&mut w, &mut rng, &format!("blk.{il}.attn_output_norm"))?;
+            norm(&mut w, &mut rng, &format!("blk.{il}.layer_output_norm"))?;
+            continue;
+        }
         let mut affine = |w: &mut GgufWriter, name: &str, i: usize, o: usize| {
             let v = rng.normal_vec(i * o, 1.0 / (i as f64).sqrt());
             w.add_tensor_f32(&blk(il, name), &[i as u64, o as u64], spec.wtype, &v)?;
@@ -250,7 +304,7 @@ fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
         norm(&mut w, &mut rng, &format!("blk.{il}.attn_output_norm"))?;
         norm(&mut w, &mut rng, &format!("blk.{il}.layer_output_norm"))?;
     }
-    if spec.rank_head {
+    if spec.rank_head && !spec.nomic {
         // Scaled so the tanh is neither linear nor saturated on LayerNorm'd rows.
         let dense = rng.normal_vec(ne * ne, 1.0 / (ne as f64).sqrt());
         w.add_tensor_f32("cls.weight", &[ne as u64, ne as u64], spec.wtype, &dense)?;
@@ -367,6 +421,73 @@ mod tests {
         // A headless BERT has no rank width: the runtime refuses rank pooling for it.
         let plain = load(&tiny_bert_writer(&TinyBert::new(GgmlType::F32, BERT_SEED)).unwrap());
         assert_eq!(plain.unwrap().rank_width(), None);
+    }
+
+    #[test]
+    fn a_tiny_nomic_bert_rotates_q_and_k_and_gates_its_ffn() {
+        use minfer_graph::{NodeMeta, Op, RopeStyle};
+        for (stem, spec) in nomic_models() {
+            let m = load(&tiny_bert_writer(&spec).unwrap()).unwrap();
+            assert_eq!(m.arch(), "nomic-bert", "{stem}");
+            assert!(m.is_encoder());
+            assert_eq!(m.rank_width(), None);
+            let p = crate::params::prefill(9, 9, crate::params::cpu_cparams(128)).unwrap();
+            let g = m.build_graph(&p);
+            let count = |f: &dyn Fn(&Op) -> bool| g.nodes.iter().filter(|n| f(&n.op)).count();
+            let ropes: Vec<_> = g
+                .nodes
+                .iter()
+                .filter(|n| matches!(n.op, Op::RoPE { .. }))
+                .collect();
+            assert_eq!(
+                ropes.len(),
+                2 * spec.n_layer,
+                "{stem}: q and k of each layer"
+            );
+            assert!(ropes.iter().all(|n| matches!(&n.meta, NodeMeta::Rope(r)
+                if r.style == RopeStyle::NonInterleaved
+                    && r.freq_base == TINY_NOMIC_ROPE_BASE
+                    && r.n_dims == spec.n_embd / spec.n_head)));
+            assert_eq!(count(&|o| matches!(o, Op::Slice { .. })), 3 * spec.n_layer);
+            assert_eq!(count(&|o| *o == Op::SwiGLU), spec.n_layer);
+            assert_eq!(
+                count(&|o| matches!(o, Op::LayerNorm { .. })),
+                1 + 2 * spec.n_layer
+            );
+            let names = m.weight_names();
+            assert!(!names.iter().any(|n| n.starts_with("position_embd")));
+            assert!(names.iter().any(|n| n == "blk.1.ffn_gate.weight"));
+            assert!(names.iter().any(|n| n == "blk.0.attn_qkv.weight"));
+            assert_eq!(g.nodes[g.outputs[0]].out_shape[..2], [spec.n_embd, 9]);
+        }
+    }
+
+    #[test]
+    fn a_nomic_bert_refuses_what_its_graph_has_no_term_for_by_name() {
+        let spec = TinyBert::nomic(GgmlType::F32, NOMIC_SEED);
+        let (ne, nf) = (spec.n_embd, spec.n_ff);
+        let cases: [(&str, Vec<u64>, &str); 4] = [
+            (
+                "position_embd.weight",
+                vec![ne as u64, spec.n_ctx as u64],
+                "rope",
+            ),
+            ("blk.0.ffn_up.bias", vec![nf as u64], "FFN bias"),
+            ("blk.1.attn_q.bias", vec![ne as u64], "fused"),
+            ("blk.0.attn_norm_2.weight", vec![ne as u64], "no term"),
+        ];
+        for (name, dims, why) in cases {
+            let mut w = tiny_bert_writer(&spec).unwrap();
+            let n = dims.iter().product::<u64>() as usize;
+            w.add_tensor_f32(name, &dims, GgmlType::F32, &vec![0.0; n])
+                .unwrap();
+            let e = load(&w).err().unwrap().to_string();
+            assert!(e.contains(name) && e.contains(why), "{name}: {e}");
+        }
+        let mut w = tiny_bert_writer(&spec).unwrap();
+        w.add_meta("nomic-bert.rope.dimension_count", MetaValue::U32(8));
+        let e = load(&w).err().unwrap().to_string();
+        assert!(e.contains("nomic-bert.rope.dimension_count"), "{e}");
     }
 
     #[test]
