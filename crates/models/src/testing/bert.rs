@@ -63,6 +63,9 @@ pub struct TinyBert {
     /// with base [`TINY_NOMIC_ROPE_BASE`], one fused `attn_qkv`, a SwiGLU FFN, and no
     /// biases but the norms'); `rank_head` is ignored.
     pub nomic: bool,
+    /// BERT only: store each layer's q, k and v (same values) as one fused `attn_qkv`
+    /// matrix and bias, as llama.cpp also loads a BERT.
+    pub fused_qkv: bool,
     /// PRNG seed.
     pub seed: u64,
 }
@@ -94,6 +97,7 @@ impl TinyBert {
             pooling: 1,
             rank_head: false,
             nomic: false,
+            fused_qkv: false,
             seed,
         }
     }
@@ -290,14 +294,27 @@ pub fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
             norm(&mut w, &mut rng, &format!("blk.{il}.layer_output_norm"))?;
             continue;
         }
+        if spec.fused_qkv {
+            // The same draws as the three projections, stored as one q|k|v matrix and bias.
+            let (mut m, mut bias) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                m.extend(rng.normal_vec(ne * ne, 1.0 / (ne as f64).sqrt()));
+                bias.extend(rng.normal_vec(ne, 0.1));
+            }
+            let dims = [ne as u64, 3 * ne as u64];
+            w.add_tensor_f32(&blk(il, "attn_qkv"), &dims, spec.wtype, &m)?;
+            f32v(&mut w, &blk_bias(il, "attn_qkv"), &[3 * ne as u64], &bias)?;
+        }
         let mut affine = |w: &mut GgufWriter, name: &str, i: usize, o: usize| {
             let v = rng.normal_vec(i * o, 1.0 / (i as f64).sqrt());
             w.add_tensor_f32(&blk(il, name), &[i as u64, o as u64], spec.wtype, &v)?;
             f32v(w, &blk_bias(il, name), &[o as u64], &rng.normal_vec(o, 0.1))
         };
-        affine(&mut w, "attn_q", ne, ne)?;
-        affine(&mut w, "attn_k", ne, ne)?;
-        affine(&mut w, "attn_v", ne, ne)?;
+        if !spec.fused_qkv {
+            affine(&mut w, "attn_q", ne, ne)?;
+            affine(&mut w, "attn_k", ne, ne)?;
+            affine(&mut w, "attn_v", ne, ne)?;
+        }
         affine(&mut w, "attn_output", ne, ne)?;
         affine(&mut w, "ffn_up", ne, nf)?;
         affine(&mut w, "ffn_down", nf, ne)?;

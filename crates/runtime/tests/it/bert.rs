@@ -86,6 +86,33 @@ fn golden_entries(golden: &serde_json::Value, prefix: &str) -> Vec<serde_json::V
         .collect()
 }
 
+/// A BERT whose q, k and v (and biases) are stored as one fused `attn_qkv` — which
+/// llama.cpp loads as well — embeds as the split file does: llama.cpp's bert-f32 golden
+/// within the F32 bound, 1e-5.
+#[test]
+fn a_fused_qkv_bert_embeds_as_its_split_form() {
+    let golden: serde_json::Value =
+        serde_json::from_str(include_str!("../golden/embed_tiny_reference.json"))
+            .expect("golden JSON");
+    let spec = TinyBert {
+        fused_qkv: true,
+        ..TinyBert::new(GgmlType::F32, BERT_SEED)
+    };
+    let mut e = engine(&spec, 4);
+    assert!(e.file().tensor("blk.0.attn_qkv.bias").is_some());
+    assert!(e.file().tensor("blk.0.attn_q.weight").is_none());
+    let entries = golden_entries(&golden, "bert-f32");
+    assert!(entries.len() >= 5);
+    for g in &entries {
+        let (dist, pooling, text) = distance_to_golden(&mut e, g, "bert-f32 fused");
+        assert!(
+            dist < 1e-5,
+            "{} {text:?}: cosine distance {dist:e}",
+            pooling.name()
+        );
+    }
+}
+
 /// The tiny nomic-berts against llama.cpp (`scripts/gen_embed_reference.py --tiny`): the
 /// same WordPiece ids and, with the mean pooling the files state, a cosine distance
 /// under the BERT bounds: 1e-5 for F32, 1e-4 for Q8_0. Then the same F32 model with its
