@@ -40,7 +40,7 @@ pub(super) struct Layer {
     out_norm: [WeightRef; 2],
 }
 
-/// Refuses `name` of layer `il` when the file has it: a tensor of a BERT variant this
+/// Refuses the tensor `name` when the file has it, saying `why`: a tensor this variant's
 /// graph has no term for (running without it would compute another model).
 fn refuse(file: &GgufFile, name: String, why: &str) -> Result<(), ModelError> {
     match file.tensor(&name) {

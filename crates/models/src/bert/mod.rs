@@ -29,6 +29,8 @@ use minfer_graph::{
 mod head;
 mod layer;
 pub mod nomic;
+#[cfg(test)]
+mod tests;
 
 use crate::common::inputs;
 use crate::error::ModelError;
