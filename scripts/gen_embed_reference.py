@@ -22,8 +22,10 @@ With --tiny, DIR holds the tiny random-weight models written by
 embedded with every pooling of TINY_POOLINGS (a Qwen3 with last-token pooling is how
 Qwen3-Embedding is built), into crates/runtime/tests/golden/embed_tiny_reference.json;
 then the tiny BERT encoders of DIR/bert (BERT: bert-f32 with mean and CLS pooling,
-bert-q8_0 with mean) on TEXTS and BERT_TEXTS, with a 128-token context (their position
-table) and the whole text in one batch, as an encoder needs.
+bert-q8_0 with mean) and the tiny nomic-berts (NOMIC: nomic-f32 and nomic-q8_0, with the
+mean pooling their files state, as nomic-embed-text's do) on TEXTS and BERT_TEXTS, with a
+128-token context (the BERTs' position table, the nomic-berts' context_length) and the
+whole text in one batch, as an encoder needs.
 
 With --rerank, DIR is the same directory; the tiny BERT reranker DIR/bert/bert-rerank-f32
 (a classifier head, `pooling_type` 4) scores each (query, document) of RERANK_PAIRS with
@@ -72,6 +74,10 @@ BERT = {
     "bert-f32": {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN, "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS},
     "bert-q8_0": {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN},
 }
+NOMIC = {
+    "nomic-f32": {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN},
+    "nomic-q8_0": {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN},
+}
 # WordPiece's normalization on the way: accents, CJK, unknown words, punctuation.
 BERT_TEXTS = [
     "Héllo, WORLD! The naïve café's résumé: playing & unplayable (3.14) 中文 zebra.",
@@ -110,7 +116,7 @@ def main_tiny(d):
         for row in embeddings(os.path.join(d, stem + ".gguf"), TINY_POOLINGS, 256):
             row["model"] = stem
             out["entries"].append(row)
-    for stem, poolings in BERT.items():
+    for stem, poolings in list(BERT.items()) + list(NOMIC.items()):
         path = os.path.join(d, "bert", stem + ".gguf")
         for row in embeddings(path, poolings, 128, TEXTS + BERT_TEXTS):
             row["model"] = stem

@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use minfer_models::testing::{
-    bert_models, bert_reranker, golden_models, quant_mix_models, write_tiny_bert, write_tiny_model,
-    TinySpec,
+    bert_models, bert_reranker, golden_models, nomic_models, quant_mix_models, write_tiny_bert,
+    write_tiny_model, TinySpec,
 };
 
 /// The spec as JSON; `sliding_window` and the expert geometry only where set, so the
@@ -97,10 +97,14 @@ fn write_set(dir: &std::path::Path, models: Vec<(&'static str, TinySpec)>) -> Re
         .map_err(|e| format!("cannot write the manifest: {e}"))
 }
 
-/// Writes the tiny BERTs and the reranker into `dir` (their stems name them; no manifest is needed).
+/// Writes the tiny BERTs, the reranker and the tiny nomic-berts into `dir` (their stems name them; no manifest is needed).
 fn write_berts(dir: &std::path::Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    for (stem, spec) in bert_models().into_iter().chain([bert_reranker()]) {
+    for (stem, spec) in bert_models()
+        .into_iter()
+        .chain([bert_reranker()])
+        .chain(nomic_models())
+    {
         let path = dir.join(format!("{stem}.gguf"));
         write_tiny_bert(&path, &spec).map_err(|e| format!("{stem}: {e}"))?;
         println!(

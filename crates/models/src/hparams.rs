@@ -188,24 +188,7 @@ impl HParams {
         if !(rms_eps.is_finite() && rms_eps > 0.0) {
             return Err(bad(&eps_key, rms_eps, "must be a positive number".into()));
         }
-        let base_key = key("rope.freq_base");
-        let rope_freq_base = match file.get(&base_key) {
-            None => DEFAULT_ROPE_FREQ_BASE,
-            Some(_) => file.get_f32(&base_key)?,
-        };
-        if !(rope_freq_base.is_finite() && rope_freq_base > 0.0) {
-            return Err(bad(
-                &base_key,
-                rope_freq_base,
-                "must be a positive number".into(),
-            ));
-        }
-        let (rope_freq_scale, yarn) = read_rope_scale(file, arch)?;
-        let rope_yarn = if yarn {
-            Some(read_yarn(file, arch, rope_freq_scale, n_ctx_train)?)
-        } else {
-            None
-        };
+        let (rope_freq_base, rope_freq_scale, rope_yarn) = read_rope(file, arch, n_ctx_train)?;
 
         Ok(HParams {
             n_layer,
@@ -224,6 +207,31 @@ impl HParams {
             moe: None,
         })
     }
+}
+
+/// The rope terms of `arch` as llama.cpp reads them: `rope.freq_base` (default
+/// [`DEFAULT_ROPE_FREQ_BASE`]), the linear position scale and, for a `yarn` file, its
+/// YaRN terms (`n_ctx_train` is the default original context).
+pub(crate) fn read_rope(
+    file: &GgufFile,
+    arch: &str,
+    n_ctx_train: usize,
+) -> Result<(f32, f32, Option<Yarn>), ModelError> {
+    let base_key = format!("{arch}.rope.freq_base");
+    let base = match file.get(&base_key) {
+        None => DEFAULT_ROPE_FREQ_BASE,
+        Some(_) => file.get_f32(&base_key)?,
+    };
+    if !(base.is_finite() && base > 0.0) {
+        return Err(bad(&base_key, base, "must be a positive number".into()));
+    }
+    let (scale, yarn) = read_rope_scale(file, arch)?;
+    let yarn = if yarn {
+        Some(read_yarn(file, arch, scale, n_ctx_train)?)
+    } else {
+        None
+    };
+    Ok((base, scale, yarn))
 }
 
 /// `1 / factor` from `rope.scaling.factor` (or the older `rope.scale_linear`), as llama.cpp

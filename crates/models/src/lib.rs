@@ -1,6 +1,6 @@
 //! Model definitions for minfer (Qwen2, Qwen3, their mixture-of-experts variants Qwen2-MoE
 //! and Qwen3-MoE, the hybrid recurrent Qwen3.5, Qwen3.5-MoE and Qwen3-Next, Llama, Gemma 2 and 3,
-//! gpt-oss, and the BERT encoder): hyperparameters,
+//! gpt-oss, and the BERT-family encoders BERT and nomic-bert): hyperparameters,
 //! load-time weight validation and compute-graph construction for the supported
 //! architectures (design §4, §10).
 //!
@@ -81,6 +81,7 @@ pub const REGISTRY: &[(&str, LoadFn)] = &[
     (gemma::ARCH_GEMMA3, gemma::load_gemma3),
     (gpt_oss::ARCH, gpt_oss::load),
     (bert::ARCH, bert::load),
+    (bert::nomic::ARCH, bert::nomic::load),
 ];
 
 /// Names of the supported architectures, in registry order.

@@ -1,5 +1,5 @@
 //! Tiny random-weight models for tests, written with the project's own GGUF writer
-//! (the decoders here, the BERT encoders with their WordPiece vocabulary in `bert`).
+//! (the decoders here, the BERT-family encoders with their WordPiece vocabulary in `bert`).
 //!
 //! The files are complete enough for llama.cpp to load: every `{arch}.*` key it reads,
 //! and a byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2", pre "qwen2", or
@@ -24,8 +24,9 @@ use crate::weights::{blk, blk_bias, OUTPUT, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD}
 
 mod bert;
 pub use bert::{
-    bert_models, bert_reranker, bert_vocab, tiny_bert_bytes, write_tiny_bert, TinyBert, BERT_SEED,
-    BERT_SPECIALS, TINY_BERT_EPS,
+    bert_models, bert_reranker, bert_vocab, nomic_models, tiny_bert_bytes, tiny_bert_writer,
+    write_tiny_bert, TinyBert, BERT_SEED, BERT_SPECIALS, NOMIC_SEED, TINY_BERT_EPS,
+    TINY_NOMIC_ROPE_BASE,
 };
 
 /// Control tokens appended at the end of the vocabulary, in this order.

@@ -112,7 +112,7 @@ fn unsupported_architectures_are_refused_with_the_supported_list() {
     );
     assert_eq!(
         err(&f),
-        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next, llama, gemma2, gemma3, gpt-oss, bert"
+        "unsupported architecture `gemma`; supported: qwen2, qwen3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next, llama, gemma2, gemma3, gpt-oss, bert, nomic-bert"
     );
     assert_eq!(
         supported_architectures(),
@@ -129,6 +129,7 @@ fn unsupported_architectures_are_refused_with_the_supported_list() {
             "gemma3",
             "gpt-oss",
             "bert",
+            "nomic-bert",
         ]
     );
     let f = with_meta(&q2(), "general.architecture", None);

@@ -1,12 +1,13 @@
-//! A BERT encoder through the command line: `minfer embed` gives llama.cpp's vector of
-//! the tiny BERT, `minfer info` names the architecture and its WordPiece tokenizer, and
+//! BERT-family encoders through the command line: `minfer embed` gives llama.cpp's vector
+//! of the tiny BERT and of the tiny nomic-bert, `minfer info` names the architecture and
+//! its WordPiece tokenizer, and
 //! `minfer run` is refused naming the encoder, without a panic; the tiny reranker's
 //! `minfer embed` prints llama.cpp's rank scores, and a headless BERT refuses rank.
 
 use std::path::PathBuf;
 
 use minfer_gguf::GgmlType;
-use minfer_models::testing::{bert_reranker, write_tiny_bert, TinyBert, BERT_SEED};
+use minfer_models::testing::{bert_reranker, write_tiny_bert, TinyBert, BERT_SEED, NOMIC_SEED};
 
 use crate::common::*;
 
@@ -18,10 +19,22 @@ fn tiny_bert(dir: &std::path::Path) -> PathBuf {
 
 #[test]
 fn embed_info_and_a_refused_run_on_a_bert() {
-    let home = test_home("bert");
-    std::fs::create_dir_all(&home).expect("home");
     let dir = tempfile::tempdir().expect("temporary directory");
-    let path = tiny_bert(dir.path());
+    embed_info_and_a_refused_run("bert", "bert-f32", &tiny_bert(dir.path()));
+}
+
+#[test]
+fn embed_info_and_a_refused_run_on_a_nomic_bert() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let p = dir.path().join("tiny-nomic.gguf");
+    write_tiny_bert(&p, &TinyBert::nomic(GgmlType::F32, NOMIC_SEED)).expect("write");
+    embed_info_and_a_refused_run("nomic-bert", "nomic-f32", &p);
+}
+
+/// The encoder of architecture `arch` at `path`, whose mean-pooled golden is `stem`'s.
+fn embed_info_and_a_refused_run(arch: &str, stem: &str, path: &std::path::Path) {
+    let home = test_home(arch);
+    std::fs::create_dir_all(&home).expect("home");
     let m = path.to_str().expect("UTF-8 path");
 
     let golden: serde_json::Value = serde_json::from_str(include_str!(
@@ -32,8 +45,8 @@ fn embed_info_and_a_refused_run_on_a_bert() {
         .as_array()
         .expect("entries")
         .iter()
-        .find(|g| g["model"] == "bert-f32" && g["pooling"] == "mean")
-        .expect("a bert-f32 mean entry");
+        .find(|g| g["model"] == stem && g["pooling"] == "mean")
+        .unwrap_or_else(|| panic!("a {stem} mean entry"));
     let text = g["text"].as_str().expect("text");
     let out = minfer_command(&home)
         .args(["embed", "-m", m, "-t", "2", text])
@@ -52,7 +65,7 @@ fn embed_info_and_a_refused_run_on_a_bert() {
         .zip(g["embedding"].as_array().expect("golden vector"))
         .map(|(a, b)| a.as_f64().unwrap() * b.as_f64().unwrap())
         .sum();
-    assert!(1.0 - dot < 1e-5, "cosine {dot}");
+    assert!(1.0 - dot < 1e-5, "{stem}: cosine {dot}");
 
     let out = minfer_command(&home)
         .args(["info", "-m", m, "--json"])
@@ -64,14 +77,14 @@ fn embed_info_and_a_refused_run_on_a_bert() {
         String::from_utf8_lossy(&out.stderr)
     );
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert_eq!(j["architecture"], "bert");
+    assert_eq!(j["architecture"], arch);
     assert_eq!(j["tokenizer"]["model"], "bert");
 
     let out = minfer_command(&home)
         .args(["run", "-m", m, "-n", "4", "-t", "2", "hello"])
         .output()
         .expect("minfer runs");
-    assert_refused(&out, "`bert` is an encoder");
+    assert_refused(&out, &format!("`{arch}` is an encoder"));
 }
 
 /// `minfer embed` on the tiny reranker: each `query<TAB>document` line is joined as

@@ -1,16 +1,21 @@
-//! BERT (`general.architecture = bert`: all-MiniLM, bge, e5): an encoder for embeddings.
+//! The BERT family of encoders for embeddings: `bert` (all-MiniLM, bge, e5) and
+//! `nomic-bert` (nomic-embed-text v1/v1.5, [`nomic`]), one graph with a few switches
+//! ([`Variant`]), as llama.cpp builds both with one graph.
 //!
-//! The graph, as llama.cpp builds it: token embeddings plus the token-type row of each
-//! token (the `token_types` input; llama.cpp fixes every token's type at 0) plus the
-//! absolute position embedding of its position, then the embedding LayerNorm; per layer
-//! Q/K/V with biases, bidirectional attention over the whole sequence of the step
+//! The graph: token embeddings plus the token-type row of each token (the `token_types`
+//! input; llama.cpp fixes every token's type at 0), plus — BERT only — the absolute
+//! position embedding of its position, then the embedding LayerNorm; per layer Q/K/V
+//! (three projections, or one fused `attn_qkv` whose rows are q|k|v; biases where the
+//! file has them), for nomic-bert NeoX-style RoPE on q and k (`rope.freq_base`; it has no
+//! position table), bidirectional attention over the whole sequence of the step
 //! (`AttnMeta::causal` off), the output projection, the residual and the post-attention
-//! LayerNorm (`attn_output_norm`), then the FFN (up, GELU, down, each with its bias), the
-//! residual and the post-FFN LayerNorm (`layer_output_norm`). No final norm, no lm head:
-//! the graph's one output is the hidden state of each output row (the rows embeddings
-//! pool), whatever `CParams::embeddings` says; the runtime refuses generation on an
-//! encoder by name. A reranker's classifier head ([`head`]) ends the graph instead when
-//! `CParams::rank` asks for it.
+//! LayerNorm (`attn_output_norm`), then the FFN — BERT's up, GELU, down with biases;
+//! nomic-bert's `down(silu(gate) * up)` without — the residual and the post-FFN
+//! LayerNorm (`layer_output_norm`). No final norm, no lm head: the graph's one output is
+//! the hidden state of each output row (the rows embeddings pool), whatever
+//! `CParams::embeddings` says; the runtime refuses generation on an encoder by name. A
+//! BERT reranker's classifier head ([`head`]) ends the graph instead when `CParams::rank`
+//! asks for it.
 //!
 //! K and V pass through the layer's KV region as for a decoder (invariant 1: the rows are
 //! data), but nothing is kept between texts: a text runs whole in one step from
@@ -18,19 +23,23 @@
 
 use minfer_gguf::GgufFile;
 use minfer_graph::{
-    AttnMeta, AttnMode, ComputeGraph, DType, GraphBuilder, GraphParams, NodeId, RopeStyle,
-    WeightRef,
+    ComputeGraph, DType, GraphBuilder, GraphParams, RoPEMeta, RopeStyle, WeightRef,
 };
 
 mod head;
+mod layer;
+pub mod nomic;
+#[cfg(test)]
+mod tests;
 
-use crate::common::{inputs, Inputs};
+use crate::common::inputs;
 use crate::error::ModelError;
-use crate::hparams::{HParams, DEFAULT_ROPE_FREQ_BASE};
+use crate::hparams::{read_rope, HParams, DEFAULT_ROPE_FREQ_BASE};
 use crate::model::ModelDef;
-use crate::tensors::{blk, blk_bias, matrix, vector, TOKEN_EMBD};
+use crate::tensors::{matrix, vector, TOKEN_EMBD};
+use layer::Layer;
 
-/// The `general.architecture` value.
+/// The `general.architecture` value of BERT.
 pub const ARCH: &str = "bert";
 
 /// Name of the token-type input (`[nt]` I32) of an encoder graph: each token's segment
@@ -40,36 +49,56 @@ pub const INPUT_TOKEN_TYPES: &str = "token_types";
 /// GGUF name of the token-type (segment) embeddings, `[n_embd, n_types]`.
 const TOKEN_TYPES: &str = "token_types.weight";
 
+/// GGUF name of BERT's absolute position table, `[n_embd, context_length]`.
+const POSITION_EMBD: &str = "position_embd.weight";
+
 /// A weight and its bias.
 type Affine = (WeightRef, Option<WeightRef>);
 
-struct Layer {
-    q: Affine,
-    k: Affine,
-    v: Affine,
-    out: Affine,
-    attn_norm: [WeightRef; 2],
-    up: Affine,
-    down: Affine,
-    out_norm: [WeightRef; 2],
+/// The member of the family a file is: what its graph adds to or swaps in BERT's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// `bert`: a position table, a GELU FFN with biases, a classifier head if present.
+    Bert,
+    /// `nomic-bert`: RoPE instead of a position table, a SwiGLU FFN without biases.
+    Nomic,
 }
 
-/// A loaded BERT encoder.
+impl Variant {
+    fn arch(self) -> &'static str {
+        match self {
+            Variant::Bert => ARCH,
+            Variant::Nomic => nomic::ARCH,
+        }
+    }
+}
+
+/// How a token's position enters the graph.
+enum Positions {
+    /// BERT: the row of the position table is added to the input.
+    Table(WeightRef),
+    /// nomic-bert: q and k are rotated.
+    Rope(RoPEMeta),
+}
+
+/// A loaded encoder of the BERT family.
 pub struct Bert {
+    variant: Variant,
     hp: HParams,
     tok_embd: WeightRef,
     types: Option<WeightRef>,
-    pos_embd: WeightRef,
+    positions: Positions,
     embd_norm: [WeightRef; 2],
     layers: Vec<Layer>,
     rank: Option<head::RankHead>,
 }
 
 /// Reads the hyperparameters: the shared geometry keys, `attention.layer_norm_epsilon`
-/// (kept in [`HParams::rms_eps`], the model's one norm epsilon), and a refusal of a file
-/// that says its attention is causal.
-fn read_hparams(file: &GgufFile) -> Result<HParams, ModelError> {
-    let key = |name: &str| format!("{ARCH}.{name}");
+/// (kept in [`HParams::rms_eps`], the model's one norm epsilon), a refusal of a file
+/// that says its attention is causal and, for nomic-bert, the rope keys.
+fn read_hparams(file: &GgufFile, variant: Variant) -> Result<HParams, ModelError> {
+    let arch = variant.arch();
+    let key = |name: &str| format!("{arch}.{name}");
     let req = |name: &str| -> Result<usize, ModelError> {
         let k = key(name);
         match file.get_u32(&k)? as usize {
@@ -97,7 +126,13 @@ fn read_hparams(file: &GgufFile) -> Result<HParams, ModelError> {
     let causal_key = key("attention.causal");
     match file.get(&causal_key).map(|v| v.as_bool()) {
         None | Some(Some(false)) => {}
-        Some(Some(true)) => return Err(bad(&causal_key, true, "a BERT encoder attends both ways")),
+        Some(Some(true)) => {
+            return Err(bad(
+                &causal_key,
+                true,
+                "a BERT-family encoder attends both ways",
+            ))
+        }
         Some(None) => return Err(bad(&causal_key, "not a boolean", "must be false")),
     }
     let eps_key = key("attention.layer_norm_epsilon");
@@ -105,20 +140,45 @@ fn read_hparams(file: &GgufFile) -> Result<HParams, ModelError> {
     if !(eps.is_finite() && eps > 0.0) {
         return Err(bad(&eps_key, eps, "must be a positive number"));
     }
+    let head_dim = n_embd / n_head;
+    let n_ctx_train = req("context_length")?;
+    let (rope_freq_base, rope_freq_scale, rope_yarn, rope_style) = match variant {
+        // Unused: BERT's positions are a table.
+        Variant::Bert => (DEFAULT_ROPE_FREQ_BASE, 1.0, None, RopeStyle::Interleaved),
+        Variant::Nomic => {
+            let rot_key = key("rope.dimension_count");
+            if file.get(&rot_key).is_some() && file.get_u32(&rot_key)? as usize != head_dim {
+                return Err(bad(
+                    &rot_key,
+                    file.get_u32(&rot_key)?,
+                    "must equal the head dimension (the whole head is rotated)",
+                ));
+            }
+            if !head_dim.is_multiple_of(2) {
+                return Err(bad(
+                    &key("attention.head_count"),
+                    n_head,
+                    "rope needs an even head dimension",
+                ));
+            }
+            let (base, scale, yarn) = read_rope(file, arch, n_ctx_train)?;
+            (base, scale, yarn, RopeStyle::NonInterleaved)
+        }
+    };
     Ok(HParams {
         n_layer: req("block_count")?,
         n_embd,
         n_head,
         n_head_kv: n_head,
-        head_dim: n_embd / n_head,
+        head_dim,
         n_ff: req("feed_forward_length")?,
         n_vocab: crate::tensors::vocab_rows(file, n_embd)?,
-        n_ctx_train: req("context_length")?,
+        n_ctx_train,
         rms_eps: eps,
-        rope_freq_base: DEFAULT_ROPE_FREQ_BASE,
-        rope_freq_scale: 1.0,
-        rope_yarn: None,
-        rope_style: RopeStyle::Interleaved,
+        rope_freq_base,
+        rope_freq_scale,
+        rope_yarn,
+        rope_style,
         moe: None,
     })
 }
@@ -156,7 +216,12 @@ fn norm(file: &GgufFile, name: &str, n: usize) -> Result<[WeightRef; 2], ModelEr
 
 /// Loads a `bert` file, refusing the tensors of BERT variants its graph has no term for.
 pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
-    let hp = read_hparams(file)?;
+    load_variant(file, Variant::Bert)
+}
+
+/// Loads a file of `variant`.
+fn load_variant(file: &GgufFile, variant: Variant) -> Result<Box<dyn ModelDef>, ModelError> {
+    let hp = read_hparams(file, variant)?;
     let (d, f) = (hp.n_embd, hp.n_ff);
     // Optional, as llama.cpp has it: a file without segments adds no type row.
     let types = match file.tensor(TOKEN_TYPES) {
@@ -166,109 +231,50 @@ pub fn load(file: &GgufFile) -> Result<Box<dyn ModelDef>, ModelError> {
         }
         None => None,
     };
-    let mut layers = Vec::with_capacity(hp.n_layer);
-    for il in 0..hp.n_layer {
-        for name in [
-            "attn_qkv",
-            "attn_q_norm",
-            "attn_k_norm",
-            "attn_norm_2",
-            "ffn_gate",
-        ] {
-            if file.tensor(&blk(il, name)).is_some() {
+    let positions = match variant {
+        Variant::Bert => Positions::Table(matrix(file, POSITION_EMBD, d, hp.n_ctx_train)?),
+        Variant::Nomic => {
+            if file.tensor(POSITION_EMBD).is_some() {
                 return Err(ModelError::UnsupportedTensor {
-                    name: blk(il, name),
-                    reason: "a BERT variant's tensor; the bert graph has no term for it".into(),
+                    name: POSITION_EMBD.into(),
+                    reason: "nomic-bert places tokens by rope, not by a position table".into(),
                 });
             }
+            Positions::Rope(RoPEMeta {
+                n_dims: hp.head_dim,
+                freq_base: hp.rope_freq_base,
+                freq_scale: hp.rope_freq_scale,
+                n_head: hp.n_head,
+                hd: hp.head_dim,
+                style: hp.rope_style,
+                freq_factors: None,
+                yarn: hp.rope_yarn,
+            })
         }
-        let a = |name: &str, i, o| affine(file, &blk(il, name), &blk_bias(il, name), i, o);
-        layers.push(Layer {
-            q: a("attn_q", d, d)?,
-            k: a("attn_k", d, d)?,
-            v: a("attn_v", d, d)?,
-            out: a("attn_output", d, d)?,
-            attn_norm: norm(file, &format!("blk.{il}.attn_output_norm"), d)?,
-            up: a("ffn_up", d, f)?,
-            down: a("ffn_down", f, d)?,
-            out_norm: norm(file, &format!("blk.{il}.layer_output_norm"), d)?,
-        });
-    }
+    };
+    let layers = (0..hp.n_layer)
+        .map(|il| Layer::load(file, variant, il, d, f))
+        .collect::<Result<Vec<_>, _>>()?;
+    // llama.cpp loads a classifier head for `bert` only.
+    let rank = match variant {
+        Variant::Bert => head::load(file, d)?,
+        Variant::Nomic => None,
+    };
     Ok(Box::new(Bert {
+        variant,
         tok_embd: matrix(file, TOKEN_EMBD, d, hp.n_vocab)?,
         types,
-        pos_embd: matrix(file, "position_embd.weight", d, hp.n_ctx_train)?,
+        positions,
         embd_norm: norm(file, "token_embd_norm", d)?,
         layers,
-        rank: head::load(file, d)?,
+        rank,
         hp,
     }))
 }
 
-impl Bert {
-    /// One layer from its input `h` to its output.
-    fn layer(
-        &self,
-        b: &mut GraphBuilder,
-        il: usize,
-        h: NodeId,
-        x: &Inputs,
-        p: &GraphParams,
-    ) -> NodeId {
-        let (hp, l) = (&self.hp, &self.layers[il]);
-        let n = |b: &mut GraphBuilder, id: NodeId, name: &str| {
-            b.set_name(id, &format!("{name}-{il}"));
-            id
-        };
-        let mm = |b: &mut GraphBuilder, x: NodeId, (w, bias): &Affine, name: &str| {
-            let id = b.matmul(x, w, bias.as_ref());
-            b.set_name(id, &format!("{name}-{il}"));
-            id
-        };
-        let q = mm(b, h, &l.q, "Qcur");
-        let k = mm(b, h, &l.k, "Kcur");
-        let v = mm(b, h, &l.v, "Vcur");
-        let n_ctx = p.cparams.n_ctx;
-        let st = b.kvcache_store(il, k, v, x.cells.unwrap_or(x.pos), n_ctx, None);
-        n(b, st, "kv_store");
-        let kv = b.kvcache_load(il, hp.n_kv_embd(), n_ctx, hp.n_head_kv, None);
-        n(b, kv, "kv_load");
-        let meta = AttnMeta {
-            layer: il,
-            n_head: hp.n_head,
-            n_head_kv: hp.n_head_kv,
-            hd: hp.head_dim,
-            scale: 1.0 / (hp.head_dim as f32).sqrt(),
-            n_ctx,
-            window: None,
-            softcap: None,
-            ring: None,
-            sinks: None,
-            causal: false,
-        };
-        let attn = b.attn(q, kv, x.pos, x.span, AttnMode::Gqa, meta);
-        let attn = n(b, attn, "kqv_out");
-        let attn = mm(b, attn, &l.out, "attn_out");
-        let cur = b.add(attn, h);
-        let cur = n(b, cur, "attn_res");
-        let [w, bias] = &l.attn_norm;
-        let cur = b.layer_norm(cur, Some(w), Some(bias), hp.rms_eps);
-        let ffn_inp = n(b, cur, "ffn_inp");
-        let up = mm(b, ffn_inp, &l.up, "ffn_up");
-        let act = b.gelu(up);
-        let act = n(b, act, "ffn_gelu");
-        let down = mm(b, act, &l.down, "ffn_out");
-        let cur = b.add(down, ffn_inp);
-        let cur = n(b, cur, "ffn_res");
-        let [w, bias] = &l.out_norm;
-        let out = b.layer_norm(cur, Some(w), Some(bias), hp.rms_eps);
-        n(b, out, "l_out")
-    }
-}
-
 impl ModelDef for Bert {
     fn arch(&self) -> &'static str {
-        ARCH
+        self.variant.arch()
     }
 
     fn hparams(&self) -> &HParams {
@@ -296,15 +302,21 @@ impl ModelDef for Bert {
             b.set_name(ty, "inp_type");
             h = b.add(h, ty);
         }
-        let pos = b.embedding(x.pos, &self.pos_embd);
-        b.set_name(pos, "inp_pos_embd");
-        let h = b.add(pos, h);
+        let rope = match &self.positions {
+            Positions::Table(w) => {
+                let pos = b.embedding(x.pos, w);
+                b.set_name(pos, "inp_pos_embd");
+                h = b.add(pos, h);
+                None
+            }
+            Positions::Rope(meta) => Some(meta),
+        };
         b.set_name(h, "inp_embd");
         let [w, bias] = &self.embd_norm;
         let mut h = b.layer_norm(h, Some(w), Some(bias), self.hp.rms_eps);
         b.set_name(h, "inp_norm");
-        for il in 0..self.layers.len() {
-            h = self.layer(&mut b, il, h, &x, p);
+        for (il, l) in self.layers.iter().enumerate() {
+            h = l.build(&mut b, &self.hp, il, h, &x, p, rope);
         }
         if let Some(t) = x.tail {
             h = b.get_rows(h, t, [self.hp.n_embd, n_out, 1, 1]);
@@ -321,14 +333,12 @@ impl ModelDef for Bert {
     fn weights(&self) -> Vec<WeightRef> {
         let mut out = vec![self.tok_embd.clone()];
         out.extend(self.types.iter().cloned());
-        out.push(self.pos_embd.clone());
+        if let Positions::Table(w) = &self.positions {
+            out.push(w.clone());
+        }
         out.extend(self.embd_norm.iter().cloned());
         for l in &self.layers {
-            for (w, bias) in [&l.q, &l.k, &l.v, &l.out, &l.up, &l.down] {
-                out.push(w.clone());
-                out.extend(bias.iter().cloned());
-            }
-            out.extend(l.attn_norm.iter().chain(&l.out_norm).cloned());
+            out.extend(l.weights());
         }
         out.extend(self.rank.iter().flat_map(|r| r.weights()).cloned());
         out

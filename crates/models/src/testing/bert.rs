@@ -1,5 +1,5 @@
-//! Tiny random-weight BERT encoders with a small WordPiece vocabulary, for the embedding
-//! and tokenizer goldens against llama.cpp.
+//! Tiny random-weight encoders of the BERT family (`bert` and `nomic-bert`) with a small
+//! WordPiece vocabulary, for the embedding and tokenizer goldens against llama.cpp.
 //!
 //! The vocabulary is written as llama.cpp's converter writes a BERT one: word-initial
 //! pieces carry the `▁` marker, continuation pieces (BERT's `##ing`) are bare, and
@@ -59,9 +59,23 @@ pub struct TinyBert {
     /// n_embd]`, and `cls.output.weight`/`cls.output.bias`, one score), drawn after every
     /// other tensor so the encoder's weights equal the headless model's.
     pub rank_head: bool,
+    /// Write a `nomic-bert` instead (nomic-embed-text's layout: no position table, rope
+    /// with base [`TINY_NOMIC_ROPE_BASE`], one fused `attn_qkv`, a SwiGLU FFN, and no
+    /// biases but the norms'); `rank_head` is ignored.
+    pub nomic: bool,
+    /// BERT only: store each layer's q, k and v (same values) as one fused `attn_qkv`
+    /// matrix and bias, as llama.cpp also loads a BERT.
+    pub fused_qkv: bool,
     /// PRNG seed.
     pub seed: u64,
 }
+
+/// Seed of the tiny nomic-bert models.
+pub const NOMIC_SEED: u64 = 0x90_31C;
+
+/// Rope theta of the tiny nomic-bert models (nomic-embed-text v1.5's value; not the
+/// default 10000, so a reader that ignores the key is caught).
+pub const TINY_NOMIC_ROPE_BASE: f32 = 1000.0;
 
 /// Seed of the tiny BERT models.
 pub const BERT_SEED: u64 = 0xBE27;
@@ -82,7 +96,18 @@ impl TinyBert {
             wtype,
             pooling: 1,
             rank_head: false,
+            nomic: false,
+            fused_qkv: false,
             seed,
+        }
+    }
+
+    /// The tiny nomic-bert of type `wtype`: the geometry of [`TinyBert::new`] (its 128
+    /// `context_length` is a limit only: nomic-bert has no position table).
+    pub fn nomic(wtype: GgmlType, seed: u64) -> Self {
+        TinyBert {
+            nomic: true,
+            ..TinyBert::new(wtype, seed)
         }
     }
 
@@ -108,6 +133,14 @@ pub fn bert_models() -> Vec<(&'static str, TinyBert)> {
     vec![
         ("bert-f32", TinyBert::new(GgmlType::F32, BERT_SEED)),
         ("bert-q8_0", TinyBert::new(GgmlType::Q8_0, BERT_SEED)),
+    ]
+}
+
+/// The tiny nomic-berts of the golden set: F32 and Q8_0.
+pub fn nomic_models() -> Vec<(&'static str, TinyBert)> {
+    vec![
+        ("nomic-f32", TinyBert::nomic(GgmlType::F32, NOMIC_SEED)),
+        ("nomic-q8_0", TinyBert::nomic(GgmlType::Q8_0, NOMIC_SEED)),
     ]
 }
 
@@ -153,15 +186,17 @@ pub fn tiny_bert_bytes(spec: &TinyBert) -> Result<Vec<u8>, GgufError> {
     tiny_bert_writer(spec)?.to_bytes()
 }
 
-fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
+/// The writer of the file `spec` describes, for a test that edits a key or adds a
+/// tensor before writing it.
+pub fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
     let mut w = GgufWriter::new();
     let (tokens, types) = bert_vocab();
     let n_vocab = tokens.len();
-    let a = "bert";
+    let a = if spec.nomic { "nomic-bert" } else { "bert" };
     w.add_meta("general.architecture", MetaValue::String(a.into()))
         .add_meta(
             "general.name",
-            MetaValue::String(format!("minfer tiny bert {}", spec.wtype)),
+            MetaValue::String(format!("minfer tiny {a} {}", spec.wtype)),
         );
     for (name, v) in [
         ("context_length", spec.n_ctx),
@@ -178,6 +213,12 @@ fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
     )
     .add_meta(&format!("{a}.attention.causal"), MetaValue::Bool(false))
     .add_meta(&format!("{a}.pooling_type"), MetaValue::U32(spec.pooling));
+    if spec.nomic {
+        w.add_meta(
+            &format!("{a}.rope.freq_base"),
+            MetaValue::F32(TINY_NOMIC_ROPE_BASE),
+        );
+    }
     let strings = |v: Vec<String>| {
         MetaValue::Array(
             MetaType::String,
@@ -213,13 +254,15 @@ fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
         &[ne as u64, 2],
         &rng.normal_vec(ne * 2, 0.5),
     )?;
-    let pos = rng.normal_vec(ne * spec.n_ctx, 0.5);
-    f32v(
-        &mut w,
-        "position_embd.weight",
-        &[ne as u64, spec.n_ctx as u64],
-        &pos,
-    )?;
+    if !spec.nomic {
+        let pos = rng.normal_vec(ne * spec.n_ctx, 0.5);
+        f32v(
+            &mut w,
+            "position_embd.weight",
+            &[ne as u64, spec.n_ctx as u64],
+            &pos,
+        )?;
+    }
     let norm = |w: &mut GgufWriter, rng: &mut SplitMix64, name: &str| {
         let g: Vec<f32> = rng
             .normal_vec(ne, 0.1)
@@ -236,21 +279,49 @@ fn tiny_bert_writer(spec: &TinyBert) -> Result<GgufWriter, GgufError> {
     };
     norm(&mut w, &mut rng, "token_embd_norm")?;
     for il in 0..spec.n_layer {
+        if spec.nomic {
+            let mut mat = |w: &mut GgufWriter, name: &str, i: usize, o: usize| {
+                let v = rng.normal_vec(i * o, 1.0 / (i as f64).sqrt());
+                w.add_tensor_f32(&blk(il, name), &[i as u64, o as u64], spec.wtype, &v)
+                    .map(|_| ())
+            };
+            mat(&mut w, "attn_qkv", ne, 3 * ne)?;
+            mat(&mut w, "attn_output", ne, ne)?;
+            mat(&mut w, "ffn_up", ne, nf)?;
+            mat(&mut w, "ffn_gate", ne, nf)?;
+            mat(&mut w, "ffn_down", nf, ne)?;
+            norm(&mut w, &mut rng, &format!("blk.{il}.attn_output_norm"))?;
+            norm(&mut w, &mut rng, &format!("blk.{il}.layer_output_norm"))?;
+            continue;
+        }
+        if spec.fused_qkv {
+            // The same draws as the three projections, stored as one q|k|v matrix and bias.
+            let (mut m, mut bias) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                m.extend(rng.normal_vec(ne * ne, 1.0 / (ne as f64).sqrt()));
+                bias.extend(rng.normal_vec(ne, 0.1));
+            }
+            let dims = [ne as u64, 3 * ne as u64];
+            w.add_tensor_f32(&blk(il, "attn_qkv"), &dims, spec.wtype, &m)?;
+            f32v(&mut w, &blk_bias(il, "attn_qkv"), &[3 * ne as u64], &bias)?;
+        }
         let mut affine = |w: &mut GgufWriter, name: &str, i: usize, o: usize| {
             let v = rng.normal_vec(i * o, 1.0 / (i as f64).sqrt());
             w.add_tensor_f32(&blk(il, name), &[i as u64, o as u64], spec.wtype, &v)?;
             f32v(w, &blk_bias(il, name), &[o as u64], &rng.normal_vec(o, 0.1))
         };
-        affine(&mut w, "attn_q", ne, ne)?;
-        affine(&mut w, "attn_k", ne, ne)?;
-        affine(&mut w, "attn_v", ne, ne)?;
+        if !spec.fused_qkv {
+            affine(&mut w, "attn_q", ne, ne)?;
+            affine(&mut w, "attn_k", ne, ne)?;
+            affine(&mut w, "attn_v", ne, ne)?;
+        }
         affine(&mut w, "attn_output", ne, ne)?;
         affine(&mut w, "ffn_up", ne, nf)?;
         affine(&mut w, "ffn_down", nf, ne)?;
         norm(&mut w, &mut rng, &format!("blk.{il}.attn_output_norm"))?;
         norm(&mut w, &mut rng, &format!("blk.{il}.layer_output_norm"))?;
     }
-    if spec.rank_head {
+    if spec.rank_head && !spec.nomic {
         // Scaled so the tanh is neither linear nor saturated on LayerNorm'd rows.
         let dense = rng.normal_vec(ne * ne, 1.0 / (ne as f64).sqrt());
         w.add_tensor_f32("cls.weight", &[ne as u64, ne as u64], spec.wtype, &dense)?;
@@ -277,105 +348,5 @@ mod tests {
         sorted.sort();
         sorted.dedup();
         assert_eq!(sorted.len(), tokens.len(), "duplicate texts");
-    }
-
-    fn load(w: &GgufWriter) -> Result<Box<dyn crate::ModelDef>, crate::ModelError> {
-        crate::load_model(&minfer_gguf::GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap())
-    }
-
-    #[test]
-    fn the_graph_is_bidirectional_with_layer_norms_and_no_head() {
-        use minfer_graph::{NodeMeta, Op};
-        let spec = TinyBert::new(GgmlType::F32, BERT_SEED);
-        let m = load(&tiny_bert_writer(&spec).unwrap()).unwrap();
-        let p = crate::params::prefill(9, 9, crate::params::cpu_cparams(128)).unwrap();
-        let g = m.build_graph(&p);
-        let attn: Vec<_> = g
-            .nodes
-            .iter()
-            .filter(|n| matches!(n.op, Op::Attn { .. }))
-            .collect();
-        assert_eq!(attn.len(), spec.n_layer);
-        assert!(attn
-            .iter()
-            .all(|n| matches!(&n.meta, NodeMeta::Attn(a) if !a.causal)));
-        let norms = g
-            .nodes
-            .iter()
-            .filter(|n| matches!(n.op, Op::LayerNorm { .. }))
-            .count();
-        assert_eq!(norms, 1 + 2 * spec.n_layer);
-        assert!(g.input_by_name(crate::bert::INPUT_TOKEN_TYPES).is_some());
-        // The output is the hidden rows, not logits.
-        assert_eq!(g.nodes[g.outputs[0]].out_shape[..2], [spec.n_embd, 9]);
-        assert!(!m.weight_names().iter().any(|n| n.starts_with("output")));
-    }
-
-    #[test]
-    fn a_causal_bert_and_variant_tensors_are_refused_by_name() {
-        let spec = TinyBert::new(GgmlType::F32, BERT_SEED);
-        let mut w = tiny_bert_writer(&spec).unwrap();
-        w.add_meta("bert.attention.causal", MetaValue::Bool(true));
-        let e = load(&w).err().unwrap().to_string();
-        assert!(e.contains("bert.attention.causal"), "{e}");
-        let mut w = tiny_bert_writer(&spec).unwrap();
-        w.add_tensor_f32(
-            "blk.1.attn_qkv.weight",
-            &[64, 192],
-            GgmlType::F32,
-            &[0.0; 64 * 192],
-        )
-        .unwrap();
-        let e = load(&w).err().unwrap().to_string();
-        assert!(e.contains("blk.1.attn_qkv.weight"), "{e}");
-        let mut w = tiny_bert_writer(&spec).unwrap();
-        w.add_meta("bert.attention.layer_norm_epsilon", MetaValue::F32(-1.0));
-        let e = load(&w).err().unwrap().to_string();
-        assert!(e.contains("layer_norm_epsilon"), "{e}");
-    }
-
-    #[test]
-    fn the_reranker_ends_in_its_head_only_when_the_graph_asks_for_rank() {
-        use minfer_graph::Op;
-        let (_, spec) = bert_reranker();
-        let m = load(&tiny_bert_writer(&spec).unwrap()).unwrap();
-        assert_eq!(m.rank_width(), Some(1));
-        let names = m.weight_names();
-        for t in [
-            "cls.weight",
-            "cls.bias",
-            "cls.output.weight",
-            "cls.output.bias",
-        ] {
-            assert!(names.iter().any(|n| n == t), "{t} not referenced");
-        }
-        let cp = crate::params::cpu_cparams(128);
-        let plain = m.build_graph(&crate::params::prefill(9, 9, cp.clone()).unwrap());
-        assert_eq!(
-            plain.nodes[plain.outputs[0]].out_shape[..2],
-            [spec.n_embd, 9]
-        );
-        let cp = minfer_graph::CParams { rank: true, ..cp };
-        let g = m.build_graph(&crate::params::prefill(9, 9, cp).unwrap());
-        let out = &g.nodes[g.outputs[0]];
-        assert_eq!(out.out_shape[..2], [1, 9]);
-        assert_eq!(
-            g.nodes.iter().filter(|n| n.op == Op::SoftCap(1.0)).count(),
-            1,
-            "one tanh between the dense layer and the classifier"
-        );
-        // A headless BERT has no rank width: the runtime refuses rank pooling for it.
-        let plain = load(&tiny_bert_writer(&TinyBert::new(GgmlType::F32, BERT_SEED)).unwrap());
-        assert_eq!(plain.unwrap().rank_width(), None);
-    }
-
-    #[test]
-    fn a_tiny_bert_loads() {
-        for (stem, spec) in bert_models() {
-            let f = minfer_gguf::GgufFile::from_bytes(tiny_bert_bytes(&spec).unwrap()).unwrap();
-            let m = crate::load_model(&f).unwrap_or_else(|e| panic!("{stem}: {e}"));
-            assert!(m.is_encoder());
-            assert_eq!(m.arch(), "bert");
-        }
     }
 }

@@ -1,11 +1,15 @@
-//! The BERT encoder: the tiny random-weight BERTs against llama.cpp's token ids and
-//! embeddings, one pass per text whatever the batch size, a server slot embedding as a
-//! lone engine, and the refusals (generation, a text past the position table).
+//! The BERT-family encoders: the tiny random-weight BERTs and nomic-berts against
+//! llama.cpp's token ids and embeddings, one pass per text whatever the batch size, a
+//! server slot embedding as a lone engine, and the refusals (generation, a text past the
+//! position table).
 
 use std::sync::Arc;
 
+use minfer_gguf::MetaValue;
 use minfer_gguf::{GgmlType, GgufFile};
-use minfer_models::testing::{bert_models, tiny_bert_bytes, TinyBert, BERT_SEED};
+use minfer_models::testing::{
+    bert_models, nomic_models, tiny_bert_bytes, tiny_bert_writer, TinyBert, BERT_SEED,
+};
 use minfer_runtime::embed::{cosine, embed, Pooling};
 use minfer_runtime::{Engine, EngineError, EngineOptions, MultiEngine};
 
@@ -41,12 +45,7 @@ fn tiny_bert_embeddings_match_llama_cpp() {
     let golden: serde_json::Value =
         serde_json::from_str(include_str!("../golden/embed_tiny_reference.json"))
             .expect("golden JSON");
-    let entries: Vec<&serde_json::Value> = golden["entries"]
-        .as_array()
-        .expect("entries")
-        .iter()
-        .filter(|g| g["model"].as_str().unwrap_or("").starts_with("bert"))
-        .collect();
+    let entries = golden_entries(&golden, "bert");
     assert!(entries.len() >= 15, "{} entries", entries.len());
     let mut worst = [0f64; 2];
     for (stem, spec) in bert_models() {
@@ -72,6 +71,102 @@ fn tiny_bert_embeddings_match_llama_cpp() {
     }
     eprintln!(
         "tiny BERTs: worst cosine distance {:.2e} (F32), {:.2e} (Q8_0)",
+        worst[0], worst[1]
+    );
+}
+
+/// The golden entries of the models whose stem starts with `prefix`.
+fn golden_entries(golden: &serde_json::Value, prefix: &str) -> Vec<serde_json::Value> {
+    golden["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|g| g["model"].as_str().unwrap_or("").starts_with(prefix))
+        .cloned()
+        .collect()
+}
+
+/// A BERT whose q, k and v (and biases) are stored as one fused `attn_qkv` — which
+/// llama.cpp loads as well — embeds as the split file does: llama.cpp's bert-f32 golden
+/// within the F32 bound, 1e-5.
+#[test]
+fn a_fused_qkv_bert_embeds_as_its_split_form() {
+    let golden: serde_json::Value =
+        serde_json::from_str(include_str!("../golden/embed_tiny_reference.json"))
+            .expect("golden JSON");
+    let spec = TinyBert {
+        fused_qkv: true,
+        ..TinyBert::new(GgmlType::F32, BERT_SEED)
+    };
+    let mut e = engine(&spec, 4);
+    assert!(e.file().tensor("blk.0.attn_qkv.bias").is_some());
+    assert!(e.file().tensor("blk.0.attn_q.weight").is_none());
+    let entries = golden_entries(&golden, "bert-f32");
+    assert!(entries.len() >= 5);
+    for g in &entries {
+        let (dist, pooling, text) = distance_to_golden(&mut e, g, "bert-f32 fused");
+        assert!(
+            dist < 1e-5,
+            "{} {text:?}: cosine distance {dist:e}",
+            pooling.name()
+        );
+    }
+}
+
+/// The tiny nomic-berts against llama.cpp (`scripts/gen_embed_reference.py --tiny`): the
+/// same WordPiece ids and, with the mean pooling the files state, a cosine distance
+/// under the BERT bounds: 1e-5 for F32, 1e-4 for Q8_0. Then the same F32 model with its
+/// rope turned to a no-op (a linear scaling factor of 1e9 leaves every angle under 1e-7
+/// rad, the graph of a nomic-bert that skips RoPE) must miss llama.cpp by more than 1e-4
+/// on every text (measured at least 3.8e-3): the bounds tell a rotated model from an
+/// unrotated one. Dropping the rope nodes from the graph, or pairing them as adjacent
+/// values instead of NeoX halves, fails the first half (checked: 9.6e-3 and 1.5e-2).
+#[test]
+fn tiny_nomic_bert_embeddings_match_llama_cpp_and_need_their_rope() {
+    let golden: serde_json::Value =
+        serde_json::from_str(include_str!("../golden/embed_tiny_reference.json"))
+            .expect("golden JSON");
+    let entries = golden_entries(&golden, "nomic");
+    assert_eq!(entries.len(), 10, "5 texts for each of 2 models");
+    let mut worst = [0f64; 2];
+    for (stem, spec) in nomic_models() {
+        let mut e = engine(&spec, 4);
+        assert_eq!(e.arch(), "nomic-bert");
+        assert_eq!(Pooling::default_for(&e), Pooling::Mean);
+        let (bound, slot) = if spec.wtype == GgmlType::F32 {
+            (1e-5, 0)
+        } else {
+            (1e-4, 1)
+        };
+        let mine: Vec<_> = entries.iter().filter(|g| g["model"] == stem).collect();
+        assert_eq!(mine.len(), 5, "golden entries for {stem}");
+        for g in mine {
+            let (dist, _, text) = distance_to_golden(&mut e, g, stem);
+            worst[slot] = worst[slot].max(dist);
+            assert!(dist < bound, "{stem} {text:?}: cosine distance {dist:e}");
+        }
+    }
+    let (stem, spec) = &nomic_models()[0];
+    let mut w = tiny_bert_writer(spec).expect("writer");
+    w.add_meta("nomic-bert.rope.scaling.factor", MetaValue::F32(1e9));
+    let file = GgufFile::from_bytes(w.to_bytes().expect("bytes")).expect("reader");
+    let opts = EngineOptions {
+        n_threads: 2,
+        n_batch: 4,
+        ..EngineOptions::default()
+    };
+    let mut unrotated = Engine::from_gguf(file, &opts).expect("engine");
+    let mut nearest = f64::INFINITY;
+    for g in entries.iter().filter(|g| g["model"] == *stem) {
+        let (dist, _, text) = distance_to_golden(&mut unrotated, g, stem);
+        nearest = nearest.min(dist);
+        assert!(
+            dist > 1e-4,
+            "{text:?} without rope: cosine distance {dist:e}"
+        );
+    }
+    eprintln!(
+        "tiny nomic-berts: worst cosine distance {:.2e} (F32), {:.2e} (Q8_0); without rope at least {nearest:.2e}",
         worst[0], worst[1]
     );
 }

@@ -217,11 +217,10 @@ async fn rerank_names_what_it_needs() {
     }
 }
 
-/// A BERT encoder served: `/v1/embeddings` gives llama.cpp's mean-pooled vector of the
-/// tiny BERT (the golden of the runtime's check), `/embedding` the same, and a chat
-/// request is refused naming the encoder.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bert_encoder_serves_embeddings_and_refuses_chat() {
+/// A BERT-family encoder served: `/v1/embeddings` gives llama.cpp's mean-pooled vector of
+/// the tiny model `stem` (the golden of the runtime's check), `/embedding` the same, and
+/// a chat request is refused naming the encoder.
+async fn an_encoder_serves_the_golden_embedding(stem: &str, s: TestServer) {
     let golden: Value = serde_json::from_str(include_str!(
         "../../../runtime/tests/golden/embed_tiny_reference.json"
     ))
@@ -230,11 +229,10 @@ async fn a_bert_encoder_serves_embeddings_and_refuses_chat() {
         .as_array()
         .expect("entries")
         .iter()
-        .find(|g| g["model"] == "bert-f32" && g["pooling"] == "mean")
-        .expect("a bert-f32 mean entry");
+        .find(|g| g["model"] == stem && g["pooling"] == "mean")
+        .unwrap_or_else(|| panic!("a {stem} mean entry"));
     let want = vector(&g["embedding"]);
     let text = g["text"].as_str().expect("text");
-    let s = tiny_bert_server();
     let b = &s.base;
     let (st, v) = post(b, "/v1/embeddings", json!({ "input": text })).await;
     assert_eq!(st, 200, "{v}");
@@ -245,7 +243,7 @@ async fn a_bert_encoder_serves_embeddings_and_refuses_chat() {
         .zip(&want)
         .map(|(&a, &b)| a as f64 * b as f64)
         .sum();
-    assert!(1.0 - cos < 1e-5, "cosine {cos}");
+    assert!(1.0 - cos < 1e-5, "{stem}: cosine {cos}");
     let (st, v) = post(b, "/embedding", json!({ "content": text })).await;
     assert_eq!(st, 200, "{v}");
     let (st, v) = post(
@@ -257,4 +255,18 @@ async fn a_bert_encoder_serves_embeddings_and_refuses_chat() {
     assert!(st >= 400, "{st} {v}");
     assert!(v.to_string().contains("encoder"), "{v}");
     s.stop().expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bert_encoder_serves_embeddings_and_refuses_chat() {
+    an_encoder_serves_the_golden_embedding("bert-f32", tiny_bert_server()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nomic_bert_encoder_serves_embeddings_and_refuses_chat() {
+    let spec = minfer_models::testing::TinyBert::nomic(
+        minfer_gguf::GgmlType::F32,
+        minfer_models::testing::NOMIC_SEED,
+    );
+    an_encoder_serves_the_golden_embedding("nomic-f32", bert_server(&spec, |_| {})).await;
 }
