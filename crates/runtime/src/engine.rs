@@ -29,6 +29,11 @@ use crate::swa::{self, SwaRings};
 
 mod recurrent;
 
+/// Most tokens of one sequence a speculative verify block runs in one step (a draft of
+/// up to `--draft-max` tokens and the token it follows): sliding-window rings keep room
+/// for at least this many new rows.
+pub const MAX_VERIFY_BLOCK: usize = 17;
+
 /// Entries of a traced step's `logits_top`.
 pub const TRACE_LOGITS_TOP: usize = 5;
 
@@ -411,7 +416,7 @@ impl Engine {
         check_kv_fits(hp, n_ctx, kv_types)?;
         // A ring holds a window plus the largest step of one sequence: a prompt chunk or
         // a speculative verify block.
-        let ring_step = opts.n_batch.max(crate::speculative::DRAFT_MAX_LIMIT + 1);
+        let ring_step = opts.n_batch.max(MAX_VERIFY_BLOCK);
         let swa = SwaRings::new(model.layer_windows(), n_ctx, ring_step, opts.swa_full);
         let selection = registry.select(fence.as_deref());
         crate::backends::record_notices(&selection.notices);
@@ -964,7 +969,7 @@ impl Engine {
 
     /// Runs `tokens` at positions `pos0..` of the current sequence, as [`Self::forward`]
     /// does, and returns every token's final-normed hidden state (`nt` rows of
-    /// `n_embd`): the rows embeddings pool ([`crate::embed`]).
+    /// `n_embd`): the rows that embeddings pool.
     pub fn forward_hidden(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
         self.embeddings = true;
         let mut out = Vec::new();

@@ -5,8 +5,9 @@
 use super::lookup::NGRAM_MAX;
 use crate::engine::EngineError;
 
-/// Largest draft length `--draft-max` accepts.
-pub const DRAFT_MAX_LIMIT: usize = 16;
+/// Largest draft length `--draft-max` accepts: one less than the largest verify block
+/// the engine sizes its sliding-window rings for (the draft plus the token it follows).
+pub const DRAFT_MAX_LIMIT: usize = crate::engine::MAX_VERIFY_BLOCK - 1;
 
 /// The default draft length cap: verify blocks of up to 8 tokens.
 pub const DEFAULT_DRAFT_MAX: usize = 7;
