@@ -54,14 +54,7 @@ impl ElementwiseOps for CudaBackend {
     }
 
     fn swiglu(&mut self, c: &NodeCall) -> Result<(), BackendError> {
-        let n = c.io.n;
-        let geom = dispatch::elementwise_geom(n)?;
-        let args = vec![
-            Arg::Buf(c.io.id(0)?),
-            Arg::Buf(c.io.id(1)?),
-            Arg::Buf(c.io.out),
-            un(n, "elements")?,
-        ];
+        let (geom, args) = gated_launch(c)?;
         self.launch(Kernel::SwiGlu, geom, args);
         Ok(())
     }
@@ -91,14 +84,7 @@ impl ElementwiseOps for CudaBackend {
     }
 
     fn geglu(&mut self, c: &NodeCall) -> Result<(), BackendError> {
-        let n = c.io.n;
-        let geom = dispatch::elementwise_geom(n)?;
-        let args = vec![
-            Arg::Buf(c.io.id(0)?),
-            Arg::Buf(c.io.id(1)?),
-            Arg::Buf(c.io.out),
-            un(n, "elements")?,
-        ];
+        let (geom, args) = gated_launch(c)?;
         self.launch(Kernel::GeGlu, geom, args);
         Ok(())
     }
@@ -281,4 +267,18 @@ impl CudaBackend {
         );
         Ok(())
     }
+}
+
+/// The geometry and arguments of a gated product (`act(gate) * up`, element by
+/// element): gate, up, output and the element count.
+fn gated_launch(c: &NodeCall) -> Result<(dispatch::Geom, Vec<Arg>), BackendError> {
+    let n = c.io.n;
+    let geom = dispatch::elementwise_geom(n)?;
+    let args = vec![
+        Arg::Buf(c.io.id(0)?),
+        Arg::Buf(c.io.id(1)?),
+        Arg::Buf(c.io.out),
+        un(n, "elements")?,
+    ];
+    Ok((geom, args))
 }
