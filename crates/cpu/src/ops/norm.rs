@@ -31,6 +31,36 @@ pub fn rms_norm_row(x: &[f32], y: &mut [f32], eps: f32, w: Option<&[f32]>) {
     }
 }
 
+/// The checks both norms make: `n` outputs in whole rows of `d` from at least `n` of
+/// `inputs` values, each per-column vector (`what`, values) of `d` values, and a
+/// non-negative `eps`; the error names the norm (`kind`) and what is wrong.
+fn check_rows(
+    kind: &str,
+    inputs: usize,
+    n: usize,
+    d: usize,
+    eps: f32,
+    vectors: &[(&str, Option<&[f32]>)],
+) -> Result<(), String> {
+    if d == 0 || !n.is_multiple_of(d) || inputs < n {
+        return Err(format!(
+            "{kind}: {n} output values in rows of {d} from {inputs} inputs"
+        ));
+    }
+    for &(what, v) in vectors {
+        if let Some(v) = v.filter(|v| v.len() != d) {
+            return Err(format!(
+                "{kind}: {what} has {} values, rows have {d}",
+                v.len()
+            ));
+        }
+    }
+    if eps.is_nan() || eps < 0.0 {
+        return Err(format!("{kind}: eps {eps} is not a non-negative number"));
+    }
+    Ok(())
+}
+
 /// Normalizes every row of `d` values of `x` into `y` (`y.len()` values, a multiple of `d`,
 /// at most `x.len()`). Rows run in parallel for large inputs.
 pub fn rms_norm(
@@ -42,23 +72,7 @@ pub fn rms_norm(
     w: Option<&[f32]>,
 ) -> Result<(), String> {
     let n = y.len();
-    if d == 0 || !n.is_multiple_of(d) || x.len() < n {
-        return Err(format!(
-            "rms norm: {n} output values in rows of {d} from {} inputs",
-            x.len()
-        ));
-    }
-    if let Some(w) = w {
-        if w.len() != d {
-            return Err(format!(
-                "rms norm: weight has {} values, rows have {d}",
-                w.len()
-            ));
-        }
-    }
-    if eps.is_nan() || eps < 0.0 {
-        return Err(format!("rms norm: eps {eps} is not a non-negative number"));
-    }
+    check_rows("rms norm", x.len(), n, d, eps, &[("weight", w)])?;
     par_rows(pool, y, d, n >= PAR_MIN_ELEMS, &|row0, ys| {
         for (i, yr) in ys.chunks_exact_mut(d).enumerate() {
             let r = row0 + i;
@@ -104,25 +118,14 @@ pub fn layer_norm(
     b: Option<&[f32]>,
 ) -> Result<(), String> {
     let n = y.len();
-    if d == 0 || !n.is_multiple_of(d) || x.len() < n {
-        return Err(format!(
-            "layer norm: {n} output values in rows of {d} from {} inputs",
-            x.len()
-        ));
-    }
-    for (what, v) in [("weight", w), ("bias", b)] {
-        if let Some(v) = v.filter(|v| v.len() != d) {
-            return Err(format!(
-                "layer norm: {what} has {} values, rows have {d}",
-                v.len()
-            ));
-        }
-    }
-    if eps.is_nan() || eps < 0.0 {
-        return Err(format!(
-            "layer norm: eps {eps} is not a non-negative number"
-        ));
-    }
+    check_rows(
+        "layer norm",
+        x.len(),
+        n,
+        d,
+        eps,
+        &[("weight", w), ("bias", b)],
+    )?;
     par_rows(pool, y, d, n >= PAR_MIN_ELEMS, &|row0, ys| {
         for (i, yr) in ys.chunks_exact_mut(d).enumerate() {
             let r = row0 + i;
