@@ -155,14 +155,16 @@ fn gemma_models_run_their_terms_on_wgpu() {
                 spec.arch
             );
         }
-        let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
-        let err = rel_err(&logits(&mut g), &logits(&mut c));
-        eprintln!(
-            "tiny {}: wgpu and the CPU against the CPU, relative error {err:.2e}",
-            spec.arch
-        );
-        assert!(err < 1e-3, "{}: relative error {err:e}", spec.arch);
+        assert_matches_the_cpu(&mut g, f, spec.arch);
     }
+}
+
+/// The wgpu engine `g`'s logits are within 1e-3 (relative) of a CPU engine's on `f`.
+fn assert_matches_the_cpu(g: &mut Engine, f: Arc<GgufFile>, arch: &str) {
+    let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
+    let err = rel_err(&logits(g), &logits(&mut c));
+    eprintln!("tiny {arch}: wgpu and the CPU against the CPU, relative error {err:.2e}");
+    assert!(err < 1e-3, "{arch}: relative error {err:e}");
 }
 
 #[test]
@@ -199,13 +201,7 @@ fn moe_models_route_experts_on_the_cpu_and_gate_the_shared_expert_on_wgpu() {
             }
         }
         assert_eq!(gates > 0, spec.arch == "qwen2moe", "{}: {gates}", spec.arch);
-        let mut c = Engine::from_arc(f, &opts("cpu")).expect("cpu engine");
-        let err = rel_err(&logits(&mut g), &logits(&mut c));
-        eprintln!(
-            "tiny {}: wgpu and the CPU against the CPU, relative error {err:.2e}",
-            spec.arch
-        );
-        assert!(err < 1e-3, "{}: relative error {err:e}", spec.arch);
+        assert_matches_the_cpu(&mut g, f, spec.arch);
     }
 }
 
