@@ -1228,9 +1228,9 @@ impl Engine {
         let _ = params;
     }
 
-    /// Prefills `tokens` from position `pos0` in chunks of at most `n_batch` and returns
-    /// the logits of the last token.
-    pub fn prefill(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
+    /// The position after a prompt of `tokens` from `pos0`, refused when it overflows the
+    /// context.
+    pub(crate) fn prompt_end(&self, tokens: &[u32], pos0: usize) -> Result<usize, EngineError> {
         let end = pos0.saturating_add(tokens.len());
         if end > self.n_ctx {
             return Err(EngineError::ContextOverflow {
@@ -1239,6 +1239,13 @@ impl Engine {
                 n_ctx: self.n_ctx,
             });
         }
+        Ok(end)
+    }
+
+    /// Prefills `tokens` from position `pos0` in chunks of at most `n_batch` and returns
+    /// the logits of the last token.
+    pub fn prefill(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
+        self.prompt_end(tokens, pos0)?;
         let mut logits = Vec::new();
         let mut pos = pos0;
         for chunk in tokens.chunks(self.n_batch) {

@@ -153,14 +153,7 @@ impl Engine {
         pos0: usize,
         mut each: impl FnMut(&[u32]) -> bool,
     ) -> Result<Option<Vec<f32>>, EngineError> {
-        let end = pos0.saturating_add(tokens.len());
-        if end > self.n_ctx {
-            return Err(EngineError::ContextOverflow {
-                what: "the prompt",
-                needed: end,
-                n_ctx: self.n_ctx,
-            });
-        }
+        let end = self.prompt_end(tokens, pos0)?;
         let n_batch = self.n_batch.max(1);
         let steps = if self.checkpointing() {
             checkpoint::prompt_steps(pos0, end, n_batch)
