@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use minfer_gguf::GgufFile;
-use minfer_graph::trace::{logits_top, NodeTrace};
+use minfer_graph::trace::logits_top;
 use minfer_graph::{
     Backend, BackendCaps, BackendConfig, BackendImpl, BackendOptions, BackendScheduler, CParams,
     CacheCounters, ComputeGraph, FaultInjector, FenceError, FusionPass, GraphAllocator, GraphCache,
@@ -27,39 +27,19 @@ use minfer_models::{HParams, ModelDef};
 use crate::checkpoint::CheckpointStore;
 use crate::swa::{self, SwaRings};
 
+mod kv_size;
 mod recurrent;
+mod trace;
+
+use kv_size::check_kv_fits;
+pub use kv_size::{kv_cache_bytes, kv_cache_bytes_as};
+use trace::EngineTrace;
+pub use trace::{TraceSink, TracedStep, TRACE_LOGITS_TOP};
 
 /// Most tokens of one sequence a speculative verify block runs in one step (a draft of
 /// up to `--draft-max` tokens and the token it follows): sliding-window rings keep room
 /// for at least this many new rows.
 pub const MAX_VERIFY_BLOCK: usize = 17;
-
-/// Entries of a traced step's `logits_top`.
-pub const TRACE_LOGITS_TOP: usize = 5;
-
-/// One step as the per-node trace records it (see [`Engine::set_trace`]).
-#[derive(Debug, Clone)]
-pub struct TracedStep {
-    /// `prefill` (more than one token) or `decode`.
-    pub kind: &'static str,
-    /// The uid of the graph the step ran; a new uid starts a new phase.
-    pub graph_uid: u64,
-    /// The graph's `minfer-graph` export, on the first step of each graph only.
-    pub graph: Option<serde_json::Value>,
-    /// Every captured node, in execution order.
-    pub nodes: Vec<NodeTrace>,
-    /// The largest logits of the step's last output row, `(token id, logit)`.
-    pub logits_top: Vec<(u32, f32)>,
-}
-
-/// Where traced steps go: called once per executed step.
-pub type TraceSink = Box<dyn FnMut(TracedStep) + Send>;
-
-/// The engine's side of an active trace.
-struct EngineTrace {
-    sink: TraceSink,
-    last_uid: Option<u64>,
-}
 
 /// Errors of loading a model into an engine and running it.
 #[derive(Debug, thiserror::Error)]
@@ -195,58 +175,6 @@ type KvLayout = (usize, usize, Vec<(usize, minfer_graph::KvRegion)>);
 
 /// The default context: the model's own, capped at 4096.
 pub const DEFAULT_CTX_CAP: usize = 4096;
-
-/// Bytes of the f32 K and V regions of every layer for `n_ctx` positions; `None` when the
-/// product does not fit a `u64`.
-pub fn kv_cache_bytes(hp: &HParams, n_ctx: usize) -> Option<u64> {
-    kv_cache_bytes_as(hp, n_ctx, [KvType::F32; 2])
-}
-
-/// Bytes of the K and V regions of every layer for `n_ctx` positions stored as `types`
-/// (K, V); `None` when a row is not whole blocks of its format or the product overflows.
-pub fn kv_cache_bytes_as(hp: &HParams, n_ctx: usize, types: [KvType; 2]) -> Option<u64> {
-    let row = hp.n_head_kv.checked_mul(hp.head_dim)?;
-    types.iter().try_fold(0u64, |acc, t| {
-        let words = u64::try_from(t.row_words(row)?).ok()?;
-        [hp.n_layer, n_ctx]
-            .iter()
-            .try_fold(words.checked_mul(4)?, |a, &x| {
-                a.checked_mul(u64::try_from(x).ok()?)
-            })?
-            .checked_add(acc)
-    })
-}
-
-/// Refuses a context whose KV cache cannot be allocated on this machine, so an absurd `-c`
-/// is a named error before anything is allocated rather than an allocation abort later.
-fn check_kv_fits(hp: &HParams, n_ctx: usize, types: [KvType; 2]) -> Result<(), EngineError> {
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let too_big = |need: String, have: String| EngineError::Param {
-        name: "context size (-c)",
-        message: format!("{n_ctx} positions need {need} of KV cache, {have} (lower -c)"),
-    };
-    let Some(bytes) = kv_cache_bytes_as(hp, n_ctx, types) else {
-        return Err(too_big(
-            "more than 2^64 bytes".into(),
-            "which nothing holds".into(),
-        ));
-    };
-    match physical_memory() {
-        Some(mem) if bytes > mem => Err(too_big(
-            format!("{:.1} GiB", gib(bytes)),
-            format!("more than this machine's {:.1} GiB of memory", gib(mem)),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// Total physical memory in bytes, where the platform says (Linux: `/proc/meminfo`).
-fn physical_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
 
 /// A loaded model ready to run.
 pub struct Engine {
@@ -1257,116 +1185,4 @@ impl Engine {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use minfer_gguf::GgmlType;
-    use minfer_models::testing::{tiny_model_bytes, TinySpec};
-
-    #[test]
-    fn device_graphs_stay_off_while_the_scheduler_traces_or_profiles() {
-        let mut o = EngineOptions::default();
-        assert!(o.backend_config_options().device_graphs);
-        o.scheduler.profile = true;
-        assert!(!o.backend_config_options().device_graphs);
-        o.scheduler = SchedulerOptions {
-            graph_trace: true,
-            ..SchedulerOptions::default()
-        };
-        assert!(!o.backend_config_options().device_graphs);
-        o.scheduler = SchedulerOptions::default();
-        o.backend_options.device_graphs = false;
-        assert!(!o.backend_config_options().device_graphs);
-    }
-
-    fn tiny_engine() -> Engine {
-        let spec = TinySpec::qwen2(GgmlType::Q8_0, 75);
-        let file = GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader");
-        let opts = EngineOptions {
-            n_threads: 1,
-            n_ctx: Some(32),
-            backend: None,
-            n_batch: 512,
-            ..EngineOptions::default()
-        };
-        Engine::from_gguf(file, &opts).expect("engine")
-    }
-
-    /// Under debug assertions a reused graph that is not what a rebuild gives (here one
-    /// whose node was tampered with) stops the step loudly instead of running.
-    #[cfg(debug_assertions)]
-    #[test]
-    fn a_reused_graph_unlike_its_rebuild_fails_loudly() {
-        let mut e = tiny_engine();
-        e.forward(&[1, 2, 3], 0, 1).unwrap();
-        e.forward(&[4, 5, 6], 0, 1)
-            .expect("an honest reuse passes the check");
-        let mut g = e.cache.graph().expect("cached").clone();
-        let params = e.params(3, 1).expect("params");
-        let last = g.nodes.len() - 1;
-        g.nodes[last].src.reverse();
-        g.nodes[last].src.push(0);
-        e.cache.replace_graph(g, params);
-        let r =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.forward(&[7, 8, 9], 0, 1)));
-        let payload = r.expect_err("the check panics");
-        let text = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
-        assert!(text.contains("graph reuse identity broken"), "{text}");
-    }
-
-    #[test]
-    fn the_reuse_check_follows_debug_assertions() {
-        let mut e = tiny_engine();
-        assert_eq!(e.check_reuse, cfg!(debug_assertions));
-        e.set_check_reuse(false);
-        assert!(!e.check_reuse);
-        e.set_check_reuse(true);
-        assert_eq!(e.check_reuse, cfg!(debug_assertions));
-    }
-
-    fn hparams(n_layer: usize, head_dim: usize) -> HParams {
-        HParams {
-            n_layer,
-            n_embd: 64,
-            n_head: 2,
-            n_head_kv: 2,
-            head_dim,
-            n_ff: 128,
-            n_vocab: 300,
-            n_ctx_train: 4096,
-            rms_eps: 1e-6,
-            rope_freq_base: 10000.0,
-            rope_freq_scale: 1.0,
-            rope_yarn: None,
-            rope_style: minfer_graph::RopeStyle::NonInterleaved,
-            moe: None,
-        }
-    }
-
-    #[test]
-    fn kv_sizes_are_checked_products_and_absurd_contexts_are_named_errors() {
-        // 2 halves * 4 bytes * 2 layers * 2 heads * 32 dims * 64 positions.
-        assert_eq!(
-            kv_cache_bytes(&hparams(2, 32), 64),
-            Some(2 * 4 * 2 * 2 * 32 * 64)
-        );
-        assert_eq!(kv_cache_bytes(&hparams(usize::MAX, 32), 1 << 24), None);
-        assert!(check_kv_fits(&hparams(2, 32), 64, [KvType::F32; 2]).is_ok());
-        let mut absurd = vec![hparams(usize::MAX, 32)];
-        if physical_memory().is_some() {
-            // 2^58 bytes: representable, but more than any machine holds.
-            absurd.push(hparams(1 << 20, 1 << 10));
-        }
-        for hp in absurd {
-            let e = check_kv_fits(&hp, 1 << 24, [KvType::F32; 2])
-                .unwrap_err()
-                .to_string();
-            assert!(
-                e.contains("context size (-c)") && e.contains("KV cache"),
-                "{e}"
-            );
-        }
-    }
-}
+mod tests;
