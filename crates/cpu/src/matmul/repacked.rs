@@ -442,8 +442,39 @@ fn quantize_k<'s>(
 type GroupKernel<'a> = dyn Fn(usize, usize, usize) -> [[f32; ROWS]; TOKEN_GROUP] + Sync + 'a;
 
 /// The kernel results of row groups `g` and `g + 1` together (sixteen rows) for up to
-/// [`TOKEN_GROUP`] tokens from `t`.
-type PairKernel<'a> = dyn Fn(usize, usize, usize) -> [[f32; 2 * ROWS]; TOKEN_GROUP] + Sync + 'a;
+/// [`PAIR_TOKENS`] tokens from `t`.
+type PairKernel<'a> = dyn Fn(usize, usize, usize) -> [[f32; 2 * ROWS]; PAIR_TOKENS] + Sync + 'a;
+
+/// Tokens per call of a two-group kernel: eight share each block's unpacked weights, where
+/// [`TOKEN_GROUP`] tokens would unpack them twice as often.
+const PAIR_TOKENS: usize = 8;
+
+/// [`by_count`] for up to [`PAIR_TOKENS`] tokens: eight in one call of `f8`, fewer as one
+/// call for the first four and one for the rest.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn by_count_pair<A: Copy, const W: usize>(
+    n: usize,
+    t: usize,
+    act: impl Fn(usize) -> A + Copy,
+    f1: impl Fn([A; 1]) -> [[f32; W]; 1] + Copy,
+    f2: impl Fn([A; 2]) -> [[f32; W]; 2] + Copy,
+    f3: impl Fn([A; 3]) -> [[f32; W]; 3] + Copy,
+    f4: impl Fn([A; 4]) -> [[f32; W]; 4] + Copy,
+    f8: impl Fn([A; 8]) -> [[f32; W]; 8],
+) -> [[f32; W]; PAIR_TOKENS] {
+    if n == PAIR_TOKENS {
+        return f8(std::array::from_fn(|i| act(t + i)));
+    }
+    let mut res = [[0.0f32; W]; PAIR_TOKENS];
+    let first = n.min(TOKEN_GROUP);
+    res[..TOKEN_GROUP].copy_from_slice(&by_count(first, t, act, f1, f2, f3, f4));
+    if n > TOKEN_GROUP {
+        let rest = by_count(n - TOKEN_GROUP, t + TOKEN_GROUP, act, f1, f2, f3, f4);
+        res[TOKEN_GROUP..].copy_from_slice(&rest);
+    }
+    res
+}
 
 /// Calls `f` with `n` (1 to [`TOKEN_GROUP`]) consecutive tokens from `t` as a const-size
 /// array, padding the result to [`TOKEN_GROUP`].
@@ -484,7 +515,7 @@ fn run(
     let chunk = if nt <= TOKEN_GROUP {
         nt
     } else {
-        (CHUNK_ACT_BYTES / act_bytes.max(1) / TOKEN_GROUP * TOKEN_GROUP).clamp(TOKEN_GROUP, 64)
+        (CHUNK_ACT_BYTES / act_bytes.max(1) / PAIR_TOKENS * PAIR_TOKENS).clamp(PAIR_TOKENS, 64)
     };
     let n_chunks = nt.div_ceil(chunk);
     // At least ~4 tiles per thread so a slow thread cannot stall the rest.
@@ -560,7 +591,7 @@ fn pair_rows(
 ) {
     let mut t = tokens.start;
     while t < tokens.end {
-        let n = (tokens.end - t).min(TOKEN_GROUP);
+        let n = (tokens.end - t).min(PAIR_TOKENS);
         write_rows(out, rows, g * ROWS, t, &p(g, t, n)[..n]);
         t += n;
     }
@@ -601,10 +632,11 @@ fn run_q8<T: Tile + Wide32>(
                 &tiles[g * nb..(g + 1) * nb],
                 &tiles[(g + 1) * nb..(g + 2) * nb],
             );
-            by_count(
+            by_count_pair(
                 n,
                 t,
                 act,
+                |a| gemv_wide(wd, w0, w1, a),
                 |a| gemv_wide(wd, w0, w1, a),
                 |a| gemv_wide(wd, w0, w1, a),
                 |a| gemv_wide(wd, w0, w1, a),
@@ -707,10 +739,11 @@ fn run_k<T: KTile>(
                 &tiles[g * nb..(g + 1) * nb],
                 &tiles[(g + 1) * nb..(g + 2) * nb],
             );
-            by_count(
+            by_count_pair(
                 n,
                 t,
                 act,
+                |a| T::gemv_wide(wd, w0, w1, a),
                 |a| T::gemv_wide(wd, w0, w1, a),
                 |a| T::gemv_wide(wd, w0, w1, a),
                 |a| T::gemv_wide(wd, w0, w1, a),
@@ -932,11 +965,11 @@ mod tests {
         // Two row groups, so prefill's two-group kernel runs too.
         let blocks = vec![blk; 16];
         let rp = repack_blocks(GgmlType::Q6K, &blocks, 16, 256);
-        let x = vec![-127.0f32; 256 * 2];
+        let x = vec![-127.0f32; 256 * 8];
         // Each element is -128 * 31 against -127; the integer total is exact in f32.
         let want = (256 * 128 * 31 * 127) as f32;
         for isa in isas() {
-            for nt in [1, 2] {
+            for nt in [1, 2, 8] {
                 let y = run_repacked(isa, 1, &rp, &x[..256 * nt], nt);
                 assert!(
                     y.iter().all(|&v| v == want),
@@ -959,11 +992,11 @@ mod tests {
         // Two row groups, so prefill's two-group kernel runs too.
         let blocks = vec![blk; 16 * 2];
         let rp = repack_blocks(GgmlType::Q4K, &blocks, 16, 512);
-        let x = vec![127.0f32; 512 * 2];
+        let x = vec![127.0f32; 512 * 8];
         // Each element is 63 * 15 - 63 = 882 against 127; every partial sum is exact in f32.
         let want = (512 * 882 * 127) as f32;
         for isa in isas() {
-            for nt in [1, 2] {
+            for nt in [1, 2, 8] {
                 let y = run_repacked(isa, 1, &rp, &x[..512 * nt], nt);
                 assert!(
                     y.iter().all(|&v| v == want),
@@ -976,7 +1009,7 @@ mod tests {
     #[test]
     fn extreme_levels_are_exact() {
         // Q8_0 weights of -128 go through the sign trick as |w| = 128 (and through the
-        // 512-bit kernel's flipped sign bit as 0, two groups and two tokens); Q5_0 levels
+        // 512-bit kernel's flipped sign bit as 0, two groups and two or eight tokens); Q5_0 levels
         // span -16..=15 against activations of ±127.
         let rows = 16;
         let mut blocks = vec![
@@ -989,7 +1022,7 @@ mod tests {
         blocks[3].qs[7] = 127;
         blocks[11].qs[7] = 127;
         let rp = repack_blocks(GgmlType::Q8_0, &blocks, rows, 32);
-        for nt in [1, 2] {
+        for nt in [1, 2, 8] {
             let x = vec![-127.0f32; 32 * nt];
             for isa in isas() {
                 let y = run_repacked(isa, 1, &rp, &x, nt);
@@ -1012,7 +1045,7 @@ mod tests {
             })
             .collect();
         let rp = repack_blocks(GgmlType::Q5_0, &q5, rows, 32);
-        for nt in [1, 2] {
+        for nt in [1, 2, 8] {
             let x = vec![-127.0f32; 32 * nt];
             for isa in isas() {
                 let y = run_repacked(isa, 1, &rp, &x, nt);

@@ -186,6 +186,18 @@ impl VecIsa {
         self.weighted_rows_acc(pb, v, stride, first, ob);
     }
 
+    /// `s[i] *= scale`, returning the largest result (NaN entries are passed over, as
+    /// `f32::max` passes them; the maximum is exact in any order).
+    #[inline]
+    pub fn scale_max(self, s: &mut [f32], scale: f32) -> f32 {
+        match self {
+            VecIsa::Scalar => scale_max_scalar(s, scale),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` exists only after AVX2 and FMA were detected.
+            VecIsa::Avx2 => unsafe { avx2::scale_max(s, scale) },
+        }
+    }
+
     /// `y[i] *= a`.
     #[inline]
     pub fn scale(self, y: &mut [f32], a: f32) {
@@ -213,6 +225,16 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
         sum += x * y;
     }
     sum
+}
+
+/// Reference [`VecIsa::scale_max`].
+pub fn scale_max_scalar(s: &mut [f32], scale: f32) -> f32 {
+    let mut mx = f32::NEG_INFINITY;
+    for x in s {
+        *x *= scale;
+        mx = mx.max(*x);
+    }
+    mx
 }
 
 /// Panics unless rows `first + i*stride .. + width` for `i < n` lie inside `len`; callers
@@ -260,6 +282,35 @@ pub fn axpy_scalar(y: &mut [f32], a: f32, x: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX2 must be available.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scale_max(s: &mut [f32], scale: f32) -> f32 {
+        let (n, p) = (s.len(), s.as_mut_ptr());
+        let sc = _mm256_set1_ps(scale);
+        let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n.
+            unsafe {
+                let x = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), sc);
+                _mm256_storeu_ps(p.add(i), x);
+                // `max(x, mx)` yields `mx` where `x` is NaN, as `f32::max` does.
+                mx = _mm256_max_ps(x, mx);
+            }
+            i += 8;
+        }
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: eight lanes into eight floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), mx) };
+        let mut m = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        for x in &mut s[i..] {
+            *x *= scale;
+            m = m.max(*x);
+        }
+        m
+    }
 
     /// # Safety
     /// AVX2 and FMA must be available; `a` and `b` have equal lengths.
@@ -503,6 +554,29 @@ mod tests {
         let mut y = vec![1.0; 3];
         VecIsa::Scalar.scale(&mut y, 0.5);
         assert_eq!(y, vec![0.5; 3]);
+    }
+
+    /// The detected ISA scales and finds the maximum with the reference's bits, for
+    /// lengths with and without a tail, with a NaN passed over and all-negative rows.
+    #[test]
+    fn scale_max_matches_the_reference() {
+        let mut r = Rng::new(9);
+        for n in [1, 7, 8, 13, 64] {
+            for nan in [None, Some(0), Some(n - 1)] {
+                let mut a = r.vec(n, 4.0);
+                a.iter_mut().for_each(|x| *x -= 10.0);
+                if let Some(i) = nan {
+                    a[i] = f32::NAN;
+                }
+                let mut b = a.clone();
+                let ma = VecIsa::detect().scale_max(&mut a, 0.125);
+                let mb = scale_max_scalar(&mut b, 0.125);
+                assert_eq!(ma.to_bits(), mb.to_bits(), "n {n}, nan at {nan:?}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b));
+                assert!(n == 1 && nan.is_some() || ma.is_finite() && ma < 0.0);
+            }
+        }
     }
 }
 

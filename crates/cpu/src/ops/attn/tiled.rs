@@ -130,24 +130,41 @@ fn source<'a>(
     }
 }
 
-/// `s[i] *= scale` and the largest result (eight lanes; the maximum is exact in any
-/// order, and NaN scores give NaN outputs either way).
+/// The denominators of rows `r0..r0 + l.len()` grow by their first `n` weights, each
+/// row's sum taken in key order (the bits of one running sum per row). Up to eight rows
+/// run side by side in registers: independent chains instead of one sum waiting on the
+/// last.
 #[inline]
-fn scale_max(s: &mut [f32], scale: f32) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let mut chunks = s.chunks_exact_mut(8);
-    for c in &mut chunks {
-        for (x, l) in c.iter_mut().zip(&mut lanes) {
-            *x *= scale;
-            *l = l.max(*x);
+fn add_weights(l: &mut [f32], scores: &[f32], r0: usize, n: usize) {
+    let mut r = 0;
+    while r < l.len() {
+        let k = (l.len() - r).min(8);
+        let (l, first) = (&mut l[r..r + k], r0 + r);
+        match k {
+            8 => add_weights_n::<8>(l, scores, first, n),
+            7 => add_weights_n::<7>(l, scores, first, n),
+            6 => add_weights_n::<6>(l, scores, first, n),
+            5 => add_weights_n::<5>(l, scores, first, n),
+            4 => add_weights_n::<4>(l, scores, first, n),
+            3 => add_weights_n::<3>(l, scores, first, n),
+            2 => add_weights_n::<2>(l, scores, first, n),
+            _ => add_weights_n::<1>(l, scores, first, n),
+        }
+        r += k;
+    }
+}
+
+/// [`add_weights`] for exactly `N` rows starting at score row `first`.
+#[inline(always)]
+fn add_weights_n<const N: usize>(l: &mut [f32], scores: &[f32], first: usize, n: usize) {
+    let mut acc: [f32; N] = std::array::from_fn(|i| l[i]);
+    let rows: [&[f32]; N] = std::array::from_fn(|i| &scores[(first + i) * KEY_TILE..][..n]);
+    for j in 0..n {
+        for (a, row) in acc.iter_mut().zip(&rows) {
+            *a += row[j];
         }
     }
-    let mut mx = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for x in chunks.into_remainder() {
-        *x *= scale;
-        mx = mx.max(*x);
-    }
-    mx
+    l[..N].copy_from_slice(&acc);
 }
 
 /// Runs the item (tokens `toks`, KV head `g`): the outputs of the group's query heads
@@ -241,7 +258,7 @@ pub(super) fn block_item(
             for (i, oh) in o.chunks_exact_mut(hd).enumerate() {
                 let r = r0 + i;
                 let row = &mut scores[r * KEY_TILE..][..e - s];
-                let mut tmax = scale_max(row, m.scale);
+                let mut tmax = isa.scale_max(row, m.scale);
                 if let Some(c) = m.softcap {
                     // The cap bends the scaled scores before the softmax (Gemma 2).
                     isa.softcap(row, c);
@@ -258,12 +275,7 @@ pub(super) fn block_item(
             }
             // Each head's denominator grows by its row's weights, summed in key order; the
             // heads' sums run side by side, independent chains instead of one at a time.
-            let ls = &mut l[r0..r0 + group];
-            for j in 0..e - s {
-                for (i, li) in ls.iter_mut().enumerate() {
-                    *li += scores[(r0 + i) * KEY_TILE + j];
-                }
-            }
+            add_weights(&mut l[r0..r0 + group], scores, r0, e - s);
             // ...then the weighted values, two heads per call (each head's bits those of
             // a call of its own).
             let w =

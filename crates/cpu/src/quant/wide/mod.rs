@@ -132,6 +132,19 @@ pub(super) unsafe fn bcast4(p: *const i8) -> __m512i {
     _mm512_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
 }
 
+/// The integer chain of register `k` for `NT` tokens: two chains (even and odd `k`) keep
+/// enough independent sums in flight for up to four tokens; eight tokens have enough
+/// with one each, and need the registers. Integer sums are exact, so the split changes no
+/// bit.
+#[inline(always)]
+const fn chain<const NT: usize>(k: usize) -> usize {
+    if NT >= 8 {
+        0
+    } else {
+        k % 2
+    }
+}
+
 /// Stores the accumulators as sixteen row results per token.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -187,7 +200,7 @@ unsafe fn gemv2_q8<const NT: usize>(
             for t in 0..NT {
                 // SAFETY: 4k + 4 <= 32 bytes of the block's levels.
                 let yk = unsafe { bcast4(y[t].0[b].qs.as_ptr().add(4 * k)) };
-                let s = &mut sum[t][k % 2];
+                let s = &mut sum[t][chain::<NT>(k)];
                 *s = _mm512_dpbusd_epi32(*s, uk, yk);
             }
         }
@@ -251,7 +264,7 @@ unsafe fn gemv2_q5<const NT: usize>(
             for t in 0..NT {
                 // SAFETY: 4k + 4 <= 32 bytes of the block's levels.
                 let yk = unsafe { bcast4(y[t].0[b].qs.as_ptr().add(4 * k)) };
-                let s = &mut sum[t][k % 2];
+                let s = &mut sum[t][chain::<NT>(k)];
                 *s = _mm512_dpbusd_epi32(*s, *uk, yk);
             }
         }
@@ -296,7 +309,7 @@ unsafe fn gemv2_iq4nl<const NT: usize>(
             for t in 0..NT {
                 // SAFETY: 4k + 4 <= 32 bytes of the block's levels.
                 let yk = unsafe { bcast4(y[t].0[b].qs.as_ptr().add(4 * k)) };
-                let s = &mut sum[t][k % 2];
+                let s = &mut sum[t][chain::<NT>(k)];
                 *s = _mm512_dpbusd_epi32(*s, *uk, yk);
             }
         }
