@@ -15,7 +15,7 @@
 use super::vec::VecIsa;
 
 /// `asuint64(2^(i/32)) - (i << 47)`: adding `k << 47` to entry `k % 32` gives `2^(k/32)`.
-const TAB: [u64; 32] = [
+pub(super) const TAB: [u64; 32] = [
     0x3ff0000000000000,
     0x3fefd9b0d3158574,
     0x3fefb5586cf9890f,
@@ -50,17 +50,17 @@ const TAB: [u64; 32] = [
     0x3fefd0765b6e4540,
 ];
 /// `32 / ln 2`.
-const INV_LN2_N: f64 = f64::from_bits(0x4047_1547_652b_82fe);
+pub(super) const INV_LN2_N: f64 = f64::from_bits(0x4047_1547_652b_82fe);
 /// `1.5 · 2^52`: adding it rounds to an integer held in the low mantissa bits.
-const SHIFT: f64 = f64::from_bits(0x4338_0000_0000_0000);
+pub(super) const SHIFT: f64 = f64::from_bits(0x4338_0000_0000_0000);
 /// Polynomial coefficients for `2^(r/32)`, highest degree first.
-const C0: f64 = f64::from_bits(0x3fac_6af8_4b91_2394) / 32768.0;
-const C1: f64 = f64::from_bits(0x3fce_bfce_50fa_c4f3) / 1024.0;
-const C2: f64 = f64::from_bits(0x3fe6_2e42_ff0c_52d6) / 32.0;
+pub(super) const C0: f64 = f64::from_bits(0x3fac_6af8_4b91_2394) / 32768.0;
+pub(super) const C1: f64 = f64::from_bits(0x3fce_bfce_50fa_c4f3) / 1024.0;
+pub(super) const C2: f64 = f64::from_bits(0x3fe6_2e42_ff0c_52d6) / 32.0;
 
 /// Whether `x` takes the library's special-case branch (`|x| >= 88`, infinities, NaN).
 #[inline]
-fn special(x: f32) -> bool {
+pub(super) fn special(x: f32) -> bool {
     (x.to_bits() >> 20) & 0x7ff >= 88f32.to_bits() >> 20
 }
 
@@ -95,6 +95,9 @@ impl VecIsa {
     pub fn exp_sub(self, s: &mut [f32], mx: f32) {
         match self {
             VecIsa::Scalar => exp_sub_scalar(s, mx),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `enabled` implies AVX-512 F was detected.
+            VecIsa::Avx2 if super::vec512::enabled() => unsafe { super::exp512::exp_sub(s, mx) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` exists only after AVX2 and FMA were detected.
             VecIsa::Avx2 => unsafe { avx2::exp_sub(s, mx) },
@@ -133,6 +136,11 @@ impl VecIsa {
         let n = out.len().min(gate.len()).min(up.len());
         match self {
             VecIsa::Scalar => swiglu_scalar(&gate[..n], &up[..n], &mut out[..n]),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `enabled` implies AVX-512 F was detected.
+            VecIsa::Avx2 if super::vec512::enabled() => unsafe {
+                super::exp512::swiglu(&gate[..n], &up[..n], &mut out[..n])
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` exists only after AVX2 and FMA were detected.
             VecIsa::Avx2 => unsafe { avx2::swiglu(&gate[..n], &up[..n], &mut out[..n]) },
@@ -386,6 +394,14 @@ mod tests {
             for (i, (p, q)) in a.iter().zip(&b).enumerate() {
                 assert_eq!(p.to_bits(), q.to_bits(), "x = {} mx {mx}", xs[i]);
                 assert_eq!(p.to_bits(), (xs[i] - mx).exp().to_bits());
+            }
+            // The AVX2 kernel too where the detected ISA runs the 512-bit one instead.
+            #[cfg(target_arch = "x86_64")]
+            if isa == VecIsa::Avx2 {
+                let mut c = xs.clone();
+                // SAFETY: `Avx2` exists only after AVX2 and FMA were detected.
+                unsafe { avx2::exp_sub(&mut c, mx) };
+                assert!(a.iter().zip(&c).all(|(p, q)| p.to_bits() == q.to_bits()));
             }
         }
         let up: Vec<f32> = (0..xs.len()).map(|_| r.f32()).collect();

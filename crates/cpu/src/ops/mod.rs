@@ -10,6 +10,8 @@ pub mod attn;
 mod delta_row;
 pub mod elementwise;
 pub mod exp;
+#[cfg(target_arch = "x86_64")]
+mod exp512;
 pub mod get_rows;
 pub mod kv;
 pub mod layout;
