@@ -157,12 +157,27 @@ pub(super) fn store<const NT: usize>(acc: [__m512; NT]) -> [[f32; 16]; NT] {
     out
 }
 
-/// `acc += (dw · dy) · (s0 + s1 - off)` per lane, the 256-bit kernels' float step.
+/// The integer chains of `NT` tokens for one block, the first of each starting at
+/// `-off` (the block's level shift times `Σ y`) so that no subtraction follows: integer
+/// sums are exact, so the bits are those of subtracting at the end.
 #[inline(always)]
-fn scale_acc(acc: __m512, dw: __m512, s: [__m512i; 2], dy: f32, off: i32) -> __m512 {
+fn chains<const NT: usize>(off: impl Fn(usize) -> i32) -> [[__m512i; 2]; NT] {
+    // SAFETY: plain register arithmetic; the callers run with AVX-512 F enabled.
+    std::array::from_fn(|t| unsafe {
+        [
+            _mm512_set1_epi32(off(t).wrapping_neg()),
+            _mm512_setzero_si512(),
+        ]
+    })
+}
+
+/// `acc += (dw · dy) · (s0 + s1)` per lane, the 256-bit kernels' float step (the chains
+/// already hold the offset; see [`chains`]).
+#[inline(always)]
+fn scale_acc(acc: __m512, dw: __m512, s: [__m512i; 2], dy: f32) -> __m512 {
     // SAFETY: plain register arithmetic; the callers run with AVX-512 F enabled.
     unsafe {
-        let s = _mm512_sub_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_set1_epi32(off));
+        let s = _mm512_add_epi32(s[0], s[1]);
         let d = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
         _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc)
     }
@@ -187,7 +202,7 @@ unsafe fn gemv2_q8<const NT: usize>(
     let mut acc = [_mm512_setzero_ps(); NT];
     for (b, (t0, t1)) in w0.iter().zip(w1).enumerate() {
         let dw = scales(&t0.d, &t1.d);
-        let mut sum = [[_mm512_setzero_si512(); 2]; NT];
+        let mut sum = chains::<NT>(|t| 128 * y[t].2[b]);
         for k in 0..8 {
             // SAFETY: register k is bytes 32k..32k+32 of each tile's 256.
             let wk = unsafe {
@@ -205,7 +220,7 @@ unsafe fn gemv2_q8<const NT: usize>(
             }
         }
         for t in 0..NT {
-            acc[t] = scale_acc(acc[t], dw, sum[t], y[t].1[b], 128 * y[t].2[b]);
+            acc[t] = scale_acc(acc[t], dw, sum[t], y[t].1[b]);
         }
     }
     store(acc)
@@ -259,7 +274,7 @@ unsafe fn gemv2_q5<const NT: usize>(
     for (b, (t0, t1)) in w0.iter().zip(w1).enumerate() {
         let dw = scales(&t0.d, &t1.d);
         let u = unpack_q5(t0, t1);
-        let mut sum = [[_mm512_setzero_si512(); 2]; NT];
+        let mut sum = chains::<NT>(|t| 16 * y[t].2[b]);
         for (k, uk) in u.iter().enumerate() {
             for t in 0..NT {
                 // SAFETY: 4k + 4 <= 32 bytes of the block's levels.
@@ -269,7 +284,7 @@ unsafe fn gemv2_q5<const NT: usize>(
             }
         }
         for t in 0..NT {
-            acc[t] = scale_acc(acc[t], dw, sum[t], y[t].1[b], 16 * y[t].2[b]);
+            acc[t] = scale_acc(acc[t], dw, sum[t], y[t].1[b]);
         }
     }
     store(acc)
@@ -304,7 +319,7 @@ unsafe fn gemv2_iq4nl<const NT: usize>(
             u[2 * m + 1] =
                 _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
         }
-        let mut sum = [[_mm512_setzero_si512(); 2]; NT];
+        let mut sum = chains::<NT>(|t| 128 * y[t].2[b]);
         for (k, uk) in u.iter().enumerate() {
             for t in 0..NT {
                 // SAFETY: 4k + 4 <= 32 bytes of the block's levels.
@@ -314,7 +329,7 @@ unsafe fn gemv2_iq4nl<const NT: usize>(
             }
         }
         for t in 0..NT {
-            acc[t] = scale_acc(acc[t], dw, sum[t], y[t].1[b], 128 * y[t].2[b]);
+            acc[t] = scale_acc(acc[t], dw, sum[t], y[t].1[b]);
         }
     }
     store(acc)
