@@ -12,57 +12,8 @@
 //! vectorised exponential differs from the library's in the last bit often enough that,
 //! used here, it moved near-tied top-1 choices against llama.cpp's reference logits.)
 
+use super::exp_table::{fix_special, special, C0, C1, C2, INV_LN2_N, SHIFT, TAB};
 use super::vec::VecIsa;
-
-/// `asuint64(2^(i/32)) - (i << 47)`: adding `k << 47` to entry `k % 32` gives `2^(k/32)`.
-pub(super) const TAB: [u64; 32] = [
-    0x3ff0000000000000,
-    0x3fefd9b0d3158574,
-    0x3fefb5586cf9890f,
-    0x3fef9301d0125b51,
-    0x3fef72b83c7d517b,
-    0x3fef54873168b9aa,
-    0x3fef387a6e756238,
-    0x3fef1e9df51fdee1,
-    0x3fef06fe0a31b715,
-    0x3feef1a7373aa9cb,
-    0x3feedea64c123422,
-    0x3feece086061892d,
-    0x3feebfdad5362a27,
-    0x3feeb42b569d4f82,
-    0x3feeab07dd485429,
-    0x3feea47eb03a5585,
-    0x3feea09e667f3bcd,
-    0x3fee9f75e8ec5f74,
-    0x3feea11473eb0187,
-    0x3feea589994cce13,
-    0x3feeace5422aa0db,
-    0x3feeb737b0cdc5e5,
-    0x3feec49182a3f090,
-    0x3feed503b23e255d,
-    0x3feee89f995ad3ad,
-    0x3feeff76f2fb5e47,
-    0x3fef199bdd85529c,
-    0x3fef3720dcef9069,
-    0x3fef5818dcfba487,
-    0x3fef7c97337b9b5f,
-    0x3fefa4afa2a490da,
-    0x3fefd0765b6e4540,
-];
-/// `32 / ln 2`.
-pub(super) const INV_LN2_N: f64 = f64::from_bits(0x4047_1547_652b_82fe);
-/// `1.5 · 2^52`: adding it rounds to an integer held in the low mantissa bits.
-pub(super) const SHIFT: f64 = f64::from_bits(0x4338_0000_0000_0000);
-/// Polynomial coefficients for `2^(r/32)`, highest degree first.
-pub(super) const C0: f64 = f64::from_bits(0x3fac_6af8_4b91_2394) / 32768.0;
-pub(super) const C1: f64 = f64::from_bits(0x3fce_bfce_50fa_c4f3) / 1024.0;
-pub(super) const C2: f64 = f64::from_bits(0x3fe6_2e42_ff0c_52d6) / 32.0;
-
-/// Whether `x` takes the library's special-case branch (`|x| >= 88`, infinities, NaN).
-#[inline]
-pub(super) fn special(x: f32) -> bool {
-    (x.to_bits() >> 20) & 0x7ff >= 88f32.to_bits() >> 20
-}
 
 /// `exp(x)` in f32 by the algorithm of the module docs (the reference for the SIMD
 /// kernel; equal to `f32::exp` on x86-64 glibc).
@@ -97,7 +48,10 @@ impl VecIsa {
             VecIsa::Scalar => exp_sub_scalar(s, mx),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `enabled` implies AVX-512 F was detected.
-            VecIsa::Avx2 if super::vec512::enabled() => unsafe { super::exp512::exp_sub(s, mx) },
+            VecIsa::Avx2 if super::vec512::enabled() => {
+                let done = unsafe { super::exp512::exp_sub(s, mx) };
+                exp_sub_scalar(&mut s[done..], mx);
+            }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` exists only after AVX2 and FMA were detected.
             VecIsa::Avx2 => unsafe { avx2::exp_sub(s, mx) },
@@ -138,9 +92,10 @@ impl VecIsa {
             VecIsa::Scalar => swiglu_scalar(&gate[..n], &up[..n], &mut out[..n]),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `enabled` implies AVX-512 F was detected.
-            VecIsa::Avx2 if super::vec512::enabled() => unsafe {
-                super::exp512::swiglu(&gate[..n], &up[..n], &mut out[..n])
-            },
+            VecIsa::Avx2 if super::vec512::enabled() => {
+                let done = unsafe { super::exp512::swiglu(&gate[..n], &up[..n], &mut out[..n]) };
+                swiglu_scalar(&gate[done..n], &up[done..n], &mut out[done..n]);
+            }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` exists only after AVX2 and FMA were detected.
             VecIsa::Avx2 => unsafe { avx2::swiglu(&gate[..n], &up[..n], &mut out[..n]) },
@@ -212,11 +167,7 @@ mod avx2 {
             _mm256_storeu_ps(v.as_mut_ptr(), e);
             _mm256_storeu_ps(xs.as_mut_ptr(), x);
         }
-        for (v, &x) in v.iter_mut().zip(&xs) {
-            if special(x) {
-                *v = x.exp();
-            }
-        }
+        fix_special(&mut v, &xs);
         // SAFETY: as above.
         unsafe { _mm256_loadu_ps(v.as_ptr()) }
     }

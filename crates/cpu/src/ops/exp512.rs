@@ -8,7 +8,7 @@
 //! permutes pick them (entries 0–15 and 16–31, bit 4 of the index choosing), where the
 //! AVX2 kernel gathers from memory.
 
-use super::exp::{exp_sub_scalar, special, swiglu_scalar, C0, C1, C2, INV_LN2_N, SHIFT, TAB};
+use super::exp_table::{fix_special, C0, C1, C2, INV_LN2_N, SHIFT, TAB};
 use std::arch::x86_64::*;
 
 /// The table in four registers of eight entries.
@@ -69,21 +69,18 @@ fn exp16(x: __m512, tab: &[__m512i; 4]) -> __m512 {
         _mm512_storeu_ps(v.as_mut_ptr(), e);
         _mm512_storeu_ps(xs.as_mut_ptr(), x);
     }
-    for (v, &x) in v.iter_mut().zip(&xs) {
-        if special(x) {
-            *v = x.exp();
-        }
-    }
+    fix_special(&mut v, &xs);
     // SAFETY: as above.
     unsafe { _mm512_loadu_ps(v.as_ptr()) }
 }
 
-/// `s[i] = expf(s[i] - mx)`.
+/// `s[i] = expf(s[i] - mx)` for the values of whole chunks of sixteen; returns how many
+/// it did (the caller takes the rest).
 ///
 /// # Safety
 /// AVX-512 F must be available.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn exp_sub(s: &mut [f32], mx: f32) {
+pub(super) unsafe fn exp_sub(s: &mut [f32], mx: f32) -> usize {
     let (n, p) = (s.len(), s.as_mut_ptr());
     let (m, tab) = (_mm512_set1_ps(mx), table());
     let mut i = 0;
@@ -95,15 +92,16 @@ pub(super) unsafe fn exp_sub(s: &mut [f32], mx: f32) {
         }
         i += 16;
     }
-    exp_sub_scalar(&mut s[i..], mx);
+    i
 }
 
-/// `out[i] = silu(gate[i]) * up[i]`, rounded as the scalar code rounds it.
+/// `out[i] = silu(gate[i]) * up[i]`, rounded as the scalar code rounds it, for the
+/// values of whole chunks of sixteen; returns how many it did (the caller takes the rest).
 ///
 /// # Safety
 /// AVX-512 F must be available; the slices have equal lengths.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+pub(super) unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
     let (n, tab) = (out.len(), table());
     let one = _mm512_set1_ps(1.0);
     let mut i = 0;
@@ -118,7 +116,7 @@ pub(super) unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
         }
         i += 16;
     }
-    swiglu_scalar(&gate[i..n], &up[i..n], &mut out[i..n]);
+    i
 }
 
 #[cfg(test)]
@@ -157,7 +155,9 @@ mod tests {
                 let (mut a, mut b) = (xs[..n].to_vec(), xs[..n].to_vec());
                 exp_sub_scalar(&mut a, mx);
                 // SAFETY: `enabled` implies AVX-512 F.
-                unsafe { super::exp_sub(&mut b, mx) };
+                let done = unsafe { super::exp_sub(&mut b, mx) };
+                assert_eq!(done, n / 16 * 16);
+                exp_sub_scalar(&mut b[done..], mx);
                 assert_eq!(bits(&a), bits(&b), "n {n} mx {mx}");
             }
             let up: Vec<f32> = (0..n).map(|_| r.f32()).collect();
@@ -165,7 +165,8 @@ mod tests {
             let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
             swiglu_scalar(&gate, &up, &mut a);
             // SAFETY: as above; equal lengths.
-            unsafe { super::swiglu(&gate, &up, &mut b) };
+            let done = unsafe { super::swiglu(&gate, &up, &mut b) };
+            swiglu_scalar(&gate[done..], &up[done..], &mut b[done..]);
             assert_eq!(bits(&a), bits(&b), "swiglu n {n}");
         }
     }

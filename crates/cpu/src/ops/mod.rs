@@ -12,6 +12,7 @@ pub mod elementwise;
 pub mod exp;
 #[cfg(target_arch = "x86_64")]
 mod exp512;
+mod exp_table;
 pub mod get_rows;
 pub mod kv;
 pub mod layout;
