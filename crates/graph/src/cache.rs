@@ -161,6 +161,7 @@ mod tests {
                 embeddings: false,
                 rank: false,
                 state_slots: 1,
+                delta_chunk: 0,
             },
             weights_version: 1,
         }

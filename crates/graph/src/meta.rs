@@ -85,6 +85,12 @@ pub struct RecurrentMeta {
     pub grouped: bool,
     /// Epsilon of the q/k L2 normalisation (`x / sqrt(sum x^2 + eps)`).
     pub eps: f32,
+    /// Tokens per chunk of DeltaNet's chunked form (0: token by token). A backend that
+    /// has the form runs, as one block, each whole chunk of a sequence's positions (from
+    /// `j * chunk` to `(j + 1) * chunk`) that one step holds: the same recurrence
+    /// regrouped, equal to the token-by-token values up to rounding, not bit for bit.
+    #[serde(default)]
+    pub chunk: usize,
 }
 
 impl RecurrentMeta {

@@ -48,6 +48,9 @@ pub struct CParams {
     /// at once: 1 for one sequence, the slot count of a batched engine); each token's
     /// slot is data (the `state_slots` input), the count sizes the state regions.
     pub state_slots: usize,
+    /// Tokens per chunk of the recurrent layers' chunked DeltaNet form (0: token by
+    /// token; see [`crate::RecurrentMeta::chunk`]).
+    pub delta_chunk: usize,
 }
 
 /// The topology flags of [`CParams`] that follow from the participating backends
@@ -164,6 +167,7 @@ mod tests {
             embeddings: false,
             rank: false,
             state_slots: 1,
+            delta_chunk: 0,
         };
         caps.apply(&mut cp);
         assert!(cp.gpu && !cp.fuse_ffn && cp.explicit_span);

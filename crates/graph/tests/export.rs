@@ -246,6 +246,7 @@ fn all_metas() -> Vec<NodeMeta> {
             dt_bias: Some("blk.2.ssm_dt.bias".into()),
             grouped: true,
             eps: 1e-6,
+            chunk: 0,
         }),
     ]
 }

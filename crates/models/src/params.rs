@@ -22,6 +22,7 @@ pub fn cpu_cparams(n_ctx: usize) -> CParams {
         embeddings: false,
         rank: false,
         state_slots: 1,
+        delta_chunk: 0,
     }
 }
 

@@ -109,6 +109,11 @@ pub struct EngineOptions {
     /// State checkpoints a sequence of a recurrent model keeps (`--ctx-checkpoints`, 0:
     /// none), so a reused prefix goes on from inside it ([`crate::checkpoint`]).
     pub ctx_checkpoints: usize,
+    /// Tokens per chunk of the recurrent layers' chunked delta rule in prefill
+    /// (`--delta-chunk`; 0: token by token, the default). Faster or not depending on the
+    /// host (see BENCHMARKS.md), and equal to token-by-token decode up to rounding only,
+    /// so a prefix reused from a checkpoint is no longer bit for bit a fresh prefill.
+    pub delta_chunk: usize,
 }
 
 impl Default for EngineOptions {
@@ -128,6 +133,7 @@ impl Default for EngineOptions {
             backend_options: BackendOptions::default(),
             swa_full: false,
             ctx_checkpoints: crate::checkpoint::DEFAULT_CTX_CHECKPOINTS,
+            delta_chunk: 0,
         }
     }
 }
@@ -173,6 +179,10 @@ pub struct TokenRows<'a> {
 /// Words per K and V row, and the (layer, region) of every layer holding KV rows.
 type KvLayout = (usize, usize, Vec<(usize, minfer_graph::KvRegion)>);
 
+/// The largest [`EngineOptions::delta_chunk`]: past a few hundred tokens a chunk's
+/// square terms cost more than its matrix products save.
+pub const MAX_DELTA_CHUNK: usize = 256;
+
 /// The default context: the model's own, capped at 4096.
 pub const DEFAULT_CTX_CAP: usize = 4096;
 
@@ -205,6 +215,8 @@ pub struct Engine {
     swa: SwaRings,
     /// A recurrent model's state checkpoints, per state slot.
     checkpoints: CheckpointStore,
+    /// [`EngineOptions::delta_chunk`].
+    delta_chunk: usize,
     /// Steps return the final-normed hidden rows instead of logits (embeddings).
     embeddings: bool,
     /// Embedding steps end in the model's rank head (`CParams::rank`): each output row
@@ -289,6 +301,12 @@ impl Engine {
             return Err(EngineError::Param {
                 name: "batch size",
                 message: "must be at least 1".into(),
+            });
+        }
+        if opts.delta_chunk > MAX_DELTA_CHUNK {
+            return Err(EngineError::Param {
+                name: "delta chunk (--delta-chunk)",
+                message: format!("{} is not in 0..={MAX_DELTA_CHUNK}", opts.delta_chunk),
             });
         }
         let fault = FaultInjector::default();
@@ -386,6 +404,7 @@ impl Engine {
             written: 0,
             swa,
             checkpoints: CheckpointStore::new(opts.ctx_checkpoints),
+            delta_chunk: opts.delta_chunk,
             embeddings: false,
             rank: false,
             poisoned: false,
@@ -759,6 +778,7 @@ impl Engine {
             embeddings: self.embeddings,
             rank: self.rank,
             state_slots: (self.n_ctx / self.seq_rows).max(1),
+            delta_chunk: self.delta_chunk,
         };
         self.caps.apply(&mut cparams);
         // The one validated constructor: the graph type and weights version follow from

@@ -147,6 +147,9 @@ pub struct Config {
     pub swa_full: bool,
     /// State checkpoints each slot of a recurrent model keeps (`--ctx-checkpoints`).
     pub ctx_checkpoints: usize,
+    /// Tokens per chunk of the recurrent layers' chunked delta rule in prefill
+    /// (`--delta-chunk`; 0: token by token).
+    pub delta_chunk: usize,
     /// Answer `GET /slots` with llama-server's "not supported" error (`--no-slots`).
     pub no_slots: bool,
     /// How the embedding routes pool a text's rows (`--pooling`); `None`: each model's
@@ -216,6 +219,7 @@ impl Config {
             cache_type_v: minfer_runtime::KvType::F32,
             swa_full: false,
             ctx_checkpoints: minfer_runtime::checkpoint::DEFAULT_CTX_CHECKPOINTS,
+            delta_chunk: 0,
             no_slots: false,
             no_metrics: false,
             pooling: None,
@@ -261,6 +265,8 @@ impl Config {
             }
         }
         range("max models (--max-models)", self.max_models, 1, MAX_MODELS)?;
+        let top = minfer_runtime::engine::MAX_DELTA_CHUNK;
+        range("delta chunk (--delta-chunk)", self.delta_chunk, 0, top)?;
         if self.models.is_empty() {
             return Err(ServerError::Param {
                 name: "models (--model, --models-dir)",
@@ -638,6 +644,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
     opts.cache_type_v = config.cache_type_v;
     opts.swa_full = config.swa_full;
     opts.ctx_checkpoints = config.ctx_checkpoints;
+    opts.delta_chunk = config.delta_chunk;
     let metrics = Arc::new(Metrics::default());
     if config.cache_ram > 0 {
         metrics.set_cache_block(config.cache_block);

@@ -220,6 +220,7 @@ fn a_reused_decode_graph_is_bit_identical_and_allocates_nothing_new() {
             embeddings: false,
             rank: false,
             state_slots: 1,
+            delta_chunk: 0,
         },
         weights_version: 1,
     };

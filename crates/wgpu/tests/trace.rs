@@ -81,6 +81,7 @@ fn traced(
                 embeddings: false,
                 rank: false,
                 state_slots: 1,
+                delta_chunk: 0,
             },
             weights_version: 1,
         };

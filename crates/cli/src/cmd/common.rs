@@ -144,6 +144,9 @@ pub const MAX_CTX: u64 = 1 << 24;
 /// recurrent state, megabytes on real models).
 pub const MAX_CTX_CHECKPOINTS: u64 = 1024;
 
+/// The largest `--delta-chunk`.
+pub const MAX_DELTA_CHUNK: u64 = minfer_runtime::engine::MAX_DELTA_CHUNK as u64;
+
 /// A clap parser for a `usize` flag limited to `range`, so an out-of-range value is refused
 /// with the flag's name before anything runs.
 pub fn usize_in(range: std::ops::RangeInclusive<u64>) -> RangedU64ValueParser<usize> {
@@ -195,6 +198,11 @@ pub struct ModelArgs {
     /// ran goes on from the last one inside the shared prefix; 0 turns them off.
     #[arg(long = "ctx-checkpoints", visible_alias = "swa-checkpoints", default_value_t = minfer_runtime::checkpoint::DEFAULT_CTX_CHECKPOINTS, value_parser = usize_in(0..=MAX_CTX_CHECKPOINTS))]
     pub ctx_checkpoints: usize,
+    /// Run the delta rule of recurrent layers (Qwen3.5, Qwen3-Next) in prefill a chunk of
+    /// this many tokens at a time (0: token by token). Equal to the token-by-token values
+    /// up to rounding, not bit for bit.
+    #[arg(long = "delta-chunk", default_value_t = 0, value_parser = usize_in(0..=MAX_DELTA_CHUNK))]
+    pub delta_chunk: usize,
     /// Say more on stderr: which compiled backends are left out, and why.
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
@@ -242,6 +250,7 @@ impl ModelArgs {
         o.cache_type_v = self.cache_type_v;
         o.swa_full = self.swa_full;
         o.ctx_checkpoints = self.ctx_checkpoints;
+        o.delta_chunk = self.delta_chunk;
         o
     }
 }

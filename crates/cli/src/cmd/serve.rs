@@ -82,6 +82,11 @@ pub struct Args {
     /// ran goes on from the last one inside the shared prefix; 0 turns them off.
     #[arg(long = "ctx-checkpoints", visible_alias = "swa-checkpoints", default_value_t = minfer_runtime::checkpoint::DEFAULT_CTX_CHECKPOINTS, value_parser = super::common::usize_in(0..=super::common::MAX_CTX_CHECKPOINTS))]
     pub ctx_checkpoints: usize,
+    /// Run the delta rule of recurrent layers (Qwen3.5, Qwen3-Next) in prefill a chunk of
+    /// this many tokens at a time (0: token by token). Equal to the token-by-token values
+    /// up to rounding, not bit for bit.
+    #[arg(long = "delta-chunk", default_value_t = 0, value_parser = super::common::usize_in(0..=super::common::MAX_DELTA_CHUNK))]
+    pub delta_chunk: usize,
     /// MiB of host RAM for the prompt cache shared across slots: KV rows of prompts
     /// that ran, kept in blocks so that another slot starting with the same tokens copies
     /// them instead of prefilling (least recently used blocks go first; 0 turns it off).
@@ -179,6 +184,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.cache_type_v = args.cache_type_v;
     config.swa_full = args.swa_full;
     config.ctx_checkpoints = args.ctx_checkpoints;
+    config.delta_chunk = args.delta_chunk;
     config.cache_ram = args.cache_ram.saturating_mul(1 << 20);
     config.no_slots = args.no_slots;
     config.no_metrics = args.no_metrics;

@@ -316,6 +316,7 @@ impl CpuBackend {
                 let w = vector(weights, &m.conv_weight)?;
                 recurrent::ssm_conv(pool, m, x, &toks, &mut state, w, &mut out)
             } else {
+                let chunks = recurrent::chunk_starts(m, pos, &toks);
                 let args = recurrent::DeltaArgs {
                     meta: m,
                     qkv: x.get(..m.channels * nt).ok_or("qkv input too short")?,
@@ -328,6 +329,7 @@ impl CpuBackend {
                         .map(|n| vector(weights, n))
                         .transpose()?,
                     toks: &toks,
+                    chunks: &chunks,
                 };
                 recurrent::delta_net(pool, *isa, &args, &mut state, &mut out)
             }

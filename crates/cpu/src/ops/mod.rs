@@ -7,6 +7,7 @@
 
 pub mod act;
 pub mod attn;
+mod delta_chunk;
 mod delta_row;
 pub mod elementwise;
 pub mod exp;

@@ -8,6 +8,7 @@
 //! and every value is computed in a fixed order, so results do not depend on the
 //! thread count.
 
+use super::delta_chunk::{chunk_step, ChunkScratch, Dims};
 use super::vec::VecIsa;
 use super::{as_i32, SharedMut};
 use crate::threadpool::{chunk_range, ThreadPool};
@@ -199,6 +200,43 @@ pub struct DeltaArgs<'a> {
     pub dt: Option<&'a [f32]>,
     /// Each token's (fresh, slot).
     pub toks: &'a [(bool, usize)],
+    /// The batch indices where a whole chunk of `meta.chunk` tokens starts, increasing
+    /// ([`chunk_starts`]); those tokens run in the chunked form.
+    pub chunks: &'a [usize],
+}
+
+thread_local! {
+    /// Each thread's chunk buffers, kept between calls: a fresh set per call would be
+    /// fresh pages the kernel zeroes, each prompt step again.
+    static CHUNK_SCRATCH: std::cell::Cell<ChunkScratch> = std::cell::Cell::default();
+}
+
+/// The batch indices from which [`delta_net`] runs `m.chunk` tokens in the chunked
+/// form: where a sequence's tokens at positions `j * chunk .. (j + 1) * chunk` stand in
+/// the batch one after the other. The grid is fixed by position, so a prompt cut into
+/// steps at multiples of the chunk gives the same values however it is cut; every other
+/// token runs one step at a time. Empty when `m.chunk` is 0 or 1.
+pub fn chunk_starts(m: &RecurrentMeta, pos: &[f32], toks: &[(bool, usize)]) -> Vec<usize> {
+    let (cs, nt) = (m.chunk, toks.len().min(pos.len()));
+    let mut starts = Vec::new();
+    if cs < 2 {
+        return starts;
+    }
+    let p = |t: usize| i64::from(as_i32(pos[t]));
+    let mut t = 0;
+    while t + cs <= nt {
+        let (p0, slot) = (p(t), toks[t].1);
+        let whole = p0 >= 0
+            && p0 % cs as i64 == 0
+            && (1..cs).all(|i| toks[t + i].1 == slot && p(t + i) == p0 + i as i64);
+        if whole {
+            starts.push(t);
+            t += cs;
+        } else {
+            t += 1;
+        }
+    }
+    starts
 }
 
 /// q or k of one head, L2-normalised as ggml composes it (an RMS norm with `eps / n`,
@@ -235,7 +273,12 @@ pub fn delta_net(
     let (sk, hk, sv, hv) = (m.s_k, m.h_k, m.s_v, m.h_v);
     let nt = d.toks.len();
     let (kd, c, slot) = (sk * hk, m.channels, m.ssm_slot());
-    if sk != sv
+    let chunks_fit = d.chunks.windows(2).all(|w| w[0] + m.chunk <= w[1])
+        && d.chunks
+            .last()
+            .is_none_or(|&t| m.chunk >= 2 && t + m.chunk <= nt);
+    if !chunks_fit
+        || sk != sv
         || hk == 0
         || c != 2 * kd + sv * hv
         || d.qkv.len() != c * nt
@@ -259,9 +302,56 @@ pub fn delta_net(
     let scale = 1.0 / (sk as f32).sqrt();
     let state = SharedMut::new(state);
     let out = SharedMut::new(out);
+    let cs = m.chunk;
     let work = |lo: usize, hi: usize| {
         let (mut q, mut k) = (vec![0.0f32; sk], vec![0.0f32; sk]);
-        for (t, &(fresh, s)) in d.toks.iter().enumerate() {
+        let mut starts = d.chunks.iter().copied().peekable();
+        let mut t = 0;
+        while t < nt {
+            let (fresh, s) = d.toks[t];
+            if starts.next_if_eq(&t).is_some() {
+                let dims = Dims { sk, sv, c: cs };
+                let mut guard = CHUNK_SCRATCH.with(|c| c.take());
+                let sc = &mut guard;
+                sc.shape(dims);
+                for h in lo..hi {
+                    let kh = m.key_head(h);
+                    for i in 0..cs {
+                        let row = &d.qkv[(t + i) * c..(t + i + 1) * c];
+                        let kq = &mut sc.kq;
+                        l2_into(
+                            &row[kd + kh * sk..kd + (kh + 1) * sk],
+                            m.eps,
+                            &mut kq[i * sk..(i + 1) * sk],
+                        );
+                        l2_into(
+                            &row[kh * sk..(kh + 1) * sk],
+                            m.eps,
+                            &mut kq[(cs + i) * sk..(cs + i + 1) * sk],
+                        );
+                        sc.v[i * sv..(i + 1) * sv]
+                            .copy_from_slice(&row[2 * kd + h * sv..2 * kd + (h + 1) * sv]);
+                        let at = (t + i) * hv + h;
+                        sc.g[i] = softplus(d.alpha[at] + d.dt.map_or(0.0, |b| b[h])) * d.a[h];
+                        sc.b[i] = 1.0 / (1.0 + (-d.beta[at]).exp());
+                    }
+                    let at = s * slot + h * sv * sk;
+                    // SAFETY: head h's matrices belong to this thread alone.
+                    let mat = unsafe { state.slice(at..at + sv * sk) };
+                    if fresh {
+                        mat.fill(0.0);
+                    }
+                    chunk_step(isa, sc, dims, scale, mat);
+                    for (i, oi) in sc.o.chunks_exact(sv).enumerate() {
+                        let at = (t + i) * hv * sv + h * sv;
+                        // SAFETY: head h's output values belong to this thread alone.
+                        unsafe { out.slice(at..at + sv) }.copy_from_slice(oi);
+                    }
+                }
+                CHUNK_SCRATCH.with(|c| c.replace(guard));
+                t += cs;
+                continue;
+            }
             let row = &d.qkv[t * c..(t + 1) * c];
             for h in lo..hi {
                 let kh = m.key_head(h);
@@ -286,6 +376,7 @@ pub fn delta_net(
                     o[j] = isa.axpy_dot(r, delta, &k, &q) * scale;
                 }
             }
+            t += 1;
         }
     };
     if pool.n_threads() == 1 || hv < 2 || hv * sv * sk * nt < super::PAR_MIN_ELEMS {
@@ -321,6 +412,7 @@ mod tests {
             dt_bias: None,
             grouped: false,
             eps: 1e-6,
+            chunk: 0,
         }
     }
 
@@ -349,6 +441,7 @@ mod tests {
             a: &a,
             dt: None,
             toks,
+            chunks: &[],
         };
         delta_net(&pool, VecIsa::detect(), &args, &mut state, &mut out).unwrap();
         [conv, conv_state, out, state]

@@ -73,6 +73,7 @@ pub fn params(nt: usize, fuse_ffn: bool) -> GraphParams {
             embeddings: false,
             rank: false,
             state_slots: 1,
+            delta_chunk: 0,
         },
         weights_version: 1,
     }

@@ -130,6 +130,7 @@ impl Qwen35 {
             dt_bias: None,
             grouped: false,
             eps: self.hp.rms_eps,
+            chunk: cx.p.cparams.delta_chunk,
         };
         let qkv = self.matmul(b, cx, "linear_attn_qkv_mixed", x, &w.qkv);
         let z = self.matmul(b, cx, "z", x, &w.gate);

@@ -92,6 +92,67 @@ fn the_state_is_carried_from_step_to_step() {
     assert!(d > 0.1, "zeroing the recurrent state changed nothing ({d})");
 }
 
+/// The bound between the chunked delta rule's prefill and token-by-token decode (the
+/// same recurrence regrouped; observed up to 1.6e-5 on these models, logits of order 1).
+const CHUNK_BOUND: f32 = 1e-4;
+
+/// With `--delta-chunk`, prefill runs whole chunks of the prompt in the chunked form:
+/// the logits and the state it leaves equal token-by-token decode within
+/// [`CHUNK_BOUND`] (on every hybrid variant, chunks smaller than the prompt and a
+/// partial chunk at its end), stay bitwise the same across thread counts and across
+/// prompt steps cut at multiples of the chunk, and do differ in the last bits from the
+/// token-by-token form (so the chunked form did run).
+#[test]
+fn the_chunked_prefill_equals_token_by_token_decode_within_the_bound() {
+    for spec in [
+        TinySpec::qwen35(GgmlType::F32, 1),
+        TinySpec::qwen35moe(GgmlType::F32, 2),
+        TinySpec::qwen3next(GgmlType::F32, 2),
+    ] {
+        let f = Arc::new(GgufFile::from_bytes(tiny_model_bytes(&spec).unwrap()).unwrap());
+        let make = |threads, n_batch, delta_chunk| {
+            let o = EngineOptions {
+                delta_chunk,
+                ..opts(threads, n_batch)
+            };
+            Engine::from_arc(Arc::clone(&f), &o).unwrap()
+        };
+        let p = prompt(30, 4);
+        let chunked = greedy(&mut make(2, 64, 8), &p, 6);
+        let plain = greedy(&mut make(2, 64, 0), &p, 6);
+        assert_ne!(
+            chunked[0], plain[0],
+            "{}: the chunked form did not run",
+            spec.arch
+        );
+        let mut e = make(2, 64, 8);
+        let mut stepped = Vec::new();
+        for (i, &t) in p.iter().enumerate() {
+            stepped = e.forward(&[t], i, 1).unwrap();
+        }
+        let d = max_diff(&chunked[0], &stepped);
+        eprintln!("{}: chunked prefill vs token by token: {d:.3e}", spec.arch);
+        assert!(d <= CHUNK_BOUND, "{}: {d}", spec.arch);
+        // The state it leaves: the greedy steps after the prompt.
+        for (i, (a, b)) in chunked.iter().zip(&plain).enumerate().skip(1) {
+            let d = max_diff(a, b);
+            assert!(d <= CHUNK_BOUND, "{}: step {i}: {d}", spec.arch);
+        }
+        assert_eq!(
+            greedy(&mut make(1, 64, 8), &p, 6),
+            chunked,
+            "{}: threads",
+            spec.arch
+        );
+        assert_eq!(
+            greedy(&mut make(2, 16, 8), &p, 6),
+            chunked,
+            "{}: steps of 16",
+            spec.arch
+        );
+    }
+}
+
 /// The MoE variants (Qwen3.5-MoE; Qwen3-Next with its joint beta/alpha and grouped key
 /// heads) carry their state and decode bitwise the same on 1 and 2 threads too.
 #[test]

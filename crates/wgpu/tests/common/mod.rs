@@ -286,6 +286,7 @@ pub fn run_model_fused(
                 embeddings: false,
                 rank: false,
                 state_slots: 1,
+                delta_chunk: 0,
             },
             weights_version: 1,
         };

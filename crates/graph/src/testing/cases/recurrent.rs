@@ -35,6 +35,7 @@ fn meta(grouped: bool) -> RecurrentMeta {
         dt_bias: grouped.then(|| "dt".into()),
         grouped,
         eps: 1e-6,
+        chunk: 0,
     }
 }
 
@@ -150,5 +151,51 @@ pub(super) fn recurrent_cases(out: &mut Vec<OpCase>) {
                 bound: 1e-5,
             });
         }
+    }
+    out.push(chunked_case(&weights));
+}
+
+/// The delta rule with a chunk of 4 over one sequence in two steps of 10 tokens: whole
+/// chunks at positions 0, 4, 12 and 16 run in the chunked form where a backend has it,
+/// the tokens at 8, 9, 10, 11 one at a time; the reference runs every token one at a
+/// time, so the bound covers the regrouping.
+fn chunked_case(weights: &Arc<minfer_gguf::GgufFile>) -> OpCase {
+    const NT: usize = 10;
+    let m = RecurrentMeta {
+        chunk: 4,
+        ..meta(false)
+    };
+    let c = m.channels;
+    let mut b = GraphBuilder::new();
+    let mut inputs = Vec::new();
+    let mut last = None;
+    for step in 0..2u64 {
+        let name = |what: &str| format!("{what}{step}");
+        let x = b.input(&name("x"), [c, NT, 1, 1], DType::F32);
+        let pos = b.input(&name("pos"), [NT, 1, 1, 1], DType::I32);
+        let slots = b.input(&name("slots"), [NT, 1, 1, 1], DType::I32);
+        let al = b.input(&name("alpha"), [HV, NT, 1, 1], DType::F32);
+        let be = b.input(&name("beta"), [HV, NT, 1, 1], DType::F32);
+        let first = step as u32 * NT as u32;
+        inputs.push(f32_input(&name("x"), values(380 + step, c * NT)));
+        inputs.push(ids_input(
+            &name("pos"),
+            (first..first + NT as u32).collect(),
+        ));
+        inputs.push(ids_input(&name("slots"), vec![1; NT]));
+        inputs.push(f32_input(&name("alpha"), values(384 + step, HV * NT)));
+        inputs.push(f32_input(&name("beta"), values(386 + step, HV * NT)));
+        last = Some(b.delta_net(x, al, be, pos, slots, m.clone()));
+    }
+    if let Some(y) = last {
+        b.output(y);
+    }
+    OpCase {
+        name: format!("delta_net {HK}/{HV} heads of {S}, chunks of 4, two steps nt={NT}"),
+        op: "delta_net",
+        graph: b.build(),
+        inputs,
+        weights: Arc::clone(weights),
+        bound: 1e-5,
     }
 }
