@@ -173,7 +173,13 @@ impl VecIsa {
             // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
             // the rows are in bounds (checked above); whole registers of eight.
             unsafe {
-                let done = super::vec512::weighted_rows_acc2(pa, pb, v, stride, first, oa, ob);
+                let done = super::vec512::weighted_rows_accn(
+                    [pa, pb],
+                    v,
+                    stride,
+                    first,
+                    [&mut *oa, &mut *ob],
+                );
                 if done < oa.len() {
                     let first = first + done;
                     avx2::weighted_rows_acc(pa, v, stride, first, &mut oa[done..]);
@@ -184,6 +190,53 @@ impl VecIsa {
         }
         self.weighted_rows_acc(pa, v, stride, first, oa);
         self.weighted_rows_acc(pb, v, stride, first, ob);
+    }
+
+    /// [`Self::weighted_rows_acc`] for four weight rows (of one length) over the same
+    /// value rows, into four outputs (of one length): bitwise four calls, with each value
+    /// row loaded once for all four where 512-bit registers allow (and four rows of
+    /// accumulators fill both multiply-add ports where two wait on their latency).
+    #[inline]
+    pub fn weighted_rows_acc4(
+        self,
+        p: [&[f32]; 4],
+        v: &[f32],
+        stride: usize,
+        first: usize,
+        o: [&mut [f32]; 4],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self == VecIsa::Avx2
+            && p.iter().all(|r| r.len() == p[0].len())
+            && o.iter().all(|r| r.len() == o[0].len())
+            && o[0].len().is_multiple_of(8)
+            && super::vec512::enabled()
+        {
+            check_rows(o[0].len(), v.len(), stride, first, p[0].len());
+            let hd = o[0].len();
+            let [o0, o1, o2, o3] = o;
+            // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
+            // the rows are in bounds (checked above); whole registers of eight.
+            unsafe {
+                let done = super::vec512::weighted_rows_accn(
+                    p,
+                    v,
+                    stride,
+                    first,
+                    [&mut *o0, &mut *o1, &mut *o2, &mut *o3],
+                );
+                if done < hd {
+                    let first = first + done;
+                    for (ph, oh) in p.iter().zip([o0, o1, o2, o3]) {
+                        avx2::weighted_rows_acc(ph, v, stride, first, &mut oh[done..]);
+                    }
+                }
+            }
+            return;
+        }
+        let [o0, o1, o2, o3] = o;
+        self.weighted_rows_acc2(p[0], p[1], v, stride, first, o0, o1);
+        self.weighted_rows_acc2(p[2], p[3], v, stride, first, o2, o3);
     }
 
     /// `s[i] *= scale`, returning the largest result (NaN entries are passed over, as
@@ -640,6 +693,18 @@ mod tests512 {
                 unsafe { avx2::weighted_rows_acc(&p2, &v, stride, 3, &mut e) };
                 assert_eq!(bits(&c), bits(&b), "pair row a, hd={hd} n={n}");
                 assert_eq!(bits(&d), bits(&e), "pair row b, hd={hd} n={n}");
+                // Four rows at once: each the bits of its own AVX2 call.
+                let ps: Vec<Vec<f32>> = (0..4).map(|r| rand_f32(n, 11 + r, 1.0)).collect();
+                let mut outs = [(); 4].map(|()| start.clone());
+                let [o0, o1, o2, o3] = outs.each_mut().map(|o| o.as_mut_slice());
+                let p4 = [&ps[0][..], &ps[1][..], &ps[2][..], &ps[3][..]];
+                VecIsa::Avx2.weighted_rows_acc4(p4, &v, stride, 3, [o0, o1, o2, o3]);
+                for (r, (pr, got)) in ps.iter().zip(&outs).enumerate() {
+                    let mut want = start.clone();
+                    // SAFETY: as above.
+                    unsafe { avx2::weighted_rows_acc(pr, &v, stride, 3, &mut want) };
+                    assert_eq!(bits(got), bits(&want), "four rows, row {r}, hd={hd} n={n}");
+                }
             }
         }
     }

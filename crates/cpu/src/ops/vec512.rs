@@ -151,50 +151,51 @@ pub(super) unsafe fn weighted_rows_acc(
     c0
 }
 
-/// [`weighted_rows_acc`] for two weight rows over the same value rows, into `oa` and
-/// `ob`: each value chunk is loaded once for both, and the two rows' eight accumulators
-/// are independent chains (four would wait on the multiply-add latency). Bitwise two
-/// calls of [`weighted_rows_acc`]; returns how many elements of each it did.
+/// `o[h] += Σ_i p[h][i] * v[first + i*stride ..]` for `N` weight rows over the same
+/// value rows: bitwise `N` calls of [`weighted_rows_acc`] (one FMA per element and row,
+/// rows in order), each value chunk loaded once for all `N`, for the elements of whole
+/// chunks of 64; returns how many it did (the caller takes the rest). Two rows give
+/// eight independent accumulator chains, four give sixteen, enough to keep both
+/// multiply-add ports busy through their latency; `N` up to 4 keeps every accumulator
+/// in a register.
 ///
 /// # Safety
-/// As [`weighted_rows_acc`]; `pa`, `pb` of one length and `oa`, `ob` of one length.
+/// As [`weighted_rows_acc`]; the weight rows have one length and the outputs another.
 #[target_feature(enable = "avx2,fma,avx512f")]
-pub(super) unsafe fn weighted_rows_acc2(
-    pa: &[f32],
-    pb: &[f32],
+pub(super) unsafe fn weighted_rows_accn<const N: usize>(
+    p: [&[f32]; N],
     v: &[f32],
     stride: usize,
     first: usize,
-    oa: &mut [f32],
-    ob: &mut [f32],
+    mut o: [&mut [f32]; N],
 ) -> usize {
-    let hd = oa.len();
+    let hd = o[0].len();
+    let n = p[0].len();
     let pv = v.as_ptr();
     let mut c0 = 0;
     while c0 + 64 <= hd {
-        let (mut aa, mut ab) = ([_mm512_setzero_ps(); 4], [_mm512_setzero_ps(); 4]);
-        for (j, (a, b)) in aa.iter_mut().zip(&mut ab).enumerate() {
-            // SAFETY: c0 + 16j + 16 <= hd in each output.
-            unsafe {
-                *a = _mm512_loadu_ps(oa.as_ptr().add(c0 + 16 * j));
-                *b = _mm512_loadu_ps(ob.as_ptr().add(c0 + 16 * j));
+        let mut acc = [[_mm512_setzero_ps(); 4]; N];
+        for (a, oh) in acc.iter_mut().zip(&o) {
+            for (j, x) in a.iter_mut().enumerate() {
+                // SAFETY: c0 + 16j + 16 <= hd in each output.
+                *x = unsafe { _mm512_loadu_ps(oh.as_ptr().add(c0 + 16 * j)) };
             }
         }
-        for (i, (&wa, &wb)) in pa.iter().zip(pb).enumerate() {
-            let (sa, sb) = (_mm512_set1_ps(wa), _mm512_set1_ps(wb));
+        for i in 0..n {
+            let w: [__m512; N] = std::array::from_fn(|h| _mm512_set1_ps(p[h][i]));
             let row = first + i * stride + c0;
-            for (j, (a, b)) in aa.iter_mut().zip(&mut ab).enumerate() {
+            for j in 0..4 {
                 // SAFETY: row i is inside `v` (caller), c0 + 16j + 16 <= hd.
                 let x = unsafe { _mm512_loadu_ps(pv.add(row + 16 * j)) };
-                *a = _mm512_fmadd_ps(sa, x, *a);
-                *b = _mm512_fmadd_ps(sb, x, *b);
+                for (a, &wh) in acc.iter_mut().zip(&w) {
+                    a[j] = _mm512_fmadd_ps(wh, x, a[j]);
+                }
             }
         }
-        for (j, (a, b)) in aa.iter().zip(&ab).enumerate() {
-            // SAFETY: c0 + 16j + 16 <= hd in each output.
-            unsafe {
-                _mm512_storeu_ps(oa.as_mut_ptr().add(c0 + 16 * j), *a);
-                _mm512_storeu_ps(ob.as_mut_ptr().add(c0 + 16 * j), *b);
+        for (a, oh) in acc.iter().zip(o.iter_mut()) {
+            for (j, x) in a.iter().enumerate() {
+                // SAFETY: c0 + 16j + 16 <= hd in each output.
+                unsafe { _mm512_storeu_ps(oh.as_mut_ptr().add(c0 + 16 * j), *x) };
             }
         }
         c0 += 64;

@@ -276,8 +276,8 @@ pub(super) fn block_item(
             // Each head's denominator grows by its row's weights, summed in key order; the
             // heads' sums run side by side, independent chains instead of one at a time.
             add_weights(&mut l[r0..r0 + group], scores, r0, e - s);
-            // ...then the weighted values, two heads per call (each head's bits those of
-            // a call of its own).
+            // ...then the weighted values, four heads per call, then two, then one (each
+            // head's bits those of a call of its own).
             let w =
                 |r: usize, ps0: usize, ps1: usize| &scores[r * KEY_TILE + ps0 - s..][..ps1 - ps0];
             for p in ps {
@@ -286,16 +286,25 @@ pub(super) fn block_item(
                     continue;
                 }
                 let base = vs.base(p, ps0);
-                let mut heads = o.chunks_exact_mut(hd).enumerate();
-                while let Some((i, oa)) = heads.next() {
+                let (mut rest, mut i) = (&mut *o, 0);
+                while rest.len() >= 4 * hd {
+                    let (four, tail) = std::mem::take(&mut rest).split_at_mut(4 * hd);
+                    let (o0, four) = four.split_at_mut(hd);
+                    let (o1, four) = four.split_at_mut(hd);
+                    let (o2, o3) = four.split_at_mut(hd);
+                    let ws = std::array::from_fn(|j| w(r0 + i + j, ps0, ps1));
+                    isa.weighted_rows_acc4(ws, vs.data, vs.stride, base, [o0, o1, o2, o3]);
+                    (rest, i) = (tail, i + 4);
+                }
+                if rest.len() >= 2 * hd {
+                    let (oa, ob) = rest.split_at_mut(hd);
+                    let (wa, wb) = (w(r0 + i, ps0, ps1), w(r0 + i + 1, ps0, ps1));
+                    isa.weighted_rows_acc2(wa, wb, vs.data, vs.stride, base, oa, &mut ob[..hd]);
+                    (rest, i) = (&mut ob[hd..], i + 2);
+                }
+                if rest.len() >= hd {
                     let wa = w(r0 + i, ps0, ps1);
-                    match heads.next() {
-                        Some((_, ob)) => {
-                            let wb = w(r0 + i + 1, ps0, ps1);
-                            isa.weighted_rows_acc2(wa, wb, vs.data, vs.stride, base, oa, ob);
-                        }
-                        None => isa.weighted_rows_acc(wa, vs.data, vs.stride, base, oa),
-                    }
+                    isa.weighted_rows_acc(wa, vs.data, vs.stride, base, &mut rest[..hd]);
                 }
             }
         }
