@@ -393,105 +393,83 @@ mod x86 {
         }
     }
 
-    /// One tile of `R` rows by 16 columns.
+    /// One tile of `R` rows by two vectors of columns (`$lanes` each): `$name(a, b, c,
+    /// ld, r0, x0, k, init)`.
     ///
     /// # Safety
-    /// AVX2 and FMA; the tile's rows and columns lie inside `a`, `b` and `c`.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile256(
-        a: &Mat<'_>,
-        b: &Mat<'_>,
-        c: *mut f32,
-        ld: usize,
-        r0: usize,
-        x0: usize,
-        k: usize,
-        init: Option<f32>,
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        if let Some(f) = init {
-            let fv = _mm256_set1_ps(f);
-            for (i, ai) in acc.iter_mut().enumerate() {
-                for (h, v) in ai.iter_mut().enumerate() {
-                    // SAFETY: inside `c` (caller).
-                    *v = _mm256_mul_ps(fv, unsafe {
-                        _mm256_loadu_ps(c.add((r0 + i) * ld + x0 + 8 * h))
-                    });
+    /// The named target features; the tile's rows and columns lie inside `a`, `b` and
+    /// `c`.
+    macro_rules! tile {
+        ($name:ident, $features:literal, $lanes:literal, $zero:ident, $set1:ident,
+         $load:ident, $store:ident, $mul:ident, $fmadd:ident) => {
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = $features)]
+            unsafe fn $name(
+                a: &Mat<'_>,
+                b: &Mat<'_>,
+                c: *mut f32,
+                ld: usize,
+                r0: usize,
+                x0: usize,
+                k: usize,
+                init: Option<f32>,
+            ) {
+                let mut acc = [[$zero(); 2]; R];
+                if let Some(f) = init {
+                    let fv = $set1(f);
+                    for (i, ai) in acc.iter_mut().enumerate() {
+                        for (h, v) in ai.iter_mut().enumerate() {
+                            // SAFETY: inside `c` (caller).
+                            *v = $mul(fv, unsafe { $load(c.add((r0 + i) * ld + x0 + $lanes * h)) });
+                        }
+                    }
+                }
+                let (pa, pb) = (a.v.as_ptr(), b.v.as_ptr());
+                for p in 0..k {
+                    // SAFETY: row p, the tile's columns of `b` (caller).
+                    let bv = unsafe {
+                        let at = pb.add(p * b.ld + x0);
+                        [$load(at), $load(at.add($lanes))]
+                    };
+                    for (i, ai) in acc.iter_mut().enumerate() {
+                        // SAFETY: row r0 + i, column p of `a` (caller).
+                        let av = $set1(unsafe { *pa.add((r0 + i) * a.ld + p) });
+                        ai[0] = $fmadd(av, bv[0], ai[0]);
+                        ai[1] = $fmadd(av, bv[1], ai[1]);
+                    }
+                }
+                for (i, ai) in acc.iter().enumerate() {
+                    for (h, v) in ai.iter().enumerate() {
+                        // SAFETY: inside `c` (caller).
+                        unsafe { $store(c.add((r0 + i) * ld + x0 + $lanes * h), *v) };
+                    }
                 }
             }
-        }
-        let (pa, pb) = (a.v.as_ptr(), b.v.as_ptr());
-        for p in 0..k {
-            // SAFETY: row p, columns x0..x0+16 of `b` (caller).
-            let bv = unsafe {
-                let at = pb.add(p * b.ld + x0);
-                [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))]
-            };
-            for (i, ai) in acc.iter_mut().enumerate() {
-                // SAFETY: row r0 + i, column p of `a` (caller).
-                let av = _mm256_set1_ps(unsafe { *pa.add((r0 + i) * a.ld + p) });
-                ai[0] = _mm256_fmadd_ps(av, bv[0], ai[0]);
-                ai[1] = _mm256_fmadd_ps(av, bv[1], ai[1]);
-            }
-        }
-        for (i, ai) in acc.iter().enumerate() {
-            for (h, v) in ai.iter().enumerate() {
-                // SAFETY: inside `c` (caller).
-                unsafe { _mm256_storeu_ps(c.add((r0 + i) * ld + x0 + 8 * h), *v) };
-            }
-        }
+        };
     }
 
-    /// One tile of `R` rows by 32 columns.
-    ///
-    /// # Safety
-    /// AVX-512F; the tile's rows and columns lie inside `a`, `b` and `c`.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn tile512(
-        a: &Mat<'_>,
-        b: &Mat<'_>,
-        c: *mut f32,
-        ld: usize,
-        r0: usize,
-        x0: usize,
-        k: usize,
-        init: Option<f32>,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        if let Some(f) = init {
-            let fv = _mm512_set1_ps(f);
-            for (i, ai) in acc.iter_mut().enumerate() {
-                for (h, v) in ai.iter_mut().enumerate() {
-                    // SAFETY: inside `c` (caller).
-                    *v = _mm512_mul_ps(fv, unsafe {
-                        _mm512_loadu_ps(c.add((r0 + i) * ld + x0 + 16 * h))
-                    });
-                }
-            }
-        }
-        let (pa, pb) = (a.v.as_ptr(), b.v.as_ptr());
-        for p in 0..k {
-            // SAFETY: row p, columns x0..x0+32 of `b` (caller).
-            let bv = unsafe {
-                let at = pb.add(p * b.ld + x0);
-                [_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16))]
-            };
-            for (i, ai) in acc.iter_mut().enumerate() {
-                // SAFETY: row r0 + i, column p of `a` (caller).
-                let av = _mm512_set1_ps(unsafe { *pa.add((r0 + i) * a.ld + p) });
-                ai[0] = _mm512_fmadd_ps(av, bv[0], ai[0]);
-                ai[1] = _mm512_fmadd_ps(av, bv[1], ai[1]);
-            }
-        }
-        for (i, ai) in acc.iter().enumerate() {
-            for (h, v) in ai.iter().enumerate() {
-                // SAFETY: inside `c` (caller).
-                unsafe { _mm512_storeu_ps(c.add((r0 + i) * ld + x0 + 16 * h), *v) };
-            }
-        }
-    }
+    tile!(
+        tile256,
+        "avx2,fma",
+        8,
+        _mm256_setzero_ps,
+        _mm256_set1_ps,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        _mm256_mul_ps,
+        _mm256_fmadd_ps
+    );
+    tile!(
+        tile512,
+        "avx512f,avx2,fma",
+        16,
+        _mm512_setzero_ps,
+        _mm512_set1_ps,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        _mm512_mul_ps,
+        _mm512_fmadd_ps
+    );
 }
 
 #[cfg(test)]

@@ -181,6 +181,8 @@ pub(super) unsafe fn weighted_rows_accn<const N: usize>(
                 *x = unsafe { _mm512_loadu_ps(oh.as_ptr().add(c0 + 16 * j)) };
             }
         }
+        // `i` indexes all N weight rows at once, which no single iterator does.
+        #[allow(clippy::needless_range_loop)]
         for i in 0..n {
             let w: [__m512; N] = std::array::from_fn(|h| _mm512_set1_ps(p[h][i]));
             let row = first + i * stride + c0;
