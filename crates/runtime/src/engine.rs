@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use minfer_gguf::GgufFile;
 use minfer_graph::trace::logits_top;
 use minfer_graph::{
-    Backend, BackendCaps, BackendConfig, BackendImpl, BackendOptions, BackendScheduler, CParams,
-    CacheCounters, ComputeGraph, FaultInjector, FenceError, FusionPass, GraphAllocator, GraphCache,
-    GraphParams, KvType, SchedulerOptions,
+    Backend, BackendCaps, BackendConfig, BackendImpl, BackendScheduler, CParams, CacheCounters,
+    ComputeGraph, FaultInjector, FenceError, FusionPass, GraphAllocator, GraphCache, GraphParams,
+    KvType,
 };
 use minfer_models::{HParams, ModelDef};
 
@@ -28,11 +28,13 @@ use crate::checkpoint::CheckpointStore;
 use crate::swa::{self, SwaRings};
 
 mod kv_size;
+mod options;
 mod recurrent;
 mod trace;
 
 use kv_size::check_kv_fits;
 pub use kv_size::{kv_cache_bytes, kv_cache_bytes_as};
+pub use options::{EngineOptions, MAX_DELTA_CHUNK};
 use trace::EngineTrace;
 pub use trace::{TraceSink, TracedStep, TRACE_LOGITS_TOP};
 
@@ -77,77 +79,6 @@ pub enum EngineError {
     Encoder { arch: &'static str },
 }
 
-/// How to build an engine.
-#[derive(Debug, Clone)]
-pub struct EngineOptions {
-    /// Worker threads of the CPU backend.
-    pub n_threads: usize,
-    /// Context length; `None` means the smaller of the model's and 4096.
-    pub n_ctx: Option<usize>,
-    /// Backend fence by name (`--backend`, or `MINFER_BACKENDS` as the caller resolved
-    /// it), e.g. `cpu`; `None`: every compiled backend.
-    pub backend: Option<String>,
-    /// Largest prefill chunk, in tokens.
-    pub n_batch: usize,
-    /// Storage format of the K rows (`--cache-type-k`).
-    pub cache_type_k: KvType,
-    /// Storage format of the V rows (`--cache-type-v`).
-    pub cache_type_v: KvType,
-    /// Whether a [`crate::MultiEngine`] runs its slots' entries together in one graph
-    /// execution (`MINFER_BATCH`, as the caller resolved it); results are the same either
-    /// way.
-    pub batching: bool,
-    /// What the scheduler reports besides executing (per-op profile, split report).
-    pub scheduler: SchedulerOptions,
-    /// The backends' tuning knobs (fusions, repacking, graphics API, device graphs), as
-    /// the caller resolved them; device graphs are left off while `scheduler` traces or
-    /// profiles, which needs each launch on its own.
-    pub backend_options: BackendOptions,
-    /// Keep every row of sliding-window layers (`--swa-full`) instead of a ring of the
-    /// window plus a step ([`crate::swa`]): more memory, and any prefix stays reusable.
-    pub swa_full: bool,
-    /// State checkpoints a sequence of a recurrent model keeps (`--ctx-checkpoints`, 0:
-    /// none), so a reused prefix goes on from inside it ([`crate::checkpoint`]).
-    pub ctx_checkpoints: usize,
-    /// Tokens per chunk of the recurrent layers' chunked delta rule in prefill
-    /// (`--delta-chunk`; 0: token by token, the default). Faster or not depending on the
-    /// host (see BENCHMARKS.md), and equal to token-by-token decode up to rounding only,
-    /// so a prefix reused from a checkpoint is no longer bit for bit a fresh prefill.
-    pub delta_chunk: usize,
-}
-
-impl Default for EngineOptions {
-    /// Physical cores, default context, no fence, 512-token prefill chunks, F32 KV,
-    /// batching on, no profile or split report, the backends' default options,
-    /// [`crate::checkpoint::DEFAULT_CTX_CHECKPOINTS`] state checkpoints.
-    fn default() -> Self {
-        EngineOptions {
-            n_threads: minfer_cpu::threadpool::physical_cores(),
-            n_ctx: None,
-            backend: None,
-            n_batch: 512,
-            cache_type_k: KvType::F32,
-            cache_type_v: KvType::F32,
-            batching: true,
-            scheduler: SchedulerOptions::default(),
-            backend_options: BackendOptions::default(),
-            swa_full: false,
-            ctx_checkpoints: crate::checkpoint::DEFAULT_CTX_CHECKPOINTS,
-            delta_chunk: 0,
-        }
-    }
-}
-
-impl EngineOptions {
-    /// The options the backends are built with: [`Self::backend_options`], with device
-    /// graphs off while the scheduler traces or profiles.
-    pub fn backend_config_options(&self) -> BackendOptions {
-        let mut o = self.backend_options;
-        o.device_graphs &= !(self.scheduler.profile || self.scheduler.graph_trace);
-        o
-    }
-}
-
 /// One participating backend as reports describe it (`minfer info`, the server's
 /// health and props), highest priority first in [`Engine::backend_info`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -178,10 +109,6 @@ pub struct TokenRows<'a> {
 
 /// Words per K and V row, and the (layer, region) of every layer holding KV rows.
 type KvLayout = (usize, usize, Vec<(usize, minfer_graph::KvRegion)>);
-
-/// The largest [`EngineOptions::delta_chunk`]: past a few hundred tokens a chunk's
-/// square terms cost more than its matrix products save.
-pub const MAX_DELTA_CHUNK: usize = 256;
 
 /// The default context: the model's own, capped at 4096.
 pub const DEFAULT_CTX_CAP: usize = 4096;
@@ -291,24 +218,7 @@ impl Engine {
         t0: Instant,
         factories: &[minfer_graph::BackendFactory],
     ) -> Result<Self, EngineError> {
-        if opts.n_threads == 0 || opts.n_threads > 1024 {
-            return Err(EngineError::Param {
-                name: "threads (-t)",
-                message: format!("{} is not in 1..=1024", opts.n_threads),
-            });
-        }
-        if opts.n_batch == 0 {
-            return Err(EngineError::Param {
-                name: "batch size",
-                message: "must be at least 1".into(),
-            });
-        }
-        if opts.delta_chunk > MAX_DELTA_CHUNK {
-            return Err(EngineError::Param {
-                name: "delta chunk (--delta-chunk)",
-                message: format!("{} is not in 0..={MAX_DELTA_CHUNK}", opts.delta_chunk),
-            });
-        }
+        opts.check()?;
         let fault = FaultInjector::default();
         let kv_types = [opts.cache_type_k, opts.cache_type_v];
         let cfg = BackendConfig {

@@ -205,12 +205,6 @@ pub struct DeltaArgs<'a> {
     pub chunks: &'a [usize],
 }
 
-thread_local! {
-    /// Each thread's chunk buffers, kept between calls: a fresh set per call would be
-    /// fresh pages the kernel zeroes, each prompt step again.
-    static CHUNK_SCRATCH: std::cell::Cell<ChunkScratch> = std::cell::Cell::default();
-}
-
 /// The batch indices from which [`delta_net`] runs `m.chunk` tokens in the chunked
 /// form: where a sequence's tokens at positions `j * chunk .. (j + 1) * chunk` stand in
 /// the batch one after the other. The grid is fixed by position, so a prompt cut into
@@ -303,80 +297,84 @@ pub fn delta_net(
     let state = SharedMut::new(state);
     let out = SharedMut::new(out);
     let cs = m.chunk;
+    // Token t's inputs for value head h: its query and key (before the L2 norm), its
+    // values, its log decay `softplus(alpha + dt) * a` and its write strength
+    // `sigmoid(beta)`.
+    let head = |t: usize, h: usize| {
+        let row = &d.qkv[t * c..(t + 1) * c];
+        let kh = m.key_head(h);
+        let q = &row[kh * sk..(kh + 1) * sk];
+        let k = &row[kd + kh * sk..kd + (kh + 1) * sk];
+        let v = &row[2 * kd + h * sv..2 * kd + (h + 1) * sv];
+        let g = softplus(d.alpha[t * hv + h] + d.dt.map_or(0.0, |b| b[h])) * d.a[h];
+        let b = 1.0 / (1.0 + (-d.beta[t * hv + h]).exp());
+        (q, k, v, g, b)
+    };
+    // Where head h's matrices of slot s, and its outputs of token t, lie.
+    let matrices = |s: usize, h: usize| s * slot + h * sv * sk..s * slot + (h + 1) * sv * sk;
+    let outputs = |t: usize, h: usize| t * hv * sv + h * sv..t * hv * sv + (h + 1) * sv;
+    // Tokens t..t + cs, one sequence's whole chunk, in the chunked form; heads lo..hi.
+    let chunk = |sc: &mut ChunkScratch, t: usize, lo: usize, hi: usize| {
+        let dims = Dims { sk, sv, c: cs };
+        sc.shape(dims);
+        let (fresh, s) = d.toks[t];
+        for h in lo..hi {
+            for i in 0..cs {
+                let (q, k, v, g, b) = head(t + i, h);
+                l2_into(k, m.eps, &mut sc.kq[i * sk..(i + 1) * sk]);
+                l2_into(q, m.eps, &mut sc.kq[(cs + i) * sk..(cs + i + 1) * sk]);
+                sc.v[i * sv..(i + 1) * sv].copy_from_slice(v);
+                (sc.g[i], sc.b[i]) = (g, b);
+            }
+            // SAFETY: head h's matrices and output values belong to this thread alone.
+            let mat = unsafe { state.slice(matrices(s, h)) };
+            if fresh {
+                mat.fill(0.0);
+            }
+            chunk_step(isa, sc, dims, scale, mat);
+            for (i, oi) in sc.o.chunks_exact(sv).enumerate() {
+                // SAFETY: as above.
+                unsafe { out.slice(outputs(t + i, h)) }.copy_from_slice(oi);
+            }
+        }
+    };
+    // Token t one step; heads lo..hi, with `q` and `k` as scratch.
+    let step = |q: &mut [f32], k: &mut [f32], t: usize, lo: usize, hi: usize| {
+        let (fresh, s) = d.toks[t];
+        for h in lo..hi {
+            let (qr, kr, v, g, b) = head(t, h);
+            l2_into(qr, m.eps, q);
+            l2_into(kr, m.eps, k);
+            let decay = g.exp();
+            // SAFETY: head h's matrices and output values belong to this thread alone.
+            let mat = unsafe { state.slice(matrices(s, h)) };
+            // SAFETY: as above.
+            let o = unsafe { out.slice(outputs(t, h)) };
+            if fresh {
+                mat.fill(0.0);
+            }
+            for (j, r) in mat.chunks_exact_mut(sk).enumerate() {
+                // Decay, read, write, read: two passes over the row (`delta_row`),
+                // with the bits of the four separate steps.
+                let delta = (v[j] - isa.scale_dot(r, decay, k)) * b;
+                o[j] = isa.axpy_dot(r, delta, k, q) * scale;
+            }
+        }
+    };
     let work = |lo: usize, hi: usize| {
         let (mut q, mut k) = (vec![0.0f32; sk], vec![0.0f32; sk]);
+        // Allocated by the first chunk only.
+        let mut sc = ChunkScratch::default();
         let mut starts = d.chunks.iter().copied().peekable();
         let mut t = 0;
         while t < nt {
-            let (fresh, s) = d.toks[t];
             if starts.next_if_eq(&t).is_some() {
-                let dims = Dims { sk, sv, c: cs };
-                let mut guard = CHUNK_SCRATCH.with(|c| c.take());
-                let sc = &mut guard;
-                sc.shape(dims);
-                for h in lo..hi {
-                    let kh = m.key_head(h);
-                    for i in 0..cs {
-                        let row = &d.qkv[(t + i) * c..(t + i + 1) * c];
-                        let kq = &mut sc.kq;
-                        l2_into(
-                            &row[kd + kh * sk..kd + (kh + 1) * sk],
-                            m.eps,
-                            &mut kq[i * sk..(i + 1) * sk],
-                        );
-                        l2_into(
-                            &row[kh * sk..(kh + 1) * sk],
-                            m.eps,
-                            &mut kq[(cs + i) * sk..(cs + i + 1) * sk],
-                        );
-                        sc.v[i * sv..(i + 1) * sv]
-                            .copy_from_slice(&row[2 * kd + h * sv..2 * kd + (h + 1) * sv]);
-                        let at = (t + i) * hv + h;
-                        sc.g[i] = softplus(d.alpha[at] + d.dt.map_or(0.0, |b| b[h])) * d.a[h];
-                        sc.b[i] = 1.0 / (1.0 + (-d.beta[at]).exp());
-                    }
-                    let at = s * slot + h * sv * sk;
-                    // SAFETY: head h's matrices belong to this thread alone.
-                    let mat = unsafe { state.slice(at..at + sv * sk) };
-                    if fresh {
-                        mat.fill(0.0);
-                    }
-                    chunk_step(isa, sc, dims, scale, mat);
-                    for (i, oi) in sc.o.chunks_exact(sv).enumerate() {
-                        let at = (t + i) * hv * sv + h * sv;
-                        // SAFETY: head h's output values belong to this thread alone.
-                        unsafe { out.slice(at..at + sv) }.copy_from_slice(oi);
-                    }
-                }
-                CHUNK_SCRATCH.with(|c| c.replace(guard));
+                chunk(&mut sc, t, lo, hi);
                 t += cs;
-                continue;
+            } else {
+                step(&mut q, &mut k, t, lo, hi);
+                t += 1;
             }
-            let row = &d.qkv[t * c..(t + 1) * c];
-            for h in lo..hi {
-                let kh = m.key_head(h);
-                l2_into(&row[kh * sk..(kh + 1) * sk], m.eps, &mut q);
-                l2_into(&row[kd + kh * sk..kd + (kh + 1) * sk], m.eps, &mut k);
-                let v = &row[2 * kd + h * sv..2 * kd + (h + 1) * sv];
-                let al = d.alpha[t * hv + h] + d.dt.map_or(0.0, |b| b[h]);
-                let decay = (softplus(al) * d.a[h]).exp();
-                let b = 1.0 / (1.0 + (-d.beta[t * hv + h]).exp());
-                let at = s * slot + h * sv * sk;
-                // SAFETY: head h's matrices and output values belong to this thread alone.
-                let mat = unsafe { state.slice(at..at + sv * sk) };
-                // SAFETY: as above.
-                let o = unsafe { out.slice(t * hv * sv + h * sv..t * hv * sv + (h + 1) * sv) };
-                if fresh {
-                    mat.fill(0.0);
-                }
-                for (j, r) in mat.chunks_exact_mut(sk).enumerate() {
-                    // Decay, read, write, read: two passes over the row (`delta_row`),
-                    // with the bits of the four separate steps.
-                    let delta = (v[j] - isa.scale_dot(r, decay, &k)) * b;
-                    o[j] = isa.axpy_dot(r, delta, &k, &q) * scale;
-                }
-            }
-            t += 1;
         }
     };
     if pool.n_threads() == 1 || hv < 2 || hv * sv * sk * nt < super::PAR_MIN_ELEMS {

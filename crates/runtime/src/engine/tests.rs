@@ -5,22 +5,6 @@ use super::*;
 use minfer_gguf::GgmlType;
 use minfer_models::testing::{tiny_model_bytes, TinySpec};
 
-#[test]
-fn device_graphs_stay_off_while_the_scheduler_traces_or_profiles() {
-    let mut o = EngineOptions::default();
-    assert!(o.backend_config_options().device_graphs);
-    o.scheduler.profile = true;
-    assert!(!o.backend_config_options().device_graphs);
-    o.scheduler = SchedulerOptions {
-        graph_trace: true,
-        ..SchedulerOptions::default()
-    };
-    assert!(!o.backend_config_options().device_graphs);
-    o.scheduler = SchedulerOptions::default();
-    o.backend_options.device_graphs = false;
-    assert!(!o.backend_config_options().device_graphs);
-}
-
 fn tiny_engine() -> Engine {
     let spec = TinySpec::qwen2(GgmlType::Q8_0, 75);
     let file = GgufFile::from_bytes(tiny_model_bytes(&spec).expect("writer")).expect("reader");
