@@ -108,6 +108,45 @@ impl VecIsa {
         self.dot_rows(qb, k, stride, first, out_b);
     }
 
+    /// [`Self::dot_rows`] for four query rows (of one length) against the same keys, into
+    /// four outputs (of one length): bitwise four `dot_rows` calls, with each key loaded
+    /// once for all four where 512-bit registers allow.
+    #[inline]
+    pub fn dot_rows4(
+        self,
+        q: [&[f32]; 4],
+        k: &[f32],
+        stride: usize,
+        first: usize,
+        out: [&mut [f32]; 4],
+    ) {
+        let [o0, o1, o2, o3] = out;
+        #[cfg(target_arch = "x86_64")]
+        if self == VecIsa::Avx2
+            && q.iter().all(|r| r.len() == q[0].len())
+            && [&o1, &o2, &o3].iter().all(|r| r.len() == o0.len())
+            && super::vec512::enabled()
+        {
+            check_rows(q[0].len(), k.len(), stride, first, o0.len());
+            // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
+            // the rows are in bounds (checked above).
+            unsafe {
+                let out = [&mut *o0, &mut *o1, &mut *o2, &mut *o3];
+                let done = super::vec512::dot_rows4(q, k, stride, first, out);
+                if done < o0.len() {
+                    // The rest row by row, as the AVX2 kernel takes it.
+                    let first = first + done * stride;
+                    for (qr, o) in q.iter().zip([o0, o1, o2, o3]) {
+                        avx2::dot_rows(qr, k, stride, first, &mut o[done..]);
+                    }
+                }
+            }
+            return;
+        }
+        self.dot_rows2(q[0], q[1], k, stride, first, o0, o1);
+        self.dot_rows2(q[2], q[3], k, stride, first, o2, o3);
+    }
+
     /// `o = Σ_i p[i] * v[first + i*stride ..][..o.len()]`, summed in `i` order from zero.
     /// `v` must hold every row read.
     #[inline]
@@ -639,10 +678,10 @@ mod tests512 {
     use super::{avx2, VecIsa};
     use crate::quant::testutil::rand_f32;
 
-    /// Two-row scores equal two AVX2 `dot_rows` calls bit for bit, for head sizes with and
-    /// without the 512-bit path, key counts with and without a tail, and strided rows.
+    /// Two- and four-row scores equal AVX2 `dot_rows` calls bit for bit, for head sizes
+    /// with and without the 512-bit path, key counts with and without a tail, and strided rows.
     #[test]
-    fn two_row_scores_are_the_avx2_bits() {
+    fn multi_row_scores_are_the_avx2_bits() {
         if !super::super::vec512::enabled() {
             return;
         }
@@ -662,6 +701,18 @@ mod tests512 {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&wa), "row a, hd={hd} n={n}");
                 assert_eq!(bits(&b), bits(&wb), "row b, hd={hd} n={n}");
+                // Four rows at once: each the bits of its own AVX2 call.
+                let qs: Vec<Vec<f32>> = (0..4).map(|r| rand_f32(hd, 7 + r, 1.0)).collect();
+                let mut outs = [(); 4].map(|()| vec![0.0; n]);
+                let [o0, o1, o2, o3] = outs.each_mut().map(|o| o.as_mut_slice());
+                let q4 = [&qs[0][..], &qs[1][..], &qs[2][..], &qs[3][..]];
+                VecIsa::Avx2.dot_rows4(q4, &k, stride, 5, [o0, o1, o2, o3]);
+                for (r, (qr, got)) in qs.iter().zip(&outs).enumerate() {
+                    let mut want = vec![0.0; n];
+                    // SAFETY: as above.
+                    unsafe { avx2::dot_rows(qr, &k, stride, 5, &mut want) };
+                    assert_eq!(bits(got), bits(&want), "four rows, row {r}, hd={hd} n={n}");
+                }
             }
         }
     }

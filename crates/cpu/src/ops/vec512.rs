@@ -34,6 +34,74 @@ fn hadd(a: __m512, b: __m512) -> __m512 {
     }
 }
 
+/// Query rows `a` and `b` side by side, chunk `c` (8 values) of `a` in the low half of
+/// register `c`, of `b` in the high half.
+///
+/// # Safety
+/// AVX-512 F; `qa`, `qb` hold `8 * q.len()` values at least.
+#[inline(always)]
+unsafe fn pair_rows(qa: &[f32], qb: &[f32], q: &mut [__m512]) {
+    for (c, qc) in q.iter_mut().enumerate() {
+        // SAFETY: 8c + 8 values of each row (caller). The 64-bit-lane forms of insert,
+        // broadcast and extract move the same bits and need only AVX-512 F.
+        *qc = unsafe {
+            _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(qa.as_ptr().add(8 * c)))),
+                _mm256_castps_pd(_mm256_loadu_ps(qb.as_ptr().add(8 * c))),
+            ))
+        };
+    }
+}
+
+/// Eight keys' values `[k c | k c]` (chunk `c` of key row `at`) in both halves.
+///
+/// # Safety
+/// AVX-512 F; eight values at `p`.
+#[inline(always)]
+unsafe fn key_chunk(p: *const f32) -> __m512 {
+    // SAFETY: eight values at `p` (caller).
+    unsafe { _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p)))) }
+}
+
+/// The scores of eight keys for the pair of rows whose per-lane partial sums are in
+/// `acc` (key `r` in `acc[r]`): each half reduced by the AVX2 kernel's tree, row `a`'s
+/// eight scores in the low half of the result and row `b`'s in the high half.
+#[inline(always)]
+fn reduce_keys8(acc: &[__m512; 8]) -> __m512 {
+    let s01 = hadd(acc[0], acc[1]);
+    let s23 = hadd(acc[2], acc[3]);
+    let s45 = hadd(acc[4], acc[5]);
+    let s67 = hadd(acc[6], acc[7]);
+    let s0123 = hadd(s01, s23);
+    let s4567 = hadd(s45, s67);
+    // SAFETY: register operations; the callers run with AVX-512 F enabled.
+    unsafe {
+        // Per half: the low 128-bit lanes of both, then the high ones (the AVX2 kernel's
+        // permute2f128 pair), summed.
+        let lo = _mm512_shuffle_f32x4::<0b10_00_10_00>(s0123, s4567);
+        let hi = _mm512_shuffle_f32x4::<0b11_01_11_01>(s0123, s4567);
+        // lo = [s0123.l0, s0123.l2, s4567.l0, s4567.l2]: reorder to row a then row b.
+        let sum = _mm512_add_ps(lo, hi);
+        _mm512_shuffle_f32x4::<0b11_01_10_00>(sum, sum)
+    }
+}
+
+/// Stores the low half of `sum` at `a` and the high half at `b`.
+///
+/// # Safety
+/// AVX-512 F; eight values writable at each of `a` and `b`.
+#[inline(always)]
+unsafe fn store_halves(sum: __m512, a: *mut f32, b: *mut f32) {
+    // SAFETY: eight values at each (caller).
+    unsafe {
+        _mm256_storeu_ps(a, _mm512_castps512_ps256(sum));
+        _mm256_storeu_ps(
+            b,
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sum))),
+        );
+    }
+}
+
 /// Scores of two query rows against the same keys: `out_a[i] = qa · k_i` and
 /// `out_b[i] = qb · k_i`, bitwise the AVX2 `dot_rows` of each row, for the keys of whole
 /// groups of eight (none where the head size has no 512-bit path); returns how many keys
@@ -53,59 +121,80 @@ pub(super) unsafe fn dot_rows2(
     out_b: &mut [f32],
 ) -> usize {
     let (hd, n) = (qa.len(), out_a.len());
+    if !hd.is_multiple_of(8) || hd > 128 {
+        return 0;
+    }
     let pk = k.as_ptr();
+    let mut q = [_mm512_setzero_ps(); 16];
+    // SAFETY: hd values in each row.
+    unsafe { pair_rows(qa, qb, &mut q[..hd / 8]) };
     let mut i = 0;
-    if hd.is_multiple_of(8) && hd <= 128 {
-        // Query chunk c (8 values) of row a in the low half, of row b in the high half.
-        let mut q = [_mm512_setzero_ps(); 16];
-        for (c, qc) in q[..hd / 8].iter_mut().enumerate() {
-            // SAFETY: 8c + 8 <= hd elements of each query row.
-            // (The 64-bit-lane forms of insert, broadcast and extract move the same bits
-            // and need only AVX-512 F.)
-            *qc = unsafe {
-                _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(
-                        qa.as_ptr().add(8 * c),
-                    ))),
-                    _mm256_castps_pd(_mm256_loadu_ps(qb.as_ptr().add(8 * c))),
-                ))
-            };
-        }
-        while i + 8 <= n {
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for (c, qc) in q[..hd / 8].iter().enumerate() {
-                for (r, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: row i + r is inside `k` (caller), 8c + 8 <= hd; the eight
-                    // values go to both halves.
-                    let kv = unsafe {
-                        _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(
-                            pk.add(first + (i + r) * stride + 8 * c),
-                        ))))
-                    };
-                    *a = _mm512_fmadd_ps(*qc, kv, *a);
-                }
+    while i + 8 <= n {
+        let mut acc = [_mm512_setzero_ps(); 8];
+        for (c, qc) in q[..hd / 8].iter().enumerate() {
+            for (r, a) in acc.iter_mut().enumerate() {
+                // SAFETY: row i + r is inside `k` (caller), 8c + 8 <= hd.
+                let kv = unsafe { key_chunk(pk.add(first + (i + r) * stride + 8 * c)) };
+                *a = _mm512_fmadd_ps(*qc, kv, *a);
             }
-            let s01 = hadd(acc[0], acc[1]);
-            let s23 = hadd(acc[2], acc[3]);
-            let s45 = hadd(acc[4], acc[5]);
-            let s67 = hadd(acc[6], acc[7]);
-            let s0123 = hadd(s01, s23);
-            let s4567 = hadd(s45, s67);
-            // Per half: the low 128-bit lanes of both, then the high ones (the AVX2
-            // kernel's permute2f128 pair), summed.
-            let lo = _mm512_shuffle_f32x4::<0b10_00_10_00>(s0123, s4567);
-            let hi = _mm512_shuffle_f32x4::<0b11_01_11_01>(s0123, s4567);
-            // lo = [s0123.l0, s0123.l2, s4567.l0, s4567.l2]: reorder to row a then row b.
-            let sum = _mm512_add_ps(lo, hi);
-            let sum = _mm512_shuffle_f32x4::<0b11_01_10_00>(sum, sum);
-            // SAFETY: i + 8 <= n outputs in each row.
-            unsafe {
-                _mm256_storeu_ps(out_a.as_mut_ptr().add(i), _mm512_castps512_ps256(sum));
-                let b = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sum)));
-                _mm256_storeu_ps(out_b.as_mut_ptr().add(i), b);
-            }
-            i += 8;
         }
+        // SAFETY: i + 8 <= n outputs in each row.
+        unsafe {
+            let (pa, pb) = (out_a.as_mut_ptr().add(i), out_b.as_mut_ptr().add(i));
+            store_halves(reduce_keys8(&acc), pa, pb);
+        }
+        i += 8;
+    }
+    i
+}
+
+/// [`dot_rows2`] for four query rows (two pairs) against the same keys, bitwise the AVX2
+/// `dot_rows` of each row: every key chunk is loaded once for all four, and the two
+/// pairs' sixteen accumulator chains keep both multiply-add ports busy. Returns how many
+/// keys it did (whole groups of eight; the caller takes the rest).
+///
+/// # Safety
+/// As [`dot_rows2`], for four query rows of one length and four outputs of one length.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub(super) unsafe fn dot_rows4(
+    q: [&[f32]; 4],
+    k: &[f32],
+    stride: usize,
+    first: usize,
+    out: [&mut [f32]; 4],
+) -> usize {
+    let (hd, n) = (q[0].len(), out[0].len());
+    if !hd.is_multiple_of(8) || hd > 128 {
+        return 0;
+    }
+    let pk = k.as_ptr();
+    let po = out.map(|o| o.as_mut_ptr());
+    // Chunk c of each pair (read from memory by the multiply-adds, which leaves the
+    // registers to the accumulators).
+    let (mut qab, mut qcd) = ([_mm512_setzero_ps(); 16], [_mm512_setzero_ps(); 16]);
+    // SAFETY: hd values in each row.
+    unsafe {
+        pair_rows(q[0], q[1], &mut qab[..hd / 8]);
+        pair_rows(q[2], q[3], &mut qcd[..hd / 8]);
+    }
+    let mut i = 0;
+    while i + 8 <= n {
+        let mut ab = [_mm512_setzero_ps(); 8];
+        let mut cd = [_mm512_setzero_ps(); 8];
+        for c in 0..hd / 8 {
+            for r in 0..8 {
+                // SAFETY: row i + r is inside `k` (caller), 8c + 8 <= hd.
+                let kv = unsafe { key_chunk(pk.add(first + (i + r) * stride + 8 * c)) };
+                ab[r] = _mm512_fmadd_ps(qab[c], kv, ab[r]);
+                cd[r] = _mm512_fmadd_ps(qcd[c], kv, cd[r]);
+            }
+        }
+        // SAFETY: i + 8 <= n outputs in each row.
+        unsafe {
+            store_halves(reduce_keys8(&ab), po[0].add(i), po[1].add(i));
+            store_halves(reduce_keys8(&cd), po[2].add(i), po[3].add(i));
+        }
+        i += 8;
     }
     i
 }
