@@ -12,6 +12,8 @@
 //! and keeps the first token's (`[CLS]`) scores, never normalised: a reranker's relevance
 //! logit is its first value.
 
+use std::ops::Range;
+
 use crate::engine::{Engine, EngineError};
 
 /// How the rows of one text become its embedding (llama.cpp's `pooling_type`).
@@ -103,13 +105,20 @@ pub fn embed(
     let width = row_width(engine, pooling)?;
     let n_batch = chunk_len(engine, tokens.len(), engine.n_batch())?;
     engine.reset();
-    pool(tokens, width, n_batch, pooling, normalize, |chunk, pos| {
-        if pooling == Pooling::Rank {
-            engine.forward_scores(chunk, pos)
-        } else {
-            engine.forward_hidden(chunk, pos)
-        }
-    })
+    pool(
+        tokens,
+        width,
+        n_batch,
+        pooling,
+        normalize,
+        |chunk, pos, rows| {
+            if pooling == Pooling::Rank {
+                engine.forward_scores(chunk, pos, rows)
+            } else {
+                engine.forward_hidden(chunk, pos, rows)
+            }
+        },
+    )
 }
 
 /// Values per row the graph returns for `pooling`: the head's scores for rank (a model
@@ -141,25 +150,41 @@ pub(crate) fn chunk_len(engine: &Engine, n: usize, n_batch: usize) -> Result<usi
     Ok(n.max(1))
 }
 
-/// Runs `tokens` through `hidden` (a chunk of at most `n_batch` tokens and its first
-/// position in, the chunk's `n_embd`-wide rows out: hidden rows, or scores for rank) and
-/// pools the rows: the one pooling of [`embed`] and of [`crate::MultiEngine::embed`].
-/// Rank scores are never normalised.
+/// The rows of a chunk (`len` tokens from position `pos`) that `pooling` reads, as a
+/// range of the chunk's: every one for none and mean, the text's first for CLS and
+/// rank, the chunk's last for last (the text's, in its last chunk). A chunk holding
+/// none of those returns its last row, unread: a step returns at least one, and the
+/// tail is the graph's usual selection.
+fn wanted(pooling: Pooling, pos: usize, len: usize) -> Range<usize> {
+    match pooling {
+        Pooling::None | Pooling::Mean => 0..len,
+        Pooling::Cls | Pooling::Rank if pos == 0 => 0..1,
+        _ => len.saturating_sub(1)..len,
+    }
+}
+
+/// Runs `tokens` through `hidden` (a chunk of at most `n_batch` tokens, its first
+/// position and the rows of it wanted in; those rows, `n_embd` values each, out: hidden
+/// rows, or scores for rank) and pools the rows: the one pooling of [`embed`] and of
+/// [`crate::MultiEngine::embed`]. Only the rows the pooling reads are asked for, so CLS,
+/// last-token and rank pooling take the output end of the graph (a reranker's head
+/// included) for one row per text. Rank scores are never normalised.
 pub(crate) fn pool(
     tokens: &[u32],
     n_embd: usize,
     n_batch: usize,
     pooling: Pooling,
     normalize: bool,
-    mut hidden: impl FnMut(&[u32], usize) -> Result<Vec<f32>, EngineError>,
+    mut hidden: impl FnMut(&[u32], usize, Range<usize>) -> Result<Vec<f32>, EngineError>,
 ) -> Result<Vec<Vec<f32>>, EngineError> {
     let mut rows: Vec<Vec<f32>> = Vec::new();
     let mut sum = vec![0f64; n_embd];
     let mut pos = 0;
     for chunk in tokens.chunks(n_batch.max(1)) {
-        let out = hidden(chunk, pos)?;
+        let want = wanted(pooling, pos, chunk.len());
+        let out = hidden(chunk, pos, want.clone())?;
         for (i, row) in out.chunks_exact(n_embd).enumerate() {
-            let p = pos + i;
+            let p = pos + want.start + i;
             match pooling {
                 Pooling::None => rows.push(row.to_vec()),
                 Pooling::Mean => sum.iter_mut().zip(row).for_each(|(s, &x)| *s += x as f64),
@@ -218,6 +243,18 @@ mod tests {
         }
         let e = Pooling::parse("max").unwrap_err();
         assert!(e.contains("'max'") && e.contains("mean"), "{e}");
+    }
+
+    #[test]
+    fn a_chunk_asks_for_the_rows_its_pooling_reads() {
+        assert_eq!(wanted(Pooling::Mean, 8, 8), 0..8);
+        assert_eq!(wanted(Pooling::None, 0, 5), 0..5);
+        for p in [Pooling::Cls, Pooling::Rank] {
+            assert_eq!(wanted(p, 0, 8), 0..1, "{p:?}, the first chunk");
+            assert_eq!(wanted(p, 8, 8), 7..8, "{p:?}, a later chunk (unread)");
+        }
+        assert_eq!(wanted(Pooling::Last, 0, 8), 7..8);
+        assert_eq!(wanted(Pooling::Last, 8, 3), 2..3);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! step rebuilds and reallocates the graph before it runs, and the sequence keeps only
 //! the positions before the failed step.
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -749,12 +750,25 @@ impl Engine {
         n_out: usize,
         out: &mut Vec<f32>,
     ) -> Result<(), EngineError> {
+        let nt = tokens.len();
+        self.forward_span(tokens, pos0, nt.saturating_sub(n_out)..nt, out)
+    }
+
+    /// [`Engine::forward_into`] returning the rows of the tokens `rows` (a non-empty
+    /// range of the step's), which need not be the last ones.
+    fn forward_span(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        rows: Range<usize>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
         self.check_not_encoder()?;
         let nt = tokens.len();
-        if nt == 0 || n_out == 0 || n_out > nt {
+        if nt == 0 || rows.is_empty() || rows.end > nt {
             return Err(EngineError::Param {
                 name: "batch",
-                message: format!("{nt} tokens with {n_out} output rows"),
+                message: format!("{nt} tokens with output rows {}..{}", rows.start, rows.end),
             });
         }
         let end = pos0.saturating_add(nt);
@@ -800,7 +814,7 @@ impl Engine {
         sc.spans.clear();
         sc.spans.extend(sc.positions.iter().map(|&p| [0, p + 1]));
         sc.out_rows.clear();
-        sc.out_rows.extend((nt - n_out) as u32..nt as u32);
+        sc.out_rows.extend(rows.start as u32..rows.end as u32);
         if self.recurrent {
             // The state advances as the step runs: from here on, an error or an unwind
             // included, it no longer holds exactly `0..pos0` (a checkpoint still does).
@@ -826,12 +840,18 @@ impl Engine {
     }
 
     /// Runs `tokens` at positions `pos0..` of the current sequence, as [`Self::forward`]
-    /// does, and returns every token's final-normed hidden state (`nt` rows of
-    /// `n_embd`): the rows that embeddings pool.
-    pub fn forward_hidden(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
+    /// does, and returns the final-normed hidden states of the tokens `rows` (a range of
+    /// the step's, `n_embd` values each): the rows that embeddings pool. Only those rows
+    /// go through the output end of the graph.
+    pub fn forward_hidden(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        rows: Range<usize>,
+    ) -> Result<Vec<f32>, EngineError> {
         self.embeddings = true;
         let mut out = Vec::new();
-        let r = self.forward_into(tokens, pos0, tokens.len().max(1), &mut out);
+        let r = self.forward_span(tokens, pos0, rows, &mut out);
         self.embeddings = false;
         r.map(|()| out)
     }
@@ -851,13 +871,18 @@ impl Engine {
         self.model.rank_width()
     }
 
-    /// [`Self::forward_hidden`] through the model's rank head: every token's scores
-    /// ([`Self::rank_width`] values each; rank pooling reads the first token's). A model
-    /// without a head is refused by name.
-    pub fn forward_scores(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, EngineError> {
+    /// [`Self::forward_hidden`] through the model's rank head: the scores of the tokens
+    /// `rows` ([`Self::rank_width`] values each; rank pooling reads the first token's, and
+    /// the head runs on no other row). A model without a head is refused by name.
+    pub fn forward_scores(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        rows: Range<usize>,
+    ) -> Result<Vec<f32>, EngineError> {
         self.require_rank_head()?;
         self.rank = true;
-        let r = self.forward_hidden(tokens, pos0);
+        let r = self.forward_hidden(tokens, pos0, rows);
         self.rank = false;
         r
     }

@@ -442,8 +442,9 @@ impl MultiEngine {
 
     /// Cuts the step into executions of at most `n_batch` tokens: every entry in order,
     /// packed together when batching, each on its own otherwise. An entry cut across
-    /// executions runs its earlier tokens first, so its later tokens see their KV.
-    fn plan(&self, batch: &[SeqStep]) -> Vec<Exec> {
+    /// executions runs its earlier tokens first, so its later tokens see their KV. An
+    /// entry's output rows are its last `n_out`, or with `head` its first.
+    fn plan(&self, batch: &[SeqStep], head: bool) -> Vec<Exec> {
         let mut execs: Vec<Exec> = Vec::new();
         let mut cur = Exec::default();
         // An encoder's entry is a whole text whose tokens attend both ways: never cut.
@@ -457,7 +458,8 @@ impl MultiEngine {
                 execs.push(std::mem::take(&mut cur));
             }
             let base = s.slot * self.slot_ctx;
-            let first_out = s.tokens.len() - s.n_out;
+            let first_out = if head { 0 } else { s.tokens.len() - s.n_out };
+            let outs = first_out..first_out + s.n_out;
             let end = s.pos0 + s.tokens.len();
             // A prompt's checkpoint marks inside this entry end an execution there.
             let marks = match self.prompt_end[s.slot] {
@@ -473,7 +475,7 @@ impl MultiEngine {
                 if cur.len() == cap {
                     execs.push(std::mem::take(&mut cur));
                 }
-                if i >= first_out {
+                if outs.contains(&i) {
                     cur.out_rows.push(cur.len() as u32);
                     cur.dests.push(Some((e, i - first_out)));
                 }
@@ -506,7 +508,7 @@ impl MultiEngine {
     /// fails while running, or panics, leaves each of its slots holding only the
     /// positions before its `pos0` (and the other slots untouched).
     pub fn step(&mut self, batch: &[SeqStep]) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.run_step(batch, Rows::Logits)
+        self.run_step(batch, Rows::Logits, false)
     }
 
     /// The embedding of `tokens` run as `slot`'s whole sequence from position 0 (one
@@ -543,19 +545,37 @@ impl MultiEngine {
             Rows::Hidden
         };
         self.filled[slot] = 0;
-        crate::embed::pool(tokens, width, n_batch, pooling, normalize, |chunk, pos0| {
-            let entry = SeqStep {
-                slot,
-                tokens: chunk.to_vec(),
-                pos0,
-                n_out: chunk.len(),
-            };
-            Ok(self.run_step(&[entry], kind)?.pop().unwrap_or_default())
-        })
+        crate::embed::pool(
+            tokens,
+            width,
+            n_batch,
+            pooling,
+            normalize,
+            |chunk, pos0, rows| {
+                // The wanted rows are the chunk's tail, or its head (the first token's).
+                let head = rows.end < chunk.len();
+                let entry = SeqStep {
+                    slot,
+                    tokens: chunk.to_vec(),
+                    pos0,
+                    n_out: rows.len(),
+                };
+                Ok(self
+                    .run_step(&[entry], kind, head)?
+                    .pop()
+                    .unwrap_or_default())
+            },
+        )
     }
 
     /// [`Self::step`], returning the rows `kind` names.
-    fn run_step(&mut self, batch: &[SeqStep], kind: Rows) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// With `head`, each entry's wanted rows are its first `n_out` instead of its last.
+    fn run_step(
+        &mut self,
+        batch: &[SeqStep],
+        kind: Rows,
+        head: bool,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         self.validate(batch)?;
         if self.engine.is_recurrent() {
             for s in batch {
@@ -582,7 +602,7 @@ impl MultiEngine {
             let end = s.pos0 + s.tokens.len();
             self.written[s.slot] = crate::swa::written_after(s.pos0, end, self.written[s.slot]);
         }
-        for x in self.plan(batch) {
+        for x in self.plan(batch, head) {
             let rows = TokenRows {
                 tokens: &x.tokens,
                 positions: &x.positions,

@@ -2,12 +2,12 @@
 //! reranker against llama.cpp's pair layouts and rank scores, the head's terms checked
 //! to matter, a server slot scoring as a lone engine, and the refusal of a headless model.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use minfer_gguf::{GgmlType, GgufFile};
 use minfer_models::testing::{bert_reranker, tiny_bert_bytes, TinyBert, BERT_SEED};
 use minfer_runtime::embed::{embed, Pooling};
-use minfer_runtime::{Engine, EngineOptions, MultiEngine};
+use minfer_runtime::{Engine, EngineOptions, MultiEngine, TracedStep};
 use minfer_tokenizer::{PairEnd, Tokenizer};
 
 fn file(spec: &TinyBert) -> GgufFile {
@@ -160,5 +160,48 @@ fn a_slot_scores_as_a_lone_engine_and_a_headless_bert_refuses_rank() {
     assert!(
         err.contains("classifier head") && err.contains("cls.output.weight"),
         "{err}"
+    );
+}
+
+/// Rank pooling runs the classifier head on the `[CLS]` row alone: the traced graph's
+/// head layers are one row wide, and the score equals the first row of a step that
+/// returns every row's.
+#[test]
+fn the_head_runs_on_the_first_row_alone() {
+    let (_, spec) = bert_reranker();
+    let mut e = Engine::from_gguf(file(&spec), &opts()).expect("engine");
+    let text: Vec<u32> = (0..20).map(|i| 5 + (i * 37) % 150).collect();
+    let graphs = Arc::new(Mutex::new(Vec::new()));
+    let sink = graphs.clone();
+    e.set_trace(
+        Some(Box::new(move |s: TracedStep| {
+            if let Some(g) = s.graph {
+                sink.lock().expect("sink").push(g);
+            }
+        })),
+        1,
+    );
+    let rank = embed(&mut e, &text, Pooling::Rank, false).expect("rank");
+    e.set_trace(None, 0);
+    let graphs = graphs.lock().expect("graphs");
+    let rows_of = |name: &str| -> Vec<u64> {
+        graphs
+            .iter()
+            .flat_map(|g| g["nodes"].as_array().cloned().unwrap_or_default())
+            .filter(|n| n["name"] == name)
+            .map(|n| n["shape"][1].as_u64().expect("shape"))
+            .collect()
+    };
+    assert_eq!(rows_of("cls_dense"), [1], "the dense layer's rows");
+    assert_eq!(rows_of("result_embd_pooled"), [1], "the classifier's rows");
+    let width = e.rank_width().expect("head");
+    let all = e
+        .forward_scores(&text, 0, 0..text.len())
+        .expect("every row");
+    assert_eq!(all.len(), text.len() * width);
+    let (got, want) = (rank[0][0], all[0]);
+    assert!(
+        (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+        "{got} vs {want}"
     );
 }
