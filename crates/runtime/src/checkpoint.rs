@@ -36,6 +36,38 @@ pub struct RecurrentSnapshot {
     pub(crate) written: usize,
 }
 
+/// A copy of one slot's recurrent state and the positions it holds
+/// (`MultiEngine::snapshot_slot`): what a batched speculative step keeps to take back a
+/// block whose drafts are rejected.
+#[derive(Debug, Clone)]
+pub struct SlotSnapshot {
+    pub(crate) slot: usize,
+    pub(crate) state: Vec<SlotState>,
+    /// Positions the state had absorbed, and those the slot's KV held.
+    pub(crate) written: usize,
+    pub(crate) filled: usize,
+}
+
+impl SlotSnapshot {
+    /// The slot it was taken from.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// The positions the slot's state held then (`0..positions()`).
+    pub fn positions(&self) -> usize {
+        self.written
+    }
+
+    /// Bytes of state the snapshot holds.
+    pub fn bytes(&self) -> usize {
+        self.state
+            .iter()
+            .map(|(_, c, s)| (c.len() + s.len()) * 4)
+            .sum()
+    }
+}
+
 /// The positions in `(pos0, end]` where a prompt run from `pos0` to `end` takes a
 /// checkpoint, increasing: `end - CHECKPOINT_TAIL` when it lies past `pos0`, and `end`.
 /// Empty when nothing runs.

@@ -22,7 +22,7 @@ pub mod swa;
 pub mod testing;
 pub mod turn;
 
-pub use checkpoint::{CheckpointStats, RecurrentSnapshot};
+pub use checkpoint::{CheckpointStats, RecurrentSnapshot, SlotSnapshot};
 pub use constraint::{
     CompiledGrammar, Constraint, ConstraintError, Grammar, GrammarVocab, Prefetch,
 };

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use minfer_gguf::GgufFile;
 
+use crate::checkpoint::SlotSnapshot;
 use crate::embed::Pooling;
 use crate::engine::{Engine, EngineError, EngineOptions, TokenRows};
 
@@ -230,6 +231,38 @@ impl MultiEngine {
     #[doc(hidden)]
     pub fn inject_kernel_panic(&self, nth: usize) {
         self.engine.inject_kernel_panic(nth);
+    }
+
+    /// A copy of `slot`'s recurrent state, which holds the positions the slot has run,
+    /// for [`Self::restore_slot`]: a speculative block's rollback, since recurrent state
+    /// cannot be taken back by moving a position. `None` for a model without recurrent
+    /// layers (its KV rows past the accepted tokens are simply never read).
+    pub fn snapshot_slot(&mut self, slot: usize) -> Result<Option<SlotSnapshot>, EngineError> {
+        self.check_slot(slot)?;
+        if !self.engine.is_recurrent() {
+            return Ok(None);
+        }
+        Ok(Some(SlotSnapshot {
+            slot,
+            state: self.engine.read_state_slot(slot)?,
+            written: self.written[slot],
+            filled: self.filled[slot],
+        }))
+    }
+
+    /// Puts `snap`'s state back into its slot, which then holds the positions it held
+    /// when the snapshot was taken (`0..written`); its checkpoints past them go. The
+    /// kept part of a rejected block is then run again from there by the next step.
+    pub fn restore_slot(&mut self, snap: &SlotSnapshot) -> Result<(), EngineError> {
+        let slot = snap.slot;
+        self.check_slot(slot)?;
+        // Until the state is back the slot holds nothing it could go on from.
+        self.filled[slot] = 0;
+        self.engine
+            .rewind_state_slot(slot, &snap.state, snap.written)?;
+        self.written[slot] = snap.written;
+        self.filled[slot] = snap.filled.min(snap.written);
+        Ok(())
     }
 
     /// Forgets a slot's KV contents; allocates nothing (the slot's rows are reused).

@@ -92,6 +92,8 @@ pub struct Metrics {
     /// Tokens drafted by speculative decoding, and those the model accepted.
     drafted: AtomicU64,
     accepted: AtomicU64,
+    /// Speculative blocks of a recurrent model undone after a rejected draft.
+    rewinds: AtomicU64,
     /// Prompt tokens whose KV rows came from the shared prompt cache.
     cache_hits: AtomicU64,
     /// Bytes of rows the shared prompt cache holds.
@@ -125,6 +127,7 @@ impl Default for Metrics {
             kv_high: AtomicUsize::new(0),
             drafted: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
+            rewinds: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
             cache_bytes: AtomicUsize::new(0),
             cache_block: AtomicUsize::new(0),
@@ -219,6 +222,12 @@ impl Metrics {
         self.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
     }
 
+    /// Adds `n` speculative blocks whose recurrent state was put back and whose kept
+    /// tokens ran again.
+    pub fn add_rewinds(&self, n: usize) {
+        self.rewinds.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     /// Adds one generated token.
     pub fn add_generated(&self, n: usize) {
         self.generated_tokens.fetch_add(n as u64, Ordering::Relaxed);
@@ -270,7 +279,7 @@ impl Metrics {
         let gen = self.generated_tokens.load(Ordering::Relaxed);
         let busy = self.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9;
         let rate = if busy > 0.0 { gen as f64 / busy } else { 0.0 };
-        let scalars: [(&str, &str, &str, String); 12] = [
+        let scalars: [(&str, &str, &str, String); 13] = [
             (
                 "minfer_prompt_tokens_total",
                 "counter",
@@ -318,6 +327,12 @@ impl Metrics {
                 "counter",
                 "Drafted tokens the model accepted (llama-server's n_draft_accepted).",
                 self.accepted.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "minfer_draft_rewinds_total",
+                "counter",
+                "Speculative blocks of a recurrent model whose state was put back after a rejected draft and whose kept tokens ran again.",
+                self.rewinds.load(Ordering::Relaxed).to_string(),
             ),
             (
                 "minfer_prompt_cache_hit_tokens_total",

@@ -269,6 +269,19 @@ impl Engine {
         Ok(())
     }
 
+    /// Writes `state` into slot `slot` as it held positions `0..pos`: the slot's
+    /// checkpoints past `pos` go, the others stay (a rolled-back speculative block).
+    pub(crate) fn rewind_state_slot(
+        &mut self,
+        slot: usize,
+        state: &[SlotState],
+        pos: usize,
+    ) -> Result<(), EngineError> {
+        self.put_state_slot(slot, state)?;
+        self.checkpoints.forget_past(slot, pos);
+        Ok(())
+    }
+
     /// [`Self::write_state_slot`] without touching the checkpoints.
     fn put_state_slot(&mut self, slot: usize, state: &[SlotState]) -> Result<(), EngineError> {
         let geometry = self.state_geometry()?;

@@ -149,11 +149,6 @@ impl Worker {
         if job.constraint.is_some() {
             return None;
         }
-        // A rejected draft would leave a slot's recurrent state past the accepted tokens,
-        // and the batched step has no per-slot rollback: hybrid models decode plainly.
-        if self.engine.engine().is_recurrent() {
-            return None;
-        }
         let mut sp = if self.draft.is_some() {
             Speculator::shared_draft(self.draft_max).ok()?
         } else {

@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use minfer_runtime::{DraftAsk, SeqStep, StopEvent};
+use minfer_runtime::{DraftAsk, SeqStep, SlotSnapshot, StopEvent};
 use minfer_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
@@ -154,17 +154,30 @@ impl Worker {
             // Deep enough to be inside the first layer's kernels.
             self.engine.inject_kernel_panic(12);
         }
+        let mut snaps = match self.snapshot_verifying(&steps) {
+            Ok(snaps) => snaps,
+            Err(e) => {
+                self.fail_steps(&steps, engine_error(e));
+                return true;
+            }
+        };
         let engine = &mut self.engine;
         let t0 = Instant::now();
         match catch_unwind(AssertUnwindSafe(|| engine.step(&steps))) {
             Ok(Ok(rows)) => {
                 let elapsed = t0.elapsed();
+                let mut rewinds = Vec::new();
                 for (s, row) in steps.iter().zip(rows) {
                     let Some(a) = self.slots[s.slot].active.as_mut() else {
                         continue;
                     };
                     if std::mem::take(&mut a.verifying) {
-                        self.verify(s, row, elapsed);
+                        let kept = self.verify(s, row, elapsed);
+                        let snap = snaps.iter().position(|x| x.0 == s.slot);
+                        if let (Some(i), true) = (snap, kept < s.tokens.len()) {
+                            let tokens = s.tokens[..kept].to_vec();
+                            rewinds.push((snaps.swap_remove(i).1, s.pos0, tokens));
+                        }
                         continue;
                     }
                     if !a.followers.is_empty() {
@@ -174,6 +187,7 @@ impl Worker {
                         a.logits = Some(row);
                     }
                 }
+                self.rewind(rewinds);
                 for idx in prefilled {
                     self.offer(idx);
                 }
@@ -283,18 +297,104 @@ impl Worker {
         }
     }
 
+    /// A copy of the recurrent state of every slot of `steps` that verifies a block of
+    /// drafts, taken before the step runs it: a recurrent layer's state cannot be taken
+    /// back by moving a position, so a block with rejected drafts is undone from this
+    /// copy ([`Self::rewind`]). Empty for a model without recurrent layers.
+    fn snapshot_verifying(
+        &mut self,
+        steps: &[SeqStep],
+    ) -> Result<Vec<(usize, SlotSnapshot)>, minfer_runtime::EngineError> {
+        let mut snaps = Vec::new();
+        if !self.engine.engine().is_recurrent() {
+            return Ok(snaps);
+        }
+        for s in steps {
+            let verifying = self.slots[s.slot]
+                .active
+                .as_ref()
+                .is_some_and(|a| a.verifying);
+            if verifying && s.tokens.len() > 1 {
+                if let Some(snap) = self.engine.snapshot_slot(s.slot)? {
+                    snaps.push((s.slot, snap));
+                }
+            }
+        }
+        Ok(snaps)
+    }
+
+    /// Undoes the rejected part of each block in `rewinds` (the slot's state from before
+    /// the block, the block's first position, and its kept tokens: the pending one and
+    /// the accepted drafts):
+    /// the state is put back and the kept tokens run again, all slots in one step, so
+    /// each slot's state holds exactly the positions its KV and `cached` hold, bit for
+    /// bit what plain decode would have left. A slot whose rewind fails is failed and
+    /// forgotten.
+    fn rewind(&mut self, rewinds: Vec<(SlotSnapshot, usize, Vec<u32>)>) {
+        if rewinds.is_empty() {
+            return;
+        }
+        let mut steps = Vec::with_capacity(rewinds.len());
+        for (snap, pos0, tokens) in rewinds {
+            let slot = snap.slot();
+            if snap.positions() != pos0 {
+                // A block runs from where the slot's state stopped; anything else would
+                // put back a state for other positions.
+                let why = format!(
+                    "slot {slot}: a speculative block from position {pos0} over state holding {}",
+                    snap.positions()
+                );
+                self.forget_slot(slot, ApiError::internal(why));
+                continue;
+            }
+            match self.engine.restore_slot(&snap) {
+                Ok(()) => steps.push(SeqStep {
+                    slot,
+                    tokens,
+                    pos0,
+                    n_out: 1,
+                }),
+                Err(e) => self.forget_slot(slot, engine_error(e)),
+            }
+        }
+        self.metrics.add_rewinds(steps.len());
+        let engine = &mut self.engine;
+        let err = match catch_unwind(AssertUnwindSafe(|| engine.step(&steps))) {
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) => engine_error(e),
+            Err(p) => ApiError::internal(format!("inference panicked: {}", panic_text(&*p))),
+        };
+        for s in &steps {
+            self.forget_slot(s.slot, err.clone());
+        }
+    }
+
+    /// Fails slot `idx`'s request, if it still has one, with `err`, and forgets the
+    /// slot's KV and state either way.
+    fn forget_slot(&mut self, idx: usize, err: ApiError) {
+        match self.slots[idx].active.as_ref().map(|a| a.job.tx.clone()) {
+            Some(tx) => self.fail_slot(idx, &tx, err),
+            None => {
+                self.slots[idx].cached.clear();
+                let _ = catch_unwind(AssertUnwindSafe(|| self.engine.reset_slot(idx)));
+            }
+        }
+    }
+
     /// Verifies a slot's speculative block against its logits rows: the accepted drafted
     /// tokens are emitted now (their KV rows are written: `cached` records them), and the
     /// target's own next token waits in `next` to be emitted and run by the next step.
-    fn verify(&mut self, s: &SeqStep, mut rows: Vec<f32>, elapsed: Duration) {
+    /// Returns how many of the block's tokens the sequence keeps (the pending one and the
+    /// accepted drafts), the whole block when there is nothing to verify.
+    fn verify(&mut self, s: &SeqStep, mut rows: Vec<f32>, elapsed: Duration) -> usize {
         let n_vocab = self.engine.n_vocab();
         let ctx = self.engine.slot_ctx();
         let slot = &mut self.slots[s.slot];
         let Some(a) = slot.active.as_mut() else {
-            return;
+            return s.tokens.len();
         };
         let Some(sp) = a.spec.as_mut() else {
-            return;
+            return s.tokens.len();
         };
         let before = sp.stats();
         let mut out = Vec::with_capacity(s.tokens.len());
@@ -312,8 +412,9 @@ impl Worker {
             (after.drafted - before.drafted) as usize,
             (after.accepted - before.accepted) as usize,
         );
+        let kept = out.len();
         let Some(next) = out.pop() else {
-            return;
+            return s.tokens.len();
         };
         a.next_logprob = logprob(out.len(), next);
         for (i, &t) in out.iter().enumerate() {
@@ -325,12 +426,13 @@ impl Worker {
                 }
             }
             if emit(a, &self.tok, &self.metrics, t, pos, ctx).is_none() {
-                return;
+                return kept;
             }
             slot.cached.push(t);
         }
         a.next = Some(next);
         slot.last_generated = a.generated;
+        kept
     }
 
     /// Whether a request in `steps` asked for `fault`.
