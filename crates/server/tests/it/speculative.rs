@@ -10,10 +10,9 @@ use common::*;
 use minfer_gguf::GgmlType;
 use minfer_models::testing::{write_tiny_model, TinySpec};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lookup_slots_batched_together_answer_as_plain_slots() {
-    let plain = tiny_server(4, |_| {});
-    let spec = tiny_server(4, |c| c.lookup = Some(7));
+/// Asserts that `spec` answers the golden prompts as `plain` does, greedy and sampled
+/// with a seed, and that it drafted and had drafts accepted; returns its `/metrics`.
+async fn answers_as_plain(plain: &TestServer, spec: &TestServer) -> String {
     for temperature in [0.0, 0.9] {
         let want = answers(&plain.base, temperature).await;
         let got = answers(&spec.base, temperature).await;
@@ -23,10 +22,17 @@ async fn lookup_slots_batched_together_answer_as_plain_slots() {
     let drafted = counter(&m, "minfer_draft_tokens_total");
     let accepted = counter(&m, "minfer_draft_accepted_tokens_total");
     assert!(
-        drafted > 0 && accepted > 0,
+        drafted > 0 && accepted > 0 && accepted <= drafted,
         "{drafted} drafted, {accepted} accepted"
     );
-    assert!(accepted <= drafted);
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_slots_batched_together_answer_as_plain_slots() {
+    let plain = tiny_server(4, |_| {});
+    let spec = tiny_server(4, |c| c.lookup = Some(7));
+    answers_as_plain(&plain, &spec).await;
     let (_, m) = get(&plain.base, "/metrics").await;
     assert_eq!(counter(&m, "minfer_draft_tokens_total"), 0);
 }
@@ -67,17 +73,7 @@ fn qwen35_server(slots: usize, edit: impl FnOnce(&mut minfer_server::Config)) ->
 async fn lookup_slots_of_a_recurrent_model_answer_as_plain_slots() {
     let plain = qwen35_server(4, |_| {});
     let spec = qwen35_server(4, |c| c.lookup = Some(5));
-    for temperature in [0.0, 0.9] {
-        let want = answers(&plain.base, temperature).await;
-        let got = answers(&spec.base, temperature).await;
-        assert_eq!(got, want, "temperature {temperature}");
-    }
-    let (_, m) = get(&spec.base, "/metrics").await;
-    let drafted = counter(&m, "minfer_draft_tokens_total");
-    let accepted = counter(&m, "minfer_draft_accepted_tokens_total");
+    let m = answers_as_plain(&plain, &spec).await;
     let rewinds = counter(&m, "minfer_draft_rewinds_total");
-    assert!(
-        drafted > 0 && accepted > 0 && rewinds > 0,
-        "{drafted} drafted, {accepted} accepted, {rewinds} blocks rewound"
-    );
+    assert!(rewinds > 0, "no block was rewound");
 }
