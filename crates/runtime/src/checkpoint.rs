@@ -197,6 +197,24 @@ impl CheckpointStore {
     }
 
     /// Forgets every checkpoint of `seq` (its rows and state were replaced whole).
+    /// Makes `dst`'s checkpoints copies of `src`'s at positions up to `upto` (a forked
+    /// sequence holds `src`'s first `upto` positions, so it can go on from them too).
+    /// Each copy costs what it costs in `src`; `dst` keeps no more than any sequence.
+    pub(crate) fn copy(&mut self, src: usize, dst: usize, upto: usize) {
+        if src == dst {
+            return;
+        }
+        let list: Vec<Checkpoint> = self
+            .seqs
+            .get(src)
+            .map(|l| l.iter().filter(|c| c.pos <= upto).cloned().collect())
+            .unwrap_or_default();
+        if self.seqs.len() <= dst {
+            self.seqs.resize_with(dst + 1, Vec::new);
+        }
+        self.seqs[dst] = list;
+    }
+
     pub(crate) fn clear(&mut self, seq: usize) {
         if let Some(list) = self.seqs.get_mut(seq) {
             list.clear();

@@ -316,7 +316,7 @@ impl MultiEngine {
         self.engine.read_kv_rows(src * ctx, n, &mut words)?;
         self.engine.write_kv_rows(dst * ctx, n, &words)?;
         if recurrent && n > 0 {
-            self.engine.copy_state_slot(src, dst)?;
+            self.engine.copy_state_slot(src, dst, n)?;
         }
         self.filled[dst] = n;
         Ok(())

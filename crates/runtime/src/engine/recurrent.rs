@@ -222,14 +222,23 @@ impl Engine {
     }
 
     /// Copies recurrent state slot `src` into slot `dst` in every recurrent layer (a
-    /// forked sequence, [`crate::MultiEngine::copy_prefix`]); `dst`'s checkpoints go.
-    pub(crate) fn copy_state_slot(&mut self, src: usize, dst: usize) -> Result<(), EngineError> {
+    /// forked sequence of `n` positions, [`crate::MultiEngine::copy_prefix`]); `dst`'s
+    /// checkpoints become copies of `src`'s inside those positions, so the fork can go on
+    /// from them as `src` can.
+    pub(crate) fn copy_state_slot(
+        &mut self,
+        src: usize,
+        dst: usize,
+        n: usize,
+    ) -> Result<(), EngineError> {
         let slots = self.state_slots();
         self.checkpoints.clear(dst);
         self.cache
             .alloc_mut()
             .copy_state_slot(src, dst, slots)
-            .map_err(EngineError::from)
+            .map_err(EngineError::from)?;
+        self.checkpoints.copy(src, dst, n);
+        Ok(())
     }
 
     /// Each recurrent layer's state values per slot: (layer, conv values, matrix values),

@@ -1,8 +1,8 @@
 //! State checkpoints of the tiny Qwen3.5: a later prompt that shares only part of what
 //! ran goes on from the last checkpoint inside the shared prefix (its tail mark, or the
 //! earlier prompt's end), bitwise as a fresh prefill of the whole prompt, on the plain
-//! engine, in a conversation whose template drops the previous answer, and in a slot of
-//! the batched engine; with checkpoints off it prefills from 0; a position no checkpoint
+//! engine, in a conversation whose template drops the previous answer, in a slot of
+//! the batched engine and in a slot forked from it; with checkpoints off it prefills from 0; a position no checkpoint
 //! holds is refused, and a rewritten prefix's checkpoints are gone.
 
 use minfer_gguf::GgmlType;
@@ -262,6 +262,46 @@ fn a_slot_goes_on_from_its_checkpoint_beside_a_busy_neighbour() {
     // A reset slot forgets its checkpoints.
     m.reset_slot(0).expect("reset");
     assert_eq!(m.resume_point(0, 19), 0);
+}
+
+/// A fork (the server's `n` choices) copies the source's checkpoints with its state, so
+/// the forked slot goes on from them as the source would: bitwise a fresh prefill.
+#[test]
+fn a_forked_slot_goes_on_from_the_checkpoints_it_copied() {
+    let o = EngineOptions {
+        ctx_checkpoints: 4,
+        ..opts(1, 8)
+    };
+    let mut m = MultiEngine::from_shared(file(), &o, 2).expect("slots");
+    let p1 = prompt(21, 4);
+    m.checkpoint_prompt(0, p1.len());
+    let whole = SeqStep {
+        slot: 0,
+        tokens: p1.clone(),
+        pos0: 0,
+        n_out: 1,
+    };
+    m.step(&[whole]).expect("prompt");
+    assert_eq!(m.resume_point(1, 19), 0, "slot 1 holds nothing yet");
+    m.copy_prefix(0, 1, p1.len()).expect("fork");
+    assert_eq!(
+        m.checkpoint_stats().held,
+        4,
+        "both slots hold the two marks"
+    );
+    let from = m.resume_point(1, 19);
+    assert_eq!(from, p1.len() - CHECKPOINT_TAIL);
+    let p2 = spliced(&p1, 19, &prompt(10, 5));
+    m.checkpoint_prompt(1, p2.len());
+    let rest = SeqStep {
+        slot: 1,
+        tokens: p2[from..].to_vec(),
+        pos0: from,
+        n_out: 1,
+    };
+    let got = m.step(&[rest]).expect("resumed in the fork");
+    let want = engine_with(0).prefill(&p2, 0).expect("fresh");
+    assert!(bits(&got) == bits(&[want]));
 }
 
 #[test]
