@@ -685,7 +685,7 @@ mod tests512 {
         if !super::super::vec512::enabled() {
             return;
         }
-        for hd in [8, 64, 128, 256, 72, 12] {
+        for hd in [8, 64, 128, 256, 264, 72, 12] {
             for n in [1, 7, 8, 13, 64] {
                 let stride = hd + 16;
                 let k = rand_f32(stride * (n + 2), hd as u64 + n as u64, 1.0);

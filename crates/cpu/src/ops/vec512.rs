@@ -53,6 +53,11 @@ unsafe fn pair_rows(qa: &[f32], qb: &[f32], q: &mut [__m512]) {
     }
 }
 
+/// The largest head size the score kernels take (Qwen3.5's and Gemma 3's 256): the
+/// query rows' pairs are kept in a stack array of `MAX_HEAD / 8` registers' worth,
+/// which the multiply-adds read from memory.
+const MAX_HEAD: usize = 256;
+
 /// Eight keys' values `[k c | k c]` (chunk `c` of key row `at`) in both halves.
 ///
 /// # Safety
@@ -121,11 +126,11 @@ pub(super) unsafe fn dot_rows2(
     out_b: &mut [f32],
 ) -> usize {
     let (hd, n) = (qa.len(), out_a.len());
-    if !hd.is_multiple_of(8) || hd > 128 {
+    if !hd.is_multiple_of(8) || hd > MAX_HEAD {
         return 0;
     }
     let pk = k.as_ptr();
-    let mut q = [_mm512_setzero_ps(); 16];
+    let mut q = [_mm512_setzero_ps(); MAX_HEAD / 8];
     // SAFETY: hd values in each row.
     unsafe { pair_rows(qa, qb, &mut q[..hd / 8]) };
     let mut i = 0;
@@ -164,14 +169,17 @@ pub(super) unsafe fn dot_rows4(
     out: [&mut [f32]; 4],
 ) -> usize {
     let (hd, n) = (q[0].len(), out[0].len());
-    if !hd.is_multiple_of(8) || hd > 128 {
+    if !hd.is_multiple_of(8) || hd > MAX_HEAD {
         return 0;
     }
     let pk = k.as_ptr();
     let po = out.map(|o| o.as_mut_ptr());
     // Chunk c of each pair (read from memory by the multiply-adds, which leaves the
     // registers to the accumulators).
-    let (mut qab, mut qcd) = ([_mm512_setzero_ps(); 16], [_mm512_setzero_ps(); 16]);
+    let (mut qab, mut qcd) = (
+        [_mm512_setzero_ps(); MAX_HEAD / 8],
+        [_mm512_setzero_ps(); MAX_HEAD / 8],
+    );
     // SAFETY: hd values in each row.
     unsafe {
         pair_rows(q[0], q[1], &mut qab[..hd / 8]);
