@@ -58,14 +58,6 @@ impl SlotSnapshot {
     pub fn positions(&self) -> usize {
         self.written
     }
-
-    /// Bytes of state the snapshot holds.
-    pub fn bytes(&self) -> usize {
-        self.state
-            .iter()
-            .map(|(_, c, s)| (c.len() + s.len()) * 4)
-            .sum()
-    }
 }
 
 /// The positions in `(pos0, end]` where a prompt run from `pos0` to `end` takes a

@@ -210,19 +210,28 @@ fn a_chat_whose_template_drops_the_answer_goes_on_from_the_last_prompts_end() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_slot_goes_on_from_its_checkpoint_beside_a_busy_neighbour() {
+/// Two slots with 4 checkpoints each and prefill chunks of 8 tokens.
+fn two_slots() -> MultiEngine {
     let o = EngineOptions {
         ctx_checkpoints: 4,
         ..opts(1, 8)
     };
-    let mut m = MultiEngine::from_shared(file(), &o, 2).expect("slots");
-    let step = |slot, tokens: Vec<u32>, pos0| SeqStep {
+    MultiEngine::from_shared(file(), &o, 2).expect("slots")
+}
+
+/// `tokens` of `slot` from `pos0`, the last row's logits wanted.
+fn step(slot: usize, tokens: Vec<u32>, pos0: usize) -> SeqStep {
+    SeqStep {
         slot,
         tokens,
         pos0,
         n_out: 1,
-    };
+    }
+}
+
+#[test]
+fn a_slot_goes_on_from_its_checkpoint_beside_a_busy_neighbour() {
+    let mut m = two_slots();
     let p1 = prompt(21, 4);
     let other = prompt(19, 8);
     m.checkpoint_prompt(0, p1.len());
@@ -268,20 +277,10 @@ fn a_slot_goes_on_from_its_checkpoint_beside_a_busy_neighbour() {
 /// the forked slot goes on from them as the source would: bitwise a fresh prefill.
 #[test]
 fn a_forked_slot_goes_on_from_the_checkpoints_it_copied() {
-    let o = EngineOptions {
-        ctx_checkpoints: 4,
-        ..opts(1, 8)
-    };
-    let mut m = MultiEngine::from_shared(file(), &o, 2).expect("slots");
+    let mut m = two_slots();
     let p1 = prompt(21, 4);
     m.checkpoint_prompt(0, p1.len());
-    let whole = SeqStep {
-        slot: 0,
-        tokens: p1.clone(),
-        pos0: 0,
-        n_out: 1,
-    };
-    m.step(&[whole]).expect("prompt");
+    m.step(&[step(0, p1.clone(), 0)]).expect("prompt");
     assert_eq!(m.resume_point(1, 19), 0, "slot 1 holds nothing yet");
     m.copy_prefix(0, 1, p1.len()).expect("fork");
     assert_eq!(
@@ -293,13 +292,9 @@ fn a_forked_slot_goes_on_from_the_checkpoints_it_copied() {
     assert_eq!(from, p1.len() - CHECKPOINT_TAIL);
     let p2 = spliced(&p1, 19, &prompt(10, 5));
     m.checkpoint_prompt(1, p2.len());
-    let rest = SeqStep {
-        slot: 1,
-        tokens: p2[from..].to_vec(),
-        pos0: from,
-        n_out: 1,
-    };
-    let got = m.step(&[rest]).expect("resumed in the fork");
+    let got = m
+        .step(&[step(1, p2[from..].to_vec(), from)])
+        .expect("resumed in the fork");
     let want = engine_with(0).prefill(&p2, 0).expect("fresh");
     assert!(bits(&got) == bits(&[want]));
 }

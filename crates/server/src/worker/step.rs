@@ -173,10 +173,10 @@ impl Worker {
                     };
                     if std::mem::take(&mut a.verifying) {
                         let kept = self.verify(s, row, elapsed);
-                        let snap = snaps.iter().position(|x| x.0 == s.slot);
+                        let snap = snaps.iter().position(|x| x.slot() == s.slot);
                         if let (Some(i), true) = (snap, kept < s.tokens.len()) {
                             let tokens = s.tokens[..kept].to_vec();
-                            rewinds.push((snaps.swap_remove(i).1, s.pos0, tokens));
+                            rewinds.push((snaps.swap_remove(i), s.pos0, tokens));
                         }
                         continue;
                     }
@@ -304,7 +304,7 @@ impl Worker {
     fn snapshot_verifying(
         &mut self,
         steps: &[SeqStep],
-    ) -> Result<Vec<(usize, SlotSnapshot)>, minfer_runtime::EngineError> {
+    ) -> Result<Vec<SlotSnapshot>, minfer_runtime::EngineError> {
         let mut snaps = Vec::new();
         if !self.engine.engine().is_recurrent() {
             return Ok(snaps);
@@ -315,9 +315,7 @@ impl Worker {
                 .as_ref()
                 .is_some_and(|a| a.verifying);
             if verifying && s.tokens.len() > 1 {
-                if let Some(snap) = self.engine.snapshot_slot(s.slot)? {
-                    snaps.push((s.slot, snap));
-                }
+                snaps.extend(self.engine.snapshot_slot(s.slot)?);
             }
         }
         Ok(snaps)
@@ -325,11 +323,10 @@ impl Worker {
 
     /// Undoes the rejected part of each block in `rewinds` (the slot's state from before
     /// the block, the block's first position, and its kept tokens: the pending one and
-    /// the accepted drafts):
-    /// the state is put back and the kept tokens run again, all slots in one step, so
-    /// each slot's state holds exactly the positions its KV and `cached` hold, bit for
-    /// bit what plain decode would have left. A slot whose rewind fails is failed and
-    /// forgotten.
+    /// the accepted drafts): the state is put back and the kept tokens run again, all
+    /// slots in one step, so each slot's state holds exactly the positions its KV and
+    /// `cached` hold, bit for bit what plain decode would have left. A slot whose rewind
+    /// fails is failed and forgotten.
     fn rewind(&mut self, rewinds: Vec<(SlotSnapshot, usize, Vec<u32>)>) {
         if rewinds.is_empty() {
             return;
