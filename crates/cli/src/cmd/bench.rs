@@ -4,7 +4,7 @@
 //! it (named `ppN @ dD`). Each test has one untimed warm-up run, and t/s is computed per
 //! repetition and reported as mean ± sample standard deviation.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use serde_json::json;
@@ -135,16 +135,38 @@ fn random_tokens(n: usize, n_vocab: usize, seed: &mut u64) -> Vec<u32> {
         .collect()
 }
 
-/// With `MINFER_PROFILE=1`, prints where the last test's timed repetitions spent their
-/// time, per op, to stderr (the warm-up, which also builds the repacked weights, is left
-/// out: see [`drop_warmup_profile`]).
-fn print_profile(engine: &minfer_runtime::Engine, test: &str) {
-    let p = engine.take_profile();
+/// Per-op times of the timed repetitions alone: op name, total time, runs.
+type Profile = Vec<(&'static str, Duration, usize)>;
+
+/// Forgets the per-op times gathered since the last call: called just before a timed
+/// repetition, so the profile leaves out the warm-up (which also builds the repacked
+/// weights) and the untimed prefill of the depth.
+fn skip_untimed(engine: &minfer_runtime::Engine) {
+    let _ = engine.take_profile();
+}
+
+/// Adds the per-op times of the repetition just timed to `acc`.
+fn add_timed(engine: &minfer_runtime::Engine, acc: &mut Profile) {
+    for (op, d, n) in engine.take_profile() {
+        match acc.iter_mut().find(|x| x.0 == op) {
+            Some(x) => {
+                x.1 += d;
+                x.2 += n;
+            }
+            None => acc.push((op, d, n)),
+        }
+    }
+}
+
+/// With `MINFER_PROFILE=1`, prints where a test's timed repetitions spent their time, per
+/// op, to stderr, longest first.
+fn print_profile(mut p: Profile, test: &str) {
     let total: f64 = p.iter().map(|x| x.1.as_secs_f64()).sum();
     if total == 0.0 {
         return;
     }
-    eprintln!("{test}: time per op (timed repetitions, warm-up left out)");
+    p.sort_by_key(|x| std::cmp::Reverse(x.1));
+    eprintln!("{test}: time per op (timed repetitions only)");
     for (op, d, n) in p {
         let s = d.as_secs_f64();
         eprintln!(
@@ -153,12 +175,6 @@ fn print_profile(engine: &minfer_runtime::Engine, test: &str) {
             100.0 * s / total
         );
     }
-}
-
-/// Forgets the per-op times gathered so far: called after a test's untimed warm-up, so the
-/// profile shows the steady state, not the first pass's one-time repacking and page faults.
-fn drop_warmup_profile(engine: &minfer_runtime::Engine) {
-    let _ = engine.take_profile();
 }
 
 /// Runs `minfer bench`.
@@ -194,18 +210,20 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
 
     if args.n_prompt > 0 {
         let mut samples = Vec::new();
+        let mut profile = Profile::new();
         for rep in 0..=args.reps {
             let tokens = random_tokens(args.n_prompt, n_vocab, &mut seed);
             go_to_depth(&mut engine, depth, n_vocab, &mut seed)?;
+            skip_untimed(&engine);
             let t0 = Instant::now();
             engine.prefill(&tokens, depth)?;
             let dt = t0.elapsed().as_secs_f64();
             if rep > 0 {
                 samples.push(args.n_prompt as f64 / dt);
-            } else {
-                drop_warmup_profile(&engine);
+                add_timed(&engine, &mut profile);
             }
         }
+        print_profile(profile, "pp");
         results.push(TestResult {
             name: test_name("pp", args.n_prompt, depth),
             n_prompt: args.n_prompt,
@@ -214,14 +232,15 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             samples,
         });
     }
-    print_profile(&engine, "pp");
     // With a draft source the speculative test replaces tg: random tokens say nothing
     // about drafts.
     if args.n_gen > 0 && !speculative {
         let mut samples = Vec::new();
+        let mut profile = Profile::new();
         for rep in 0..=args.reps {
             let tokens = random_tokens(args.n_gen, n_vocab, &mut seed);
             go_to_depth(&mut engine, depth, n_vocab, &mut seed)?;
+            skip_untimed(&engine);
             let t0 = Instant::now();
             for (i, &t) in tokens.iter().enumerate() {
                 engine.forward(&[t], depth + i, 1)?;
@@ -229,10 +248,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             let dt = t0.elapsed().as_secs_f64();
             if rep > 0 {
                 samples.push(args.n_gen as f64 / dt);
-            } else {
-                drop_warmup_profile(&engine);
+                add_timed(&engine, &mut profile);
             }
         }
+        print_profile(profile, "tg");
         results.push(TestResult {
             name: test_name("tg", args.n_gen, depth),
             n_prompt: 0,
@@ -242,7 +261,6 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         });
     }
 
-    print_profile(&engine, "tg");
     let mut spec_summary = None;
     if speculative && args.n_gen > 0 {
         let (plain, specd, spec) = spec_test(&args, &mut engine)?;

@@ -30,47 +30,7 @@ pub fn decode(t: KvType, src: &[u8], dst: &mut [f32]) -> Result<(), String> {
     minfer_gguf::quant::dequantize(ggml(t), src, dst).map_err(|e| format!("KV decode: {e}"))
 }
 
-/// Decodes `dst.len()` elements of a packed format (whole blocks) from `src`, as
-/// attention's inner loop does a head of a block of keys at a time. Infallible for the
-/// lengths attention validates; plain loops the compiler vectorises.
-#[inline]
-pub fn decode_packed(t: KvType, src: &[u8], dst: &mut [f32]) {
-    match t {
-        KvType::F32 => {
-            for (b, y) in src.chunks_exact(4).zip(dst) {
-                *y = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
-        KvType::F16 => {
-            // The slice conversion uses F16C where the CPU has it (checked at run time);
-            // both widenings are exact, so the bits are the same either way.
-            use half::slice::HalfFloatSliceExt;
-            match bytemuck::try_cast_slice::<u8, half::f16>(src) {
-                Ok(h) => {
-                    let n = h.len().min(dst.len());
-                    h[..n].convert_to_f32_slice(&mut dst[..n]);
-                }
-                Err(_) => {
-                    for (b, y) in src.chunks_exact(2).zip(dst) {
-                        *y = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-                    }
-                }
-            }
-        }
-        KvType::Q8_0 => {
-            use minfer_graph::kvtype::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
-            for (b, y) in src
-                .chunks_exact(Q8_0_BLOCK_BYTES)
-                .zip(dst.chunks_exact_mut(Q8_0_BLOCK))
-            {
-                let d = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-                for (q, y) in b[2..].iter().zip(y) {
-                    *y = f32::from(*q as i8) * d;
-                }
-            }
-        }
-    }
-}
+pub use super::kv_decode::{decode_packed, decode_rows, HeadBytes};
 
 /// The byte offset of element `off` within a stored row (`off` is a whole number of
 /// blocks, which the caller has checked).

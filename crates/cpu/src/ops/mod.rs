@@ -16,11 +16,14 @@ mod exp512;
 mod exp_table;
 pub mod get_rows;
 pub mod kv;
+mod kv_decode;
 pub mod layout;
 pub mod moe;
 pub mod norm;
 pub mod recurrent;
 pub mod rope;
+#[cfg(target_arch = "x86_64")]
+mod rows;
 pub mod vec;
 #[cfg(target_arch = "x86_64")]
 mod vec512;

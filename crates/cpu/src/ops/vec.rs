@@ -7,12 +7,16 @@
 
 use std::sync::OnceLock;
 
+#[cfg(target_arch = "x86_64")]
+use super::rows::{F32Rows, RowIsa};
+
 /// Which implementation the primitives use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VecIsa {
     /// The portable scalar references.
     Scalar,
-    /// AVX2 + FMA (constructed only after runtime detection).
+    /// AVX2 + FMA + F16C (constructed only after runtime detection; every AVX2 CPU
+    /// has F16C, which the kernels over packed K/V rows widen halves with).
     #[cfg(target_arch = "x86_64")]
     Avx2,
 }
@@ -24,7 +28,10 @@ impl VecIsa {
         *BEST.get_or_init(|| {
             #[cfg(target_arch = "x86_64")]
             {
-                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                if is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+                {
                     return VecIsa::Avx2;
                 }
             }
@@ -85,22 +92,12 @@ impl VecIsa {
         out_b: &mut [f32],
     ) {
         #[cfg(target_arch = "x86_64")]
-        if self == VecIsa::Avx2 && qa.len() == qb.len() && out_a.len() == out_b.len() {
-            check_rows(qa.len(), k.len(), stride, first, out_a.len());
-            if super::vec512::enabled() {
-                // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were
-                // detected; the rows are in bounds (checked above).
-                let done =
-                    unsafe { super::vec512::dot_rows2(qa, qb, k, stride, first, out_a, out_b) };
-                if done < out_a.len() {
-                    // The rest row by row, as the AVX2 kernel takes it.
-                    let first = first + done * stride;
-                    // SAFETY: as above.
-                    unsafe {
-                        avx2::dot_rows(qa, k, stride, first, &mut out_a[done..]);
-                        avx2::dot_rows(qb, k, stride, first, &mut out_b[done..]);
-                    }
-                }
+        if let Some(x) = RowIsa::new(self, qa.len()) {
+            if qa.len() == qb.len() && out_a.len() == out_b.len() {
+                check_rows(qa.len(), k.len(), stride, first, out_a.len());
+                // The rows are in bounds (checked above).
+                let k = F32Rows::new(k, stride, first, out_a.len(), qa.len());
+                x.dot_rows2(qa, qb, k, out_a, out_b);
                 return;
             }
         }
@@ -120,29 +117,22 @@ impl VecIsa {
         first: usize,
         out: [&mut [f32]; 4],
     ) {
-        let [o0, o1, o2, o3] = out;
         #[cfg(target_arch = "x86_64")]
-        if self == VecIsa::Avx2
-            && q.iter().all(|r| r.len() == q[0].len())
-            && [&o1, &o2, &o3].iter().all(|r| r.len() == o0.len())
-            && super::vec512::enabled()
-        {
-            check_rows(q[0].len(), k.len(), stride, first, o0.len());
-            // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
-            // the rows are in bounds (checked above).
-            unsafe {
-                let out = [&mut *o0, &mut *o1, &mut *o2, &mut *o3];
-                let done = super::vec512::dot_rows4(q, k, stride, first, out);
-                if done < o0.len() {
-                    // The rest row by row, as the AVX2 kernel takes it.
-                    let first = first + done * stride;
-                    for (qr, o) in q.iter().zip([o0, o1, o2, o3]) {
-                        avx2::dot_rows(qr, k, stride, first, &mut o[done..]);
-                    }
-                }
+        if let Some(x) = RowIsa::new(self, q[0].len()) {
+            if q.iter().all(|r| r.len() == q[0].len())
+                && out.iter().all(|r| r.len() == out[0].len())
+            {
+                check_rows(q[0].len(), k.len(), stride, first, out[0].len());
+                // The rows are in bounds (checked above).
+                x.dot_rows4(
+                    q,
+                    F32Rows::new(k, stride, first, out[0].len(), q[0].len()),
+                    out,
+                );
+                return;
             }
-            return;
         }
+        let [o0, o1, o2, o3] = out;
         self.dot_rows2(q[0], q[1], k, stride, first, o0, o1);
         self.dot_rows2(q[2], q[3], k, stride, first, o2, o3);
     }
@@ -168,18 +158,14 @@ impl VecIsa {
         o: &mut [f32],
     ) {
         check_rows(o.len(), v.len(), stride, first, p.len());
+        #[cfg(target_arch = "x86_64")]
+        if let Some(x) = RowIsa::new(self, o.len()) {
+            // The rows are in bounds (checked above).
+            x.weighted_rows_acc(p, F32Rows::new(v, stride, first, p.len(), o.len()), o);
+            return;
+        }
         match self {
             VecIsa::Scalar => weighted_rows_acc_scalar(p, v, stride, first, o),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
-            // rows are in bounds (checked above); the length is whole registers of eight.
-            VecIsa::Avx2 if o.len().is_multiple_of(8) && super::vec512::enabled() => unsafe {
-                let done = super::vec512::weighted_rows_acc(p, v, stride, first, o);
-                // The last partial chunk as the AVX2 kernel computes it.
-                if done < o.len() {
-                    avx2::weighted_rows_acc(p, v, stride, first + done, &mut o[done..]);
-                }
-            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` exists only after AVX2 and FMA were detected; rows are in bounds.
             VecIsa::Avx2 => unsafe { avx2::weighted_rows_acc(p, v, stride, first, o) },
@@ -202,30 +188,14 @@ impl VecIsa {
         ob: &mut [f32],
     ) {
         #[cfg(target_arch = "x86_64")]
-        if self == VecIsa::Avx2
-            && pa.len() == pb.len()
-            && oa.len() == ob.len()
-            && oa.len().is_multiple_of(8)
-            && super::vec512::enabled()
-        {
-            check_rows(oa.len(), v.len(), stride, first, pa.len());
-            // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
-            // the rows are in bounds (checked above); whole registers of eight.
-            unsafe {
-                let done = super::vec512::weighted_rows_accn(
-                    [pa, pb],
-                    v,
-                    stride,
-                    first,
-                    [&mut *oa, &mut *ob],
-                );
-                if done < oa.len() {
-                    let first = first + done;
-                    avx2::weighted_rows_acc(pa, v, stride, first, &mut oa[done..]);
-                    avx2::weighted_rows_acc(pb, v, stride, first, &mut ob[done..]);
-                }
+        if let Some(x) = RowIsa::new(self, oa.len()) {
+            if pa.len() == pb.len() && oa.len() == ob.len() {
+                check_rows(oa.len(), v.len(), stride, first, pa.len());
+                // The rows are in bounds (checked above).
+                let v = F32Rows::new(v, stride, first, pa.len(), oa.len());
+                x.weighted_rows_acc2(pa, pb, v, oa, ob);
+                return;
             }
-            return;
         }
         self.weighted_rows_acc(pa, v, stride, first, oa);
         self.weighted_rows_acc(pb, v, stride, first, ob);
@@ -245,33 +215,13 @@ impl VecIsa {
         o: [&mut [f32]; 4],
     ) {
         #[cfg(target_arch = "x86_64")]
-        if self == VecIsa::Avx2
-            && p.iter().all(|r| r.len() == p[0].len())
-            && o.iter().all(|r| r.len() == o[0].len())
-            && o[0].len().is_multiple_of(8)
-            && super::vec512::enabled()
-        {
-            check_rows(o[0].len(), v.len(), stride, first, p[0].len());
-            let hd = o[0].len();
-            let [o0, o1, o2, o3] = o;
-            // SAFETY: `enabled` implies AVX-512 F (and `Avx2` AVX2 + FMA) were detected;
-            // the rows are in bounds (checked above); whole registers of eight.
-            unsafe {
-                let done = super::vec512::weighted_rows_accn(
-                    p,
-                    v,
-                    stride,
-                    first,
-                    [&mut *o0, &mut *o1, &mut *o2, &mut *o3],
-                );
-                if done < hd {
-                    let first = first + done;
-                    for (ph, oh) in p.iter().zip([o0, o1, o2, o3]) {
-                        avx2::weighted_rows_acc(ph, v, stride, first, &mut oh[done..]);
-                    }
-                }
+        if let Some(x) = RowIsa::new(self, o[0].len()) {
+            if p.iter().all(|r| r.len() == p[0].len()) && o.iter().all(|r| r.len() == o[0].len()) {
+                check_rows(o[0].len(), v.len(), stride, first, p[0].len());
+                // The rows are in bounds (checked above).
+                x.weighted_rows_acc4(p, F32Rows::new(v, stride, first, p[0].len(), o[0].len()), o);
+                return;
             }
-            return;
         }
         let [o0, o1, o2, o3] = o;
         self.weighted_rows_acc2(p[0], p[1], v, stride, first, o0, o1);
@@ -372,8 +322,10 @@ pub fn axpy_scalar(y: &mut [f32], a: f32, x: &[f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use std::arch::x86_64::*;
+
+    use super::super::rows::{F32Rows, Rows};
 
     /// # Safety
     /// AVX2 must be available.
@@ -439,55 +391,107 @@ mod avx2 {
         sum
     }
 
-    /// Eight rows at a time: eight accumulators, reduced together by a horizontal-add tree.
+    /// Scores of `q` against key rows `first + i*stride`: [`dot_rows_in`] where the head
+    /// is whole registers, else one [`dot`] per row.
     ///
     /// # Safety
-    /// AVX2 and FMA must be available; every row read lies inside `k`.
-    #[target_feature(enable = "avx2,fma")]
+    /// AVX2, FMA and F16C must be available; every row read lies inside `k`.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_rows(q: &[f32], k: &[f32], stride: usize, first: usize, out: &mut [f32]) {
-        let (hd, n) = (q.len(), out.len());
-        let (pq, pk) = (q.as_ptr(), k.as_ptr());
-        let mut i = 0;
+        let hd = q.len();
         if hd.is_multiple_of(8) {
-            while i + 8 <= n {
-                let mut acc = [_mm256_setzero_ps(); 8];
-                let mut d = 0;
-                while d < hd {
-                    let qv = _mm256_loadu_ps(pq.add(d));
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        // SAFETY: row i + r is inside `k` (caller), d + 8 <= hd.
-                        let kv = _mm256_loadu_ps(pk.add(first + (i + r) * stride + d));
-                        *a = _mm256_fmadd_ps(qv, kv, *a);
-                    }
-                    d += 8;
+            // SAFETY: the rows are inside `k` (caller).
+            unsafe { dot_rows_in(q, F32Rows::new(k, stride, first, out.len(), hd), 0, out) };
+            return;
+        }
+        for (i, o) in out.iter_mut().enumerate() {
+            let b = first + i * stride;
+            *o = dot(q, &k[b..b + hd]);
+        }
+    }
+
+    /// `out[i] = q · k_{row0 + i}`, eight rows at a time: eight accumulators, reduced
+    /// together by a horizontal-add tree; the last rows one by one as [`dot`] takes them.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; the head size is a multiple of 8; rows
+    /// `row0..row0 + out.len()` of `k` are readable at the head size.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in crate::ops) unsafe fn dot_rows_in<R: Rows>(
+        q: &[f32],
+        k: R,
+        row0: usize,
+        out: &mut [f32],
+    ) {
+        let (hd, n) = (q.len(), out.len());
+        let pq = q.as_ptr();
+        let mut i = 0;
+        while i + 8 <= n {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut d = 0;
+            while d < hd {
+                let qv = _mm256_loadu_ps(pq.add(d));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row row0 + i + r is in `k` (caller), d + 8 <= hd.
+                    let kv = k.load8(row0 + i + r, d);
+                    *a = _mm256_fmadd_ps(qv, kv, *a);
                 }
-                // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]: two
-                // levels leave rows 0-3 (and 4-7) as partial sums split across the 128-bit lanes.
-                let s01 = _mm256_hadd_ps(acc[0], acc[1]);
-                let s23 = _mm256_hadd_ps(acc[2], acc[3]);
-                let s45 = _mm256_hadd_ps(acc[4], acc[5]);
-                let s67 = _mm256_hadd_ps(acc[6], acc[7]);
-                let s0123 = _mm256_hadd_ps(s01, s23);
-                let s4567 = _mm256_hadd_ps(s45, s67);
-                let lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
-                let hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
-                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_add_ps(lo, hi));
-                i += 8;
+                d += 8;
             }
+            // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]: two
+            // levels leave rows 0-3 (and 4-7) as partial sums split across the 128-bit lanes.
+            let s01 = _mm256_hadd_ps(acc[0], acc[1]);
+            let s23 = _mm256_hadd_ps(acc[2], acc[3]);
+            let s45 = _mm256_hadd_ps(acc[4], acc[5]);
+            let s67 = _mm256_hadd_ps(acc[6], acc[7]);
+            let s0123 = _mm256_hadd_ps(s01, s23);
+            let s4567 = _mm256_hadd_ps(s45, s67);
+            let lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
+            let hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_add_ps(lo, hi));
+            i += 8;
         }
         while i < n {
-            let b = first + i * stride;
-            out[i] = dot(q, &k[b..b + hd]);
+            out[i] = dot_row(q, k, row0 + i);
             i += 1;
         }
     }
 
-    /// The output in chunks of up to 64 values held in registers across all rows, loaded
-    /// from `o` and stored back.
+    /// [`dot`] of `q` with row `row` of `k`, for a head of whole registers: the same
+    /// operations in the same order (two chains over pairs of registers, one last
+    /// register, then the fold).
     ///
     /// # Safety
-    /// AVX2 and FMA must be available; every row read lies inside `v`.
-    #[target_feature(enable = "avx2,fma")]
+    /// As [`dot_rows_in`], for row `row`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_row<R: Rows>(q: &[f32], k: R, row: usize) -> f32 {
+        let n = q.len();
+        let pa = q.as_ptr();
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        // SAFETY (all loads): every index read is below `n`, a multiple of 8.
+        while i + 16 <= n {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), k.load8(row, i), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), k.load8(row, i + 8), acc1);
+            i += 16;
+        }
+        if i + 8 <= n {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), k.load8(row, i), acc0);
+        }
+        let acc = _mm256_add_ps(acc0, acc1);
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+        _mm_cvtss_f32(s1)
+    }
+
+    /// `o += Σ_i p[i] * v[first + i*stride ..][..o.len()]`: [`weighted_rows_acc_in`]
+    /// where the head is whole registers, else the scalar reference.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; every row read lies inside `v`.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn weighted_rows_acc(
         p: &[f32],
         v: &[f32],
@@ -495,12 +499,28 @@ mod avx2 {
         first: usize,
         o: &mut [f32],
     ) {
-        let hd = o.len();
-        if !hd.is_multiple_of(8) {
+        if !o.len().is_multiple_of(8) {
             super::weighted_rows_acc_scalar(p, v, stride, first, o);
             return;
         }
-        let pv = v.as_ptr();
+        // SAFETY: the rows are inside `v` (caller).
+        unsafe { weighted_rows_acc_in(p, F32Rows::new(v, stride, first, p.len(), o.len()), 0, o) };
+    }
+
+    /// `o[c] += Σ_i p[i] * v_i[col0 + c]`: the output in chunks of up to 64 values held
+    /// in registers across all rows, loaded from `o` and stored back.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; `o.len()` and `col0` are multiples of 8;
+    /// value rows `0..p.len()` of `v` are readable at columns `col0..col0 + o.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in crate::ops) unsafe fn weighted_rows_acc_in<R: Rows>(
+        p: &[f32],
+        v: R,
+        col0: usize,
+        o: &mut [f32],
+    ) {
+        let hd = o.len();
         let mut c0 = 0;
         // Whole chunks of 64 with a fixed count, so the eight accumulators stay in
         // registers (a variable count leaves them in memory: a load and a store per
@@ -512,10 +532,9 @@ mod avx2 {
             }
             for (i, &pi) in p.iter().enumerate() {
                 let s = _mm256_set1_ps(pi);
-                let row = pv.add(first + i * stride + c0);
                 for (j, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: row i is inside `v` (caller), c0 + 8j + 8 <= hd.
-                    *a = _mm256_fmadd_ps(s, _mm256_loadu_ps(row.add(8 * j)), *a);
+                    // SAFETY: row i is in `v` (caller), c0 + 8j + 8 <= hd.
+                    *a = _mm256_fmadd_ps(s, v.load8(i, col0 + c0 + 8 * j), *a);
                 }
             }
             for (j, a) in acc.iter().enumerate() {
@@ -531,10 +550,9 @@ mod avx2 {
             }
             for (i, &pi) in p.iter().enumerate() {
                 let s = _mm256_set1_ps(pi);
-                let row = pv.add(first + i * stride + c0);
                 for (j, a) in acc[..w].iter_mut().enumerate() {
-                    // SAFETY: row i is inside `v` (caller), c0 + 8j + 8 <= hd.
-                    *a = _mm256_fmadd_ps(s, _mm256_loadu_ps(row.add(8 * j)), *a);
+                    // SAFETY: row i is in `v` (caller), c0 + 8j + 8 <= hd.
+                    *a = _mm256_fmadd_ps(s, v.load8(i, col0 + c0 + 8 * j), *a);
                 }
             }
             for (j, a) in acc[..w].iter().enumerate() {

@@ -11,6 +11,8 @@
 
 use std::arch::x86_64::*;
 
+use super::rows::Rows;
+
 /// Whether the 512-bit primitives run: the quantized kernels' ISA is the VNNI one (which
 /// implies AVX-512 F/BW/VL, detected at run time, and no cap below it).
 pub(super) fn enabled() -> bool {
@@ -58,16 +60,6 @@ unsafe fn pair_rows(qa: &[f32], qb: &[f32], q: &mut [__m512]) {
 /// which the multiply-adds read from memory.
 const MAX_HEAD: usize = 256;
 
-/// Eight keys' values `[k c | k c]` (chunk `c` of key row `at`) in both halves.
-///
-/// # Safety
-/// AVX-512 F; eight values at `p`.
-#[inline(always)]
-unsafe fn key_chunk(p: *const f32) -> __m512 {
-    // SAFETY: eight values at `p` (caller).
-    unsafe { _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p)))) }
-}
-
 /// The scores of eight keys for the pair of rows whose per-lane partial sums are in
 /// `acc` (key `r` in `acc[r]`): each half reduced by the AVX2 kernel's tree, row `a`'s
 /// eight scores in the low half of the result and row `b`'s in the high half.
@@ -113,15 +105,13 @@ unsafe fn store_halves(sum: __m512, a: *mut f32, b: *mut f32) {
 /// it did, the caller takes the rest as the AVX2 kernel does.
 ///
 /// # Safety
-/// AVX2, FMA and AVX-512 F; `qa`, `qb` of one length; every key row read lies inside `k`;
-/// `out_a` and `out_b` of one length.
-#[target_feature(enable = "avx2,fma,avx512f")]
-pub(super) unsafe fn dot_rows2(
+/// AVX2, FMA, F16C and AVX-512 F; `qa`, `qb` of one length; key rows `0..out_a.len()`
+/// of `k` are readable at that length; `out_a` and `out_b` of one length.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn dot_rows2<R: Rows>(
     qa: &[f32],
     qb: &[f32],
-    k: &[f32],
-    stride: usize,
-    first: usize,
+    k: R,
     out_a: &mut [f32],
     out_b: &mut [f32],
 ) -> usize {
@@ -129,7 +119,6 @@ pub(super) unsafe fn dot_rows2(
     if !hd.is_multiple_of(8) || hd > MAX_HEAD {
         return 0;
     }
-    let pk = k.as_ptr();
     let mut q = [_mm512_setzero_ps(); MAX_HEAD / 8];
     // SAFETY: hd values in each row.
     unsafe { pair_rows(qa, qb, &mut q[..hd / 8]) };
@@ -139,7 +128,7 @@ pub(super) unsafe fn dot_rows2(
         for (c, qc) in q[..hd / 8].iter().enumerate() {
             for (r, a) in acc.iter_mut().enumerate() {
                 // SAFETY: row i + r is inside `k` (caller), 8c + 8 <= hd.
-                let kv = unsafe { key_chunk(pk.add(first + (i + r) * stride + 8 * c)) };
+                let kv = unsafe { k.load8_both(i + r, 8 * c) };
                 *a = _mm512_fmadd_ps(*qc, kv, *a);
             }
         }
@@ -160,19 +149,12 @@ pub(super) unsafe fn dot_rows2(
 ///
 /// # Safety
 /// As [`dot_rows2`], for four query rows of one length and four outputs of one length.
-#[target_feature(enable = "avx2,fma,avx512f")]
-pub(super) unsafe fn dot_rows4(
-    q: [&[f32]; 4],
-    k: &[f32],
-    stride: usize,
-    first: usize,
-    out: [&mut [f32]; 4],
-) -> usize {
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn dot_rows4<R: Rows>(q: [&[f32]; 4], k: R, out: [&mut [f32]; 4]) -> usize {
     let (hd, n) = (q[0].len(), out[0].len());
     if !hd.is_multiple_of(8) || hd > MAX_HEAD {
         return 0;
     }
-    let pk = k.as_ptr();
     let po = out.map(|o| o.as_mut_ptr());
     // Chunk c of each pair (read from memory by the multiply-adds, which leaves the
     // registers to the accumulators).
@@ -192,7 +174,7 @@ pub(super) unsafe fn dot_rows4(
         for c in 0..hd / 8 {
             for r in 0..8 {
                 // SAFETY: row i + r is inside `k` (caller), 8c + 8 <= hd.
-                let kv = unsafe { key_chunk(pk.add(first + (i + r) * stride + 8 * c)) };
+                let kv = unsafe { k.load8_both(i + r, 8 * c) };
                 ab[r] = _mm512_fmadd_ps(qab[c], kv, ab[r]);
                 cd[r] = _mm512_fmadd_ps(qcd[c], kv, cd[r]);
             }
@@ -207,22 +189,16 @@ pub(super) unsafe fn dot_rows4(
     i
 }
 
-/// `o += Σ_i p[i] * v[first + i*stride ..][..o.len()]`, bitwise the AVX2
-/// `weighted_rows_acc` (one FMA per element and row, rows in order), for the elements of
-/// whole chunks of 64; returns how many elements it did (the caller takes the rest).
+/// `o += Σ_i p[i] * v_i[..o.len()]`, bitwise the AVX2 `weighted_rows_acc` (one FMA per
+/// element and row, rows in order), for the elements of whole chunks of 64; returns how
+/// many elements it did (the caller takes the rest).
 ///
 /// # Safety
-/// AVX2, FMA and AVX-512 F; every row read lies inside `v`.
-#[target_feature(enable = "avx2,fma,avx512f")]
-pub(super) unsafe fn weighted_rows_acc(
-    p: &[f32],
-    v: &[f32],
-    stride: usize,
-    first: usize,
-    o: &mut [f32],
-) -> usize {
+/// AVX2, FMA, F16C and AVX-512 F; value rows `0..p.len()` of `v` are readable at
+/// `o.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn weighted_rows_acc<R: Rows>(p: &[f32], v: R, o: &mut [f32]) -> usize {
     let hd = o.len();
-    let pv = v.as_ptr();
     let mut c0 = 0;
     // Whole chunks of 64 in four registers with a fixed count (kept in registers).
     while c0 + 64 <= hd {
@@ -233,10 +209,9 @@ pub(super) unsafe fn weighted_rows_acc(
         }
         for (i, &pi) in p.iter().enumerate() {
             let s = _mm512_set1_ps(pi);
-            let row = first + i * stride + c0;
             for (j, a) in acc.iter_mut().enumerate() {
                 // SAFETY: row i is inside `v` (caller), c0 + 16j + 16 <= hd.
-                *a = _mm512_fmadd_ps(s, unsafe { _mm512_loadu_ps(pv.add(row + 16 * j)) }, *a);
+                *a = _mm512_fmadd_ps(s, unsafe { v.load16(i, c0 + 16 * j) }, *a);
             }
         }
         for (j, a) in acc.iter().enumerate() {
@@ -248,7 +223,7 @@ pub(super) unsafe fn weighted_rows_acc(
     c0
 }
 
-/// `o[h] += Σ_i p[h][i] * v[first + i*stride ..]` for `N` weight rows over the same
+/// `o[h] += Σ_i p[h][i] * v_i` for `N` weight rows over the same
 /// value rows: bitwise `N` calls of [`weighted_rows_acc`] (one FMA per element and row,
 /// rows in order), each value chunk loaded once for all `N`, for the elements of whole
 /// chunks of 64; returns how many it did (the caller takes the rest). Two rows give
@@ -258,17 +233,14 @@ pub(super) unsafe fn weighted_rows_acc(
 ///
 /// # Safety
 /// As [`weighted_rows_acc`]; the weight rows have one length and the outputs another.
-#[target_feature(enable = "avx2,fma,avx512f")]
-pub(super) unsafe fn weighted_rows_accn<const N: usize>(
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn weighted_rows_accn<R: Rows, const N: usize>(
     p: [&[f32]; N],
-    v: &[f32],
-    stride: usize,
-    first: usize,
+    v: R,
     mut o: [&mut [f32]; N],
 ) -> usize {
     let hd = o[0].len();
     let n = p[0].len();
-    let pv = v.as_ptr();
     let mut c0 = 0;
     while c0 + 64 <= hd {
         let mut acc = [[_mm512_setzero_ps(); 4]; N];
@@ -282,10 +254,9 @@ pub(super) unsafe fn weighted_rows_accn<const N: usize>(
         #[allow(clippy::needless_range_loop)]
         for i in 0..n {
             let w: [__m512; N] = std::array::from_fn(|h| _mm512_set1_ps(p[h][i]));
-            let row = first + i * stride + c0;
             for j in 0..4 {
                 // SAFETY: row i is inside `v` (caller), c0 + 16j + 16 <= hd.
-                let x = unsafe { _mm512_loadu_ps(pv.add(row + 16 * j)) };
+                let x = unsafe { v.load16(i, c0 + 16 * j) };
                 for (a, &wh) in acc.iter_mut().zip(&w) {
                     a[j] = _mm512_fmadd_ps(wh, x, a[j]);
                 }

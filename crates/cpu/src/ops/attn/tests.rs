@@ -675,6 +675,32 @@ fn packed_regions_equal_f32_regions_of_their_decoded_values() {
             let packed = run(&kp, &vp, types);
             let plain = run(&kd, &vd, [KvType::F32; 2]);
             assert_eq!(packed, plain, "{types:?} {isa:?}");
+            // A decode token alone: its few rows read packed rows in place (widened in
+            // registers) rather than from a decoded tile; the same bits as its row of
+            // the block above.
+            let row = m.n_head * m.hd;
+            for t in 0..nt {
+                let a = AttnArgs {
+                    meta: &m,
+                    q: &q[t * row..(t + 1) * row],
+                    q_stride: row,
+                    nt: 1,
+                    pos: &pos[t..t + 1],
+                    span: None,
+                    k: &kp,
+                    v: &vp,
+                    types,
+                    sinks: None,
+                };
+                let mut out = vec![f32::NAN; row];
+                attention(&pool, isa, &a, &mut out, &mut AttnScratch::default()).unwrap();
+                let bits: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(
+                    bits,
+                    plain[t * row..(t + 1) * row],
+                    "{types:?} {isa:?} token {t}"
+                );
+            }
         }
     }
     // A head that is not whole Q8_0 blocks is refused, naming the format.

@@ -23,6 +23,8 @@
 use minfer_graph::{AttnMeta, KvType};
 
 use super::super::kv;
+#[cfg(target_arch = "x86_64")]
+use super::super::rows::{F16Rows, Q8Rows, RowIsa, Rows};
 use super::super::vec::VecIsa;
 use super::super::SharedMut;
 use super::AttnArgs;
@@ -59,7 +61,10 @@ pub(super) struct ItemScratch<'a> {
 
 /// The physical pieces of a run of virtual keys: at most two (a ring wraps once inside a
 /// range no longer than itself), each `(virtual start, virtual end, physical start)`.
-type Pieces = [(usize, usize, usize); 2];
+type Pieces = [Piece; 2];
+
+/// One piece: `(virtual start, virtual end, physical start)`.
+type Piece = (usize, usize, usize);
 
 fn pieces(m: &AttnMeta, v0: usize, v1: usize) -> Pieces {
     match m.ring {
@@ -72,8 +77,9 @@ fn pieces(m: &AttnMeta, v0: usize, v1: usize) -> Pieces {
     }
 }
 
-/// Where the rows of a tile's keys (or values) are read from: the region itself (f32)
-/// or a tile decoded from it, with the element offset of virtual key `v`.
+/// Where the rows of a tile's keys (or values) are read from: the region itself (f32),
+/// a tile decoded from it, or (F16, Q8_0) the packed region itself, widened in registers
+/// by the kernels as they load it.
 struct Source<'a> {
     data: &'a [f32],
     stride: usize,
@@ -82,10 +88,21 @@ struct Source<'a> {
     v0: usize,
     /// Offset of the KV head inside a region row (f32 region only).
     off: usize,
+    /// The whole region's rows of this KV head, when read in place.
+    packed: Option<Packed>,
+}
+
+/// The rows of one KV head of a packed region, read in place.
+#[derive(Clone, Copy)]
+enum Packed {
+    #[cfg(target_arch = "x86_64")]
+    F16(RowIsa, F16Rows),
+    #[cfg(target_arch = "x86_64")]
+    Q8(RowIsa, Q8Rows),
 }
 
 impl Source<'_> {
-    /// The offset of virtual key `v` lying in piece `p`.
+    /// The offset of virtual key `v` lying in piece `p` (f32 data and decoded tiles).
     #[inline]
     fn base(&self, p: (usize, usize, usize), v: usize) -> usize {
         if self.decoded {
@@ -94,10 +111,141 @@ impl Source<'_> {
             (p.2 + v - p.0) * self.stride + self.off
         }
     }
+
+    /// Scores of four query rows against keys `[v, v + n)` of piece `p`.
+    fn dot4(&self, isa: VecIsa, p: Piece, v: usize, q: [&[f32]; 4], out: [&mut [f32]; 4]) {
+        let n = out[0].len();
+        match self.packed {
+            None => isa.dot_rows4(q, self.data, self.stride, self.base(p, v), out),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::F16(x, r)) => x.dot_rows4(q, r.sub(p.2 + v - p.0, n), out),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::Q8(x, r)) => x.dot_rows4(q, r.sub(p.2 + v - p.0, n), out),
+        }
+    }
+
+    /// Scores of two query rows against keys `[v, v + n)` of piece `p`.
+    #[allow(clippy::too_many_arguments)]
+    fn dot2(
+        &self,
+        isa: VecIsa,
+        p: Piece,
+        v: usize,
+        qa: &[f32],
+        qb: &[f32],
+        oa: &mut [f32],
+        ob: &mut [f32],
+    ) {
+        let n = oa.len();
+        match self.packed {
+            None => isa.dot_rows2(qa, qb, self.data, self.stride, self.base(p, v), oa, ob),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::F16(x, r)) => x.dot_rows2(qa, qb, r.sub(p.2 + v - p.0, n), oa, ob),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::Q8(x, r)) => x.dot_rows2(qa, qb, r.sub(p.2 + v - p.0, n), oa, ob),
+        }
+    }
+
+    /// Scores of one query row against keys `[v, v + n)` of piece `p`.
+    fn dot1(&self, isa: VecIsa, p: Piece, v: usize, q: &[f32], out: &mut [f32]) {
+        let n = out.len();
+        match self.packed {
+            None => isa.dot_rows(q, self.data, self.stride, self.base(p, v), out),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::F16(x, r)) => x.dot_rows(q, r.sub(p.2 + v - p.0, n), out),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::Q8(x, r)) => x.dot_rows(q, r.sub(p.2 + v - p.0, n), out),
+        }
+    }
+
+    /// Four rows' weighted sums over values `[v, v + n)` of piece `p` (`n` weights each).
+    fn wsum4(&self, isa: VecIsa, p: Piece, v: usize, w: [&[f32]; 4], o: [&mut [f32]; 4]) {
+        let n = w[0].len();
+        match self.packed {
+            None => isa.weighted_rows_acc4(w, self.data, self.stride, self.base(p, v), o),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::F16(x, r)) => x.weighted_rows_acc4(w, r.sub(p.2 + v - p.0, n), o),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::Q8(x, r)) => x.weighted_rows_acc4(w, r.sub(p.2 + v - p.0, n), o),
+        }
+    }
+
+    /// Two rows' weighted sums over values `[v, v + n)` of piece `p`.
+    #[allow(clippy::too_many_arguments)]
+    fn wsum2(
+        &self,
+        isa: VecIsa,
+        p: Piece,
+        v: usize,
+        wa: &[f32],
+        wb: &[f32],
+        oa: &mut [f32],
+        ob: &mut [f32],
+    ) {
+        let n = wa.len();
+        match self.packed {
+            None => isa.weighted_rows_acc2(wa, wb, self.data, self.stride, self.base(p, v), oa, ob),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::F16(x, r)) => {
+                x.weighted_rows_acc2(wa, wb, r.sub(p.2 + v - p.0, n), oa, ob)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::Q8(x, r)) => x.weighted_rows_acc2(wa, wb, r.sub(p.2 + v - p.0, n), oa, ob),
+        }
+    }
+
+    /// One row's weighted sum over values `[v, v + n)` of piece `p`.
+    fn wsum1(&self, isa: VecIsa, p: Piece, v: usize, w: &[f32], o: &mut [f32]) {
+        let n = w.len();
+        match self.packed {
+            None => isa.weighted_rows_acc(w, self.data, self.stride, self.base(p, v), o),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::F16(x, r)) => x.weighted_rows_acc(w, r.sub(p.2 + v - p.0, n), o),
+            #[cfg(target_arch = "x86_64")]
+            Some(Packed::Q8(x, r)) => x.weighted_rows_acc(w, r.sub(p.2 + v - p.0, n), o),
+        }
+    }
+}
+
+/// The most query rows an item may have for its packed K/V to be read in place rather
+/// than decoded into a tile: a decode token's group. Larger blocks (prefill) read each
+/// tile with many rows, where widening it once into the tile costs less than widening
+/// it in every call.
+const IN_PLACE_ROWS: usize = 8;
+
+/// The rows of KV head `g` of a packed region, to read in place: `None` for F32, where
+/// the kernels cannot widen packed rows (no AVX2, a head that is not whole registers),
+/// or where the region's geometry does not hold (validated before, so never).
+fn in_place(isa: VecIsa, t: KvType, region: &[f32], m: &AttnMeta, g: usize) -> Option<Packed> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let x = RowIsa::new(isa, m.hd)?;
+        let row_bytes = 4 * t.row_words(m.nkt())?;
+        let bytes: &[u8] = bytemuck::cast_slice(region);
+        let rows = bytes.len().checked_div(row_bytes)?;
+        let off = kv::byte_offset(t, g * m.hd);
+        match t {
+            KvType::F16 if row_bytes.is_multiple_of(2) => {
+                let r = F16Rows::new(bytes, row_bytes / 2, off / 2, rows, m.hd)?;
+                Some(Packed::F16(x, r))
+            }
+            KvType::Q8_0 => Some(Packed::Q8(
+                x,
+                Q8Rows::new(bytes, row_bytes, off, rows, m.hd)?,
+            )),
+            _ => None,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, t, region, m, g);
+        None
+    }
 }
 
 /// Prepares the rows of virtual keys `[v0, v1)` of KV head `g` for reading: the region
-/// as it is for F32, else decoded into `tile` in virtual key order.
+/// as it is for F32 or a packed region read in place (`packed`), else decoded into
+/// `tile` in virtual key order.
 #[allow(clippy::too_many_arguments)]
 fn source<'a>(
     t: KvType,
@@ -106,28 +254,30 @@ fn source<'a>(
     g: usize,
     v0: usize,
     ps: &Pieces,
+    packed: Option<Packed>,
     tile: &'a mut [f32],
 ) -> Source<'a> {
     let hd = m.hd;
-    if t == KvType::F32 {
+    if t == KvType::F32 || packed.is_some() {
         return Source {
             data: region,
             stride: m.nkt(),
             decoded: false,
             v0,
             off: g * hd,
+            packed,
         };
     }
     // Validated: rows and heads are whole blocks of `t`.
-    let row_words = t.row_words(m.nkt()).unwrap_or(0);
-    let (boff, hbytes) = (kv::byte_offset(t, g * hd), kv::byte_offset(t, hd));
+    let h = kv::HeadBytes {
+        row_bytes: 4 * t.row_words(m.nkt()).unwrap_or(0),
+        off: kv::byte_offset(t, g * hd),
+        len: kv::byte_offset(t, hd),
+    };
+    let bytes: &[u8] = bytemuck::cast_slice(region);
     for &(s, e, phys) in ps {
-        for v in s..e {
-            let j = phys + v - s;
-            let bytes: &[u8] = bytemuck::cast_slice(&region[j * row_words..(j + 1) * row_words]);
-            let dst = &mut tile[(v - v0) * hd..(v - v0 + 1) * hd];
-            kv::decode_packed(t, &bytes[boff..boff + hbytes], dst);
-        }
+        let dst = &mut tile[(s - v0) * hd..(e - v0) * hd];
+        kv::decode_rows(t, bytes, h, phys, e - s, dst);
     }
     Source {
         data: tile,
@@ -135,6 +285,7 @@ fn source<'a>(
         decoded: true,
         v0,
         off: 0,
+        packed: None,
     }
 }
 
@@ -253,23 +404,22 @@ impl Tile<'_> {
             if ps0 >= ps1 {
                 continue;
             }
-            let (ks, base, len, off) = (&self.ks, self.ks.base(p, ps0), ps1 - ps0, ps0 - s);
+            let (ks, len, off) = (&self.ks, ps1 - ps0, ps0 - s);
             let mut fours = rows.chunks_exact(4);
             for r4 in &mut fours {
                 let dst = rows_mut::<4>(scores, r4, KEY_TILE, off, len);
                 let q = std::array::from_fn(|j| self.q(r4[j]));
-                isa.dot_rows4(q, ks.data, ks.stride, base, dst);
+                ks.dot4(isa, p, ps0, q, dst);
             }
             let rest = fours.remainder();
             let mut twos = rest.chunks_exact(2);
             for r2 in &mut twos {
                 let [da, db] = rows_mut::<2>(scores, r2, KEY_TILE, off, len);
-                let (qa, qb) = (self.q(r2[0]), self.q(r2[1]));
-                isa.dot_rows2(qa, qb, ks.data, ks.stride, base, da, db);
+                ks.dot2(isa, p, ps0, self.q(r2[0]), self.q(r2[1]), da, db);
             }
             for &r in twos.remainder() {
                 let dst = &mut scores[r * KEY_TILE + off..][..len];
-                isa.dot_rows(self.q(r), ks.data, ks.stride, base, dst);
+                ks.dot1(isa, p, ps0, self.q(r), dst);
             }
         }
         // Each row's online-softmax step (its output rescaled if its maximum grew)...
@@ -301,13 +451,13 @@ impl Tile<'_> {
             if ps0 >= ps1 {
                 continue;
             }
-            let (vs, base) = (&self.vs, self.vs.base(p, ps0));
+            let vs = &self.vs;
             let mut fours = rows.chunks_exact(4);
             for r4 in &mut fours {
                 let ws = std::array::from_fn(|j| w(r4[j], ps0, ps1));
                 // SAFETY: four distinct rows' outputs, no other reference alive.
                 let os = std::array::from_fn(|j| unsafe { self.o(r4[j]) });
-                isa.weighted_rows_acc4(ws, vs.data, vs.stride, base, os);
+                vs.wsum4(isa, p, ps0, ws, os);
             }
             let rest = fours.remainder();
             let mut twos = rest.chunks_exact(2);
@@ -315,12 +465,12 @@ impl Tile<'_> {
                 let (wa, wb) = (w(r2[0], ps0, ps1), w(r2[1], ps0, ps1));
                 // SAFETY: two distinct rows' outputs, no other reference alive.
                 let (oa, ob) = unsafe { (self.o(r2[0]), self.o(r2[1])) };
-                isa.weighted_rows_acc2(wa, wb, vs.data, vs.stride, base, oa, ob);
+                vs.wsum2(isa, p, ps0, wa, wb, oa, ob);
             }
             for &r in twos.remainder() {
                 // SAFETY: row r's output, no other reference alive.
                 let o = unsafe { self.o(r) };
-                isa.weighted_rows_acc(w(r, ps0, ps1), vs.data, vs.stride, base, o);
+                vs.wsum1(isa, p, ps0, w(r, ps0, ps1), o);
             }
         }
     }
@@ -359,6 +509,12 @@ pub(super) fn block_item(
         ktile,
         vtile,
     } = st;
+    let place = |t: KvType, region: &[f32]| {
+        (n_rows <= IN_PLACE_ROWS)
+            .then(|| in_place(isa, t, region, m, g))
+            .flatten()
+    };
+    let (kp, vp) = (place(a.types[0], a.k), place(a.types[1], a.v));
     mx[..n_rows].fill(f32::NEG_INFINITY);
     l[..n_rows].fill(0.0);
     let mut sm = Softmax { scores, m: mx, l };
@@ -396,8 +552,8 @@ pub(super) fn block_item(
             g,
             t0,
             ps,
-            ks: source(a.types[0], a.k, m, g, v0, &ps, &mut *ktile),
-            vs: source(a.types[1], a.v, m, g, v0, &ps, &mut *vtile),
+            ks: source(a.types[0], a.k, m, g, v0, &ps, kp, &mut *ktile),
+            vs: source(a.types[1], a.v, m, g, v0, &ps, vp, &mut *vtile),
             out,
         };
         // Tokens that read all of the tile's keys make the same calls, so their rows run

@@ -1,0 +1,95 @@
+//! The attention of one layer in decode, alone: one token at a time after a context of N
+//! tokens, with Qwen3.5's full-attention geometry (8 query heads, 2 KV heads of 256).
+//! Prints the time per token and the K/V bytes it reads per second.
+//!
+//! `cargo run --release -p minfer-cpu --example attn_decode -- [depth] [kv type] [threads] [tokens]`
+
+use std::time::Instant;
+
+use minfer_cpu::ops::attn::{attention, AttnArgs, AttnScratch};
+use minfer_cpu::ops::kv;
+use minfer_cpu::ops::vec::VecIsa;
+use minfer_cpu::threadpool::ThreadPool;
+use minfer_graph::{AttnMeta, KvType};
+
+fn main() -> Result<(), String> {
+    let mut args = std::env::args().skip(1);
+    let number = |s: Option<String>, what: &str, default: usize| -> Result<usize, String> {
+        s.map_or(Ok(default), |s| {
+            s.parse()
+                .map_err(|_| format!("{what}: '{s}' is not a number"))
+        })
+    };
+    let depth = number(args.next(), "depth", 4096)?;
+    let kv_type = KvType::parse(&args.next().unwrap_or_else(|| "f32".into()))?;
+    let threads = number(args.next(), "threads", 1)?;
+    let steps = number(args.next(), "tokens", 64)?;
+    if depth == 0 || threads == 0 || steps == 0 {
+        return Err("depth, threads and tokens must be at least 1".into());
+    }
+    let n = depth + steps;
+    let m = AttnMeta {
+        layer: 0,
+        n_head: 8,
+        n_head_kv: 2,
+        hd: 256,
+        scale: 0.0625,
+        n_ctx: n,
+        window: None,
+        softcap: None,
+        ring: None,
+        sinks: None,
+        causal: true,
+    };
+    // Deterministic pseudo-random values in [-1, 1).
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut vals = |len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    };
+    let (k, v) = (vals(m.nkt() * n), vals(m.nkt() * n));
+    let q = vals(m.n_head * m.hd);
+    let types = [kv_type; 2];
+    let (row_words, words) = kv::region_words(kv_type, m.nkt(), n)?;
+    let (mut kr, mut vr) = (vec![0.0f32; words], vec![0.0f32; words]);
+    let cells: Vec<f32> = (0..n as u32).map(f32::from_bits).collect();
+    kv::store(0, m.nkt(), n, None, types, &k, &v, &cells, &mut kr, &mut vr)?;
+    let pool = ThreadPool::new(threads);
+    let isa = VecIsa::detect();
+    let mut scratch = AttnScratch::default();
+    let mut out = vec![0.0f32; m.n_head * m.hd];
+    let mut check = 0.0f64;
+    let t0 = Instant::now();
+    for p in depth..n {
+        let pos = [f32::from_bits(p as u32)];
+        let a = AttnArgs {
+            meta: &m,
+            q: &q,
+            q_stride: m.n_head * m.hd,
+            nt: 1,
+            pos: &pos,
+            span: None,
+            k: &kr,
+            v: &vr,
+            types,
+            sinks: None,
+        };
+        attention(&pool, isa, &a, &mut out, &mut scratch)?;
+        check += out.iter().map(|&x| f64::from(x)).sum::<f64>();
+    }
+    let per = t0.elapsed().as_secs_f64() / steps as f64;
+    // K and V rows read per token, at the mean depth.
+    let bytes = 2.0 * (depth as f64 + steps as f64 / 2.0) * (row_words * 4) as f64;
+    println!(
+        "decode attention after {depth} tokens, {kv_type} K/V, {threads} threads, {isa:?}: {:.3} ms a token, {:.1} GB/s of K/V (checksum {check:.6})",
+        per * 1e3,
+        bytes / per / 1e9
+    );
+    Ok(())
+}

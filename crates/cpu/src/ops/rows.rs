@@ -1,0 +1,480 @@
+//! Key and value rows as the x86 attention kernels read them: f32 rows of a region or a
+//! decoded tile, or F16 and Q8_0 rows of a packed region widened in registers as they are
+//! loaded. A load gives the values decoding would have written (both widenings are exact,
+//! and a Q8_0 value is the one product `q * d`), so a kernel computes the same bits over
+//! packed rows as over their decoded copy, without writing and re-reading that copy.
+//!
+//! Row `i` of a view is the `i`-th row of the call (the view holds the first row and the
+//! stride); columns are elements of the head, in whole groups of 8 (16 for `load16`).
+
+use std::arch::x86_64::*;
+
+use minfer_graph::kvtype::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
+
+use super::vec::{avx2, VecIsa};
+use super::vec512;
+
+/// A view of rows the kernels load 8 or 16 values at a time from.
+///
+/// # Safety
+/// Implementors load only inside the rows the view was made for; callers pass rows and
+/// columns inside the view (`col + 8`, or `col + 16`, at most the head size) and run
+/// with AVX2, FMA and F16C enabled (AVX-512 F for `load16`).
+pub(crate) unsafe trait Rows: Copy {
+    /// How many rows the view holds, each readable at [`Self::width`] values.
+    fn rows(self) -> usize;
+
+    /// The values of a row the view can read.
+    fn width(self) -> usize;
+
+    /// Rows `row0..row0 + rows` of this view as a view of their own.
+    ///
+    /// # Panics
+    /// Where they are not all in this view (a caller's bug).
+    fn sub(self, row0: usize, rows: usize) -> Self;
+
+    /// Values `col..col + 8` of row `row`.
+    ///
+    /// # Safety
+    /// As the trait says.
+    unsafe fn load8(self, row: usize, col: usize) -> __m256;
+
+    /// Values `col..col + 16` of row `row` (`col` a multiple of 16).
+    ///
+    /// # Safety
+    /// As the trait says.
+    unsafe fn load16(self, row: usize, col: usize) -> __m512;
+
+    /// Values `col..col + 8` of row `row` in both 256-bit halves.
+    ///
+    /// # Safety
+    /// As the trait says.
+    #[inline(always)]
+    unsafe fn load8_both(self, row: usize, col: usize) -> __m512 {
+        // SAFETY: as the trait says.
+        unsafe {
+            _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(
+                self.load8(row, col),
+            )))
+        }
+    }
+}
+
+/// f32 rows: row `i` starts at element `first + i * stride` of `ptr`.
+#[derive(Clone, Copy)]
+pub(crate) struct F32Rows {
+    ptr: *const f32,
+    stride: usize,
+    first: usize,
+    rows: usize,
+    width: usize,
+}
+
+impl F32Rows {
+    /// Rows `first + i * stride` (`i < rows`) of `data`, `width` values each.
+    ///
+    /// # Panics
+    /// Where a row lies outside `data`: the callers check their shapes first, so this is
+    /// a bug in the caller, not bad input.
+    #[inline(always)]
+    pub fn new(data: &[f32], stride: usize, first: usize, rows: usize, width: usize) -> F32Rows {
+        assert!(
+            inside(data.len(), stride, first, rows, width),
+            "f32 rows out of bounds"
+        );
+        F32Rows {
+            ptr: data.as_ptr(),
+            stride,
+            first,
+            rows,
+            width,
+        }
+    }
+}
+
+/// Whether rows `first + i * stride .. + width` for `i < rows` lie inside `len` units.
+#[inline(always)]
+fn inside(len: usize, stride: usize, first: usize, rows: usize, width: usize) -> bool {
+    let end = rows.checked_sub(1).map_or(Some(0), |last| {
+        last.checked_mul(stride)?
+            .checked_add(first)?
+            .checked_add(width)
+    });
+    end.is_some_and(|e| e <= len)
+}
+
+// SAFETY: loads at `first + row * stride + col`, inside the rows the caller names.
+unsafe impl Rows for F32Rows {
+    #[inline(always)]
+    fn rows(self) -> usize {
+        self.rows
+    }
+
+    #[inline(always)]
+    fn sub(self, row0: usize, rows: usize) -> Self {
+        assert!(row0 + rows <= self.rows, "rows out of the view");
+        Self {
+            first: self.first + row0 * self.stride,
+            rows,
+            ..self
+        }
+    }
+
+    #[inline(always)]
+    fn width(self) -> usize {
+        self.width
+    }
+
+    #[inline(always)]
+    unsafe fn load8(self, row: usize, col: usize) -> __m256 {
+        // SAFETY: as the trait says.
+        unsafe { _mm256_loadu_ps(self.ptr.add(self.first + row * self.stride + col)) }
+    }
+
+    #[inline(always)]
+    unsafe fn load16(self, row: usize, col: usize) -> __m512 {
+        // SAFETY: as the trait says.
+        unsafe { _mm512_loadu_ps(self.ptr.add(self.first + row * self.stride + col)) }
+    }
+}
+
+/// F16 rows of a packed region: row `i` starts at half `first + i * stride`.
+#[derive(Clone, Copy)]
+pub(crate) struct F16Rows {
+    ptr: *const u16,
+    stride: usize,
+    first: usize,
+    rows: usize,
+    width: usize,
+}
+
+impl F16Rows {
+    /// Rows `first + i * stride` (`i < rows`, counted in halves) of `region`'s bytes,
+    /// `width` halves each; `None` where one lies outside it or the bytes are not
+    /// aligned to halves.
+    pub fn new(
+        region: &[u8],
+        stride: usize,
+        first: usize,
+        rows: usize,
+        width: usize,
+    ) -> Option<F16Rows> {
+        let halves: &[u16] = bytemuck::try_cast_slice(region).ok()?;
+        inside(halves.len(), stride, first, rows, width).then_some(F16Rows {
+            ptr: halves.as_ptr(),
+            stride,
+            first,
+            rows,
+            width,
+        })
+    }
+}
+
+// SAFETY: loads at half `first + row * stride + col`, inside the rows the caller names.
+unsafe impl Rows for F16Rows {
+    #[inline(always)]
+    fn rows(self) -> usize {
+        self.rows
+    }
+
+    #[inline(always)]
+    fn sub(self, row0: usize, rows: usize) -> Self {
+        assert!(row0 + rows <= self.rows, "rows out of the view");
+        Self {
+            first: self.first + row0 * self.stride,
+            rows,
+            ..self
+        }
+    }
+
+    #[inline(always)]
+    fn width(self) -> usize {
+        self.width
+    }
+
+    #[inline(always)]
+    unsafe fn load8(self, row: usize, col: usize) -> __m256 {
+        let p = self.ptr.wrapping_add(self.first + row * self.stride + col);
+        // SAFETY: eight halves at `p` (trait).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+
+    #[inline(always)]
+    unsafe fn load16(self, row: usize, col: usize) -> __m512 {
+        let p = self.ptr.wrapping_add(self.first + row * self.stride + col);
+        // SAFETY: sixteen halves at `p` (trait).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+
+    #[inline(always)]
+    unsafe fn load8_both(self, row: usize, col: usize) -> __m512 {
+        let p = self.ptr.wrapping_add(self.first + row * self.stride + col);
+        // SAFETY: eight halves at `p` (trait), widened once in each half.
+        unsafe { _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()))) }
+    }
+}
+
+/// Q8_0 rows of a packed region: row `i`'s head starts at byte `first + i * row_bytes`,
+/// a run of blocks (an f16 scale, then 32 signed quants).
+#[derive(Clone, Copy)]
+pub(crate) struct Q8Rows {
+    ptr: *const u8,
+    row_bytes: usize,
+    first: usize,
+    rows: usize,
+    width: usize,
+}
+
+impl Q8Rows {
+    /// Rows at bytes `first + i * row_bytes` (`i < rows`) of `region`, `width` values
+    /// (whole blocks) each; `None` where one lies outside it or `width` is not whole
+    /// blocks.
+    pub fn new(
+        region: &[u8],
+        row_bytes: usize,
+        first: usize,
+        rows: usize,
+        width: usize,
+    ) -> Option<Q8Rows> {
+        let bytes = width / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+        (width.is_multiple_of(Q8_0_BLOCK) && inside(region.len(), row_bytes, first, rows, bytes))
+            .then_some(Q8Rows {
+                ptr: region.as_ptr(),
+                row_bytes,
+                first,
+                rows,
+                width,
+            })
+    }
+
+    /// The block holding column `col` of row `row`, and the column's place in it.
+    #[inline(always)]
+    fn block(self, row: usize, col: usize) -> (*const u8, usize) {
+        let at = self.first + row * self.row_bytes + col / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+        (self.ptr.wrapping_add(at), col % Q8_0_BLOCK)
+    }
+}
+
+/// The f16 scale at the start of the Q8_0 block at `b`, widened (exact).
+///
+/// # Safety
+/// Two bytes readable at `b`; F16C enabled.
+#[inline(always)]
+unsafe fn scale(b: *const u8) -> f32 {
+    // SAFETY: two bytes at `b` (caller).
+    unsafe {
+        let h = b.cast::<u16>().read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    }
+}
+
+// SAFETY: loads the scale and quants of the block holding the columns, inside the rows
+// the caller names (8 or 16 columns never cross a 32-column block).
+unsafe impl Rows for Q8Rows {
+    #[inline(always)]
+    fn rows(self) -> usize {
+        self.rows
+    }
+
+    #[inline(always)]
+    fn sub(self, row0: usize, rows: usize) -> Self {
+        assert!(row0 + rows <= self.rows, "rows out of the view");
+        Self {
+            first: self.first + row0 * self.row_bytes,
+            rows,
+            ..self
+        }
+    }
+
+    #[inline(always)]
+    fn width(self) -> usize {
+        self.width
+    }
+
+    #[inline(always)]
+    unsafe fn load8(self, row: usize, col: usize) -> __m256 {
+        let (b, j) = self.block(row, col);
+        // SAFETY: the block's two scale bytes and quants j..j + 8 (trait).
+        unsafe {
+            let d = _mm256_set1_ps(scale(b));
+            let q = _mm_loadl_epi64(b.add(2 + j).cast());
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load16(self, row: usize, col: usize) -> __m512 {
+        let (b, j) = self.block(row, col);
+        // SAFETY: the block's two scale bytes and quants j..j + 16 (trait).
+        unsafe {
+            let d = _mm512_set1_ps(scale(b));
+            let q = _mm_loadu_si128(b.add(2 + j).cast());
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d)
+        }
+    }
+}
+
+/// The x86 row kernels, for a head of whole registers: the 512-bit ones where they run
+/// (`vec512::enabled`), each finished by the AVX2 ones as they would take the rest,
+/// else the AVX2 ones. Constructed only where [`VecIsa::Avx2`] was detected (AVX2, FMA,
+/// F16C). Each method checks that the rows it reads are in its view (panicking on a
+/// caller's bug, as `vec`'s row checks do) and that its rows have one length.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowIsa {
+    wide: bool,
+}
+
+impl RowIsa {
+    /// The kernels for head size `hd` under `isa`: none for the scalar ISA or a head
+    /// that is not whole 8-value registers.
+    #[inline]
+    pub fn new(isa: VecIsa, hd: usize) -> Option<RowIsa> {
+        (isa == VecIsa::Avx2 && hd.is_multiple_of(8) && hd > 0).then(|| RowIsa {
+            wide: vec512::enabled(),
+        })
+    }
+
+    /// `out[i] = q · k_i`.
+    #[inline]
+    pub fn dot_rows<R: Rows>(self, q: &[f32], k: R, out: &mut [f32]) {
+        reads(k, out.len(), q.len());
+        // SAFETY: `Avx2` was detected (constructor); the rows are in the view (checked).
+        unsafe { avx2::dot_rows_in(q, k, 0, out) }
+    }
+
+    /// Two query rows (of one length) against the same keys, into two outputs (of one
+    /// length): bitwise two [`Self::dot_rows`].
+    #[inline]
+    pub fn dot_rows2<R: Rows>(self, qa: &[f32], qb: &[f32], k: R, oa: &mut [f32], ob: &mut [f32]) {
+        reads(k, oa.len(), qa.len());
+        assert!(
+            qa.len() == qb.len() && oa.len() == ob.len(),
+            "row lengths differ"
+        );
+        let mut done = 0;
+        if self.wide {
+            // SAFETY: `wide` means AVX-512 F was detected beside AVX2, FMA and F16C;
+            // rows as the caller guarantees.
+            done = unsafe { vec512::dot_rows2(qa, qb, k, oa, ob) };
+        }
+        if done < oa.len() {
+            // The rest row by row, as the AVX2 kernel takes it.
+            // SAFETY: as above.
+            unsafe {
+                avx2::dot_rows_in(qa, k, done, &mut oa[done..]);
+                avx2::dot_rows_in(qb, k, done, &mut ob[done..]);
+            }
+        }
+    }
+
+    /// Four query rows (of one length) against the same keys, into four outputs (of one
+    /// length): bitwise four [`Self::dot_rows`].
+    #[inline]
+    pub fn dot_rows4<R: Rows>(self, q: [&[f32]; 4], k: R, out: [&mut [f32]; 4]) {
+        let [o0, o1, o2, o3] = out;
+        reads(k, o0.len(), q[0].len());
+        let same = q.iter().all(|r| r.len() == q[0].len());
+        assert!(
+            same && [&o1, &o2, &o3].iter().all(|o| o.len() == o0.len()),
+            "row lengths differ"
+        );
+        if !self.wide {
+            self.dot_rows2(q[0], q[1], k, o0, o1);
+            self.dot_rows2(q[2], q[3], k, o2, o3);
+            return;
+        }
+        // SAFETY: as in `dot_rows2`.
+        unsafe {
+            let done = vec512::dot_rows4(q, k, [&mut *o0, &mut *o1, &mut *o2, &mut *o3]);
+            if done < o0.len() {
+                for (qr, o) in q.iter().zip([o0, o1, o2, o3]) {
+                    avx2::dot_rows_in(qr, k, done, &mut o[done..]);
+                }
+            }
+        }
+    }
+
+    /// `o += Σ_i p[i] * v_i`, each element's sum continued in `i` order.
+    #[inline]
+    pub fn weighted_rows_acc<R: Rows>(self, p: &[f32], v: R, o: &mut [f32]) {
+        reads(v, p.len(), o.len());
+        let mut done = 0;
+        if self.wide {
+            // SAFETY: as in `dot_rows2`.
+            done = unsafe { vec512::weighted_rows_acc(p, v, o) };
+        }
+        if done < o.len() {
+            // The last partial chunk as the AVX2 kernel computes it.
+            // SAFETY: as in `dot_rows2`; `done` is a multiple of 64.
+            unsafe { avx2::weighted_rows_acc_in(p, v, done, &mut o[done..]) };
+        }
+    }
+
+    /// Two weight rows (of one length) over the same value rows, into two outputs (of
+    /// one length): bitwise two [`Self::weighted_rows_acc`].
+    #[inline]
+    pub fn weighted_rows_acc2<R: Rows>(
+        self,
+        pa: &[f32],
+        pb: &[f32],
+        v: R,
+        oa: &mut [f32],
+        ob: &mut [f32],
+    ) {
+        reads(v, pa.len(), oa.len());
+        assert!(
+            pa.len() == pb.len() && oa.len() == ob.len(),
+            "row lengths differ"
+        );
+        if !self.wide {
+            self.weighted_rows_acc(pa, v, oa);
+            self.weighted_rows_acc(pb, v, ob);
+            return;
+        }
+        // SAFETY: as in `dot_rows2`; `done` is a multiple of 64.
+        unsafe {
+            let done = vec512::weighted_rows_accn([pa, pb], v, [&mut *oa, &mut *ob]);
+            if done < oa.len() {
+                avx2::weighted_rows_acc_in(pa, v, done, &mut oa[done..]);
+                avx2::weighted_rows_acc_in(pb, v, done, &mut ob[done..]);
+            }
+        }
+    }
+
+    /// Four weight rows (of one length) over the same value rows, into four outputs (of
+    /// one length): bitwise four [`Self::weighted_rows_acc`].
+    #[inline]
+    pub fn weighted_rows_acc4<R: Rows>(self, p: [&[f32]; 4], v: R, o: [&mut [f32]; 4]) {
+        let [o0, o1, o2, o3] = o;
+        reads(v, p[0].len(), o0.len());
+        let same = p.iter().all(|r| r.len() == p[0].len());
+        assert!(
+            same && [&o1, &o2, &o3].iter().all(|x| x.len() == o0.len()),
+            "row lengths differ"
+        );
+        if !self.wide {
+            self.weighted_rows_acc2(p[0], p[1], v, o0, o1);
+            self.weighted_rows_acc2(p[2], p[3], v, o2, o3);
+            return;
+        }
+        // SAFETY: as in `dot_rows2`; `done` is a multiple of 64.
+        unsafe {
+            let done = vec512::weighted_rows_accn(p, v, [&mut *o0, &mut *o1, &mut *o2, &mut *o3]);
+            if done < o0.len() {
+                for (ph, oh) in p.iter().zip([o0, o1, o2, o3]) {
+                    avx2::weighted_rows_acc_in(ph, v, done, &mut oh[done..]);
+                }
+            }
+        }
+    }
+}
+
+/// Panics unless `rows` rows of `width` values (a multiple of 8) are in the view: the
+/// callers size their calls from the view's own geometry, so a failure is their bug.
+#[inline(always)]
+fn reads<R: Rows>(k: R, rows: usize, width: usize) {
+    assert!(
+        rows <= k.rows() && width <= k.width() && width.is_multiple_of(8),
+        "rows out of the view"
+    );
+}
