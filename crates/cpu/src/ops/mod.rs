@@ -23,7 +23,11 @@ pub mod norm;
 pub mod recurrent;
 pub mod rope;
 #[cfg(target_arch = "x86_64")]
+mod row_isa;
+#[cfg(target_arch = "x86_64")]
 mod rows;
+#[cfg(target_arch = "x86_64")]
+mod rows_avx2;
 pub mod vec;
 #[cfg(target_arch = "x86_64")]
 mod vec512;

@@ -24,7 +24,10 @@ use minfer_graph::{AttnMeta, KvType};
 
 use super::super::kv;
 #[cfg(target_arch = "x86_64")]
-use super::super::rows::{F16Rows, Q8Rows, RowIsa, Rows};
+#[cfg(target_arch = "x86_64")]
+use super::super::row_isa::RowIsa;
+#[cfg(target_arch = "x86_64")]
+use super::super::rows::{F16Rows, Q8Rows, Rows};
 use super::super::vec::VecIsa;
 use super::super::SharedMut;
 use super::AttnArgs;
@@ -219,7 +222,7 @@ const IN_PLACE_ROWS: usize = 8;
 fn in_place(isa: VecIsa, t: KvType, region: &[f32], m: &AttnMeta, g: usize) -> Option<Packed> {
     #[cfg(target_arch = "x86_64")]
     {
-        let x = RowIsa::new(isa, m.hd)?;
+        let x = RowIsa::new(isa == VecIsa::Avx2, m.hd)?;
         let row_bytes = 4 * t.row_words(m.nkt())?;
         let bytes: &[u8] = bytemuck::cast_slice(region);
         let rows = bytes.len().checked_div(row_bytes)?;
