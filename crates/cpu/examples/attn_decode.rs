@@ -2,7 +2,11 @@
 //! tokens, with Qwen3.5's full-attention geometry (8 query heads, 2 KV heads of 256).
 //! Prints the time per token and the K/V bytes it reads per second.
 //!
-//! `cargo run --release -p minfer-cpu --example attn_decode -- [depth] [kv type] [threads] [tokens]`
+//! `cargo run --release -p minfer-cpu --example attn_decode -- [depth] [kv type] [threads] [tokens] [layers]`
+//!
+//! With `layers` above one, each token runs that many layers, each over K/V of its own,
+//! as a model does: enough layers that their K/V outgrow the last-level cache make the
+//! reads come from memory, where one layer's K/V would stay cached between tokens.
 
 use std::time::Instant;
 
@@ -24,8 +28,9 @@ fn main() -> Result<(), String> {
     let kv_type = KvType::parse(&args.next().unwrap_or_else(|| "f32".into()))?;
     let threads = number(args.next(), "threads", 1)?;
     let steps = number(args.next(), "tokens", 64)?;
-    if depth == 0 || threads == 0 || steps == 0 {
-        return Err("depth, threads and tokens must be at least 1".into());
+    let layers = number(args.next(), "layers", 1)?;
+    if depth == 0 || threads == 0 || steps == 0 || layers == 0 {
+        return Err("depth, threads, tokens and layers must be at least 1".into());
     }
     let n = depth + steps;
     let m = AttnMeta {
@@ -60,13 +65,16 @@ fn main() -> Result<(), String> {
     let (mut kr, mut vr) = (vec![0.0f32; words], vec![0.0f32; words]);
     let cells: Vec<f32> = (0..n as u32).map(f32::from_bits).collect();
     kv::store(0, m.nkt(), n, None, types, &k, &v, &cells, &mut kr, &mut vr)?;
+    // The other layers hold copies: the same values at other addresses.
+    let regions = vec![(kr, vr); layers];
     let pool = ThreadPool::new(threads);
     let isa = VecIsa::detect();
     let mut scratch = AttnScratch::default();
     let mut out = vec![0.0f32; m.n_head * m.hd];
     let mut check = 0.0f64;
     let t0 = Instant::now();
-    for p in depth..n {
+    let steps_and_layers = (depth..n).flat_map(|p| regions.iter().map(move |r| (p, r)));
+    for (p, (kr, vr)) in steps_and_layers {
         let pos = [f32::from_bits(p as u32)];
         let a = AttnArgs {
             meta: &m,
@@ -75,19 +83,19 @@ fn main() -> Result<(), String> {
             nt: 1,
             pos: &pos,
             span: None,
-            k: &kr,
-            v: &vr,
+            k: kr,
+            v: vr,
             types,
             sinks: None,
         };
         attention(&pool, isa, &a, &mut out, &mut scratch)?;
         check += out.iter().map(|&x| f64::from(x)).sum::<f64>();
     }
-    let per = t0.elapsed().as_secs_f64() / steps as f64;
+    let per = t0.elapsed().as_secs_f64() / (steps * layers) as f64;
     // K and V rows read per token, at the mean depth.
     let bytes = 2.0 * (depth as f64 + steps as f64 / 2.0) * (row_words * 4) as f64;
     println!(
-        "decode attention after {depth} tokens, {kv_type} K/V, {threads} threads, {isa:?}: {:.3} ms a token, {:.1} GB/s of K/V (checksum {check:.6})",
+        "decode attention after {depth} tokens, {kv_type} K/V, {threads} threads, {layers} layers, {isa:?}: {:.3} ms a token and layer, {:.1} GB/s of K/V (checksum {check:.6})",
         per * 1e3,
         bytes / per / 1e9
     );

@@ -18,6 +18,12 @@ use minfer_graph::kvtype::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 /// columns inside the view (`col + 8`, or `col + 16`, at most the head size) and run
 /// with AVX2, FMA and F16C enabled (AVX-512 F for `load16`).
 pub(crate) unsafe trait Rows: Copy {
+    /// Whether [`Self::load32`] and [`Self::load32_both`] share work between the loads
+    /// of a block (a Q8_0 block's scale): the kernels take a row's block at once only
+    /// then, since for f32 rows the regrouped loop ran slower (prefill's 4096-token
+    /// attention about 8%).
+    const BLOCK_LOADS: bool = false;
+
     /// How many rows the view holds, each readable at [`Self::width`] values.
     fn rows(self) -> usize;
 
@@ -41,6 +47,40 @@ pub(crate) unsafe trait Rows: Copy {
     /// # Safety
     /// As the trait says.
     unsafe fn load16(self, row: usize, col: usize) -> __m512;
+
+    /// Values `col..col + 32` of row `row`, eight per register (`col` a multiple of 32):
+    /// the four [`Self::load8`] of the block, which a packed view can widen sharing one
+    /// scale.
+    ///
+    /// # Safety
+    /// As the trait says, for `col + 32`.
+    #[inline(always)]
+    unsafe fn load32(self, row: usize, col: usize) -> [__m256; 4] {
+        // SAFETY: as the trait says.
+        std::array::from_fn(|j| unsafe { self.load8(row, col + 8 * j) })
+    }
+
+    /// Values `col..col + 64` of row `row`, sixteen per register (`col` a multiple of
+    /// 64): the four [`Self::load16`] of the chunk.
+    ///
+    /// # Safety
+    /// As the trait says, for `col + 64`.
+    #[inline(always)]
+    unsafe fn load64(self, row: usize, col: usize) -> [__m512; 4] {
+        // SAFETY: as the trait says.
+        std::array::from_fn(|j| unsafe { self.load16(row, col + 16 * j) })
+    }
+
+    /// Values `col..col + 32` of row `row`, each group of eight in both 256-bit halves
+    /// of its register (`col` a multiple of 32): the four [`Self::load8_both`].
+    ///
+    /// # Safety
+    /// As the trait says, for `col + 32`.
+    #[inline(always)]
+    unsafe fn load32_both(self, row: usize, col: usize) -> [__m512; 4] {
+        // SAFETY: as the trait says.
+        std::array::from_fn(|j| unsafe { self.load8_both(row, col + 8 * j) })
+    }
 
     /// Values `col..col + 8` of row `row` in both 256-bit halves.
     ///
@@ -268,6 +308,8 @@ unsafe fn scale(b: *const u8) -> f32 {
 // SAFETY: loads the scale and quants of the block holding the columns, inside the rows
 // the caller names (8 or 16 columns never cross a 32-column block).
 unsafe impl Rows for Q8Rows {
+    const BLOCK_LOADS: bool = true;
+
     #[inline(always)]
     fn rows(self) -> usize {
         self.rows
@@ -303,10 +345,68 @@ unsafe impl Rows for Q8Rows {
     unsafe fn load16(self, row: usize, col: usize) -> __m512 {
         let (b, j) = self.block(row, col);
         // SAFETY: the block's two scale bytes and quants j..j + 16 (trait).
+        unsafe { widen16(b, j, _mm512_set1_ps(scale(b))) }
+    }
+
+    // The wider loads read each block's scale once: the same values, fewer
+    // instructions per loaded value (decode attention is bound by them on Q8_0).
+
+    #[inline(always)]
+    unsafe fn load32(self, row: usize, col: usize) -> [__m256; 4] {
+        let (b, _) = self.block(row, col);
+        // SAFETY: the block's two scale bytes and its 32 quants (trait: `col` starts it).
+        unsafe {
+            let d = _mm256_set1_ps(scale(b));
+            std::array::from_fn(|j| {
+                let q = _mm_loadl_epi64(b.add(2 + 8 * j).cast());
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d)
+            })
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load64(self, row: usize, col: usize) -> [__m512; 4] {
+        let (b0, _) = self.block(row, col);
+        let (b1, _) = self.block(row, col + Q8_0_BLOCK);
+        // SAFETY: two whole blocks (trait: `col` starts the first).
+        unsafe {
+            let (d0, d1) = (_mm512_set1_ps(scale(b0)), _mm512_set1_ps(scale(b1)));
+            [
+                widen16(b0, 0, d0),
+                widen16(b0, 16, d0),
+                widen16(b1, 0, d1),
+                widen16(b1, 16, d1),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load32_both(self, row: usize, col: usize) -> [__m512; 4] {
+        let (b, _) = self.block(row, col);
+        // SAFETY: the block's two scale bytes and its 32 quants (trait: `col` starts it).
         unsafe {
             let d = _mm512_set1_ps(scale(b));
-            let q = _mm_loadu_si128(b.add(2 + j).cast());
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d)
+            let (lo, hi) = (widen16(b, 0, d), widen16(b, 16, d));
+            // Each 128-bit pair of a half into both halves: [l0 l1 l0 l1], [l2 l3 l2 l3].
+            [
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(lo, lo),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(lo, lo),
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(hi, hi),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(hi, hi),
+            ]
         }
+    }
+}
+
+/// Quants `j..j + 16` of the Q8_0 block at `b`, each times `d` (the decoded values).
+///
+/// # Safety
+/// Bytes `2 + j .. 2 + j + 16` readable at `b`; AVX-512 F enabled.
+#[inline(always)]
+unsafe fn widen16(b: *const u8, j: usize, d: __m512) -> __m512 {
+    // SAFETY: sixteen quants at `b + 2 + j` (caller).
+    unsafe {
+        let q = _mm_loadu_si128(b.add(2 + j).cast());
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d)
     }
 }

@@ -21,6 +21,19 @@ pub(super) unsafe fn dot_rows_in<R: Rows>(q: &[f32], k: R, row0: usize, out: &mu
     while i + 8 <= n {
         let mut acc = [_mm256_setzero_ps(); 8];
         let mut d = 0;
+        // Whole blocks of 32 first, each row's four chunks loaded together: every
+        // accumulator still takes its chunks in order, so the bits are the same.
+        while R::BLOCK_LOADS && d + 32 <= hd {
+            let qv: [__m256; 4] = std::array::from_fn(|j| _mm256_loadu_ps(pq.add(d + 8 * j)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                // SAFETY: row row0 + i + r is in `k` (caller), d + 32 <= hd, d % 32 == 0.
+                let kv = k.load32(row0 + i + r, d);
+                for (qj, kj) in qv.iter().zip(kv) {
+                    *a = _mm256_fmadd_ps(*qj, kj, *a);
+                }
+            }
+            d += 32;
+        }
         while d < hd {
             let qv = _mm256_loadu_ps(pq.add(d));
             for (r, a) in acc.iter_mut().enumerate() {
@@ -98,9 +111,17 @@ pub(super) unsafe fn weighted_rows_acc_in<R: Rows>(p: &[f32], v: R, col0: usize,
         }
         for (i, &pi) in p.iter().enumerate() {
             let s = _mm256_set1_ps(pi);
-            for (j, a) in acc.iter_mut().enumerate() {
-                // SAFETY: row i is in `v` (caller), c0 + 8j + 8 <= hd.
-                *a = _mm256_fmadd_ps(s, v.load8(i, col0 + c0 + 8 * j), *a);
+            for (half, a4) in acc.chunks_exact_mut(4).enumerate() {
+                // SAFETY: row i is in `v` (caller), c0 + 64 <= hd; a block load only
+                // where col0 + c0 starts a block of 32 (the callers' col0 always does).
+                let x = if R::BLOCK_LOADS && (col0 + c0).is_multiple_of(32) {
+                    v.load32(i, col0 + c0 + 32 * half)
+                } else {
+                    std::array::from_fn(|j| v.load8(i, col0 + c0 + 32 * half + 8 * j))
+                };
+                for (a, xj) in a4.iter_mut().zip(x) {
+                    *a = _mm256_fmadd_ps(s, xj, *a);
+                }
             }
         }
         for (j, a) in acc.iter().enumerate() {

@@ -125,11 +125,25 @@ pub(super) unsafe fn dot_rows2<R: Rows>(
     let mut i = 0;
     while i + 8 <= n {
         let mut acc = [_mm512_setzero_ps(); 8];
-        for (c, qc) in q[..hd / 8].iter().enumerate() {
-            for (r, a) in acc.iter_mut().enumerate() {
-                // SAFETY: row i + r is inside `k` (caller), 8c + 8 <= hd.
-                let kv = unsafe { k.load8_both(i + r, 8 * c) };
-                *a = _mm512_fmadd_ps(*qc, kv, *a);
+        if R::BLOCK_LOADS && hd.is_multiple_of(32) {
+            // A block of four chunks per row load, each accumulator still taking its
+            // chunks in order (the same bits).
+            for (b, q4) in q[..hd / 8].chunks_exact(4).enumerate() {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row i + r is inside `k` (caller), 32b + 32 <= hd.
+                    let kv = unsafe { k.load32_both(i + r, 32 * b) };
+                    for (qc, kc) in q4.iter().zip(kv) {
+                        *a = _mm512_fmadd_ps(*qc, kc, *a);
+                    }
+                }
+            }
+        } else {
+            for (c, qc) in q[..hd / 8].iter().enumerate() {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row i + r is inside `k` (caller), 8c + 8 <= hd.
+                    let kv = unsafe { k.load8_both(i + r, 8 * c) };
+                    *a = _mm512_fmadd_ps(*qc, kv, *a);
+                }
             }
         }
         // SAFETY: i + 8 <= n outputs in each row.
@@ -171,12 +185,27 @@ pub(super) unsafe fn dot_rows4<R: Rows>(q: [&[f32]; 4], k: R, out: [&mut [f32]; 
     while i + 8 <= n {
         let mut ab = [_mm512_setzero_ps(); 8];
         let mut cd = [_mm512_setzero_ps(); 8];
-        for c in 0..hd / 8 {
-            for r in 0..8 {
-                // SAFETY: row i + r is inside `k` (caller), 8c + 8 <= hd.
-                let kv = unsafe { k.load8_both(i + r, 8 * c) };
-                ab[r] = _mm512_fmadd_ps(qab[c], kv, ab[r]);
-                cd[r] = _mm512_fmadd_ps(qcd[c], kv, cd[r]);
+        if R::BLOCK_LOADS && hd.is_multiple_of(32) {
+            // A block of four chunks per row load, each accumulator still taking its
+            // chunks in order (the same bits).
+            for b in 0..hd / 32 {
+                for r in 0..8 {
+                    // SAFETY: row i + r is inside `k` (caller), 32b + 32 <= hd.
+                    let kv = unsafe { k.load32_both(i + r, 32 * b) };
+                    for (j, kc) in kv.into_iter().enumerate() {
+                        ab[r] = _mm512_fmadd_ps(qab[4 * b + j], kc, ab[r]);
+                        cd[r] = _mm512_fmadd_ps(qcd[4 * b + j], kc, cd[r]);
+                    }
+                }
+            }
+        } else {
+            for c in 0..hd / 8 {
+                for r in 0..8 {
+                    // SAFETY: row i + r is inside `k` (caller), 8c + 8 <= hd.
+                    let kv = unsafe { k.load8_both(i + r, 8 * c) };
+                    ab[r] = _mm512_fmadd_ps(qab[c], kv, ab[r]);
+                    cd[r] = _mm512_fmadd_ps(qcd[c], kv, cd[r]);
+                }
             }
         }
         // SAFETY: i + 8 <= n outputs in each row.
@@ -209,9 +238,10 @@ pub(super) unsafe fn weighted_rows_acc<R: Rows>(p: &[f32], v: R, o: &mut [f32]) 
         }
         for (i, &pi) in p.iter().enumerate() {
             let s = _mm512_set1_ps(pi);
-            for (j, a) in acc.iter_mut().enumerate() {
-                // SAFETY: row i is inside `v` (caller), c0 + 16j + 16 <= hd.
-                *a = _mm512_fmadd_ps(s, unsafe { v.load16(i, c0 + 16 * j) }, *a);
+            // SAFETY: row i is inside `v` (caller), c0 + 64 <= hd, c0 % 64 == 0.
+            let x = unsafe { v.load64(i, c0) };
+            for (a, xj) in acc.iter_mut().zip(x) {
+                *a = _mm512_fmadd_ps(s, xj, *a);
             }
         }
         for (j, a) in acc.iter().enumerate() {
@@ -254,9 +284,9 @@ pub(super) unsafe fn weighted_rows_accn<R: Rows, const N: usize>(
         #[allow(clippy::needless_range_loop)]
         for i in 0..n {
             let w: [__m512; N] = std::array::from_fn(|h| _mm512_set1_ps(p[h][i]));
-            for j in 0..4 {
-                // SAFETY: row i is inside `v` (caller), c0 + 16j + 16 <= hd.
-                let x = unsafe { v.load16(i, c0 + 16 * j) };
+            // SAFETY: row i is inside `v` (caller), c0 + 64 <= hd, c0 % 64 == 0.
+            let x4 = unsafe { v.load64(i, c0) };
+            for (j, x) in x4.into_iter().enumerate() {
                 for (a, &wh) in acc.iter_mut().zip(&w) {
                     a[j] = _mm512_fmadd_ps(wh, x, a[j]);
                 }

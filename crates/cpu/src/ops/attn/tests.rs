@@ -597,12 +597,20 @@ fn rows_do_not_depend_on_their_block_batch_or_threads() {
 /// decode to: the tiles change where keys are read from, never the arithmetic.
 #[test]
 fn packed_regions_equal_f32_regions_of_their_decoded_values() {
+    // A group of two over 64-dim heads, and Qwen3.5's group of four over 256-dim heads
+    // (the four-row kernels, several blocks of 32 per row).
+    packed_equals_decoded(4, 2, 64);
+    packed_equals_decoded(8, 2, 256);
+}
+
+/// [`packed_regions_equal_f32_regions_of_their_decoded_values`] for one geometry.
+fn packed_equals_decoded(n_head: usize, n_head_kv: usize, hd: usize) {
     let m = AttnMeta {
         layer: 1,
-        n_head: 4,
-        n_head_kv: 2,
-        hd: 64,
-        scale: 0.125,
+        n_head,
+        n_head_kv,
+        hd,
+        scale: 1.0 / (hd as f32).sqrt(),
         n_ctx: 150,
         window: None,
         softcap: None,
@@ -674,7 +682,7 @@ fn packed_regions_equal_f32_regions_of_their_decoded_values() {
             };
             let packed = run(&kp, &vp, types);
             let plain = run(&kd, &vd, [KvType::F32; 2]);
-            assert_eq!(packed, plain, "{types:?} {isa:?}");
+            assert_eq!(packed, plain, "{types:?} {isa:?} head {hd}");
             // A decode token alone: its few rows read packed rows in place (widened in
             // registers) rather than from a decoded tile; the same bits as its row of
             // the block above.
@@ -698,7 +706,7 @@ fn packed_regions_equal_f32_regions_of_their_decoded_values() {
                 assert_eq!(
                     bits,
                     plain[t * row..(t + 1) * row],
-                    "{types:?} {isa:?} token {t}"
+                    "{types:?} {isa:?} head {hd} token {t}"
                 );
             }
         }
