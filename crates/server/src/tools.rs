@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 
+mod bare;
 mod xml;
 
 /// The tag that opens a call in the generated text.
@@ -223,11 +224,15 @@ impl ToolSpec {
     /// A splitter for one output of this request: calls read in the model's format,
     /// XML argument values typed by each tool's parameters.
     pub fn splitter(&self) -> StreamSplitter {
+        let names = self.functions.iter().map(|f| f.name.clone()).collect();
         StreamSplitter {
             parser: match self.format {
                 CallFormat::Json => CallParser::Json,
                 CallFormat::Xml => CallParser::Xml(self.functions.clone()),
             },
+            // A model taught JSON calls may write one without its tags.
+            bare: (self.format == CallFormat::Json && self.enabled()).then_some(names),
+            parallel: self.parallel,
             ..StreamSplitter::default()
         }
     }
@@ -369,7 +374,9 @@ pub enum Piece {
 
 /// Splits streamed text into content and calls: text is passed on as soon as it cannot
 /// be the start of an opening tag; a call is passed on once its closing tag arrives.
-/// The default reads JSON calls; [`ToolSpec::splitter`] reads the request's format.
+/// The default reads JSON calls; [`ToolSpec::splitter`] reads the request's format and
+/// also takes an answer that is only a call's JSON, without the tags, as that call
+/// (`bare`): such a start is held back until it is one or cannot be.
 #[derive(Debug, Default)]
 pub struct StreamSplitter {
     parser: CallParser,
@@ -377,6 +384,12 @@ pub struct StreamSplitter {
     in_call: bool,
     /// A call has ended: the blank between it and the next call, or the end, is no text.
     after_call: bool,
+    /// The request's tool names, where a call without tags is read at the start.
+    bare: Option<Vec<String>>,
+    /// Whether a bare array of calls is read (`parallel_tool_calls`).
+    parallel: bool,
+    /// The start of the answer has been read as text: no bare call follows.
+    started: bool,
 }
 
 /// Length of the longest suffix of `s` that is a proper prefix of `tag`.
@@ -393,6 +406,19 @@ impl StreamSplitter {
         self.buf.push_str(text);
         let mut out = Vec::new();
         loop {
+            if let (Some(names), false, false) = (&self.bare, self.in_call, self.started) {
+                match bare::read(&self.buf, names, self.parallel) {
+                    bare::Bare::Wait if self.buf.len() <= bare::MAX_HELD => break,
+                    bare::Bare::Calls(calls, used) => {
+                        out.extend(calls.into_iter().map(Piece::Call));
+                        self.buf.drain(..used);
+                        // More bare calls may follow, each on its own.
+                        self.after_call = true;
+                        continue;
+                    }
+                    _ => self.started = true,
+                }
+            }
             if self.in_call {
                 let Some(end) = self.buf.find(CLOSE) else {
                     break;
@@ -500,6 +526,81 @@ mod tests {
             split("<tool_call>\n{\"name\": "),
             ("<tool_call>\n{\"name\": ".into(), vec![])
         );
+    }
+
+    /// Every piece of `out` pushed through `s` in chunks of `step` characters, then its
+    /// end: the text and the calls.
+    fn stream(mut s: StreamSplitter, out: &str, step: usize) -> (String, Vec<Call>) {
+        let chars: Vec<char> = out.chars().collect();
+        let mut got = Vec::new();
+        for chunk in chars.chunks(step) {
+            got.extend(s.push(&chunk.iter().collect::<String>()));
+        }
+        got.extend(s.finish());
+        let (mut text, mut calls) = (String::new(), Vec::new());
+        for p in got {
+            match p {
+                Piece::Text(t) => text.push_str(&t),
+                Piece::Call(c) => calls.push(c),
+            }
+        }
+        (text, calls)
+    }
+
+    #[test]
+    fn an_answer_that_is_only_a_calls_json_is_that_call() {
+        let spec = test_spec(&["add", "get_weather"]);
+        let add = Call {
+            name: "add".into(),
+            arguments: "{\"a\":3,\"b\":4}".into(),
+        };
+        for (out, text, calls) in [
+            (
+                "{\"name\": \"add\", \"arguments\": {\"a\": 3, \"b\": 4}}",
+                "",
+                vec![add.clone()],
+            ),
+            (
+                "\n```json\n{\"name\": \"add\", \"arguments\": {\"a\": 3, \"b\": 4}}\n```\n",
+                "",
+                vec![add.clone()],
+            ),
+            (
+                "{\"name\": \"add\", \"arguments\": {\"a\": 3, \"b\": 4}}\nDone.",
+                "\nDone.",
+                vec![add.clone()],
+            ),
+            // JSON that is not a call of these tools, JSON after text, a cut-off call:
+            // text, as written.
+            ("{\"result\": 7}", "{\"result\": 7}", vec![]),
+            (
+                "{\"name\": \"rm\", \"arguments\": {}}",
+                "{\"name\": \"rm\", \"arguments\": {}}",
+                vec![],
+            ),
+            (
+                "Sure: {\"name\": \"add\", \"arguments\": {}}",
+                "Sure: {\"name\": \"add\", \"arguments\": {}}",
+                vec![],
+            ),
+            (
+                "{\"name\": \"add\", \"argu",
+                "{\"name\": \"add\", \"argu",
+                vec![],
+            ),
+        ] {
+            for step in [1, 2, 3, 7, 1000] {
+                assert_eq!(
+                    stream(spec.splitter(), out, step),
+                    (text.to_string(), calls.clone()),
+                    "{out:?} in pieces of {step}"
+                );
+            }
+        }
+        // Without tools shown (`tool_choice: none`), and in the plain splitter, the
+        // JSON is text.
+        let call = "{\"name\": \"add\", \"arguments\": {}}";
+        assert_eq!(split(call), (call.to_string(), vec![]));
     }
 
     #[test]
