@@ -231,6 +231,32 @@ pub(super) async fn version() -> Json<Value> {
     Json(json!({ "version": VERSION }))
 }
 
+/// What `/api/show` says the model can do, in ollama's words: an encoder only embeds;
+/// a generative model completes, takes `tools` and thinks where its chat template
+/// renders tools and a reasoning block (clients such as agent front ends check these
+/// before they send tools or `think`), and fills in the middle where it has the tokens.
+pub(crate) fn capabilities(m: &crate::models::Model, template: &str) -> Vec<&'static str> {
+    if m.encoder {
+        return vec!["embedding"];
+    }
+    let mut out = vec!["completion"];
+    // A template that renders the request's tools reads the variable `tools`.
+    if template.contains("tools") {
+        out.push("tools");
+    }
+    if crate::api::llama::has_fim(m) {
+        out.push("insert");
+    }
+    // `<think>` blocks (Qwen3, Qwen3.5) or harmony's analysis channel (gpt-oss).
+    if ["<think>", "enable_thinking", "<|channel|>"]
+        .iter()
+        .any(|t| template.contains(t))
+    {
+        out.push("thinking");
+    }
+    out
+}
+
 pub(super) async fn show(State(st): St, b: crate::body::Body) -> Res {
     let bytes = crate::body::body(b, st.body_limit)?;
     let obj = fields::parse_object(&bytes)?;
@@ -262,10 +288,7 @@ pub(super) async fn show(State(st): St, b: crate::body::Body) -> Res {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    let mut capabilities = vec!["completion"];
-    if crate::api::llama::has_fim(&m) {
-        capabilities.push("insert");
-    }
+    let capabilities = capabilities(&m, template);
     Ok(Json(json!({
         "license": "",
         "modelfile": modelfile,
