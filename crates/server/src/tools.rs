@@ -502,22 +502,12 @@ mod tests {
             ]
         );
         for step in 1..8 {
-            let mut s = StreamSplitter::default();
-            let mut got = Vec::new();
-            let chars: Vec<char> = out.chars().collect();
-            for chunk in chars.chunks(step) {
-                got.extend(s.push(&chunk.iter().collect::<String>()));
-            }
-            got.extend(s.finish());
-            let text: String = got
-                .iter()
-                .filter_map(|p| match p {
-                    Piece::Text(t) => Some(t.as_str()),
-                    _ => None,
-                })
-                .collect();
-            let n = got.iter().filter(|p| matches!(p, Piece::Call(_))).count();
-            assert_eq!((text.as_str(), n), ("Let me check.", 2), "step {step}");
+            let (text, got) = stream(StreamSplitter::default(), out, step);
+            assert_eq!(
+                (text.as_str(), got.len()),
+                ("Let me check.", 2),
+                "step {step}"
+            );
         }
         // Text that only looks like the start of a tag is passed on at the end.
         assert_eq!(split("a <tool"), ("a <tool".into(), vec![]));
