@@ -225,16 +225,15 @@ impl ToolSpec {
     /// XML argument values typed by each tool's parameters.
     pub fn splitter(&self) -> StreamSplitter {
         let names = self.functions.iter().map(|f| f.name.clone()).collect();
-        StreamSplitter {
-            parser: match self.format {
+        StreamSplitter::new(
+            match self.format {
                 CallFormat::Json => CallParser::Json,
                 CallFormat::Xml => CallParser::Xml(self.functions.clone()),
             },
             // A model taught JSON calls may write one without its tags.
-            bare: (self.format == CallFormat::Json && self.enabled()).then_some(names),
-            parallel: self.parallel,
-            ..StreamSplitter::default()
-        }
+            (self.format == CallFormat::Json && self.enabled()).then_some(names),
+            self.parallel,
+        )
     }
 }
 
@@ -340,258 +339,13 @@ fn parse_json_call(body: &str) -> Option<Call> {
     Some(Call { name, arguments })
 }
 
-/// Splits a whole output of JSON calls into its text and its calls (see
-/// [`StreamSplitter::split`]).
-pub fn split(text: &str) -> (String, Vec<Call>) {
-    StreamSplitter::default().split(text)
-}
-
-impl StreamSplitter {
-    /// Splits a whole output into its text and its calls. A block that does not parse as
-    /// a call (cut off by the token limit) stays in the text, as generated.
-    pub fn split(mut self, text: &str) -> (String, Vec<Call>) {
-        let (mut content, mut calls) = (String::new(), Vec::new());
-        let mut pieces = self.push(text);
-        pieces.extend(self.finish());
-        for piece in pieces {
-            match piece {
-                Piece::Text(t) => content.push_str(&t),
-                Piece::Call(c) => calls.push(c),
-            }
-        }
-        (content, calls)
-    }
-}
-
-/// What the splitter hands on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
-    /// Text outside any call.
-    Text(String),
-    /// A complete call.
-    Call(Call),
-}
-
-/// Splits streamed text into content and calls: text is passed on as soon as it cannot
-/// be the start of an opening tag; a call is passed on once its closing tag arrives.
-/// The default reads JSON calls; [`ToolSpec::splitter`] reads the request's format and
-/// also takes an answer that is only a call's JSON, without the tags, as that call
-/// (`bare`): such a start is held back until it is one or cannot be.
-#[derive(Debug, Default)]
-pub struct StreamSplitter {
-    parser: CallParser,
-    buf: String,
-    in_call: bool,
-    /// A call has ended: the blank between it and the next call, or the end, is no text.
-    after_call: bool,
-    /// The request's tool names, where a call without tags is read at the start.
-    bare: Option<Vec<String>>,
-    /// Whether a bare array of calls is read (`parallel_tool_calls`).
-    parallel: bool,
-    /// The start of the answer has been read as text: no bare call follows.
-    started: bool,
-}
-
-/// Length of the longest suffix of `s` that is a proper prefix of `tag`.
-pub(crate) fn partial_tag(s: &str, tag: &str) -> usize {
-    (1..tag.len().min(s.len() + 1))
-        .rev()
-        .find(|&n| s.is_char_boundary(s.len() - n) && s.ends_with(&tag[..n]))
-        .unwrap_or(0)
-}
-
-impl StreamSplitter {
-    /// Takes the next piece of output; returns what can be passed on now.
-    pub fn push(&mut self, text: &str) -> Vec<Piece> {
-        self.buf.push_str(text);
-        let mut out = Vec::new();
-        loop {
-            if let (Some(names), false, false) = (&self.bare, self.in_call, self.started) {
-                match bare::read(&self.buf, names, self.parallel) {
-                    bare::Bare::Wait if self.buf.len() <= bare::MAX_HELD => break,
-                    bare::Bare::Calls(calls, used) => {
-                        out.extend(calls.into_iter().map(Piece::Call));
-                        self.buf.drain(..used);
-                        // More bare calls may follow, each on its own.
-                        self.after_call = true;
-                        continue;
-                    }
-                    _ => self.started = true,
-                }
-            }
-            if self.in_call {
-                let Some(end) = self.buf.find(CLOSE) else {
-                    break;
-                };
-                let body = self.buf[..end].to_string();
-                self.buf.drain(..end + CLOSE.len());
-                self.in_call = false;
-                match self.parser.parse(&body) {
-                    Some(c) => out.push(Piece::Call(c)),
-                    None => out.push(Piece::Text(format!("{OPEN}{body}{CLOSE}"))),
-                }
-                self.after_call = true;
-            } else if self.after_call && self.buf.starts_with('\n') {
-                // The newline between consecutive calls belongs to neither.
-                let next = format!("\n{OPEN}");
-                if self.buf.starts_with(&next) {
-                    self.buf.drain(..1);
-                } else if next.starts_with(&self.buf) {
-                    break;
-                } else {
-                    self.after_call = false;
-                }
-            } else if let Some(at) = self.buf.find(OPEN) {
-                let before = self.buf[..at].to_string();
-                if !before.is_empty() {
-                    out.push(Piece::Text(before));
-                }
-                self.buf.drain(..at + OPEN.len());
-                self.in_call = true;
-            } else {
-                let keep = partial_tag(&self.buf, OPEN);
-                let cut = self.buf.len() - keep;
-                if cut > 0 {
-                    out.push(Piece::Text(self.buf[..cut].to_string()));
-                    self.buf.drain(..cut);
-                }
-                break;
-            }
-        }
-        out
-    }
-
-    /// The end of the output: whatever is held back, as text (an unclosed call too).
-    pub fn finish(&mut self) -> Vec<Piece> {
-        let rest = std::mem::take(&mut self.buf);
-        let text = if std::mem::take(&mut self.in_call) {
-            format!("{OPEN}{rest}")
-        } else if self.after_call && rest.trim().is_empty() {
-            String::new()
-        } else {
-            rest
-        };
-        if text.is_empty() {
-            Vec::new()
-        } else {
-            vec![Piece::Text(text)]
-        }
-    }
-}
+mod stream;
+pub(crate) use stream::partial_tag;
+pub use stream::{split, Piece, StreamSplitter};
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn calls_are_split_from_text_whole_and_streamed_in_any_pieces() {
-        let out = "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"t\", \"arguments\": {}}\n</tool_call>\n";
-        let (text, calls) = split(out);
-        assert_eq!(text, "Let me check.");
-        assert_eq!(
-            calls,
-            vec![
-                Call {
-                    name: "get_weather".into(),
-                    arguments: "{\"city\":\"Paris\"}".into()
-                },
-                Call {
-                    name: "t".into(),
-                    arguments: "{}".into()
-                }
-            ]
-        );
-        for step in 1..8 {
-            let (text, got) = stream(StreamSplitter::default(), out, step);
-            assert_eq!(
-                (text.as_str(), got.len()),
-                ("Let me check.", 2),
-                "step {step}"
-            );
-        }
-        // Text that only looks like the start of a tag is passed on at the end.
-        assert_eq!(split("a <tool"), ("a <tool".into(), vec![]));
-        // A cut-off call stays text.
-        assert_eq!(
-            split("<tool_call>\n{\"name\": "),
-            ("<tool_call>\n{\"name\": ".into(), vec![])
-        );
-    }
-
-    /// Every piece of `out` pushed through `s` in chunks of `step` characters, then its
-    /// end: the text and the calls.
-    fn stream(mut s: StreamSplitter, out: &str, step: usize) -> (String, Vec<Call>) {
-        let chars: Vec<char> = out.chars().collect();
-        let mut got = Vec::new();
-        for chunk in chars.chunks(step) {
-            got.extend(s.push(&chunk.iter().collect::<String>()));
-        }
-        got.extend(s.finish());
-        let (mut text, mut calls) = (String::new(), Vec::new());
-        for p in got {
-            match p {
-                Piece::Text(t) => text.push_str(&t),
-                Piece::Call(c) => calls.push(c),
-            }
-        }
-        (text, calls)
-    }
-
-    #[test]
-    fn an_answer_that_is_only_a_calls_json_is_that_call() {
-        let spec = test_spec(&["add", "get_weather"]);
-        let add = Call {
-            name: "add".into(),
-            arguments: "{\"a\":3,\"b\":4}".into(),
-        };
-        for (out, text, calls) in [
-            (
-                "{\"name\": \"add\", \"arguments\": {\"a\": 3, \"b\": 4}}",
-                "",
-                vec![add.clone()],
-            ),
-            (
-                "\n```json\n{\"name\": \"add\", \"arguments\": {\"a\": 3, \"b\": 4}}\n```\n",
-                "",
-                vec![add.clone()],
-            ),
-            (
-                "{\"name\": \"add\", \"arguments\": {\"a\": 3, \"b\": 4}}\nDone.",
-                "\nDone.",
-                vec![add.clone()],
-            ),
-            // JSON that is not a call of these tools, JSON after text, a cut-off call:
-            // text, as written.
-            ("{\"result\": 7}", "{\"result\": 7}", vec![]),
-            (
-                "{\"name\": \"rm\", \"arguments\": {}}",
-                "{\"name\": \"rm\", \"arguments\": {}}",
-                vec![],
-            ),
-            (
-                "Sure: {\"name\": \"add\", \"arguments\": {}}",
-                "Sure: {\"name\": \"add\", \"arguments\": {}}",
-                vec![],
-            ),
-            (
-                "{\"name\": \"add\", \"argu",
-                "{\"name\": \"add\", \"argu",
-                vec![],
-            ),
-        ] {
-            for step in [1, 2, 3, 7, 1000] {
-                assert_eq!(
-                    stream(spec.splitter(), out, step),
-                    (text.to_string(), calls.clone()),
-                    "{out:?} in pieces of {step}"
-                );
-            }
-        }
-        // Without tools shown (`tool_choice: none`), and in the plain splitter, the
-        // JSON is text.
-        let call = "{\"name\": \"add\", \"arguments\": {}}";
-        assert_eq!(split(call), (call.to_string(), vec![]));
-    }
 
     #[test]
     fn tool_choices_are_read_and_checked_by_name() {

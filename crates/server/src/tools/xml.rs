@@ -332,6 +332,57 @@ mod tests {
         }
     }
 
+    /// Qwen3-Coder models sometimes open a call with `<function=NAME>` alone (and close
+    /// it with `</tool_call>`): for a tool of the request that is a call, whole or
+    /// streamed in any pieces; another name stays text.
+    #[test]
+    fn a_call_opened_without_its_tag_is_a_call() {
+        let body = "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>";
+        let want = Call {
+            name: "get_weather".into(),
+            arguments: "{\"city\":\"Oslo\",\"days\":2}".into(),
+        };
+        for (out, text, calls) in [
+            (
+                format!("Let me look.\n{body}\n</tool_call>"),
+                "Let me look.\n",
+                vec![want.clone()],
+            ),
+            // The answer ends with the function block, no `</tool_call>`.
+            (format!("{body}\n"), "", vec![want.clone()]),
+            // Two calls, the second tagged.
+            (
+                format!("{body}\n</tool_call>\n<tool_call>\n{body}\n</tool_call>"),
+                "",
+                vec![want.clone(), want.clone()],
+            ),
+            (
+                "<function=rm_rf>\n</function>\n</tool_call>".to_string(),
+                "<function=rm_rf>\n</function>\n</tool_call>",
+                vec![],
+            ),
+            ("a < b <functio".to_string(), "a < b <functio", vec![]),
+        ] {
+            for step in [1, 2, 5, 1000] {
+                let mut s = spec().splitter();
+                let chars: Vec<char> = out.chars().collect();
+                let mut got = Vec::new();
+                for c in chars.chunks(step) {
+                    got.extend(s.push(&c.iter().collect::<String>()));
+                }
+                got.extend(s.finish());
+                let (mut t, mut c) = (String::new(), Vec::new());
+                for p in got {
+                    match p {
+                        Piece::Text(x) => t.push_str(&x),
+                        Piece::Call(x) => c.push(x),
+                    }
+                }
+                assert_eq!((t.as_str(), c), (text, calls.clone()), "{out:?} by {step}");
+            }
+        }
+    }
+
     #[test]
     fn malformed_calls_stay_text() {
         for body in [
