@@ -11,19 +11,15 @@
 use std::time::Instant;
 
 use minfer_cpu::ops::attn::{attention, AttnArgs, AttnScratch};
-use minfer_cpu::ops::kv;
 use minfer_cpu::ops::vec::VecIsa;
 use minfer_cpu::threadpool::ThreadPool;
-use minfer_graph::{AttnMeta, KvType};
+use minfer_graph::KvType;
+
+mod common;
+use common::number;
 
 fn main() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
-    let number = |s: Option<String>, what: &str, default: usize| -> Result<usize, String> {
-        s.map_or(Ok(default), |s| {
-            s.parse()
-                .map_err(|_| format!("{what}: '{s}' is not a number"))
-        })
-    };
     let depth = number(args.next(), "depth", 4096)?;
     let kv_type = KvType::parse(&args.next().unwrap_or_else(|| "f32".into()))?;
     let threads = number(args.next(), "threads", 1)?;
@@ -33,38 +29,10 @@ fn main() -> Result<(), String> {
         return Err("depth, threads, tokens and layers must be at least 1".into());
     }
     let n = depth + steps;
-    let m = AttnMeta {
-        layer: 0,
-        n_head: 8,
-        n_head_kv: 2,
-        hd: 256,
-        scale: 0.0625,
-        n_ctx: n,
-        window: None,
-        softcap: None,
-        ring: None,
-        sinks: None,
-        causal: true,
-    };
-    // Deterministic pseudo-random values in [-1, 1).
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut vals = |len: usize| -> Vec<f32> {
-        (0..len)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    };
-    let (k, v) = (vals(m.nkt() * n), vals(m.nkt() * n));
-    let q = vals(m.n_head * m.hd);
+    let m = common::layer(8, 2, 256, n);
+    let common::Inputs { k: kr, v: vr, q } = common::inputs(&m, kv_type, n, m.n_head * m.hd)?;
     let types = [kv_type; 2];
-    let (row_words, words) = kv::region_words(kv_type, m.nkt(), n)?;
-    let (mut kr, mut vr) = (vec![0.0f32; words], vec![0.0f32; words]);
-    let cells: Vec<f32> = (0..n as u32).map(f32::from_bits).collect();
-    kv::store(0, m.nkt(), n, None, types, &k, &v, &cells, &mut kr, &mut vr)?;
+    let row_words = minfer_cpu::ops::kv::region_words(kv_type, m.nkt(), n)?.0;
     // The other layers hold copies: the same values at other addresses.
     let regions = vec![(kr, vr); layers];
     let pool = ThreadPool::new(threads);

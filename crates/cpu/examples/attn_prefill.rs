@@ -10,60 +10,28 @@
 use std::time::Instant;
 
 use minfer_cpu::ops::attn::{attention, AttnArgs, AttnScratch};
-use minfer_cpu::ops::kv;
 use minfer_cpu::ops::vec::VecIsa;
 use minfer_cpu::threadpool::ThreadPool;
-use minfer_graph::{AttnMeta, KvType};
+use minfer_graph::KvType;
+
+mod common;
+use common::number;
 
 /// Tokens per prefill step (the engine's default batch).
 const CHUNK: usize = 512;
 
 fn main() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
-    let number = |s: Option<String>, what: &str, default: usize| -> Result<usize, String> {
-        s.map_or(Ok(default), |s| {
-            s.parse()
-                .map_err(|_| format!("{what}: '{s}' is not a number"))
-        })
-    };
     let n = number(args.next(), "tokens", 512)?;
     let kv_type = KvType::parse(&args.next().unwrap_or_else(|| "f32".into()))?;
     let threads = number(args.next(), "threads", 1)?;
     if n == 0 || threads == 0 {
         return Err("tokens and threads must be at least 1".into());
     }
-    let m = AttnMeta {
-        layer: 0,
-        n_head: 14,
-        n_head_kv: 2,
-        hd: 64,
-        scale: 0.125,
-        n_ctx: n,
-        window: None,
-        softcap: None,
-        ring: None,
-        sinks: None,
-        causal: true,
-    };
-    // Deterministic pseudo-random values in [-1, 1).
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut vals = |len: usize| -> Vec<f32> {
-        (0..len)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    };
-    let (k, v) = (vals(m.nkt() * n), vals(m.nkt() * n));
-    let q = vals(CHUNK.min(n) * m.n_head * m.hd);
+    let m = common::layer(14, 2, 64, n);
+    let common::Inputs { k: kr, v: vr, q } =
+        common::inputs(&m, kv_type, n, CHUNK.min(n) * m.n_head * m.hd)?;
     let types = [kv_type; 2];
-    let words = kv::region_words(kv_type, m.nkt(), n)?.1;
-    let (mut kr, mut vr) = (vec![0.0f32; words], vec![0.0f32; words]);
-    let cells: Vec<f32> = (0..n as u32).map(f32::from_bits).collect();
-    kv::store(0, m.nkt(), n, None, types, &k, &v, &cells, &mut kr, &mut vr)?;
     let pool = ThreadPool::new(threads);
     let isa = VecIsa::detect();
     let mut scratch = AttnScratch::default();

@@ -114,10 +114,16 @@ impl StreamSplitter {
             return 0;
         };
         let tail = &self.buf[lt..];
-        let could = self.untagged_tools().iter().any(|f| {
-            let open = format!("{FUNCTION}{}>", f.name);
-            tail.len() < open.len() && open.starts_with(tail)
-        });
+        // A proper prefix of `<function=NAME>`, compared in its two parts (no string
+        // built per tool on every piece of a stream).
+        let could = match tail.strip_prefix(FUNCTION) {
+            None => FUNCTION.starts_with(tail) && !self.untagged_tools().is_empty(),
+            // The name so far (all of it while `>` is still to come).
+            Some(rest) => self
+                .untagged_tools()
+                .iter()
+                .any(|f| f.name.starts_with(rest)),
+        };
         if could {
             tail.len()
         } else {
@@ -228,6 +234,26 @@ impl StreamSplitter {
 }
 
 #[cfg(test)]
+/// Every piece of `out` pushed through `s` in chunks of `step` characters, then its
+/// end: the text and the calls.
+pub(crate) fn stream(mut s: StreamSplitter, out: &str, step: usize) -> (String, Vec<Call>) {
+    let chars: Vec<char> = out.chars().collect();
+    let mut got = Vec::new();
+    for chunk in chars.chunks(step) {
+        got.extend(s.push(&chunk.iter().collect::<String>()));
+    }
+    got.extend(s.finish());
+    let (mut text, mut calls) = (String::new(), Vec::new());
+    for p in got {
+        match p {
+            Piece::Text(t) => text.push_str(&t),
+            Piece::Call(c) => calls.push(c),
+        }
+    }
+    (text, calls)
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::tools::test_spec;
@@ -265,25 +291,6 @@ mod tests {
             split("<tool_call>\n{\"name\": "),
             ("<tool_call>\n{\"name\": ".into(), vec![])
         );
-    }
-
-    /// Every piece of `out` pushed through `s` in chunks of `step` characters, then its
-    /// end: the text and the calls.
-    fn stream(mut s: StreamSplitter, out: &str, step: usize) -> (String, Vec<Call>) {
-        let chars: Vec<char> = out.chars().collect();
-        let mut got = Vec::new();
-        for chunk in chars.chunks(step) {
-            got.extend(s.push(&chunk.iter().collect::<String>()));
-        }
-        got.extend(s.finish());
-        let (mut text, mut calls) = (String::new(), Vec::new());
-        for p in got {
-            match p {
-                Piece::Text(t) => text.push_str(&t),
-                Piece::Call(c) => calls.push(c),
-            }
-        }
-        (text, calls)
     }
 
     #[test]

@@ -364,20 +364,7 @@ mod tests {
             ("a < b <functio".to_string(), "a < b <functio", vec![]),
         ] {
             for step in [1, 2, 5, 1000] {
-                let mut s = spec().splitter();
-                let chars: Vec<char> = out.chars().collect();
-                let mut got = Vec::new();
-                for c in chars.chunks(step) {
-                    got.extend(s.push(&c.iter().collect::<String>()));
-                }
-                got.extend(s.finish());
-                let (mut t, mut c) = (String::new(), Vec::new());
-                for p in got {
-                    match p {
-                        Piece::Text(x) => t.push_str(&x),
-                        Piece::Call(x) => c.push(x),
-                    }
-                }
+                let (t, c) = crate::tools::stream::stream(spec().splitter(), &out, step);
                 assert_eq!((t.as_str(), c), (text, calls.clone()), "{out:?} by {step}");
             }
         }
