@@ -21,6 +21,9 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// The request field at fault (OpenAI's `param`), when one is.
     pub param: Option<String>,
+    /// For a prompt over the context: its tokens and the positions a request can use,
+    /// reported as llama-server's `n_prompt_tokens` and `n_ctx` beside OpenAI's fields.
+    pub context: Option<(usize, usize)>,
 }
 
 impl ApiError {
@@ -32,6 +35,7 @@ impl ApiError {
             retry_after: None,
             code: None,
             param: None,
+            context: None,
         }
     }
 
@@ -57,6 +61,7 @@ impl ApiError {
         ApiError {
             code: Some("context_length_exceeded"),
             param: Some("messages".into()),
+            context: Some((prompt, max)),
             ..Self::bad_request(message)
         }
     }
@@ -130,12 +135,17 @@ impl ApiError {
 
     /// The JSON body of this error.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
+        let mut v = json!({"error": {
             "message": self.message,
             "type": self.kind(),
             "param": self.param,
             "code": self.code,
-        }})
+        }});
+        if let Some((prompt, ctx)) = self.context {
+            v["error"]["n_prompt_tokens"] = json!(prompt);
+            v["error"]["n_ctx"] = json!(ctx);
+        }
+        v
     }
 }
 
@@ -178,6 +188,9 @@ mod tests {
         let e = ApiError::context_length_exceeded(256, 300);
         assert_eq!(e.status, 400);
         assert_eq!(e.body()["error"]["code"], "context_length_exceeded");
+        // llama-server's clients read the two counts beside OpenAI's fields.
+        assert_eq!(e.body()["error"]["n_prompt_tokens"], 300);
+        assert_eq!(e.body()["error"]["n_ctx"], 256);
         assert!(
             e.message.starts_with(
                 "This model's maximum context length is 256 tokens. However, your messages \

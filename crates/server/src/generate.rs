@@ -9,13 +9,18 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::api::timings::Timings;
 use crate::error::ApiError;
-use crate::params::{GenRequest, Prompt};
-use crate::tools::CallFormat;
-use crate::worker::{Event, Fault, Job, Summary, TokenLogprob, EVENT_CAPACITY};
+use crate::params::GenRequest;
+use crate::params::Telemetry;
+use crate::worker::{Event, Fault, Job, PromptProgress, Summary, TokenLogprob, EVENT_CAPACITY};
 use crate::{AppState, Model};
 use minfer_runtime::{CompiledGrammar, Grammar};
-use minfer_tokenizer::ChatMessage;
+
+pub use crate::chat_prompt::{
+    chat_prompt, chat_prompt_with_tools, completion_prompt, render_chat, render_chat_with,
+    render_text, ChatPrompt, Continuation,
+};
 
 /// Text in a prompt that makes inference panic when fault injection is on (tests only).
 pub const PANIC_MARKER: &str = "__minfer_inject_panic__";
@@ -48,107 +53,6 @@ pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
     }
 }
 
-/// Prompt tokens of a completion request, checked against the vocabulary. A text prompt
-/// is the caller's whole prompt, template markers included, so special-token text in it
-/// is parsed (as llama-server and `minfer run` do); chat content never is.
-pub fn completion_prompt(
-    st: &AppState,
-    m: &Model,
-    p: Prompt,
-) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
-    match p {
-        Prompt::Text(s) => Ok((m.tok.encode(&s, true, true), fault_of(st, &s))),
-        Prompt::Tokens(t) => {
-            let n = m.tok.n_vocab();
-            if let Some(bad) = t.iter().find(|&&id| id as usize >= n) {
-                return Err(ApiError::bad_request(format!(
-                    "field `prompt` holds token id {bad}, outside the vocabulary of {n}"
-                )));
-            }
-            Ok((t, None))
-        }
-    }
-}
-
-/// Prompt tokens of a chat request: the template's markers as special tokens, message
-/// contents as plain text (unless `--allow-special-in-content` restores the old parsing
-/// of specials everywhere).
-pub fn chat_prompt(
-    st: &AppState,
-    m: &Model,
-    msgs: &[ChatMessage],
-) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
-    chat_prompt_with_tools(st, m, msgs, None)
-}
-
-/// [`chat_prompt`] with the request's `tools` array shown to the template.
-pub fn chat_prompt_with_tools(
-    st: &AppState,
-    m: &Model,
-    msgs: &[ChatMessage],
-    tools: Option<&serde_json::Value>,
-) -> Result<(Vec<u32>, Option<Fault>), ApiError> {
-    let p = render_chat(st, m, msgs, tools, &serde_json::Map::new())?;
-    Ok((p.ids, p.fault))
-}
-
-/// A rendered and tokenised chat prompt.
-#[derive(Debug)]
-pub struct ChatPrompt {
-    /// Its tokens.
-    pub ids: Vec<u32>,
-    /// The fault it asks for (tests only).
-    pub fault: Option<Fault>,
-    /// It ends inside an open `<think>` block: the answer starts as reasoning.
-    pub think_open: bool,
-    /// How the model's template writes tool calls.
-    pub tool_format: CallFormat,
-    /// It opens a harmony assistant message (gpt-oss): the answer is split by channel.
-    pub harmony: bool,
-}
-
-impl ChatPrompt {
-    /// Tells `g` what the rendered prompt decides about the answer: whether it starts
-    /// inside a reasoning block or a harmony message, and the format its tool calls come
-    /// in.
-    pub fn shape(&self, g: &mut GenRequest) {
-        g.reasoning.open = self.think_open;
-        g.reasoning.harmony = self.harmony;
-        if let Some(t) = &mut g.tools {
-            t.format = self.tool_format;
-        }
-    }
-}
-
-/// [`chat_prompt_with_tools`] with extra template variables (`chat_template_kwargs`,
-/// such as `enable_thinking`), telling whether the prompt leaves a reasoning block open.
-pub fn render_chat(
-    st: &AppState,
-    m: &Model,
-    msgs: &[ChatMessage],
-    tools: Option<&serde_json::Value>,
-    kwargs: &serde_json::Map<String, serde_json::Value>,
-) -> Result<ChatPrompt, ApiError> {
-    let bad =
-        |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
-    let rendered = m
-        .template
-        .render_spans_with_context(msgs, tools, true, kwargs)
-        .map_err(bad)?;
-    let ids = if st.allow_special_in_content {
-        m.tok.encode(&rendered.text, true, true)
-    } else {
-        rendered.encode(&m.tok, msgs, true).map_err(bad)?
-    };
-    Ok(ChatPrompt {
-        ids,
-        fault: fault_of(st, &rendered.text),
-        think_open: crate::reasoning::opened_by(&rendered.text),
-        tool_format: CallFormat::of_template(m.template.source()),
-        harmony: crate::harmony::opened_by(&rendered.text),
-    })
-}
-
 /// A queued or running generation: its events, bounded by the request's deadline and
 /// the server's shutdown. Dropping it cancels the generation in the worker.
 pub struct Generation {
@@ -163,6 +67,10 @@ pub struct Generation {
     /// What the request's lenient schema asked that the grammar does not enforce (see
     /// [`mark_unenforced`]); empty when nothing was left out.
     pub unenforced: Vec<String>,
+    /// The stream telemetry asked for.
+    telemetry: Telemetry,
+    /// The prompt's progress as last reported, and when its end was reported.
+    prompt: Option<(PromptProgress, Instant)>,
 }
 
 /// The response header that lists, in the grammar engine's words, the schema keywords a
@@ -320,13 +228,6 @@ pub async fn start(
         ))
         .with_param("id_slot"));
     }
-    if g.slot.is_some() && g.n > 1 {
-        // Each choice needs its own slot; one named slot cannot hold them all.
-        return Err(ApiError::bad_request(
-            "field `id_slot` names one slot, but `n` asks for several choices, each in its own slot",
-        )
-        .with_param("id_slot"));
-    }
     let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
     let deadline = deadline(arrived, st.timeout);
     m.worker.submit(Job {
@@ -343,6 +244,7 @@ pub async fn start(
         cache_prompt: g.cache_prompt,
         slot: g.slot,
         constraint,
+        progress: g.stream && (g.telemetry.per_token || g.telemetry.progress),
     })?;
     Ok(Generation {
         model: m,
@@ -354,14 +256,49 @@ pub async fn start(
         prompt_tokens: n,
         n: g.n,
         unenforced,
+        telemetry: g.telemetry,
+        prompt: None,
     })
 }
 
 impl Generation {
     /// The next event, or an error event once the deadline passes or a shutdown cancels
     /// the request.
+    ///
+    /// [`Event::Progress`] comes out only to a request that asked for `return_progress`;
+    /// it is recorded either way, for [`Self::timings_now`].
     pub async fn next(&mut self) -> Event {
-        next_event(&mut self.rx, &mut self.waits).await
+        loop {
+            let ev = next_event(&mut self.rx, &mut self.waits).await;
+            if let Event::Progress(p) = ev {
+                self.prompt = Some((p, Instant::now()));
+                if !self.telemetry.progress {
+                    continue;
+                }
+            }
+            return ev;
+        }
+    }
+
+    /// With `timings_per_token`, the `timings` of the stream so far, a choice having
+    /// generated `generated` tokens; `None` when the request did not ask.
+    pub fn timings_now(&self, generated: usize) -> Option<serde_json::Value> {
+        if !self.telemetry.per_token {
+            return None;
+        }
+        let mut t = Timings {
+            predicted_n: generated,
+            ..Timings::default()
+        };
+        if let Some((p, at)) = self.prompt {
+            t.cache_n = p.cache;
+            t.prompt_n = p.processed - p.cache.min(p.processed);
+            t.prompt = p.elapsed;
+            if p.done() {
+                t.predicted = at.elapsed();
+            }
+        }
+        Some(t.to_json())
     }
 
     /// Waits for the whole answer of a one-choice request (llama-server's and ollama's
@@ -378,6 +315,7 @@ impl Generation {
                 }
                 Event::Done(s) => return Ok((text, lps, s)),
                 Event::Error(e) => return Err(e),
+                Event::Progress(_) => {}
             }
         }
     }
@@ -393,6 +331,7 @@ impl Generation {
                     choice,
                     text,
                     logprobs,
+                    ..
                 } => {
                     if let (Some(t), Some(l)) = (texts.get_mut(choice), lps.get_mut(choice)) {
                         t.push_str(&text);
@@ -405,6 +344,7 @@ impl Generation {
                     }
                 }
                 Event::Error(e) => return Err(e),
+                Event::Progress(_) => {}
             }
         }
         let choices = texts

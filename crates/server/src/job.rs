@@ -75,9 +75,32 @@ pub struct Summary {
     pub stop_word: Option<usize>,
 }
 
+/// Where a request's prompt processing stands (llama-server's `prompt_progress`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PromptProgress {
+    /// Prompt tokens.
+    pub total: usize,
+    /// Prompt tokens served from the slot's kept prefix.
+    pub cache: usize,
+    /// Prompt tokens whose KV is in place: the kept ones and those run so far.
+    pub processed: usize,
+    /// Time since the job entered its slot.
+    pub elapsed: Duration,
+}
+
+impl PromptProgress {
+    /// Whether the whole prompt has run.
+    pub fn done(&self) -> bool {
+        self.processed >= self.total
+    }
+}
+
 /// What the worker tells a request.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// Prompt processing has started, or has finished (sent only to jobs that asked,
+    /// [`Job::progress`]; choice 0's prompt, which every choice shares).
+    Progress(PromptProgress),
     /// New text of one choice (possibly empty when only log-probabilities are new).
     Chunk {
         /// The choice's index in `0..n`.
@@ -86,6 +109,8 @@ pub enum Event {
         text: String,
         /// Log-probabilities of the tokens sampled since the last chunk, when asked.
         logprobs: Vec<TokenLogprob>,
+        /// Tokens the choice has generated so far.
+        generated: usize,
     },
     /// One choice ended normally (a request of `n` choices gets `n` of these).
     Done(Summary),
@@ -137,6 +162,9 @@ pub struct Job {
     /// The grammar every choice's tokens must follow; each choice runs its own state.
     /// With it, the request field that gave it, named when it fails mid-generation.
     pub constraint: Option<(minfer_runtime::CompiledGrammar, &'static str)>,
+    /// Send [`Event::Progress`] when the prompt starts and when it has run (a stream's
+    /// `return_progress` or `timings_per_token`).
+    pub progress: bool,
 }
 
 /// A slot as `/slots` reports it.

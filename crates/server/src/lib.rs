@@ -27,6 +27,7 @@ pub mod answer;
 pub mod api;
 mod blocking;
 mod body;
+pub mod chat_prompt;
 pub mod error;
 pub mod generate;
 pub mod harmony;

@@ -39,6 +39,19 @@ pub struct GenRequest {
     /// Whether reasoning is split from the answer (chat routes), and whether the prompt
     /// opened the block.
     pub reasoning: Reasoning,
+    /// llama-server's stream telemetry the request asks for.
+    pub telemetry: Telemetry,
+}
+
+/// llama-server's stream telemetry: `timings` on every streamed chunk
+/// (`timings_per_token`) and `prompt_progress` chunks while the prompt runs
+/// (`return_progress`). A finished answer carries its `timings` either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Telemetry {
+    /// `timings_per_token`.
+    pub per_token: bool,
+    /// `return_progress`.
+    pub progress: bool,
 }
 
 impl GenRequest {
@@ -71,6 +84,7 @@ impl Default for GenRequest {
             grammar: None,
             tools: None,
             reasoning: Reasoning::default(),
+            telemetry: Telemetry::default(),
         }
     }
 }

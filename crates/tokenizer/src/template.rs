@@ -300,6 +300,18 @@ pub struct RenderedChat {
 }
 
 impl RenderedChat {
+    /// Appends `content` to the prompt as message content (an assistant message the
+    /// model continues): encoded as plain text like every other content.
+    pub fn push_content(&mut self, content: &str) {
+        let start = self.text.len();
+        self.text.push_str(content);
+        if let Some(spans) = &mut self.content {
+            if !content.is_empty() {
+                spans.push(start..self.text.len());
+            }
+        }
+    }
+
     /// Token ids of the prompt: the template's text with special-token parsing, message
     /// contents as plain text, so a user cannot forge turns with `<|im_end|>`. When the
     /// spans are unknown, a prompt whose contents hold no control-token text encodes as
@@ -516,6 +528,26 @@ mod tests {
         let r = t.render_spans(&msgs, false).unwrap();
         let spans = r.content.expect("a free marker exists");
         assert_eq!(&r.text[spans[0].clone()], msgs[0].content);
+    }
+
+    #[test]
+    fn a_continued_message_is_content_after_the_prompt() {
+        let t = ChatTemplate::chatml("", "<|im_end|>");
+        let msgs = vec![ChatMessage::new("user", "Hi")];
+        let mut r = t.render_spans(&msgs, true).unwrap();
+        r.push_content("Sure <|im_end|>");
+        assert!(
+            r.text.ends_with("<|im_start|>assistant\nSure <|im_end|>"),
+            "{}",
+            r.text
+        );
+        let spans = r.content.clone().expect("spans");
+        let last = spans.last().cloned().expect("a span");
+        assert_eq!(&r.text[last], "Sure <|im_end|>");
+        // Nothing to continue adds no span.
+        let n = spans.len();
+        r.push_content("");
+        assert_eq!(r.content.map(|s| s.len()), Some(n));
     }
 
     #[test]

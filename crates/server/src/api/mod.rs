@@ -14,3 +14,4 @@ pub mod openai;
 pub mod prepare;
 pub mod responses;
 pub mod thinking;
+pub mod timings;

@@ -4,14 +4,14 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use minfer_runtime::{NgramLookup, Prefetch, Sampler, Speculator, StopScanner};
 use minfer_tokenizer::StreamDecoder;
 
 use super::state::{engine_error, panic_text, timed_out, Active, Worker};
 use crate::error::ApiError;
-use crate::job::{choice_seed, Event, Job};
+use crate::job::{choice_seed, Event, Job, PromptProgress};
 
 impl Worker {
     /// Puts a job into the free slot holding the longest prefix of its prompt; the rest
@@ -114,6 +114,15 @@ impl Worker {
             slot.last_prompt = job.prompt.len();
             slot.last_generated = 0;
             let lead = choice == 0;
+            let mut outbox = VecDeque::new();
+            if lead && job.progress {
+                outbox.push_back(Event::Progress(PromptProgress {
+                    total: job.prompt.len(),
+                    cache: keep,
+                    processed: keep,
+                    elapsed: Duration::ZERO,
+                }));
+            }
             slot.active = Some(Active {
                 sampler,
                 decoder: StreamDecoder::new(false),
@@ -125,7 +134,7 @@ impl Worker {
                 followers: if lead { others.clone() } else { Vec::new() },
                 choice,
                 logits: None,
-                outbox: VecDeque::new(),
+                outbox,
                 logprobs: Vec::new(),
                 last_token: None,
                 done: false,

@@ -25,7 +25,8 @@ use minfer_tokenizer::Tokenizer;
 
 use crate::error::ApiError;
 pub use crate::job::{
-    Candidate, Event, Fault, Finish, Job, SlotInfo, Summary, TokenLogprob, EVENT_CAPACITY,
+    Candidate, Event, Fault, Finish, Job, PromptProgress, SlotInfo, Summary, TokenLogprob,
+    EVENT_CAPACITY,
 };
 use crate::metrics::Metrics;
 use crate::task::Task;

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::state::{engine_error, panic_text, timed_out, Active, Worker};
 use crate::error::ApiError;
-use crate::job::{logprob_of, Event, Fault, Finish, Summary};
+use crate::job::{logprob_of, Event, Fault, Finish, PromptProgress, Summary};
 use crate::metrics::Metrics;
 
 impl Worker {
@@ -558,6 +558,14 @@ fn emit(
         Some(prev) => metrics.observe_itl(now - prev),
     }
     a.last_token = Some(now);
+    if a.first_sample.is_none() && a.choice == 0 && a.job.progress {
+        a.outbox.push_back(Event::Progress(PromptProgress {
+            total: a.job.prompt.len(),
+            cache: a.cached_tokens,
+            processed: a.job.prompt.len(),
+            elapsed: now.saturating_duration_since(a.admitted),
+        }));
+    }
     a.first_sample.get_or_insert(now);
     if tok.is_eog(t) {
         finish(a, metrics, Finish::Stop, true);
@@ -577,6 +585,7 @@ fn emit(
                     choice: a.choice,
                     text,
                     logprobs,
+                    generated: a.generated,
                 });
             }
         }
@@ -586,6 +595,7 @@ fn emit(
                 choice: a.choice,
                 text,
                 logprobs,
+                generated: a.generated,
             });
             finish(a, metrics, Finish::Stop, false);
             return None;
@@ -611,6 +621,7 @@ fn finish(a: &mut Active, metrics: &Metrics, reason: Finish, release: bool) {
             choice: a.choice,
             text: rest,
             logprobs,
+            generated: a.generated,
         });
     }
     let now = Instant::now();

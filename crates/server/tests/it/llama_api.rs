@@ -460,5 +460,232 @@ async fn id_slot_runs_in_that_slot_and_a_busy_one_is_a_503() {
     let slots: Value = serde_json::from_str(&body).expect("slots");
     assert_eq!(slots[1]["prompt_tokens"], v["tokens_evaluated"], "{slots}");
     assert_ne!(slots[0]["prompt_tokens"], v["tokens_evaluated"], "{slots}");
+    // Several choices with a named slot: the first runs there, the others in free slots
+    // (as llama-server schedules them).
+    let (st, v) = post(
+        &s.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2,
+               "id_slot": 1}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(2), "{v}");
+    s.stop().expect("stops");
+}
+
+/// llama-server's stream telemetry on every route that has it: `return_progress` gives a
+/// prompt-progress frame before the first token and one when the prompt has run;
+/// `timings_per_token` puts `timings` on every token's frame; a finished answer carries
+/// `timings` either way. Without the fields nothing extra is streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timings_per_token_and_return_progress_stream_llama_server_s_telemetry() {
+    let s = tiny_server(1, |_| {});
+    let ask = json!({"stream": true, "timings_per_token": true, "return_progress": true});
+    let prompt = "the quick brown fox jumps";
+    let routes = [
+        ("/completion", with(greedy(json!(prompt), 4), ask.clone())),
+        (
+            "/v1/completions",
+            with(
+                json!({"prompt": prompt, "max_tokens": 4, "temperature": 0}),
+                ask.clone(),
+            ),
+        ),
+        (
+            "/v1/chat/completions",
+            with(
+                json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 4,
+                       "temperature": 0}),
+                ask.clone(),
+            ),
+        ),
+    ];
+    for (route, body) in routes {
+        let (st, frames) = post_stream(&s.base, route, body).await;
+        assert_eq!(st, 200, "{route}: {frames:?}");
+        let objs: Vec<Value> = frames
+            .iter()
+            .filter(|f| *f != "[DONE]")
+            .map(|f| serde_json::from_str(f).expect("JSON frame"))
+            .collect();
+        let progress: Vec<&Value> = objs
+            .iter()
+            .filter_map(|o| o.get("prompt_progress"))
+            .collect();
+        assert_eq!(progress.len(), 2, "{route}: {objs:?}");
+        let total = progress[0]["total"].as_u64().expect("total");
+        assert!(total > 0, "{route}: {progress:?}");
+        assert_eq!(progress[0]["processed"], progress[0]["cache"], "{route}");
+        assert_eq!(progress[1]["processed"], total, "{route}");
+        assert!(progress[1]["time_ms"].as_f64().is_some(), "{route}");
+        // Progress comes before any text.
+        let first_progress = objs.iter().position(|o| o.get("prompt_progress").is_some());
+        let first_timed = objs.iter().position(|o| o.get("timings").is_some());
+        assert!(first_progress < first_timed, "{route}: {objs:?}");
+        // Every frame with a token's text carries the timings so far; the last has all.
+        let timed: Vec<&Value> = objs.iter().filter_map(|o| o.get("timings")).collect();
+        assert!(timed.len() >= 4, "{route}: {objs:?}");
+        for t in &timed {
+            let ran = t["prompt_n"].as_u64().unwrap_or(0) + t["cache_n"].as_u64().unwrap_or(0);
+            assert_eq!(ran, total, "{route}: {t}");
+            assert!(t["prompt_per_second"].as_f64().is_some(), "{route}: {t}");
+        }
+        let last = timed.last().expect("timings");
+        assert_eq!(last["predicted_n"], 4, "{route}: {last}");
+        let counts: Vec<u64> = timed
+            .iter()
+            .map(|t| t["predicted_n"].as_u64().expect("predicted_n"))
+            .collect();
+        assert!(
+            counts.windows(2).all(|w| w[0] <= w[1]),
+            "{route}: {counts:?}"
+        );
+    }
+
+    // Without the fields: no progress frame, timings only on the finished answer.
+    let (_, frames) = post_stream(
+        &s.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 3,
+               "stream": true}),
+    )
+    .await;
+    let objs: Vec<Value> = frames
+        .iter()
+        .filter(|f| *f != "[DONE]")
+        .map(|f| serde_json::from_str(f).expect("JSON frame"))
+        .collect();
+    assert!(objs.iter().all(|o| o.get("prompt_progress").is_none()));
+    let timed: Vec<usize> = (0..objs.len())
+        .filter(|&i| objs[i].get("timings").is_some())
+        .collect();
+    assert_eq!(timed, [objs.len() - 1], "{objs:?}");
+    let (st, v) = post(
+        &s.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["timings"]["predicted_n"], v["usage"]["completion_tokens"],
+        "{v}"
+    );
+    assert_eq!(
+        v["timings"]["prompt_n"].as_u64().unwrap_or(0)
+            + v["timings"]["cache_n"].as_u64().unwrap_or(0),
+        v["usage"]["prompt_tokens"].as_u64().unwrap_or(u64::MAX),
+        "{v}"
+    );
+    // A value that is not a boolean is refused by name.
+    let (st, v) = post(
+        &s.base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "x"}], "return_progress": 1}),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(message(&v).contains("return_progress"), "{v}");
+    s.stop().expect("stops");
+}
+
+/// A chat ending with an assistant message is a prefill, as llama-server, ollama and
+/// Anthropic take it: the template opens the assistant's turn and the message follows
+/// unclosed, for the model to continue. vLLM's `continue_final_message` and
+/// `add_generation_prompt` ask for it or turn it off; contradictions are refused by
+/// name. `/v1/chat/completions/input_tokens` counts the same prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_assistant_message_is_continued() {
+    let s = tiny_server(1, |_| {});
+    let base = &s.base;
+    let user = json!({"role": "user", "content": "What is the best book"});
+    let prefill = json!({"role": "assistant", "content": "Whill"});
+    let template = |extra: Value| {
+        let body = with(json!({"messages": [user.clone(), prefill.clone()]}), extra);
+        async move { post(base, "/apply-template", body).await }
+    };
+    let (st, v) = template(json!({})).await;
+    assert_eq!(st, 200, "{v}");
+    let continued = v["prompt"].as_str().expect("prompt").to_string();
+    assert!(
+        continued.ends_with("<|im_start|>assistant\nWhill"),
+        "{continued}"
+    );
+    let (_, v) =
+        template(json!({"continue_final_message": true, "add_generation_prompt": false})).await;
+    assert_eq!(v["prompt"], continued.as_str(), "{v}");
+    // Turned off: the message is closed and a new turn opened.
+    let (st, v) = template(json!({"continue_final_message": false})).await;
+    assert_eq!(st, 200, "{v}");
+    let closed = v["prompt"].as_str().expect("prompt");
+    assert!(
+        closed.ends_with("Whill<|im_end|>\n<|im_start|>assistant\n"),
+        "{closed}"
+    );
+    for (extra, field) in [
+        (
+            json!({"continue_final_message": true, "add_generation_prompt": true}),
+            "add_generation_prompt",
+        ),
+        (json!({"add_generation_prompt": true}), ""),
+    ] {
+        let (st, v) = template(extra.clone()).await;
+        if field.is_empty() {
+            // Asking for the turn's opening alone closes the message.
+            assert_eq!(st, 200, "{v}");
+            assert_eq!(v["prompt"], closed, "{v}");
+        } else {
+            assert_eq!(st, 400, "{extra}: {v}");
+            assert!(message(&v).contains(field), "{v}");
+        }
+    }
+    let (st, v) = post(
+        base,
+        "/apply-template",
+        json!({"messages": [user.clone()], "continue_final_message": true}),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(message(&v).contains("continue_final_message"), "{v}");
+    let (st, v) = post(
+        base,
+        "/v1/chat/completions",
+        json!({"messages": [user.clone(), prefill.clone(), prefill.clone()]}),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(message(&v).contains("two assistant messages"), "{v}");
+
+    // The completion runs the continued prompt: its tokens are the rendered text's.
+    let (_, t) = post(
+        base,
+        "/tokenize",
+        json!({"content": continued, "parse_special": true}),
+    )
+    .await;
+    let n = t["tokens"].as_array().map(Vec::len).expect("tokens");
+    let chat = json!({"messages": [user.clone(), prefill.clone()], "max_tokens": 2,
+                      "temperature": 0});
+    let (st, v) = post(base, "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], n, "{v}");
+    for route in [
+        "/v1/chat/completions/input_tokens",
+        "/chat/completions/input_tokens",
+    ] {
+        let (st, v) = post(base, route, chat.clone()).await;
+        assert_eq!(st, 200, "{route}: {v}");
+        assert_eq!(v["input_tokens"], n, "{route}: {v}");
+        assert_eq!(v["object"], "response.input_tokens", "{route}: {v}");
+    }
+    let (st, v) = post(
+        base,
+        "/v1/responses/input_tokens",
+        json!({"input": "What is the best book"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(v["input_tokens"].as_u64().is_some_and(|k| k > 3), "{v}");
     s.stop().expect("stops");
 }

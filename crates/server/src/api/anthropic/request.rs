@@ -234,11 +234,14 @@ fn text_block(o: &Object, at: &str) -> Result<String, ApiError> {
 
 fn unsupported_block(at: &str, o: &Object) -> ApiError {
     let ty = o.get("type").and_then(Value::as_str).unwrap_or("(none)");
-    ApiError::bad_request(format!(
-        "field `{at}.type` is `{ty}`: this server takes text, tool_use, tool_result and \
-         thinking blocks only"
-    ))
-    .with_param(format!("{at}.type"))
+    let why = match ty {
+        "image" | "document" => {
+            format!("{ty} input is not supported: the served models read text only")
+        }
+        _ => "this server takes text, tool_use, tool_result and thinking blocks only".to_string(),
+    };
+    ApiError::bad_request(format!("field `{at}.type` is `{ty}`: {why}"))
+        .with_param(format!("{at}.type"))
 }
 
 fn system(obj: &Object) -> Result<Option<String>, ApiError> {
@@ -286,6 +289,7 @@ fn messages(obj: &Object, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
             }
         };
         let mut text = Vec::new();
+        let mut thinking = Vec::new();
         let mut calls = Vec::new();
         let mut results = Vec::new();
         for (j, b) in blocks.iter().enumerate() {
@@ -296,7 +300,22 @@ fn messages(obj: &Object, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
             let ty = o.get("type").and_then(Value::as_str).unwrap_or("");
             match (ty, role) {
                 ("text", _) => text.push(text_block(o, &here)?),
-                ("thinking" | "redacted_thinking", "assistant") => {}
+                ("thinking", "assistant") => {
+                    only_known(
+                        o,
+                        &["type", "thinking", "signature", "cache_control"],
+                        &format!("{here}."),
+                    )?;
+                    // The reasoning goes back to the template as the turn's
+                    // `reasoning_content`, which thinking models' templates render.
+                    let t = o
+                        .get("thinking")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| wrong(&format!("{here}.thinking"), "a string"))?;
+                    thinking.push(t.to_string());
+                }
+                // Encrypted reasoning of another provider: nothing a local model can read.
+                ("redacted_thinking", "assistant") => {}
                 ("tool_use", "assistant") => {
                     only_known(
                         o,
@@ -359,6 +378,9 @@ fn messages(obj: &Object, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
         if role == "assistant" || !text.is_empty() {
             let mut msg = ChatMessage::new(role, text.join("\n"));
             msg.tool_calls = calls;
+            if !thinking.is_empty() {
+                msg.reasoning_content = Some(thinking.join("\n"));
+            }
             out.push(msg);
         }
     }

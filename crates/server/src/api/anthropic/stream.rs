@@ -169,6 +169,8 @@ impl Stream {
     pub(super) fn frames(&mut self, ev: Event) -> Vec<Sse> {
         let frames = match ev {
             Event::Chunk { text, .. } => self.blocks.push(&text),
+            // Anthropic's stream has no progress events.
+            Event::Progress(_) => Vec::new(),
             Event::Done(sum) => {
                 self.done = true;
                 self.log.summary = Some(sum);

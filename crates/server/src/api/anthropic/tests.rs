@@ -61,6 +61,9 @@ fn a_conversation_with_a_tool_call_and_its_result_reads_into_chat_messages() {
     assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
     assert_eq!(p.msgs[0].content, "Be brief.\nUse tools.");
     assert_eq!(p.msgs[2].content, "Checking.");
+    // The thinking block goes back to the template as the turn's reasoning.
+    assert_eq!(p.msgs[2].reasoning_content.as_deref(), Some("call it"));
+    assert_eq!(p.msgs[4].reasoning_content, None);
     assert_eq!(p.msgs[2].tool_calls[0].arguments, r#"{"city":"Paris"}"#);
     assert_eq!(p.msgs[3].tool_call_id.as_deref(), Some("toolu_1"));
     assert_eq!(p.msgs[3].content, "18 C");
@@ -99,6 +102,19 @@ fn unsupported_or_malformed_fields_are_named() {
         (
             json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
             "messages[0].content[0].type",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "read it"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                    "content": [{"type": "image", "source": {}}]}]}]}),
+            "messages[2].content[0].content[0].type",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}, {"role": "assistant",
+                "content": [{"type": "thinking", "thinking": 3}]}]}),
+            "messages[1].content[0].thinking",
         ),
         (
             json!({"messages": [{"role": "system", "content": "x"}]}),
@@ -145,6 +161,16 @@ fn unsupported_or_malformed_fields_are_named() {
         assert_eq!(e.status, 400, "{name}");
         assert!(e.message.contains(name), "{name}: {}", e.message);
     }
+    // An image says what is missing, wherever it sits.
+    let img = json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}},
+        {"type": "text", "text": "What is this?"}]}]});
+    let e = parse(&obj(img), false).unwrap_err();
+    assert!(
+        e.message.contains("image input is not supported"),
+        "{}",
+        e.message
+    );
     // count_tokens needs no max_tokens but refuses sampling fields.
     assert!(parse(
         &obj(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})),

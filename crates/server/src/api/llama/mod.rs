@@ -24,6 +24,6 @@ mod tests;
 
 pub use fim::{infill_layout, ExtraChunk, Fim, FIM_BATCH};
 pub use request::{fim_prompt, has_fim, parse_options, prompt_tokens, Options, MAX_N_PROBS};
-pub use response::{timings, LlamaError};
+pub use response::LlamaError;
 pub use routes::routes;
 pub use switches::{metrics_refusal, slots_refusal, Native};

@@ -29,8 +29,6 @@ pub(super) const UNSUPPORTED: &[(&str, &str)] = &[
     ("n_indent", "0"),
     ("t_max_predict_ms", "0"),
     ("post_sampling_probs", "false"),
-    ("timings_per_token", "false"),
-    ("return_progress", "false"),
     ("min_keep", "0"),
     ("lora", "[]"),
     ("samplers", "null"),
@@ -136,6 +134,7 @@ pub fn parse_options(obj: &Object, tok: &Tokenizer) -> Result<Options, ApiError>
     g.stop = stop(obj)?;
     g.stream = opt_bool(obj, "stream")?.unwrap_or(false);
     g.cache_prompt = opt_bool(obj, "cache_prompt")?.unwrap_or(true);
+    g.telemetry = crate::api::timings::telemetry(obj)?;
     // `grammar` (GBNF), `json_schema` and `response_format`, as on the OpenAI routes.
     g.grammar = fields::output_grammar(obj)?;
     g.slot = crate::api::fields::id_slot(obj)?;

@@ -12,6 +12,7 @@ use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
 use super::request::Options;
+use crate::api::timings;
 use crate::error::ApiError;
 use crate::generate::{self, Generation};
 use crate::job::{Event, Finish, Summary, TokenLogprob};
@@ -86,30 +87,9 @@ pub(super) fn settings_json(m: &Model, o: &Options) -> Value {
             _ => "",
         },
         "samplers": ["logit_bias", "penalties", "top_k", "top_p", "min_p", "temperature"],
-        "timings_per_token": false,
+        "timings_per_token": o.g.telemetry.per_token,
         "cache_prompt": o.g.cache_prompt,
         "id_slot": o.g.slot.map_or(-1, |s| s as i64),
-    })
-}
-
-/// llama-server's `timings` of a finished request.
-pub fn timings(s: &Summary) -> Value {
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-    // A rate over no time or no tokens is reported as 0, not as an infinity JSON lacks.
-    let per = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
-    let prompt_n = s.prompt_tokens - s.cached_tokens.min(s.prompt_tokens);
-    let (prompt_ms, predicted_ms) = (ms(s.prompt_time), ms(s.predicted_time));
-    let predicted_n = s.completion_tokens;
-    json!({
-        "cache_n": s.cached_tokens,
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": per(prompt_ms, prompt_n as f64),
-        "prompt_per_second": per(1000.0 * prompt_n as f64, prompt_ms),
-        "predicted_n": predicted_n,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": per(predicted_ms, predicted_n as f64),
-        "predicted_per_second": per(1000.0 * predicted_n as f64, predicted_ms),
     })
 }
 
@@ -172,7 +152,7 @@ pub(super) fn final_object(
         "stop_type": ty,
         "stopping_word": word,
         "tokens_cached": s.cached_tokens,
-        "timings": timings(s),
+        "timings": timings::of_summary(s),
     });
     if !streamed && e.opts.n_probs > 0 {
         v["completion_probabilities"] = probabilities(lps);
@@ -256,7 +236,22 @@ impl Streaming {
     pub(super) fn frame(&mut self, ev: Event) -> Sse {
         let data = |v: Value| Sse::default().data(v.to_string());
         match ev {
-            Event::Chunk { text, logprobs, .. } => {
+            Event::Progress(p) => data(json!({
+                "index": 0,
+                "content": "",
+                "tokens": [],
+                "stop": false,
+                "id_slot": -1,
+                "tokens_predicted": 0,
+                "tokens_evaluated": self.n_prompt,
+                "prompt_progress": timings::progress(&p),
+            })),
+            Event::Chunk {
+                text,
+                logprobs,
+                generated,
+                ..
+            } => {
                 self.predicted += logprobs.len();
                 self.has_new_line |= text.contains('\n');
                 let mut v = json!({
@@ -269,6 +264,9 @@ impl Streaming {
                 });
                 if self.echo.opts.n_probs > 0 {
                     v["completion_probabilities"] = probabilities(&logprobs);
+                }
+                if let Some(t) = self.gen.timings_now(generated) {
+                    v["timings"] = t;
                 }
                 data(v)
             }

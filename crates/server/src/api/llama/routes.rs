@@ -14,6 +14,7 @@ use super::request::{
 };
 use super::response::{json_response, run, settings_json, to_json, LlamaError};
 use crate::api::fields::{check_fields, field, opt_bool, opt_str, token_list, Object};
+use crate::api::openai;
 use crate::api::prepare::prepare;
 use crate::body::Body;
 use crate::error::ApiError;
@@ -131,16 +132,28 @@ pub(super) async fn props(
 pub(super) async fn apply_template(State(st): St, b: Body) -> Result<Response, LlamaError> {
     let out = prepare(&st, b, move |s, obj| {
         let m = served(s, &obj)?;
-        // Only the messages matter here; the chat route's checks apply to them.
-        let mut only = Map::new();
-        if let Some(m) = obj.get("messages") {
-            only.insert("messages".into(), m.clone());
+        // The prompt a chat request of this body would run: its messages, tools,
+        // template variables and continuation; its sampling fields do not matter here.
+        let mut chat = Map::new();
+        for k in [
+            "messages",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+            "chat_template_kwargs",
+            "enable_thinking",
+            "continue_final_message",
+            "add_generation_prompt",
+        ] {
+            if let Some(v) = obj.get(k) {
+                chat.insert(k.into(), v.clone());
+            }
         }
-        let (msgs, _) = crate::api::openai::parse_chat(&only)?;
-        let rendered = m
-            .template
-            .render_spans(&msgs, true)
-            .map_err(|e| ApiError::bad_request(format!("rendering `messages`: {e}")))?;
+        let (msgs, g) = openai::parse_chat(&chat)?;
+        let kwargs = crate::api::thinking::template_kwargs(&chat)?;
+        let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
+        let how = openai::continuation(&chat)?;
+        let rendered = generate::render_text(&m, &msgs, tools, &kwargs, how)?;
         Ok(json!({ "prompt": rendered.text }))
     })
     .await?;

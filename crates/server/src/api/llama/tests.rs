@@ -137,7 +137,7 @@ fn stop_types_follow_llama_server() {
     assert_eq!(stop_type(&s, &stops), ("word", "END".to_string()));
     s.finish = Finish::Length;
     assert_eq!(stop_type(&s, &stops).0, "limit");
-    let t = timings(&s);
+    let t = crate::api::timings::of_summary(&s);
     assert_eq!(t["cache_n"], 2);
     assert_eq!(t["prompt_n"], 3);
     assert_eq!(t["prompt_ms"], 30.0);
@@ -146,7 +146,10 @@ fn stop_types_follow_llama_server() {
     assert_eq!(t["predicted_per_token_ms"], 20.0);
     s.completion_tokens = 0;
     s.predicted_time = std::time::Duration::ZERO;
-    assert_eq!(timings(&s)["predicted_per_second"], 0.0);
+    assert_eq!(
+        crate::api::timings::of_summary(&s)["predicted_per_second"],
+        0.0
+    );
 }
 
 /// The tiny model's tokenizer (byte-level vocabulary with three control tokens).

@@ -163,6 +163,8 @@ impl Ndjson {
     /// The line an event becomes; `None` for a chunk without text.
     pub(super) fn line(&mut self, ev: Event) -> Option<Bytes> {
         let v = match ev {
+            // ollama's stream has no progress lines.
+            Event::Progress(_) => return None,
             Event::Chunk { text, logprobs, .. } => {
                 if let Some(c) = self.context.as_mut() {
                     c.extend(logprobs.iter().map(|l| l.chosen.id));

@@ -53,12 +53,16 @@ pub const CHAT_FIELDS: &[&str] = &[
     "json_schema",
     "cache_prompt",
     "id_slot",
+    "timings_per_token",
+    "return_progress",
     "user",
     "metadata",
     "store",
     "reasoning_format",
     "chat_template_kwargs",
     "enable_thinking",
+    "continue_final_message",
+    "add_generation_prompt",
 ];
 
 /// Fields of a text completion request.
@@ -89,6 +93,8 @@ pub const COMPLETION_FIELDS: &[&str] = &[
     "json_schema",
     "cache_prompt",
     "id_slot",
+    "timings_per_token",
+    "return_progress",
     "user",
     "metadata",
     "store",
@@ -297,6 +303,7 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
         grammar: output_grammar(obj)?,
         tools: None,
         reasoning: Default::default(),
+        telemetry: crate::api::timings::telemetry(obj)?,
     })
 }
 
@@ -305,6 +312,15 @@ fn check_top(name: &str, k: usize) -> Result<usize, ApiError> {
         return Err(out_of_range(name, k, "an integer in [0, 20]"));
     }
     Ok(k)
+}
+
+/// How the end of a chat request's messages is rendered: `continue_final_message` and
+/// `add_generation_prompt` (booleans; absent, a last assistant message is continued).
+pub fn continuation(obj: &Object) -> Result<crate::generate::Continuation, ApiError> {
+    Ok(crate::generate::Continuation {
+        continue_final: opt_bool(obj, "continue_final_message")?,
+        add_generation_prompt: opt_bool(obj, "add_generation_prompt")?,
+    })
 }
 
 /// Reads a chat completion request: its messages and generation settings.

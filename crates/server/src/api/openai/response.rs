@@ -13,6 +13,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
 use crate::answer::{self, AnswerSplitter, Out};
+use crate::api::timings;
 use crate::error::ApiError;
 use crate::generate::{self, Generation};
 use crate::params::GenRequest;
@@ -213,6 +214,7 @@ async fn collect_reply(
     });
     body["choices"] = Value::Array(choices);
     body["usage"] = usage(&summary);
+    body["timings"] = timings::of_summary(&summary);
     let mut resp = Json(body).into_response();
     resp.extensions_mut().insert(summary);
     Ok(resp)
@@ -296,22 +298,40 @@ struct StreamState {
 fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
     let kind = s.reply.kind;
     match ev {
+        Event::Progress(p) => {
+            // llama-server's `return_progress`: an empty delta carrying the progress.
+            let c = match kind {
+                Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null,
+                                     "finish_reason": null}),
+                Kind::Text => chunk_choice(kind, 0, Some(""), &[], 0, None),
+            };
+            let mut v = s.reply.chunk(c, s.include_usage);
+            v["prompt_progress"] = timings::progress(&p);
+            vec![data(&v)]
+        }
         Event::Chunk {
             choice,
             text,
             logprobs,
+            generated,
         } => {
             let Some(offset) = s.offsets.get_mut(choice) else {
                 return Vec::new();
             };
+            let mut out = Vec::new();
             if let Some((sp, n, held)) = s.splitters.as_mut().and_then(|v| v.get_mut(choice)) {
                 let pieces = answer::coalesce(sp.push(&text));
                 held.extend(logprobs);
-                return tool_frames(&s.reply, s.include_usage, choice, pieces, n, held);
+                out = tool_frames(&s.reply, s.include_usage, choice, pieces, n, held);
+            } else {
+                let c = chunk_choice(kind, choice, Some(&text), &logprobs, *offset, None);
+                *offset += text.len();
+                out.push(s.reply.chunk(c, s.include_usage));
             }
-            let c = chunk_choice(kind, choice, Some(&text), &logprobs, *offset, None);
-            *offset += text.len();
-            vec![data(&s.reply.chunk(c, s.include_usage))]
+            if let (Some(t), Some(last)) = (s.gen.timings_now(generated), out.last_mut()) {
+                last["timings"] = t;
+            }
+            out.iter().map(data).collect()
         }
         Event::Done(sum) => {
             let Some(slot) = s.finished.get_mut(sum.choice) else {
@@ -333,7 +353,8 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
                 }
             }
             let c = chunk_choice(kind, sum.choice, None, &[], offset, Some(finish));
-            out.push(data(&s.reply.chunk(c, s.include_usage)));
+            out.push(s.reply.chunk(c, s.include_usage));
+            let mut end = None;
             if s.finished.iter().all(Option::is_some) {
                 s.done = true;
                 let mut total = sum;
@@ -352,11 +373,15 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
                     let mut v = s.reply.chunk(Value::Null, false);
                     v["choices"] = json!([]);
                     v["usage"] = usage(&total);
-                    out.push(data(&v));
+                    out.push(v);
                 }
-                out.push(Sse::default().data("[DONE]"));
+                // llama-server's `timings` ride on the last chunk of a stream.
+                if let Some(last) = out.last_mut() {
+                    last["timings"] = timings::of_summary(&total);
+                }
+                end = Some(Sse::default().data("[DONE]"));
             }
-            out
+            out.iter().map(data).chain(end).collect()
         }
         Event::Error(e) => {
             s.done = true;
@@ -377,7 +402,7 @@ fn tool_frames(
     pieces: Vec<Out>,
     n: &mut usize,
     held: &mut Vec<TokenLogprob>,
-) -> Vec<Sse> {
+) -> Vec<Value> {
     let mut out = Vec::new();
     for p in pieces {
         let delta = match p {
@@ -400,7 +425,7 @@ fn tool_frames(
                 "logprobs": if lps.is_empty() { Value::Null } else { chat_logprobs(&lps) },
                 "finish_reason": null,
             });
-            out.push(data(&r.chunk(c, include_usage)));
+            out.push(r.chunk(c, include_usage));
         }
     }
     out

@@ -1,20 +1,21 @@
-//! OpenAI's routes: `/v1/chat/completions`, `/v1/completions` and `/v1/models` (each
-//! also without the `/v1` prefix).
+//! OpenAI's routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models` and
+//! llama-server's `/v1/chat/completions/input_tokens` (each also without the `/v1`
+//! prefix).
 
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
 
-use super::request::{parse_chat, parse_completion};
+use super::request::{continuation, parse_chat, parse_completion};
 use super::response::{generate, Kind};
 use crate::api::prepare::prepare;
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::generate::{completion_prompt, render_chat};
+use crate::generate::{completion_prompt, render_chat_with};
 use crate::{AppState, RequestLog};
 
 type St = State<Arc<AppState>>;
@@ -26,6 +27,8 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
+        .route("/v1/chat/completions/input_tokens", post(input_tokens))
+        .route("/chat/completions/input_tokens", post(input_tokens))
         .route("/v1/completions", post(completions))
 }
 
@@ -59,14 +62,32 @@ async fn chat(
     let (m, prompt, g, inject) = prepare(&st, b, move |s, obj| {
         let (msgs, mut g) = parse_chat(&obj)?;
         let kwargs = crate::api::thinking::template_kwargs(&obj)?;
+        let how = continuation(&obj)?;
         let m = s.model(g.model.as_deref())?;
         let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
-        let p = render_chat(s, &m, &msgs, tools, &kwargs)?;
+        let p = render_chat_with(s, &m, &msgs, tools, &kwargs, how)?;
         p.shape(&mut g);
         Ok((m, p.ids, g, p.fault))
     })
     .await?;
     generate(Arc::clone(&st), Kind::Chat, m, prompt, g, inject, log).await
+}
+
+/// `POST /v1/chat/completions/input_tokens` (llama-server's): the prompt tokens a chat
+/// request would run, its messages and tools rendered by the template.
+async fn input_tokens(State(st): St, b: Body) -> Result<Response, ApiError> {
+    let n = prepare(&st, b, move |s, obj| {
+        let (msgs, g) = parse_chat(&obj)?;
+        let kwargs = crate::api::thinking::template_kwargs(&obj)?;
+        let how = continuation(&obj)?;
+        let m = s.model(g.model.as_deref())?;
+        let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
+        Ok(render_chat_with(s, &m, &msgs, tools, &kwargs, how)?
+            .ids
+            .len())
+    })
+    .await?;
+    Ok(Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }
 
 async fn completions(

@@ -41,6 +41,8 @@ pub const FIELDS: &[&str] = &[
     "safety_identifier",
     "chat_template_kwargs",
     "enable_thinking",
+    "timings_per_token",
+    "return_progress",
 ];
 
 /// A read request.
@@ -88,6 +90,7 @@ pub fn parse(obj: &Object) -> Result<Parsed, ApiError> {
         },
     };
     g.stream = opt_bool(obj, "stream")?.unwrap_or(false);
+    g.telemetry = crate::api::timings::telemetry(obj)?;
     if field(obj, "stream_options").is_some() && !g.stream {
         return Err(ApiError::bad_request(
             "field `stream_options` is only allowed when `stream` is true",

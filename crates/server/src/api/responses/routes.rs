@@ -1,5 +1,5 @@
-//! The Responses routes: `POST /v1/responses` and `GET /v1/responses/{id}` (each also
-//! without the `/v1` prefix).
+//! The Responses routes: `POST /v1/responses`, `GET /v1/responses/{id}` and `POST
+//! /v1/responses/input_tokens` (each also without the `/v1` prefix).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,9 +12,10 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use futures_util::stream::{self, StreamExt};
 use minfer_tokenizer::ChatMessage;
+use serde_json::json;
 
 use super::output::Builder;
-use super::request::{check_results, parse};
+use super::request::{check_results, parse, Parsed};
 use super::response::{base, entry, finished};
 use super::store::{CAPACITY, TTL};
 use super::stream::Stream;
@@ -35,6 +36,50 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/responses", post(create))
         .route("/v1/responses/{id}", get(retrieve))
         .route("/responses/{id}", get(retrieve))
+        .route("/v1/responses/input_tokens", post(input_tokens))
+        .route("/responses/input_tokens", post(input_tokens))
+}
+
+/// A request's conversation: the history it continues and adds to
+/// (`previous_response_id`'s and the new input), the messages rendered for it (with
+/// `instructions` first), and the model it names or its previous response used.
+type Conversation = (Vec<ChatMessage>, Vec<ChatMessage>, Option<String>);
+
+/// The [`Conversation`] of `p`.
+fn conversation(s: &AppState, p: &Parsed) -> Result<Conversation, ApiError> {
+    let mut history: Vec<ChatMessage> = Vec::new();
+    let mut model = p.g.model.clone();
+    if let Some(prev) = &p.previous {
+        let e = s
+            .responses
+            .get(prev)
+            .ok_or_else(|| forgotten(prev, "previous_response_id"))?;
+        history = e.history;
+        model = model.or(Some(e.model));
+    }
+    history.extend(p.input.iter().cloned());
+    check_results(&history)?;
+    let mut msgs = Vec::with_capacity(history.len() + 1);
+    if let Some(i) = &p.instructions {
+        msgs.push(ChatMessage::new("system", i.clone()));
+    }
+    msgs.extend(history.iter().cloned());
+    Ok((history, msgs, model))
+}
+
+/// `POST /v1/responses/input_tokens`: the prompt tokens the request would run, as
+/// OpenAI's endpoint and llama-server count them.
+async fn input_tokens(State(st): St, b: Body) -> Result<Response, ApiError> {
+    let n = prepare(&st, b, move |s, obj| {
+        let p = parse(&obj)?;
+        let (_, msgs, model) = conversation(s, &p)?;
+        let m = s.model(model.as_deref())?;
+        let kwargs = crate::api::thinking::template_kwargs(&obj)?;
+        let tools = p.g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
+        Ok(render_chat(s, &m, &msgs, tools, &kwargs)?.ids.len())
+    })
+    .await?;
+    Ok(Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }
 
 fn forgotten(id: &str, field: &str) -> ApiError {
@@ -69,23 +114,7 @@ async fn create(
     let rid = id.clone();
     let (m, prompt, g, fault, history, head) = prepare(&st, b, move |s, obj| {
         let p = parse(&obj)?;
-        let mut history: Vec<ChatMessage> = Vec::new();
-        let mut model = p.g.model.clone();
-        if let Some(prev) = &p.previous {
-            let e = s
-                .responses
-                .get(prev)
-                .ok_or_else(|| forgotten(prev, "previous_response_id"))?;
-            history = e.history;
-            model = model.or(Some(e.model));
-        }
-        history.extend(p.input.iter().cloned());
-        check_results(&history)?;
-        let mut msgs = Vec::with_capacity(history.len() + 1);
-        if let Some(i) = &p.instructions {
-            msgs.push(ChatMessage::new("system", i.clone()));
-        }
-        msgs.extend(history.iter().cloned());
+        let (history, msgs, model) = conversation(s, &p)?;
         let m = s.model(model.as_deref())?;
         let kwargs = crate::api::thinking::template_kwargs(&obj)?;
         let tools = p.g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);

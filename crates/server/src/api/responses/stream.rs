@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use super::output::Builder;
 use super::response::{entry, finished};
 use crate::answer::{coalesce, AnswerSplitter};
+use crate::api::timings;
 use crate::generate::Generation;
 use crate::job::Event;
 use crate::{AppState, RequestLog};
@@ -53,9 +54,23 @@ impl Stream {
     /// The events one generation event becomes.
     pub(super) fn frames(&mut self, ev: Event) -> Vec<Sse> {
         let events = match ev {
-            Event::Chunk { text, .. } => {
+            Event::Progress(p) => {
+                // llama-server's `return_progress`: the prompt's progress on an
+                // in-progress event.
+                vec![
+                    json!({"type": "response.in_progress", "response": self.base,
+                    "prompt_progress": timings::progress(&p)}),
+                ]
+            }
+            Event::Chunk {
+                text, generated, ..
+            } => {
                 let outs = coalesce(self.splitter.push(&text));
-                self.builder.push(outs)
+                let mut ev = self.builder.push(outs);
+                if let (Some(t), Some(last)) = (self.gen.timings_now(generated), ev.last_mut()) {
+                    last["timings"] = t;
+                }
+                ev
             }
             Event::Done(sum) => {
                 self.done = true;
@@ -69,7 +84,7 @@ impl Stream {
                 } else {
                     "response.completed"
                 };
-                ev.push(json!({"type": ty, "response": r}));
+                ev.push(json!({"type": ty, "response": r, "timings": timings::of_summary(&sum)}));
                 if let Some(history) = self.history.take() {
                     let id = r["id"].as_str().unwrap_or_default().to_string();
                     let e = entry(r, history, &self.builder, &self.model);
