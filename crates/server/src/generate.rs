@@ -62,8 +62,10 @@ pub struct Generation {
     waits: Waits,
     /// Prompt tokens.
     pub prompt_tokens: usize,
-    /// Choices being generated; each ends with its own `Event::Done`.
+    /// Choices being generated, over all prompts; each ends with its own `Event::Done`.
     pub n: usize,
+    /// Choices per prompt (`n` of the request): choice `c` is prompt `c / per_prompt`'s.
+    pub per_prompt: usize,
     /// What the request's lenient schema asked that the grammar does not enforce (see
     /// [`mark_unenforced`]); empty when nothing was left out.
     pub unenforced: Vec<String>,
@@ -121,20 +123,33 @@ pub struct Choice {
 pub struct Outcome {
     /// The choices, in index order.
     pub choices: Vec<Choice>,
+    /// Choices per prompt.
+    pub per_prompt: usize,
 }
 
 impl Outcome {
-    /// Counts of the whole request: the prompt once (it was prefilled once), the
-    /// completion tokens of every choice; the finish reason is choice 0's.
+    /// Counts of the whole request (see [`usage`]).
     pub fn usage(&self) -> Summary {
-        let mut u = self.choices[0].summary;
-        u.completion_tokens = self
-            .choices
-            .iter()
-            .map(|c| c.summary.completion_tokens)
-            .sum();
-        u
+        let s: Vec<Summary> = self.choices.iter().map(|c| c.summary).collect();
+        usage(&s, self.per_prompt)
     }
+}
+
+/// Counts of a whole request from its choices' summaries (in choice order, `per_prompt`
+/// choices of each prompt): each prompt once (it was prefilled once for its choices),
+/// the completion tokens of every choice, the slowest prompt's time; the finish reason
+/// and decode time are choice 0's.
+///
+/// # Panics
+/// On no choices (every request has at least one).
+pub fn usage(choices: &[Summary], per_prompt: usize) -> Summary {
+    let mut u = choices[0];
+    u.completion_tokens = choices.iter().map(|c| c.completion_tokens).sum();
+    let firsts = choices.iter().step_by(per_prompt.max(1));
+    u.prompt_tokens = firsts.clone().map(|c| c.prompt_tokens).sum();
+    u.cached_tokens = firsts.clone().map(|c| c.cached_tokens).sum();
+    u.prompt_time = firsts.map(|c| c.prompt_time).max().unwrap_or_default();
+    u
 }
 
 /// The request's output grammar or tool-call grammar, the request field that gave it and
@@ -173,6 +188,24 @@ pub async fn start(
     fault: Option<Fault>,
     arrived: Instant,
 ) -> Result<Generation, ApiError> {
+    start_many(st, m, vec![prompt], g, fault, arrived).await
+}
+
+/// Most prompts one request may hold (a batch of completions).
+pub const MAX_PROMPTS: usize = 64;
+
+/// [`start`] for a batch of prompts (OpenAI's and llama-server's completions take an
+/// array): one job per prompt, each with `g.n` choices, all reporting on one channel,
+/// prompt `p`'s choices numbered `p * n ..`. Every prompt is checked before any is
+/// queued, so a refusal names its prompt and runs nothing.
+pub async fn start_many(
+    st: &AppState,
+    m: Arc<Model>,
+    prompts: Vec<Vec<u32>>,
+    g: &GenRequest,
+    fault: Option<Fault>,
+    arrived: Instant,
+) -> Result<Generation, ApiError> {
     // The grammar is compiled first, so that a grammar past the engine's limits is the
     // error whatever else the request asks (2,000 tools also overflow the context), and
     // off the async threads, since a large one takes a while.
@@ -190,10 +223,34 @@ pub async fn start(
     let unenforced = constraint
         .as_ref()
         .map_or_else(Vec::new, |(c, _)| c.unenforced().to_vec());
+    if prompts.is_empty() || prompts.len() > MAX_PROMPTS {
+        return Err(ApiError::bad_request(format!(
+            "field `prompt` holds {} prompts: send 1 to {MAX_PROMPTS}",
+            prompts.len()
+        ))
+        .with_param("prompt"));
+    }
     let ctx = m.slot_ctx;
-    let n = prompt.len();
-    if n == 0 {
-        return Err(ApiError::bad_request("the prompt is empty"));
+    let many = prompts.len() > 1;
+    let which = |i: usize| {
+        if many {
+            format!("prompt {i}")
+        } else {
+            "the prompt".to_string()
+        }
+    };
+    for (i, p) in prompts.iter().enumerate() {
+        if p.is_empty() {
+            return Err(ApiError::bad_request(format!("{} is empty", which(i))));
+        }
+        // A slot holds the prompt and at least one generated token.
+        if p.len() >= ctx {
+            let mut e = ApiError::context_length_exceeded(ctx, p.len());
+            if many {
+                e.message = format!("prompt {i}: {}", e.message);
+            }
+            return Err(e);
+        }
     }
     if g.n > m.n_slots {
         return Err(ApiError::bad_request(format!(
@@ -203,16 +260,6 @@ pub async fn start(
         ))
         .with_param("n"));
     }
-    // A slot holds the prompt and at least one generated token.
-    if n >= ctx {
-        return Err(ApiError::context_length_exceeded(ctx, n));
-    }
-    // n < ctx (checked above), so `room` cannot wrap. A completion longer than the room
-    // left is generated up to the full context and ends as `length`, as llama-server
-    // does with context shift off (clients that send a large default `max_tokens` work
-    // on a small context); only a prompt that leaves no room is refused.
-    let room = ctx - n;
-    let max_tokens = g.max_tokens.map_or(room, |m| m.min(room));
     let n_vocab = m.tok.n_vocab();
     g.sampling
         .validate_for_vocab(n_vocab)
@@ -230,22 +277,35 @@ pub async fn start(
     }
     let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
     let deadline = deadline(arrived, st.timeout);
-    m.worker.submit(Job {
-        prompt,
-        n: g.n,
-        max_tokens,
-        sampling: g.sampling.clone(),
-        stop: g.stop.clone(),
-        logprobs: g.logprobs,
-        arrived,
-        deadline,
-        fault,
-        tx,
-        cache_prompt: g.cache_prompt,
-        slot: g.slot,
-        constraint,
-        progress: g.stream && (g.telemetry.per_token || g.telemetry.progress),
-    })?;
+    let prompt_tokens = prompts.iter().map(Vec::len).sum();
+    let n_prompts = prompts.len();
+    for (i, prompt) in prompts.into_iter().enumerate() {
+        // prompt.len() < ctx (checked above), so `room` cannot wrap. A completion longer
+        // than the room left is generated up to the full context and ends as `length`,
+        // as llama-server does with context shift off (clients that send a large default
+        // `max_tokens` work on a small context); only a prompt that leaves no room is
+        // refused.
+        let room = ctx - prompt.len();
+        m.worker.submit(Job {
+            prompt,
+            n: g.n,
+            max_tokens: g.max_tokens.map_or(room, |m| m.min(room)),
+            sampling: g.sampling.clone(),
+            stop: g.stop.clone(),
+            logprobs: g.logprobs,
+            arrived,
+            deadline,
+            fault,
+            tx: tx.clone(),
+            cache_prompt: g.cache_prompt,
+            // A named slot holds one prompt at a time: the batch's first takes it.
+            slot: g.slot.filter(|_| i == 0),
+            constraint: constraint.clone(),
+            // Progress reports one prompt's processing; a batch has no single one.
+            progress: !many && g.stream && (g.telemetry.per_token || g.telemetry.progress),
+            first_choice: i * g.n,
+        })?;
+    }
     Ok(Generation {
         model: m,
         rx,
@@ -253,8 +313,9 @@ pub async fn start(
             deadline,
             cancel: st.cancel.clone(),
         },
-        prompt_tokens: n,
-        n: g.n,
+        prompt_tokens,
+        n: g.n * n_prompts,
+        per_prompt: g.n,
         unenforced,
         telemetry: g.telemetry,
         prompt: None,
@@ -357,7 +418,10 @@ impl Generation {
                 summary,
             })
             .collect();
-        Ok(Outcome { choices })
+        Ok(Outcome {
+            choices,
+            per_prompt: self.per_prompt,
+        })
     }
 }
 

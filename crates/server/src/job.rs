@@ -165,6 +165,10 @@ pub struct Job {
     /// Send [`Event::Progress`] when the prompt starts and when it has run (a stream's
     /// `return_progress` or `timings_per_token`).
     pub progress: bool,
+    /// The request's index of this job's first choice: a request of several prompts
+    /// sends one job per prompt over one channel, prompt `p`'s choices numbered from
+    /// `p * n` (as OpenAI numbers a batch's choices).
+    pub first_choice: usize,
 }
 
 /// A slot as `/slots` reports it.

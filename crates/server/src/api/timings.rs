@@ -49,13 +49,22 @@ impl Timings {
         }
     }
 
-    /// llama-server's `timings` object.
+    /// llama-server's `timings` object. The predicted rates are over the decode steps,
+    /// one fewer than the tokens: the first token comes from the prompt's last logits,
+    /// and `predicted` runs from it to the last.
     pub fn to_json(&self) -> Value {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         // A rate over no time or no tokens is reported as 0, not as an infinity JSON lacks.
-        let per = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
+        let per = |num: f64, den: f64| {
+            if den > 0.0 && num > 0.0 {
+                num / den
+            } else {
+                0.0
+            }
+        };
         let (prompt_ms, predicted_ms) = (ms(self.prompt), ms(self.predicted));
-        let (prompt_n, predicted_n) = (self.prompt_n as f64, self.predicted_n as f64);
+        let prompt_n = self.prompt_n as f64;
+        let steps = self.predicted_n.saturating_sub(1) as f64;
         json!({
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
@@ -64,8 +73,8 @@ impl Timings {
             "prompt_per_second": per(1000.0 * prompt_n, prompt_ms),
             "predicted_n": self.predicted_n,
             "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": per(predicted_ms, predicted_n),
-            "predicted_per_second": per(1000.0 * predicted_n, predicted_ms),
+            "predicted_per_token_ms": per(predicted_ms, steps),
+            "predicted_per_second": per(1000.0 * steps, predicted_ms),
         })
     }
 }
@@ -109,6 +118,19 @@ mod tests {
         assert_eq!(t["prompt_per_token_ms"], 5.0);
         assert_eq!(t["predicted_n"], 5);
         assert_eq!(t["predicted_per_second"], 0.0);
+        // Five tokens are four decode steps after the first.
+        let t = of_summary(&Summary {
+            predicted_time: Duration::from_millis(80),
+            ..s
+        });
+        assert_eq!(t["predicted_per_token_ms"], 20.0);
+        assert_eq!(t["predicted_per_second"], 50.0);
+        // One token took no decode step: no rate.
+        let t = of_summary(&Summary {
+            completion_tokens: 1,
+            ..s
+        });
+        assert_eq!(t["predicted_per_token_ms"], 0.0);
     }
 
     #[test]

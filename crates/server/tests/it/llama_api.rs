@@ -519,12 +519,22 @@ async fn timings_per_token_and_return_progress_stream_llama_server_s_telemetry()
         assert_eq!(progress[0]["processed"], progress[0]["cache"], "{route}");
         assert_eq!(progress[1]["processed"], total, "{route}");
         assert!(progress[1]["time_ms"].as_f64().is_some(), "{route}");
-        // Progress comes before any text.
+        // Progress comes before any token, with the timings so far (nothing predicted;
+        // at the start, nothing run either).
         let first_progress = objs.iter().position(|o| o.get("prompt_progress").is_some());
-        let first_timed = objs.iter().position(|o| o.get("timings").is_some());
-        assert!(first_progress < first_timed, "{route}: {objs:?}");
+        let first_token = objs
+            .iter()
+            .position(|o| o["timings"]["predicted_n"].as_u64().is_some_and(|n| n > 0));
+        assert!(first_progress < first_token, "{route}: {objs:?}");
+        let at_start = &objs[first_progress.expect("progress")]["timings"];
+        assert_eq!(at_start["prompt_n"], 0, "{route}: {at_start}");
+        assert_eq!(at_start["predicted_n"], 0, "{route}: {at_start}");
         // Every frame with a token's text carries the timings so far; the last has all.
-        let timed: Vec<&Value> = objs.iter().filter_map(|o| o.get("timings")).collect();
+        let timed: Vec<&Value> = objs
+            .iter()
+            .filter(|o| o.get("prompt_progress").is_none())
+            .filter_map(|o| o.get("timings"))
+            .collect();
         assert!(timed.len() >= 4, "{route}: {objs:?}");
         for t in &timed {
             let ran = t["prompt_n"].as_u64().unwrap_or(0) + t["cache_n"].as_u64().unwrap_or(0);
@@ -687,5 +697,66 @@ async fn a_final_assistant_message_is_continued() {
     .await;
     assert_eq!(st, 200, "{v}");
     assert!(v["input_tokens"].as_u64().is_some_and(|k| k > 3), "{v}");
+    s.stop().expect("stops");
+}
+
+/// OpenAI's batch of prompts on `/v1/completions` (as evaluation harnesses send them):
+/// one choice per prompt and `n`, prompt `p`'s choices at `p * n ..`, each equal to the
+/// prompt's own completion; the usage counts every prompt once; streamed the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_prompts_completes_each_prompt() {
+    let s = tiny_server(2, |_| {});
+    let prompts = ["the quick brown fox", "hello world", "a b c d e f"];
+    let one = |p: &str| json!({"prompt": p, "max_tokens": 4, "temperature": 0});
+    let mut alone = Vec::new();
+    let mut prompt_tokens = 0;
+    for p in prompts {
+        let (st, v) = post(&s.base, "/v1/completions", one(p)).await;
+        assert_eq!(st, 200, "{v}");
+        alone.push(v["choices"][0]["text"].as_str().expect("text").to_string());
+        prompt_tokens += v["usage"]["prompt_tokens"].as_u64().expect("prompt tokens");
+    }
+    let batch = json!({"prompt": prompts, "max_tokens": 4, "temperature": 0, "n": 2});
+    let (st, v) = post(&s.base, "/v1/completions", batch.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    let choices = v["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 6, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i, "{v}");
+        assert_eq!(c["text"], alone[i / 2].as_str(), "choice {i}: {v}");
+    }
+    assert_eq!(v["usage"]["prompt_tokens"], prompt_tokens, "{v}");
+    // Streamed: every choice's pieces add up to its text.
+    let (st, frames) = post_stream(
+        &s.base,
+        "/v1/completions",
+        with(batch, json!({"stream": true})),
+    )
+    .await;
+    assert_eq!(st, 200, "{frames:?}");
+    let mut texts = vec![String::new(); 6];
+    let mut finished = 0;
+    for f in frames.iter().filter(|f| *f != "[DONE]") {
+        let o: Value = serde_json::from_str(f).expect("JSON frame");
+        for c in o["choices"].as_array().into_iter().flatten() {
+            let i = c["index"].as_u64().expect("index") as usize;
+            texts[i].push_str(c["text"].as_str().unwrap_or_default());
+            finished += usize::from(!c["finish_reason"].is_null());
+        }
+    }
+    assert_eq!(finished, 6, "{frames:?}");
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(t, &alone[i / 2], "choice {i}");
+    }
+    // A prompt over the context is named.
+    let long = "word ".repeat(400);
+    let (st, v) = post(
+        &s.base,
+        "/v1/completions",
+        json!({"prompt": ["ok", long], "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(message(&v).contains("prompt 1"), "{v}");
     s.stop().expect("stops");
 }

@@ -236,16 +236,22 @@ impl Streaming {
     pub(super) fn frame(&mut self, ev: Event) -> Sse {
         let data = |v: Value| Sse::default().data(v.to_string());
         match ev {
-            Event::Progress(p) => data(json!({
-                "index": 0,
-                "content": "",
-                "tokens": [],
-                "stop": false,
-                "id_slot": -1,
-                "tokens_predicted": 0,
-                "tokens_evaluated": self.n_prompt,
-                "prompt_progress": timings::progress(&p),
-            })),
+            Event::Progress(p) => {
+                let mut v = json!({
+                    "index": 0,
+                    "content": "",
+                    "tokens": [],
+                    "stop": false,
+                    "id_slot": -1,
+                    "tokens_predicted": 0,
+                    "tokens_evaluated": self.n_prompt,
+                    "prompt_progress": timings::progress(&p),
+                });
+                if let Some(t) = self.gen.timings_now(0) {
+                    v["timings"] = t;
+                }
+                data(v)
+            }
             Event::Chunk {
                 text,
                 logprobs,

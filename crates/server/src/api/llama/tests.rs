@@ -142,8 +142,9 @@ fn stop_types_follow_llama_server() {
     assert_eq!(t["prompt_n"], 3);
     assert_eq!(t["prompt_ms"], 30.0);
     assert_eq!(t["prompt_per_token_ms"], 10.0);
-    assert_eq!(t["predicted_per_second"], 50.0);
-    assert_eq!(t["predicted_per_token_ms"], 20.0);
+    // Three tokens: two decode steps after the first, in 60 ms.
+    assert_eq!(t["predicted_per_second"], 2000.0 / 60.0);
+    assert_eq!(t["predicted_per_token_ms"], 30.0);
     s.completion_tokens = 0;
     s.predicted_time = std::time::Duration::ZERO;
     assert_eq!(

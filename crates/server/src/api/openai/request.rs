@@ -500,30 +500,39 @@ fn message_content(v: Option<&Value>, i: usize) -> Result<String, ApiError> {
     }
 }
 
-/// Reads a text completion request: its prompt and generation settings.
-pub fn parse_completion(obj: &Object) -> Result<(Prompt, GenRequest), ApiError> {
+/// Reads a text completion request: its prompts (one, or OpenAI's batch: an array of
+/// strings or of token-id arrays) and generation settings.
+pub fn parse_completion(obj: &Object) -> Result<(Vec<Prompt>, GenRequest), ApiError> {
     only_known(obj, COMPLETION_FIELDS, "")?;
     let bad = || {
         wrong(
             "prompt",
-            "a string, an array of token ids, or one such in an array",
+            "a string, an array of token ids, or an array of such prompts",
         )
     };
-    let prompt = match field(obj, "prompt") {
+    let one = |v: &Value, at: &str| match v {
+        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::Array(_) => Ok(Prompt::Tokens(token_list(v, at)?)),
+        _ => Err(wrong(at, "a string or an array of token ids")),
+    };
+    let prompts = match field(obj, "prompt") {
         None => return Err(ApiError::bad_request("field `prompt` is required")),
-        Some(Value::String(s)) => Prompt::Text(s.clone()),
-        Some(Value::Array(a)) if a.len() == 1 && !a[0].is_number() => match &a[0] {
-            Value::String(s) => Prompt::Text(s.clone()),
-            v @ Value::Array(_) => Prompt::Tokens(token_list(v, "prompt").map_err(|_| bad())?),
-            _ => return Err(bad()),
-        },
+        Some(Value::String(s)) => vec![Prompt::Text(s.clone())],
         Some(v @ Value::Array(a)) if a.iter().all(Value::is_number) => {
-            Prompt::Tokens(token_list(v, "prompt")?)
+            vec![Prompt::Tokens(token_list(v, "prompt")?)]
         }
-        Some(Value::Array(_)) => {
-            return Err(ApiError::bad_request(
-                "field `prompt` holds several prompts: send one prompt per request",
-            ))
+        Some(Value::Array(a)) => {
+            if a.len() > crate::generate::MAX_PROMPTS {
+                return Err(out_of_range(
+                    "prompt",
+                    format!("{} prompts", a.len()),
+                    &format!("at most {} prompts", crate::generate::MAX_PROMPTS),
+                ));
+            }
+            a.iter()
+                .enumerate()
+                .map(|(i, v)| one(v, &format!("prompt[{i}]")))
+                .collect::<Result<_, _>>()?
         }
         Some(_) => return Err(bad()),
     };
@@ -541,6 +550,12 @@ pub fn parse_completion(obj: &Object) -> Result<(Prompt, GenRequest), ApiError> 
         }
     }
     let mut g = g;
+    if prompts.len() > 1 && g.stream && (g.telemetry.per_token || g.telemetry.progress) {
+        return Err(ApiError::bad_request(
+            "fields `timings_per_token` and `return_progress` report one prompt's \
+             processing: send a batch of prompts without them",
+        ));
+    }
     if opt_bool(obj, "echo")? == Some(true) {
         return Err(unsupported("echo", "the prompt is not echoed back"));
     }
@@ -553,7 +568,7 @@ pub fn parse_completion(obj: &Object) -> Result<(Prompt, GenRequest), ApiError> 
     if let Some(k) = opt_usize(obj, "logprobs")? {
         g.logprobs = Some(check_top("logprobs", k)?);
     }
-    Ok((prompt, g))
+    Ok((prompts, g))
 }
 
 #[cfg(test)]

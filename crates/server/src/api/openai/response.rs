@@ -38,12 +38,14 @@ pub fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// Runs the shared generation for an OpenAI request and answers in OpenAI's shape.
+/// Runs the shared generation for an OpenAI request (one prompt, or a batch of text
+/// completion prompts, prompt `p`'s choices numbered from `p * n`) and answers in
+/// OpenAI's shape.
 pub async fn generate(
     st: Arc<AppState>,
     kind: Kind,
     model: Arc<Model>,
-    prompt: Vec<u32>,
+    prompts: Vec<Vec<u32>>,
     g: GenRequest,
     fault: Option<Fault>,
     log: RequestLog,
@@ -55,7 +57,7 @@ pub async fn generate(
         model: model.id.clone(),
         fingerprint: model.fingerprint.clone(),
     };
-    let mut gen = generate::start(&st, model, prompt, &g, fault, log.start).await?;
+    let mut gen = generate::start_many(&st, model, prompts, &g, fault, log.start).await?;
     let unenforced = std::mem::take(&mut gen.unenforced);
     // Calls are parsed out of chat answers whenever the model was shown tools, and
     // reasoning whenever the request splits it.
@@ -307,6 +309,9 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
             };
             let mut v = s.reply.chunk(c, s.include_usage);
             v["prompt_progress"] = timings::progress(&p);
+            if let Some(t) = s.gen.timings_now(0) {
+                v["timings"] = t;
+            }
             vec![data(&v)]
         }
         Event::Chunk {
@@ -357,17 +362,8 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
             let mut end = None;
             if s.finished.iter().all(Option::is_some) {
                 s.done = true;
-                let mut total = sum;
-                total.completion_tokens = s
-                    .finished
-                    .iter()
-                    .flatten()
-                    .map(|f| f.completion_tokens)
-                    .sum();
-                if let Some(first) = s.finished.first().copied().flatten() {
-                    total.prompt_tokens = first.prompt_tokens;
-                    total.cached_tokens = first.cached_tokens;
-                }
+                let all: Vec<Summary> = s.finished.iter().flatten().copied().collect();
+                let total = generate::usage(&all, s.gen.per_prompt);
                 s.log.summary = Some(total);
                 if s.include_usage {
                     let mut v = s.reply.chunk(Value::Null, false);

@@ -70,7 +70,7 @@ async fn chat(
         Ok((m, p.ids, g, p.fault))
     })
     .await?;
-    generate(Arc::clone(&st), Kind::Chat, m, prompt, g, inject, log).await
+    generate(Arc::clone(&st), Kind::Chat, m, vec![prompt], g, inject, log).await
 }
 
 /// `POST /v1/chat/completions/input_tokens` (llama-server's): the prompt tokens a chat
@@ -95,12 +95,18 @@ async fn completions(
     Extension(log): Extension<RequestLog>,
     b: Body,
 ) -> Result<Response, ApiError> {
-    let (m, prompt, g, inject) = prepare(&st, b, move |s, obj| {
-        let (p, g) = parse_completion(&obj)?;
+    let (m, prompts, g, inject) = prepare(&st, b, move |s, obj| {
+        let (ps, g) = parse_completion(&obj)?;
         let m = s.model(g.model.as_deref())?;
-        let (prompt, inject) = completion_prompt(s, &m, p)?;
-        Ok((m, prompt, g, inject))
+        let mut prompts = Vec::with_capacity(ps.len());
+        let mut inject = None;
+        for p in ps {
+            let (prompt, fault) = completion_prompt(s, &m, p)?;
+            prompts.push(prompt);
+            inject = inject.or(fault);
+        }
+        Ok((m, prompts, g, inject))
     })
     .await?;
-    generate(Arc::clone(&st), Kind::Text, m, prompt, g, inject, log).await
+    generate(Arc::clone(&st), Kind::Text, m, prompts, g, inject, log).await
 }

@@ -57,10 +57,12 @@ impl Stream {
             Event::Progress(p) => {
                 // llama-server's `return_progress`: the prompt's progress on an
                 // in-progress event.
-                vec![
-                    json!({"type": "response.in_progress", "response": self.base,
-                    "prompt_progress": timings::progress(&p)}),
-                ]
+                let mut ev = json!({"type": "response.in_progress", "response": self.base,
+                    "prompt_progress": timings::progress(&p)});
+                if let Some(t) = self.gen.timings_now(0) {
+                    ev["timings"] = t;
+                }
+                vec![ev]
             }
             Event::Chunk {
                 text, generated, ..

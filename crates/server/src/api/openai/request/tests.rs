@@ -28,7 +28,7 @@ fn wrong_types_name_the_field() {
 #[test]
 fn defaults_are_llama_server_s_and_fields_apply() {
     let (p, g) = parse_completion(&obj(json!({"prompt": [1, 2, 3]}))).unwrap();
-    assert_eq!(p, Prompt::Tokens(vec![1, 2, 3]));
+    assert_eq!(p, [Prompt::Tokens(vec![1, 2, 3])]);
     assert_eq!(g.sampling.temperature, 0.8);
     assert_eq!(g.sampling.top_k, 40);
     assert_eq!(g.max_tokens, None);
@@ -57,7 +57,7 @@ fn defaults_are_llama_server_s_and_fields_apply() {
 }
 
 #[test]
-fn several_choices_are_read_and_several_prompts_refused() {
+fn several_choices_and_several_prompts_are_read() {
     let (_, g) = parse_chat(&obj(
         json!({"messages": [{"role":"user","content":"x"}], "n": 2}),
     ))
@@ -65,8 +65,27 @@ fn several_choices_are_read_and_several_prompts_refused() {
     assert_eq!(g.n, 2);
     let (_, g) = parse_completion(&obj(json!({"prompt": "a", "n": 3, "best_of": 3}))).unwrap();
     assert_eq!(g.n, 3);
-    let e = parse_completion(&obj(json!({"prompt": ["a", "b"]}))).unwrap_err();
-    assert!(e.message.contains("several prompts"));
+    // OpenAI's batch: strings, token arrays, or both.
+    let (p, _) = parse_completion(&obj(json!({"prompt": ["a", [5, 6], "b"]}))).unwrap();
+    assert_eq!(
+        p,
+        [
+            Prompt::Text("a".into()),
+            Prompt::Tokens(vec![5, 6]),
+            Prompt::Text("b".into())
+        ]
+    );
+    let (p, _) = parse_completion(&obj(json!({"prompt": [[7]]}))).unwrap();
+    assert_eq!(p, [Prompt::Tokens(vec![7])]);
+    for (bad, at) in [
+        (json!(["a", 3]), "prompt[1]"),
+        (json!([["x"]]), "prompt[0]"),
+        (json!(vec!["a"; 65]), "prompt"),
+        (json!({"a": 1}), "prompt"),
+    ] {
+        let e = parse_completion(&obj(json!({ "prompt": bad }))).unwrap_err();
+        assert!(e.message.contains(at), "{at}: {}", e.message);
+    }
     assert!(parse_object(b"{not json")
         .unwrap_err()
         .message
