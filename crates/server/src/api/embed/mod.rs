@@ -23,31 +23,14 @@ use crate::{AppState, Model};
 pub const MAX_INPUTS: usize = 2048;
 
 /// Reads `v` (field `name`) as the inputs of one request: a string, an array of
-/// strings, an array of token ids, or an array of token-id arrays. Each becomes its
-/// tokens; an empty input, an empty list or an id outside the vocabulary is refused.
+/// strings, an array of token ids, or an array of token-id arrays (OpenAI's shapes),
+/// and llama-server's: a prompt mixing ids and strings (`[12, "text", 34]`, an array
+/// holding any number is one such prompt) and prompt objects (`{"prompt_string"}`, or
+/// `{"content"}` of text parts). Each becomes its tokens; an empty input, an empty list
+/// or an id outside the vocabulary is refused, naming it.
 pub fn inputs(v: &Value, name: &str, tok: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
     let bad = |what: String| ApiError::bad_request(format!("field `{name}` {what}"));
-    let n_vocab = tok.n_vocab();
-    let ids = |a: &[Value], at: String| -> Result<Vec<u32>, ApiError> {
-        a.iter()
-            .map(|x| {
-                x.as_u64()
-                    .and_then(|x| u32::try_from(x).ok())
-                    .filter(|&x| (x as usize) < n_vocab)
-                    .ok_or_else(|| bad(format!("{at}holds {x}: token ids must be below {n_vocab}")))
-            })
-            .collect()
-    };
-    let text = |s: &str, at: String| -> Result<Vec<u32>, ApiError> {
-        if s.is_empty() {
-            return Err(bad(format!(
-                "{at}is an empty string: there is nothing to embed"
-            )));
-        }
-        Ok(tok.encode(s, true, false))
-    };
     let list = match v {
-        Value::String(s) => vec![text(s, String::new())?],
         Value::Array(a) if a.is_empty() => return Err(bad("is an empty list".into())),
         Value::Array(a) if a.len() > MAX_INPUTS => {
             return Err(bad(format!(
@@ -55,28 +38,77 @@ pub fn inputs(v: &Value, name: &str, tok: &Tokenizer) -> Result<Vec<Vec<u32>>, A
                 a.len()
             )))
         }
-        Value::Array(a) if a.iter().all(Value::is_number) => vec![ids(a, String::new())?],
-        Value::Array(a) => a
+        Value::Array(a) if !a.iter().any(Value::is_number) => a
             .iter()
             .enumerate()
-            .map(|(i, x)| match x {
-                Value::String(s) => text(s, format!("[{i}] ")),
-                Value::Array(t) if t.is_empty() => Err(bad(format!("[{i}] is an empty list"))),
-                Value::Array(t) => ids(t, format!("[{i}] ")),
-                _ => Err(bad(format!(
-                    "[{i}] must be a string or an array of token ids"
-                ))),
-            })
+            .map(|(i, x)| input(x, &format!("[{i}] "), name, tok))
             .collect::<Result<_, _>>()?,
-        _ => {
-            return Err(bad(
-                "must be a string, an array of strings, an array of token ids or an array of \
-                 token-id arrays"
-                    .into(),
-            ))
-        }
+        _ => vec![input(v, "", name, tok)?],
     };
     Ok(list)
+}
+
+/// One input (`at` places it in field `name` for errors): a string, token ids mixed
+/// with strings, or a prompt object.
+fn input(v: &Value, at: &str, name: &str, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    let bad = |what: String| ApiError::bad_request(format!("field `{name}` {at}{what}"));
+    let n_vocab = tok.n_vocab();
+    let text = |s: &str, bos: bool| -> Result<Vec<u32>, ApiError> {
+        if s.is_empty() {
+            return Err(bad("is an empty string: there is nothing to embed".into()));
+        }
+        Ok(tok.encode(s, bos, false))
+    };
+    match v {
+        Value::String(s) => text(s, true),
+        Value::Array(t) if t.is_empty() => Err(bad("is an empty list".into())),
+        Value::Array(t) => {
+            let mut out = Vec::new();
+            for (j, x) in t.iter().enumerate() {
+                match x {
+                    // BOS only where the prompt starts with text (llama-server's rule).
+                    Value::String(s) => out.extend(text(s, j == 0)?),
+                    _ => out.push(
+                        x.as_u64()
+                            .and_then(|x| u32::try_from(x).ok())
+                            .filter(|&x| (x as usize) < n_vocab)
+                            .ok_or_else(|| {
+                                bad(format!("holds {x}: token ids must be below {n_vocab}"))
+                            })?,
+                    ),
+                }
+            }
+            Ok(out)
+        }
+        Value::Object(o) => {
+            if let Some(s) = o.get("prompt_string").and_then(Value::as_str) {
+                return text(s, true);
+            }
+            let parts = o.get("content").and_then(Value::as_array).ok_or_else(|| {
+                bad("is an object without `prompt_string` or `content` text parts".into())
+            })?;
+            let mut joined = String::new();
+            for p in parts {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => joined.push_str(t),
+                    _ => {
+                        return Err(bad(
+                            "holds a content part that is not text: only text is embedded".into(),
+                        ))
+                    }
+                }
+            }
+            text(&joined, true)
+        }
+        _ => Err(bad(
+            "must be a string, an array of strings, an array of token ids or an array of \
+             token-id arrays"
+                .into(),
+        )),
+    }
 }
 
 /// Cuts each input to `max` tokens (`truncate`), or refuses the first longer one,
@@ -139,6 +171,43 @@ mod tests {
         assert_eq!(base64_f32(&[1.0]), "AACAPw==");
         assert_eq!(base64_f32(&[1.0, 2.0]), "AACAPwAAAEA=");
         assert_eq!(base64_f32(&[]), "");
+    }
+
+    #[test]
+    fn llama_server_s_mixed_prompts_and_prompt_objects_are_read() {
+        let tok = crate::api::llama::tests::tiny_tokenizer();
+        let text = |s: &str| tok.encode(s, true, false);
+        let one = |v: Value| inputs(&v, "input", &tok);
+        let ab = text("ab");
+        // One mixed prompt: ids and text (BOS only before text that starts it).
+        let mixed = one(serde_json::json!([5, "ab", 6])).unwrap();
+        assert_eq!(mixed.len(), 1);
+        let mut want = vec![5];
+        want.extend(tok.encode("ab", false, false));
+        want.push(6);
+        assert_eq!(mixed[0], want);
+        // Several prompts, each a string, ids, mixed or an object.
+        let many = one(serde_json::json!([
+            "ab", [5, 6], [5, "ab"], {"prompt_string": "ab"},
+            {"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+        ]))
+        .unwrap();
+        assert_eq!(many.len(), 5);
+        assert_eq!(many[0], ab);
+        assert_eq!(many[1], [5, 6]);
+        assert_eq!((many[3].clone(), many[4].clone()), (ab.clone(), ab));
+        for (bad, at) in [
+            (
+                serde_json::json!([{"content": [{"type": "image_url"}]}]),
+                "[0] holds a content part",
+            ),
+            (serde_json::json!([{"x": 1}]), "[0] is an object"),
+            (serde_json::json!(["a", ""]), "[1] is an empty string"),
+            (serde_json::json!([[]]), "[0] is an empty list"),
+        ] {
+            let e = one(bad).unwrap_err();
+            assert!(e.message.contains(at), "{at}: {}", e.message);
+        }
     }
 
     #[test]

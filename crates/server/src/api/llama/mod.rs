@@ -20,7 +20,7 @@ mod response;
 mod routes;
 mod switches;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use fim::{infill_layout, ExtraChunk, Fim, FIM_BATCH};
 pub use request::{fim_prompt, has_fim, parse_options, prompt_tokens, Options, MAX_N_PROBS};

@@ -154,7 +154,7 @@ fn stop_types_follow_llama_server() {
 }
 
 /// The tiny model's tokenizer (byte-level vocabulary with three control tokens).
-fn tiny_tokenizer() -> Tokenizer {
+pub(crate) fn tiny_tokenizer() -> Tokenizer {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("tiny.gguf");
     let spec = minfer_models::testing::TinySpec::qwen2(minfer_gguf::GgmlType::Q8_0, 7);
