@@ -748,6 +748,29 @@ async fn a_batch_of_prompts_completes_each_prompt() {
     for (i, t) in texts.iter().enumerate() {
         assert_eq!(t, &alone[i / 2], "choice {i}");
     }
+    // llama-server's batch on `/completion`: an array of each prompt's final object.
+    let (st, v) = post(
+        &s.base,
+        "/completion",
+        json!({"prompt": prompts, "n_predict": 4, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let all = v.as_array().expect("an array");
+    assert_eq!(all.len(), 3, "{v}");
+    for (i, o) in all.iter().enumerate() {
+        assert_eq!(o["index"], i, "{v}");
+        assert_eq!(o["content"], alone[i].as_str(), "{v}");
+        assert_eq!(o["stop"], true, "{v}");
+    }
+    let (st, v) = post(
+        &s.base,
+        "/completion",
+        json!({"prompt": prompts, "n_predict": 4, "stream": true}),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(message(&v).contains("stream"), "{v}");
     // A prompt over the context is named.
     let long = "word ".repeat(400);
     let (st, v) = post(

@@ -252,6 +252,28 @@ pub fn prompt_tokens(v: &Value, name: &str, tok: &Tokenizer) -> Result<Vec<u32>,
     mixed(v, name, tok, true, true)
 }
 
+/// The prompts of a `/completion` request: one prompt as [`prompt_tokens`] reads it, or
+/// llama-server's batch, an array of several such prompts (strings, id arrays, mixed
+/// arrays or prompt objects), at most [`crate::generate::MAX_PROMPTS`].
+pub fn prompt_list(v: &Value, name: &str, tok: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
+    match v {
+        Value::Array(a) if a.len() > 1 && !a.iter().any(Value::is_number) => {
+            if a.len() > crate::generate::MAX_PROMPTS {
+                return Err(ApiError::bad_request(format!(
+                    "field `{name}` holds {} prompts: at most {}",
+                    a.len(),
+                    crate::generate::MAX_PROMPTS
+                )));
+            }
+            a.iter()
+                .enumerate()
+                .map(|(i, p)| prompt_tokens(p, &format!("{name}[{i}]"), tok))
+                .collect()
+        }
+        _ => Ok(vec![prompt_tokens(v, name, tok)?]),
+    }
+}
+
 /// `prompt_tokens` with llama-server's `tokenize_mixed` flags.
 pub(super) fn mixed(
     v: &Value,

@@ -220,6 +220,49 @@ pub(super) async fn run(
     Ok(generate::mark_unenforced(resp, &unenforced))
 }
 
+/// Runs llama-server's batch of prompts (non-streamed): one job per prompt, answered
+/// as a JSON array of each prompt's final object, with its `index`.
+pub(super) async fn run_batch(
+    st: Arc<AppState>,
+    m: Arc<Model>,
+    prompts: Vec<Vec<u32>>,
+    opts: Options,
+    log: RequestLog,
+) -> Result<Response, ApiError> {
+    if opts.g.stream {
+        return Err(ApiError::bad_request(
+            "field `prompt` holds several prompts, which are answered as one JSON array: \
+             send them without `stream`, or one prompt per streamed request",
+        )
+        .with_param("stream"));
+    }
+    let texts: Vec<String> = prompts
+        .iter()
+        .map(|p| m.tok.decode(p, true).unwrap_or_default())
+        .collect();
+    let settings = settings_json(&m, &opts);
+    let model = m.id.clone();
+    let mut gen = generate::start_many(&st, m, prompts, &opts.g, None, log.start).await?;
+    let unenforced = std::mem::take(&mut gen.unenforced);
+    let out = gen.collect().await?;
+    let mut echo = Echo {
+        settings,
+        opts,
+        prompt_text: String::new(),
+        model,
+    };
+    let mut all = Vec::with_capacity(out.choices.len());
+    for (c, text) in out.choices.iter().zip(texts) {
+        echo.prompt_text = text;
+        let mut v = final_object(&echo, &c.text, &c.logprobs, &c.summary, false);
+        v["index"] = json!(c.summary.choice);
+        all.push(v);
+    }
+    let mut resp = Json(Value::Array(all)).into_response();
+    resp.extensions_mut().insert(out.usage());
+    Ok(generate::mark_unenforced(resp, &unenforced))
+}
+
 /// A native stream in progress.
 pub(super) struct Streaming {
     pub(super) gen: Generation,

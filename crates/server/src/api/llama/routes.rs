@@ -10,9 +10,9 @@ use axum::{Extension, Json, Router};
 use serde_json::{json, Map, Value};
 
 use super::request::{
-    infill_prompt, parse_options, prompt_tokens, Options, DETOKENIZE_FIELDS, TOKENIZE_FIELDS,
+    infill_prompt, parse_options, prompt_list, Options, DETOKENIZE_FIELDS, TOKENIZE_FIELDS,
 };
-use super::response::{json_response, run, settings_json, to_json, LlamaError};
+use super::response::{json_response, run, run_batch, settings_json, to_json, LlamaError};
 use crate::api::fields::{check_fields, field, opt_bool, opt_str, token_list, Object};
 use crate::api::openai;
 use crate::api::prepare::prepare;
@@ -50,16 +50,20 @@ pub(super) async fn completion(
     Extension(log): Extension<RequestLog>,
     b: Body,
 ) -> Result<Response, LlamaError> {
-    let (m, prompt, opts, fault) = prepare(&st, b, move |s, obj| {
+    let (m, mut prompts, opts, fault) = prepare(&st, b, move |s, obj| {
         let p = field(&obj, "prompt")
             .ok_or_else(|| ApiError::bad_request("field `prompt` is required"))?;
         let m = served(s, &obj)?;
-        let prompt = prompt_tokens(p, "prompt", &m.tok)?;
+        let prompts = prompt_list(p, "prompt", &m.tok)?;
         let fault = p.as_str().and_then(|t| generate::fault_of(s, t));
         let opts = parse_options(&obj, &m.tok)?;
-        Ok((m, prompt, opts, fault))
+        Ok((m, prompts, opts, fault))
     })
     .await?;
+    if prompts.len() > 1 {
+        return Ok(run_batch(st, m, prompts, opts, log).await?);
+    }
+    let prompt = prompts.pop().unwrap_or_default();
     Ok(run(st, m, prompt, opts, fault, log).await?)
 }
 
