@@ -74,6 +74,14 @@ async fn completion_answers_in_llama_server_s_shape() {
         n_prompt
     );
     assert_eq!(v["generation_settings"]["n_predict"], 4);
+    // `ignore_eos` bans the end tokens: llama-server's entries, the ban its -inf (null).
+    let bias = v["generation_settings"]["logit_bias"]
+        .as_array()
+        .expect("logit_bias");
+    assert!(!bias.is_empty(), "{v}");
+    for b in bias {
+        assert!(b["token"].is_u64() && b["bias"].is_null(), "{b}");
+    }
     assert_eq!(v["generation_settings"]["n_probs"], 2);
     assert_eq!(v["generation_settings"]["n_ctx"], 256);
     let content = v["content"].as_str().expect("content").to_string();
@@ -221,7 +229,11 @@ async fn bad_native_requests_are_400s_naming_the_problem() {
         ),
         (json!({"prompt": "a", "n_predict": 0}), "`n_predict` is 0"),
         (json!({"prompt": [1, 99999999]}), "token 99999999"),
-        (json!({"prompt": ["one", "two"]}), "several prompts"),
+        (
+            json!({"prompt": ["one", "two"], "stream": true}),
+            "several prompts",
+        ),
+        (json!({"prompt": ["one", true]}), "`prompt[1]`"),
         (
             with(greedy(json!("a"), 2), json!({"n_probs": 101})),
             "`n_probs`",
@@ -389,6 +401,21 @@ async fn infill_fills_a_function_body_with_the_default_model() {
     );
     let (_, props) = get(&base, "/props").await;
     assert!(props.contains("\"infill\":true"), "{props}");
+    // Each extra chunk needs its text; a filename, when given, is a string.
+    for (chunk, want) in [
+        (json!({}), "input_extra[0].text"),
+        (json!({"filename": "ok"}), "input_extra[0].text"),
+        (
+            json!({"filename": 123, "text": "abc"}),
+            "input_extra[0].filename",
+        ),
+        (json!({"filename": "a", "text": 456}), "input_extra[0].text"),
+    ] {
+        let body = json!({"input_extra": [chunk], "input_prefix": "x", "input_suffix": "y"});
+        let (st, v) = post(&base, "/infill", body).await;
+        assert_eq!(st, 400, "{chunk}: {v}");
+        assert!(v.to_string().contains(want), "{chunk}: {v}");
+    }
     drop(running);
 }
 

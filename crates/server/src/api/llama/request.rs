@@ -349,14 +349,21 @@ pub(super) fn input_extra(obj: &Object) -> Result<Vec<ExtraChunk>, ApiError> {
             let o = c
                 .as_object()
                 .ok_or_else(|| wrong(&format!("input_extra[{i}]"), "an object"))?;
-            let get = |k: &str, default: &str| -> Result<String, ApiError> {
+            let get = |k: &str| -> Result<Option<String>, ApiError> {
                 opt_str(o, k)
                     .map_err(|_| wrong(&format!("input_extra[{i}].{k}"), "a string"))
-                    .map(|s| s.unwrap_or(default).to_string())
+                    .map(|s| s.map(str::to_string))
             };
+            // `text` is required and `filename` optional, as llama-server checks them.
+            let text = get("text")?.ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "field `input_extra[{i}].text` is required: each chunk is \
+                     {{\"filename\", \"text\"}}"
+                ))
+            })?;
             Ok(ExtraChunk {
-                filename: get("filename", "tmp")?,
-                text: get("text", "")?,
+                filename: get("filename")?.unwrap_or_else(|| "tmp".to_string()),
+                text,
             })
         })
         .collect()

@@ -79,7 +79,11 @@ pub(super) fn settings_json(m: &Model, o: &Options) -> Value {
         "n_discard": 0,
         "ignore_eos": o.ignore_eos,
         "stream": o.g.stream,
-        "logit_bias": s.logit_bias.iter().map(|&(t, b)| json!([t, b])).collect::<Vec<_>>(),
+        // llama-server's shape; a ban (`false`, `ignore_eos`) is its -inf, null in JSON.
+        "logit_bias": s.logit_bias.iter().map(|&(t, b)| json!({
+            "token": t,
+            "bias": if b <= minfer_runtime::LOGIT_BIAS_BAN { None } else { Some(b) },
+        })).collect::<Vec<_>>(),
         "n_probs": o.n_probs,
         "min_keep": 0,
         "grammar": match &o.g.grammar {

@@ -267,7 +267,10 @@ fn prompts_are_strings_ids_or_both_mixed() {
     // A batch: each element one prompt of those shapes.
     let batch = prompt_list(&json!(["hello", [1, 2], [3, "hi", 4]]), "prompt", &tok).unwrap();
     assert_eq!(batch, vec![hello.clone(), vec![1, 2], want.clone()]);
-    assert_eq!(prompt_list(&json!("hello"), "prompt", &tok).unwrap(), [hello]);
+    assert_eq!(
+        prompt_list(&json!("hello"), "prompt", &tok).unwrap(),
+        [hello]
+    );
     let e = prompt_list(&json!(["a", true]), "prompt", &tok).unwrap_err();
     assert!(e.message.contains("prompt[1]"), "{}", e.message);
     for (bad, msg) in [
