@@ -6,15 +6,47 @@
 //! generation prompt and its content follows, for the model to continue; the answer is
 //! the continuation. `continue_final_message` and `add_generation_prompt` (vLLM's and
 //! llama-server's fields) ask for this, or turn it off, explicitly.
+//!
+//! With fault injection on (tests only), marker text in a prompt asks for a fault.
 
 use minfer_tokenizer::{ChatMessage, RenderedChat};
 
 use crate::error::ApiError;
-use crate::generate::fault_of;
 use crate::params::{GenRequest, Prompt};
 use crate::tools::CallFormat;
 use crate::worker::Fault;
 use crate::{AppState, Model};
+
+/// Text in a prompt that makes inference panic when fault injection is on (tests only).
+pub const PANIC_MARKER: &str = "__minfer_inject_panic__";
+
+/// Text in a prompt that makes a kernel panic inside its first engine step when fault
+/// injection is on (tests only).
+pub const KERNEL_PANIC_MARKER: &str = "__minfer_inject_kernel_panic__";
+
+/// Text in a prompt that slows its decode steps when fault injection is on (tests only).
+pub const SLOW_MARKER: &str = "__minfer_inject_slow__";
+
+/// Text in a prompt that makes its prefill take 1.5 s when fault injection is on (tests
+/// only).
+pub const SLOW_PREFILL_MARKER: &str = "__minfer_inject_slow_prefill__";
+
+/// The fault a prompt asks for, when fault injection is on.
+pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
+    if !st.fault_injection {
+        None
+    } else if text.contains(PANIC_MARKER) {
+        Some(Fault::Panic)
+    } else if text.contains(KERNEL_PANIC_MARKER) {
+        Some(Fault::KernelPanic)
+    } else if text.contains(SLOW_MARKER) {
+        Some(Fault::Slow)
+    } else if text.contains(SLOW_PREFILL_MARKER) {
+        Some(Fault::SlowPrefill)
+    } else {
+        None
+    }
+}
 
 /// Prompt tokens of a completion request, checked against the vocabulary. A text prompt
 /// is the caller's whole prompt, template markers included, so special-token text in it
@@ -143,6 +175,11 @@ impl Continuation {
     }
 }
 
+/// A template's failure on the request's messages, as the 400 that names it.
+fn unrendered(e: minfer_tokenizer::TemplateError) -> ApiError {
+    ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"))
+}
+
 /// The prompt text of `msgs` as [`render_chat_with`] tokenises it, with the spans of
 /// message contents.
 pub fn render_text(
@@ -152,19 +189,17 @@ pub fn render_text(
     kwargs: &serde_json::Map<String, serde_json::Value>,
     how: Continuation,
 ) -> Result<RenderedChat, ApiError> {
-    let bad =
-        |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
     let (cont, add) = how.plan(msgs)?;
     let Some((last, before)) = msgs.split_last().filter(|_| cont) else {
         return m
             .template
             .render_spans_with_context(msgs, tools, add, kwargs)
-            .map_err(bad);
+            .map_err(unrendered);
     };
     let mut r = m
         .template
         .render_spans_with_context(before, tools, true, kwargs)
-        .map_err(bad)?;
+        .map_err(unrendered)?;
     r.push_content(&last.content);
     Ok(r)
 }
@@ -191,13 +226,11 @@ pub fn render_chat_with(
     kwargs: &serde_json::Map<String, serde_json::Value>,
     how: Continuation,
 ) -> Result<ChatPrompt, ApiError> {
-    let bad =
-        |e| ApiError::bad_request(format!("rendering `messages` with the chat template: {e}"));
     let rendered = render_text(m, msgs, tools, kwargs, how)?;
     let ids = if st.allow_special_in_content {
         m.tok.encode(&rendered.text, true, true)
     } else {
-        rendered.encode(&m.tok, msgs, true).map_err(bad)?
+        rendered.encode(&m.tok, msgs, true).map_err(unrendered)?
     };
     Ok(ChatPrompt {
         ids,
@@ -206,4 +239,72 @@ pub fn render_chat_with(
         tool_format: CallFormat::of_template(m.template.source()),
         harmony: crate::harmony::opened_by(&rendered.text),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(cont: Option<bool>, add: Option<bool>, roles: &[&str]) -> Result<(bool, bool), String> {
+        let msgs: Vec<ChatMessage> = roles.iter().map(|r| ChatMessage::new(*r, "x")).collect();
+        let how = Continuation {
+            continue_final: cont,
+            add_generation_prompt: add,
+        };
+        how.plan(&msgs).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn a_last_assistant_message_is_continued_unless_told_otherwise() {
+        assert_eq!(plan(None, None, &["user"]), Ok((false, true)));
+        assert_eq!(plan(None, None, &["user", "assistant"]), Ok((true, true)));
+        assert_eq!(
+            plan(None, Some(false), &["user", "assistant"]),
+            Ok((true, false))
+        );
+        assert_eq!(
+            plan(Some(false), None, &["user", "assistant"]),
+            Ok((false, true))
+        );
+        assert_eq!(
+            plan(None, Some(true), &["user", "assistant"]),
+            Ok((false, true))
+        );
+        assert_eq!(plan(None, Some(false), &["user"]), Ok((false, false)));
+        // A call is not continued.
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls.push(minfer_tokenizer::ToolCall {
+            id: "c".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+        });
+        let msgs = [ChatMessage::new("user", "x"), call];
+        assert_eq!(
+            Continuation::AUTO.plan(&msgs).map_err(|e| e.message),
+            Ok((false, true))
+        );
+        for (cont, add, roles, field) in [
+            (Some(true), None, &["user"][..], "continue_final_message"),
+            (
+                Some(true),
+                Some(true),
+                &["user", "assistant"][..],
+                "add_generation_prompt",
+            ),
+            (
+                None,
+                None,
+                &["user", "assistant", "assistant"][..],
+                "two assistant",
+            ),
+        ] {
+            let e = plan(cont, add, roles).unwrap_err();
+            assert!(e.contains(field), "{field}: {e}");
+        }
+        // Asked for, two assistant messages are the caller's choice.
+        assert_eq!(
+            plan(Some(true), None, &["user", "assistant", "assistant"]),
+            Ok((true, true))
+        );
+    }
 }

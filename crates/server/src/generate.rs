@@ -18,40 +18,10 @@ use crate::{AppState, Model};
 use minfer_runtime::{CompiledGrammar, Grammar};
 
 pub use crate::chat_prompt::{
-    chat_prompt, chat_prompt_with_tools, completion_prompt, render_chat, render_chat_with,
-    render_text, ChatPrompt, Continuation,
+    chat_prompt, chat_prompt_with_tools, completion_prompt, fault_of, render_chat,
+    render_chat_with, render_text, ChatPrompt, Continuation, KERNEL_PANIC_MARKER, PANIC_MARKER,
+    SLOW_MARKER, SLOW_PREFILL_MARKER,
 };
-
-/// Text in a prompt that makes inference panic when fault injection is on (tests only).
-pub const PANIC_MARKER: &str = "__minfer_inject_panic__";
-
-/// Text in a prompt that makes a kernel panic inside its first engine step when fault
-/// injection is on (tests only).
-pub const KERNEL_PANIC_MARKER: &str = "__minfer_inject_kernel_panic__";
-
-/// Text in a prompt that slows its decode steps when fault injection is on (tests only).
-pub const SLOW_MARKER: &str = "__minfer_inject_slow__";
-
-/// Text in a prompt that makes its prefill take 1.5 s when fault injection is on (tests
-/// only).
-pub const SLOW_PREFILL_MARKER: &str = "__minfer_inject_slow_prefill__";
-
-/// The fault a prompt asks for, when fault injection is on.
-pub fn fault_of(st: &AppState, text: &str) -> Option<Fault> {
-    if !st.fault_injection {
-        None
-    } else if text.contains(PANIC_MARKER) {
-        Some(Fault::Panic)
-    } else if text.contains(KERNEL_PANIC_MARKER) {
-        Some(Fault::KernelPanic)
-    } else if text.contains(SLOW_MARKER) {
-        Some(Fault::Slow)
-    } else if text.contains(SLOW_PREFILL_MARKER) {
-        Some(Fault::SlowPrefill)
-    } else {
-        None
-    }
-}
 
 /// A queued or running generation: its events, bounded by the request's deadline and
 /// the server's shutdown. Dropping it cancels the generation in the worker.
