@@ -100,6 +100,18 @@ def main():
         if c.choices
     )
     check(streamed == text, f"streamed completion {streamed!r} == {text!r}")
+    # A batch of prompts, as evaluation harnesses send them: one choice per prompt, in
+    # order, each the prompt's own completion; the usage counts both prompts.
+    other = "class Stack:"
+    alone = client.completions.create(model=model, prompt=other, temperature=0, max_tokens=12)
+    batch = client.completions.create(
+        model=model, prompt=[prompt, other], temperature=0, max_tokens=12
+    )
+    check([c.index for c in batch.choices] == [0, 1], f"batch indices {batch.choices}")
+    check([c.text for c in batch.choices] == [text, alone.choices[0].text],
+          f"batch texts {[c.text for c in batch.choices]}")
+    check(batch.usage.prompt_tokens == comp.usage.prompt_tokens + alone.usage.prompt_tokens,
+          f"batch usage {batch.usage}")
 
     root = args.base_url.rstrip("/").removesuffix("/v1")
     fp = chat.system_fingerprint
@@ -169,6 +181,15 @@ def main():
     except openai.BadRequestError as e:
         check(e.code == "context_length_exceeded", f"error code {e.code!r}: {e}")
         check("maximum context length is" in str(e), f"error message: {e}")
+
+    # A final assistant message is continued (prefill), as llama-server does.
+    cont = client.chat.completions.create(
+        model=model, temperature=0, max_tokens=6,
+        messages=[{"role": "user", "content": "Count from 1 to 10."},
+                  {"role": "assistant", "content": "1, 2, 3,"}],
+    )
+    said = cont.choices[0].message.content
+    check(said.lstrip().startswith("4"), f"the prefill is continued: {said!r}")
 
     print(f"e2e ok: chat {answer!r}, completion {text!r}")
 
