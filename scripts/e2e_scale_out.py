@@ -196,6 +196,16 @@ def run(fleet, rng, t0):
     t = time.monotonic()
     fleet.start_worker(victim)
     fleet.wait_healthy(victim, timeout=30)
+    # The router marks the worker healthy again on its own next probes (about a second
+    # apart): until the first request reaches it, it gets none, so its share is counted
+    # from there.
+    deadline = time.monotonic() + 30
+    first = served(fleet)[victim][0]
+    k = 0
+    while served(fleet)[victim][0] == first:
+        check(time.monotonic() < deadline, f"the router sends to restarted worker {victim}")
+        k += 1
+        complete(f"{text(rng, 20)}\nwhile it rejoins {k}")
     before = served(fleet)
     for k in range(24):
         complete(f"{text(rng, 20)}\nafter the restart {k}")
