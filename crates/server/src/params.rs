@@ -41,6 +41,9 @@ pub struct GenRequest {
     pub reasoning: Reasoning,
     /// llama-server's stream telemetry the request asks for.
     pub telemetry: Telemetry,
+    /// llama-server's `verbose`: an unstreamed answer echoes the prompt as the model
+    /// read it (`__verbose`), for debugging templates.
+    pub verbose: bool,
 }
 
 /// llama-server's stream telemetry: `timings` on every streamed chunk
@@ -85,6 +88,7 @@ impl Default for GenRequest {
             tools: None,
             reasoning: Reasoning::default(),
             telemetry: Telemetry::default(),
+            verbose: false,
         }
     }
 }

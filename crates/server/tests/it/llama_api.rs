@@ -707,6 +707,20 @@ async fn a_final_assistant_message_is_continued() {
     let (st, v) = post(base, "/v1/chat/completions", chat.clone()).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["usage"]["prompt_tokens"], n, "{v}");
+    assert!(v.get("__verbose").is_none(), "{v}");
+    // llama-server's `verbose` echoes the prompt the model read.
+    let (st, v) = post(
+        base,
+        "/v1/chat/completions",
+        with(chat.clone(), json!({"verbose": true})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["__verbose"]["prompt"], continued.as_str(), "{v}");
+    assert_eq!(
+        v["__verbose"]["content"], v["choices"][0]["message"]["content"],
+        "{v}"
+    );
     for route in [
         "/v1/chat/completions/input_tokens",
         "/chat/completions/input_tokens",

@@ -55,6 +55,7 @@ pub const CHAT_FIELDS: &[&str] = &[
     "id_slot",
     "timings_per_token",
     "return_progress",
+    "verbose",
     "user",
     "metadata",
     "store",
@@ -95,6 +96,7 @@ pub const COMPLETION_FIELDS: &[&str] = &[
     "id_slot",
     "timings_per_token",
     "return_progress",
+    "verbose",
     "user",
     "metadata",
     "store",
@@ -304,6 +306,7 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
         tools: None,
         reasoning: Default::default(),
         telemetry: crate::api::timings::telemetry(obj)?,
+        verbose: opt_bool(obj, "verbose")?.unwrap_or(false),
     })
 }
 

@@ -57,6 +57,10 @@ pub async fn generate(
         model: model.id.clone(),
         fingerprint: model.fingerprint.clone(),
     };
+    // llama-server's `verbose`: the prompt as the model reads it (the first, for a batch).
+    let echo = (g.verbose && !g.stream)
+        .then(|| prompts.first().and_then(|p| model.tok.decode(p, true).ok()))
+        .flatten();
     let mut gen = generate::start_many(&st, model, prompts, &g, fault, log.start).await?;
     let unenforced = std::mem::take(&mut gen.unenforced);
     // Calls are parsed out of chat answers whenever the model was shown tools, and
@@ -68,7 +72,7 @@ pub async fn generate(
     let resp = if g.stream {
         stream_reply(gen, reply, g, log, split).await
     } else {
-        collect_reply(gen, reply, split).await
+        collect_reply(gen, reply, split, echo).await
     };
     resp.map(|r| generate::mark_unenforced(r, &unenforced))
 }
@@ -159,6 +163,7 @@ async fn collect_reply(
     gen: Generation,
     r: Reply,
     split: Option<Split>,
+    verbose: Option<String>,
 ) -> Result<Response, ApiError> {
     let out = gen.collect().await?;
     let summary = out.usage();
@@ -217,6 +222,19 @@ async fn collect_reply(
     body["choices"] = Value::Array(choices);
     body["usage"] = usage(&summary);
     body["timings"] = timings::of_summary(&summary);
+    if let Some(prompt) = verbose {
+        let content = out
+            .choices
+            .first()
+            .map(|c| c.text.as_str())
+            .unwrap_or_default();
+        body["__verbose"] = json!({
+            "prompt": prompt,
+            "content": content,
+            "tokens_evaluated": summary.prompt_tokens,
+            "tokens_predicted": summary.completion_tokens,
+        });
+    }
     let mut resp = Json(body).into_response();
     resp.extensions_mut().insert(summary);
     Ok(resp)
