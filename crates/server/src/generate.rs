@@ -11,8 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::api::timings::Timings;
 use crate::error::ApiError;
-use crate::params::GenRequest;
-use crate::params::Telemetry;
+use crate::params::{GenRequest, Telemetry};
 use crate::worker::{Event, Fault, Job, PromptProgress, Summary, TokenLogprob, EVENT_CAPACITY};
 use crate::{AppState, Model};
 use minfer_runtime::{CompiledGrammar, Grammar};
@@ -202,24 +201,20 @@ pub async fn start_many(
     }
     let ctx = m.slot_ctx;
     let many = prompts.len() > 1;
-    let which = |i: usize| {
+    // A refusal of one prompt of a batch names it.
+    let of = |i: usize, mut e: ApiError| {
         if many {
-            format!("prompt {i}")
-        } else {
-            "the prompt".to_string()
+            e.message = format!("prompt {i}: {}", e.message);
         }
+        e
     };
     for (i, p) in prompts.iter().enumerate() {
         if p.is_empty() {
-            return Err(ApiError::bad_request(format!("{} is empty", which(i))));
+            return Err(of(i, ApiError::bad_request("the prompt is empty")));
         }
         // A slot holds the prompt and at least one generated token.
         if p.len() >= ctx {
-            let mut e = ApiError::context_length_exceeded(ctx, p.len());
-            if many {
-                e.message = format!("prompt {i}: {}", e.message);
-            }
-            return Err(e);
+            return Err(of(i, ApiError::context_length_exceeded(ctx, p.len())));
         }
     }
     if g.n > m.n_slots {

@@ -11,9 +11,6 @@ use crate::error::ApiError;
 use crate::job::{PromptProgress, Summary};
 use crate::params::Telemetry;
 
-/// The request fields that ask for stream telemetry, for the routes' field lists.
-pub const FIELDS: [&str; 2] = ["timings_per_token", "return_progress"];
-
 /// Reads `timings_per_token` and `return_progress` (booleans, default false).
 pub fn telemetry(obj: &Object) -> Result<Telemetry, ApiError> {
     Ok(Telemetry {

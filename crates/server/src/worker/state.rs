@@ -51,6 +51,14 @@ pub(super) struct Active {
     pub(super) verifying: bool,
 }
 
+impl Active {
+    /// The request's index of this slot's choice (a batch numbers its prompts' choices
+    /// one after the other).
+    pub(super) fn index(&self) -> usize {
+        self.job.first_choice + self.choice
+    }
+}
+
 /// One sequence of the engine: the tokens its KV holds and the request in it, if any.
 pub(super) struct Slot {
     /// Tokens whose KV sits at positions `0..cached.len()`.

@@ -582,7 +582,7 @@ fn emit(
             if !text.is_empty() || !a.logprobs.is_empty() {
                 let logprobs = std::mem::take(&mut a.logprobs);
                 a.outbox.push_back(Event::Chunk {
-                    choice: a.job.first_choice + a.choice,
+                    choice: a.index(),
                     text,
                     logprobs,
                     generated: a.generated,
@@ -592,7 +592,7 @@ fn emit(
         StopEvent::Stopped(text) => {
             let logprobs = std::mem::take(&mut a.logprobs);
             a.outbox.push_back(Event::Chunk {
-                choice: a.job.first_choice + a.choice,
+                choice: a.index(),
                 text,
                 logprobs,
                 generated: a.generated,
@@ -618,7 +618,7 @@ fn finish(a: &mut Active, metrics: &Metrics, reason: Finish, release: bool) {
     if !rest.is_empty() || !a.logprobs.is_empty() {
         let logprobs = std::mem::take(&mut a.logprobs);
         a.outbox.push_back(Event::Chunk {
-            choice: a.job.first_choice + a.choice,
+            choice: a.index(),
             text: rest,
             logprobs,
             generated: a.generated,
@@ -631,7 +631,7 @@ fn finish(a: &mut Active, metrics: &Metrics, reason: Finish, release: bool) {
         .matched()
         .and_then(|m| a.job.stop.iter().position(|s| s == m));
     let summary = Summary {
-        choice: a.job.first_choice + a.choice,
+        choice: a.index(),
         finish: reason,
         prompt_tokens: a.job.prompt.len(),
         cached_tokens: a.cached_tokens,

@@ -12,11 +12,13 @@ use serde_json::{json, Value};
 
 use super::request::{continuation, parse_chat, parse_completion};
 use super::response::{generate, Kind};
+use crate::api::fields::Object;
 use crate::api::prepare::prepare;
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::generate::{completion_prompt, render_chat_with};
-use crate::{AppState, RequestLog};
+use crate::generate::{completion_prompt, render_chat_with, ChatPrompt};
+use crate::params::GenRequest;
+use crate::{AppState, Model, RequestLog};
 
 type St = State<Arc<AppState>>;
 
@@ -53,6 +55,18 @@ async fn models(State(st): St) -> Json<Value> {
     Json(json!({ "object": "list", "data": data }))
 }
 
+/// A chat request read and its prompt rendered: the model it names, the prompt, and its
+/// generation settings.
+fn render(s: &AppState, obj: &Object) -> Result<(Arc<Model>, ChatPrompt, GenRequest), ApiError> {
+    let (msgs, g) = parse_chat(obj)?;
+    let kwargs = crate::api::thinking::template_kwargs(obj)?;
+    let how = continuation(obj)?;
+    let m = s.model(g.model.as_deref())?;
+    let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
+    let p = render_chat_with(s, &m, &msgs, tools, &kwargs, how)?;
+    Ok((m, p, g))
+}
+
 async fn chat(
     State(st): St,
     Extension(log): Extension<RequestLog>,
@@ -60,12 +74,7 @@ async fn chat(
 ) -> Result<Response, ApiError> {
     // Rendering and tokenising a large conversation is CPU work: off the async threads.
     let (m, prompt, g, inject) = prepare(&st, b, move |s, obj| {
-        let (msgs, mut g) = parse_chat(&obj)?;
-        let kwargs = crate::api::thinking::template_kwargs(&obj)?;
-        let how = continuation(&obj)?;
-        let m = s.model(g.model.as_deref())?;
-        let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
-        let p = render_chat_with(s, &m, &msgs, tools, &kwargs, how)?;
+        let (m, p, mut g) = render(s, &obj)?;
         p.shape(&mut g);
         Ok((m, p.ids, g, p.fault))
     })
@@ -76,17 +85,7 @@ async fn chat(
 /// `POST /v1/chat/completions/input_tokens` (llama-server's): the prompt tokens a chat
 /// request would run, its messages and tools rendered by the template.
 async fn input_tokens(State(st): St, b: Body) -> Result<Response, ApiError> {
-    let n = prepare(&st, b, move |s, obj| {
-        let (msgs, g) = parse_chat(&obj)?;
-        let kwargs = crate::api::thinking::template_kwargs(&obj)?;
-        let how = continuation(&obj)?;
-        let m = s.model(g.model.as_deref())?;
-        let tools = g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
-        Ok(render_chat_with(s, &m, &msgs, tools, &kwargs, how)?
-            .ids
-            .len())
-    })
-    .await?;
+    let n = prepare(&st, b, move |s, obj| Ok(render(s, &obj)?.1.ids.len())).await?;
     Ok(Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }
 

@@ -20,12 +20,13 @@ use super::response::{base, entry, finished};
 use super::store::{CAPACITY, TTL};
 use super::stream::Stream;
 use crate::answer::{self, AnswerSplitter};
+use crate::api::fields::Object;
 use crate::api::prepare::prepare;
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::generate::{self, render_chat};
+use crate::generate::{self, render_chat, ChatPrompt};
 use crate::job::Event;
-use crate::{AppState, RequestLog, StreamLogged};
+use crate::{AppState, Model, RequestLog, StreamLogged};
 
 type St = State<Arc<AppState>>;
 
@@ -40,13 +41,19 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/responses/input_tokens", post(input_tokens))
 }
 
-/// A request's conversation: the history it continues and adds to
-/// (`previous_response_id`'s and the new input), the messages rendered for it (with
-/// `instructions` first), and the model it names or its previous response used.
-type Conversation = (Vec<ChatMessage>, Vec<ChatMessage>, Option<String>);
+/// A request's conversation, rendered.
+struct Rendered {
+    /// The history it continues and adds to (`previous_response_id`'s, then the new
+    /// input).
+    history: Vec<ChatMessage>,
+    /// The model it names, or the one its previous response used.
+    model: Arc<Model>,
+    /// The prompt: `instructions` first, then the history, through the template.
+    prompt: ChatPrompt,
+}
 
-/// The [`Conversation`] of `p`.
-fn conversation(s: &AppState, p: &Parsed) -> Result<Conversation, ApiError> {
+/// Renders the conversation of request `p` (body `obj`).
+fn render(s: &AppState, obj: &Object, p: &Parsed) -> Result<Rendered, ApiError> {
     let mut history: Vec<ChatMessage> = Vec::new();
     let mut model = p.g.model.clone();
     if let Some(prev) = &p.previous {
@@ -64,7 +71,15 @@ fn conversation(s: &AppState, p: &Parsed) -> Result<Conversation, ApiError> {
         msgs.push(ChatMessage::new("system", i.clone()));
     }
     msgs.extend(history.iter().cloned());
-    Ok((history, msgs, model))
+    let m = s.model(model.as_deref())?;
+    let kwargs = crate::api::thinking::template_kwargs(obj)?;
+    let tools = p.g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
+    let prompt = render_chat(s, &m, &msgs, tools, &kwargs)?;
+    Ok(Rendered {
+        history,
+        model: m,
+        prompt,
+    })
 }
 
 /// `POST /v1/responses/input_tokens`: the prompt tokens the request would run, as
@@ -72,11 +87,7 @@ fn conversation(s: &AppState, p: &Parsed) -> Result<Conversation, ApiError> {
 async fn input_tokens(State(st): St, b: Body) -> Result<Response, ApiError> {
     let n = prepare(&st, b, move |s, obj| {
         let p = parse(&obj)?;
-        let (_, msgs, model) = conversation(s, &p)?;
-        let m = s.model(model.as_deref())?;
-        let kwargs = crate::api::thinking::template_kwargs(&obj)?;
-        let tools = p.g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
-        Ok(render_chat(s, &m, &msgs, tools, &kwargs)?.ids.len())
+        Ok(render(s, &obj, &p)?.prompt.ids.len())
     })
     .await?;
     Ok(Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
@@ -114,11 +125,11 @@ async fn create(
     let rid = id.clone();
     let (m, prompt, g, fault, history, head) = prepare(&st, b, move |s, obj| {
         let p = parse(&obj)?;
-        let (history, msgs, model) = conversation(s, &p)?;
-        let m = s.model(model.as_deref())?;
-        let kwargs = crate::api::thinking::template_kwargs(&obj)?;
-        let tools = p.g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
-        let cp = render_chat(s, &m, &msgs, tools, &kwargs)?;
+        let Rendered {
+            history,
+            model: m,
+            prompt: cp,
+        } = render(s, &obj, &p)?;
         let head = base(&rid, created, &m.id, &p, &obj);
         let mut g = p.g;
         cp.shape(&mut g);
