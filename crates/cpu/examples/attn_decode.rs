@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use minfer_cpu::hugemem::HugeVec;
 use minfer_cpu::ops::attn::{attention, AttnArgs, AttnScratch};
 use minfer_cpu::ops::vec::VecIsa;
 use minfer_cpu::threadpool::ThreadPool;
@@ -33,8 +34,12 @@ fn main() -> Result<(), String> {
     let common::Inputs { k: kr, v: vr, q } = common::inputs(&m, kv_type, n, m.n_head * m.hd)?;
     let types = [kv_type; 2];
     let row_words = minfer_cpu::ops::kv::region_words(kv_type, m.nkt(), n)?.0;
-    // The other layers hold copies: the same values at other addresses.
-    let regions = vec![(kr, vr); layers];
+    // The other layers hold copies: the same values at other addresses, on huge pages
+    // as the backend's regions are (`hugemem::advise_huge`).
+    let on_huge = |x: &[f32]| HugeVec::from_slice(x).map_err(|e| format!("K/V memory: {e}"));
+    let regions = (0..layers)
+        .map(|_| Ok((on_huge(&kr)?, on_huge(&vr)?)))
+        .collect::<Result<Vec<_>, String>>()?;
     let pool = ThreadPool::new(threads);
     let isa = VecIsa::detect();
     let mut scratch = AttnScratch::default();

@@ -1,4 +1,5 @@
-//! Weight memory on transparent huge pages.
+//! Weight memory on transparent huge pages, and the advice that puts the backend's large
+//! pool buffers there too ([`advise_huge`]).
 //!
 //! Decode streams every weight byte once per token, so its speed is the memory read
 //! bandwidth one core can draw. With 4 KiB pages that bandwidth is lower than it need be:
@@ -87,6 +88,36 @@ impl Arena {
     }
 }
 
+/// Advises the whole 2 MiB pages inside `buf` onto transparent huge pages, for the
+/// backend's large buffers (the K/V and recurrent-state regions above all, which decode
+/// reads whole at every token, in runs too short for the prefetchers to follow across
+/// 4 KiB pages). Called before anything is written to a fresh buffer, whose pages are
+/// not mapped yet: their first touch then maps 2 MiB pages. A buffer holding no whole
+/// huge page is left alone, and so is everything where the advice is not supported;
+/// only the placement changes, never the bytes.
+pub fn advise_huge(buf: &mut [f32]) {
+    #[cfg(target_os = "linux")]
+    {
+        let start = buf.as_mut_ptr() as usize;
+        let end = start + std::mem::size_of_val(buf);
+        let (first, last) = (start.next_multiple_of(HUGE), end - end % HUGE);
+        if first < last {
+            // SAFETY: `[first, last)` lies inside `buf`, memory this process owns and
+            // mapped; the advice changes how its pages are backed, not their contents,
+            // and a refusal (no transparent huge pages) is ignored.
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_HUGEPAGE,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = buf;
+}
+
 /// A fixed-length, zero-initialised array of `T` on huge-page weight memory: a `Vec`
 /// that cannot grow.
 pub struct HugeVec<T> {
@@ -169,6 +200,20 @@ impl<T> std::fmt::Debug for HugeVec<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn advice_keeps_the_bytes_of_small_unaligned_and_large_buffers() {
+        for len in [0, 3, 1000, 3 << 20] {
+            let mut b = vec![0.0f32; len];
+            advise_huge(&mut b);
+            assert!(b.iter().all(|&v| v == 0.0));
+            b.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32);
+            if let Some(tail) = b.get_mut(1..) {
+                advise_huge(tail);
+            }
+            assert!(b.iter().enumerate().all(|(i, &v)| v == i as f32));
+        }
+    }
 
     #[test]
     fn allocations_are_zeroed_aligned_disjoint_and_copy_exactly() {

@@ -24,12 +24,24 @@ pub struct HostPool {
     idle: Vec<usize>,
     /// Ids whose storage was released; reused before the pool grows.
     vacant: Vec<usize>,
+    /// Called on each new buffer's storage before anything writes to it (the CPU
+    /// backend advises large ones onto huge pages there); `None` does nothing.
+    on_fresh: Option<fn(&mut [f32])>,
 }
 
 impl HostPool {
     /// An empty pool.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty pool that calls `f` on every new buffer's storage, zero-filled but not
+    /// yet written (the system has mapped no page of a large one yet).
+    pub fn with_on_fresh(f: fn(&mut [f32])) -> Self {
+        Self {
+            on_fresh: Some(f),
+            ..Self::default()
+        }
     }
 
     /// A zero-filled buffer of `size` values, recycled when possible: a free buffer of
@@ -71,11 +83,15 @@ impl HostPool {
     /// A new zero-filled buffer that never comes from the free list (a vacant id, whose
     /// storage was released, may be reused).
     pub fn alloc_fresh(&mut self, size: usize) -> usize {
+        let mut buf = vec![0.0; size];
+        if let Some(f) = self.on_fresh {
+            f(&mut buf);
+        }
         if let Some(id) = self.vacant.pop() {
-            self.buffers[id] = vec![0.0; size];
+            self.buffers[id] = buf;
             return id;
         }
-        self.buffers.push(vec![0.0; size]);
+        self.buffers.push(buf);
         self.buffers.len() - 1
     }
 
@@ -248,6 +264,24 @@ macro_rules! host_pool_methods {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fresh_hook_sees_every_new_buffer_and_no_recycled_one() {
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        static SEEN: AtomicUsize = AtomicUsize::new(0);
+        fn count(b: &mut [f32]) {
+            assert!(b.iter().all(|&v| v == 0.0), "handed over zero-filled");
+            SEEN.fetch_add(b.len(), Relaxed);
+        }
+        let mut p = HostPool::with_on_fresh(count);
+        let a = p.alloc(4);
+        p.alloc_fresh(3);
+        assert_eq!(SEEN.load(Relaxed), 7);
+        p.write(a, &[1.0; 4]).unwrap();
+        p.free(a);
+        assert_eq!(p.alloc(4), a, "recycled by exact length");
+        assert_eq!(SEEN.load(Relaxed), 7, "a recycled buffer is not new");
+    }
 
     #[test]
     fn ids_are_recycled_by_exact_length_and_staging_is_fresh() {

@@ -121,7 +121,7 @@ impl CpuBackend {
         CpuBackend {
             pool: ThreadPool::new(n_threads),
             isa: VecIsa::detect(),
-            mem: HostPool::new(),
+            mem: HostPool::with_on_fresh(crate::hugemem::advise_huge),
             weights: WeightRegistry::default(),
             scratch: Scratch::default(),
             repack: true,

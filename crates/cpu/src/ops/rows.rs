@@ -11,6 +11,16 @@ use std::arch::x86_64::*;
 
 use minfer_graph::kvtype::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 
+/// How many rows ahead of the one they compute with the decode kernels ask for key and
+/// value rows ([`Rows::prefetch`]). A decode token's item reads each row of its KV head
+/// once, in short runs (a head's part of a row is 8 cache lines of f16, then the other
+/// heads' part), which the hardware prefetchers barely train on, so without the hint
+/// the kernels wait on memory and compute in turn. With it, decode attention over 4096
+/// keys of f16 ran about 30% faster and over Q8_0 about 45% faster on an AVX-512 host,
+/// two threads, K/V from memory (`examples/attn_decode`); 8 and 16 rows gained less,
+/// 64 the same, 128 less again.
+pub(crate) const PREFETCH_ROWS: usize = 32;
+
 /// A view of rows the kernels load 8 or 16 values at a time from.
 ///
 /// # Safety
@@ -35,6 +45,16 @@ pub(crate) unsafe trait Rows: Copy {
     /// # Panics
     /// Where they are not all in this view (a caller's bug).
     fn sub(self, row0: usize, rows: usize) -> Self;
+
+    /// Asks the cache for the lines holding values `col..col + n` of row `row`, which
+    /// may lie past the view (the next tile's rows). The packed views, which decode
+    /// reads in place from the K/V regions, do; an f32 view does nothing: over a region
+    /// its reads already stream at the memory's rate, and over a decoded tile the rows
+    /// are in cache.
+    #[inline(always)]
+    fn prefetch(self, row: usize, col: usize, n: usize) {
+        let _ = (row, col, n);
+    }
 
     /// Values `col..col + 8` of row `row`.
     ///
@@ -126,6 +146,20 @@ impl F32Rows {
             rows,
             width,
         }
+    }
+}
+
+/// Asks the cache for every line of the bytes `[a, b)`, wherever they are: a prefetch
+/// is a hint that reads nothing architecturally and never faults, so an address past
+/// the region (the rows after its last, named by a kernel's look-ahead) costs a useless
+/// line at most.
+#[inline(always)]
+fn prefetch_span(a: *const u8, b: *const u8) {
+    let (mut line, end) = (a as usize & !63, b as usize);
+    while line < end {
+        // SAFETY: a prefetch instruction, as above: no access is made.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
+        line += 64;
     }
 }
 
@@ -230,6 +264,12 @@ unsafe impl Rows for F16Rows {
     }
 
     #[inline(always)]
+    fn prefetch(self, row: usize, col: usize, n: usize) {
+        let at = |c: usize| self.ptr.wrapping_add(self.first + row * self.stride + c);
+        prefetch_span(at(col).cast(), at(col + n).cast());
+    }
+
+    #[inline(always)]
     unsafe fn load8(self, row: usize, col: usize) -> __m256 {
         let p = self.ptr.wrapping_add(self.first + row * self.stride + col);
         // SAFETY: eight halves at `p` (trait).
@@ -309,6 +349,15 @@ unsafe fn scale(b: *const u8) -> f32 {
 // the caller names (8 or 16 columns never cross a 32-column block).
 unsafe impl Rows for Q8Rows {
     const BLOCK_LOADS: bool = true;
+
+    #[inline(always)]
+    fn prefetch(self, row: usize, col: usize, n: usize) {
+        let at = |c: usize| {
+            let (b, j) = self.block(row, c);
+            b.wrapping_add(j)
+        };
+        prefetch_span(at(col), at(col + n));
+    }
 
     #[inline(always)]
     fn rows(self) -> usize {

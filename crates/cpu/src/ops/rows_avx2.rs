@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::rows::Rows;
+use super::rows::{Rows, PREFETCH_ROWS};
 
 /// `out[i] = q · k_{row0 + i}`, eight rows at a time: eight accumulators, reduced
 /// together by a horizontal-add tree; the last rows one by one as [`dot`] takes them.
@@ -19,6 +19,9 @@ pub(super) unsafe fn dot_rows_in<R: Rows>(q: &[f32], k: R, row0: usize, out: &mu
     let pq = q.as_ptr();
     let mut i = 0;
     while i + 8 <= n {
+        for r in 0..8 {
+            k.prefetch(row0 + i + PREFETCH_ROWS + r, 0, hd);
+        }
         let mut acc = [_mm256_setzero_ps(); 8];
         let mut d = 0;
         // Whole blocks of 32 first, each row's four chunks loaded together: every
@@ -110,6 +113,7 @@ pub(super) unsafe fn weighted_rows_acc_in<R: Rows>(p: &[f32], v: R, col0: usize,
             *a = _mm256_loadu_ps(o.as_ptr().add(c0 + 8 * j));
         }
         for (i, &pi) in p.iter().enumerate() {
+            v.prefetch(i + PREFETCH_ROWS, col0 + c0, 64);
             let s = _mm256_set1_ps(pi);
             for (half, a4) in acc.chunks_exact_mut(4).enumerate() {
                 // SAFETY: row i is in `v` (caller), c0 + 64 <= hd; a block load only

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::rows::Rows;
+use super::rows::{Rows, PREFETCH_ROWS};
 
 /// Whether the 512-bit primitives run: the quantized kernels' ISA is the VNNI one (which
 /// implies AVX-512 F/BW/VL, detected at run time, and no cap below it).
@@ -124,6 +124,9 @@ pub(super) unsafe fn dot_rows2<R: Rows>(
     unsafe { pair_rows(qa, qb, &mut q[..hd / 8]) };
     let mut i = 0;
     while i + 8 <= n {
+        for r in 0..8 {
+            k.prefetch(i + PREFETCH_ROWS + r, 0, hd);
+        }
         let mut acc = [_mm512_setzero_ps(); 8];
         if R::BLOCK_LOADS && hd.is_multiple_of(32) {
             // A block of four chunks per row load, each accumulator still taking its
@@ -183,6 +186,9 @@ pub(super) unsafe fn dot_rows4<R: Rows>(q: [&[f32]; 4], k: R, out: [&mut [f32]; 
     }
     let mut i = 0;
     while i + 8 <= n {
+        for r in 0..8 {
+            k.prefetch(i + PREFETCH_ROWS + r, 0, hd);
+        }
         let mut ab = [_mm512_setzero_ps(); 8];
         let mut cd = [_mm512_setzero_ps(); 8];
         if R::BLOCK_LOADS && hd.is_multiple_of(32) {
@@ -237,6 +243,7 @@ pub(super) unsafe fn weighted_rows_acc<R: Rows>(p: &[f32], v: R, o: &mut [f32]) 
             *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(c0 + 16 * j)) };
         }
         for (i, &pi) in p.iter().enumerate() {
+            v.prefetch(i + PREFETCH_ROWS, c0, 64);
             let s = _mm512_set1_ps(pi);
             // SAFETY: row i is inside `v` (caller), c0 + 64 <= hd, c0 % 64 == 0.
             let x = unsafe { v.load64(i, c0) };
@@ -283,6 +290,7 @@ pub(super) unsafe fn weighted_rows_accn<R: Rows, const N: usize>(
         // `i` indexes all N weight rows at once, which no single iterator does.
         #[allow(clippy::needless_range_loop)]
         for i in 0..n {
+            v.prefetch(i + PREFETCH_ROWS, c0, 64);
             let w: [__m512; N] = std::array::from_fn(|h| _mm512_set1_ps(p[h][i]));
             // SAFETY: row i is inside `v` (caller), c0 + 64 <= hd, c0 % 64 == 0.
             let x4 = unsafe { v.load64(i, c0) };
