@@ -11,14 +11,14 @@ use std::arch::x86_64::*;
 
 use minfer_graph::kvtype::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 
-/// How many rows ahead of the one they compute with the decode kernels ask for key and
+/// How many rows ahead of the one they compute the attention kernels ask for key and
 /// value rows ([`Rows::prefetch`]). A decode token's item reads each row of its KV head
-/// once, in short runs (a head's part of a row is 8 cache lines of f16, then the other
-/// heads' part), which the hardware prefetchers barely train on, so without the hint
-/// the kernels wait on memory and compute in turn. With it, decode attention over 4096
-/// keys of f16 ran about 30% faster and over Q8_0 about 45% faster on an AVX-512 host,
-/// two threads, K/V from memory (`examples/attn_decode`); 8 and 16 rows gained less,
-/// 64 the same, 128 less again.
+/// once, in short runs (a head's part of a row is 8 cache lines of f16 for a 256-wide
+/// head, 4 of f32 for a 64-wide one, then the other heads' part), which the hardware
+/// prefetchers barely train on, so without the hint the kernels wait on memory and
+/// compute in turn. With it, decode attention after 4096 tokens took about 30% less
+/// time over f16, 45% less over Q8_0 and 14% less over f32 (two threads, AVX-512 host,
+/// BENCHMARKS.md); 16 and 64 rows gained less in the model, 128 less again.
 pub(crate) const PREFETCH_ROWS: usize = 32;
 
 /// A view of rows the kernels load 8 or 16 values at a time from.
@@ -47,14 +47,8 @@ pub(crate) unsafe trait Rows: Copy {
     fn sub(self, row0: usize, rows: usize) -> Self;
 
     /// Asks the cache for the lines holding values `col..col + n` of row `row`, which
-    /// may lie past the view (the next tile's rows). The packed views, which decode
-    /// reads in place from the K/V regions, do; an f32 view does nothing: over a region
-    /// its reads already stream at the memory's rate, and over a decoded tile the rows
-    /// are in cache.
-    #[inline(always)]
-    fn prefetch(self, row: usize, col: usize, n: usize) {
-        let _ = (row, col, n);
-    }
+    /// may lie past the view (the next tile's rows).
+    fn prefetch(self, row: usize, col: usize, n: usize);
 
     /// Values `col..col + 8` of row `row`.
     ///
@@ -194,6 +188,17 @@ unsafe impl Rows for F32Rows {
     #[inline(always)]
     fn width(self) -> usize {
         self.width
+    }
+
+    /// Only rows that are not one contiguous run (a KV head's part of the rows of a
+    /// region holding several heads) are asked for: contiguous rows (a decoded tile, a
+    /// region of one KV head) stream as the hardware prefetchers expect, or are in cache.
+    #[inline(always)]
+    fn prefetch(self, row: usize, col: usize, n: usize) {
+        if self.stride > self.width {
+            let at = |c: usize| self.ptr.wrapping_add(self.first + row * self.stride + c);
+            prefetch_span(at(col).cast(), at(col + n).cast());
+        }
     }
 
     #[inline(always)]
