@@ -18,7 +18,8 @@ use minfer_graph::kvtype::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 /// prefetchers barely train on, so without the hint the kernels wait on memory and
 /// compute in turn. With it, decode attention after 4096 tokens took about 30% less
 /// time over f16, 45% less over Q8_0 and 14% less over f32 (two threads, AVX-512 host,
-/// BENCHMARKS.md); 16 and 64 rows gained less in the model, 128 less again.
+/// BENCHMARKS.md); in the model 16 rows gained less and 64 no more, and in
+/// `examples/attn_decode` 128 gained less.
 pub(crate) const PREFETCH_ROWS: usize = 32;
 
 /// A view of rows the kernels load 8 or 16 values at a time from.
