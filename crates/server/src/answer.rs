@@ -99,11 +99,20 @@ fn piece(p: Piece) -> Out {
     }
 }
 
+/// Splits a whole answer into its pieces in the order the model wrote them, adjacent
+/// pieces of one kind joined: what a codec that keeps the order (Responses' output
+/// items, Anthropic's content blocks) renders, as its stream would.
+pub fn split_ordered(text: &str, reasoning: Reasoning, tools: Option<&ToolSpec>) -> Vec<Out> {
+    let mut s = AnswerSplitter::new(reasoning, tools);
+    let mut outs = s.push(text);
+    outs.extend(s.finish());
+    coalesce(outs)
+}
+
 /// Splits a whole answer (see [`AnswerSplitter`]).
 pub fn split(text: &str, reasoning: Reasoning, tools: Option<&ToolSpec>) -> Answer {
-    let mut s = AnswerSplitter::new(reasoning, tools);
     let mut a = Answer::default();
-    for o in s.push(text).into_iter().chain(s.finish()) {
+    for o in split_ordered(text, reasoning, tools) {
         match o {
             Out::Reasoning(r) => a.reasoning.push_str(&r),
             Out::Text(t) => a.text.push_str(&t),

@@ -123,10 +123,17 @@ pub fn usage(choices: &[Summary], per_prompt: usize) -> Summary {
 
 /// The request's output grammar or tool-call grammar, the request field that gave it and
 /// the text that starts it (a lazy tool-call grammar); `None` when nothing constrains.
+/// Tools beside a JSON output answer in calls or in that JSON (the request parsers refuse
+/// them beside any other output grammar).
 fn constraint_source(g: &GenRequest) -> Option<(Grammar, &'static str, Option<&'static str>)> {
-    match (&g.grammar, g.tools.as_ref().and_then(|t| t.grammar())) {
-        (Some((gr, field)), _) => Some((gr.clone(), *field, None)),
-        (None, Some((gr, trigger))) => Some((gr, "tools", trigger)),
+    let tools = g.tools.as_ref().filter(|t| t.enabled());
+    match (&g.grammar, tools) {
+        (Some((gr, field)), Some(t)) => match t.grammar_with_output(gr) {
+            Some((both, trigger)) => Some((both, *field, trigger)),
+            None => Some((gr.clone(), *field, None)),
+        },
+        (Some((gr, field)), None) => Some((gr.clone(), *field, None)),
+        (None, Some(t)) => t.grammar().map(|(gr, trigger)| (gr, "tools", trigger)),
         (None, None) => None,
     }
 }

@@ -12,7 +12,10 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 
 mod bare;
+mod refs;
 mod xml;
+
+use refs::{rebased, rebased_root, REF_ROOT};
 
 /// The tag that opens a call in the generated text.
 pub const OPEN: &str = "<tool_call>";
@@ -207,18 +210,51 @@ impl ToolSpec {
     /// The grammar that constrains calls, and the text that starts it when the model may
     /// answer in text instead (`auto`). `None` when no call may be made.
     pub fn grammar(&self) -> Option<(Grammar, Option<&'static str>)> {
+        let lazy = self.choice == ToolChoice::Auto;
+        let g = self.calls_grammar(lazy, "start")?;
+        Some((Grammar::Lark(g), lazy.then_some(OPEN)))
+    }
+
+    /// The Lark rules of the calls this request may make, the calls themselves under
+    /// rule `top`; `lazy`: they start after the model's own `<tool_call>`. `None` when
+    /// no call may be made.
+    fn calls_grammar(&self, lazy: bool, top: &str) -> Option<String> {
         let funcs: Vec<&Function> = match &self.choice {
             ToolChoice::None => return None,
             ToolChoice::Named(n) => self.functions.iter().filter(|f| &f.name == n).collect(),
             ToolChoice::Auto | ToolChoice::Required => self.functions.iter().collect(),
         };
         let parallel = self.parallel && !matches!(self.choice, ToolChoice::Named(_));
-        let lazy = self.choice == ToolChoice::Auto;
-        let g = match self.format {
-            CallFormat::Json => json_grammar(&funcs, lazy, parallel),
-            CallFormat::Xml => xml::grammar(&funcs, lazy, parallel),
+        Some(match self.format {
+            CallFormat::Json => json_grammar(&funcs, lazy, parallel, top),
+            CallFormat::Xml => xml::grammar(&funcs, lazy, parallel, top),
+        })
+    }
+
+    /// The grammar of an answer when the request also asks for JSON output (`output`:
+    /// a JSON schema or any JSON object), and the text that starts it. With `auto` the
+    /// answer is calls or the JSON answer, chosen by the model from its first token (an
+    /// agent with an output type sends both: it calls tools, then answers in the
+    /// schema); where a call is required or named, the answer is that call, since the
+    /// output format shapes a text answer and there is none. `None` when no call may be
+    /// made, or when `output` is not JSON (see [`check_output`]).
+    pub fn grammar_with_output(&self, output: &Grammar) -> Option<(Grammar, Option<&'static str>)> {
+        if self.choice != ToolChoice::Auto {
+            return self.grammar();
+        }
+        let schema = match output {
+            Grammar::JsonSchema(s) => s.clone(),
+            Grammar::JsonObject => json!({"type": "object"}),
+            _ => return None,
         };
-        Some((Grammar::Lark(g), lazy.then_some(OPEN)))
+        let calls = self.calls_grammar(false, "calls")?;
+        let schema = minfer_runtime::constraint::bounded_whitespace(schema);
+        Some((
+            Grammar::Lark(format!(
+                "start: calls | answer\nanswer: %json {schema}\n{calls}"
+            )),
+            None,
+        ))
     }
 
     /// A splitter for one output of this request: calls read in the model's format,
@@ -239,7 +275,8 @@ impl ToolSpec {
 
 /// The grammar of JSON calls: `{"name": <a tool>, "arguments": <its parameters>}` on one
 /// line between the tags; `lazy`: it starts after the model's own `<tool_call>`.
-fn json_grammar(funcs: &[&Function], lazy: bool, parallel: bool) -> String {
+/// `top` names the rule the calls are.
+fn json_grammar(funcs: &[&Function], lazy: bool, parallel: bool, top: &str) -> String {
     let mut g = String::new();
     let body = "\"\\n\" call \"\\n</tool_call>\"";
     let repeat = if parallel {
@@ -249,28 +286,53 @@ fn json_grammar(funcs: &[&Function], lazy: bool, parallel: bool) -> String {
     };
     if lazy {
         // After the trigger (the model's own `<tool_call>`), the call itself.
-        g.push_str(&format!("start: {body}{repeat}\n"));
+        g.push_str(&format!("{top}: {body}{repeat}\n"));
     } else {
-        g.push_str(&format!("start: \"<tool_call>\" {body}{repeat}\n"));
+        g.push_str(&format!("{top}: \"<tool_call>\" {body}{repeat}\n"));
     }
     let alts: Vec<String> = (0..funcs.len()).map(|i| format!("f{i}")).collect();
     g.push_str(&format!("call: {}\n", alts.join(" | ")));
     for (i, f) in funcs.iter().enumerate() {
-        let schema = json!({
+        let mut schema = json!({
             "type": "object",
             "properties": {
                 "name": {"const": f.name},
-                "arguments": f.parameters,
+                "arguments": rebased(&f.parameters),
             },
             "required": ["name", "arguments"],
             "additionalProperties": false,
         });
+        if let Some(root) = rebased_root(&f.parameters) {
+            schema["$defs"] = json!({ REF_ROOT: root });
+        }
         // Calls are one line in this format: at most a space between two tokens.
-        let mut schema = schema;
         schema["x-guidance"] = json!({"whitespace_pattern": r"\x20", "lenient": !f.strict});
         g.push_str(&format!("f{i}: %json {schema}\n"));
     }
     g
+}
+
+/// Refuses tools beside an output grammar that cannot share an answer with them: a
+/// regular expression, a Lark or GBNF grammar constrains the whole text, where a call
+/// would be a different text. JSON output can ([`ToolSpec::grammar_with_output`]).
+/// `output_field` names the request's output field in the message.
+pub fn check_output(
+    tools: Option<&ToolSpec>,
+    output: Option<&Grammar>,
+    output_field: &str,
+) -> Result<(), ApiError> {
+    let json = matches!(
+        output,
+        None | Some(Grammar::JsonSchema(_) | Grammar::JsonObject)
+    );
+    if json || tools.is_none_or(|t| !t.enabled()) {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(format!(
+        "a tool call and the grammar of `{output_field}` cannot both constrain one answer: \
+         use a JSON schema there, or `tool_choice: none`"
+    ))
+    .with_param("tool_choice"))
 }
 
 /// JSON-format tools of these names without parameters, as a test's request gives them.
@@ -346,6 +408,54 @@ pub use stream::{split, Piece, StreamSplitter};
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_s_grammar_keeps_the_parameters_its_references_point_into() {
+        let params = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}},
+            "$defs": {"A": {"enum": ["x"]}}});
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": params}}]);
+        let s = parse(Some(&tools), Some(&json!("required")), None)
+            .unwrap()
+            .unwrap();
+        let (Grammar::Lark(g), None) = s.grammar().unwrap() else {
+            panic!("a required call's grammar");
+        };
+        assert!(g.contains("\"__tool_parameters\""), "{g}");
+    }
+
+    #[test]
+    fn json_output_beside_tools_is_one_grammar_and_other_grammars_are_refused() {
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let auto = parse(Some(&tools), None, None).unwrap().unwrap();
+        let schema = Grammar::JsonSchema(json!({"type": "object"}));
+        let (Grammar::Lark(g), None) = auto.grammar_with_output(&schema).unwrap() else {
+            panic!("auto with a schema: calls or the answer, from the first token");
+        };
+        assert!(g.starts_with("start: calls | answer\n"), "{g}");
+        assert!(g.contains("calls: \"<tool_call>\""), "{g}");
+        assert!(auto.grammar_with_output(&Grammar::JsonObject).is_some());
+        assert!(auto
+            .grammar_with_output(&Grammar::Regex("a".into()))
+            .is_none());
+        // A required call is the answer whatever the output format says.
+        let req = parse(Some(&tools), Some(&json!("required")), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(req.grammar_with_output(&schema), req.grammar());
+        assert!(check_output(Some(&auto), Some(&schema), "response_format").is_ok());
+        assert!(check_output(Some(&auto), None, "response_format").is_ok());
+        let e = check_output(
+            Some(&auto),
+            Some(&Grammar::Gbnf("root ::= \"a\"".into())),
+            "grammar",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`grammar`"), "{e}");
+        let none = parse(Some(&tools), Some(&json!("none")), None)
+            .unwrap()
+            .unwrap();
+        assert!(check_output(Some(&none), Some(&Grammar::Regex("a".into())), "x").is_ok());
+    }
 
     #[test]
     fn tool_choices_are_read_and_checked_by_name() {

@@ -12,8 +12,9 @@ pub fn split(text: &str) -> (String, Vec<Call>) {
 }
 
 impl StreamSplitter {
-    /// Splits a whole output into its text and its calls. A block that does not parse as
-    /// a call (cut off by the token limit) stays in the text, as generated.
+    /// Splits a whole output into its text and its calls. A closed block that does not
+    /// parse as a call stays in the text, as generated; one the output ends inside (cut
+    /// off by the token limit or a stop sequence) is dropped (see [`Self::finish`]).
     pub fn split(mut self, text: &str) -> (String, Vec<Call>) {
         let (mut content, mut calls) = (String::new(), Vec::new());
         let mut pieces = self.push(text);
@@ -42,7 +43,7 @@ pub enum Piece {
 /// The default reads JSON calls; [`ToolSpec::splitter`] reads the request's format and
 /// also takes an answer that is only a call's JSON, without the tags, as that call
 /// (`bare`): such a start is held back until it is one or cannot be.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StreamSplitter {
     parser: CallParser,
     buf: String,
@@ -55,8 +56,27 @@ pub struct StreamSplitter {
     parallel: bool,
     /// The start of the answer has been read as text: no bare call follows.
     started: bool,
+    /// Calls passed on so far (without `parallel`, those after the first are dropped).
+    calls: usize,
     /// The call being read was opened by `<function=NAME>` alone, without `<tool_call>`.
     untagged: bool,
+}
+
+impl Default for StreamSplitter {
+    /// JSON calls between tags, several to an answer.
+    fn default() -> Self {
+        StreamSplitter {
+            parser: CallParser::default(),
+            buf: String::new(),
+            in_call: false,
+            after_call: false,
+            bare: None,
+            parallel: true,
+            started: false,
+            calls: 0,
+            untagged: false,
+        }
+    }
 }
 
 /// How an XML call's function block opens.
@@ -133,6 +153,33 @@ impl StreamSplitter {
 
     /// Takes the next piece of output; returns what can be passed on now.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        let out = self.read(text);
+        self.keep(out)
+    }
+
+    /// Without `parallel_tool_calls`, an answer holds one call: the model's further ones
+    /// (it may write them all the same, bare ones in particular, which no grammar
+    /// constrains) are dropped with the blank between them.
+    fn keep(&mut self, out: Vec<Piece>) -> Vec<Piece> {
+        if self.parallel {
+            return out;
+        }
+        let mut kept = Vec::with_capacity(out.len());
+        for p in out {
+            match p {
+                Piece::Call(_) if self.calls > 0 => {}
+                Piece::Call(c) => {
+                    self.calls += 1;
+                    kept.push(Piece::Call(c));
+                }
+                Piece::Text(t) if self.calls > 0 && t.trim().is_empty() => {}
+                t => kept.push(t),
+            }
+        }
+        kept
+    }
+
+    fn read(&mut self, text: &str) -> Vec<Piece> {
         self.buf.push_str(text);
         let mut out = Vec::new();
         loop {
@@ -207,19 +254,25 @@ impl StreamSplitter {
         out
     }
 
-    /// The end of the output: whatever is held back, as text (an unclosed call too).
+    /// The end of the output: whatever is held back, as text. A call the output ends
+    /// inside is a call when its body is whole (the model ended without the closing
+    /// tag); otherwise it was cut off, by the token limit or a stop sequence, and is
+    /// dropped: it is the template's markup, not an answer, and the finish reason
+    /// (`length`, `max_tokens`, `stop_sequence`) tells the client the answer stopped
+    /// short.
     pub fn finish(&mut self) -> Vec<Piece> {
+        let out = self.end();
+        self.keep(out)
+    }
+
+    fn end(&mut self) -> Vec<Piece> {
         let rest = std::mem::take(&mut self.buf);
         let text = if std::mem::take(&mut self.in_call) {
-            if std::mem::take(&mut self.untagged) {
-                // A whole function block that ends the answer without `</tool_call>`.
-                if let Some(c) = self.parser.parse(&rest) {
-                    return vec![Piece::Call(c)];
-                }
-                rest
-            } else {
-                format!("{OPEN}{rest}")
-            }
+            self.untagged = false;
+            return match self.parser.parse(rest.trim_end()) {
+                Some(c) => vec![Piece::Call(c)],
+                None => Vec::new(),
+            };
         } else if self.after_call && rest.trim().is_empty() {
             String::new()
         } else {
@@ -286,11 +339,43 @@ mod tests {
         }
         // Text that only looks like the start of a tag is passed on at the end.
         assert_eq!(split("a <tool"), ("a <tool".into(), vec![]));
-        // A cut-off call stays text.
-        assert_eq!(
-            split("<tool_call>\n{\"name\": "),
-            ("<tool_call>\n{\"name\": ".into(), vec![])
-        );
+        // A call cut off inside is dropped (markup, not an answer); one whose body is
+        // whole but whose closing tag never came is a call.
+        assert_eq!(split("Hm.<tool_call>\n{\"name\": "), ("Hm.".into(), vec![]));
+        for step in [1, 3, 1000] {
+            let (text, got) = stream(
+                StreamSplitter::default(),
+                "<tool_call>\n{\"name\": \"t\", \"arguments\": {}}\n",
+                step,
+            );
+            assert_eq!((text.as_str(), got.len()), ("", 1), "step {step}");
+        }
+    }
+
+    #[test]
+    fn without_parallel_calls_only_the_first_call_is_kept() {
+        let mut spec = test_spec(&["add"]);
+        spec.parallel = false;
+        let one = "{\"name\": \"add\", \"arguments\": {\"a\": 1}}";
+        let add = Call {
+            name: "add".into(),
+            arguments: "{\"a\":1}".into(),
+        };
+        // Bare calls one per line, and tagged ones.
+        let bare = format!("{one}\n{one}\n{one}");
+        let tagged = format!("<tool_call>\n{one}\n</tool_call>\n<tool_call>\n{one}\n</tool_call>");
+        for out in [bare, tagged] {
+            for step in [1, 4, 1000] {
+                assert_eq!(
+                    stream(spec.splitter(), &out, step),
+                    (String::new(), vec![add.clone()]),
+                    "{out:?} in pieces of {step}"
+                );
+            }
+        }
+        spec.parallel = true;
+        let (_, calls) = stream(spec.splitter(), &format!("{one}\n{one}"), 1000);
+        assert_eq!(calls.len(), 2);
     }
 
     #[test]

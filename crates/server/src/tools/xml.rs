@@ -40,10 +40,11 @@ pub(super) fn parse_call(body: &str, functions: &[Function]) -> Option<Call> {
     if !rest[end + "</function>".len()..].trim().is_empty() {
         return None;
     }
-    let props = functions
+    let params = functions
         .iter()
         .find(|f| f.name == name)
-        .and_then(|f| f.parameters.get("properties"));
+        .map(|f| &f.parameters);
+    let props = params.and_then(|p| p.get("properties"));
     let mut args = serde_json::Map::new();
     let mut inner = &rest[..end];
     loop {
@@ -62,7 +63,8 @@ pub(super) fn parse_call(body: &str, functions: &[Function]) -> Option<Call> {
         let raw = &r[..end];
         let raw = raw.strip_prefix('\n').unwrap_or(raw);
         let pname = pname.trim();
-        let value = typed_value(raw, props.and_then(|p| p.get(pname)));
+        let schema = props.and_then(|p| p.get(pname));
+        let value = typed_value(raw, schema.zip(params).map(|(s, root)| resolved(root, s)));
         args.insert(pname.to_string(), value);
         inner = &r[tag + "</parameter>".len()..];
     }
@@ -70,6 +72,23 @@ pub(super) fn parse_call(body: &str, functions: &[Function]) -> Option<Call> {
         name: name.to_string(),
         arguments: Value::Object(args).to_string(),
     })
+}
+
+/// A parameter's schema with a local `$ref` at its top followed into the tool's
+/// parameters `root` (a few hops at most), so that its type and enum are known.
+fn resolved<'a>(root: &'a Value, mut schema: &'a Value) -> &'a Value {
+    for _ in 0..8 {
+        let target = schema
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(|r| r.strip_prefix('#'))
+            .and_then(|p| root.pointer(p));
+        match target {
+            Some(t) => schema = t,
+            None => break,
+        }
+    }
+    schema
 }
 
 /// The JSON types a parameter's schema declares (`type`, a list of them, or those of its
@@ -140,7 +159,8 @@ fn lit(text: &str) -> String {
 /// free text up to the value's end, one of string enum values as those values, any other
 /// typed one as JSON of its schema), its closing line. `lazy`: it starts after the
 /// model's own `<tool_call>`. Parameters the schema does not declare are not generated.
-pub(super) fn grammar(funcs: &[&Function], lazy: bool, parallel: bool) -> String {
+/// `top` names the rule the calls are (`start`, unless a bigger grammar holds them).
+pub(super) fn grammar(funcs: &[&Function], lazy: bool, parallel: bool, top: &str) -> String {
     let head = if lazy {
         lit("\n")
     } else {
@@ -152,7 +172,7 @@ pub(super) fn grammar(funcs: &[&Function], lazy: bool, parallel: bool) -> String
     } else {
         String::new()
     };
-    let mut g = format!("start: {head} call {tail}{more}\n");
+    let mut g = format!("{top}: {head} call {tail}{more}\n");
     let alts: Vec<String> = (0..funcs.len()).map(|i| format!("f{i}")).collect();
     g.push_str(&format!("call: {}\n", alts.join(" | ")));
     let end = lit(VALUE_END);
@@ -195,6 +215,7 @@ pub(super) fn grammar(funcs: &[&Function], lazy: bool, parallel: bool) -> String
         }
         g.push_str(&format!("f{i}: {open} {} {close}\n", seq.join(" ")));
         for (j, (pname, schema)) in props.iter().enumerate() {
+            let schema = resolved(&f.parameters, schema);
             let open = lit(&format!("<parameter={pname}>\n"));
             let types = declared_types(schema);
             let words: Option<Vec<&str>> = schema
@@ -207,7 +228,15 @@ pub(super) fn grammar(funcs: &[&Function], lazy: bool, parallel: bool) -> String
                     format!("({}) {end}", alts.join(" | "))
                 }
                 (_, true) if !types.is_empty() && !types.contains(&"string") => {
-                    let mut s = schema.clone();
+                    let mut s = super::rebased(schema);
+                    if let Some(root) = super::rebased_root(&f.parameters) {
+                        let defs = s
+                            .as_object_mut()
+                            .map(|o| o.entry("$defs").or_insert_with(|| json!({})).clone());
+                        let mut defs = defs.unwrap_or_else(|| json!({}));
+                        defs[super::REF_ROOT] = root;
+                        s["$defs"] = defs;
+                    }
                     s["x-guidance"] = json!({"whitespace_pattern": r"\x20", "lenient": !f.strict});
                     g.push_str(&format!("f{i}_v{j}: %json {s}\n"));
                     format!("f{i}_v{j} {end}")
@@ -380,8 +409,12 @@ mod tests {
         ] {
             assert_eq!(parse_call(body, &[]), None, "{body:?}");
         }
-        let cut = "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar";
-        assert_eq!(spec().splitter().split(cut), (cut.to_string(), vec![]));
+        // A call cut off inside is dropped: markup, not an answer.
+        let cut = "Checking.<tool_call>\n<function=get_weather>\n<parameter=city>\nPar";
+        assert_eq!(
+            spec().splitter().split(cut),
+            ("Checking.".to_string(), vec![])
+        );
         // No parameters at all is a call with empty arguments.
         let c = parse_call("\n<function=now>\n</function>\n", &[]).unwrap();
         assert_eq!((c.name.as_str(), c.arguments.as_str()), ("now", "{}"));

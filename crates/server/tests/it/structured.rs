@@ -132,6 +132,123 @@ async fn required_and_named_tool_calls_follow_the_tool_s_schema() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_schemas_that_reference_their_own_definitions_constrain_calls() {
+    let s = tiny_server(1, |_| {});
+    // Local references as pydantic and MCP servers write them: `$defs`, `definitions`,
+    // and the root itself (a recursive tree, kept shallow by `maxItems: 0` below it).
+    let params = json!({"type": "object", "properties": {
+        "a": {"$ref": "#/$defs/A"}, "b": {"$ref": "#/definitions/B"},
+        "sub": {"type": "array", "maxItems": 1, "items": {"$ref": "#/$defs/Leaf"}}},
+        "required": ["a", "b", "sub"], "additionalProperties": false,
+        "$defs": {"A": {"type": "string", "enum": ["x", "y"]},
+                  "Leaf": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}},
+                           "required": ["a"], "additionalProperties": false}},
+        "definitions": {"B": {"type": "integer", "minimum": 0, "maximum": 9}}});
+    let tools = json!([{"type": "function", "function": {"name": "pick",
+        "parameters": params}}]);
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+            "tools": tools, "tool_choice": "required", "max_tokens": 200, "temperature": 0,
+            "parallel_tool_calls": false}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"name": "pick", "input_schema": params}],
+            "tool_choice": {"type": "any"}, "max_tokens": 200, "temperature": 0}),
+        ),
+    ] {
+        let (st, v) = post(&s.base, path, body).await;
+        assert_eq!(st, 200, "{path}: {v}");
+        let args: Value = if path == "/v1/messages" {
+            let block = v["content"]
+                .as_array()
+                .and_then(|c| c.iter().find(|b| b["type"] == "tool_use"))
+                .unwrap_or_else(|| panic!("{v}"));
+            block["input"].clone()
+        } else {
+            let f = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+            serde_json::from_str(f["arguments"].as_str().unwrap_or_else(|| panic!("{v}")))
+                .expect("arguments are JSON")
+        };
+        assert!(args["a"] == "x" || args["a"] == "y", "{path}: {args}");
+        assert!(args["b"].as_u64().is_some_and(|b| b <= 9), "{path}: {args}");
+        for leaf in args["sub"].as_array().expect("sub") {
+            assert!(leaf["a"] == "x" || leaf["a"] == "y", "{path}: {args}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_beside_a_json_schema_answer_in_a_call_or_in_the_schema() {
+    let s = tiny_server(1, |_| {});
+    let tools = json!([{"type": "function", "function": {"name": "set_mode", "parameters": {
+        "type": "object", "properties": {"mode": {"enum": ["on", "off"]}},
+        "required": ["mode"], "additionalProperties": false}}}]);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer",
+        "minimum": 0, "maximum": 9}}, "required": ["n"], "additionalProperties": false});
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "a", "schema": schema,
+        "strict": true}});
+    // Either a call of the tool or the schema's answer, whichever the model starts:
+    // several seeds, so that a random model is likely to take both.
+    let (mut called, mut answered) = (0, 0);
+    for seed in 0..6 {
+        let body = json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+            "response_format": rf, "max_tokens": 120, "temperature": 1.5, "seed": seed});
+        let (st, v) = post(&s.base, "/v1/chat/completions", body).await;
+        assert_eq!(st, 200, "{v}");
+        let m = &v["choices"][0]["message"];
+        match m["tool_calls"].as_array() {
+            Some(calls) => {
+                called += 1;
+                for c in calls {
+                    let args: Value =
+                        serde_json::from_str(c["function"]["arguments"].as_str().expect("text"))
+                            .expect("JSON");
+                    assert!(args["mode"] == "on" || args["mode"] == "off", "{v}");
+                }
+            }
+            None => {
+                answered += 1;
+                let text = m["content"].as_str().expect("content");
+                let a: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {v}"));
+                assert!(a["n"].as_u64().is_some_and(|n| n <= 9), "{v}");
+            }
+        }
+    }
+    assert_eq!(called + answered, 6);
+    // With the first token of the call's opening tag banned (`<` in this vocabulary),
+    // the greedy answer takes the schema's branch.
+    let (st, v) = post(&s.base, "/tokenize", json!({"content": "<tool_call>"})).await;
+    assert_eq!(st, 200, "{v}");
+    let open = v["tokens"].as_array().expect("tokens");
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+        "response_format": rf, "max_tokens": 120, "temperature": 0,
+        "logit_bias": {open[0].to_string(): -100}});
+    let (st, v) = post(&s.base, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    let a: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {v}"));
+    assert!(a["n"].as_u64().is_some_and(|n| n <= 9), "{v}");
+    // The same on Responses, where agents with an output type send both.
+    let body = json!({"input": "x", "tools": [{"type": "function", "name": "set_mode",
+        "parameters": tools[0]["function"]["parameters"]}], "max_output_tokens": 120,
+        "text": {"format": {"type": "json_schema", "name": "a", "schema": schema}}});
+    let (st, v) = post(&s.base, "/v1/responses", body).await;
+    assert_eq!(st, 200, "{v}");
+    // A grammar that is not JSON still cannot share an answer with calls.
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+        "grammar": "root ::= \"a\"", "max_tokens": 4});
+    let (st, v) = post(&s.base, "/v1/chat/completions", body).await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tool_choice", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grammars_that_do_not_compile_are_400s_with_the_reason() {
     let s = tiny_server(1, |_| {});
     let msgs = json!([{"role": "user", "content": "x"}]);

@@ -113,3 +113,30 @@ async fn xml_calls_reach_every_route_with_typed_arguments() {
     assert_eq!(block["name"], "set_mode");
     assert_eq!(block["input"], args, "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xml_parameters_given_by_reference_are_typed_and_constrained() {
+    let s = xml_server();
+    // The same parameters as `parameters()`, reached through `$defs` and `definitions`
+    // (as pydantic and MCP servers write them).
+    let params = json!({"type": "object", "properties": {
+        "mode": {"$ref": "#/$defs/Mode"},
+        "level": {"$ref": "#/definitions/Level"},
+        "force": {"type": "boolean"}},
+        "required": ["mode", "level", "force"],
+        "$defs": {"Mode": {"type": "string", "enum": ["on", "off"]}},
+        "definitions": {"Level": {"type": "integer", "minimum": 0, "maximum": 9}}});
+    let tools = json!([{"type": "function", "function": {"name": "set_mode",
+        "parameters": params}}]);
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+        "tool_choice": "required", "parallel_tool_calls": false, "max_tokens": 300,
+        "temperature": 0});
+    let (st, v) = post(&s.base, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+    let calls = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .expect("tool_calls");
+    assert_eq!(calls.len(), 1, "{v}");
+    let text = calls[0]["function"]["arguments"].as_str().expect("text");
+    check_args(&serde_json::from_str(text).expect("arguments are JSON"));
+}

@@ -423,12 +423,8 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
         field(obj, "tool_choice"),
         opt_bool(obj, "parallel_tool_calls")?,
     )?;
-    if g.tools.as_ref().is_some_and(|t| t.grammar().is_some()) && g.grammar.is_some() {
-        return Err(ApiError::bad_request(
-            "a tool call and an output grammar (`response_format`, `json_schema` or \
-             `grammar`) cannot both constrain one answer: use `tool_choice: none`",
-        )
-        .with_param("tool_choice"));
+    if let Some((gr, field)) = &g.grammar {
+        tools::check_output(g.tools.as_ref(), Some(gr), field)?;
     }
     let top = opt_usize(obj, "top_logprobs")?;
     if opt_bool(obj, "logprobs")?.unwrap_or(false) {

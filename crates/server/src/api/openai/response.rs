@@ -16,6 +16,7 @@ use crate::answer::{self, AnswerSplitter, Out};
 use crate::api::timings;
 use crate::error::ApiError;
 use crate::generate::{self, Generation};
+use crate::job::Finish;
 use crate::params::GenRequest;
 use crate::tools;
 use crate::worker::{Event, Fault, Summary, TokenLogprob};
@@ -191,7 +192,11 @@ async fn collect_reply(
                             .enumerate()
                             .map(|(k, call)| tool_call(&r, c.summary.choice, k, call))
                             .collect();
-                        finish = "tool_calls";
+                        // The token limit is reported as OpenAI reports it, calls or not:
+                        // the answer stopped short (a call cut off there is dropped).
+                        if c.summary.finish == Finish::Stop {
+                            finish = "tool_calls";
+                        }
                     }
                     json!({
                         "index": c.summary.choice,
@@ -371,7 +376,7 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
                     rest.push(Out::Text(String::new()));
                 }
                 out = tool_frames(&s.reply, s.include_usage, sum.choice, rest, n, held);
-                if *n > 0 {
+                if *n > 0 && sum.finish == Finish::Stop {
                     finish = "tool_calls";
                 }
             }
