@@ -32,6 +32,10 @@ pub struct ChatMessage {
     /// The call a `tool` message answers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// The function whose result a `tool` message carries (ollama's `tool_name`), for
+    /// templates that render `message.name`; absent from the template when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// An assistant message's reasoning, given apart from its content (OpenAI-style
     /// `reasoning_content`); templates such as Qwen3.5's render it in a `<think>` block.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -46,6 +50,7 @@ impl ChatMessage {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            name: None,
             reasoning_content: None,
         }
     }

@@ -129,6 +129,26 @@ pub fn fit(inputs: &mut [Vec<u32>], max: usize, truncate: bool) -> Result<(), Ap
     Ok(())
 }
 
+/// Cuts `v` to its first `n` values and scales them back to unit length (ollama's
+/// `dimensions`, for models trained so that a prefix of the vector is itself an
+/// embedding); `n` of 0 or at least `v`'s length leaves `v` whole. A zero prefix stays
+/// zero (its norm is floored, as ollama floors it, rather than divided by).
+pub fn first_dims(v: &mut Vec<f32>, n: usize) {
+    if n == 0 || n >= v.len() {
+        return;
+    }
+    v.truncate(n);
+    let norm = v
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
+    let scale = (1.0 / norm.max(1e-12)) as f32;
+    for x in v.iter_mut() {
+        *x *= scale;
+    }
+}
+
 /// Runs `kind` on `m`'s worker and waits for its answer (within the request timeout).
 pub async fn run(st: &AppState, m: &Arc<Model>, kind: TaskKind) -> Result<TaskOutput, ApiError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -208,6 +228,29 @@ mod tests {
             let e = one(bad).unwrap_err();
             assert!(e.message.contains(at), "{at}: {}", e.message);
         }
+    }
+
+    #[test]
+    fn dimensions_keep_a_prefix_scaled_to_unit_length() {
+        let mut v = vec![0.6, 0.0, 0.8, 0.0];
+        first_dims(&mut v, 2);
+        assert_eq!(v, [1.0, 0.0]);
+        let mut v = vec![3.0, 4.0, 12.0];
+        first_dims(&mut v, 2);
+        assert!(
+            (v[0] - 0.6).abs() < 1e-6 && (v[1] - 0.8).abs() < 1e-6,
+            "{v:?}"
+        );
+        // 0 or a size at or past the vector's keeps it whole, unscaled.
+        for n in [0, 3, 9] {
+            let mut v = vec![3.0, 4.0, 12.0];
+            first_dims(&mut v, n);
+            assert_eq!(v, [3.0, 4.0, 12.0], "{n}");
+        }
+        // A zero prefix stays zero instead of becoming NaN.
+        let mut v = vec![0.0, 0.0, 1.0];
+        first_dims(&mut v, 2);
+        assert_eq!(v, [0.0, 0.0]);
     }
 
     #[test]

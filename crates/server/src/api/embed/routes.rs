@@ -11,8 +11,10 @@ use axum::{Json, Router};
 use minfer_runtime::embed::Pooling;
 use serde_json::{json, Value};
 
-use super::{fit, inputs, run};
-use crate::api::fields::{check_fields, field, opt_bool, opt_i64, opt_str, unsupported, wrong};
+use super::{first_dims, fit, inputs, run};
+use crate::api::fields::{
+    check_fields, field, opt_bool, opt_i64, opt_str, out_of_range, unsupported, wrong,
+};
 use crate::api::llama::LlamaError;
 use crate::api::ollama::OllamaError;
 use crate::api::prepare::prepare;
@@ -116,9 +118,12 @@ async fn openai(State(st): St, b: Body) -> Result<Response, ApiError> {
     .into_response())
 }
 
+/// ollama's `/api/embed`: unit vectors, cut to their first `dimensions` values and
+/// scaled back to unit length; no input (absent, `""` or `[]`) answers no vectors, as
+/// ollama's does.
 async fn ollama_embed(State(st): St, b: Body) -> Result<Response, OllamaError> {
     let t0 = Instant::now();
-    let (m, toks) = prepare(&st, b, |s, obj| {
+    let (m, toks, dims) = prepare(&st, b, |s, obj| {
         check_fields(
             &obj,
             &[
@@ -130,24 +135,30 @@ async fn ollama_embed(State(st): St, b: Body) -> Result<Response, OllamaError> {
                 "dimensions",
             ],
         )?;
-        if field(&obj, "dimensions").is_some() {
-            return Err(unsupported(
-                "dimensions",
-                "the model's vectors have one size; omit it to get them whole",
-            ));
-        }
+        // ollama's rule: 0 (its default) or a size at or past the model's keeps the
+        // whole vector; a negative size means nothing and is refused.
+        let dims = match opt_i64(&obj, "dimensions")? {
+            None | Some(0) => None,
+            Some(n) => Some(usize::try_from(n).map_err(|_| {
+                out_of_range("dimensions", n, "a positive integer (0: the whole vector)")
+            })?),
+        };
         let m = crate::api::ollama::served(s, opt_str(&obj, "model")?)?;
-        let v = field(&obj, "input")
-            .ok_or_else(|| ApiError::bad_request("field `input` is required"))?;
-        let mut toks = inputs(v, "input", &m.tok)?;
-        fit(
-            &mut toks,
-            m.slot_ctx,
-            opt_bool(&obj, "truncate")?.unwrap_or(true),
-        )?;
-        Ok((m, toks))
+        let truncate = opt_bool(&obj, "truncate")?.unwrap_or(true);
+        let mut toks = match field(&obj, "input") {
+            None => Vec::new(),
+            Some(Value::String(t)) if t.is_empty() => Vec::new(),
+            Some(Value::Array(a)) if a.is_empty() => Vec::new(),
+            Some(v) => inputs(v, "input", &m.tok)?,
+        };
+        fit(&mut toks, m.slot_ctx, truncate)?;
+        Ok((m, toks, dims))
     })
     .await?;
+    let model = crate::api::ollama::tag_name(&m.id);
+    if toks.is_empty() {
+        return Ok(Json(json!({"model": model, "embeddings": []})).into_response());
+    }
     let n_tokens: usize = toks.iter().map(Vec::len).sum();
     let kind = TaskKind::Embed {
         inputs: toks,
@@ -155,9 +166,14 @@ async fn ollama_embed(State(st): St, b: Body) -> Result<Response, OllamaError> {
         normalize: true,
     };
     let (v, p) = vectors(run(&st, &m, kind).await?)?;
-    let embeddings = pooled(v, p)?;
+    let mut embeddings = pooled(v, p)?;
+    if let Some(n) = dims {
+        for e in &mut embeddings {
+            first_dims(e, n);
+        }
+    }
     Ok(Json(json!({
-        "model": crate::api::ollama::tag_name(&m.id),
+        "model": model,
         "embeddings": embeddings,
         "total_duration": t0.elapsed().as_nanos() as u64,
         "load_duration": 0,

@@ -1,12 +1,15 @@
-//! ollama's request bodies: `options` in its names and defaults, the fields common to
-//! `/api/chat` and `/api/generate`, and each one's prompt.
+//! ollama's request bodies: the fields common to `/api/chat` and `/api/generate`, and
+//! each one's prompt (`options` are read by `options`).
 
 use minfer_runtime::Grammar;
 use minfer_tokenizer::{ChatMessage, ToolCall};
 use serde_json::Value;
 
+use super::options::parse_options;
+use super::schema::close_objects;
 use crate::api::fields::{
-    self, field, opt_bool, opt_f32, opt_str, schema_grammar, unsupported, wrong, Object,
+    self, field, opt_bool, opt_i64, opt_str, out_of_range, schema_grammar, unsupported, wrong,
+    Object,
 };
 use crate::api::thinking::thinking_kwargs;
 use crate::error::ApiError;
@@ -14,31 +17,6 @@ use crate::generate;
 use crate::params::{self, GenRequest, Prompt};
 use crate::tools;
 use crate::{AppState, Model};
-
-/// Options that only tune ollama's runtime (threads, GPU layers, memory mapping): they
-/// do not change the answer, and minfer sets those from its own command line.
-pub(super) const RUNTIME_OPTIONS: &[&str] = &[
-    "num_keep",
-    "num_batch",
-    "num_gpu",
-    "main_gpu",
-    "low_vram",
-    "num_thread",
-    "use_mmap",
-    "use_mlock",
-    "numa",
-    "vocab_only",
-    "f16_kv",
-    "logits_all",
-    "penalize_newline",
-    "mirostat_tau",
-    "mirostat_eta",
-];
-
-/// Sampling options minfer does not have, with their neutral values; any other value is
-/// refused, since ignoring it would change the output.
-pub(super) const UNSUPPORTED_OPTIONS: &[(&str, f64)] =
-    &[("mirostat", 0.0), ("typical_p", 1.0), ("tfs_z", 1.0)];
 
 /// The request fields common to chat and generate.
 #[derive(Debug)]
@@ -49,16 +27,26 @@ pub(super) struct Common {
     pub(super) grammar: Option<(Grammar, &'static str)>,
     /// `think`: the template's thinking switch; absent, the template's default.
     pub(super) think: Option<bool>,
+    /// `logprobs` with `top_logprobs`: the alternatives to report per token, `None`
+    /// when the answer carries no log-probabilities.
+    pub(super) logprobs: Option<usize>,
+    /// `keep_alive` is zero: a request without prompt or messages asks to unload.
+    pub(super) unload: bool,
 }
 
-/// Reads `stream`, `format`, `think` and `keep_alive` (accepted: the model stays loaded).
+/// Reads `stream`, `format`, `think`, `logprobs`, `top_logprobs` and `keep_alive`
+/// (a number of seconds or a Go duration such as `"5m"`; without effect beyond the
+/// unload answer: the model stays loaded).
 pub(super) fn common_fields(obj: &Object) -> Result<Common, ApiError> {
     let grammar = match field(obj, "format") {
         None => None,
         Some(Value::String(s)) if s.is_empty() => None,
         Some(Value::String(s)) if s == "json" => Some((Grammar::JsonObject, "format")),
         // ollama has no strict mode: what cannot be enforced is left out and reported.
-        Some(v @ Value::Object(_)) => Some((schema_grammar(v.clone(), false), "format")),
+        // Its objects are closed unless the schema opens them (see `close_objects`).
+        Some(v @ Value::Object(_)) => {
+            Some((schema_grammar(close_objects(v.clone()), false), "format"))
+        }
         Some(_) => return Err(wrong("format", "\"json\" or a JSON schema object")),
     };
     let think = match field(obj, "think") {
@@ -67,165 +55,96 @@ pub(super) fn common_fields(obj: &Object) -> Result<Common, ApiError> {
         // gpt-oss's effort levels: this server has no levels, only on and off.
         Some(_) => return Err(wrong("think", "a boolean")),
     };
-    match field(obj, "keep_alive") {
-        None | Some(Value::String(_)) | Some(Value::Number(_)) => {}
+    let unload = match field(obj, "keep_alive") {
+        None => false,
+        // ollama reads a number as seconds; a negative one keeps the model forever.
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        // An empty string is no duration to Go; read here as the default.
+        Some(Value::String(s)) if s.is_empty() => false,
+        Some(Value::String(s)) => go_duration_is_zero(s).ok_or_else(|| {
+            wrong(
+                "keep_alive",
+                &format!("a number of seconds or a duration such as \"5m\", not {s:?}"),
+            )
+        })?,
         Some(_) => return Err(wrong("keep_alive", "a duration string or a number")),
-    }
+    };
+    // As ollama: `top_logprobs` is checked even when `logprobs` is off, and only then
+    // ignored.
+    let top = match opt_i64(obj, "top_logprobs")? {
+        None => 0,
+        Some(k) => usize::try_from(k)
+            .ok()
+            .filter(|&k| k <= params::MAX_TOP_LOGPROBS)
+            .ok_or_else(|| out_of_range("top_logprobs", k, "an integer in [0, 20]"))?,
+    };
+    let logprobs = opt_bool(obj, "logprobs")?.unwrap_or(false).then_some(top);
     Ok(Common {
         stream: opt_bool(obj, "stream")?.unwrap_or(true),
         grammar,
         think,
+        logprobs,
+        unload,
     })
 }
 
-/// Applies the common fields to `g`; `chat`: the prompt is a rendered chat, whose
-/// reasoning is split out (ollama's `thinking`). Returns the template variables.
-fn apply_common(obj: &Object, g: &mut GenRequest, chat: bool) -> Result<Object, ApiError> {
-    let c = common_fields(obj)?;
-    g.stream = c.stream;
-    g.grammar = c.grammar;
-    g.reasoning.split = chat;
-    Ok(thinking_kwargs(c.think))
+/// Whether `s`, a Go duration (`"0"`, `"1h30m"`, `"-1.5s"`: an optional sign, then
+/// numbers each with a unit of `ns`, `us`, `µs`, `ms`, `s`, `m` or `h`), is zero;
+/// `None` when it is no duration, as Go's `time.ParseDuration` would refuse it.
+pub(super) fn go_duration_is_zero(s: &str) -> Option<bool> {
+    let body = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if body == "0" {
+        return Some(true);
+    }
+    let mut rest = body;
+    let mut zero = true;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (num, tail) = rest.split_at(num_len);
+        // Go takes `1.`, `.5` but not `.` alone, and one point at most.
+        if num.is_empty() || num == "." || num.matches('.').count() > 1 {
+            return None;
+        }
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, after) = tail.split_at(unit_len);
+        if !["ns", "us", "µs", "μs", "ms", "s", "m", "h"].contains(&unit) {
+            return None;
+        }
+        zero &= num.chars().all(|c| c == '0' || c == '.');
+        rest = after;
+    }
+    Some(zero)
 }
 
-/// `options` in ollama's names and defaults (temperature 0.8, top_k 40, top_p 0.9,
-/// min_p 0, repeat_penalty 1.1 over the last 64 tokens, a random seed).
-pub fn parse_options(obj: &Object, slot_ctx: usize) -> Result<GenRequest, ApiError> {
-    let mut g = GenRequest::default();
-    {
-        let s = &mut g.sampling;
-        s.top_p = 0.9;
-        s.min_p = 0.0;
-        s.repeat_penalty = 1.1;
-        s.penalty_last_n = 64;
-    }
-    let o = match field(obj, "options") {
-        None => return Ok(g),
-        Some(Value::Object(o)) => o,
-        Some(_) => return Err(wrong("options", "an object")),
-    };
-    let name = |k: &str| format!("options.{k}");
-    let num = |k: &str| -> Result<Option<f32>, ApiError> {
-        opt_f32(o, k).map_err(|e| {
-            ApiError::bad_request(
-                e.message
-                    .replace(&format!("`{k}`"), &format!("`options.{k}`")),
-            )
-        })
-    };
-    let int = |k: &str| -> Result<Option<i64>, ApiError> {
-        match o.get(k).filter(|v| !v.is_null()) {
-            None => Ok(None),
-            Some(v) => v
-                .as_i64()
-                .map(Some)
-                .ok_or_else(|| wrong(&name(k), "an integer")),
-        }
-    };
-    let range = |k: &str, v: f32, what: &str| {
-        ApiError::bad_request(format!("field `options.{k}` is {v}: must be {what}"))
-    };
-    for (k, v) in o {
-        let known = RUNTIME_OPTIONS.contains(&k.as_str())
-            || UNSUPPORTED_OPTIONS.iter().any(|(n, _)| n == k)
-            || [
-                "num_predict",
-                "temperature",
-                "top_k",
-                "top_p",
-                "min_p",
-                "repeat_penalty",
-                "repeat_last_n",
-                "presence_penalty",
-                "frequency_penalty",
-                "seed",
-                "stop",
-                "num_ctx",
-            ]
-            .contains(&k.as_str());
-        if !known && !v.is_null() {
-            // ollama logs unknown options and goes on; so does this server.
-            eprintln!("minfer serve: ignoring unknown ollama option `{k}`");
-        }
-    }
-    for &(k, neutral) in UNSUPPORTED_OPTIONS {
-        if let Some(v) = num(k)? {
-            if f64::from(v) != neutral {
-                return Err(unsupported(
-                    &name(k),
-                    &format!("only {neutral} is accepted"),
-                ));
-            }
-        }
-    }
-    let s = &mut g.sampling;
-    if let Some(t) = num("temperature")? {
-        if !(0.0..=params::MAX_TEMPERATURE).contains(&t) {
-            return Err(range("temperature", t, "in [0, 100]"));
-        }
-        s.temperature = t;
-    }
-    if let Some(k) = int("top_k")? {
-        s.top_k = usize::try_from(k).unwrap_or(0);
-    }
-    if let Some(p) = num("top_p")? {
-        s.top_p = fields::top_p(&name("top_p"), p)?;
-    }
-    if let Some(p) = num("min_p")? {
-        s.min_p = fields::min_p(&name("min_p"), p)?;
-    }
-    if let Some(r) = num("repeat_penalty")? {
-        s.repeat_penalty = fields::repeat_penalty(&name("repeat_penalty"), r)?;
-    }
-    if let Some(n) = int("repeat_last_n")? {
-        // -1 is "the whole context": the longest window the sampler keeps.
-        let whole = minfer_runtime::sampling::MAX_PENALTY_WINDOW.min(slot_ctx);
-        s.penalty_last_n = fields::repeat_last_n(&name("repeat_last_n"), n, whole)?;
-    }
-    if let Some(p) = num("presence_penalty")? {
-        s.presence_penalty = p;
-    }
-    if let Some(p) = num("frequency_penalty")? {
-        s.frequency_penalty = p;
-    }
-    match int("seed")? {
-        // ollama's -1 (and no seed) is a random one.
-        None | Some(-1) => {}
-        Some(x) => s.seed = x as u64,
-    }
-    s.validate()
-        .map_err(|e| ApiError::bad_request(format!("options: {e}")))?;
-    g.max_tokens = match int("num_predict")? {
-        // -1 is unlimited and -2 fills the context: both end at the slot's context.
-        None | Some(-1) | Some(-2) => None,
-        Some(n) if n > 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
-        Some(n) => {
-            return Err(ApiError::bad_request(format!(
-                "field `options.num_predict` is {n}: must be -1, -2 or an integer >= 1"
-            )))
-        }
-    };
-    if let Some(n) = int("num_ctx")? {
-        if n < 1 || n as u64 > slot_ctx as u64 {
-            return Err(ApiError::bad_request(format!(
-                "field `options.num_ctx` is {n}: a slot of this server holds {slot_ctx} \
-                 tokens (start `minfer serve` with a larger --ctx-size, or fewer --slots)"
-            )));
-        }
-    }
-    g.stop = fields::string_list(o.get("stop"), "options.stop", "an array of strings")?;
-    if g.stop.len() > params::MAX_STOP
-        || g.stop
-            .iter()
-            .any(|s| s.is_empty() || s.len() > params::MAX_STOP_BYTES)
-    {
+/// Applies the common fields to `g` (its `logprobs` the ones the answer shows); `chat`:
+/// the prompt is a rendered chat, whose reasoning is split out (ollama's `thinking`).
+/// Returns the template variables and whether `keep_alive` asks to unload. `think:
+/// true` on a model that cannot think is refused as ollama refuses it.
+fn apply_common(
+    obj: &Object,
+    m: &Model,
+    g: &mut GenRequest,
+    chat: bool,
+) -> Result<(Object, bool), ApiError> {
+    let c = common_fields(obj)?;
+    if c.think == Some(true) && !super::routes::thinks(m) {
+        let name = opt_str(obj, "model")?.unwrap_or_default();
         return Err(ApiError::bad_request(format!(
-            "field `options.stop` must hold at most {} strings of 1 to {} bytes",
-            params::MAX_STOP,
-            params::MAX_STOP_BYTES
+            "\"{name}\" does not support thinking"
         )));
     }
-    Ok(g)
+    g.stream = c.stream;
+    g.grammar = c.grammar;
+    g.logprobs = c.logprobs;
+    g.reasoning.split = chat;
+    Ok((thinking_kwargs(c.think), c.unload))
 }
 
 /// Refuses `images` when it holds any.
@@ -237,13 +156,18 @@ pub(super) fn no_images(v: Option<&Value>, name: &str) -> Result<(), ApiError> {
     }
 }
 
-/// The messages of an `/api/chat` request.
+/// The messages of an `/api/chat` request. A `tool` message answers a call of the
+/// latest assistant message: the first unanswered one its `tool_name` names, else (no
+/// `tool_name`) the first unanswered one, as ollama's results answer by order. It
+/// carries that call's id and the function's name to the template.
 pub(super) fn messages(obj: &Object) -> Result<Vec<ChatMessage>, ApiError> {
     let arr = match field(obj, "messages") {
         None => return Ok(Vec::new()),
         Some(Value::Array(a)) => a,
         Some(_) => return Err(wrong("messages", "an array of messages")),
     };
+    // The calls of the latest assistant message that no result has answered yet.
+    let mut pending: Vec<ToolCall> = Vec::new();
     arr.iter()
         .enumerate()
         .map(|(i, m)| {
@@ -286,8 +210,22 @@ pub(super) fn messages(obj: &Object) -> Result<Vec<ChatMessage>, ApiError> {
                 opt_str(m, "thinking").map_err(|_| wrong(&at("thinking"), "a string"))?;
             if role == "assistant" {
                 msg.reasoning_content = thinking.map(str::to_string);
+                pending = msg.tool_calls.clone();
             }
-            opt_str(m, "tool_name").map_err(|_| wrong(&at("tool_name"), "a string"))?;
+            let tool_name = opt_str(m, "tool_name")
+                .map_err(|_| wrong(&at("tool_name"), "a string"))?
+                .filter(|n| !n.is_empty());
+            if role == "tool" {
+                let answered = match tool_name {
+                    Some(n) => pending.iter().position(|c| c.name == n),
+                    None => (!pending.is_empty()).then_some(0),
+                };
+                let call = answered.map(|k| pending.remove(k));
+                msg.name = tool_name
+                    .map(str::to_string)
+                    .or_else(|| call.as_ref().map(|c| c.name.clone()));
+                msg.tool_call_id = call.map(|c| c.id);
+            }
             Ok(msg)
         })
         .collect()
@@ -338,28 +276,43 @@ pub(super) enum Shape {
 pub(super) struct Prepared {
     pub(super) prompt: Vec<u32>,
     pub(super) g: GenRequest,
-    /// ollama answers a request without prompt or messages by loading the model.
-    pub(super) load_only: bool,
+    /// ollama answers a request without prompt or messages at once, with this
+    /// `done_reason`: `load`, or `unload` when `keep_alive` is zero.
+    pub(super) load_only: Option<&'static str>,
+    /// The alternatives per token the answer's `logprobs` show, `None` for no
+    /// `logprobs` (generate computes them anyway, for its `context`).
+    pub(super) logprobs: Option<usize>,
+}
+
+/// The `done_reason` of a request without prompt or messages.
+fn load_reason(unload: bool) -> &'static str {
+    if unload {
+        "unload"
+    } else {
+        "load"
+    }
 }
 
 pub(super) fn prepare_chat(st: &AppState, m: &Model, obj: &Object) -> Result<Prepared, ApiError> {
     let mut g = parse_options(obj, m.slot_ctx)?;
-    let kwargs = apply_common(obj, &mut g, true)?;
+    let (kwargs, unload) = apply_common(obj, m, &mut g, true)?;
+    let logprobs = g.logprobs;
     // ollama's tools have OpenAI's shape; the model may call them or answer in text.
     // `tool_choice` (OpenAI's values) is this server's extension: ollama has none, and a
     // small model may never open a call by itself.
     g.tools = tools::parse(field(obj, "tools"), field(obj, "tool_choice"), None)?;
-    if g.tools.is_some() && g.grammar.is_some() {
-        return Err(ApiError::bad_request(
-            "fields `tools` and `format` cannot both constrain one answer: give one",
-        ));
-    }
+    tools::check_output(
+        g.tools.as_ref(),
+        g.grammar.as_ref().map(|(gr, _)| gr),
+        "format",
+    )?;
     let msgs = messages(obj)?;
     if msgs.is_empty() {
         return Ok(Prepared {
             prompt: Vec::new(),
             g,
-            load_only: true,
+            load_only: Some(load_reason(unload)),
+            logprobs,
         });
     }
     let tools = g.tools.as_ref().map(|t| &t.defs);
@@ -368,7 +321,8 @@ pub(super) fn prepare_chat(st: &AppState, m: &Model, obj: &Object) -> Result<Pre
     Ok(Prepared {
         prompt: p.ids,
         g,
-        load_only: false,
+        load_only: None,
+        logprobs,
     })
 }
 
@@ -381,7 +335,7 @@ pub(super) fn prepare_generate(
     let raw = opt_bool(obj, "raw")?.unwrap_or(false);
     let suffix = opt_str(obj, "suffix")?.unwrap_or("");
     // Only a chat-rendered prompt has a reasoning block to split.
-    let kwargs = apply_common(obj, &mut g, !raw && suffix.is_empty())?;
+    let (kwargs, unload) = apply_common(obj, m, &mut g, !raw && suffix.is_empty())?;
     no_images(obj.get("images"), "images")?;
     if opt_str(obj, "template")?.is_some_and(|t| !t.is_empty()) {
         return Err(unsupported(
@@ -407,12 +361,14 @@ pub(super) fn prepare_generate(
     };
     // The `context` of the final answer needs the generated ids, which come with the
     // log-probabilities.
-    g.logprobs = Some(0);
+    let logprobs = g.logprobs;
+    g.logprobs = Some(logprobs.unwrap_or(0));
     if prompt.is_empty() && suffix.is_empty() && context.is_empty() {
         return Ok(Prepared {
             prompt: Vec::new(),
             g,
-            load_only: true,
+            load_only: Some(load_reason(unload)),
+            logprobs,
         });
     }
     let tokens = if !suffix.is_empty() {
@@ -435,6 +391,7 @@ pub(super) fn prepare_generate(
     Ok(Prepared {
         prompt: all,
         g,
-        load_only: false,
+        load_only: None,
+        logprobs,
     })
 }

@@ -14,7 +14,7 @@ use super::request::Shape;
 use crate::answer::{Answer, AnswerSplitter, Out};
 use crate::error::ApiError;
 use crate::generate::Generation;
-use crate::job::{Event, Finish, Summary};
+use crate::job::{Candidate, Event, Finish, Summary, TokenLogprob};
 use crate::RequestLog;
 
 /// An error in ollama's shape: `{"error": "..."}` with the status.
@@ -117,8 +117,24 @@ pub(super) fn done(
     Value::Object(m)
 }
 
-/// The answer to a request with no prompt: the model is loaded (it always is).
-pub(super) fn load_answer(shape: Shape, model: &str) -> Response {
+/// ollama's `logprobs`: per token `{token, logprob, bytes}` and, when alternatives were
+/// asked for, their list in the same shape as `top_logprobs`.
+pub(super) fn token_logprobs(lps: &[TokenLogprob]) -> Value {
+    let one = |c: &Candidate| json!({"token": c.text, "logprob": c.logprob, "bytes": c.bytes});
+    lps.iter()
+        .map(|l| {
+            let mut v = one(&l.chosen);
+            if !l.top.is_empty() {
+                v["top_logprobs"] = l.top.iter().map(one).collect();
+            }
+            v
+        })
+        .collect()
+}
+
+/// The answer to a request with no prompt, with `done_reason` `reason` (`load`, or
+/// `unload` for `keep_alive` 0): the model is loaded (it always is, and stays so).
+pub(super) fn load_answer(shape: Shape, model: &str, reason: &str) -> Response {
     let mut m = head(model);
     match shape {
         Shape::Chat => m.insert(
@@ -128,7 +144,7 @@ pub(super) fn load_answer(shape: Shape, model: &str) -> Response {
         Shape::Generate => m.insert("response".into(), json!("")),
     };
     m.insert("done".into(), json!(true));
-    m.insert("done_reason".into(), json!("load"));
+    m.insert("done_reason".into(), json!(reason));
     Json(Value::Object(m)).into_response()
 }
 
@@ -144,6 +160,8 @@ pub(super) struct Ndjson {
     pub(super) log: RequestLog,
     /// Takes the answer apart into text, thinking and tool calls.
     pub(super) splitter: AnswerSplitter,
+    /// Whether each line carries its tokens' `logprobs`.
+    pub(super) logprobs: bool,
 }
 
 /// Pieces of the answer gathered into one.
@@ -170,10 +188,17 @@ impl Ndjson {
                     c.extend(logprobs.iter().map(|l| l.chosen.id));
                 }
                 let a = gather(self.splitter.push(&text));
-                if a == Answer::default() {
+                let lps = self.logprobs && !logprobs.is_empty();
+                // As ollama: a line carries its tokens' log-probabilities even while the
+                // text is held back (a tool call being parsed, a possible stop string).
+                if a == Answer::default() && !lps {
                     return None;
                 }
-                split_piece(self.shape, &self.model, &a)
+                let mut v = split_piece(self.shape, &self.model, &a);
+                if lps {
+                    v["logprobs"] = token_logprobs(&logprobs);
+                }
+                v
             }
             Event::Done(s) => {
                 self.finished = true;

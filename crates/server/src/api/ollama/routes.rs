@@ -1,5 +1,6 @@
 //! ollama's routes: `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`,
-//! `/api/version`, `/api/ps`, and a 501 for the routes that manage models.
+//! `/api/version`, `/api/ps`, `GET /` (ollama's health check), and a 501 for the routes
+//! that manage models.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use serde_json::{json, Value};
 
 use super::facts::{tag_name, ModelFacts};
 use super::request::{prepare_chat, prepare_generate, Shape};
-use super::response::{done, listing, load_answer, Ndjson, OllamaError};
+use super::response::{done, listing, load_answer, token_logprobs, Ndjson, OllamaError};
 use crate::api::fields::{self, opt_bool, opt_str, unsupported};
 use crate::error::ApiError;
 use crate::generate;
@@ -33,6 +34,9 @@ pub(super) type Res = Result<Response, OllamaError>;
 /// ollama's routes.
 pub fn routes() -> Router<Arc<AppState>> {
     let mut r = Router::new()
+        // Clients and scripts probe `GET /` (or `HEAD /`, which `get` answers too) to
+        // tell that an ollama server is up.
+        .route("/", get(running))
         .route("/api/chat", post(chat))
         .route("/api/generate", post(generate))
         .route("/api/tags", get(tags))
@@ -50,6 +54,11 @@ pub fn routes() -> Router<Arc<AppState>> {
         r = r.route(path, any(not_supported));
     }
     r
+}
+
+/// ollama's answer at `/`: 200 and `Ollama is running` as plain text.
+pub(super) async fn running() -> &'static str {
+    "Ollama is running"
 }
 
 pub(super) async fn not_supported(req: axum::extract::Request) -> OllamaError {
@@ -122,8 +131,8 @@ pub(super) async fn answer(
         })
         .await??;
     let model = tag_name(&m.id);
-    if p.load_only {
-        return Ok(load_answer(shape, &model));
+    if let Some(reason) = p.load_only {
+        return Ok(load_answer(shape, &model, reason));
     }
     let prompt_ids = (shape == Shape::Generate).then(|| p.prompt.clone());
     let tools = p.g.shown_tools();
@@ -138,7 +147,12 @@ pub(super) async fn answer(
             c
         });
         let a = crate::answer::split(&text, p.g.reasoning, tools);
-        let v = done(shape, &model, &a, &summary, log.start.elapsed(), context);
+        let mut v = done(shape, &model, &a, &summary, log.start.elapsed(), context);
+        // As ollama: every token's log-probabilities gathered on the one object, the
+        // field left out when there are none.
+        if p.logprobs.is_some() && !lps.is_empty() {
+            v["logprobs"] = token_logprobs(&lps);
+        }
         let mut resp = Json(v).into_response();
         resp.extensions_mut().insert(summary);
         return Ok(generate::mark_unenforced(resp, &unenforced));
@@ -158,6 +172,7 @@ pub(super) async fn answer(
         finished: false,
         log,
         splitter: crate::answer::AnswerSplitter::new(p.g.reasoning, tools),
+        logprobs: p.logprobs.is_some(),
     };
     let lines = stream::unfold(state, |mut s| async move {
         loop {
@@ -255,6 +270,13 @@ pub(crate) fn capabilities(m: &crate::models::Model, template: &str) -> Vec<&'st
         out.push("thinking");
     }
     out
+}
+
+/// Whether `/api/show` lists `thinking` among `m`'s capabilities: what `think: true`
+/// needs, as ollama checks it.
+pub(super) fn thinks(m: &crate::models::Model) -> bool {
+    let template = m.tok.chat_template().unwrap_or_default();
+    capabilities(m, template).contains(&"thinking")
 }
 
 pub(super) async fn show(State(st): St, b: crate::body::Body) -> Res {
