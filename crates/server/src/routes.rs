@@ -84,7 +84,7 @@ const JSON_ROUTES: &[&str] = &[
 /// runs the handler, adds the CORS headers, counts and logs the request.
 async fn gate(State(st): St, req: Request, next: Next) -> Response {
     let mut log = RequestLog::new(req.method().as_str(), req.uri().path());
-    let anthropic = crate::api::anthropic::is_anthropic_path(req.uri().path());
+    let path = req.uri().path().to_string();
     let mut origin = None;
     let mut resp = match admit(&st, req, &mut origin).await {
         Ok(Ok(mut req)) => {
@@ -93,8 +93,7 @@ async fn gate(State(st): St, req: Request, next: Next) -> Response {
         }
         Ok(Err(preflight)) => preflight,
         // Refusals before the handler speak the route's API too.
-        Err(e) if anthropic => crate::api::anthropic::AnthropicError(e).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => shaped(&path, e),
     };
     security::decorate(&mut resp, origin);
     st.metrics.request(resp.status().as_u16());
@@ -138,18 +137,30 @@ async fn admit(
     )))
 }
 
-async fn not_found(req: Request) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("no route for {} {}", req.method(), req.uri().path()),
-    )
+/// `e` in the error shape of the API that `path` belongs to: Anthropic's on its
+/// `/v1/messages` routes, ollama's `{"error": "..."}` on `/api/*`, else OpenAI's. The
+/// router's own refusals (no route, a wrong method, a body that is not JSON or too
+/// large, a missing key) go through it, so a client can read them as its API's errors.
+fn shaped(path: &str, e: ApiError) -> Response {
+    if crate::api::anthropic::is_anthropic_path(path) {
+        crate::api::anthropic::AnthropicError(e).into_response()
+    } else if path.starts_with("/api/") {
+        crate::api::ollama::OllamaError(e).into_response()
+    } else {
+        e.into_response()
+    }
 }
 
-async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        format!("{} is not allowed on {}", req.method(), req.uri().path()),
-    )
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path();
+    let msg = format!("no route for {} {path}", req.method());
+    shaped(path, ApiError::new(StatusCode::NOT_FOUND, msg))
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path();
+    let msg = format!("{} is not allowed on {path}", req.method());
+    shaped(path, ApiError::new(StatusCode::METHOD_NOT_ALLOWED, msg))
 }
 
 async fn health(State(st): St) -> Response {

@@ -1,10 +1,11 @@
 //! Anthropic's request body read into chat messages and the shared generation request:
 //! `system` (a string or text blocks), `messages` whose content is a string or blocks
-//! (`text`, `tool_use` on assistant turns, `tool_result` on user turns; `thinking`
-//! blocks of earlier turns are dropped, as Anthropic's own API drops them), `tools` with
-//! `input_schema`, `tool_choice`, `stop_sequences`, `temperature`, `top_p`, `top_k`,
-//! `stream`, `thinking` (the template's thinking switch), `output_config.format` (a JSON
-//! schema the answer follows, through the shared constraint), and `metadata`,
+//! (`text`, `tool_use` on assistant turns, `tool_result` on user turns; an assistant
+//! turn's `thinking` blocks are its reasoning for the template, `redacted_thinking`
+//! dropped; consecutive messages of one role are one turn, as Anthropic combines them),
+//! `tools` with `input_schema`, `tool_choice`, `stop_sequences`, `temperature`, `top_p`,
+//! `top_k`, `stream`, `thinking` (the template's thinking switch), `output_config.format`
+//! (a JSON schema the answer follows, through the shared constraint), and `metadata`,
 //! `service_tier`, `cache_control` and `output_config.effort` (no effect).
 //! Anything else is refused by name.
 
@@ -97,13 +98,11 @@ pub fn parse(obj: &Object, count_only: bool) -> Result<Parsed, ApiError> {
     messages(obj, &mut msgs)?;
     g.tools = tool_spec(obj)?;
     g.grammar = output_format(obj)?;
-    if g.grammar.is_some() && g.tools.as_ref().is_some_and(|t| t.grammar().is_some()) {
-        return Err(ApiError::bad_request(
-            "a tool call and `output_config.format` cannot both constrain one answer: use \
-             `tool_choice: {\"type\": \"none\"}`",
-        )
-        .with_param("tool_choice"));
-    }
+    crate::tools::check_output(
+        g.tools.as_ref(),
+        g.grammar.as_ref().map(|(gr, _)| gr),
+        "output_config.format",
+    )?;
     g.reasoning.split = true;
     let kwargs = thinking_kwargs(thinking(obj)?);
     Ok(Parsed { msgs, g, kwargs })
@@ -251,52 +250,27 @@ fn system(obj: &Object) -> Result<Option<String>, ApiError> {
         .map(|s| s.filter(|s| !s.is_empty()))
 }
 
-/// `messages`, appended to `out`: a user turn's `tool_result` blocks become `tool`
-/// messages (each must answer a `tool_use` of the assistant turn before it), its text
-/// a user message; an assistant turn's `tool_use` blocks become its tool calls.
+/// `messages`, appended to `out`. Consecutive messages of one role are one turn, their
+/// blocks in order, as Anthropic combines them (see [`turns`]). A user turn's
+/// `tool_result` blocks become `tool` messages (each must answer a `tool_use` of the
+/// assistant turn before it), its text a user message; an assistant turn's `tool_use`
+/// blocks become its tool calls. Errors name the block's place in the request as sent.
 fn messages(obj: &Object, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
-    let arr = field(obj, "messages")
-        .ok_or_else(|| required("messages"))?
-        .as_array()
-        .ok_or_else(|| wrong("messages", "an array of messages"))?;
-    if arr.is_empty() {
-        return Err(wrong("messages", "a non-empty array"));
-    }
-    for (i, m) in arr.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let m = m.as_object().ok_or_else(|| wrong(&at, "an object"))?;
-        only_known(m, &["role", "content"], &format!("{at}."))?;
-        let role = opt_str(m, "role")?.ok_or_else(|| required(&format!("{at}.role")))?;
-        if role != "user" && role != "assistant" {
-            return Err(ApiError::bad_request(format!(
-                "field `{at}.role` is `{role}`: expected user or assistant (the system \
-                 prompt goes in `system`)"
-            ))
-            .with_param(format!("{at}.role")));
-        }
-        let content = field(m, "content").ok_or_else(|| required(&format!("{at}.content")))?;
-        let blocks = match content {
-            Value::String(s) => {
-                out.push(ChatMessage::new(role, s.clone()));
-                continue;
-            }
-            Value::Array(b) => b,
-            _ => {
-                return Err(wrong(
-                    &format!("{at}.content"),
-                    "a string or an array of blocks",
-                ))
-            }
-        };
+    for (role, blocks) in turns(obj)? {
         let mut text = Vec::new();
         let mut thinking = Vec::new();
         let mut calls = Vec::new();
         let mut results = Vec::new();
-        for (j, b) in blocks.iter().enumerate() {
-            let here = format!("{at}.content[{j}]");
-            let o = b
-                .as_object()
-                .ok_or_else(|| wrong(&here, "a content block"))?;
+        for (here, b) in blocks {
+            let o = match b {
+                Content::Text(t) => {
+                    text.push(t.to_string());
+                    continue;
+                }
+                Content::Block(b) => b
+                    .as_object()
+                    .ok_or_else(|| wrong(&here, "a content block"))?,
+            };
             let ty = o.get("type").and_then(Value::as_str).unwrap_or("");
             match (ty, role) {
                 ("text", _) => text.push(text_block(o, &here)?),
@@ -385,6 +359,66 @@ fn messages(obj: &Object, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// A piece of a message's content.
+enum Content<'a> {
+    /// String content: one text block.
+    Text(&'a str),
+    /// An element of array content, not yet checked.
+    Block(&'a Value),
+}
+
+/// A turn: its role and its content, each piece with its place in the request
+/// (`messages[i].content[j]`, or `messages[i].content` for string content).
+type Turn<'a> = (&'a str, Vec<(String, Content<'a>)>);
+
+/// `messages` checked message by message and grouped into turns: consecutive messages of
+/// one role are one turn, their blocks concatenated in order, as Anthropic's API
+/// combines them ("consecutive user or assistant turns in your request will be combined
+/// into a single turn"); clients send a turn's tool results as one message each.
+fn turns(obj: &Object) -> Result<Vec<Turn<'_>>, ApiError> {
+    let arr = field(obj, "messages")
+        .ok_or_else(|| required("messages"))?
+        .as_array()
+        .ok_or_else(|| wrong("messages", "an array of messages"))?;
+    if arr.is_empty() {
+        return Err(wrong("messages", "a non-empty array"));
+    }
+    let mut turns: Vec<Turn<'_>> = Vec::new();
+    for (i, m) in arr.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let m = m.as_object().ok_or_else(|| wrong(&at, "an object"))?;
+        only_known(m, &["role", "content"], &format!("{at}."))?;
+        let role = opt_str(m, "role")?.ok_or_else(|| required(&format!("{at}.role")))?;
+        if role != "user" && role != "assistant" {
+            return Err(ApiError::bad_request(format!(
+                "field `{at}.role` is `{role}`: expected user or assistant (the system \
+                 prompt goes in `system`)"
+            ))
+            .with_param(format!("{at}.role")));
+        }
+        let content = field(m, "content").ok_or_else(|| required(&format!("{at}.content")))?;
+        let blocks: Vec<(String, Content<'_>)> = match content {
+            Value::String(t) => vec![(format!("{at}.content"), Content::Text(t))],
+            Value::Array(b) => b
+                .iter()
+                .enumerate()
+                .map(|(j, b)| (format!("{at}.content[{j}]"), Content::Block(b)))
+                .collect(),
+            _ => {
+                return Err(wrong(
+                    &format!("{at}.content"),
+                    "a string or an array of blocks",
+                ))
+            }
+        };
+        match turns.last_mut() {
+            Some((r, prev)) if *r == role => prev.extend(blocks),
+            _ => turns.push((role, blocks)),
+        }
+    }
+    Ok(turns)
 }
 
 /// `tools` and `tool_choice` in the shared tool machinery: each tool's `input_schema`

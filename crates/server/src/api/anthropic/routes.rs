@@ -65,8 +65,8 @@ async fn messages(
     let unenforced = std::mem::take(&mut gen.unenforced);
     if !g.stream {
         let (text, _, sum) = gen.collect_one().await?;
-        let a = answer::split(&text, g.reasoning, tools);
-        let mut resp = Json(message(&id, &model, &a, &sum, &g.stop)).into_response();
+        let outs = answer::split_ordered(&text, g.reasoning, tools);
+        let mut resp = Json(message(&id, &model, &outs, &sum, &g.stop)).into_response();
         resp.extensions_mut().insert(sum);
         return Ok(generate::mark_unenforced(resp, &unenforced));
     }

@@ -2,10 +2,12 @@
 
 use serde_json::{json, Value};
 
+use axum::response::IntoResponse;
+
 use super::request::parse;
-use super::response::{error_body, message};
-use super::stream::Blocks;
-use crate::answer::{split, AnswerSplitter};
+use super::response::{error_body, message, AnthropicError};
+use super::stream::{Blocks, Frame};
+use crate::answer::{split_ordered, AnswerSplitter};
 use crate::error::ApiError;
 use crate::job::{Finish, Summary};
 use crate::reasoning::Reasoning;
@@ -89,6 +91,17 @@ fn a_conversation_with_a_tool_call_and_its_result_reads_into_chat_messages() {
     .unwrap();
     assert!(p.kwargs.is_empty());
     assert_eq!(p.g.grammar.map(|g| g.1), Some("output_config.format"));
+    // Tools beside the format: the answer is a call or the format's JSON.
+    let p = parse(
+        &obj(
+            json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                    "tools": tools(), "output_config": {"format": {"type": "json_schema",
+                                      "schema": {"type": "object"}}}}),
+        ),
+        false,
+    )
+    .unwrap();
+    assert!(p.g.grammar.is_some() && p.g.tools.is_some());
 }
 
 #[test]
@@ -141,11 +154,6 @@ fn unsupported_or_malformed_fields_are_named() {
         (
             json!({"output_config": {"format": {"type": "xml"}}}),
             "output_config.format.type",
-        ),
-        (
-            json!({"output_config": {"format": {"type": "json_schema", "schema": {}}},
-                "tools": tools(), "tool_choice": {"type": "any"}}),
-            "tool_choice",
         ),
         (
             json!({"stop_sequences": ["a", "b", "c", "d", "e"]}),
@@ -202,7 +210,7 @@ fn errors_and_answers_have_anthropics_shape() {
         open: false,
         harmony: false,
     };
-    let a = split("<think>hmm</think>\n\nHi<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", on, Some(&crate::tools::test_spec(&["get_weather"])));
+    let a = split_ordered("<think>hmm</think>\n\nHi<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", on, Some(&crate::tools::test_spec(&["get_weather"])));
     let m = message("msg_1", "tiny", &a, &summary(Finish::Stop, None), &[]);
     assert_eq!(m["type"], "message");
     assert_eq!(m["stop_reason"], "tool_use");
@@ -215,7 +223,7 @@ fn errors_and_answers_have_anthropics_shape() {
     assert_eq!(types, ["thinking", "text", "tool_use"]);
     assert_eq!(m["content"][2]["input"], json!({"city": "Oslo"}));
     assert_eq!(m["usage"]["input_tokens"], 12);
-    let plain = split("Hi", on, None);
+    let plain = split_ordered("Hi", on, None);
     let stop = ["END".to_string()];
     let m = message(
         "msg_2",
@@ -312,4 +320,277 @@ fn streamed_blocks_follow_anthropics_event_sequence() {
     let last = &frames[frames.len() - 2].1;
     assert_eq!(last["delta"]["stop_reason"], "tool_use");
     assert_eq!(last["usage"]["output_tokens"], 5);
+}
+
+fn tool_use(id: &str) -> Value {
+    json!({"type": "tool_use", "id": id, "name": "get_weather", "input": {"city": "Oslo"}})
+}
+
+fn tool_result(id: &str) -> Value {
+    json!({"type": "tool_result", "tool_use_id": id, "content": "18 C"})
+}
+
+fn read_messages(messages: Value) -> Result<Vec<minfer_tokenizer::ChatMessage>, ApiError> {
+    parse(
+        &obj(json!({"model": "m", "max_tokens": 8, "messages": messages, "tools": tools()})),
+        false,
+    )
+    .map(|p| p.msgs)
+}
+
+/// Anthropic combines consecutive messages of one role into one turn: clients send each
+/// tool result, or each call, as a message of its own.
+#[test]
+fn consecutive_messages_of_one_role_are_one_turn() {
+    let user = json!({"role": "user", "content": "Weather?"});
+    let roles = |m: &[minfer_tokenizer::ChatMessage]| -> Vec<String> {
+        m.iter().map(|m| m.role.clone()).collect()
+    };
+    // Results split over two user messages.
+    let m = read_messages(json!([user,
+        {"role": "assistant", "content": [tool_use("t1"), tool_use("t2")]},
+        {"role": "user", "content": [tool_result("t1")]},
+        {"role": "user", "content": [tool_result("t2")]}]))
+    .unwrap();
+    assert_eq!(roles(&m), ["user", "assistant", "tool", "tool"]);
+    assert_eq!(m[3].tool_call_id.as_deref(), Some("t2"));
+    // Calls split over two assistant messages.
+    let m = read_messages(json!([user,
+        {"role": "assistant", "content": [tool_use("t1")]},
+        {"role": "assistant", "content": [tool_use("t2")]},
+        {"role": "user", "content": [tool_result("t1"), tool_result("t2")]}]))
+    .unwrap();
+    assert_eq!(roles(&m), ["user", "assistant", "tool", "tool"]);
+    let ids: Vec<&str> = m[1].tool_calls.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["t1", "t2"]);
+    // A call, then the assistant's text as a message of its own; then two user texts.
+    let m = read_messages(json!([user,
+        {"role": "assistant", "content": [tool_use("t1")]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [tool_result("t1")]},
+        {"role": "user", "content": "thanks"}]))
+    .unwrap();
+    assert_eq!(roles(&m), ["user", "assistant", "tool", "user"]);
+    assert_eq!((m[1].content.as_str(), m[1].tool_calls.len()), ("ok", 1));
+    assert_eq!(m[3].content, "thanks");
+    let m = read_messages(json!([user, {"role": "user", "content": [
+        {"type": "text", "text": "In Oslo."}]}]))
+    .unwrap();
+    assert_eq!(roles(&m), ["user"]);
+    assert_eq!(m[0].content, "Weather?\nIn Oslo.");
+    // A call in the history needs no `tools` in the request.
+    let p = parse(
+        &obj(json!({"model": "m", "max_tokens": 8, "messages": [user,
+            {"role": "assistant", "content": [tool_use("t1")]},
+            {"role": "user", "content": [tool_result("t1")]}]})),
+        false,
+    )
+    .unwrap();
+    assert_eq!(p.msgs[1].tool_calls.len(), 1);
+}
+
+#[test]
+fn errors_in_a_merged_turn_name_the_message_as_sent() {
+    let user = json!({"role": "user", "content": "Weather?"});
+    let cases = [
+        (
+            json!([user, {"role": "assistant", "content": [tool_use("t1")]},
+                {"role": "user", "content": [tool_result("t1")]},
+                {"role": "user", "content": [tool_result("t9")]}]),
+            "messages[3].content[0].tool_use_id",
+        ),
+        // The call is two turns back: the result answers nothing.
+        (
+            json!([user, {"role": "assistant", "content": [tool_use("t1")]},
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "y"},
+                {"role": "user", "content": [tool_result("t1")]}]),
+            "messages[4].content[0].tool_use_id",
+        ),
+        (
+            json!([user, {"role": "user", "content": [{"type": "text", "text": "a"},
+                {"type": "image", "source": {}}]}]),
+            "messages[1].content[1].type",
+        ),
+        // A string is content, not a block.
+        (
+            json!([user, {"role": "user", "content": ["a"]}]),
+            "messages[1].content[0]",
+        ),
+    ];
+    for (messages, at) in cases {
+        let e = read_messages(messages).unwrap_err();
+        assert_eq!(e.status, 400, "{at}");
+        let named = e.param.as_deref() == Some(at) || e.message.contains(at);
+        assert!(named, "{at}: {} ({:?})", e.message, e.param);
+    }
+}
+
+fn on() -> Reasoning {
+    Reasoning {
+        split: true,
+        open: false,
+        harmony: false,
+    }
+}
+
+/// The content blocks a client builds from a stream's events, as the SDK's
+/// `stream().get_final_message()` does.
+fn final_content(frames: &[Frame]) -> Vec<Value> {
+    let mut content: Vec<Value> = Vec::new();
+    let mut json_in = String::new();
+    let append = |b: &mut Value, k: &str, more: &Value| {
+        let t = format!("{}{}", b[k].as_str().unwrap(), more[k].as_str().unwrap());
+        b[k] = json!(t);
+    };
+    for (name, d) in frames {
+        let i = d["index"].as_u64().unwrap_or(0) as usize;
+        match *name {
+            "content_block_start" => {
+                assert_eq!(i, content.len());
+                content.push(d["content_block"].clone());
+                json_in.clear();
+            }
+            "content_block_delta" => {
+                let delta = &d["delta"];
+                match delta["type"].as_str().unwrap() {
+                    "text_delta" => append(&mut content[i], "text", delta),
+                    "thinking_delta" => append(&mut content[i], "thinking", delta),
+                    "input_json_delta" => json_in.push_str(delta["partial_json"].as_str().unwrap()),
+                    other => panic!("delta {other}"),
+                }
+            }
+            "content_block_stop" if content[i]["type"] == "tool_use" => {
+                content[i]["input"] = serde_json::from_str(&json_in).unwrap();
+            }
+            _ => {}
+        }
+    }
+    content
+}
+
+/// The streamed events of `out`, a character at a time, ended by `sum`.
+fn streamed(out: &str, sum: &Summary, stop: &[String]) -> Vec<Frame> {
+    let spec = crate::tools::test_spec(&["f"]);
+    let mut b = Blocks::new(
+        "msg_7".into(),
+        stop.to_vec(),
+        AnswerSplitter::new(on(), Some(&spec)),
+    );
+    let mut frames = Vec::new();
+    for c in out.chars() {
+        frames.extend(b.push(&c.to_string()));
+    }
+    frames.extend(b.finish(sum));
+    frames
+}
+
+fn whole(out: &str, sum: &Summary, stop: &[String]) -> Value {
+    let spec = crate::tools::test_spec(&["f"]);
+    message(
+        "msg_7",
+        "tiny",
+        &split_ordered(out, on(), Some(&spec)),
+        sum,
+        stop,
+    )
+}
+
+/// `create()` and a stream's final message hold the same blocks, in the order the model
+/// wrote them: text after a call stays after it.
+#[test]
+fn the_whole_answer_keeps_the_order_the_stream_has() {
+    let call = |x: u32| {
+        format!("<tool_call>\n{{\"name\": \"f\", \"arguments\": {{\"x\": {x}}}}}\n</tool_call>")
+    };
+    let cases = [
+        (
+            format!("<think>plan</think>\n\nSure.{}Done.", call(1)),
+            vec!["thinking", "text", "tool_use", "text"],
+        ),
+        (
+            format!("First.{}Then.{}", call(1), call(2)),
+            vec!["text", "tool_use", "text", "tool_use"],
+        ),
+        (call(3), vec!["tool_use"]),
+    ];
+    let sum = summary(Finish::Stop, None);
+    for (out, types) in cases {
+        let m = whole(&out, &sum, &[]);
+        let content = m["content"].as_array().unwrap();
+        let got: Vec<&str> = content
+            .iter()
+            .map(|b| b["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, types, "{out}");
+        let frames = streamed(&out, &sum, &[]);
+        assert_eq!(&final_content(&frames), content, "{out}");
+        let delta = &frames[frames.len() - 2].1["delta"];
+        assert_eq!(delta["stop_reason"], m["stop_reason"], "{out}");
+        assert_eq!(m["stop_reason"], "tool_use", "{out}");
+    }
+    let m = whole(&format!("A{}B", call(1)), &sum, &[]);
+    assert_eq!(
+        (
+            m["content"][0]["text"].as_str(),
+            m["content"][2]["text"].as_str()
+        ),
+        (Some("A"), Some("B"))
+    );
+    assert_eq!(m["content"][1]["id"], "toolu_7_0");
+    assert_eq!(m["content"][1]["input"], json!({"x": 1}));
+}
+
+/// What ended the answer is its stop reason, even after a whole call: a client must
+/// know the turn was cut short.
+#[test]
+fn the_limit_or_a_stop_sequence_ends_an_answer_even_after_a_call() {
+    let out = "Sure.<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\nAnd";
+    let stop = ["END".to_string()];
+    for (sum, reason, seq) in [
+        (summary(Finish::Length, None), "max_tokens", Value::Null),
+        (
+            summary(Finish::Stop, Some(0)),
+            "stop_sequence",
+            json!("END"),
+        ),
+        (summary(Finish::Stop, None), "tool_use", Value::Null),
+    ] {
+        let m = whole(out, &sum, &stop);
+        assert!(m["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["type"] == "tool_use"));
+        assert_eq!(
+            (&m["stop_reason"], &m["stop_sequence"]),
+            (&json!(reason), &seq)
+        );
+        let frames = streamed(out, &sum, &stop);
+        let delta = &frames[frames.len() - 2].1["delta"];
+        assert_eq!(
+            (&delta["stop_reason"], &delta["stop_sequence"]),
+            (&json!(reason), &seq)
+        );
+    }
+    // No call: the limit, a sequence, or the end of the turn.
+    let m = whole("Hi", &summary(Finish::Stop, None), &stop);
+    assert_eq!(m["stop_reason"], "end_turn");
+}
+
+/// A full queue is Anthropic's 529 `overloaded_error`, which its clients retry.
+#[test]
+fn overload_is_529_on_anthropics_routes() {
+    let e = ApiError::unavailable("all slots are busy and the request queue is full", 1);
+    assert_eq!(error_body(&e)["error"]["type"], "overloaded_error");
+    let r = AnthropicError(e).into_response();
+    assert_eq!(r.status().as_u16(), 529);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let r = AnthropicError(ApiError::bad_request("x")).into_response();
+    assert_eq!(r.status().as_u16(), 400);
+    let e = ApiError::new(
+        axum::http::StatusCode::GATEWAY_TIMEOUT,
+        "the request timed out",
+    );
+    assert_eq!(error_body(&e)["error"]["type"], "timeout_error");
 }

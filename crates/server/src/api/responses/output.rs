@@ -8,8 +8,9 @@
 
 use serde_json::{json, Value};
 
-use crate::answer::Out;
-use crate::tools::Call;
+use crate::answer::{split_ordered, Out};
+use crate::reasoning::Reasoning;
+use crate::tools::{Call, ToolSpec};
 
 /// The kind of the item being written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +48,16 @@ impl Builder {
             text: String::new(),
             calls: Vec::new(),
         }
+    }
+
+    /// The finished builder of a whole (unstreamed) answer `text`, split as `reasoning`
+    /// and `tools` say: its pieces go in the order the model wrote them, so its items and
+    /// their ids are those the stream gives for the same answer.
+    pub fn whole(serial: &str, text: &str, reasoning: Reasoning, tools: Option<&ToolSpec>) -> Self {
+        let mut b = Builder::new(serial);
+        b.push(split_ordered(text, reasoning, tools));
+        b.finish();
+        b
     }
 
     /// The finished items.

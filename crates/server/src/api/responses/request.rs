@@ -2,15 +2,18 @@
 //! request: `input` as a string or items (messages with text parts, `function_call` and
 //! `function_call_output` items; `reasoning` items are dropped), `instructions`,
 //! `text.format` (JSON schema or JSON object, through the shared constraint), function
-//! `tools` and `tool_choice`, sampling fields, `stream`, `store` and
-//! `previous_response_id`. Anything else is refused by name.
+//! `tools` and `tool_choice`, sampling fields, `stream`, `store`, `metadata` and
+//! `previous_response_id`; `background: false` and a `reasoning` that asks for nothing
+//! are taken as OpenAI's defaults. Anything else is refused by name, the name in
+//! `param` too.
 
 use minfer_runtime::Grammar;
 use minfer_tokenizer::{ChatMessage, ToolCall};
 use serde_json::{json, Value};
 
 use crate::api::fields::{
-    field, only_known, opt_bool, opt_f32_in, opt_str, schema_grammar, top_p, wrong, Object,
+    field, only_known, opt_bool, opt_f32_in, opt_str, schema_grammar, top_p, unsupported, wrong,
+    Object,
 };
 use crate::error::ApiError;
 use crate::params::GenRequest;
@@ -43,7 +46,18 @@ pub const FIELDS: &[&str] = &[
     "enable_thinking",
     "timings_per_token",
     "return_progress",
+    "background",
+    "reasoning",
 ];
+
+/// Most `metadata` pairs, as OpenAI has it.
+pub const METADATA_PAIRS: usize = 16;
+
+/// Longest `metadata` key, in characters, as OpenAI has it.
+pub const METADATA_KEY_CHARS: usize = 64;
+
+/// Longest `metadata` value, in characters, as OpenAI has it.
+pub const METADATA_VALUE_CHARS: usize = 512;
 
 /// A read request.
 #[derive(Debug)]
@@ -68,8 +82,27 @@ fn required(name: &str) -> ApiError {
     ApiError::bad_request(format!("field `{name}` is required")).with_param(name)
 }
 
-/// Reads a Responses request.
+/// Reads a Responses request; a refusal is a 400 whose `param` names the field at fault.
 pub fn parse(obj: &Object) -> Result<Parsed, ApiError> {
+    read(obj).map_err(named)
+}
+
+/// `e` with `param` set to the field its message names, when it sets none: the shared
+/// readers word each refusal "field `NAME` ..." but leave `param` empty, and clients of
+/// this API (the SDKs' `BadRequestError.param`) read the field from `param`.
+pub(super) fn named(mut e: ApiError) -> ApiError {
+    if e.param.is_none() {
+        e.param = e
+            .message
+            .strip_prefix("field `")
+            .and_then(|rest| rest.split_once('`'))
+            .map(|(name, _)| name.to_string());
+    }
+    e
+}
+
+/// [`parse`], before `param` is filled in.
+fn read(obj: &Object) -> Result<Parsed, ApiError> {
     only_known(obj, FIELDS, "")?;
     let mut g = GenRequest {
         model: opt_str(obj, "model")?.map(str::to_string),
@@ -113,11 +146,15 @@ pub fn parse(obj: &Object) -> Result<Parsed, ApiError> {
         )
         .with_param("include"));
     }
-    let metadata = match field(obj, "metadata") {
-        None => json!({}),
-        Some(m @ Value::Object(_)) => m.clone(),
-        Some(_) => return Err(wrong("metadata", "an object")),
-    };
+    if opt_bool(obj, "background")? == Some(true) {
+        return Err(unsupported(
+            "background",
+            "this server has no background mode: the answer is generated while the \
+             request waits (`stream` sends it as it comes)",
+        ));
+    }
+    reasoning(obj)?;
+    let metadata = metadata(obj)?;
     let instructions = opt_str(obj, "instructions")?
         .filter(|s| !s.is_empty())
         .map(str::to_string);
@@ -127,6 +164,13 @@ pub fn parse(obj: &Object) -> Result<Parsed, ApiError> {
         .map(|t| {
             let t = t.as_object().ok_or_else(|| wrong("text", "an object"))?;
             only_known(t, &["format", "verbosity"], "text.")?;
+            // Taken and echoed, as OpenAI's models take it as a hint; the answer's length
+            // is the model's own here.
+            if let Some(v) = opt_str(t, "verbosity")? {
+                if !["low", "medium", "high"].contains(&v) {
+                    return Err(wrong("text.verbosity", "`low`, `medium` or `high`"));
+                }
+            }
             Ok::<_, ApiError>(field(t, "format").cloned())
         })
         .transpose()?
@@ -134,12 +178,11 @@ pub fn parse(obj: &Object) -> Result<Parsed, ApiError> {
         .unwrap_or_else(|| json!({"type": "text"}));
     g.grammar = grammar(&format)?;
     g.tools = tool_spec(obj)?;
-    if g.tools.as_ref().is_some_and(|t| t.grammar().is_some()) && g.grammar.is_some() {
-        return Err(ApiError::bad_request(
-            "a tool call and `text.format` cannot both constrain one answer: use `tool_choice: none`",
-        )
-        .with_param("tool_choice"));
-    }
+    crate::tools::check_output(
+        g.tools.as_ref(),
+        g.grammar.as_ref().map(|(gr, _)| gr),
+        "text.format",
+    )?;
     g.reasoning.split = true;
     Ok(Parsed {
         instructions,
@@ -150,6 +193,69 @@ pub fn parse(obj: &Object) -> Result<Parsed, ApiError> {
         format,
         metadata,
     })
+}
+
+/// `reasoning`: taken when it asks for nothing (`{}`, or `effort` and `summary` null),
+/// as clients send OpenAI's defaults. An effort or a summary is refused (deliberately,
+/// see the README): how much a model reasons is set by its chat template
+/// (`enable_thinking`, `chat_template_kwargs`), not by an effort level, and no summary
+/// is written.
+fn reasoning(obj: &Object) -> Result<(), ApiError> {
+    let Some(r) = field(obj, "reasoning") else {
+        return Ok(());
+    };
+    let r = r
+        .as_object()
+        .ok_or_else(|| wrong("reasoning", "an object"))?;
+    let keys = ["effort", "summary", "generate_summary"];
+    only_known(r, &keys, "reasoning.")?;
+    match keys.iter().find(|k| field(r, k).is_some()) {
+        None => Ok(()),
+        Some(k) => Err(unsupported(
+            &format!("reasoning.{k}"),
+            "a model reasons as its chat template lets it (`enable_thinking`, \
+             `chat_template_kwargs`); no effort level or summary is available",
+        )),
+    }
+}
+
+/// `metadata`: an object of at most [`METADATA_PAIRS`] string pairs, keys of at most
+/// [`METADATA_KEY_CHARS`] characters and values of at most [`METADATA_VALUE_CHARS`], as
+/// OpenAI refuses others; `{}` when absent.
+fn metadata(obj: &Object) -> Result<Value, ApiError> {
+    let m = match field(obj, "metadata") {
+        None => return Ok(json!({})),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(wrong("metadata", "an object of string values")),
+    };
+    let bad = |why: String| {
+        ApiError::bad_request(format!("field `metadata` {why}")).with_param("metadata")
+    };
+    if m.len() > METADATA_PAIRS {
+        return Err(bad(format!(
+            "has {} pairs: at most {METADATA_PAIRS} are allowed",
+            m.len()
+        )));
+    }
+    for (k, v) in m {
+        let n = k.chars().count();
+        if n > METADATA_KEY_CHARS {
+            return Err(bad(format!(
+                "has a key of {n} characters: keys are at most {METADATA_KEY_CHARS}"
+            )));
+        }
+        match v.as_str().map(|s| s.chars().count()) {
+            None => return Err(bad(format!("key `{k}` must have a string value"))),
+            Some(n) if n > METADATA_VALUE_CHARS => {
+                return Err(bad(format!(
+                    "key `{k}` has a value of {n} characters: values are at most \
+                     {METADATA_VALUE_CHARS}"
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(Value::Object(m.clone()))
 }
 
 /// `text.format`: `text`, `json_object`, or `json_schema` with `schema` (and `name`,

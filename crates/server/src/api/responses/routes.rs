@@ -1,10 +1,11 @@
-//! The Responses routes: `POST /v1/responses`, `GET /v1/responses/{id}` and `POST
+//! The Responses routes: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`,
+//! `GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel` and `POST
 //! /v1/responses/input_tokens` (each also without the `/v1` prefix).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::Sse as SseBody;
 use axum::response::{IntoResponse, Response};
@@ -14,12 +15,13 @@ use futures_util::stream::{self, StreamExt};
 use minfer_tokenizer::ChatMessage;
 use serde_json::json;
 
+use super::items::{input_items, page};
 use super::output::Builder;
-use super::request::{check_results, parse, Parsed};
-use super::response::{base, entry, finished};
+use super::request::{check_results, named, parse, Parsed};
+use super::response::{base, entry, finished, Kept};
 use super::store::{CAPACITY, TTL};
 use super::stream::Stream;
-use crate::answer::{self, AnswerSplitter};
+use crate::answer::AnswerSplitter;
 use crate::api::fields::Object;
 use crate::api::prepare::prepare;
 use crate::body::Body;
@@ -35,8 +37,12 @@ pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v1/responses", post(create))
         .route("/responses", post(create))
-        .route("/v1/responses/{id}", get(retrieve))
-        .route("/responses/{id}", get(retrieve))
+        .route("/v1/responses/{id}", get(retrieve).delete(delete))
+        .route("/responses/{id}", get(retrieve).delete(delete))
+        .route("/v1/responses/{id}/input_items", get(list_input_items))
+        .route("/responses/{id}/input_items", get(list_input_items))
+        .route("/v1/responses/{id}/cancel", post(cancel))
+        .route("/responses/{id}/cancel", post(cancel))
         .route("/v1/responses/input_tokens", post(input_tokens))
         .route("/responses/input_tokens", post(input_tokens))
 }
@@ -72,7 +78,7 @@ fn render(s: &AppState, obj: &Object, p: &Parsed) -> Result<Rendered, ApiError> 
     }
     msgs.extend(history.iter().cloned());
     let m = s.model(model.as_deref())?;
-    let kwargs = crate::api::thinking::template_kwargs(obj)?;
+    let kwargs = crate::api::thinking::template_kwargs(obj).map_err(named)?;
     let tools = p.g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
     let prompt = render_chat(s, &m, &msgs, tools, &kwargs)?;
     Ok(Rendered {
@@ -93,25 +99,74 @@ async fn input_tokens(State(st): St, b: Body) -> Result<Response, ApiError> {
     Ok(Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }
 
+/// A refusal of the prompt's length in this API's words: the prompt is `input` here,
+/// not chat's `messages`.
+pub(super) fn of_input(mut e: ApiError) -> ApiError {
+    if e.code == Some("context_length_exceeded") {
+        e.message = e.message.replace("messages", "input");
+        e.param = Some("input".into());
+    }
+    e
+}
+
 fn forgotten(id: &str, field: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!(
             "Response with id `{id}` not found: this server keeps responses in memory, at \
-             most {CAPACITY} of them for {} minutes each, and only those created with \
-             `store` true",
+             most {CAPACITY} of them for {} minutes each, only those created with `store` \
+             true, and none once deleted",
             TTL.as_secs() / 60
         ),
     )
     .with_param(field)
 }
 
+/// `GET /v1/responses/{id}`: the kept response, as answered.
 async fn retrieve(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
     let e = st
         .responses
         .get(&id)
         .ok_or_else(|| forgotten(&id, "response_id"))?;
     Ok(Json(e.response).into_response())
+}
+
+/// `DELETE /v1/responses/{id}`: forgets the response (OpenAI's `response.deleted`
+/// object); an id not kept, or already deleted, is a 404.
+async fn delete(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
+    if !st.responses.remove(&id) {
+        return Err(forgotten(&id, "response_id"));
+    }
+    Ok(Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response())
+}
+
+/// `GET /v1/responses/{id}/input_items`: the request's input items, one page of them
+/// (see [`page`]).
+async fn list_input_items(
+    State(st): St,
+    Path(id): Path<String>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Result<Response, ApiError> {
+    let e = st
+        .responses
+        .get(&id)
+        .ok_or_else(|| forgotten(&id, "response_id"))?;
+    Ok(Json(page(&e.input_items, &q)?).into_response())
+}
+
+/// `POST /v1/responses/{id}/cancel`: OpenAI cancels only responses created with
+/// `background: true`, which this server refuses, so a kept response is a 400 saying so
+/// (it has ended anyway) and any other id a 404.
+async fn cancel(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
+    if st.responses.get(&id).is_none() {
+        return Err(forgotten(&id, "response_id"));
+    }
+    Err(ApiError::bad_request(format!(
+        "Response `{id}` cannot be cancelled: only a response created with `background: \
+         true` can be, and this server has no background mode (every response has ended \
+         by the time its id is known)"
+    ))
+    .with_param("response_id"))
 }
 
 async fn create(
@@ -123,6 +178,7 @@ async fn create(
     let id = format!("resp_{serial}");
     let created = crate::openai::now_secs();
     let rid = id.clone();
+    let rserial = serial.clone();
     let (m, prompt, g, fault, history, head) = prepare(&st, b, move |s, obj| {
         let p = parse(&obj)?;
         let Rendered {
@@ -133,29 +189,23 @@ async fn create(
         let head = base(&rid, created, &m.id, &p, &obj);
         let mut g = p.g;
         cp.shape(&mut g);
-        let history = p.store.then_some(history);
+        let history = p.store.then(|| Kept {
+            history,
+            input_items: input_items(obj.get("input").unwrap_or(&json!(null)), &rserial),
+        });
         Ok((m, cp.ids, g, cp.fault, history, head))
     })
     .await?;
     let model = m.id.clone();
     let tools = g.shown_tools();
     let splitter = AnswerSplitter::new(g.reasoning, tools);
-    let mut gen = generate::start(&st, m, prompt, &g, fault, log.start).await?;
+    let mut gen = generate::start(&st, m, prompt, &g, fault, log.start)
+        .await
+        .map_err(of_input)?;
     let unenforced = std::mem::take(&mut gen.unenforced);
-    let mut builder = Builder::new(&serial);
     if !g.stream {
         let (text, _, sum) = gen.collect_one().await?;
-        let a = answer::split(&text, g.reasoning, tools);
-        let mut outs = Vec::new();
-        if !a.reasoning.is_empty() {
-            outs.push(answer::Out::Reasoning(a.reasoning));
-        }
-        if !a.text.is_empty() {
-            outs.push(answer::Out::Text(a.text));
-        }
-        outs.extend(a.calls.into_iter().map(answer::Out::Call));
-        builder.push(outs);
-        builder.finish();
+        let builder = Builder::whole(&serial, &text, g.reasoning, tools);
         let r = finished(&head, &builder, &sum);
         if let Some(h) = history {
             st.responses.put(id, entry(r.clone(), h, &builder, &model));
@@ -175,7 +225,7 @@ async fn create(
         gen,
         first: Some(first),
         base: head,
-        builder,
+        builder: Builder::new(&serial),
         splitter,
         history,
         model,

@@ -1,6 +1,7 @@
-//! The responses the server keeps for `previous_response_id` and
-//! `GET /v1/responses/{id}`: in memory only, at most [`CAPACITY`] of them, each for at
-//! most [`TTL`]; the oldest goes first when the store is full. A restart forgets them.
+//! The responses the server keeps for `previous_response_id`, `GET /v1/responses/{id}`
+//! and its `input_items`: in memory only, at most [`CAPACITY`] of them, each for at most
+//! [`TTL`]; the oldest goes first when the store is full, and `DELETE` drops one at
+//! once. A restart forgets them.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -25,6 +26,9 @@ pub struct Entry {
     pub history: Vec<ChatMessage>,
     /// The model that answered (a continuation without `model` uses it).
     pub model: String,
+    /// The request's own `input` as Responses items, each with an `id`, in the order
+    /// sent (what `GET /v1/responses/{id}/input_items` lists).
+    pub input_items: Vec<Value>,
 }
 
 /// The store.
@@ -74,6 +78,20 @@ impl Store {
         s.expire(Instant::now());
         s.map.get(id).map(|(_, e)| e.clone())
     }
+
+    /// Drops the response kept under `id`; false when there was none (expired, never
+    /// kept, or already deleted).
+    pub fn remove(&self, id: &str) -> bool {
+        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        s.expire(Instant::now());
+        let found = s.map.remove(id).is_some();
+        if found {
+            // Out of the age order too, so that the slot it held is free at once and a
+            // response put again under the id is not listed twice.
+            s.order.retain(|k| k != id);
+        }
+        found
+    }
 }
 
 #[cfg(test)]
@@ -87,6 +105,7 @@ mod tests {
             response: serde_json::json!({"n": n}),
             history: Vec::new(),
             model: "m".into(),
+            input_items: Vec::new(),
         };
         for n in 0..CAPACITY + 3 {
             s.put(format!("resp_{n}"), e(n));
@@ -99,5 +118,28 @@ mod tests {
             CAPACITY + 2
         );
         assert_eq!(s.inner.lock().unwrap().map.len(), CAPACITY);
+    }
+
+    #[test]
+    fn a_deleted_response_is_gone_and_frees_its_place() {
+        let s = Store::default();
+        let e = |n: usize| Entry {
+            response: serde_json::json!({"n": n}),
+            history: Vec::new(),
+            model: "m".into(),
+            input_items: Vec::new(),
+        };
+        for n in 0..CAPACITY {
+            s.put(format!("resp_{n}"), e(n));
+        }
+        assert!(s.remove("resp_5"));
+        assert!(s.get("resp_5").is_none());
+        assert!(!s.remove("resp_5"), "a second delete finds nothing");
+        assert!(!s.remove("resp_nope"));
+        // The freed place takes a new response without pushing out the oldest.
+        s.put("resp_new".into(), e(0));
+        assert!(s.get("resp_0").is_some());
+        let inner = s.inner.lock().unwrap();
+        assert_eq!((inner.map.len(), inner.order.len()), (CAPACITY, CAPACITY));
     }
 }

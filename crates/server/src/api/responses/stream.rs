@@ -6,11 +6,10 @@
 use std::sync::Arc;
 
 use axum::response::sse::Event as Sse;
-use minfer_tokenizer::ChatMessage;
 use serde_json::{json, Value};
 
 use super::output::Builder;
-use super::response::{entry, finished};
+use super::response::{entry, finished, Kept};
 use crate::answer::{coalesce, AnswerSplitter};
 use crate::api::timings;
 use crate::generate::Generation;
@@ -25,8 +24,8 @@ pub(super) struct Stream {
     pub(super) base: Value,
     pub(super) builder: Builder,
     pub(super) splitter: AnswerSplitter,
-    /// The conversation to keep when the response is stored.
-    pub(super) history: Option<Vec<ChatMessage>>,
+    /// What to keep of the request when the response is stored.
+    pub(super) history: Option<Kept>,
     pub(super) model: String,
     pub(super) log: RequestLog,
     pub(super) seq: u64,
