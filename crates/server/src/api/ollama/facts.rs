@@ -1,5 +1,6 @@
 //! What ollama reports about a model (`/api/show`, `/api/tags`): its family, size,
-//! quantization and metadata, read once from its file, and ollama's time format.
+//! quantization and metadata, read once from its file, its capabilities, and ollama's
+//! time format.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -158,4 +159,37 @@ pub(crate) fn tag_name(id: &str) -> String {
     } else {
         format!("{id}:latest")
     }
+}
+
+/// What `/api/show` says the model can do, in ollama's words: an encoder only embeds;
+/// a generative model completes, takes `tools` and thinks where its chat template
+/// renders tools and a reasoning block (clients such as agent front ends check these
+/// before they send tools or `think`), and fills in the middle where it has the tokens.
+pub(crate) fn capabilities(m: &crate::models::Model, template: &str) -> Vec<&'static str> {
+    if m.encoder {
+        return vec!["embedding"];
+    }
+    let mut out = vec!["completion"];
+    // A template that renders the request's tools reads the variable `tools`.
+    if template.contains("tools") {
+        out.push("tools");
+    }
+    if crate::api::llama::has_fim(m) {
+        out.push("insert");
+    }
+    // `<think>` blocks (Qwen3, Qwen3.5) or harmony's analysis channel (gpt-oss).
+    if ["<think>", "enable_thinking", "<|channel|>"]
+        .iter()
+        .any(|t| template.contains(t))
+    {
+        out.push("thinking");
+    }
+    out
+}
+
+/// Whether `/api/show` lists `thinking` among `m`'s capabilities: what `think: true`
+/// needs, as ollama checks it.
+pub(super) fn thinks(m: &crate::models::Model) -> bool {
+    let template = m.tok.chat_template().unwrap_or_default();
+    capabilities(m, template).contains(&"thinking")
 }

@@ -134,7 +134,7 @@ fn apply_common(
     chat: bool,
 ) -> Result<(Object, bool), ApiError> {
     let c = common_fields(obj)?;
-    if c.think == Some(true) && !super::routes::thinks(m) {
+    if c.think == Some(true) && !super::facts::thinks(m) {
         let name = opt_str(obj, "model")?.unwrap_or_default();
         return Err(ApiError::bad_request(format!(
             "\"{name}\" does not support thinking"

@@ -15,7 +15,7 @@ use futures_util::stream::{self, StreamExt};
 use minfer_gguf::GgufFile;
 use serde_json::{json, Value};
 
-use super::facts::{tag_name, ModelFacts};
+use super::facts::{capabilities, tag_name, ModelFacts};
 use super::request::{prepare_chat, prepare_generate, Shape};
 use super::response::{done, listing, load_answer, token_logprobs, Ndjson, OllamaError};
 use crate::api::fields::{self, opt_bool, opt_str, unsupported};
@@ -244,39 +244,6 @@ pub(super) async fn ps(State(st): St) -> Json<Value> {
 
 pub(super) async fn version() -> Json<Value> {
     Json(json!({ "version": VERSION }))
-}
-
-/// What `/api/show` says the model can do, in ollama's words: an encoder only embeds;
-/// a generative model completes, takes `tools` and thinks where its chat template
-/// renders tools and a reasoning block (clients such as agent front ends check these
-/// before they send tools or `think`), and fills in the middle where it has the tokens.
-pub(crate) fn capabilities(m: &crate::models::Model, template: &str) -> Vec<&'static str> {
-    if m.encoder {
-        return vec!["embedding"];
-    }
-    let mut out = vec!["completion"];
-    // A template that renders the request's tools reads the variable `tools`.
-    if template.contains("tools") {
-        out.push("tools");
-    }
-    if crate::api::llama::has_fim(m) {
-        out.push("insert");
-    }
-    // `<think>` blocks (Qwen3, Qwen3.5) or harmony's analysis channel (gpt-oss).
-    if ["<think>", "enable_thinking", "<|channel|>"]
-        .iter()
-        .any(|t| template.contains(t))
-    {
-        out.push("thinking");
-    }
-    out
-}
-
-/// Whether `/api/show` lists `thinking` among `m`'s capabilities: what `think: true`
-/// needs, as ollama checks it.
-pub(super) fn thinks(m: &crate::models::Model) -> bool {
-    let template = m.tok.chat_template().unwrap_or_default();
-    capabilities(m, template).contains(&"thinking")
 }
 
 pub(super) async fn show(State(st): St, b: crate::body::Body) -> Res {
