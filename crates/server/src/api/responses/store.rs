@@ -98,15 +98,19 @@ impl Store {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_store_is_bounded_and_forgets_the_oldest_first() {
-        let s = Store::default();
-        let e = |n: usize| Entry {
+    /// A stored entry that says which it is.
+    fn e(n: usize) -> Entry {
+        Entry {
             response: serde_json::json!({"n": n}),
             history: Vec::new(),
             model: "m".into(),
             input_items: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_store_is_bounded_and_forgets_the_oldest_first() {
+        let s = Store::default();
         for n in 0..CAPACITY + 3 {
             s.put(format!("resp_{n}"), e(n));
         }
@@ -123,12 +127,6 @@ mod tests {
     #[test]
     fn a_deleted_response_is_gone_and_frees_its_place() {
         let s = Store::default();
-        let e = |n: usize| Entry {
-            response: serde_json::json!({"n": n}),
-            history: Vec::new(),
-            model: "m".into(),
-            input_items: Vec::new(),
-        };
         for n in 0..CAPACITY {
             s.put(format!("resp_{n}"), e(n));
         }
