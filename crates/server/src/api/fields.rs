@@ -289,7 +289,10 @@ pub fn output_grammar(obj: &Object) -> Result<Option<(Grammar, &'static str)>, A
         if !s.is_object() {
             return Err(wrong("json_schema", "a JSON schema object"));
         }
-        found.push((schema_grammar(s.clone(), false), "json_schema"));
+        // llama-server's field, read as llama-server reads it: objects closed unless the
+        // schema opens them.
+        let closed = crate::api::closed_schema::close_objects(s.clone());
+        found.push((schema_grammar(closed, false), "json_schema"));
     }
     if let Some(g) = opt_str(obj, "grammar")?.filter(|g| !g.trim().is_empty()) {
         found.push((Grammar::Gbnf(g.to_string()), "grammar"));

@@ -6,6 +6,7 @@
 //! API's embedding routes and rerank through the worker's whole-text tasks.
 
 pub mod anthropic;
+pub(crate) mod closed_schema;
 pub mod embed;
 pub mod fields;
 pub mod llama;

@@ -44,6 +44,25 @@ async fn gbnf_constrains_the_native_completion_route_streaming_and_not() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_server_s_json_schema_closes_objects_as_llama_server_reads_them() {
+    let s = tiny_server(1, |_| {});
+    // No `additionalProperties`: llama-server's grammar allows the listed keys only,
+    // where JSON Schema would let the (random) model add any.
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer",
+        "minimum": 0, "maximum": 9}}, "required": ["a"]});
+    for seed in 0..4 {
+        let body = json!({"prompt": "x", "n_predict": 60, "temperature": 1.5, "seed": seed,
+            "json_schema": schema});
+        let (st, v) = post(&s.base, "/completion", body).await;
+        assert_eq!(st, 200, "{v}");
+        let text = v["content"].as_str().expect("content");
+        let got: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        let keys: Vec<&String> = got.as_object().expect("an object").keys().collect();
+        assert_eq!(keys, ["a"], "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_schemas_constrain_the_openai_routes() {
     let s = tiny_server(1, |_| {});
     let schema = json!({

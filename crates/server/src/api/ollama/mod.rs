@@ -10,17 +10,15 @@
 //! `/api/tags` lists every served model and `/api/ps` the loaded ones. The routes that manage models (`pull`, `push`, `create`, `copy`, `delete`)
 //! answer 501 with the reason; `/api/embed` and `/api/embeddings` are `api::embed`'s.
 //!
-//! `routes` holds the handlers, `request` reads bodies, `options` their `options`,
-//! `schema` closes `format`'s
-//! objects as ollama does, `response` renders answers and `facts` what ollama reports
-//! about a model.
+//! `routes` holds the handlers, `request` reads bodies (`format`'s objects closed as
+//! ollama reads them, by `api::closed_schema`), `options` their `options`, `response`
+//! renders answers and `facts` what ollama reports about a model.
 
 mod facts;
 mod options;
 mod request;
 mod response;
 mod routes;
-mod schema;
 #[cfg(test)]
 mod tests;
 

@@ -6,7 +6,7 @@ use minfer_tokenizer::{ChatMessage, ToolCall};
 use serde_json::Value;
 
 use super::options::parse_options;
-use super::schema::close_objects;
+use crate::api::closed_schema::close_objects;
 use crate::api::fields::{
     self, field, opt_bool, opt_i64, opt_str, out_of_range, schema_grammar, unsupported, wrong,
     Object,

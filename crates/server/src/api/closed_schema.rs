@@ -1,9 +1,10 @@
-//! ollama's reading of a `format` schema: its grammar comes from llama.cpp's
-//! `json_schema_to_grammar`, which lets an object carry keys beyond its `properties`
-//! only when `additionalProperties` is `true` or a schema. JSON Schema (and this
-//! server's grammar engine) reads an absent `additionalProperties` as `true`, so a
-//! schema written for ollama would let the model add keys; [`close_objects`] writes
-//! the `false` that ollama implies.
+//! llama.cpp's reading of a JSON schema, which llama-server's `json_schema` and ollama's
+//! `format` follow: their grammar comes from llama.cpp's `json_schema_to_grammar`,
+//! which lets an object carry keys beyond its `properties` only when
+//! `additionalProperties` is `true` or a schema. JSON Schema (and this server's grammar
+//! engine) reads an absent `additionalProperties` as `true`, so a schema written for
+//! those servers would let the model add keys; [`close_objects`] writes the `false`
+//! they imply.
 
 use std::collections::HashSet;
 
@@ -21,7 +22,7 @@ use serde_json::{Map, Value};
 /// `$defs` entry that such a combination refers to stays open for the same reason.
 /// Schemas under `not`, `if`/`then`/`else` are left as they are (closing them could
 /// invert their meaning).
-pub(super) fn close_objects(schema: Value) -> Value {
+pub(crate) fn close_objects(schema: Value) -> Value {
     let mut open_defs = HashSet::new();
     combined_refs(&schema, &mut open_defs);
     let root = schema.clone();
