@@ -261,6 +261,12 @@ impl std::fmt::Debug for CompiledGrammar {
     }
 }
 
+/// The stack of the thread a grammar compiles on. Reserved address space, not memory:
+/// pages are taken only as deep as the compile goes (about 4 KB a level of a rule or
+/// reference chain), and a request body's limit (1 MiB) holds at most a few tens of
+/// thousands of levels.
+pub const COMPILE_STACK: usize = 512 << 20;
+
 impl CompiledGrammar {
     /// Compiles `grammar`; the error names what the compiler refused, or the engine limit
     /// the grammar is past. Some limits (how many alternatives may be open at once) are
@@ -268,7 +274,28 @@ impl CompiledGrammar {
     /// tokens from the start (the forced ones, else the lowest-numbered allowed text
     /// token) on a copy of the start state: a grammar that fails there fails here, as the
     /// caller's error, not in the middle of a generation.
+    ///
+    /// The compile runs on a thread of its own with a [`COMPILE_STACK`] stack: the
+    /// grammar engine recurses once per level of a chain of rules or schema references,
+    /// so a chain a few hundred long (20 KB of request) overflowed an ordinary thread's
+    /// stack, which aborts the whole process.
     pub fn new(vocab: &Arc<GrammarVocab>, grammar: &Grammar) -> Result<Self, ConstraintError> {
+        std::thread::scope(|s| {
+            let compile = std::thread::Builder::new()
+                .name("minfer-grammar".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(s, || Self::compile(vocab, grammar))
+                .map_err(|e| ConstraintError::Runtime(format!("starting the compile: {e}")))?;
+            compile.join().unwrap_or_else(|_| {
+                Err(ConstraintError::Runtime(
+                    "the grammar compiler panicked".to_string(),
+                ))
+            })
+        })
+    }
+
+    /// [`Self::new`] on the calling thread.
+    fn compile(vocab: &Arc<GrammarVocab>, grammar: &Grammar) -> Result<Self, ConstraintError> {
         let kind = grammar.kind();
         let bad = |reason: String| ConstraintError::Compile { kind, reason };
         let top = match grammar {

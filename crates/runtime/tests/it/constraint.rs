@@ -335,3 +335,26 @@ fn grammars_past_an_engine_limit_are_refused_when_compiled_naming_the_limit() {
         assert!(!e.to_string().contains("backtrace"), "{e}");
     }
 }
+
+/// Chains of rules and of schema references recurse in the grammar compiler once per
+/// level; a few hundred levels overflowed an ordinary thread's stack and aborted the
+/// process. Chains as long as a request body can hold compile (or are refused by an
+/// engine limit) on the compile's own thread.
+#[test]
+fn long_rule_and_reference_chains_compile_without_overflowing_the_stack() {
+    let vocab = &model().vocab;
+    let n = 20_000;
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(format!("a{i}"), json!({"$ref": format!("#/$defs/a{}", i + 1)}));
+    }
+    defs.insert(format!("a{n}"), json!({"const": "b"}));
+    let schema = json!({"$defs": defs, "$ref": "#/$defs/a0"});
+    CompiledGrammar::new(vocab, &Grammar::JsonSchema(schema)).expect("a reference chain");
+    let mut g = String::from("root ::= r0\n");
+    for i in 0..n {
+        g.push_str(&format!("r{i} ::= r{}\n", i + 1));
+    }
+    g.push_str(&format!("r{n} ::= \"b\"\n"));
+    CompiledGrammar::new(vocab, &Grammar::Gbnf(g)).expect("a rule chain");
+}
