@@ -66,6 +66,16 @@ impl ApiError {
         }
     }
 
+    /// A [`Self::context_length_exceeded`] refusal worded for an API whose prompt is
+    /// `field` (`prompt`, `input`) rather than chat's `messages`; any other error as it is.
+    pub fn naming_prompt(mut self, field: &str) -> Self {
+        if self.code == Some("context_length_exceeded") {
+            self.message = self.message.replace("messages", field);
+            self.param = Some(field.to_string());
+        }
+        self
+    }
+
     /// 404 `model_not_found`: the request names a model this server does not serve.
     pub fn model_not_found(model: &str, available: &str) -> Self {
         ApiError {

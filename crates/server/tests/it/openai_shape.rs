@@ -210,6 +210,13 @@ async fn errors_carry_openai_s_codes_and_limits() {
         ),
         "{msg}"
     );
+    assert_eq!(v["error"]["param"], "messages", "{v}");
+    // On the completions route the prompt is `prompt`.
+    let (st, v) = send("/v1/completions", json!({"prompt": long})).await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "prompt", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("your prompt resulted in"), "{msg}");
     // A completion longer than the room left runs to the full context and ends as
     // `length`, as llama-server's does with context shift off.
     let (st, v) = send(

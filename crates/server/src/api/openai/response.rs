@@ -62,7 +62,13 @@ pub async fn generate(
     let echo = (g.verbose && !g.stream)
         .then(|| prompts.first().and_then(|p| model.tok.decode(p, true).ok()))
         .flatten();
-    let mut gen = generate::start_many(&st, model, prompts, &g, fault, log.start).await?;
+    let mut gen = generate::start_many(&st, model, prompts, &g, fault, log.start)
+        .await
+        // A completion's prompt is `prompt`, not chat's `messages`.
+        .map_err(|e| match kind {
+            Kind::Text => e.naming_prompt("prompt"),
+            Kind::Chat => e,
+        })?;
     let unenforced = std::mem::take(&mut gen.unenforced);
     // Calls are parsed out of chat answers whenever the model was shown tools, and
     // reasoning whenever the request splits it.

@@ -101,12 +101,8 @@ async fn input_tokens(State(st): St, b: Body) -> Result<Response, ApiError> {
 
 /// A refusal of the prompt's length in this API's words: the prompt is `input` here,
 /// not chat's `messages`.
-pub(super) fn of_input(mut e: ApiError) -> ApiError {
-    if e.code == Some("context_length_exceeded") {
-        e.message = e.message.replace("messages", "input");
-        e.param = Some("input".into());
-    }
-    e
+pub(super) fn of_input(e: ApiError) -> ApiError {
+    e.naming_prompt("input")
 }
 
 fn forgotten(id: &str, field: &str) -> ApiError {
