@@ -199,7 +199,20 @@ pub fn render_text(
     let mut r = m
         .template
         .render_spans_with_context(before, tools, true, kwargs)
-        .map_err(unrendered)?;
+        .map_err(|e| {
+            if before.is_empty() {
+                // Templates read `messages[0]`; with nothing before the continued message
+                // the template's own error would name a line of it, not the request.
+                ApiError::bad_request(
+                    "`messages` holds only the assistant message to continue, and the chat \
+                     template renders no conversation without a message before it: add a \
+                     system or user message first",
+                )
+                .with_param("messages")
+            } else {
+                unrendered(e)
+            }
+        })?;
     r.push_content(&last.content);
     Ok(r)
 }

@@ -66,6 +66,21 @@ impl ApiError {
         }
     }
 
+    /// This error with `param` set to the field its message names ("field `NAME` ..."),
+    /// where it sets none: the shared field readers word each refusal so but leave
+    /// `param` empty, and OpenAI's clients read the field from `param`
+    /// (`BadRequestError.param`).
+    pub fn naming_field(mut self) -> Self {
+        if self.param.is_none() {
+            self.param = self
+                .message
+                .strip_prefix("field `")
+                .and_then(|rest| rest.split_once('`'))
+                .map(|(name, _)| name.to_string());
+        }
+        self
+    }
+
     /// A [`Self::context_length_exceeded`] refusal worded for an API whose prompt is
     /// `field` (`prompt`, `input`) rather than chat's `messages`; any other error as it is.
     pub fn naming_prompt(mut self, field: &str) -> Self {

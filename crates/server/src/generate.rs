@@ -38,6 +38,9 @@ pub struct Generation {
     /// What the request's lenient schema asked that the grammar does not enforce (see
     /// [`mark_unenforced`]); empty when nothing was left out.
     pub unenforced: Vec<String>,
+    /// Per prompt, the slot its first choice ran in, set once the worker admits it
+    /// (llama-server's `id_slot`); empty until then.
+    pub ran_in: Vec<Arc<std::sync::OnceLock<usize>>>,
     /// The stream telemetry asked for.
     telemetry: Telemetry,
     /// The prompt's progress as last reported, and when its end was reported.
@@ -251,6 +254,8 @@ pub async fn start_many(
     let deadline = deadline(arrived, st.timeout);
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
     let n_prompts = prompts.len();
+    let ran_in: Vec<Arc<std::sync::OnceLock<usize>>> =
+        (0..n_prompts).map(|_| Arc::default()).collect();
     for (i, prompt) in prompts.into_iter().enumerate() {
         // prompt.len() < ctx (checked above), so `room` cannot wrap. A completion longer
         // than the room left is generated up to the full context and ends as `length`,
@@ -276,6 +281,7 @@ pub async fn start_many(
             // Progress reports one prompt's processing; a batch has no single one.
             progress: !many && g.stream && (g.telemetry.per_token || g.telemetry.progress),
             first_choice: i * g.n,
+            ran_in: Arc::clone(&ran_in[i]),
         })?;
     }
     Ok(Generation {
@@ -289,6 +295,7 @@ pub async fn start_many(
         n: g.n * n_prompts,
         per_prompt: g.n,
         unenforced,
+        ran_in,
         telemetry: g.telemetry,
         prompt: None,
     })

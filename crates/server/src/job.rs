@@ -169,6 +169,9 @@ pub struct Job {
     /// sends one job per prompt over one channel, prompt `p`'s choices numbered from
     /// `p * n` (as OpenAI numbers a batch's choices).
     pub first_choice: usize,
+    /// Set once, when the job's first choice enters a slot, to that slot's index, so
+    /// that an answer can name the slot that ran it (llama-server's `id_slot`).
+    pub ran_in: std::sync::Arc<std::sync::OnceLock<usize>>,
 }
 
 /// A slot as `/slots` reports it.

@@ -23,8 +23,9 @@ pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.body_limit;
     Router::new()
         .route("/health", get(health))
+        // llama-server's other name for its health check, public as `/health` is.
+        .route("/v1/health", get(health))
         .route("/version", get(version))
-        .route("/slots", get(slots))
         .route("/slots/{id}", post(crate::slots::slot_action))
         .route("/metrics", get(metrics))
         .merge(crate::api::openai::routes())
@@ -35,6 +36,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(crate::api::embed::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(crate::api::llama::llama_errors))
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), gate))
         .with_state(state)
@@ -78,6 +80,8 @@ const JSON_ROUTES: &[&str] = &[
     "/api/embeddings",
     "/v1/rerank",
     "/rerank",
+    "/v1/reranking",
+    "/reranking",
 ];
 
 /// Checks the Host, the Origin and the key, reads the body within the body timeout,
@@ -117,7 +121,7 @@ async fn admit(
     if let Some(preflight) = st.policy.admit(req.method(), req.headers(), origin)? {
         return Ok(Err(preflight));
     }
-    if req.uri().path() != "/health" && !authorized(st, &req) {
+    if !matches!(req.uri().path(), "/health" | "/v1/health") && !authorized(st, &req) {
         return Err(ApiError::invalid_api_key());
     }
     if !st.ready.load(std::sync::atomic::Ordering::Acquire)
@@ -138,7 +142,8 @@ async fn admit(
 }
 
 /// `e` in the error shape of the API that `path` belongs to: Anthropic's on its
-/// `/v1/messages` routes, ollama's `{"error": "..."}` on `/api/*`, else OpenAI's. The
+/// `/v1/messages` routes, ollama's `{"error": "..."}` on `/api/*`, llama-server's
+/// `{"error": {"code", "message", "type"}}` on its own paths, else OpenAI's. The
 /// router's own refusals (no route, a wrong method, a body that is not JSON or too
 /// large, a missing key) go through it, so a client can read them as its API's errors.
 fn shaped(path: &str, e: ApiError) -> Response {
@@ -146,6 +151,8 @@ fn shaped(path: &str, e: ApiError) -> Response {
         crate::api::anthropic::AnthropicError(e).into_response()
     } else if path.starts_with("/api/") {
         crate::api::ollama::OllamaError(e).into_response()
+    } else if crate::api::llama::is_llama_path(path) {
+        crate::api::llama::LlamaError(e).into_response()
     } else {
         e.into_response()
     }
@@ -181,29 +188,6 @@ async fn version() -> Json<Value> {
 
 /// Routes that answer while the default model loads.
 const UNGATED_WHILE_LOADING: &[&str] = &["/health", "/version", "/metrics"];
-
-/// The default model's slots (`?model=NAME` for another's); llama-server's 501 with
-/// `--no-slots`.
-async fn slots(
-    State(st): St,
-    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    if let Some(refusal) = crate::api::llama::slots_refusal(&st) {
-        return Ok(refusal);
-    }
-    let s = Arc::clone(&st);
-    let m = st
-        .blocking
-        .run(move || s.model(q.get("model").map(String::as_str)))
-        .await??;
-    let info = m
-        .worker
-        .slots
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    Ok(Json(json!(info)).into_response())
-}
 
 async fn metrics(State(st): St) -> Response {
     if let Some(refusal) = crate::api::llama::metrics_refusal(&st) {

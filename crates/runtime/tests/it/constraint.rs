@@ -346,7 +346,10 @@ fn long_rule_and_reference_chains_compile_without_overflowing_the_stack() {
     let n = 20_000;
     let mut defs = serde_json::Map::new();
     for i in 0..n {
-        defs.insert(format!("a{i}"), json!({"$ref": format!("#/$defs/a{}", i + 1)}));
+        defs.insert(
+            format!("a{i}"),
+            json!({"$ref": format!("#/$defs/a{}", i + 1)}),
+        );
     }
     defs.insert(format!("a{n}"), json!({"const": "b"}));
     let schema = json!({"$defs": defs, "$ref": "#/$defs/a0"});

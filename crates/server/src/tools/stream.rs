@@ -265,6 +265,15 @@ impl StreamSplitter {
         self.keep(out)
     }
 
+    /// Whether `rest`, held at the end of the output after a bare call, is the start of
+    /// another bare call that never finished.
+    fn cut_bare_call(&self, rest: &str) -> bool {
+        match (&self.bare, self.started) {
+            (Some(names), false) => bare::read(rest, names, self.parallel) == bare::Bare::Wait,
+            _ => false,
+        }
+    }
+
     fn end(&mut self) -> Vec<Piece> {
         let rest = std::mem::take(&mut self.buf);
         let text = if std::mem::take(&mut self.in_call) {
@@ -273,7 +282,9 @@ impl StreamSplitter {
                 Some(c) => vec![Piece::Call(c)],
                 None => Vec::new(),
             };
-        } else if self.after_call && rest.trim().is_empty() {
+        } else if self.after_call && (rest.trim().is_empty() || self.cut_bare_call(&rest)) {
+            // The blank after the last call, or a further bare call the output ends
+            // inside: as a tagged one, markup of a call and not an answer.
             String::new()
         } else {
             rest
@@ -350,6 +361,19 @@ mod tests {
             );
             assert_eq!((text.as_str(), got.len()), ("", 1), "step {step}");
         }
+    }
+
+    #[test]
+    fn a_bare_call_cut_off_after_a_whole_one_is_dropped() {
+        let spec = test_spec(&["get_weather"]);
+        let out = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"";
+        for step in [1, 5, 1000] {
+            let (text, calls) = stream(spec.splitter(), out, step);
+            assert_eq!((text.as_str(), calls.len()), ("", 1), "step {step}");
+        }
+        // Text after a call that is no call stays text.
+        let out = "{\"name\": \"get_weather\", \"arguments\": {}}\nDone.";
+        assert_eq!(stream(spec.splitter(), out, 3).0, "\nDone.");
     }
 
     #[test]

@@ -114,6 +114,10 @@ impl Worker {
             slot.last_prompt = job.prompt.len();
             slot.last_generated = 0;
             let lead = choice == 0;
+            if lead {
+                // Only unset here: a job is admitted once.
+                let _ = job.ran_in.set(slot_idx);
+            }
             let mut outbox = VecDeque::new();
             if lead && job.progress {
                 outbox.push_back(Event::Progress(PromptProgress {
@@ -136,6 +140,9 @@ impl Worker {
                 logits: None,
                 outbox,
                 logprobs: Vec::new(),
+                lp_spans: Vec::new(),
+                text_in: 0,
+                text_out: 0,
                 last_token: None,
                 done: false,
                 admitted: Instant::now(),

@@ -34,7 +34,16 @@ pub(super) struct Active {
     pub(super) prefill: Option<Vec<u32>>,
     pub(super) logits: Option<Vec<f32>>,
     pub(super) outbox: VecDeque<Event>,
+    /// Log-probabilities of tokens whose text is not yet passed on (a possible stop
+    /// string holds it back): they go out with their text, and those of a matched stop
+    /// string's tokens, whose text is dropped, are dropped with it.
     pub(super) logprobs: Vec<TokenLogprob>,
+    /// Where each of `logprobs`' tokens lies in the generated text, in bytes from its
+    /// start.
+    pub(super) lp_spans: Vec<(usize, usize)>,
+    /// Bytes of generated text handed to the stop scanner, and passed on by it.
+    pub(super) text_in: usize,
+    pub(super) text_out: usize,
     pub(super) last_token: Option<Instant>,
     pub(super) done: bool,
     /// When the job entered its slot (start of its prompt processing).

@@ -577,10 +577,16 @@ fn emit(
         Ok(p) => p,
         Err(_) => char::REPLACEMENT_CHARACTER.to_string(),
     };
+    let start = a.text_in;
+    a.text_in += piece.len();
+    while a.lp_spans.len() < a.logprobs.len() {
+        a.lp_spans.push((start, a.text_in));
+    }
     match a.stops.push(&piece) {
         StopEvent::Text(text) => {
-            if !text.is_empty() || !a.logprobs.is_empty() {
-                let logprobs = std::mem::take(&mut a.logprobs);
+            a.text_out += text.len();
+            let logprobs = released_logprobs(a);
+            if !text.is_empty() || !logprobs.is_empty() {
                 a.outbox.push_back(Event::Chunk {
                     choice: a.index(),
                     text,
@@ -590,7 +596,11 @@ fn emit(
             }
         }
         StopEvent::Stopped(text) => {
-            let logprobs = std::mem::take(&mut a.logprobs);
+            a.text_out += text.len();
+            let logprobs = released_logprobs(a);
+            // The rest are the stop string's tokens, whose text is dropped.
+            a.logprobs.clear();
+            a.lp_spans.clear();
             a.outbox.push_back(Event::Chunk {
                 choice: a.index(),
                 text,
@@ -608,6 +618,19 @@ fn emit(
     Some(t)
 }
 
+/// The log-probabilities of `a`'s tokens whose text has been passed on (a token whose
+/// first byte has, or one with no text of its own once the text up to it has), in order.
+fn released_logprobs(a: &mut Active) -> Vec<crate::job::TokenLogprob> {
+    let out = a.text_out;
+    let n = a
+        .lp_spans
+        .iter()
+        .take_while(|&&(s, e)| s < out || (s == e && e <= out))
+        .count();
+    a.lp_spans.drain(..n);
+    a.logprobs.drain(..n).collect()
+}
+
 /// Ends a generation; held-back text is released unless a stop string matched.
 fn finish(a: &mut Active, metrics: &Metrics, reason: Finish, release: bool) {
     let mut rest = String::new();
@@ -616,6 +639,8 @@ fn finish(a: &mut Active, metrics: &Metrics, reason: Finish, release: bool) {
         rest.push_str(&a.decoder.flush());
     }
     if !rest.is_empty() || !a.logprobs.is_empty() {
+        // Everything held back goes out now (nothing is held without `release`).
+        a.lp_spans.clear();
         let logprobs = std::mem::take(&mut a.logprobs);
         a.outbox.push_back(Event::Chunk {
             choice: a.index(),

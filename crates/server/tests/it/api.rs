@@ -34,6 +34,15 @@ async fn health_models_tokenize_detokenize_slots() {
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "tiny-qwen2");
+    // One model, as the SDK's `models.retrieve` asks for it; another name is a 404.
+    let (st, body) = get(&s.base, "/v1/models/tiny-qwen2").await;
+    assert_eq!(st, 200, "{body}");
+    let one: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(one, v["data"][0], "{body}");
+    let (st, body) = get(&s.base, "/v1/models/gpt-4o").await;
+    assert_eq!(st, 404, "{body}");
+    let e: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(e["error"]["code"], "model_not_found", "{body}");
 
     let (st, v) = post(&s.base, "/tokenize", json!({"content": "hello world"})).await;
     assert_eq!(st, 200);
@@ -206,6 +215,81 @@ async fn logprobs_report_the_greedy_choice_first() {
             .len(),
         2
     );
+}
+
+/// The log-probabilities of an answer cut by a stop string are those of the tokens
+/// whose text is in the answer: the stop string's own tokens, whose text is dropped, are
+/// dropped with it, streamed and not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_end_where_a_stop_string_cuts_the_text() {
+    let s = tiny_server(1, |_| {});
+    let greedy = |extra: Value| {
+        let mut b = chat_body("abc", json!({"logprobs": true, "max_tokens": 24}));
+        for (k, v) in extra.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (st, v) = post(&s.base, "/v1/chat/completions", greedy(json!({}))).await;
+    assert_eq!(st, 200, "{v}");
+    let full = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A stop string from the middle of the greedy answer, on character boundaries.
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() >= 12, "{full:?}");
+    let stop: String = chars[8..11].iter().collect();
+    let bytes_of = |t: &Value| t["bytes"].as_array().map_or(0, Vec::len);
+    for stream in [false, true] {
+        let body = greedy(json!({"stop": stop, "stream": stream}));
+        let (text, tokens): (String, Vec<Value>) = if stream {
+            let (st, frames) = post_stream(&s.base, "/v1/chat/completions", body).await;
+            assert_eq!(st, 200);
+            let (mut text, mut tokens) = (String::new(), Vec::new());
+            for f in frames.iter().filter(|f| *f != "[DONE]") {
+                let v: Value = serde_json::from_str(f).expect("frame");
+                let c = &v["choices"][0];
+                text.push_str(c["delta"]["content"].as_str().unwrap_or(""));
+                tokens.extend(
+                    c["logprobs"]["content"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default(),
+                );
+            }
+            (text, tokens)
+        } else {
+            let (st, v) = post(&s.base, "/v1/chat/completions", body).await;
+            assert_eq!(st, 200, "{v}");
+            let c = &v["choices"][0];
+            let text = c["message"]["content"].as_str().unwrap().to_string();
+            (
+                text,
+                c["logprobs"]["content"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        };
+        assert!(
+            full.starts_with(&text) && text.len() < full.len(),
+            "{text:?}"
+        );
+        // Every token starts inside the text: all but the last end at or before its end,
+        // and together they cover it.
+        let total: usize = tokens.iter().map(bytes_of).sum();
+        let last = tokens.last().map_or(0, bytes_of);
+        assert!(
+            total >= text.len(),
+            "stream {stream}: {total} < {}",
+            text.len()
+        );
+        assert!(
+            total - last < text.len().max(1),
+            "stream {stream}: {tokens:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

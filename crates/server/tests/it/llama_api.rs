@@ -627,6 +627,25 @@ async fn timings_per_token_and_return_progress_stream_llama_server_s_telemetry()
     s.stop().expect("stops");
 }
 
+/// A lone assistant message to continue, under a template that reads `messages[0]` (as
+/// Qwen's do) and so renders no conversation from nothing: a 400 that says so, not the
+/// template's line; a template that renders an empty conversation continues it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_assistant_message_is_continued_where_the_template_allows_it() {
+    let tpl = "{% if messages[0]['role'] == 'system' %}{% endif %}{% for m in messages %}\
+               <|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+               {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let strict = tiny_server_with_template("tiny-first", tpl);
+    let lone = json!({"messages": [{"role": "assistant", "content": "Whill"}], "max_tokens": 2});
+    let (st, v) = post(&strict.base, "/v1/chat/completions", lone.clone()).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(message(&v).contains("only the assistant message"), "{v}");
+    assert_eq!(v["error"]["param"], "messages", "{v}");
+    let s = tiny_server(1, |_| {});
+    let (st, v) = post(&s.base, "/v1/chat/completions", lone).await;
+    assert_eq!(st, 200, "{v}");
+}
+
 /// A chat ending with an assistant message is a prefill, as llama-server, ollama and
 /// Anthropic take it: the template opens the assistant's turn and the message follows
 /// unclosed, for the model to continue. vLLM's `continue_final_message` and
@@ -823,4 +842,304 @@ async fn a_batch_of_prompts_completes_each_prompt() {
     assert_eq!(st, 400, "{v}");
     assert!(message(&v).contains("prompt 1"), "{v}");
     s.stop().expect("stops");
+}
+
+/// `v` is an error in llama-server's shape with `status` and `kind`: the status as a
+/// number in `code`, and no OpenAI `param`.
+fn llama_error(v: &Value, status: u16, kind: &str) {
+    assert_eq!(v["error"]["code"], status, "{v}");
+    assert_eq!(v["error"]["type"], kind, "{v}");
+    assert!(v["error"]["message"].is_string(), "{v}");
+    assert!(v["error"].get("param").is_none(), "{v}");
+}
+
+/// A prompt over the context on the native routes is llama-server's
+/// `exceed_context_size_error`, with the two counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_over_the_context_is_exceed_context_size_error() {
+    let s = tiny_server(1, |_| {});
+    let long: Vec<u32> = vec![10; 300];
+    for path in ["/completion", "/completions"] {
+        let (st, v) = post(&s.base, path, json!({"prompt": long, "n_predict": 2})).await;
+        assert_eq!(st, 400, "{path}: {v}");
+        llama_error(&v, 400, "exceed_context_size_error");
+        assert_eq!(v["error"]["n_prompt_tokens"], 300, "{v}");
+        assert_eq!(v["error"]["n_ctx"], 256, "{v}");
+        assert!(
+            message(&v).contains("exceeds the available context size"),
+            "{v}"
+        );
+    }
+    // OpenAI's route keeps OpenAI's code, with the counts beside it.
+    let (st, v) = post(&s.base, "/v1/completions", json!({"prompt": long})).await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    assert_eq!(v["error"]["n_prompt_tokens"], 300, "{v}");
+    s.stop().expect("stops");
+}
+
+/// Every refusal on llama-server's own paths is in its shape: the handlers' (tokenize,
+/// slots, rerank, props), the router's (415, 405, 401) and `fail_on_no_slot`'s 503; new
+/// routes answer as llama-server's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_paths_answer_llama_server_s_error_shape_and_routes() {
+    let s = tiny_server(1, |c: &mut Config| c.fault_injection = true);
+    let b = &s.base;
+    let (st, v) = post(b, "/tokenize", json!({"content": 5})).await;
+    assert_eq!(st, 400, "{v}");
+    llama_error(&v, 400, "invalid_request_error");
+    for (path, want, kind) in [
+        ("/slots/7?action=save", 400, "invalid_request_error"),
+        ("/slots/0?action=fly", 400, "invalid_request_error"),
+        // Without --slot-save-path: llama-server's `not_supported_error`.
+        ("/slots/0?action=save", 501, "not_supported_error"),
+    ] {
+        let (st, v) = post(b, path, json!({"filename": "a.kv"})).await;
+        assert_eq!(st, want, "{path}: {v}");
+        llama_error(&v, want, kind);
+    }
+    // A decoder without --rerank does not rerank.
+    let (st, v) = post(b, "/rerank", json!({"query": "q", "documents": ["d"]})).await;
+    assert_eq!(st, 501, "{v}");
+    llama_error(&v, 501, "not_supported_error");
+    // The router's refusals on these paths.
+    let r = client()
+        .post(format!("{b}/tokenize"))
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 415);
+    llama_error(&r.json().await.expect("JSON"), 415, "invalid_request_error");
+    let (st, body) = get(b, "/completion").await;
+    assert_eq!(st, 405, "{body}");
+    llama_error(
+        &serde_json::from_str(&body).expect("JSON"),
+        405,
+        "invalid_request_error",
+    );
+    // New routes: /v1/health, /lora-adapters, POST /props.
+    let (st, body) = get(b, "/v1/health").await;
+    assert_eq!(st, 200, "{body}");
+    assert!(body.contains("\"status\":\"ok\""), "{body}");
+    assert_eq!(get(b, "/lora-adapters").await, (200, "[]".to_string()));
+    let (st, v) = post(b, "/props", json!({"n_ctx": 5})).await;
+    assert_eq!(st, 501, "{v}");
+    llama_error(&v, 501, "not_supported_error");
+    assert!(message(&v).contains("--props"), "{v}");
+    // `fail_on_no_slot`: an idle slot answers the slots; a busy one is a 503.
+    assert_eq!(get(b, "/slots?fail_on_no_slot=1").await.0, 200);
+    let slow = greedy(
+        json!(format!("hold {}", minfer_server::openai::SLOW_MARKER)),
+        150,
+    );
+    let base = b.clone();
+    let holder = tokio::spawn(async move { post(&base, "/completion", slow).await });
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, body) = get(b, "/slots").await;
+        if body.contains("\"is_processing\":true") {
+            break;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let (st, body) = get(b, "/slots?fail_on_no_slot=1").await;
+    assert_eq!(st, 503, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    llama_error(&v, 503, "unavailable_error");
+    assert_eq!(message(&v), "no slot available");
+    let (st, v) = holder.await.expect("holder");
+    assert_eq!((st, v["id_slot"].clone()), (200, json!(0)), "{v}");
+    s.stop().expect("stops");
+
+    // Under --api-key: a refused key on a native path is llama-server's 401; both
+    // health routes stay public; OpenAI's routes keep OpenAI's shape.
+    let s = tiny_server(1, |c: &mut Config| c.api_key = Some("sekret".into()));
+    let (st, v) = post(&s.base, "/completion", greedy(json!("a"), 1)).await;
+    assert_eq!(st, 401, "{v}");
+    llama_error(&v, 401, "authentication_error");
+    for path in ["/health", "/v1/health"] {
+        assert_eq!(get(&s.base, path).await.0, 200, "{path}");
+    }
+    let (st, v) = post(&s.base, "/v1/completions", json!({"prompt": "a"})).await;
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (401, json!("invalid_api_key"))
+    );
+    s.stop().expect("stops");
+}
+
+/// `/tokenize` and `/detokenize` read bodies as llama-server does: unknown fields
+/// ignored, a missing `content` or `tokens` is empty, special tokens detokenize to
+/// their text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_and_detokenize_read_bodies_as_llama_server_does() {
+    let s = tiny_server(1, |_| {});
+    let b = &s.base;
+    let (st, v) = post(b, "/tokenize", json!({})).await;
+    assert_eq!((st, v), (200, json!({"tokens": []})));
+    let (st, v) = post(b, "/detokenize", json!({})).await;
+    assert_eq!((st, v), (200, json!({"content": ""})));
+    let (st, v) = post(
+        b,
+        "/tokenize",
+        json!({"content": "<|im_end|>hi", "add_bos": 1}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let ids = v["tokens"].clone();
+    let (st, v) = post(b, "/detokenize", json!({"tokens": ids, "special": false})).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["content"], "<|im_end|>hi", "{v}");
+    s.stop().expect("stops");
+}
+
+/// The final object's `truncated` and `id_slot`, the stream's `id_slot`,
+/// `response_fields`, llama-server's 64 stop strings, `multimodal_data: []`, and the
+/// fields code-completion clients send on every `/infill`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn final_objects_carry_truncated_id_slot_and_the_fields_asked_for() {
+    let s = tiny_server(1, |_| {});
+    let b = &s.base;
+    // n_predict -1 fills the slot: the context ran out.
+    let (st, v) = post(
+        b,
+        "/completion",
+        with(greedy(json!("a"), 1), json!({"n_predict": -1})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["truncated"], true, "{v}");
+    assert_eq!(v["stop_type"], "limit", "{v}");
+    assert_eq!(v["id_slot"], 0, "{v}");
+    let (st, v) = post(b, "/completion", greedy(json!("a"), 3)).await;
+    assert_eq!((st, v["truncated"].clone()), (200, json!(false)), "{v}");
+    let (st, frames) = post_stream(
+        b,
+        "/completion",
+        with(greedy(json!("a"), 3), json!({"stream": true})),
+    )
+    .await;
+    assert_eq!(st, 200);
+    for f in &frames {
+        let v: Value = serde_json::from_str(f).expect("frame");
+        assert_eq!(v["id_slot"], 0, "{f}");
+    }
+    // `response_fields`: those paths only, a nested one under its path.
+    let body = with(
+        greedy(json!("a"), 2),
+        json!({"response_fields": ["content", "generation_settings/n_predict", "nope"]}),
+    );
+    let (st, v) = post(b, "/completion", body).await;
+    assert_eq!(st, 200, "{v}");
+    let keys: Vec<&String> = v.as_object().expect("object").keys().collect();
+    assert_eq!(keys.len(), 2, "{v}");
+    assert_eq!(v["generation_settings/n_predict"], 2, "{v}");
+    // More than OpenAI's 4 stop strings.
+    let stops: Vec<String> = (0..10).map(|i| format!("zz{i}")).collect();
+    let (st, v) = post(
+        b,
+        "/completion",
+        with(greedy(json!("a"), 2), json!({"stop": stops})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let stops: Vec<String> = (0..65).map(|i| format!("zz{i}")).collect();
+    let (st, v) = post(
+        b,
+        "/completion",
+        with(greedy(json!("a"), 2), json!({"stop": stops})),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    let p = json!({"prompt_string": "a", "multimodal_data": []});
+    let (st, v) = post(b, "/completion", greedy(p, 2)).await;
+    assert_eq!(st, 200, "{v}");
+    // llama.vim's fields: accepted. `n_indent` cuts the first line indented less than
+    // it asks (never the first line), so the answer is a prefix of the uncut one.
+    let (_, full) = post(b, "/completion", greedy(json!("a"), 120)).await;
+    let full = full["content"].as_str().expect("content").to_string();
+    let vim = json!({"n_indent": 1000, "t_max_predict_ms": 5000, "top_k": 40, "top_p": 0.99,
+        "samplers": ["top_k", "top_p", "temperature"], "response_fields": ["content", "stop_type"]});
+    let (st, v) = post(b, "/completion", with(greedy(json!("a"), 120), vim)).await;
+    assert_eq!(st, 200, "{v}");
+    let cut = v["content"].as_str().expect("content");
+    assert!(full.starts_with(cut), "{cut:?} / {full:?}");
+    let lines: Vec<&str> = full.split('\n').collect();
+    if lines.len() > 2 && lines[2..].iter().any(|l| !l.trim().is_empty()) {
+        assert!(cut.len() < full.len(), "{cut:?} / {full:?}");
+        assert!(
+            cut.rsplit('\n').next().is_some_and(|l| l.trim().is_empty()),
+            "{cut:?}"
+        );
+        assert_eq!(v["stop_type"], "limit", "{v}");
+    }
+    // llama.vim's and llama.vscode's chain, `infill` included, is taken.
+    let body = with(
+        greedy(json!("a"), 2),
+        json!({"samplers": ["top_k", "top_p", "infill"]}),
+    );
+    let (st, v) = post(b, "/completion", body).await;
+    assert_eq!(st, 200, "{v}");
+    s.stop().expect("stops");
+}
+
+/// While the model loads, llama-server's paths answer its 503 `unavailable_error`
+/// (`Loading model`, with `Retry-After`), OpenAI's keep OpenAI's shape.
+#[test]
+fn loading_is_llama_server_s_unavailable_error_on_its_paths() {
+    let (_dir, path) = tiny_model();
+    let mut c = tiny_config(&path, 1);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    c.port = port;
+    c.load_delay = std::time::Duration::from_millis(1500);
+    let server = std::thread::spawn(move || start(c).expect("start"));
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "no socket"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let ask = |head: &str| {
+        let a = raw(
+            addr,
+            &format!(
+                "{head} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n\
+                 content-length: 2\r\nConnection: close\r\n\r\n{{}}"
+            ),
+        );
+        let body = a.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        (
+            a,
+            serde_json::from_str::<Value>(&body).unwrap_or(Value::Null),
+        )
+    };
+    for head in [
+        "GET /health",
+        "GET /v1/health",
+        "POST /completion",
+        "POST /tokenize",
+    ] {
+        let (a, v) = ask(head);
+        assert!(a.starts_with("HTTP/1.1 503"), "{head}: {a}");
+        assert_eq!(raw_header(&a, "retry-after").as_deref(), Some("1"), "{a}");
+        assert_eq!(
+            v,
+            json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}),
+            "{head}"
+        );
+    }
+    let (a, v) = ask("POST /v1/completions");
+    assert!(a.starts_with("HTTP/1.1 503"), "{a}");
+    assert!(v["error"].get("param").is_some(), "{v}");
+    let running = server.join().expect("the start thread");
+    running.stop().expect("stop");
 }

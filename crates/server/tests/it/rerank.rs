@@ -42,7 +42,7 @@ async fn a_bert_reranker_scores_documents_as_llama_cpp() {
     let (_, spec) = bert_reranker();
     let s = bert_server(&spec, |_| {});
     let b = &s.base;
-    for path in ["/v1/rerank", "/rerank"] {
+    for path in ["/v1/rerank", "/rerank", "/reranking", "/v1/reranking"] {
         let body = json!({"query": query, "documents": docs, "return_documents": true});
         let (st, v) = post(b, path, body).await;
         assert_eq!(st, 200, "{path}: {v}");

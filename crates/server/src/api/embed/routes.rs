@@ -35,6 +35,9 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/embeddings", post(llama))
         .route("/v1/rerank", post(super::rerank::rerank))
         .route("/rerank", post(super::rerank::rerank))
+        // llama-server's README names the route `/reranking`.
+        .route("/v1/reranking", post(super::rerank::rerank))
+        .route("/reranking", post(super::rerank::rerank))
 }
 
 /// The vectors of an embedding task (one row per input unless pooling is none).

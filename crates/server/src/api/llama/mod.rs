@@ -12,18 +12,21 @@
 //! their neutral value, so a request never silently gets a different sampler.
 //!
 //! `routes` holds the handlers, `request` reads bodies, `response` renders answers,
-//! `fim` lays out fill-in-the-middle prompts and `switches` the endpoint switches.
+//! `fim` lays out fill-in-the-middle prompts, `switches` the endpoint switches and
+//! `shape` gives every error on llama-server's paths its shape.
 
 mod fim;
 mod request;
 mod response;
 mod routes;
+mod shape;
 mod switches;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub use fim::{infill_layout, ExtraChunk, Fim, FIM_BATCH};
 pub use request::{fim_prompt, has_fim, parse_options, prompt_tokens, Options, MAX_N_PROBS};
-pub use response::LlamaError;
+pub use response::{error_body, llama_type, LlamaError};
 pub use routes::routes;
+pub use shape::{is_llama_path, llama_errors};
 pub use switches::{metrics_refusal, slots_refusal, Native};

@@ -26,13 +26,9 @@ pub(super) const UNSUPPORTED: &[(&str, &str)] = &[
     ("dry_multiplier", "0"),
     ("xtc_probability", "0"),
     ("n_cmpl", "1"),
-    ("n_indent", "0"),
-    ("t_max_predict_ms", "0"),
     ("post_sampling_probs", "false"),
     ("min_keep", "0"),
     ("lora", "[]"),
-    ("samplers", "null"),
-    ("response_fields", "[]"),
 ];
 
 pub(super) fn is_neutral(v: &Value, neutral: &str) -> bool {
@@ -73,6 +69,30 @@ pub struct Options {
     pub return_tokens: bool,
     /// End-of-generation tokens are banned.
     pub ignore_eos: bool,
+    /// llama-server's `n_indent`: once a line after the first starts with less
+    /// indentation than this (spaces and tabs), generation stops there; 0: off.
+    pub n_indent: usize,
+    /// llama-server's `t_max_predict_ms`: generation stops at a newline generated once
+    /// this long has passed since the first generated token; `None`: off.
+    pub t_max_predict: Option<std::time::Duration>,
+    /// llama-server's `response_fields`: the final object holds only these paths
+    /// (`a/b` reaches into `a`); empty: every field.
+    pub response_fields: Vec<String>,
+}
+
+impl Options {
+    /// The options of a request that sets nothing: the shared defaults.
+    pub fn defaults() -> Self {
+        Options {
+            g: GenRequest::default(),
+            n_probs: 0,
+            return_tokens: false,
+            ignore_eos: false,
+            n_indent: 0,
+            t_max_predict: None,
+            response_fields: Vec::new(),
+        }
+    }
 }
 
 /// Reads llama-server's sampling and generation options (its names and ranges).
@@ -120,6 +140,7 @@ pub fn parse_options(obj: &Object, tok: &Tokenizer) -> Result<Options, ApiError>
                 .ok_or_else(|| wrong("seed", "-1 or a non-negative integer"))?
         }
     }
+    samplers(obj, s)?;
     s.logit_bias = logit_bias(obj, tok)?;
     let ignore_eos = opt_bool(obj, "ignore_eos")?.unwrap_or(false);
     if ignore_eos {
@@ -144,6 +165,27 @@ pub fn parse_options(obj: &Object, tok: &Tokenizer) -> Result<Options, ApiError>
         Some(n) => return Err(out_of_range("n_probs", n, "in [0, 100]")),
     };
     let return_tokens = opt_bool(obj, "return_tokens")?.unwrap_or(false);
+    let n_indent = match opt_i64(obj, "n_indent")? {
+        None => 0,
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= i32::MAX as usize)
+            .ok_or_else(|| out_of_range("n_indent", n, "in [0, 2147483647]"))?,
+    };
+    // llama-server's range is [-1, i64::MAX]; 0 and -1 are off.
+    let t_max_predict = match opt_i64(obj, "t_max_predict_ms")? {
+        None => None,
+        Some(n) if n < -1 => return Err(out_of_range("t_max_predict_ms", n, "at least -1")),
+        Some(n) => u64::try_from(n)
+            .ok()
+            .filter(|&n| n > 0)
+            .map(std::time::Duration::from_millis),
+    };
+    let response_fields = fields::string_list(
+        field(obj, "response_fields"),
+        "response_fields",
+        "an array of strings",
+    )?;
     // The token ids of a stream and of `return_tokens` come with the log-probabilities.
     if n_probs > 0 || return_tokens || g.stream {
         g.logprobs = Some(n_probs);
@@ -153,7 +195,187 @@ pub fn parse_options(obj: &Object, tok: &Tokenizer) -> Result<Options, ApiError>
         n_probs,
         return_tokens,
         ignore_eos,
+        n_indent,
+        t_max_predict,
+        response_fields,
     })
+}
+
+/// A stage of llama.cpp's sampler chain, as `samplers` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    Penalties,
+    TopK,
+    TopP,
+    MinP,
+    Temperature,
+    Dry,
+    TypicalP,
+    Xtc,
+    TopNSigma,
+    AdaptiveP,
+    Infill,
+}
+
+/// The stages this server runs, in the order it runs them (the order of llama.cpp's
+/// default chain without the stages it lacks).
+const CHAIN: [Stage; 5] = [
+    Stage::Penalties,
+    Stage::TopK,
+    Stage::TopP,
+    Stage::MinP,
+    Stage::Temperature,
+];
+
+/// The stage a `samplers` name means: llama.cpp's canonical names, their kebab-case and
+/// undashed spellings and its aliases (`nucleus`, `temp`, `typ`), case-insensitive.
+pub(super) fn stage_named(name: &str) -> Option<Stage> {
+    let n = name.to_ascii_lowercase().replace('-', "_");
+    Some(match n.as_str() {
+        "penalties" => Stage::Penalties,
+        "top_k" | "topk" => Stage::TopK,
+        "top_p" | "topp" | "nucleus" => Stage::TopP,
+        "min_p" | "minp" => Stage::MinP,
+        "temperature" | "temp" => Stage::Temperature,
+        "dry" => Stage::Dry,
+        "typ_p" | "typp" | "typ" => Stage::TypicalP,
+        "xtc" => Stage::Xtc,
+        "top_n_sigma" | "topnsigma" => Stage::TopNSigma,
+        "adaptive_p" | "adaptivep" => Stage::AdaptiveP,
+        "infill" => Stage::Infill,
+        _ => return None,
+    })
+}
+
+/// The stage a `samplers` character means (llama.cpp's `--sampling-seq` letters).
+pub(super) fn stage_char(c: char) -> Option<Stage> {
+    Some(match c {
+        'e' => Stage::Penalties,
+        'k' => Stage::TopK,
+        'p' => Stage::TopP,
+        'm' => Stage::MinP,
+        't' => Stage::Temperature,
+        'd' => Stage::Dry,
+        'y' => Stage::TypicalP,
+        'x' => Stage::Xtc,
+        's' => Stage::TopNSigma,
+        'a' => Stage::AdaptiveP,
+        'i' => Stage::Infill,
+        _ => return None,
+    })
+}
+
+/// llama-server's `samplers`: the chain to run, as an array of names or a string of
+/// letters. Names llama.cpp does not know are skipped, as it skips them. This server's
+/// chain is fixed (penalties, top-k, top-p, min-p, temperature), so the stages listed
+/// must come in that order, each once; a stage of it that is not listed is switched
+/// off (its neutral value: no penalties, top-k 0, top-p 1, min-p 0, temperature 1, as
+/// llama.cpp's chain samples without a temperature stage). A stage this server lacks
+/// is accepted only when its own fields leave it neutral (`dry`, `typ_p`, `xtc`,
+/// `top_n_sigma`, `adaptive_p`); `infill`, llama.cpp's fill-in-the-middle sampler, is
+/// taken without effect, since code-completion clients list it on every request.
+pub(super) fn samplers(
+    obj: &Object,
+    s: &mut minfer_runtime::SamplingParams,
+) -> Result<(), ApiError> {
+    let stages: Vec<Stage> = match field(obj, "samplers") {
+        None => return Ok(()),
+        Some(Value::String(c)) => c.chars().filter_map(stage_char).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(stage_named))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                wrong(
+                    "samplers",
+                    "an array of sampler names or a string of letters",
+                )
+            })?
+            .into_iter()
+            .flatten()
+            .collect(),
+        Some(_) => {
+            return Err(wrong(
+                "samplers",
+                "an array of sampler names or a string of letters",
+            ))
+        }
+    };
+    let num = |k: &str| field(obj, k).and_then(Value::as_f64);
+    let mut at = 0;
+    for &st in &stages {
+        let lacking = |name: &str, neutral: bool, how: &str| {
+            if neutral {
+                Ok(())
+            } else {
+                Err(ApiError::bad_request(format!(
+                    "field `samplers` lists `{name}`, a sampler this server does not have; \
+                     it is accepted only while it has no effect ({how})"
+                )))
+            }
+        };
+        match st {
+            Stage::Dry => lacking(
+                "dry",
+                num("dry_multiplier").is_none_or(|x| x == 0.0),
+                "dry_multiplier 0",
+            )?,
+            Stage::TypicalP => lacking(
+                "typ_p",
+                num("typical_p").is_none_or(|x| x >= 1.0),
+                "typical_p 1",
+            )?,
+            Stage::Xtc => lacking(
+                "xtc",
+                num("xtc_probability").is_none_or(|x| x <= 0.0),
+                "xtc_probability 0",
+            )?,
+            Stage::TopNSigma => lacking(
+                "top_n_sigma",
+                num("top_n_sigma").is_none_or(|x| x <= 0.0),
+                "top_n_sigma -1",
+            )?,
+            Stage::AdaptiveP => lacking(
+                "adaptive_p",
+                num("adaptive_target").is_none_or(|x| x < 0.0),
+                "adaptive_target -1",
+            )?,
+            // llama.cpp's fill-in-the-middle sampler, which code-completion clients
+            // (llama.vim, llama.vscode) list on every request: taken without effect, so
+            // that those clients work; the answer is drawn by the rest of the chain.
+            Stage::Infill => {}
+            ours => {
+                let Some(i) = CHAIN.iter().position(|&c| c == ours) else {
+                    continue;
+                };
+                if i < at {
+                    return Err(ApiError::bad_request(
+                        "field `samplers` orders this server's samplers differently: it runs \
+                         penalties, top_k, top_p, min_p, temperature in that order, each once; \
+                         list them in that order",
+                    ));
+                }
+                at = i + 1;
+            }
+        }
+    }
+    for stage in CHAIN {
+        if stages.contains(&stage) {
+            continue;
+        }
+        match stage {
+            Stage::Penalties => {
+                s.repeat_penalty = 1.0;
+                s.presence_penalty = 0.0;
+                s.frequency_penalty = 0.0;
+            }
+            Stage::TopK => s.top_k = 0,
+            Stage::TopP => s.top_p = 1.0,
+            Stage::MinP => s.min_p = 0.0,
+            _ => s.temperature = 1.0,
+        }
+    }
+    Ok(())
 }
 
 /// `n_predict` (or its alias `max_tokens`): -1 is "until the context is full".
@@ -174,9 +396,34 @@ pub(super) fn n_predict(obj: &Object) -> Result<Option<usize>, ApiError> {
     }
 }
 
+/// Most stop strings a native request may hold: llama-server sets no limit (OpenAI's
+/// is 4), so this is a bound on the scanner's work, as ollama's `options.stop` has.
+pub const MAX_NATIVE_STOP: usize = 64;
+
+/// `stop`: a string or an array of up to [`MAX_NATIVE_STOP`] strings of at most
+/// [`params::MAX_STOP_BYTES`] bytes; empty strings are skipped, as llama-server skips
+/// them.
 pub(super) fn stop(obj: &Object) -> Result<Vec<String>, ApiError> {
-    let stop = fields::string_list(field(obj, "stop"), "stop", "an array of strings")?;
-    fields::check_stop(&stop)?;
+    let mut stop = fields::string_list(field(obj, "stop"), "stop", "an array of strings")?;
+    if stop.len() > MAX_NATIVE_STOP {
+        return Err(out_of_range(
+            "stop",
+            format!("{} strings", stop.len()),
+            &format!("at most {MAX_NATIVE_STOP} strings"),
+        ));
+    }
+    if let Some((i, s)) = stop
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.len() > params::MAX_STOP_BYTES)
+    {
+        return Err(out_of_range(
+            &format!("stop[{i}]"),
+            format!("{} bytes long", s.len()),
+            &format!("at most {} bytes long", params::MAX_STOP_BYTES),
+        ));
+    }
+    stop.retain(|s| !s.is_empty());
     Ok(stop)
 }
 
@@ -319,7 +566,9 @@ pub(super) fn mixed(
         Value::Array(a) if a.is_empty() => Ok(Vec::new()),
         Value::Array(_) => Err(several()),
         Value::Object(o) => {
-            if o.get("multimodal_data").is_some_and(|m| !m.is_null()) {
+            // An empty list (as clients send it for text) carries nothing.
+            let media = o.get("multimodal_data");
+            if media.is_some_and(|m| !m.is_null() && m.as_array().is_none_or(|a| !a.is_empty())) {
                 return Err(ApiError::bad_request(format!(
                     "field `{name}.multimodal_data` is not supported: this server has no \
                      multimodal models"
@@ -434,15 +683,3 @@ pub fn fim_prompt(
     obj.insert("input_suffix".into(), json!(suffix));
     infill_prompt(m, &obj, n_predict)
 }
-
-/// Fields of a `/tokenize` request (llama-server's).
-pub const TOKENIZE_FIELDS: &[&str] = &[
-    "content",
-    "add_special",
-    "parse_special",
-    "with_pieces",
-    "model",
-];
-
-/// Fields of a `/detokenize` request.
-pub const DETOKENIZE_FIELDS: &[&str] = &["tokens", "model"];

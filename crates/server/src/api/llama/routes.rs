@@ -1,5 +1,5 @@
 //! llama-server's native routes: `/completion`, `/infill`, `/props`, `/apply-template`,
-//! `/tokenize` and `/detokenize`.
+//! `/tokenize`, `/detokenize`, `/slots` and `/lora-adapters`.
 
 use std::sync::Arc;
 
@@ -9,17 +9,15 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Map, Value};
 
-use super::request::{
-    infill_prompt, parse_options, prompt_list, Options, DETOKENIZE_FIELDS, TOKENIZE_FIELDS,
-};
+use super::request::{infill_prompt, parse_options, prompt_list, Options};
 use super::response::{json_response, run, run_batch, settings_json, to_json, LlamaError};
-use crate::api::fields::{check_fields, field, opt_bool, opt_str, token_list, Object};
+use super::switches::not_supported;
+use crate::api::fields::{field, opt_bool, opt_str, token_list, Object};
 use crate::api::openai;
 use crate::api::prepare::prepare;
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate;
-use crate::params::GenRequest;
 use crate::{AppState, Model, RequestLog};
 
 /// The model a native request's `model` field selects (the default without one).
@@ -39,10 +37,58 @@ pub fn routes() -> Router<Arc<AppState>> {
         // `/v1/completions` only).
         .route("/completions", post(completion))
         .route("/infill", post(infill))
-        .route("/props", get(props))
+        .route("/props", get(props).post(change_props))
         .route("/apply-template", post(apply_template))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .route("/slots", get(slots))
+        .route("/lora-adapters", get(lora_adapters))
+}
+
+/// The default model's slots (`?model=NAME` for another's); llama-server's 501 with
+/// `--no-slots`, and with `?fail_on_no_slot=...` (any value) its 503 "no slot
+/// available" when every slot is busy, so a load balancer can pick another server.
+pub(super) async fn slots(
+    State(st): St,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Result<Response, LlamaError> {
+    if let Some(refusal) = super::slots_refusal(&st) {
+        return Ok(refusal);
+    }
+    let fail_on_no_slot = q.get("fail_on_no_slot").is_some_and(|v| !v.is_empty());
+    let s = Arc::clone(&st);
+    let m = st
+        .blocking
+        .run(move || s.model(q.get("model").map(String::as_str)))
+        .await??;
+    let info = m
+        .worker
+        .slots
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if fail_on_no_slot && info.iter().all(|s| s.is_processing) {
+        // llama-server's `unavailable_error`, without a retry hint: it names no time.
+        return Err(ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "no slot available",
+        )
+        .into());
+    }
+    Ok(Json(json!(info)).into_response())
+}
+
+/// The LoRA adapters loaded: none (minfer serves no adapters), as llama-server lists them.
+pub(super) async fn lora_adapters() -> Json<Value> {
+    Json(json!([]))
+}
+
+/// `POST /props`: llama-server changes global properties only when started with
+/// `--props`, which minfer has not; its 501 says so.
+pub(super) async fn change_props() -> Response {
+    not_supported(
+        "This server does not support changing global properties. Start it with `--props`",
+    )
 }
 
 pub(super) async fn completion(
@@ -92,12 +138,7 @@ pub(super) async fn props(
         .blocking
         .run(move || s.model(q.get("model").map(String::as_str)))
         .await??;
-    let defaults = Options {
-        g: GenRequest::default(),
-        n_probs: 0,
-        return_tokens: false,
-        ignore_eos: false,
-    };
+    let defaults = Options::defaults();
     // The backends the engine runs on and the adapter in use, as `/health` reports them.
     let backends = minfer_runtime::backends::in_use();
     let adapter = backends.iter().find_map(|b| b.device.clone());
@@ -164,11 +205,12 @@ pub(super) async fn apply_template(State(st): St, b: Body) -> Result<Response, L
     Ok(Json(out).into_response())
 }
 
-pub(super) async fn tokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
+/// `POST /tokenize`: `content`'s token ids (with their pieces under `with_pieces`).
+/// As llama-server does, unknown fields are ignored and a body without `content` has
+/// no tokens.
+pub(super) async fn tokenize(State(st): St, b: Body) -> Result<Response, LlamaError> {
     let out = prepare(&st, b, move |s, obj| {
-        check_fields(&obj, TOKENIZE_FIELDS)?;
-        let content = opt_str(&obj, "content")?
-            .ok_or_else(|| ApiError::bad_request("field `content` is required"))?;
+        let content = opt_str(&obj, "content")?.unwrap_or_default();
         let add_special = opt_bool(&obj, "add_special")?.unwrap_or(false);
         let parse_special = opt_bool(&obj, "parse_special")?.unwrap_or(true);
         let with_pieces = opt_bool(&obj, "with_pieces")?.unwrap_or(false);
@@ -194,19 +236,19 @@ pub(super) async fn tokenize(State(st): St, b: Body) -> Result<Response, ApiErro
     Ok(json_response(out))
 }
 
-pub(super) async fn detokenize(State(st): St, b: Body) -> Result<Response, ApiError> {
+/// `POST /detokenize`: the text of `tokens`, special tokens rendered as their text
+/// (llama-server's pieces with `special = true`). Unknown fields are ignored and a body
+/// without `tokens` is the empty text, as in llama-server.
+pub(super) async fn detokenize(State(st): St, b: Body) -> Result<Response, LlamaError> {
     let out = prepare(&st, b, move |s, obj| {
-        check_fields(&obj, DETOKENIZE_FIELDS)?;
         let ids = match obj.get("tokens") {
-            None | Some(Value::Null) => {
-                return Err(ApiError::bad_request("field `tokens` is required"))
-            }
+            None | Some(Value::Null) => Vec::new(),
             Some(v) => token_list(v, "tokens")?,
         };
         let m = s.model(opt_str(&obj, "model")?)?;
         let content = m
             .tok
-            .decode(&ids, false)
+            .decode(&ids, true)
             .map_err(|e| ApiError::bad_request(format!("field `tokens`: {e}")))?;
         to_json(&json!({ "content": content }))
     })

@@ -307,3 +307,231 @@ fn unsupported_features_are_refused_only_off_their_neutral_value() {
     );
     assert!(check_unsupported(&ok).is_ok());
 }
+
+#[test]
+fn errors_take_llama_server_s_types_and_context_counts() {
+    use crate::error::ApiError;
+    for (status, want) in [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (403, "permission_error"),
+        (404, "not_found_error"),
+        (415, "invalid_request_error"),
+        (500, "server_error"),
+        (501, "not_supported_error"),
+        (503, "unavailable_error"),
+    ] {
+        assert_eq!(llama_type(status, false), want, "{status}");
+    }
+    let b = error_body(&ApiError::context_length_exceeded(256, 300));
+    assert_eq!(
+        b,
+        json!({"error": {
+            "code": 400,
+            "message": "request (300 tokens) exceeds the available context size (256 tokens), \
+                        try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 300,
+            "n_ctx": 256,
+        }})
+    );
+    let b = error_body(&ApiError::loading());
+    assert_eq!(
+        b,
+        json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+    );
+}
+
+#[test]
+fn openai_shaped_errors_are_reshaped_on_llama_server_s_paths_only() {
+    use super::shape::{is_llama_path, reshaped};
+    use crate::error::ApiError;
+    for p in [
+        "/tokenize",
+        "/slots",
+        "/slots/0",
+        "/rerank",
+        "/health",
+        "/v1/health",
+    ] {
+        assert!(is_llama_path(p), "{p}");
+    }
+    for p in ["/v1/completions", "/v1/rerank", "/api/chat", "/slotsx"] {
+        assert!(!is_llama_path(p), "{p}");
+    }
+    let e = ApiError::new(axum::http::StatusCode::NOT_IMPLEMENTED, "no save path");
+    assert_eq!(
+        reshaped(501, &e.body()),
+        Some(json!({"error": {"code": 501, "message": "no save path",
+            "type": "not_supported_error"}}))
+    );
+    let e = ApiError::context_length_exceeded(10, 12);
+    let v = reshaped(400, &e.body()).expect("reshaped");
+    assert_eq!(v["error"]["type"], "exceed_context_size_error");
+    assert_eq!(
+        (
+            v["error"]["n_prompt_tokens"].clone(),
+            v["error"]["n_ctx"].clone()
+        ),
+        (json!(12), json!(10))
+    );
+    // llama-server's own shape, and shapes of other APIs, are left alone.
+    assert_eq!(
+        reshaped(400, &error_body(&ApiError::bad_request("x"))),
+        None
+    );
+    assert_eq!(reshaped(400, &json!({"error": "x"})), None);
+}
+
+fn sampling_of(v: Value) -> Result<minfer_runtime::SamplingParams, crate::error::ApiError> {
+    parse_options(&obj(v), &tiny_tokenizer()).map(|o| o.g.sampling)
+}
+
+#[test]
+fn samplers_switch_off_the_stages_they_leave_out() {
+    // llama.vim's list without `infill`: penalties, min-p and temperature go neutral.
+    let s = sampling_of(
+        json!({"samplers": ["top_k", "top-p"], "top_k": 40, "top_p": 0.9,
+        "min_p": 0.2, "temperature": 0.3, "repeat_penalty": 1.3}),
+    )
+    .expect("accepted");
+    assert_eq!(
+        (s.top_k, s.top_p, s.min_p, s.temperature),
+        (40, 0.9, 0.0, 1.0)
+    );
+    assert_eq!(s.repeat_penalty, 1.0);
+    // The whole chain, as letters, changes nothing.
+    let s = sampling_of(json!({"samplers": "ekpmt", "top_k": 7, "temperature": 0.5}))
+        .expect("accepted");
+    assert_eq!((s.top_k, s.temperature, s.min_p), (7, 0.5, 0.05));
+    // Stages this server lacks pass while neutral; unknown names are skipped.
+    let s = sampling_of(
+        json!({"samplers": ["dry", "typ_p", "xtc", "nonesuch", "temp"],
+        "temperature": 0.0}),
+    )
+    .expect("accepted");
+    assert_eq!((s.temperature, s.top_k, s.top_p), (0.0, 0, 1.0));
+    // llama.vim's and llama.vscode's chain: `infill` is taken without effect.
+    let s = sampling_of(json!({"samplers": ["top_k", "top_p", "infill"], "top_k": 40}))
+        .expect("accepted");
+    assert_eq!((s.top_k, s.min_p, s.temperature), (40, 0.0, 1.0));
+    for (body, want) in [
+        (
+            json!({"samplers": ["dry"], "dry_multiplier": 0.8}),
+            "`dry_multiplier`",
+        ),
+        (
+            json!({"samplers": ["top_n_sigma"], "top_n_sigma": 2}),
+            "`top_n_sigma`",
+        ),
+        (
+            json!({"samplers": ["temperature", "top_k"]}),
+            "in that order",
+        ),
+        (json!({"samplers": ["top_k", "top_k"]}), "in that order"),
+        (json!({"samplers": [1]}), "`samplers`"),
+    ] {
+        let e = sampling_of(body.clone()).unwrap_err();
+        assert!(e.message.contains(want), "{body}: {}", e.message);
+    }
+}
+
+#[test]
+fn stop_takes_up_to_64_strings_and_skips_empty_ones() {
+    let many: Vec<String> = (0..64).map(|i| format!("s{i}")).collect();
+    assert_eq!(stop(&obj(json!({"stop": many}))).expect("64").len(), 64);
+    let too_many: Vec<String> = (0..65).map(|i| format!("s{i}")).collect();
+    assert!(stop(&obj(json!({"stop": too_many})))
+        .unwrap_err()
+        .message
+        .contains("at most 64"));
+    assert_eq!(
+        stop(&obj(json!({"stop": ["", "x"]}))).expect("ok"),
+        vec!["x".to_string()]
+    );
+    let long = "a".repeat(257);
+    assert!(stop(&obj(json!({"stop": ["x", long]})))
+        .unwrap_err()
+        .message
+        .contains("`stop[1]`"));
+}
+
+#[test]
+fn infill_client_fields_are_read() {
+    let tok = tiny_tokenizer();
+    let o = parse_options(
+        &obj(json!({"n_indent": 4, "t_max_predict_ms": 250,
+            "response_fields": ["content", "generation_settings/n_predict"]})),
+        &tok,
+    )
+    .expect("accepted");
+    assert_eq!(o.n_indent, 4);
+    assert_eq!(o.t_max_predict, Some(std::time::Duration::from_millis(250)));
+    assert_eq!(o.response_fields.len(), 2);
+    let o = parse_options(&obj(json!({"t_max_predict_ms": -1})), &tok).expect("off");
+    assert_eq!(o.t_max_predict, None);
+    for bad in [json!({"n_indent": -1}), json!({"t_max_predict_ms": -2})] {
+        assert!(parse_options(&obj(bad.clone()), &tok).is_err(), "{bad}");
+    }
+    // An empty `multimodal_data` carries nothing and is accepted.
+    let p = json!({"prompt_string": "hi", "multimodal_data": []});
+    assert!(prompt_tokens(&p, "prompt", &tok).is_ok());
+    let p = json!({"prompt_string": "hi", "multimodal_data": ["aGk="]});
+    assert!(prompt_tokens(&p, "prompt", &tok).is_err());
+}
+
+#[test]
+fn n_indent_cuts_the_first_shallower_line_as_llama_server_does() {
+    let t0 = std::time::Instant::now();
+    let mut l = Limits::new(4, None);
+    // The first line is never checked; the second is indented enough.
+    for c in ["x = 1", "\n", "    y", " = 2\n"] {
+        assert_eq!(l.push(c, t0), None, "{c:?}");
+    }
+    // The third starts with two spaces: cut before its first non-blank character.
+    assert_eq!(l.push("  z", t0), Some("x = 1\n    y = 2\n  ".len()));
+    let mut l = Limits::new(0, Some(std::time::Duration::from_millis(5)));
+    assert_eq!(l.push("a\n", t0), None);
+    let later = t0 + std::time::Duration::from_millis(10);
+    assert_eq!(l.push("b", later), None, "no newline");
+    assert_eq!(l.push("c\n", later), Some("a\nbc\n".len()));
+}
+
+#[test]
+fn response_fields_pick_nested_values_by_slash_paths() {
+    let v = json!({"content": "x", "generation_settings": {"n_predict": 4}, "stop": true});
+    let paths = [
+        "content",
+        "generation_settings/n_predict",
+        "missing",
+        "content/deeper",
+    ]
+    .map(String::from);
+    assert_eq!(
+        select_fields(&v, &paths),
+        json!({"content": "x", "generation_settings/n_predict": 4})
+    );
+}
+
+#[test]
+fn truncated_means_the_slot_s_context_ran_out() {
+    let s = Summary {
+        choice: 0,
+        finish: Finish::Length,
+        prompt_tokens: 200,
+        cached_tokens: 0,
+        completion_tokens: 56,
+        prompt_time: std::time::Duration::ZERO,
+        predicted_time: std::time::Duration::ZERO,
+        stop_word: None,
+    };
+    assert!(truncated(&s, 256));
+    assert!(!truncated(&s, 512), "n_predict ended it");
+    assert!(!truncated(
+        &Summary {
+            finish: Finish::Stop,
+            ..s
+        },
+        256
+    ));
+}

@@ -139,7 +139,7 @@ fn text_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
     let mut offsets = Vec::with_capacity(lps.len());
     for l in lps {
         offsets.push(offset);
-        offset += l.chosen.text.len();
+        offset += l.chosen.text.chars().count();
     }
     json!({
         "tokens": lps.iter().map(|l| l.chosen.text.clone()).collect::<Vec<_>>(),
@@ -313,7 +313,8 @@ struct StreamState {
     first: Option<Event>,
     reply: Reply,
     include_usage: bool,
-    /// Text bytes sent so far, per choice (text completions' `text_offset`).
+    /// Characters of text sent so far, per choice (text completions' `text_offset`,
+    /// which OpenAI counts in characters).
     offsets: Vec<usize>,
     /// Choices that have ended, with their counts.
     finished: Vec<Option<Summary>>,
@@ -359,7 +360,7 @@ fn frames(s: &mut StreamState, ev: Event) -> Vec<Sse> {
                 out = tool_frames(&s.reply, s.include_usage, choice, pieces, n, held);
             } else {
                 let c = chunk_choice(kind, choice, Some(&text), &logprobs, *offset, None);
-                *offset += text.len();
+                *offset += text.chars().count();
                 out.push(s.reply.chunk(c, s.include_usage));
             }
             if let (Some(t), Some(last)) = (s.gen.timings_now(generated), out.last_mut()) {
@@ -545,5 +546,20 @@ mod tests {
         assert_eq!(a, fingerprint(&[1; 32]));
         assert_ne!(a, fingerprint(&[2; 32]));
         assert!(a.starts_with("fp_") && a.len() == 19, "{a}");
+    }
+
+    #[test]
+    fn text_offsets_count_characters() {
+        let lp = |t: &str| TokenLogprob {
+            chosen: crate::job::Candidate {
+                text: t.into(),
+                bytes: t.as_bytes().to_vec(),
+                logprob: -0.5,
+                id: 1,
+            },
+            top: Vec::new(),
+        };
+        let v = text_logprobs(&[lp("私は"), lp("あなた"), lp("に")], 3);
+        assert_eq!(v["text_offset"], json!([3, 5, 8]));
     }
 }

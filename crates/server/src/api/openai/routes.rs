@@ -1,4 +1,5 @@
-//! OpenAI's routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models` and
+//! OpenAI's routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models` (and one
+//! model, `/v1/models/{id}`) and
 //! llama-server's `/v1/chat/completions/input_tokens` (each also without the `/v1`
 //! prefix).
 
@@ -27,6 +28,8 @@ pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v1/models", get(models))
         .route("/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/models/{*id}", get(model))
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/chat/completions/input_tokens", post(input_tokens))
@@ -40,25 +43,44 @@ async fn models(State(st): St) -> Json<Value> {
         .models
         .ids()
         .into_iter()
-        .map(|id| {
-            let mut v = json!({
-                "id": id, "object": "model", "created": st.created, "owned_by": "minfer",
-            });
-            if let Some(m) = st.models.loaded(id) {
-                v["meta"] = json!({
-                    "n_vocab": m.tok.n_vocab(), "slot_ctx": m.slot_ctx, "slots": m.n_slots,
-                });
-            }
-            v
-        })
+        .map(|id| model_object(&st, id))
         .collect();
     Json(json!({ "object": "list", "data": data }))
+}
+
+/// `GET /v1/models/{id}` (OpenAI's retrieve, which clients call to check that a model
+/// exists): the model object of a served model, named as a request's `model` may name
+/// it exactly (id, file stem, catalog name); another name is a 404 `model_not_found`.
+async fn model(
+    State(st): St,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    match st.models.find(&name) {
+        Some(id) => Ok(Json(model_object(&st, id))),
+        None => Err(ApiError::model_not_found(
+            &name,
+            &st.models.ids().join(", "),
+        )),
+    }
+}
+
+/// One served model in OpenAI's shape, with `meta` when it is loaded.
+fn model_object(st: &AppState, id: &str) -> Value {
+    let mut v = json!({
+        "id": id, "object": "model", "created": st.created, "owned_by": "minfer",
+    });
+    if let Some(m) = st.models.loaded(id) {
+        v["meta"] = json!({
+            "n_vocab": m.tok.n_vocab(), "slot_ctx": m.slot_ctx, "slots": m.n_slots,
+        });
+    }
+    v
 }
 
 /// A chat request read and its prompt rendered: the model it names, the prompt, and its
 /// generation settings.
 fn render(s: &AppState, obj: &Object) -> Result<(Arc<Model>, ChatPrompt, GenRequest), ApiError> {
-    let (msgs, g) = parse_chat(obj)?;
+    let (msgs, g) = parse_chat(obj).map_err(ApiError::naming_field)?;
     let kwargs = crate::api::thinking::template_kwargs(obj)?;
     let how = continuation(obj)?;
     let m = s.model(g.model.as_deref())?;
@@ -95,7 +117,7 @@ async fn completions(
     b: Body,
 ) -> Result<Response, ApiError> {
     let (m, prompts, g, inject) = prepare(&st, b, move |s, obj| {
-        let (ps, g) = parse_completion(&obj)?;
+        let (ps, g) = parse_completion(&obj).map_err(ApiError::naming_field)?;
         let m = s.model(g.model.as_deref())?;
         let mut prompts = Vec::with_capacity(ps.len());
         let mut inject = None;

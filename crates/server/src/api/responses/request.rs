@@ -90,15 +90,8 @@ pub fn parse(obj: &Object) -> Result<Parsed, ApiError> {
 /// `e` with `param` set to the field its message names, when it sets none: the shared
 /// readers word each refusal "field `NAME` ..." but leave `param` empty, and clients of
 /// this API (the SDKs' `BadRequestError.param`) read the field from `param`.
-pub(super) fn named(mut e: ApiError) -> ApiError {
-    if e.param.is_none() {
-        e.param = e
-            .message
-            .strip_prefix("field `")
-            .and_then(|rest| rest.split_once('`'))
-            .map(|(name, _)| name.to_string());
-    }
-    e
+pub(super) fn named(e: ApiError) -> ApiError {
+    e.naming_field()
 }
 
 /// [`parse`], before `param` is filled in.
