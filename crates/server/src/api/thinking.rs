@@ -22,15 +22,35 @@ pub fn split_requested(obj: &Object) -> Result<bool, ApiError> {
     }
 }
 
+/// OpenAI's `reasoning_effort` values.
+const REASONING_EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh"];
+
 /// The extra chat template variables a request gives: `chat_template_kwargs` (an
-/// object, as llama-server and vLLM take it), and `enable_thinking` at the top level
-/// (a shorthand some clients send), which wins over the same key in the kwargs.
+/// object, as llama-server and vLLM take it), `enable_thinking` at the top level (a
+/// shorthand some clients send), which wins over the same key in the kwargs, and
+/// OpenAI's `reasoning_effort` (see below).
 pub fn template_kwargs(obj: &Object) -> Result<Object, ApiError> {
     let mut out = match field(obj, "chat_template_kwargs") {
         None => Object::new(),
         Some(Value::Object(o)) => o.clone(),
         Some(_) => return Err(wrong("chat_template_kwargs", "an object")),
     };
+    // OpenAI's `reasoning_effort`: a template variable of that name (gpt-oss's
+    // templates read it, as vLLM and llama-server pass it), and `none` turns thinking
+    // off where the template has the switch, unless the request sets it itself.
+    if let Some(effort) = opt_str(obj, "reasoning_effort")? {
+        if !REASONING_EFFORTS.contains(&effort) {
+            return Err(wrong(
+                "reasoning_effort",
+                "`none`, `minimal`, `low`, `medium`, `high` or `xhigh`",
+            ));
+        }
+        out.entry("reasoning_effort")
+            .or_insert_with(|| Value::String(effort.to_string()));
+        if effort == "none" {
+            out.entry("enable_thinking").or_insert(Value::Bool(false));
+        }
+    }
     if let Some(on) = opt_bool(obj, "enable_thinking")? {
         out.insert("enable_thinking".into(), Value::Bool(on));
     }
@@ -70,5 +90,20 @@ mod tests {
         assert_eq!(k["custom"], 1);
         let e = template_kwargs(&obj(serde_json::json!({"chat_template_kwargs": 3}))).unwrap_err();
         assert!(e.message.contains("chat_template_kwargs"), "{}", e.message);
+        // `reasoning_effort`: the template's variable; `none` switches thinking off
+        // unless the request says otherwise.
+        let k = template_kwargs(&obj(serde_json::json!({"reasoning_effort": "none"}))).unwrap();
+        assert_eq!(
+            (&k["reasoning_effort"], &k["enable_thinking"]),
+            (&"none".into(), &false.into())
+        );
+        let k = template_kwargs(&obj(serde_json::json!({"reasoning_effort": "none",
+            "enable_thinking": true})))
+        .unwrap();
+        assert_eq!(k["enable_thinking"], true);
+        let k = template_kwargs(&obj(serde_json::json!({"reasoning_effort": "high"}))).unwrap();
+        assert!(k.get("enable_thinking").is_none() && k["reasoning_effort"] == "high");
+        let e = template_kwargs(&obj(serde_json::json!({"reasoning_effort": "max"}))).unwrap_err();
+        assert!(e.message.contains("reasoning_effort"), "{}", e.message);
     }
 }

@@ -59,7 +59,12 @@ pub const CHAT_FIELDS: &[&str] = &[
     "user",
     "metadata",
     "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "verbosity",
     "reasoning_format",
+    "reasoning_effort",
     "chat_template_kwargs",
     "enable_thinking",
     "continue_final_message",
@@ -103,16 +108,30 @@ pub const COMPLETION_FIELDS: &[&str] = &[
 ];
 
 /// Fields accepted without effect on the answer: `user`, `metadata` and `store` (client
-/// bookkeeping; nothing is stored). `model` selects the model when several are served,
-/// and is otherwise only reported back.
-pub const NO_EFFECT_FIELDS: &[&str] = &["user", "metadata", "store"];
+/// bookkeeping; nothing is stored), and on chat OpenAI's hints to its own service that
+/// current SDKs and frameworks send (`service_tier`, `prompt_cache_key`,
+/// `safety_identifier`, `verbosity`): a 400 on them would fail every request of such a
+/// client. `model` selects the model when several are served, and is otherwise only
+/// reported back.
+pub const NO_EFFECT_FIELDS: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "verbosity",
+];
 
-/// Fields of one chat message (`tool_call_id` only on `tool` messages, where it is
+/// Fields of one chat message (`name`, the participant's, reaches the template as the
+/// message's `name`, as LangChain's named messages send it; `tool_call_id` only on
+/// `tool` messages, where it is
 /// checked against the calls before it; `tool_calls` and `reasoning_content`, the
 /// reasoning this server returned beside the content, only on assistant messages).
 const MESSAGE_FIELDS: &[&str] = &[
     "role",
     "content",
+    "name",
     "tool_call_id",
     "tool_calls",
     "reasoning_content",
@@ -123,6 +142,14 @@ fn check_no_effect(obj: &Object) -> Result<(), ApiError> {
     opt_str(obj, "model")?;
     opt_str(obj, "user")?;
     opt_bool(obj, "store")?;
+    for k in ["service_tier", "prompt_cache_key", "safety_identifier"] {
+        opt_str(obj, k)?;
+    }
+    if let Some(v) = opt_str(obj, "verbosity")? {
+        if !["low", "medium", "high"].contains(&v) {
+            return Err(wrong("verbosity", "`low`, `medium` or `high`"));
+        }
+    }
     if let Some(m) = field(obj, "metadata") {
         if !m.is_object() {
             return Err(wrong("metadata", "an object"));
@@ -281,7 +308,15 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
             ))
         }
         Some(Value::Object(o)) => {
-            only_known(o, &["include_usage"], "stream_options.")?;
+            // `include_obfuscation` asks OpenAI to pad its chunks against side channels;
+            // this server adds no padding either way.
+            only_known(
+                o,
+                &["include_usage", "include_obfuscation"],
+                "stream_options.",
+            )?;
+            opt_bool(o, "include_obfuscation")
+                .map_err(|_| wrong("stream_options.include_obfuscation", "a boolean"))?;
             opt_bool(o, "include_usage")
                 .map_err(|_| wrong("stream_options.include_usage", "a boolean"))?
                 .unwrap_or(false)
@@ -410,7 +445,10 @@ pub fn parse_chat(obj: &Object) -> Result<(Vec<ChatMessage>, GenRequest), ApiErr
                 "field `messages[{i}].reasoning_content` belongs only on assistant messages"
             )));
         }
+        let name =
+            opt_str(m, "name").map_err(|_| wrong(&format!("messages[{i}].name"), "a string"))?;
         let mut msg = ChatMessage::new(role, content);
+        msg.name = name.filter(|n| !n.is_empty()).map(str::to_string);
         msg.tool_calls = calls;
         msg.tool_call_id = tool_call_id.map(str::to_string);
         msg.reasoning_content = reasoning.map(str::to_string);

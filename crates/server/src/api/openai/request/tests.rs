@@ -288,8 +288,10 @@ fn fields_without_an_effect_here_are_refused_by_name() {
         ),
         (
             "stream_options.include_obfuscation",
-            json!({"stream": true, "stream_options": {"include_obfuscation": true}}),
+            json!({"stream": true, "stream_options": {"include_obfuscation": 1}}),
         ),
+        ("verbosity", json!({"verbosity": "loud"})),
+        ("service_tier", json!({"service_tier": 3})),
         ("top_logprobs", json!({"top_logprobs": 2})),
         ("cache_prompt", json!({"cache_prompt": "no"})),
         ("mirostat", json!({"mirostat": 2})),
@@ -302,10 +304,22 @@ fn fields_without_an_effect_here_are_refused_by_name() {
             e.message
         );
     }
-    let e = parse_chat(&obj(json!({"messages": [
+    // A message's `name` (LangChain's named messages) reaches the template.
+    let (msgs, _) = parse_chat(&obj(json!({"messages": [
         {"role": "user", "content": "x", "name": "bob"}]})))
+    .unwrap();
+    assert_eq!(msgs[0].name.as_deref(), Some("bob"));
+    let e = parse_chat(&obj(json!({"messages": [
+        {"role": "user", "content": "x", "name": 7}]})))
     .unwrap_err();
     assert!(e.message.contains("`messages[0].name`"), "{}", e.message);
+    // OpenAI's service hints that current clients send are taken without effect.
+    parse_chat(&chat(
+        json!({"service_tier": "auto", "prompt_cache_key": "k",
+        "safety_identifier": "u", "verbosity": "low", "stream": true,
+        "stream_options": {"include_usage": true, "include_obfuscation": false}}),
+    ))
+    .unwrap();
     for (field, extra) in [
         ("echo", json!({"echo": true})),
         ("suffix", json!({"suffix": "}"})),
