@@ -270,6 +270,10 @@ impl ToolSpec {
             (self.format == CallFormat::Json && self.enabled()).then_some(names),
             self.parallel,
         )
+        .forced(matches!(
+            self.choice,
+            ToolChoice::Required | ToolChoice::Named(_)
+        ))
     }
 }
 

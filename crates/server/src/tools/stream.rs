@@ -58,6 +58,9 @@ pub struct StreamSplitter {
     started: bool,
     /// Calls passed on so far (without `parallel`, those after the first are dropped).
     calls: usize,
+    /// The answer is a call by grammar (`required` or a named tool): text held back as
+    /// the start of its opening tag when the output ends is that call, cut off.
+    forced: bool,
     /// The call being read was opened by `<function=NAME>` alone, without `<tool_call>`.
     untagged: bool,
 }
@@ -74,6 +77,7 @@ impl Default for StreamSplitter {
             parallel: true,
             started: false,
             calls: 0,
+            forced: false,
             untagged: false,
         }
     }
@@ -100,6 +104,12 @@ impl StreamSplitter {
             parallel,
             ..StreamSplitter::default()
         }
+    }
+
+    /// This splitter for an answer the grammar makes a call from its first token.
+    pub(super) fn forced(mut self, forced: bool) -> Self {
+        self.forced = forced;
+        self
     }
 
     /// The tools whose XML calls may open without `<tool_call>`: Qwen3-Coder models
@@ -274,6 +284,18 @@ impl StreamSplitter {
         }
     }
 
+    /// Whether `rest`, held at the end of an answer that began with it, is a bare call
+    /// cut off: it could still have become a call, and it already names one of the
+    /// request's tools (JSON that names none stays the answer's text).
+    fn cut_named_bare_call(&self, rest: &str) -> bool {
+        let Some(names) = &self.bare else {
+            return false;
+        };
+        self.cut_bare_call(rest)
+            && rest.contains("\"name\"")
+            && names.iter().any(|n| rest.contains(&format!("\"{n}\"")))
+    }
+
     fn end(&mut self) -> Vec<Piece> {
         let rest = std::mem::take(&mut self.buf);
         let text = if std::mem::take(&mut self.in_call) {
@@ -282,9 +304,14 @@ impl StreamSplitter {
                 Some(c) => vec![Piece::Call(c)],
                 None => Vec::new(),
             };
-        } else if self.after_call && (rest.trim().is_empty() || self.cut_bare_call(&rest)) {
-            // The blank after the last call, or a further bare call the output ends
-            // inside: as a tagged one, markup of a call and not an answer.
+        } else if (self.after_call && (rest.trim().is_empty() || self.cut_bare_call(&rest)))
+            || (self.forced && !rest.is_empty() && OPEN.starts_with(rest.as_str()))
+            || self.cut_named_bare_call(&rest)
+        {
+            // The blank after the last call, a bare call the output ends inside (a
+            // further one, or one that already names its tool), or a forced call cut
+            // off inside its opening tag: as a tagged call cut off, markup of a call and
+            // not an answer.
             String::new()
         } else {
             rest
@@ -364,6 +391,26 @@ mod tests {
     }
 
     #[test]
+    fn a_forced_call_cut_off_inside_its_opening_tag_is_dropped() {
+        let spec = crate::tools::parse(
+            Some(&serde_json::json!([{"type": "function", "function": {"name": "f"}}])),
+            Some(&serde_json::json!("required")),
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        for cut in ["<", "<tool", "<tool_call"] {
+            assert_eq!(
+                stream(spec.splitter(), cut, 1),
+                (String::new(), vec![]),
+                "{cut:?}"
+            );
+        }
+        // Without a forced call the same text is the answer's.
+        assert_eq!(split("<tool").0, "<tool");
+    }
+
+    #[test]
     fn a_bare_call_cut_off_after_a_whole_one_is_dropped() {
         let spec = test_spec(&["get_weather"]);
         let out = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"";
@@ -425,8 +472,7 @@ mod tests {
                 "\nDone.",
                 vec![add.clone()],
             ),
-            // JSON that is not a call of these tools, JSON after text, a cut-off call:
-            // text, as written.
+            // JSON that is not a call of these tools, JSON after text: text, as written.
             ("{\"result\": 7}", "{\"result\": 7}", vec![]),
             (
                 "{\"name\": \"rm\", \"arguments\": {}}",
@@ -438,11 +484,10 @@ mod tests {
                 "Sure: {\"name\": \"add\", \"arguments\": {}}",
                 vec![],
             ),
-            (
-                "{\"name\": \"add\", \"argu",
-                "{\"name\": \"add\", \"argu",
-                vec![],
-            ),
+            // A call cut off once it names its tool is dropped, as a tagged one is;
+            // before that it may be any JSON, and stays text.
+            ("{\"name\": \"add\", \"argu", "", vec![]),
+            ("{\"na", "{\"na", vec![]),
         ] {
             for step in [1, 2, 3, 7, 1000] {
                 assert_eq!(
