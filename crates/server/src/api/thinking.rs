@@ -39,16 +39,12 @@ pub fn template_kwargs(obj: &Object) -> Result<Object, ApiError> {
     // templates read it, as vLLM and llama-server pass it), and `none` turns thinking
     // off where the template has the switch, unless the request sets it itself.
     if let Some(effort) = opt_str(obj, "reasoning_effort")? {
-        if !REASONING_EFFORTS.contains(&effort) {
-            return Err(wrong(
-                "reasoning_effort",
-                "`none`, `minimal`, `low`, `medium`, `high` or `xhigh`",
-            ));
-        }
-        out.entry("reasoning_effort")
-            .or_insert_with(|| Value::String(effort.to_string()));
-        if effort == "none" {
-            out.entry("enable_thinking").or_insert(Value::Bool(false));
+        effort_kwargs(&mut out, effort, "reasoning_effort")?;
+    }
+    // The Responses API's spelling of the same.
+    if let Some(r) = field(obj, "reasoning").and_then(Value::as_object) {
+        if let Some(effort) = opt_str(r, "effort")? {
+            effort_kwargs(&mut out, effort, "reasoning.effort")?;
         }
     }
     if let Some(on) = opt_bool(obj, "enable_thinking")? {
@@ -58,6 +54,24 @@ pub fn template_kwargs(obj: &Object) -> Result<Object, ApiError> {
         return Err(wrong("chat_template_kwargs.enable_thinking", "a boolean"));
     }
     Ok(out)
+}
+
+/// OpenAI's reasoning `effort` (named `name` in the request) into the template
+/// variables: `reasoning_effort` itself, and for `none` `enable_thinking` false, each
+/// unless the request set it already.
+fn effort_kwargs(out: &mut Object, effort: &str, name: &str) -> Result<(), ApiError> {
+    if !REASONING_EFFORTS.contains(&effort) {
+        return Err(wrong(
+            name,
+            "`none`, `minimal`, `low`, `medium`, `high` or `xhigh`",
+        ));
+    }
+    out.entry("reasoning_effort")
+        .or_insert_with(|| Value::String(effort.to_string()));
+    if effort == "none" {
+        out.entry("enable_thinking").or_insert(Value::Bool(false));
+    }
+    Ok(())
 }
 
 /// The template variables for a thinking switch given as a plain boolean (ollama's
@@ -105,5 +119,12 @@ mod tests {
         assert!(k.get("enable_thinking").is_none() && k["reasoning_effort"] == "high");
         let e = template_kwargs(&obj(serde_json::json!({"reasoning_effort": "max"}))).unwrap_err();
         assert!(e.message.contains("reasoning_effort"), "{}", e.message);
+        // Responses' `reasoning.effort`, the same.
+        let k =
+            template_kwargs(&obj(serde_json::json!({"reasoning": {"effort": "none"}}))).unwrap();
+        assert_eq!(k["enable_thinking"], false);
+        let e =
+            template_kwargs(&obj(serde_json::json!({"reasoning": {"effort": "x"}}))).unwrap_err();
+        assert!(e.message.contains("reasoning.effort"), "{}", e.message);
     }
 }

@@ -188,11 +188,9 @@ fn read(obj: &Object) -> Result<Parsed, ApiError> {
     })
 }
 
-/// `reasoning`: taken when it asks for nothing (`{}`, or `effort` and `summary` null),
-/// as clients send OpenAI's defaults. An effort or a summary is refused (deliberately,
-/// see the README): how much a model reasons is set by its chat template
-/// (`enable_thinking`, `chat_template_kwargs`), not by an effort level, and no summary
-/// is written.
+/// `reasoning`: its `effort` is taken (read into the template's variables with the
+/// chat template's other switches); a summary is refused (deliberately, see the
+/// README), since none is written.
 fn reasoning(obj: &Object) -> Result<(), ApiError> {
     let Some(r) = field(obj, "reasoning") else {
         return Ok(());
@@ -202,12 +200,14 @@ fn reasoning(obj: &Object) -> Result<(), ApiError> {
         .ok_or_else(|| wrong("reasoning", "an object"))?;
     let keys = ["effort", "summary", "generate_summary"];
     only_known(r, &keys, "reasoning.")?;
-    match keys.iter().find(|k| field(r, k).is_some()) {
+    // `effort` reaches the template as chat's `reasoning_effort` does
+    // (`api::thinking::template_kwargs`); no summary is written.
+    match keys[1..].iter().find(|k| field(r, k).is_some()) {
         None => Ok(()),
         Some(k) => Err(unsupported(
             &format!("reasoning.{k}"),
-            "a model reasons as its chat template lets it (`enable_thinking`, \
-             `chat_template_kwargs`); no effort level or summary is available",
+            "no reasoning summary is written: a thinking model's reasoning comes whole, \
+             as a `reasoning` item",
         )),
     }
 }
