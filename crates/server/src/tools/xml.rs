@@ -214,6 +214,8 @@ pub(super) fn grammar(funcs: &[&Function], lazy: bool, parallel: bool, top: &str
             seq.push(format!("f{i}_opt*"));
         }
         g.push_str(&format!("f{i}: {open} {} {close}\n", seq.join(" ")));
+        // The parameters' copy that rebased references point into, once per function.
+        let root = super::rebased_root(&f.parameters);
         for (j, (pname, schema)) in props.iter().enumerate() {
             let schema = resolved(&f.parameters, schema);
             let open = lit(&format!("<parameter={pname}>\n"));
@@ -229,13 +231,13 @@ pub(super) fn grammar(funcs: &[&Function], lazy: bool, parallel: bool, top: &str
                 }
                 (_, true) if !types.is_empty() && !types.contains(&"string") => {
                     let mut s = super::rebased(schema);
-                    if let Some(root) = super::rebased_root(&f.parameters) {
-                        let defs = s
-                            .as_object_mut()
-                            .map(|o| o.entry("$defs").or_insert_with(|| json!({})).clone());
-                        let mut defs = defs.unwrap_or_else(|| json!({}));
-                        defs[super::REF_ROOT] = root;
-                        s["$defs"] = defs;
+                    if let (Some(root), Some(o)) = (&root, s.as_object_mut()) {
+                        // A `$defs` that is no object is the schema's own error, left
+                        // for the grammar engine to name.
+                        let defs = o.entry("$defs").or_insert_with(|| json!({}));
+                        if let Some(defs) = defs.as_object_mut() {
+                            defs.insert(super::REF_ROOT.to_string(), root.clone());
+                        }
                     }
                     s["x-guidance"] = json!({"whitespace_pattern": r"\x20", "lenient": !f.strict});
                     g.push_str(&format!("f{i}_v{j}: %json {s}\n"));

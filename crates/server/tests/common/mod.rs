@@ -220,6 +220,26 @@ pub fn rss_kb() -> u64 {
         .expect("VmRSS line")
 }
 
+/// A raw request `head` (`METHOD /path`) with `headers` (each ending in CRLF) and
+/// `body`, sent by [`raw`]: its answer's status and JSON body (panics on no JSON).
+pub fn raw_json(addr: std::net::SocketAddr, head: &str, headers: &str, body: &str) -> (u16, Value) {
+    let a = raw(
+        addr,
+        &format!(
+            "{head} HTTP/1.1\r\nHost: {addr}\r\n{headers}content-length: {}\r\n\
+             connection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    let status = a
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("status in {a}"));
+    let text = a.split("\r\n\r\n").nth(1).unwrap_or("");
+    let v = serde_json::from_str(text).unwrap_or_else(|_| panic!("JSON body in {a}"));
+    (status, v)
+}
+
 /// Sends `request` verbatim on a fresh connection and returns everything the server
 /// answers until it closes (requests should say `Connection: close`).
 pub fn raw(addr: std::net::SocketAddr, request: &str) -> String {

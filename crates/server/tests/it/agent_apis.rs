@@ -252,24 +252,6 @@ async fn responses_are_kept_for_continuations_and_retrieval() {
     assert_eq!(text, whole);
 }
 
-/// A raw request with `headers` (each ending in CRLF) and `body`, its answer's status and
-/// JSON body.
-fn raw_json(addr: std::net::SocketAddr, head: &str, headers: &str, body: &str) -> (u16, Value) {
-    let a = raw(
-        addr,
-        &format!(
-            "{head} HTTP/1.1\r\nHost: {addr}\r\n{headers}content-length: {}\r\n\
-             connection: close\r\n\r\n{body}",
-            body.len()
-        ),
-    );
-    let status = a
-        .get(9..12)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("status in {a}"));
-    (status, body_of(&a))
-}
-
 /// The router's own refusals (no route, a wrong method, a body that is not JSON or too
 /// large) on Anthropic's paths are Anthropic's errors; elsewhere they stay OpenAI's.
 #[test]

@@ -285,17 +285,8 @@ fn router_refusals_on_ollama_paths_have_its_shape() {
         ("POST /api/embed", "content-type: text/plain\r\n", "{}", 415),
         ("POST /api/generate", json, big.as_str(), 413),
     ] {
-        let a = raw(
-            addr,
-            &format!(
-                "{head} HTTP/1.1\r\nHost: {addr}\r\n{headers}content-length: {}\r\n\
-                 connection: close\r\n\r\n{body}",
-                body.len()
-            ),
-        );
-        assert!(a.starts_with(&format!("HTTP/1.1 {status}")), "{head}: {a}");
-        let text = a.split("\r\n\r\n").nth(1).unwrap_or("");
-        let v: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{head}: {a}"));
+        let (st, v) = raw_json(addr, head, headers, body);
+        assert_eq!(st, status, "{head}: {v}");
         let msg = v["error"]
             .as_str()
             .unwrap_or_else(|| panic!("{head}: ollama shape: {v}"));

@@ -210,9 +210,8 @@ async fn tools_beside_a_json_schema_answer_in_a_call_or_in_the_schema() {
         "minimum": 0, "maximum": 9}}, "required": ["n"], "additionalProperties": false});
     let rf = json!({"type": "json_schema", "json_schema": {"name": "a", "schema": schema,
         "strict": true}});
-    // Either a call of the tool or the schema's answer, whichever the model starts:
-    // several seeds, so that a random model is likely to take both.
-    let (mut called, mut answered) = (0, 0);
+    // Either a call of the tool or the schema's answer, whichever the model starts
+    // (this random model starts calls; the schema's branch is taken below).
     for seed in 0..6 {
         let body = json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
             "response_format": rf, "max_tokens": 120, "temperature": 1.5, "seed": seed});
@@ -221,7 +220,6 @@ async fn tools_beside_a_json_schema_answer_in_a_call_or_in_the_schema() {
         let m = &v["choices"][0]["message"];
         match m["tool_calls"].as_array() {
             Some(calls) => {
-                called += 1;
                 for c in calls {
                     let args: Value =
                         serde_json::from_str(c["function"]["arguments"].as_str().expect("text"))
@@ -230,14 +228,12 @@ async fn tools_beside_a_json_schema_answer_in_a_call_or_in_the_schema() {
                 }
             }
             None => {
-                answered += 1;
                 let text = m["content"].as_str().expect("content");
                 let a: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {v}"));
                 assert!(a["n"].as_u64().is_some_and(|n| n <= 9), "{v}");
             }
         }
     }
-    assert_eq!(called + answered, 6);
     // With the first token of the call's opening tag banned (`<` in this vocabulary),
     // the greedy answer takes the schema's branch.
     let (st, v) = post(&s.base, "/tokenize", json!({"content": "<tool_call>"})).await;

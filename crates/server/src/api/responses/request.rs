@@ -84,14 +84,7 @@ fn required(name: &str) -> ApiError {
 
 /// Reads a Responses request; a refusal is a 400 whose `param` names the field at fault.
 pub fn parse(obj: &Object) -> Result<Parsed, ApiError> {
-    read(obj).map_err(named)
-}
-
-/// `e` with `param` set to the field its message names, when it sets none: the shared
-/// readers word each refusal "field `NAME` ..." but leave `param` empty, and clients of
-/// this API (the SDKs' `BadRequestError.param`) read the field from `param`.
-pub(super) fn named(e: ApiError) -> ApiError {
-    e.naming_field()
+    read(obj).map_err(ApiError::naming_field)
 }
 
 /// [`parse`], before `param` is filled in.

@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::items::{input_items, page};
 use super::output::Builder;
-use super::request::{check_results, named, parse, Parsed};
+use super::request::{check_results, parse, Parsed};
 use super::response::{base, entry, finished, Kept};
 use super::store::{CAPACITY, TTL};
 use super::stream::Stream;
@@ -78,7 +78,7 @@ fn render(s: &AppState, obj: &Object, p: &Parsed) -> Result<Rendered, ApiError> 
     }
     msgs.extend(history.iter().cloned());
     let m = s.model(model.as_deref())?;
-    let kwargs = crate::api::thinking::template_kwargs(obj).map_err(named)?;
+    let kwargs = crate::api::thinking::template_kwargs(obj).map_err(ApiError::naming_field)?;
     let tools = p.g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
     let prompt = render_chat(s, &m, &msgs, tools, &kwargs)?;
     Ok(Rendered {
@@ -97,12 +97,6 @@ async fn input_tokens(State(st): St, b: Body) -> Result<Response, ApiError> {
     })
     .await?;
     Ok(Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
-}
-
-/// A refusal of the prompt's length in this API's words: the prompt is `input` here,
-/// not chat's `messages`.
-pub(super) fn of_input(e: ApiError) -> ApiError {
-    e.naming_prompt("input")
 }
 
 fn forgotten(id: &str, field: &str) -> ApiError {
@@ -197,7 +191,7 @@ async fn create(
     let splitter = AnswerSplitter::new(g.reasoning, tools);
     let mut gen = generate::start(&st, m, prompt, &g, fault, log.start)
         .await
-        .map_err(of_input)?;
+        .map_err(|e| e.naming_prompt("input"))?;
     let unenforced = std::mem::take(&mut gen.unenforced);
     if !g.stream {
         let (text, _, sum) = gen.collect_one().await?;

@@ -8,7 +8,6 @@ use super::items::{input_items, page, DEFAULT_LIMIT};
 use super::output::Builder;
 use super::request::{check_results, parse};
 use super::response::{base, finished};
-use super::routes::of_input;
 use crate::answer::{coalesce, AnswerSplitter};
 use crate::api::fields::Object;
 use crate::error::ApiError;
@@ -259,7 +258,7 @@ fn the_response_echoes_the_request_as_sent_and_applied() {
 
 #[test]
 fn a_prompt_past_the_context_names_input() {
-    let e = of_input(ApiError::context_length_exceeded(256, 300));
+    let e = ApiError::context_length_exceeded(256, 300).naming_prompt("input");
     assert_eq!(e.param.as_deref(), Some("input"));
     assert!(!e.message.contains("messages"), "{}", e.message);
     assert!(
@@ -269,7 +268,7 @@ fn a_prompt_past_the_context_names_input() {
     );
     // Other errors pass unchanged.
     let other = ApiError::bad_request("field `messages` x");
-    assert_eq!(of_input(other.clone()), other);
+    assert_eq!(other.clone().naming_prompt("input"), other);
 }
 
 /// The whole answer's items are the stream's: in the order written, with the same ids.
