@@ -42,17 +42,32 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// Whether the request presents the server's key (always, without one): as
+/// `Authorization: Bearer KEY` (the scheme in any case), as a bare `Authorization: KEY`
+/// (llama-server's clients send that too), or as `x-api-key: KEY` (Anthropic's).
 fn authorized(st: &AppState, req: &Request) -> bool {
     let Some(key) = &st.api_key else {
         return true;
     };
     let h = req.headers();
-    let bearer = h
+    let auth = h
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .map(|v| match v.split_at_checked(7) {
+            Some((scheme, k)) if scheme.eq_ignore_ascii_case("bearer ") => k,
+            _ => v,
+        });
     let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
-    bearer.or(x_key).is_some_and(|k| k.trim() == key)
+    [auth, x_key]
+        .into_iter()
+        .flatten()
+        .any(|k| same_key(k.trim().as_bytes(), key.as_bytes()))
+}
+
+/// Compares a presented key with the server's in time that depends only on their
+/// lengths, so the time a refusal takes does not tell how much of a guess was right.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 /// Routes whose POST body is JSON.

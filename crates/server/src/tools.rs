@@ -280,6 +280,12 @@ impl ToolSpec {
 /// The grammar of JSON calls: `{"name": <a tool>, "arguments": <its parameters>}` on one
 /// line between the tags; `lazy`: it starts after the model's own `<tool_call>`.
 /// `top` names the rule the calls are.
+///
+/// The tags are text, as in llama.cpp's call grammars: the mask lets the model take its
+/// vocabulary's `<tool_call>` token or spell the tag in pieces, whichever it prefers.
+/// Allowing only the token was tried: the default model then wrote the same call again
+/// and again after each `</tool_call>` token until the token limit, on every prompt
+/// tried, where with text tags it ends after its call.
 fn json_grammar(funcs: &[&Function], lazy: bool, parallel: bool, top: &str) -> String {
     let mut g = String::new();
     let body = "\"\\n\" call \"\\n</tool_call>\"";

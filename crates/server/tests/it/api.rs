@@ -390,6 +390,22 @@ async fn api_key_guards_everything_but_health() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
+    // As llama-server: the scheme in any case, or none; a longer or shorter key fails.
+    for (auth, want) in [
+        ("bearer sekret", 200),
+        ("sekret", 200),
+        ("Basic sekret", 401),
+        ("Bearer sekret2", 401),
+        ("Bearer sekre", 401),
+    ] {
+        let r = c
+            .get(format!("{}/v1/models", s.base))
+            .header("authorization", auth)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), want, "{auth}");
+    }
     let r = c.get(format!("{}/health", s.base)).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }

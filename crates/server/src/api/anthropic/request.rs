@@ -256,6 +256,8 @@ fn system(obj: &Object) -> Result<Option<String>, ApiError> {
 /// assistant turn before it), its text a user message; an assistant turn's `tool_use`
 /// blocks become its tool calls. Errors name the block's place in the request as sent.
 fn messages(obj: &Object, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+    // The previous assistant turn's `tool_use` blocks: their places and ids.
+    let mut asked: Vec<(String, String)> = Vec::new();
     for (role, blocks) in turns(obj)? {
         let mut text = Vec::new();
         let mut thinking = Vec::new();
@@ -304,6 +306,7 @@ fn messages(obj: &Object, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
                         Some(v @ Value::Object(_)) => v.clone(),
                         Some(_) => return Err(wrong(&format!("{here}.input"), "an object")),
                     };
+                    asked.push((here.clone(), id.to_string()));
                     calls.push(ToolCall {
                         id: id.to_string(),
                         name: name.to_string(),
@@ -347,6 +350,10 @@ fn messages(obj: &Object, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
                 _ => return Err(unsupported_block(&here, o)),
             }
         }
+        if role == "user" {
+            unanswered(&asked, &results)?;
+            asked.clear();
+        }
         // Results answer the previous turn, so they come before this turn's own text.
         out.extend(results);
         if role == "assistant" || !text.is_empty() {
@@ -359,6 +366,23 @@ fn messages(obj: &Object, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// Refuses a user turn that leaves a `tool_use` of the assistant turn before it
+/// (`asked`: places and ids) without its `tool_result`, as Anthropic's API does: the
+/// model would otherwise go on as if the call had answered.
+fn unanswered(asked: &[(String, String)], results: &[ChatMessage]) -> Result<(), ApiError> {
+    let missing = asked
+        .iter()
+        .find(|(_, id)| !results.iter().any(|r| r.tool_call_id.as_ref() == Some(id)));
+    match missing {
+        None => Ok(()),
+        Some((here, id)) => Err(ApiError::bad_request(format!(
+            "{here} is a tool_use (id `{id}`) with no tool_result in the next message: each \
+             tool_use block must have a corresponding tool_result block in the next message"
+        ))
+        .with_param(format!("{here}.id"))),
+    }
 }
 
 /// A piece of a message's content.

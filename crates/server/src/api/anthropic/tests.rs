@@ -402,10 +402,24 @@ fn errors_in_a_merged_turn_name_the_message_as_sent() {
         // The call is two turns back: the result answers nothing.
         (
             json!([user, {"role": "assistant", "content": [tool_use("t1")]},
-                {"role": "user", "content": "x"},
+                {"role": "user", "content": [tool_result("t1")]},
                 {"role": "assistant", "content": "y"},
                 {"role": "user", "content": [tool_result("t1")]}]),
             "messages[4].content[0].tool_use_id",
+        ),
+        // A call the next turn does not answer, as Anthropic refuses it; the second of
+        // two calls split over assistant messages.
+        (
+            json!([user, {"role": "assistant", "content": [tool_use("t1")]},
+                {"role": "user", "content": "x"}]),
+            "messages[1].content[0].id",
+        ),
+        (
+            json!([user, {"role": "assistant", "content": [tool_use("t1")]},
+                {"role": "assistant", "content": [tool_use("t2")]},
+                {"role": "user", "content": [tool_result("t1")]},
+                {"role": "user", "content": "and?"}]),
+            "messages[2].content[0].id",
         ),
         (
             json!([user, {"role": "user", "content": [{"type": "text", "text": "a"},
