@@ -266,7 +266,7 @@ pub async fn start_many(
         m.worker.submit(Job {
             prompt,
             n: g.n,
-            max_tokens: g.max_tokens.map_or(room, |m| m.min(room)),
+            max_tokens: m.answer_limit(g.max_tokens).map_or(room, |n| n.min(room)),
             sampling: g.sampling.clone(),
             stop: g.stop.clone(),
             logprobs: g.logprobs,

@@ -97,6 +97,9 @@ pub struct Config {
     pub api_key: Option<String>,
     /// Requests that may wait for a slot before new ones get 503.
     pub queue: usize,
+    /// Most tokens one answer may generate, and the limit of requests that set none
+    /// (llama-server's `-n`); `None`: the slot's context.
+    pub n_predict: Option<usize>,
     /// Largest request body in bytes (larger ones get 413).
     pub body_limit: usize,
     /// Longest a request may take from arrival to its last token (then 504).
@@ -202,6 +205,7 @@ impl Config {
             backend_options: minfer_runtime::BackendOptions::default(),
             api_key: None,
             queue: 64,
+            n_predict: None,
             body_limit: 1 << 20,
             request_timeout: Duration::from_secs(600),
             allow_special_in_content: false,
@@ -654,6 +658,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         engine: opts.clone(),
         slots: config.slots,
         queue: config.queue,
+        n_predict: config.n_predict,
         metrics: Arc::clone(&metrics),
         busy: Arc::default(),
         speculation: match (&config.draft, config.lookup) {

@@ -51,6 +51,8 @@ pub struct Model {
     pub slot_ctx: usize,
     /// Slots (concurrent sequences).
     pub n_slots: usize,
+    /// Most tokens one answer may generate (`--n-predict`); `None`: the slot's context.
+    pub n_predict: Option<usize>,
     /// OpenAI's `system_fingerprint` for its answers.
     pub fingerprint: String,
     /// Its GGUF file (llama-server's `/props` reports it).
@@ -70,6 +72,15 @@ pub struct Model {
 }
 
 impl Model {
+    /// The most tokens an answer generates when its request asks for `requested`
+    /// (`None`: no limit): capped by `--n-predict`; `None` leaves only the context.
+    pub fn answer_limit(&self, requested: Option<usize>) -> Option<usize> {
+        match (requested, self.n_predict) {
+            (Some(r), Some(cap)) => Some(r.min(cap)),
+            (r, cap) => r.or(cap),
+        }
+    }
+
     /// The vocabulary grammars compile against (built once, on first use).
     pub fn grammar_vocab(&self) -> Result<Arc<minfer_runtime::GrammarVocab>, String> {
         self.grammar
@@ -87,6 +98,8 @@ pub struct LoadOptions {
     pub slots: usize,
     /// Requests that may wait for a slot of one model.
     pub queue: usize,
+    /// Most tokens one answer may generate (`--n-predict`); `None`: the slot's context.
+    pub n_predict: Option<usize>,
     /// The server's counters, shared by every model's worker.
     pub metrics: Arc<Metrics>,
     /// Busy slots over every model's worker (what the `busy_slots` gauge shows).
@@ -294,6 +307,7 @@ impl Models {
             template,
             slot_ctx: loaded.slot_ctx,
             n_slots: slots,
+            n_predict: self.opts.n_predict,
             fingerprint: crate::api::openai::fingerprint(&loaded.digest),
             path: e.path.clone(),
             fim,
@@ -354,6 +368,7 @@ mod tests {
             engine: EngineOptions::default(),
             slots: 1,
             queue: 1,
+            n_predict: None,
             metrics: Arc::new(Metrics::default()),
             busy: Arc::default(),
             speculation: worker::Speculation::Off,

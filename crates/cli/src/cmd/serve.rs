@@ -43,9 +43,15 @@ pub struct Args {
     /// Restrict execution to these backends (comma-separated names, e.g. `cpu`).
     #[arg(long = "backend")]
     pub backend: Option<String>,
-    /// Require this key as `Authorization: Bearer KEY` on every request but /health.
+    /// Require this key on every request but /health, as `Authorization: Bearer KEY`,
+    /// `Authorization: KEY` or `x-api-key: KEY`.
     #[arg(long = "api-key")]
     pub api_key: Option<String>,
+    /// Most tokens one answer may generate, and the limit of requests that set none
+    /// (llama-server's `-n`): a request asking for more gets this many; -1: no limit
+    /// but the slot's context.
+    #[arg(short = 'n', long = "n-predict", visible_alias = "predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i64,
     /// Requests that may wait for a free slot; beyond it clients get 503.
     #[arg(long = "queue", default_value_t = 64)]
     pub queue: usize,
@@ -130,6 +136,9 @@ pub struct Args {
     pub draft_max: usize,
 }
 
+/// The largest `--n-predict`: the largest context a model may have.
+const MAX_N_PREDICT: i64 = 1 << 24;
+
 /// Runs `minfer serve` until Ctrl-C.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let env = super::common::EnvOptions::get();
@@ -146,6 +155,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let shutdown = shutdown_timeout(args.shutdown_timeout)?;
+    let n_predict = match args.n_predict {
+        -1 => None,
+        n @ 0..=MAX_N_PREDICT => Some(n as usize),
+        n => anyhow::bail!("invalid --n-predict: {n} is not -1 (no limit) or in 0..={MAX_N_PREDICT}"),
+    };
     // Aliases name the --model values in order; without any, the one default model.
     // Models found under --models-dir are named by their file stems.
     let named = match (args.model.len(), &args.models_dir) {
@@ -173,6 +187,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.backend_options = env.backend_options;
     config.api_key = args.api_key;
     config.queue = args.queue;
+    config.n_predict = n_predict;
     config.request_timeout = Duration::from_secs(args.timeout);
     config.allow_special_in_content = args.allow_special_in_content;
     config.cors_origins = args.http.cors_origins;

@@ -1143,3 +1143,32 @@ fn loading_is_llama_server_s_unavailable_error_on_its_paths() {
     let running = server.join().expect("the start thread");
     running.stop().expect("stop");
 }
+
+/// `--n-predict` as llama-server's `-n`: the limit of a request that sets none, and the
+/// most any request gets, on every route; `/props` reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_predict_caps_every_answer_and_is_the_default() {
+    let s = tiny_server(1, |c| c.n_predict = Some(3));
+    for n in [None, Some(2), Some(50)] {
+        let mut body = json!({"prompt": "hello world", "temperature": 0, "ignore_eos": true});
+        if let Some(n) = n {
+            body["n_predict"] = json!(n);
+        }
+        let (st, v) = post(&s.base, "/completion", body).await;
+        assert_eq!(st, 200, "{v}");
+        let want = n.unwrap_or(3).min(3);
+        assert_eq!(v["tokens_predicted"], want, "{n:?}: {v}");
+        assert_eq!(v["generation_settings"]["n_predict"], want, "{n:?}");
+    }
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
+        "temperature": 0, "logit_bias": {}});
+    let (st, v) = post(&s.base, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 3, "{v}");
+    let (_, props) = get(&s.base, "/props").await;
+    let props: Value = serde_json::from_str(&props).unwrap();
+    assert_eq!(
+        props["default_generation_settings"]["params"]["n_predict"],
+        3
+    );
+}

@@ -91,7 +91,7 @@ impl IntoResponse for LlamaError {
 /// The `generation_settings` object of an answer (and `/props`' defaults).
 pub(super) fn settings_json(m: &Model, o: &Options) -> Value {
     let s = &o.g.sampling;
-    let n_predict = o.g.max_tokens.map_or(-1, |m| m as i64);
+    let n_predict = m.answer_limit(o.g.max_tokens).map_or(-1, |n| n as i64);
     json!({
         "n_ctx": m.slot_ctx,
         "model": m.id,

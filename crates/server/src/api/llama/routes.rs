@@ -121,7 +121,7 @@ pub(super) async fn infill(
     let (m, prompt, opts) = prepare(&st, b, move |s, obj| {
         let m = served(s, &obj)?;
         let opts = parse_options(&obj, &m.tok)?;
-        let prompt = infill_prompt(&m, &obj, opts.g.max_tokens)?;
+        let prompt = infill_prompt(&m, &obj, m.answer_limit(opts.g.max_tokens))?;
         Ok((m, prompt, opts))
     })
     .await?;

@@ -372,7 +372,7 @@ pub(super) fn prepare_generate(
         });
     }
     let tokens = if !suffix.is_empty() {
-        crate::api::llama::fim_prompt(m, prompt, suffix, g.max_tokens)
+        crate::api::llama::fim_prompt(m, prompt, suffix, m.answer_limit(g.max_tokens))
             .map_err(|e| ApiError::bad_request(format!("field `suffix`: {}", e.message)))?
     } else if raw {
         generate::completion_prompt(st, m, Prompt::Text(prompt.to_string()))?.0
