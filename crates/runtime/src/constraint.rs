@@ -21,6 +21,10 @@ use llguidance::toktrie::{SimpleVob, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use minfer_tokenizer::Tokenizer;
 
+mod numbers;
+
+pub use numbers::{bounded_numbers, FRACTION_DIGITS, INT_DIGITS};
+
 /// What a generation must follow.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Grammar {
@@ -307,7 +311,7 @@ impl CompiledGrammar {
                 if !s.is_object() && !s.is_boolean() {
                     return Err(bad("a schema must be a JSON object".into()));
                 }
-                TopLevelGrammar::from_json_schema(bounded_whitespace(s.clone()))
+                TopLevelGrammar::from_json_schema(bounded_whitespace(bounded_numbers(s.clone())))
             }
             Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
             Grammar::Lark(l) => TopLevelGrammar::from_lark(l.clone()),

@@ -6,6 +6,7 @@
 //! `{"name": <a tool>, "arguments": <its parameters schema>}` (Qwen2.5, Qwen3, Hermes), or
 //! Qwen3-Coder's and Qwen3.5's XML-like blocks (`xml`).
 
+use minfer_runtime::constraint::{bounded_numbers, bounded_whitespace};
 use minfer_runtime::Grammar;
 use serde_json::{json, Value};
 
@@ -248,7 +249,7 @@ impl ToolSpec {
             _ => return None,
         };
         let calls = self.calls_grammar(false, "calls")?;
-        let schema = minfer_runtime::constraint::bounded_whitespace(schema);
+        let schema = bounded_whitespace(bounded_numbers(schema));
         Some((
             Grammar::Lark(format!(
                 "start: calls | answer\nanswer: %json {schema}\n{calls}"
@@ -317,6 +318,7 @@ fn json_grammar(funcs: &[&Function], lazy: bool, parallel: bool, top: &str) -> S
         }
         // Calls are one line in this format: at most a space between two tokens.
         schema["x-guidance"] = json!({"whitespace_pattern": r"\x20", "lenient": !f.strict});
+        let schema = bounded_numbers(schema);
         g.push_str(&format!("f{i}: %json {schema}\n"));
     }
     g

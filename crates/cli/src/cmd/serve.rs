@@ -158,7 +158,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let n_predict = match args.n_predict {
         -1 => None,
         n @ 0..=MAX_N_PREDICT => Some(n as usize),
-        n => anyhow::bail!("invalid --n-predict: {n} is not -1 (no limit) or in 0..={MAX_N_PREDICT}"),
+        n => {
+            anyhow::bail!("invalid --n-predict: {n} is not -1 (no limit) or in 0..={MAX_N_PREDICT}")
+        }
     };
     // Aliases name the --model values in order; without any, the one default model.
     // Models found under --models-dir are named by their file stems.

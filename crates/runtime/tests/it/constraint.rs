@@ -361,3 +361,47 @@ fn long_rule_and_reference_chains_compile_without_overflowing_the_stack() {
     g.push_str(&format!("r{n} ::= \"b\"\n"));
     CompiledGrammar::new(vocab, &Grammar::Gbnf(g)).expect("a rule chain");
 }
+
+/// A schema's open integers and numbers end after `INT_DIGITS` digits before the point
+/// and `FRACTION_DIGITS` after it, as llama.cpp's schema grammars do: a model repeating a
+/// digit is made to close the number instead of spending every token it has left on it.
+#[test]
+fn schema_numbers_end_after_a_bounded_count_of_digits() {
+    use minfer_runtime::constraint::{FRACTION_DIGITS, INT_DIGITS};
+    let m = model();
+    let id = |s: &str| {
+        let ids = m.tok.encode(s, false, false);
+        assert_eq!(ids.len(), 1, "{s:?} is one token");
+        ids[0]
+    };
+    let (one, dot, close) = (id("1"), id("."), id("}"));
+    let allowed = |c: &mut minfer_runtime::Constraint, t: u32| {
+        let mut logits = vec![0.0f32; m.tok.n_vocab()];
+        c.mask(&mut logits).expect("mask");
+        logits[t as usize].is_finite()
+    };
+    for ty in ["integer", "number"] {
+        let schema = json!({"type": "object", "properties": {"n": {"type": ty}},
+            "required": ["n"], "additionalProperties": false});
+        let mut c = compile(Grammar::JsonSchema(schema)).start(Prefetch::Inline);
+        for t in m.tok.encode("{\"n\": ", false, false) {
+            assert!(allowed(&mut c, t), "{ty}: the prefix");
+            c.advance(t).expect("prefix token");
+        }
+        for i in 0..INT_DIGITS {
+            assert!(allowed(&mut c, one), "{ty}: digit {i}");
+            c.advance(one).expect("digit");
+        }
+        assert!(!allowed(&mut c, one), "{ty}: a 17th digit");
+        assert!(allowed(&mut c, close), "{ty}: the number ends");
+        if ty == "number" {
+            c.advance(dot).expect("point");
+            for i in 0..FRACTION_DIGITS {
+                assert!(allowed(&mut c, one), "decimal {i}");
+                c.advance(one).expect("decimal");
+            }
+            assert!(!allowed(&mut c, one), "an 11th decimal");
+            assert!(allowed(&mut c, close));
+        }
+    }
+}

@@ -240,6 +240,7 @@ pub(super) fn grammar(funcs: &[&Function], lazy: bool, parallel: bool, top: &str
                         }
                     }
                     s["x-guidance"] = json!({"whitespace_pattern": r"\x20", "lenient": !f.strict});
+                    let s = minfer_runtime::constraint::bounded_numbers(s);
                     g.push_str(&format!("f{i}_v{j}: %json {s}\n"));
                     format!("f{i}_v{j} {end}")
                 }

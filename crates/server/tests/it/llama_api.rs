@@ -1164,7 +1164,10 @@ async fn n_predict_caps_every_answer_and_is_the_default() {
         "temperature": 0, "logit_bias": {}});
     let (st, v) = post(&s.base, "/v1/chat/completions", body).await;
     assert_eq!(st, 200, "{v}");
-    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 3, "{v}");
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() <= 3,
+        "{v}"
+    );
     let (_, props) = get(&s.base, "/props").await;
     let props: Value = serde_json::from_str(&props).unwrap();
     assert_eq!(
