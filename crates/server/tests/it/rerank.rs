@@ -1,8 +1,8 @@
 //! Rerank with a BERT cross-encoder over HTTP: the tiny reranker served as is (its file
 //! states rank pooling, no `--rerank` needed) answers `/v1/rerank` and `/rerank` in
 //! llama-server's shape with llama.cpp's scores of the pairs as llama-server joins them,
-//! sorted, cut to `top_n`, with the documents when asked; a BERT without a classifier
-//! head is refused naming why.
+//! sorted, cut to `top_n`, with the documents when asked (and in text-embeddings-
+//! inference's shape for `texts`); a BERT without a classifier head is refused naming why.
 
 use crate::common;
 
@@ -74,6 +74,20 @@ async fn a_bert_reranker_scores_documents_as_llama_cpp() {
     let results = v["results"].as_array().expect("results");
     assert_eq!(results.len(), 1);
     assert!(results[0].get("document").is_none());
+    // text-embeddings-inference's shape, as llama-server answers `texts`: a bare array of
+    // `{index, score}` (with `text` under `return_text`), sorted, cut to `top_n`.
+    let body = json!({"query": query, "texts": docs, "return_text": true, "top_n": 2});
+    let (st, v) = post(b, "/rerank", body).await;
+    assert_eq!(st, 200, "{v}");
+    let tei = v.as_array().expect("a bare array");
+    assert_eq!(tei.len(), 2.min(docs.len()));
+    let best = &tei[0];
+    assert_eq!(best["index"], results[0]["index"], "{v}");
+    assert_eq!(best["score"], results[0]["relevance_score"], "{v}");
+    assert_eq!(best["text"], docs[best["index"].as_u64().unwrap() as usize]);
+    let both = json!({"query": query, "texts": docs, "documents": docs});
+    let (st, v) = post(b, "/rerank", both).await;
+    assert_eq!(st, 400, "{v}");
     s.stop().expect("clean stop");
 }
 

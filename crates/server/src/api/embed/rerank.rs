@@ -123,15 +123,17 @@ fn scorer(st: &AppState, m: &Model) -> Result<Scorer, ApiError> {
 
 /// The route.
 pub(super) async fn rerank(State(st): State<Arc<AppState>>, b: Body) -> Result<Response, ApiError> {
-    let (m, prompts, docs, top_n, with_docs, how) = prepare(&st, b, |s, obj| {
+    let (m, prompts, docs, top_n, with_docs, how, tei) = prepare(&st, b, |s, obj| {
         check_fields(
             &obj,
             &[
                 "model",
                 "query",
                 "documents",
+                "texts",
                 "top_n",
                 "return_documents",
+                "return_text",
                 "instruction",
             ],
         )?;
@@ -141,13 +143,28 @@ pub(super) async fn rerank(State(st): State<Arc<AppState>>, b: Body) -> Result<R
             .ok_or_else(|| {
                 ApiError::bad_request("field `query` is required (a non-empty string)")
             })?;
-        if field(&obj, "documents").is_none() {
-            return Err(ApiError::bad_request("field `documents` is required"));
-        }
-        let docs = string_list(field(&obj, "documents"), "documents", "an array of strings")?;
+        // `texts` is text-embeddings-inference's name for the documents, and asks for
+        // its answer: a bare array of `{index, score}`, as llama-server gives it.
+        let tei = field(&obj, "texts").is_some();
+        let name = match (field(&obj, "documents").is_some(), tei) {
+            (true, true) => {
+                return Err(ApiError::bad_request(
+                    "fields `documents` and `texts` are both given: send one",
+                ))
+            }
+            (false, false) => return Err(ApiError::bad_request("field `documents` is required")),
+            (_, tei) => {
+                if tei {
+                    "texts"
+                } else {
+                    "documents"
+                }
+            }
+        };
+        let docs = string_list(field(&obj, name), name, "an array of strings")?;
         if docs.is_empty() || docs.len() > MAX_INPUTS {
             return Err(ApiError::bad_request(format!(
-                "field `documents` holds {} documents: must be 1 to {MAX_INPUTS}",
+                "field `{name}` holds {} documents: must be 1 to {MAX_INPUTS}",
                 docs.len()
             )));
         }
@@ -161,8 +178,16 @@ pub(super) async fn rerank(State(st): State<Arc<AppState>>, b: Body) -> Result<R
             })
             .collect::<Result<Vec<_>, _>>()?;
         let top_n = opt_usize(&obj, "top_n")?.unwrap_or(docs.len());
-        let with_docs = opt_bool(&obj, "return_documents")?.unwrap_or(false);
-        Ok((m, prompts, docs, top_n, with_docs, how))
+        let with_docs = opt_bool(
+            &obj,
+            if tei {
+                "return_text"
+            } else {
+                "return_documents"
+            },
+        )?
+        .unwrap_or(false);
+        Ok((m, prompts, docs, top_n, with_docs, how, tei))
     })
     .await?;
     let n_tokens: usize = prompts.iter().map(Vec::len).sum();
@@ -191,14 +216,18 @@ pub(super) async fn rerank(State(st): State<Arc<AppState>>, b: Body) -> Result<R
     order.truncate(top_n);
     let results: Vec<Value> = order
         .into_iter()
-        .map(|i| {
-            let mut r = json!({"index": i, "relevance_score": scores[i]});
-            if with_docs {
-                r["document"] = json!({"text": docs[i]});
+        .map(|i| match tei {
+            true if with_docs => json!({"index": i, "score": scores[i], "text": docs[i]}),
+            true => json!({"index": i, "score": scores[i]}),
+            false if with_docs => {
+                json!({"index": i, "relevance_score": scores[i], "document": {"text": docs[i]}})
             }
-            r
+            false => json!({"index": i, "relevance_score": scores[i]}),
         })
         .collect();
+    if tei {
+        return Ok(Json(results).into_response());
+    }
     Ok(Json(json!({
         "model": m.id,
         "object": "list",
