@@ -378,6 +378,23 @@ impl Sampler {
             .collect()
     }
 
+    /// The distribution the last draw picked `t` from, most likely first, as `(token,
+    /// probability)` pairs with positive mass: what is left after the grammar, top-k,
+    /// top-p, min-p and the temperature (llama-server's post-sampling probabilities).
+    /// Under greedy sampling, `t` alone with mass 1. Call it right after
+    /// [`Sampler::sample`] or [`Sampler::try_sample`] returned `t`.
+    pub fn drawn_from(&self, t: u32) -> Vec<(u32, f64)> {
+        if self.params.is_greedy() {
+            return vec![(t, 1.0)];
+        }
+        self.cand
+            .iter()
+            .zip(&self.probs)
+            .filter(|(_, &p)| p > 0.0)
+            .map(|(c, &p)| (c.0, p))
+            .collect()
+    }
+
     /// The next uniform number in [0, 1) of the seeded stream (the acceptance test of
     /// speculative decoding draws from the same stream as the sampler).
     pub fn uniform(&mut self) -> f64 {
@@ -547,6 +564,32 @@ mod tests {
             min_p: 0.0,
             ..SamplingParams::default()
         }
+    }
+
+    #[test]
+    fn drawn_from_is_what_the_filters_left_with_the_drawn_token_in_it() {
+        let logits = [0.5f32, 2.0, 1.0, -1.0, 3.0];
+        let mut s = Sampler::new(SamplingParams {
+            top_k: 3,
+            seed: 9,
+            ..params()
+        })
+        .unwrap();
+        for _ in 0..20 {
+            let t = s.sample(&mut logits.clone());
+            let d = s.drawn_from(t);
+            let ids: Vec<u32> = d.iter().map(|x| x.0).collect();
+            assert_eq!(ids, [4, 1, 2], "the top three, most likely first");
+            assert!((d.iter().map(|x| x.1).sum::<f64>() - 1.0).abs() < 1e-12);
+            assert!(ids.contains(&t));
+        }
+        let mut g = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            ..params()
+        })
+        .unwrap();
+        let t = g.sample(&mut logits.clone());
+        assert_eq!((t, g.drawn_from(t)), (4, vec![(4, 1.0)]));
     }
 
     #[test]

@@ -270,6 +270,7 @@ pub async fn start_many(
             sampling: g.sampling.clone(),
             stop: g.stop.clone(),
             logprobs: g.logprobs,
+            post_sampling: g.post_sampling,
             arrived,
             deadline,
             fault,

@@ -147,6 +147,9 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Alternatives per token when log-probabilities are wanted.
     pub logprobs: Option<usize>,
+    /// The log-probabilities are of the distribution the sampler drew from, not of the
+    /// model's raw logits (llama-server's `post_sampling_probs`).
+    pub post_sampling: bool,
     /// When the request arrived (for TTFT).
     pub arrived: Instant,
     /// When the request is abandoned with a 504.
@@ -239,6 +242,27 @@ pub fn logprob_of(tok: &Tokenizer, raw: &[f32], chosen: u32, k: usize) -> TokenL
         top: top
             .into_iter()
             .map(|i| candidate(tok, i as u32, lp(i)))
+            .collect(),
+    }
+}
+
+/// The log-probability of `chosen` and of the `k` most likely tokens (fewer where fewer
+/// have mass) in `dist`, the distribution the sampler drew `chosen` from (most likely
+/// first, as [`minfer_runtime::Sampler::drawn_from`] gives it).
+pub fn post_sampling_of(
+    tok: &Tokenizer,
+    dist: &[(u32, f64)],
+    chosen: u32,
+    k: usize,
+) -> TokenLogprob {
+    let lp = |p: f64| p.ln() as f32;
+    let p_chosen = dist.iter().find(|d| d.0 == chosen).map_or(0.0, |d| d.1);
+    TokenLogprob {
+        chosen: candidate(tok, chosen, lp(p_chosen)),
+        top: dist
+            .iter()
+            .take(k)
+            .map(|&(t, p)| candidate(tok, t, lp(p)))
             .collect(),
     }
 }

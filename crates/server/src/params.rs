@@ -22,6 +22,10 @@ pub struct GenRequest {
     pub include_usage: bool,
     /// Report log-probabilities with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// Report them of the distribution the sampler drew from (after the grammar, top-k,
+    /// top-p, min-p and the temperature) instead of the model's (llama-server's
+    /// `post_sampling_probs`).
+    pub post_sampling: bool,
     /// Choices to generate from the prompt (`n`), 1 to [`MAX_CHOICES`]; the model's slot
     /// count bounds it further when the request is admitted.
     pub n: usize,
@@ -80,6 +84,7 @@ impl Default for GenRequest {
             stream: false,
             include_usage: false,
             logprobs: None,
+            post_sampling: false,
             n: 1,
             model: None,
             cache_prompt: true,

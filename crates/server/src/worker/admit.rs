@@ -162,7 +162,9 @@ impl Worker {
     /// log-probabilities speculate: a verify row is bitwise the logits plain decode
     /// computes at its position, so each token's log-probabilities come from its row.
     fn speculator(&self, job: &Job) -> Option<Speculator> {
-        if job.constraint.is_some() {
+        // A verify step draws from no single distribution a post-sampling report could
+        // show; grammars decode plainly too.
+        if job.constraint.is_some() || job.post_sampling {
             return None;
         }
         let mut sp = if self.draft.is_some() {

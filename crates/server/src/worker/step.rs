@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::state::{engine_error, panic_text, timed_out, Active, Worker};
 use crate::error::ApiError;
-use crate::job::{logprob_of, Event, Fault, Finish, PromptProgress, Summary};
+use crate::job::{logprob_of, post_sampling_of, Event, Fault, Finish, PromptProgress, Summary};
 use crate::metrics::Metrics;
 
 impl Worker {
@@ -517,7 +517,11 @@ fn sample_one(
         }
         None => {
             let mut logits = a.logits.take()?;
-            let raw = a.job.logprobs.map(|_| logits.clone());
+            let raw = a
+                .job
+                .logprobs
+                .filter(|_| !a.job.post_sampling)
+                .map(|_| logits.clone());
             let t = match a.sampler.try_sample(&mut logits) {
                 Ok(t) => t,
                 Err(e) => {
@@ -533,6 +537,9 @@ fn sample_one(
             if !tok.is_eog(t) {
                 if let (Some(k), Some(raw)) = (a.job.logprobs, raw) {
                     a.logprobs.push(logprob_of(tok, &raw, t, k));
+                } else if let (Some(k), true) = (a.job.logprobs, a.job.post_sampling) {
+                    a.logprobs
+                        .push(post_sampling_of(tok, &a.sampler.drawn_from(t), t, k));
                 }
                 a.sampler.accept(t);
             }

@@ -1175,3 +1175,48 @@ async fn n_predict_caps_every_answer_and_is_the_default() {
         3
     );
 }
+
+/// `post_sampling_probs`, as llama-server gives it: each token's probability under the
+/// distribution the sampler drew it from (after top-k here), and that distribution's
+/// most likely tokens, as `prob` and `top_probs`; streamed and not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_sampling_probs_are_of_the_distribution_drawn_from() {
+    let s = tiny_server(1, |_| {});
+    for stream in [false, true] {
+        let body = json!({"prompt": "hello world", "n_predict": 4, "ignore_eos": true,
+            "temperature": 1.0, "top_k": 3, "seed": 5, "n_probs": 10,
+            "post_sampling_probs": true, "stream": stream});
+        let probs: Vec<Value> = if stream {
+            let (st, frames) = post_stream(&s.base, "/completion", body).await;
+            assert_eq!(st, 200, "{frames:?}");
+            let objs: Vec<Value> = frames
+                .iter()
+                .map(|f| serde_json::from_str(f).expect("JSON frame"))
+                .collect();
+            objs.iter()
+                .filter_map(|e| e["completion_probabilities"].as_array())
+                .flatten()
+                .cloned()
+                .collect()
+        } else {
+            let (st, v) = post(&s.base, "/completion", body).await;
+            assert_eq!(st, 200, "{v}");
+            assert_eq!(v["generation_settings"]["post_sampling_probs"], true);
+            v["completion_probabilities"].as_array().unwrap().clone()
+        };
+        assert_eq!(probs.len(), 4, "{stream}: {probs:?}");
+        for p in &probs {
+            assert!(p.get("logprob").is_none(), "{p}");
+            let chosen = p["prob"].as_f64().unwrap();
+            let top = p["top_probs"].as_array().unwrap();
+            // top-k 3 leaves at most three tokens, whose mass is the whole.
+            assert!((1..=3).contains(&top.len()), "{p}");
+            let sum: f64 = top.iter().map(|t| t["prob"].as_f64().unwrap()).sum();
+            assert!((sum - 1.0).abs() < 1e-6, "{p}");
+            assert!(top
+                .iter()
+                .any(|t| t["id"] == p["id"] && t["prob"] == chosen));
+            assert!(chosen > 0.0 && chosen <= 1.0);
+        }
+    }
+}

@@ -26,7 +26,6 @@ pub(super) const UNSUPPORTED: &[(&str, &str)] = &[
     ("dry_multiplier", "0"),
     ("xtc_probability", "0"),
     ("n_cmpl", "1"),
-    ("post_sampling_probs", "false"),
     ("min_keep", "0"),
     ("lora", "[]"),
 ];
@@ -190,6 +189,7 @@ pub fn parse_options(obj: &Object, tok: &Tokenizer) -> Result<Options, ApiError>
     if n_probs > 0 || return_tokens || g.stream {
         g.logprobs = Some(n_probs);
     }
+    g.post_sampling = opt_bool(obj, "post_sampling_probs")?.unwrap_or(false);
     Ok(Options {
         g,
         n_probs,

@@ -124,6 +124,7 @@ pub(super) fn settings_json(m: &Model, o: &Options) -> Value {
             "bias": if b <= minfer_runtime::LOGIT_BIAS_BAN { None } else { Some(b) },
         })).collect::<Vec<_>>(),
         "n_probs": o.n_probs,
+        "post_sampling_probs": o.g.post_sampling,
         "min_keep": 0,
         "grammar": match &o.g.grammar {
             Some((minfer_runtime::Grammar::Gbnf(g), _)) => g.as_str(),
@@ -145,13 +146,24 @@ pub(super) fn stop_type(s: &Summary, stops: &[String]) -> (&'static str, String)
     }
 }
 
-/// `completion_probabilities`: each token with its log-probability and alternatives.
-pub(super) fn probabilities(lps: &[TokenLogprob]) -> Value {
-    let one = |c: &crate::job::Candidate| json!({"id": c.id, "token": c.text, "bytes": c.bytes, "logprob": c.logprob});
+/// `completion_probabilities`: each token with its log-probability and alternatives, or,
+/// for `post_sampling_probs` (`post`), with its probability under the distribution the
+/// sampler drew from and that distribution's most likely tokens, as llama-server names
+/// them (`prob`, `top_probs`).
+pub(super) fn probabilities(lps: &[TokenLogprob], post: bool) -> Value {
+    let one = |c: &crate::job::Candidate| {
+        let mut v = json!({"id": c.id, "token": c.text, "bytes": c.bytes});
+        match post {
+            true => v["prob"] = json!((c.logprob as f64).exp()),
+            false => v["logprob"] = json!(c.logprob),
+        }
+        v
+    };
+    let top = if post { "top_probs" } else { "top_logprobs" };
     lps.iter()
         .map(|l| {
             let mut v = one(&l.chosen);
-            v["top_logprobs"] = l.top.iter().map(one).collect();
+            v[top] = l.top.iter().map(one).collect();
             v
         })
         .collect()
@@ -326,7 +338,7 @@ pub(super) fn final_object(
         "timings": timings::of_summary(s),
     });
     if !streamed && e.opts.n_probs > 0 {
-        v["completion_probabilities"] = probabilities(lps);
+        v["completion_probabilities"] = probabilities(lps, e.opts.g.post_sampling);
     }
     if e.opts.response_fields.is_empty() {
         v
@@ -547,7 +559,8 @@ impl Streaming {
                     "tokens_evaluated": self.n_prompt,
                 });
                 if self.echo.opts.n_probs > 0 {
-                    v["completion_probabilities"] = probabilities(&logprobs);
+                    v["completion_probabilities"] =
+                        probabilities(&logprobs, self.echo.opts.g.post_sampling);
                 }
                 if let Some(t) = self.gen.timings_now(generated) {
                     v["timings"] = t;

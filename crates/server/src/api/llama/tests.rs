@@ -293,7 +293,6 @@ fn unsupported_features_are_refused_only_off_their_neutral_value() {
     for (name, bad) in [
         ("mirostat", json!(2)),
         ("typical_p", json!(0.5)),
-        ("post_sampling_probs", json!(true)),
         ("n_cmpl", json!(2)),
     ] {
         let mut o = Map::new();

@@ -330,6 +330,7 @@ fn common(obj: &Object, max_names: &[&str]) -> Result<GenRequest, ApiError> {
         stream,
         include_usage,
         logprobs: None,
+        post_sampling: false,
         n,
         model: opt_str(obj, "model")?.map(str::to_string),
         // llama-server's extension on OpenAI's routes too: `false` prefills the whole
