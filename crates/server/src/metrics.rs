@@ -89,9 +89,11 @@ pub struct Metrics {
     kv_capacity: AtomicUsize,
     /// The most positions one slot has held.
     kv_high: AtomicUsize,
-    /// Tokens drafted by speculative decoding, and those the model accepted.
+    /// Tokens drafted by speculative decoding, those the model accepted, and the steps
+    /// that verified a draft.
     drafted: AtomicU64,
     accepted: AtomicU64,
+    draft_steps: AtomicU64,
     /// Speculative blocks of a recurrent model undone after a rejected draft.
     rewinds: AtomicU64,
     /// Prompt tokens whose KV rows came from the shared prompt cache.
@@ -104,6 +106,8 @@ pub struct Metrics {
     /// from one.
     checkpoint_bytes: AtomicU64,
     checkpoint_restores: AtomicU64,
+    /// When the counters started, in seconds since the Unix epoch.
+    started_unix: u64,
 }
 
 impl Default for Metrics {
@@ -127,12 +131,16 @@ impl Default for Metrics {
             kv_high: AtomicUsize::new(0),
             drafted: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
+            draft_steps: AtomicU64::new(0),
             rewinds: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
             cache_bytes: AtomicUsize::new(0),
             cache_block: AtomicUsize::new(0),
             checkpoint_bytes: AtomicU64::new(0),
             checkpoint_restores: AtomicU64::new(0),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
         }
     }
 }
@@ -216,10 +224,20 @@ impl Metrics {
         self.kv_high.fetch_max(n, Ordering::Relaxed);
     }
 
-    /// Adds the tokens one speculative step drafted and how many of them were accepted.
+    /// Adds the tokens one speculative step drafted and how many of them were accepted
+    /// (a step that drafted nothing verified no draft).
     pub fn add_draft(&self, drafted: usize, accepted: usize) {
         self.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
         self.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+        if drafted > 0 {
+            self.draft_steps.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// When the counters started, in seconds since the Unix epoch (llama-server's
+    /// `Process-Start-Time-Unix` header of `/metrics`).
+    pub fn started_unix(&self) -> u64 {
+        self.started_unix
     }
 
     /// Adds `n` speculative blocks whose recurrent state was put back and whose kept
@@ -392,12 +410,20 @@ impl Metrics {
         let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
         let kv_tokens = self.kv_tokens.load(Ordering::Relaxed);
         let kv_capacity = self.kv_capacity.load(Ordering::Relaxed);
-        let rows: [(&str, &str, &str, String); 12] = [
+        // Prompt tokens whose rows a slot kept or the prompt cache gave.
+        let cached = get(&self.prompt_tokens).saturating_sub(prompt_n);
+        let rows: [(&str, &str, &str, String); 16] = [
             (
                 "prompt_tokens_total",
                 "counter",
-                "Number of prompt tokens processed.",
+                "Number of prompt tokens processed, excluding cached tokens.",
                 prompt_n.to_string(),
+            ),
+            (
+                "prompt_tokens_cached_total",
+                "counter",
+                "Number of prompt tokens reused from the cache.",
+                cached.to_string(),
             ),
             (
                 "prompt_seconds_total",
@@ -461,6 +487,24 @@ impl Metrics {
                 "counter",
                 "High watermark of the context size observed.",
                 self.kv_high.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "spec_decode_num_draft_tokens_total",
+                "counter",
+                "Speculative: Total draft tokens generated.",
+                get(&self.drafted).to_string(),
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Speculative: Total draft tokens accepted by the target model.",
+                get(&self.accepted).to_string(),
+            ),
+            (
+                "spec_decode_num_drafts_total",
+                "counter",
+                "Speculative: Total speculative decoding verification steps.",
+                get(&self.draft_steps).to_string(),
             ),
             (
                 "kv_cache_usage_ratio",
@@ -533,9 +577,16 @@ mod tests {
         m.move_kv((70, 256), (64, 256));
         m.observe_slot_tokens(40);
         m.observe_slot_tokens(30);
+        m.add_draft(5, 3);
+        m.add_draft(0, 0);
+        m.add_draft(2, 2);
         let s = m.render();
         for line in [
             "llamacpp:prompt_tokens_total 8\n",
+            "llamacpp:prompt_tokens_cached_total 4\n",
+            "llamacpp:spec_decode_num_draft_tokens_total 7\n",
+            "llamacpp:spec_decode_num_accepted_tokens_total 5\n",
+            "llamacpp:spec_decode_num_drafts_total 2\n",
             "llamacpp:prompt_seconds_total 0.500000\n",
             "llamacpp:tokens_predicted_total 10\n",
             "llamacpp:tokens_predicted_seconds_total 2.000000\n",

@@ -209,7 +209,16 @@ async fn metrics(State(st): St) -> Response {
         return refusal;
     }
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [
+            (
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4".to_string(),
+            ),
+            (
+                header::HeaderName::from_static("process-start-time-unix"),
+                st.metrics.started_unix().to_string(),
+            ),
+        ],
         st.metrics.render(),
     )
         .into_response()

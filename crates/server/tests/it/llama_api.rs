@@ -312,8 +312,21 @@ async fn props_apply_template_and_metrics() {
     let n_prompt = v["tokens_evaluated"].as_u64().unwrap();
     let (st, m) = get(&base, "/metrics").await;
     assert_eq!(st, 200);
+    // llama-server's header: when its counters started.
+    let r = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    let started: u64 = r.headers()["process-start-time-unix"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(started > 1_700_000_000, "{started}");
     for line in [
         format!("llamacpp:prompt_tokens_total {n_prompt}\n"),
+        "llamacpp:prompt_tokens_cached_total 0\n".to_string(),
         "llamacpp:tokens_predicted_total 3\n".to_string(),
         "llamacpp:requests_processing 0\n".to_string(),
         "llamacpp:requests_deferred 0\n".to_string(),
