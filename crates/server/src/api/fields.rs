@@ -244,14 +244,30 @@ pub fn output_grammar(obj: &Object) -> Result<Option<(Grammar, &'static str)>, A
         let o = rf
             .as_object()
             .ok_or_else(|| wrong("response_format", "an object with a string `type`"))?;
-        only_known(o, &["type", "json_schema"], "response_format.")?;
+        only_known(o, &["type", "json_schema", "schema"], "response_format.")?;
         let ty = o
             .get("type")
             .and_then(Value::as_str)
             .ok_or_else(|| wrong("response_format", "an object with a string `type`"))?;
         match ty {
             "text" => {}
-            "json_object" => found.push((Grammar::JsonObject, "response_format")),
+            // llama-server's extension: a `schema` beside `json_object`, read as its
+            // `json_schema` field is (objects closed unless the schema opens them).
+            "json_object" => match o.get("schema") {
+                None => found.push((Grammar::JsonObject, "response_format")),
+                Some(s) if s.is_object() => {
+                    let closed = crate::api::closed_schema::close_objects(s.clone());
+                    found.push((schema_grammar(closed, false), "response_format"));
+                }
+                Some(_) => return Err(wrong("response_format.schema", "a JSON schema object")),
+            },
+            "json_schema" if o.contains_key("schema") => {
+                return Err(ApiError::bad_request(
+                    "field `response_format.schema` goes with type json_object; a json_schema \
+                     format gives its schema in `response_format.json_schema.schema`",
+                )
+                .with_param("response_format.schema"))
+            }
             "json_schema" => {
                 let js = o.get("json_schema").and_then(Value::as_object).ok_or_else(|| {
                     wrong(

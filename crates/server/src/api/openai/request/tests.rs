@@ -277,6 +277,15 @@ fn fields_without_an_effect_here_are_refused_by_name() {
             json!({"response_format": {"type": "xml"}}),
         ),
         (
+            "response_format.schema",
+            json!({"response_format": {"type": "json_object", "schema": 1}}),
+        ),
+        (
+            "response_format.schema",
+            json!({"response_format": {"type": "json_schema", "schema": {},
+                "json_schema": {"name": "a"}}}),
+        ),
+        (
             "response_format.json_schema.strictly",
             json!({"response_format": {"type": "json_schema",
                 "json_schema": {"name": "a", "strictly": true}}}),
@@ -360,4 +369,23 @@ fn metadata_fields_and_neutral_values_are_accepted() {
         let e = parse_chat(&chat(extra)).unwrap_err();
         assert!(e.message.contains(&format!("`{field}`")), "{}", e.message);
     }
+}
+
+/// llama-server's `schema` beside `json_object` constrains to that schema, objects
+/// closed as llama-server's grammar reads them.
+#[test]
+fn a_json_object_format_with_a_schema_is_that_schema() {
+    let (_, g) = parse_chat(&chat(json!({"response_format": {"type": "json_object",
+        "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}})))
+    .unwrap();
+    let Some((minfer_runtime::Grammar::JsonSchema(s), "response_format")) = &g.grammar else {
+        panic!("{:?}", g.grammar);
+    };
+    assert_eq!(s["properties"]["a"]["type"], "integer");
+    assert_eq!(s["additionalProperties"], false);
+    let (_, g) = parse_chat(&chat(json!({"response_format": {"type": "json_object"}}))).unwrap();
+    assert!(matches!(
+        g.grammar,
+        Some((minfer_runtime::Grammar::JsonObject, _))
+    ));
 }
