@@ -118,8 +118,8 @@ pub fn fit(inputs: &mut [Vec<u32>], max: usize, truncate: bool) -> Result<(), Ap
         if t.len() > max {
             if !truncate {
                 return Err(ApiError::bad_request(format!(
-                    "input {i} is {} tokens, more than the {max} of this model's context \
-                     (a slot); shorten it or let the server truncate it",
+                    "input {i} is too large to process: {} tokens, more than the {max} of \
+                     this model's context (a slot); shorten it or let the server truncate it",
                     t.len()
                 )));
             }
