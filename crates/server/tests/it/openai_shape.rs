@@ -142,7 +142,7 @@ async fn stream_chunks_have_openai_s_shape() {
     assert!(choices.iter().all(|o| o["usage"].is_null()));
     assert_eq!(
         choices[0]["choices"][0]["delta"],
-        json!({"role": "assistant", "content": ""})
+        json!({"role": "assistant", "content": null})
     );
     let last = &choices[choices.len() - 1]["choices"][0];
     assert_eq!(

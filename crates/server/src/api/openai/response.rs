@@ -475,9 +475,11 @@ async fn stream_reply(
     let n = gen.n;
     let mut head = Vec::new();
     if reply.kind == Kind::Chat {
-        // The role comes once per choice, in its first delta, and only there.
+        // The role comes once per choice, in its first delta, and only there. Its
+        // content is null, as llama-server sends it (and OpenAI does before a tool
+        // call): llama-server's clients take every content they get to be text.
         for index in 0..n {
-            let c = json!({"index": index, "delta": {"role": "assistant", "content": ""},
+            let c = json!({"index": index, "delta": {"role": "assistant", "content": null},
                            "logprobs": null, "finish_reason": null});
             head.push(data(&reply.chunk(c, g.include_usage)));
         }
