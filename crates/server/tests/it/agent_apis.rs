@@ -495,6 +495,12 @@ async fn responses_list_input_items_refuse_cancel_and_delete() {
     .await;
     assert_eq!((st, &v["error"]["param"]), (400, &json!("limit")), "{v}");
 
+    // Retrieve: as answered; streamed again only a background response, which there is not.
+    let (st, v) = send(Method::GET, b, &format!("/v1/responses/{id}?stream=false")).await;
+    assert_eq!((st, &v["id"]), (200, &json!(id)), "{v}");
+    let (st, v) = send(Method::GET, b, &format!("/v1/responses/{id}?stream=true")).await;
+    assert_eq!((st, &v["error"]["param"]), (400, &json!("stream")), "{v}");
+
     // Cancel: a 400 naming the missing background mode; an unknown id a 404.
     for prefix in ["/v1", ""] {
         let (st, v) = send(Method::POST, b, &format!("{prefix}/responses/{id}/cancel")).await;

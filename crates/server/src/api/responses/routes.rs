@@ -112,12 +112,26 @@ fn forgotten(id: &str, field: &str) -> ApiError {
     .with_param(field)
 }
 
-/// `GET /v1/responses/{id}`: the kept response, as answered.
-async fn retrieve(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
+/// `GET /v1/responses/{id}`: the kept response, as answered. `stream=true` is a 400:
+/// OpenAI streams again only a response created with `background: true`, which this
+/// server has not (an answer in JSON would leave an event reader waiting for events).
+async fn retrieve(
+    State(st): St,
+    Path(id): Path<String>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Result<Response, ApiError> {
     let e = st
         .responses
         .get(&id)
         .ok_or_else(|| forgotten(&id, "response_id"))?;
+    if q.iter().any(|(k, v)| k == "stream" && v != "false") {
+        return Err(ApiError::bad_request(format!(
+            "Response `{id}` cannot be streamed again: only a response created with \
+             `background: true` can be, and this server has no background mode; retrieve it \
+             without `stream`"
+        ))
+        .with_param("stream"));
+    }
     Ok(Json(e.response).into_response())
 }
 
