@@ -46,7 +46,7 @@ enum Command {
 
 fn main() -> ExitCode {
     quiet_headless_vulkan();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(cmd::llama_flags::rewrite(std::env::args_os()));
     // A mistyped `MINFER_*` value is refused before any command runs, never ignored; the
     // backend fence's names are checked by the registry that owns them, probing only the
     // backends it names (a command that runs no model loads no GPU driver otherwise).

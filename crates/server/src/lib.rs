@@ -100,6 +100,9 @@ pub struct Config {
     /// Most tokens one answer may generate, and the limit of requests that set none
     /// (llama-server's `-n`); `None`: the slot's context.
     pub n_predict: Option<usize>,
+    /// A chat template's source to render every model's chats with instead of its own
+    /// (`--chat-template`, `--chat-template-file`); `None`: each model's.
+    pub chat_template: Option<String>,
     /// Largest request body in bytes (larger ones get 413).
     pub body_limit: usize,
     /// Longest a request may take from arrival to its last token (then 504).
@@ -206,6 +209,7 @@ impl Config {
             api_key: None,
             queue: 64,
             n_predict: None,
+            chat_template: None,
             body_limit: 1 << 20,
             request_timeout: Duration::from_secs(600),
             allow_special_in_content: false,
@@ -659,6 +663,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         slots: config.slots,
         queue: config.queue,
         n_predict: config.n_predict,
+        chat_template: config.chat_template.clone(),
         metrics: Arc::clone(&metrics),
         busy: Arc::default(),
         speculation: match (&config.draft, config.lookup) {

@@ -100,6 +100,8 @@ pub struct LoadOptions {
     pub queue: usize,
     /// Most tokens one answer may generate (`--n-predict`); `None`: the slot's context.
     pub n_predict: Option<usize>,
+    /// A chat template's source that replaces every model's own; `None`: each model's.
+    pub chat_template: Option<String>,
     /// The server's counters, shared by every model's worker.
     pub metrics: Arc<Metrics>,
     /// Busy slots over every model's worker (what the `busy_slots` gauge shows).
@@ -291,8 +293,11 @@ impl Models {
             self.opts.prompt_cache.clone(),
         )?;
         lock(&self.threads).push(thread);
-        let template = ChatTemplate::from_tokenizer(&loaded.tokenizer)
-            .map_err(|err| format!("chat template: {err}"))?;
+        let template = match &self.opts.chat_template {
+            Some(src) => ChatTemplate::for_tokenizer(src, &loaded.tokenizer),
+            None => ChatTemplate::from_tokenizer(&loaded.tokenizer),
+        }
+        .map_err(|err| format!("chat template: {err}"))?;
         // The engine keeps its own mapping on the worker thread; this one is read once
         // for the metadata the native APIs report, and dropped.
         let gguf = minfer_gguf::GgufFile::open(&e.path)
@@ -369,6 +374,7 @@ mod tests {
             slots: 1,
             queue: 1,
             n_predict: None,
+            chat_template: None,
             metrics: Arc::new(Metrics::default()),
             busy: Arc::default(),
             speculation: worker::Speculation::Off,

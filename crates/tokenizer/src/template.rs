@@ -125,6 +125,14 @@ impl ChatTemplate {
         }
     }
 
+    /// `source` compiled with `tokenizer`'s BOS and EOS texts as its variables: a
+    /// template that replaces the model's own.
+    pub fn for_tokenizer(source: &str, tokenizer: &Tokenizer) -> Result<Self, TemplateError> {
+        let bos = tokenizer.special_text(tokenizer.bos());
+        let eos = tokenizer.special_text(tokenizer.eos());
+        Self::new(source, &bos, &eos)
+    }
+
     /// The model's own template, or ChatML (with a note on stderr) when it has none.
     pub fn from_tokenizer(tokenizer: &Tokenizer) -> Result<Self, TemplateError> {
         let bos = tokenizer.special_text(tokenizer.bos());

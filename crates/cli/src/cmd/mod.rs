@@ -5,6 +5,7 @@ pub mod chat;
 pub mod common;
 pub mod embed;
 pub mod info;
+pub mod llama_flags;
 pub mod params;
 pub mod perplexity;
 pub mod pull;

@@ -20,7 +20,7 @@ pub struct Args {
     pub models_dir: Option<std::path::PathBuf>,
     /// The id `/v1/models` and answers report for a --model (default: its file stem);
     /// with several --model, give one --alias per --model, in the same order.
-    #[arg(long = "alias")]
+    #[arg(short = 'a', long = "alias")]
     pub alias: Vec<String>,
     /// Most models loaded at once; loading another drops the least recently used.
     #[arg(long = "max-models", default_value_t = 1)]
@@ -31,8 +31,9 @@ pub struct Args {
     /// Port to listen on (0 picks a free one).
     #[arg(long = "port", default_value_t = 8080)]
     pub port: u16,
-    /// Concurrent sequences; each gets ctx-size / slots positions.
-    #[arg(long = "slots", default_value_t = 4)]
+    /// Concurrent sequences; each gets ctx-size / slots positions (llama-server's
+    /// `--parallel`, `-np`).
+    #[arg(long = "slots", visible_alias = "parallel", default_value_t = 4)]
     pub slots: usize,
     /// Total context in tokens, shared by the slots (default: the smaller of the model's and 4096).
     #[arg(short = 'c', long = "ctx-size")]
@@ -64,6 +65,15 @@ pub struct Args {
     pub allow_special_in_content: bool,
     #[command(flatten)]
     pub http: HttpPolicyArgs,
+    /// The chat template to render with instead of the model's: a Jinja template's text,
+    /// or `chatml` (llama-server's `--chat-template`).
+    #[arg(long = "chat-template", conflicts_with = "chat_template_file")]
+    pub chat_template: Option<String>,
+    /// Read the chat template to render with instead of the model's from this file.
+    #[arg(long = "chat-template-file")]
+    pub chat_template_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub llama: super::llama_flags::LlamaServerFlags,
     /// Most connections open at once; beyond it new ones get 503.
     #[arg(long = "max-connections", default_value_t = 512)]
     pub max_connections: usize,
@@ -183,7 +193,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.slots = args.slots;
     config.ctx = args.ctx;
     config.threads = args.threads;
-    config.backend = args.backend.or_else(|| env.backends.clone());
+    config.backend = args
+        .backend
+        .or_else(|| env.backends.clone())
+        .or_else(|| args.llama.backend().map(String::from));
+    for note in args.llama.notes() {
+        eprintln!("{note}");
+    }
+    config.chat_template = chat_template(args.chat_template, args.chat_template_file)?;
     config.batching = env.batching;
     config.scheduler = env.scheduler;
     config.backend_options = env.backend_options;
@@ -251,6 +268,31 @@ fn model_spec(path: std::path::PathBuf) -> minfer_server::ModelSpec {
         m.names.extend(e.aliases.iter().map(|a| a.to_string()));
     }
     m
+}
+
+/// The template source `--chat-template` or `--chat-template-file` gives, if either.
+fn chat_template(
+    text: Option<String>,
+    file: Option<std::path::PathBuf>,
+) -> anyhow::Result<Option<String>> {
+    if let Some(path) = file {
+        let src = std::fs::read_to_string(&path)
+            .with_context(|| format!("--chat-template-file {}", path.display()))?;
+        return Ok(Some(src));
+    }
+    let Some(t) = text else {
+        return Ok(None);
+    };
+    if t == "chatml" {
+        return Ok(Some(minfer_tokenizer::CHATML_TEMPLATE.to_string()));
+    }
+    if !t.contains("{%") && !t.contains("{{") {
+        anyhow::bail!(
+            "--chat-template {t:?} is neither a Jinja template nor a template minfer knows \
+             by name (chatml); give the template's text, or --chat-template-file"
+        );
+    }
+    Ok(Some(t))
 }
 
 /// `--shutdown-timeout` as a duration: a finite number of seconds in 0..=86400.

@@ -103,4 +103,66 @@ fn info_run_chat_bench_and_serve_work_on_a_llama_file() {
     let v: serde_json::Value = serde_json::from_str(json).expect("JSON body");
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
     drop(server);
+
+    // A llama-server command line starts it as it is: single-dash long options, the
+    // switches of what minfer always does, and a chat template from a file.
+    let tpl = dir.path().join("t.jinja");
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}<<{{ m.role }}:{{ m.content }}>>{% endfor %}\
+         {% if add_generation_prompt %}<<assistant:{% endif %}",
+    )
+    .unwrap();
+    let (server, addr) = start_server(minfer_command(&home()).args([
+        "serve",
+        "-m",
+        m,
+        "-a",
+        "tiny-alias",
+        "-np",
+        "2",
+        "-c",
+        "512",
+        "-ctk",
+        "f16",
+        "-ctv=f16",
+        "-fa",
+        "on",
+        "-ngl",
+        "0",
+        "-b",
+        "512",
+        "-ub",
+        "512",
+        "-cb",
+        "--jinja",
+        "--embeddings",
+        "--metrics",
+        "--chat-template-file",
+        tpl.to_str().unwrap(),
+        "-t",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+    ]));
+    let body = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = http(&addr, "POST /apply-template", body);
+    assert!(
+        resp.contains(r#""prompt":"<<user:hi>><<assistant:""#),
+        "{resp}"
+    );
+    let props = http(&addr, "GET /props", "");
+    assert!(props.contains(r#""total_slots":2"#), "{props}");
+    assert!(props.contains(r#""model_alias":"tiny-alias""#), "{props}");
+    assert!(
+        props.contains("<<assistant:"),
+        "the template in use: {props}"
+    );
+    drop(server);
+    // A name that is no template minfer knows is refused at start-up.
+    let out = minfer(&["serve", "-m", m, "--chat-template", "vicuna"], "");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("vicuna"));
 }

@@ -163,7 +163,7 @@ pub(super) async fn props(
         "model_path": m.path.display().to_string(),
         "model_alias": m.id,
         "n_ctx": m.slot_ctx,
-        "chat_template": m.tok.chat_template().unwrap_or_default(),
+        "chat_template": m.template.source(),
         "chat_template_caps": {},
         "modalities": {"vision": false, "audio": false},
         "infill": m.fim.is_ok(),

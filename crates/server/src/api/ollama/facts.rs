@@ -190,6 +190,6 @@ pub(crate) fn capabilities(m: &crate::models::Model, template: &str) -> Vec<&'st
 /// Whether `/api/show` lists `thinking` among `m`'s capabilities: what `think: true`
 /// needs, as ollama checks it.
 pub(super) fn thinks(m: &crate::models::Model) -> bool {
-    let template = m.tok.chat_template().unwrap_or_default();
+    let template = m.template.source();
     capabilities(m, template).contains(&"thinking")
 }

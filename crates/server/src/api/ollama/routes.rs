@@ -266,7 +266,7 @@ pub(super) async fn show(State(st): St, b: crate::body::Body) -> Res {
         .into());
     }
     let f = &m.facts;
-    let template = m.tok.chat_template().unwrap_or_default();
+    let template = m.template.source();
     let parameters = "temperature 0.8\ntop_k 40\ntop_p 0.9\nrepeat_penalty 1.1\nrepeat_last_n 64";
     let modelfile = format!(
         "# Modelfile of the model minfer serves\nFROM {}\nTEMPLATE \"\"\"{template}\"\"\"\n{}\n",
