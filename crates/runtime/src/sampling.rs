@@ -367,15 +367,10 @@ impl Sampler {
     /// drawing: a single pair of mass 1 under greedy. Speculative decoding compares the
     /// target's and the draft's distributions with it.
     pub fn distribution(&mut self, logits: &mut [f32]) -> Vec<(u32, f64)> {
-        if let Some(t) = self.prepare(logits) {
-            return vec![(t, 1.0)];
+        match self.prepare(logits) {
+            Some(t) => vec![(t, 1.0)],
+            None => self.shaped(),
         }
-        self.cand
-            .iter()
-            .zip(&self.probs)
-            .filter(|(_, &p)| p > 0.0)
-            .map(|(c, &p)| (c.0, p))
-            .collect()
     }
 
     /// The distribution the last draw picked `t` from, most likely first, as `(token,
@@ -387,6 +382,11 @@ impl Sampler {
         if self.params.is_greedy() {
             return vec![(t, 1.0)];
         }
+        self.shaped()
+    }
+
+    /// The candidates the last shaping left with positive mass, and their probabilities.
+    fn shaped(&self) -> Vec<(u32, f64)> {
         self.cand
             .iter()
             .zip(&self.probs)

@@ -405,3 +405,30 @@ fn schema_numbers_end_after_a_bounded_count_of_digits() {
         }
     }
 }
+
+/// The number bounds leave schemas that compiled compiling: numbers beside other types,
+/// their own bounds and steps, references, combinators and property patterns.
+#[test]
+fn schemas_with_numbers_everywhere_still_compile() {
+    let schemas = [
+        json!({"type": ["integer", "number", "null"]}),
+        json!({"type": "number", "multipleOf": 0.25, "exclusiveMinimum": 0}),
+        json!({"type": "integer", "minimum": 10_000_000_000_000_000u64}),
+        json!({"type": "integer", "maximum": -5}),
+        json!({"allOf": [{"type": "number"}, {"multipleOf": 7}]}),
+        json!({"anyOf": [{"type": "number"}, {"type": "integer", "multipleOf": 3}],
+               "minimum": 1}),
+        json!({"$defs": {"n": {"type": "number"}}, "type": "object",
+               "properties": {"a": {"$ref": "#/$defs/n", "multipleOf": 3},
+                              "b": {"$ref": "#/$defs/n"}}}),
+        json!({"type": "object", "properties": {"x1": {"type": "number"}},
+               "patternProperties": {"^x": {"type": "number", "multipleOf": 3}}}),
+        json!({"type": "array", "prefixItems": [{"type": "number"}],
+               "items": {"type": "number", "maximum": 2}}),
+        json!({"type": "object", "additionalProperties": {"type": "number"}}),
+    ];
+    for s in schemas {
+        let g = Grammar::JsonSchema(minfer_runtime::constraint::lenient(s.clone()));
+        CompiledGrammar::new(&model().vocab, &g).unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+}
