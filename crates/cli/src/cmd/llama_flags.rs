@@ -20,17 +20,26 @@ const SINGLE_DASH: [(&str, &str); 9] = [
 
 /// `args` (the program's, the program name first) with llama-server's single-dash long
 /// options after a `serve` subcommand written as their long forms (`-np` as
-/// `--parallel`, `-ctk=q8_0` as `--cache-type-k=q8_0`); everything else as it was.
+/// `--parallel`, `-ctk=q8_0` as `--cache-type-k=q8_0`), and llama-server's bare
+/// `--slots` switch (the `/slots` route, which minfer serves unless `--no-slots`)
+/// dropped, since minfer's `--slots` takes the slot count; everything else as it was.
 pub fn rewrite(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     let mut out = Vec::new();
     let mut serving = false;
-    for a in args {
+    let mut args = args.into_iter().peekable();
+    while let Some(a) = args.next() {
         if !serving {
             serving = out.len() == 1 && a == "serve";
             out.push(a);
             continue;
         }
-        out.push(long_form(&a).unwrap_or(a));
+        let bare_switch = a == "--slots"
+            && args
+                .peek()
+                .is_none_or(|next| next.to_str().is_some_and(|n| n.starts_with('-')));
+        if !bare_switch {
+            out.push(long_form(&a).unwrap_or(a));
+        }
     }
     out
 }
@@ -65,7 +74,7 @@ pub struct LlamaServerFlags {
     #[arg(long = "cont-batching")]
     pub cont_batching: bool,
     /// llama-server's switch for its web page; minfer has none.
-    #[arg(long = "no-webui")]
+    #[arg(long = "no-webui", visible_alias = "no-ui")]
     pub no_webui: bool,
     /// llama-server's flash attention (`-fa on|off|auto`); minfer's attention is always
     /// its tiled one, so any value runs the same.
@@ -159,6 +168,12 @@ mod tests {
                 "0"
             ]
         );
+        // llama-server's bare `--slots` switch goes; minfer's `--slots N` stays.
+        let slots = [
+            "minfer", "serve", "--slots", "--no-ui", "--slots", "3", "--slots",
+        ];
+        let out = rewrite(slots.iter().map(OsString::from));
+        assert_eq!(strs(&out), ["minfer", "serve", "--no-ui", "--slots", "3"]);
         // Other subcommands keep their own short options.
         let bench = ["minfer", "bench", "-np", "1"];
         let out = rewrite(bench.iter().map(OsString::from));
