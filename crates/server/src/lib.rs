@@ -40,6 +40,7 @@ pub mod part;
 pub mod prompt_cache;
 pub mod reasoning;
 mod routes;
+pub mod sampling_defaults;
 pub mod security;
 pub mod slots;
 pub mod task;
@@ -103,6 +104,9 @@ pub struct Config {
     /// A chat template's source to render every model's chats with instead of its own
     /// (`--chat-template`, `--chat-template-file`); `None`: each model's.
     pub chat_template: Option<String>,
+    /// Sampling settings for requests that leave them out (`--temp`, `--top-k`, `--seed`,
+    /// ...); the built-in defaults where `None`.
+    pub sampling: sampling_defaults::SamplingDefaults,
     /// Largest request body in bytes (larger ones get 413).
     pub body_limit: usize,
     /// Longest a request may take from arrival to its last token (then 504).
@@ -210,6 +214,7 @@ impl Config {
             queue: 64,
             n_predict: None,
             chat_template: None,
+            sampling: Default::default(),
             body_limit: 1 << 20,
             request_timeout: Duration::from_secs(600),
             allow_special_in_content: false,
@@ -290,6 +295,12 @@ impl Config {
             range("threads (-t)", t, 1, MAX_THREADS)?;
         }
         range("queue (--queue)", self.queue, 1, MAX_QUEUE)?;
+        self.sampling
+            .validate()
+            .map_err(|message| ServerError::Param {
+                name: "sampling defaults (--temp, --top-p, --min-p, ...)",
+                message,
+            })?;
         let (lo, hi) = BODY_LIMIT_RANGE;
         range("body limit", self.body_limit, lo, hi)?;
         if self.request_timeout > MAX_REQUEST_TIMEOUT {
@@ -415,6 +426,8 @@ pub struct AppState {
     native: api::llama::Native,
     /// Responses kept for `previous_response_id` (bounded; see `api::responses::store`).
     responses: api::responses::Store,
+    /// Sampling settings for requests that leave them out (`Config::sampling`).
+    sampling: sampling_defaults::SamplingDefaults,
     /// Set once the default model is loaded: until then `/health` answers 503 and every
     /// route but `/health`, `/version` and `/metrics` refuses with 503.
     ready: std::sync::atomic::AtomicBool,
@@ -427,6 +440,11 @@ impl AppState {
     /// 404 `model_not_found`, and a failed load an error to that request only.
     pub fn model(&self, name: Option<&str>) -> Result<Arc<Model>, ApiError> {
         self.models.get(name)
+    }
+
+    /// The sampling settings of requests that leave them out (`serve --temp ...`).
+    pub fn sampling_defaults(&self) -> &sampling_defaults::SamplingDefaults {
+        &self.sampling
     }
 
     fn next_id(&self, kind: openai::Kind) -> String {
@@ -737,6 +755,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         rerank: config.rerank,
         native: api::llama::Native::new(&config),
         responses: Default::default(),
+        sampling: config.sampling.clone(),
         ready: std::sync::atomic::AtomicBool::new(false),
     });
     let loading = Arc::clone(&state);

@@ -11,6 +11,7 @@ pub mod perplexity;
 pub mod pull;
 pub mod quantize;
 pub mod run;
+pub mod sampling_flags;
 pub mod serve;
 pub mod tokenize;
 pub mod trace;

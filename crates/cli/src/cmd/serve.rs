@@ -73,6 +73,8 @@ pub struct Args {
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<std::path::PathBuf>,
     #[command(flatten)]
+    pub sampling: super::sampling_flags::SamplingFlags,
+    #[command(flatten)]
     pub llama: super::llama_flags::LlamaServerFlags,
     /// Most connections open at once; beyond it new ones get 503.
     #[arg(long = "max-connections", default_value_t = 512)]
@@ -206,6 +208,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.backend_options = env.backend_options;
     config.api_key = args.api_key;
     config.queue = args.queue;
+    config.sampling = args.sampling.defaults()?;
     config.n_predict = n_predict;
     config.request_timeout = Duration::from_secs(args.timeout);
     config.allow_special_in_content = args.allow_special_in_content;

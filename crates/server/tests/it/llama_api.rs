@@ -1233,3 +1233,47 @@ async fn post_sampling_probs_are_of_the_distribution_drawn_from() {
         }
     }
 }
+
+/// `serve --temp/--top-k/--seed`: llama-server's sampling flags are the settings of every
+/// request that leaves them out, on every route; a request's own wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_sampling_defaults_fill_what_requests_leave_out() {
+    let s = tiny_server(1, |c| {
+        c.sampling = minfer_server::sampling_defaults::SamplingDefaults {
+            temperature: Some(1.0),
+            top_k: Some(7),
+            seed: Some(11),
+            ..Default::default()
+        }
+    });
+    let (st, v) = post(
+        &s.base,
+        "/completion",
+        json!({"prompt": "hi", "n_predict": 2}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let gs = &v["generation_settings"];
+    assert_eq!(
+        (&gs["temperature"], &gs["top_k"], &gs["seed"]),
+        (&json!(1.0), &json!(7), &json!(11))
+    );
+    let (_, v) = post(
+        &s.base,
+        "/completion",
+        json!({"prompt": "hi", "n_predict": 2, "temperature": 0.5, "seed": 3}),
+    )
+    .await;
+    let gs = &v["generation_settings"];
+    assert_eq!((&gs["temperature"], &gs["seed"]), (&json!(0.5), &json!(3)));
+    let (_, props) = get(&s.base, "/props").await;
+    let props: Value = serde_json::from_str(&props).unwrap();
+    let p = &props["default_generation_settings"]["params"];
+    assert_eq!((&p["top_k"], &p["seed"]), (&json!(7), &json!(11)), "{p}");
+    // The server's seed makes unseeded sampled answers repeat, on OpenAI's route too.
+    let ask = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12});
+    let (_, a) = post(&s.base, "/v1/chat/completions", ask.clone()).await;
+    let (_, b) = post(&s.base, "/v1/chat/completions", ask).await;
+    let text = |v: &Value| v["choices"][0]["message"]["content"].clone();
+    assert_eq!(text(&a), text(&b));
+}

@@ -42,7 +42,12 @@ async fn messages(
     b: Body,
 ) -> Result<Response, AnthropicError> {
     let (m, prompt, g, fault) = prepare(&st, b, move |s, obj| {
-        let p = parse(&obj, false)?;
+        let mut p = parse(&obj, false)?;
+        s.sampling_defaults().apply_to(
+            &mut p.g.sampling,
+            &obj,
+            crate::sampling_defaults::ANTHROPIC_NAMES,
+        );
         let m = s.model(p.g.model.as_deref())?;
         let tools = p.g.tools.as_ref().filter(|t| t.enabled()).map(|t| &t.defs);
         let cp = render_chat(s, &m, &p.msgs, tools, &p.kwargs)?;

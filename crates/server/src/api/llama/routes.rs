@@ -18,6 +18,7 @@ use crate::api::prepare::prepare;
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate;
+use crate::sampling_defaults::LLAMA_NAMES;
 use crate::{AppState, Model, RequestLog};
 
 /// The model a native request's `model` field selects (the default without one).
@@ -102,7 +103,9 @@ pub(super) async fn completion(
         let m = served(s, &obj)?;
         let prompts = prompt_list(p, "prompt", &m.tok)?;
         let fault = p.as_str().and_then(|t| generate::fault_of(s, t));
-        let opts = parse_options(&obj, &m.tok)?;
+        let mut opts = parse_options(&obj, &m.tok)?;
+        s.sampling_defaults()
+            .apply_to(&mut opts.g.sampling, &obj, LLAMA_NAMES);
         Ok((m, prompts, opts, fault))
     })
     .await?;
@@ -120,7 +123,9 @@ pub(super) async fn infill(
 ) -> Result<Response, LlamaError> {
     let (m, prompt, opts) = prepare(&st, b, move |s, obj| {
         let m = served(s, &obj)?;
-        let opts = parse_options(&obj, &m.tok)?;
+        let mut opts = parse_options(&obj, &m.tok)?;
+        s.sampling_defaults()
+            .apply_to(&mut opts.g.sampling, &obj, LLAMA_NAMES);
         let prompt = infill_prompt(&m, &obj, m.answer_limit(opts.g.max_tokens))?;
         Ok((m, prompt, opts))
     })
@@ -138,13 +143,18 @@ pub(super) async fn props(
         .blocking
         .run(move || s.model(q.get("model").map(String::as_str)))
         .await??;
-    let defaults = Options::defaults();
+    let mut defaults = Options::defaults();
+    st.sampling_defaults()
+        .apply(&mut defaults.g.sampling, |_| false);
     // The backends the engine runs on and the adapter in use, as `/health` reports them.
     let backends = minfer_runtime::backends::in_use();
     let adapter = backends.iter().find_map(|b| b.device.clone());
     let mut params = settings_json(&m, &defaults);
-    // The default seed is drawn per request: llama-server reports it as -1 (u32::MAX).
-    params["seed"] = json!(u32::MAX);
+    // Without `--seed` the default seed is drawn per request: llama-server reports it as
+    // -1 (u32::MAX).
+    if st.sampling_defaults().seed.is_none() {
+        params["seed"] = json!(u32::MAX);
+    }
     if let Some(p) = params.as_object_mut() {
         p.remove("n_ctx");
         p.remove("model");

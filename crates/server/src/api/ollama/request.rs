@@ -295,6 +295,7 @@ fn load_reason(unload: bool) -> &'static str {
 
 pub(super) fn prepare_chat(st: &AppState, m: &Model, obj: &Object) -> Result<Prepared, ApiError> {
     let mut g = parse_options(obj, m.slot_ctx)?;
+    st.sampling_defaults().apply_to_ollama(&mut g.sampling, obj);
     let (kwargs, unload) = apply_common(obj, m, &mut g, true)?;
     let logprobs = g.logprobs;
     // ollama's tools have OpenAI's shape; the model may call them or answer in text.
@@ -332,6 +333,7 @@ pub(super) fn prepare_generate(
     obj: &Object,
 ) -> Result<Prepared, ApiError> {
     let mut g = parse_options(obj, m.slot_ctx)?;
+    st.sampling_defaults().apply_to_ollama(&mut g.sampling, obj);
     let raw = opt_bool(obj, "raw")?.unwrap_or(false);
     let suffix = opt_str(obj, "suffix")?.unwrap_or("");
     // Only a chat-rendered prompt has a reasoning block to split.

@@ -80,7 +80,9 @@ fn model_object(st: &AppState, id: &str) -> Value {
 /// A chat request read and its prompt rendered: the model it names, the prompt, and its
 /// generation settings.
 fn render(s: &AppState, obj: &Object) -> Result<(Arc<Model>, ChatPrompt, GenRequest), ApiError> {
-    let (msgs, g) = parse_chat(obj).map_err(ApiError::naming_field)?;
+    let (msgs, mut g) = parse_chat(obj).map_err(ApiError::naming_field)?;
+    s.sampling_defaults()
+        .apply_to(&mut g.sampling, obj, crate::sampling_defaults::LLAMA_NAMES);
     let kwargs = crate::api::thinking::template_kwargs(obj)?;
     let how = continuation(obj)?;
     let m = s.model(g.model.as_deref())?;
@@ -117,7 +119,12 @@ async fn completions(
     b: Body,
 ) -> Result<Response, ApiError> {
     let (m, prompts, g, inject) = prepare(&st, b, move |s, obj| {
-        let (ps, g) = parse_completion(&obj).map_err(ApiError::naming_field)?;
+        let (ps, mut g) = parse_completion(&obj).map_err(ApiError::naming_field)?;
+        s.sampling_defaults().apply_to(
+            &mut g.sampling,
+            &obj,
+            crate::sampling_defaults::LLAMA_NAMES,
+        );
         let m = s.model(g.model.as_deref())?;
         let mut prompts = Vec::with_capacity(ps.len());
         let mut inject = None;

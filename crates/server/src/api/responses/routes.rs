@@ -184,7 +184,12 @@ async fn create(
     let rid = id.clone();
     let rserial = serial.clone();
     let (m, prompt, g, fault, history, head) = prepare(&st, b, move |s, obj| {
-        let p = parse(&obj)?;
+        let mut p = parse(&obj)?;
+        s.sampling_defaults().apply_to(
+            &mut p.g.sampling,
+            &obj,
+            crate::sampling_defaults::RESPONSES_NAMES,
+        );
         let Rendered {
             history,
             model: m,
