@@ -107,6 +107,9 @@ pub struct Config {
     /// Sampling settings for requests that leave them out (`--temp`, `--top-k`, `--seed`,
     /// ...); the built-in defaults where `None`.
     pub sampling: sampling_defaults::SamplingDefaults,
+    /// Whether OpenAI chat answers split the reasoning out when the request gives no
+    /// `reasoning_format` (`--reasoning-format`, llama-server's; `none` turns it off).
+    pub reasoning_split: bool,
     /// Largest request body in bytes (larger ones get 413).
     pub body_limit: usize,
     /// Longest a request may take from arrival to its last token (then 504).
@@ -215,6 +218,7 @@ impl Config {
             n_predict: None,
             chat_template: None,
             sampling: Default::default(),
+            reasoning_split: true,
             body_limit: 1 << 20,
             request_timeout: Duration::from_secs(600),
             allow_special_in_content: false,
@@ -428,6 +432,8 @@ pub struct AppState {
     responses: api::responses::Store,
     /// Sampling settings for requests that leave them out (`Config::sampling`).
     sampling: sampling_defaults::SamplingDefaults,
+    /// `Config::reasoning_split`.
+    reasoning_split: bool,
     /// Set once the default model is loaded: until then `/health` answers 503 and every
     /// route but `/health`, `/version` and `/metrics` refuses with 503.
     ready: std::sync::atomic::AtomicBool,
@@ -440,6 +446,12 @@ impl AppState {
     /// 404 `model_not_found`, and a failed load an error to that request only.
     pub fn model(&self, name: Option<&str>) -> Result<Arc<Model>, ApiError> {
         self.models.get(name)
+    }
+
+    /// Whether an OpenAI chat answer splits its reasoning out when the request gives no
+    /// `reasoning_format` (`serve --reasoning-format`).
+    pub fn reasoning_split(&self) -> bool {
+        self.reasoning_split
     }
 
     /// The sampling settings of requests that leave them out (`serve --temp ...`).
@@ -756,6 +768,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         native: api::llama::Native::new(&config),
         responses: Default::default(),
         sampling: config.sampling.clone(),
+        reasoning_split: config.reasoning_split,
         ready: std::sync::atomic::AtomicBool::new(false),
     });
     let loading = Arc::clone(&state);

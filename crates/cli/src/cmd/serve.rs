@@ -69,6 +69,11 @@ pub struct Args {
     /// or `chatml` (llama-server's `--chat-template`).
     #[arg(long = "chat-template", conflicts_with = "chat_template_file")]
     pub chat_template: Option<String>,
+    /// Whether OpenAI chat answers carry a thinking model's reasoning apart
+    /// (`reasoning_content`: auto, deepseek) or leave it in the text (none), for requests
+    /// that give no `reasoning_format` (llama-server's flag).
+    #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["auto", "deepseek", "none"])]
+    pub reasoning_format: String,
     /// Read the chat template to render with instead of the model's from this file.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<std::path::PathBuf>,
@@ -209,6 +214,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.api_key = args.api_key;
     config.queue = args.queue;
     config.sampling = args.sampling.defaults()?;
+    config.reasoning_split = args.reasoning_format != "none";
     config.n_predict = n_predict;
     config.request_timeout = Duration::from_secs(args.timeout);
     config.allow_special_in_content = args.allow_special_in_content;

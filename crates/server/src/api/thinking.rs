@@ -9,8 +9,10 @@ use crate::api::fields::{field, opt_bool, opt_str, wrong, Object};
 use crate::error::ApiError;
 
 /// llama-server's `reasoning_format` of a chat request: `none` leaves the reasoning in
-/// the answer; `deepseek` and `auto` (the default) split it out. Other formats
-/// (`deepseek-legacy`, which keeps the tags in the answer as well) are refused by name.
+/// the answer; `deepseek` and `auto` (the default) split it out (the server's
+/// `--reasoning-format` replaces that default where the request gives none). Other
+/// formats (`deepseek-legacy`, which keeps the tags in the answer as well) are refused
+/// by name.
 pub fn split_requested(obj: &Object) -> Result<bool, ApiError> {
     match opt_str(obj, "reasoning_format")? {
         None | Some("auto") | Some("deepseek") => Ok(true),

@@ -64,6 +64,15 @@ pub fn tiny_server(slots: usize, edit: impl FnOnce(&mut Config)) -> TestServer {
 /// `template`, served as model `name`, for tests of what a template sets up (reasoning,
 /// call formats).
 pub fn tiny_server_with_template(name: &str, template: &str) -> TestServer {
+    tiny_server_with_template_and(name, template, |_| {})
+}
+
+/// [`tiny_server_with_template`] with `edit` applied to the server's configuration.
+pub fn tiny_server_with_template_and(
+    name: &str,
+    template: &str,
+    edit: impl FnOnce(&mut Config),
+) -> TestServer {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join(format!("{name}.gguf"));
     minfer_models::testing::write_tiny_model_with_template(
@@ -72,7 +81,9 @@ pub fn tiny_server_with_template(name: &str, template: &str) -> TestServer {
         template,
     )
     .expect("writing the tiny model");
-    let running = start(tiny_config(&path, 1)).expect("starting the server");
+    let mut cfg = tiny_config(&path, 1);
+    edit(&mut cfg);
+    let running = start(cfg).expect("starting the server");
     TestServer {
         base: format!("http://{}", running.addr()),
         running,

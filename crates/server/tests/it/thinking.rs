@@ -233,3 +233,24 @@ async fn an_answer_after_the_close_tag_is_content_streamed_and_not() {
         ("so: 4".into(), "Four.".into())
     );
 }
+
+/// `serve --reasoning-format none`, llama-server's flag: OpenAI chat answers leave the
+/// reasoning in the text unless the request asks for a split itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_s_reasoning_format_is_the_default_of_requests_without_one() {
+    let s = tiny_server_with_template_and("tiny-think", TEMPLATE, |c| c.reasoning_split = false);
+    let b = &s.base;
+    let (st, v) = post(b, "/v1/chat/completions", chat(json!({}))).await;
+    assert_eq!(st, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert!(m.get("reasoning_content").is_none(), "{v}");
+    let text = m["content"].as_str().unwrap().to_string();
+    assert!(!text.trim().is_empty(), "{v}");
+    let (_, v) = post(
+        b,
+        "/v1/chat/completions",
+        chat(json!({"reasoning_format": "deepseek"})),
+    )
+    .await;
+    assert_eq!(v["choices"][0]["message"]["reasoning_content"], text, "{v}");
+}

@@ -83,6 +83,9 @@ fn render(s: &AppState, obj: &Object) -> Result<(Arc<Model>, ChatPrompt, GenRequ
     let (msgs, mut g) = parse_chat(obj).map_err(ApiError::naming_field)?;
     s.sampling_defaults()
         .apply_to(&mut g.sampling, obj, crate::sampling_defaults::LLAMA_NAMES);
+    if obj.get("reasoning_format").is_none_or(Value::is_null) {
+        g.reasoning.split = s.reasoning_split();
+    }
     let kwargs = crate::api::thinking::template_kwargs(obj)?;
     let how = continuation(obj)?;
     let m = s.model(g.model.as_deref())?;
