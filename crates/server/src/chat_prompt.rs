@@ -189,6 +189,15 @@ pub fn render_text(
     kwargs: &serde_json::Map<String, serde_json::Value>,
     how: Continuation,
 ) -> Result<RenderedChat, ApiError> {
+    // The server's thinking default where the request leaves `enable_thinking` out.
+    let mut with_default;
+    let kwargs = if m.thinking || kwargs.contains_key("enable_thinking") {
+        kwargs
+    } else {
+        with_default = kwargs.clone();
+        with_default.insert("enable_thinking".into(), false.into());
+        &with_default
+    };
     let (cont, add) = how.plan(msgs)?;
     let Some((last, before)) = msgs.split_last().filter(|_| cont) else {
         return m

@@ -110,6 +110,9 @@ pub struct Config {
     /// Whether OpenAI chat answers split the reasoning out when the request gives no
     /// `reasoning_format` (`--reasoning-format`, llama-server's; `none` turns it off).
     pub reasoning_split: bool,
+    /// Whether chat templates think when the request does not say
+    /// (`enable_thinking`; `--reasoning-budget 0`, llama-server's, makes it false).
+    pub thinking: bool,
     /// Largest request body in bytes (larger ones get 413).
     pub body_limit: usize,
     /// Longest a request may take from arrival to its last token (then 504).
@@ -219,6 +222,7 @@ impl Config {
             chat_template: None,
             sampling: Default::default(),
             reasoning_split: true,
+            thinking: true,
             body_limit: 1 << 20,
             request_timeout: Duration::from_secs(600),
             allow_special_in_content: false,
@@ -694,6 +698,7 @@ fn start_inner(config: Config, on_signals: bool) -> Result<Running, ServerError>
         queue: config.queue,
         n_predict: config.n_predict,
         chat_template: config.chat_template.clone(),
+        thinking: config.thinking,
         metrics: Arc::clone(&metrics),
         busy: Arc::default(),
         speculation: match (&config.draft, config.lookup) {

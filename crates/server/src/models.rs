@@ -53,6 +53,8 @@ pub struct Model {
     pub n_slots: usize,
     /// Most tokens one answer may generate (`--n-predict`); `None`: the slot's context.
     pub n_predict: Option<usize>,
+    /// `enable_thinking` of a chat whose request does not set it (`--reasoning-budget`).
+    pub thinking: bool,
     /// OpenAI's `system_fingerprint` for its answers.
     pub fingerprint: String,
     /// Its GGUF file (llama-server's `/props` reports it).
@@ -102,6 +104,8 @@ pub struct LoadOptions {
     pub n_predict: Option<usize>,
     /// A chat template's source that replaces every model's own; `None`: each model's.
     pub chat_template: Option<String>,
+    /// `enable_thinking` of a chat whose request does not set it.
+    pub thinking: bool,
     /// The server's counters, shared by every model's worker.
     pub metrics: Arc<Metrics>,
     /// Busy slots over every model's worker (what the `busy_slots` gauge shows).
@@ -313,6 +317,7 @@ impl Models {
             slot_ctx: loaded.slot_ctx,
             n_slots: slots,
             n_predict: self.opts.n_predict,
+            thinking: self.opts.thinking,
             fingerprint: crate::api::openai::fingerprint(&loaded.digest),
             path: e.path.clone(),
             fim,
@@ -375,6 +380,7 @@ mod tests {
             queue: 1,
             n_predict: None,
             chat_template: None,
+            thinking: true,
             metrics: Arc::new(Metrics::default()),
             busy: Arc::default(),
             speculation: worker::Speculation::Off,

@@ -74,6 +74,10 @@ pub struct Args {
     /// that give no `reasoning_format` (llama-server's flag).
     #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["auto", "deepseek", "none"])]
     pub reasoning_format: String,
+    /// Thinking of chats whose request does not switch it (llama-server's flag): -1 lets
+    /// the model think, 0 renders the template with `enable_thinking` false.
+    #[arg(long = "reasoning-budget", default_value_t = -1, allow_negative_numbers = true)]
+    pub reasoning_budget: i64,
     /// Read the chat template to render with instead of the model's from this file.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<std::path::PathBuf>,
@@ -215,6 +219,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.queue = args.queue;
     config.sampling = args.sampling.defaults()?;
     config.reasoning_split = args.reasoning_format != "none";
+    config.thinking = match args.reasoning_budget {
+        -1 => true,
+        0 => false,
+        n => anyhow::bail!(
+            "invalid --reasoning-budget: {n}; -1 (think) and 0 (no thinking) are the budgets \
+             there are, as in llama-server"
+        ),
+    };
     config.n_predict = n_predict;
     config.request_timeout = Duration::from_secs(args.timeout);
     config.allow_special_in_content = args.allow_special_in_content;

@@ -254,3 +254,28 @@ async fn the_server_s_reasoning_format_is_the_default_of_requests_without_one() 
     .await;
     assert_eq!(v["choices"][0]["message"]["reasoning_content"], text, "{v}");
 }
+
+/// `serve --reasoning-budget 0`, llama-server's: a chat that does not switch thinking is
+/// rendered with `enable_thinking` false (no reasoning); a request that switches it on
+/// still thinks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_reasoning_budget_turns_thinking_off_unless_the_request_turns_it_on() {
+    let s = tiny_server_with_template_and("tiny-think", TEMPLATE, |c| c.thinking = false);
+    let b = &s.base;
+    let (st, v) = post(b, "/v1/chat/completions", chat(json!({}))).await;
+    assert_eq!(st, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert!(m.get("reasoning_content").is_none(), "{v}");
+    assert!(!m["content"].as_str().unwrap().trim().is_empty(), "{v}");
+    let (_, v) = post(
+        b,
+        "/v1/chat/completions",
+        chat(json!({"chat_template_kwargs": {"enable_thinking": true}})),
+    )
+    .await;
+    let m = &v["choices"][0]["message"];
+    assert!(
+        !m["reasoning_content"].as_str().unwrap_or("").is_empty(),
+        "{v}"
+    );
+}
