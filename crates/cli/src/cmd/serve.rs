@@ -75,7 +75,8 @@ pub struct Args {
     #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["auto", "deepseek", "none"])]
     pub reasoning_format: String,
     /// Thinking of chats whose request does not switch it (llama-server's flag): -1 lets
-    /// the model think, 0 renders the template with `enable_thinking` false.
+    /// the model think, 0 renders the template with `enable_thinking` false (a budget of
+    /// N > 0 tokens is not supported).
     #[arg(long = "reasoning-budget", default_value_t = -1, allow_negative_numbers = true)]
     pub reasoning_budget: i64,
     /// Read the chat template to render with instead of the model's from this file.
@@ -223,8 +224,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         -1 => true,
         0 => false,
         n => anyhow::bail!(
-            "invalid --reasoning-budget: {n}; -1 (think) and 0 (no thinking) are the budgets \
-             there are, as in llama-server"
+            "invalid --reasoning-budget: {n}; minfer takes -1 (think freely) or 0 (no \
+             thinking), not a budget of N tokens"
         ),
     };
     config.n_predict = n_predict;
