@@ -1270,6 +1270,12 @@ async fn server_sampling_defaults_fill_what_requests_leave_out() {
     let props: Value = serde_json::from_str(&props).unwrap();
     let p = &props["default_generation_settings"]["params"];
     assert_eq!((&p["top_k"], &p["seed"]), (&json!(7), &json!(11)), "{p}");
+    // ollama's `/api/show` lists them as the Modelfile's parameters.
+    let (_, show) = post(&s.base, "/api/show", json!({"model": props["model_alias"]})).await;
+    let params = show["parameters"].as_str().unwrap_or_default();
+    for line in ["temperature 1", "top_k 7", "seed 11"] {
+        assert!(params.lines().any(|l| l == line), "{line}: {show}");
+    }
     // The server's seed makes unseeded sampled answers repeat, on OpenAI's route too.
     let ask = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12});
     let (_, a) = post(&s.base, "/v1/chat/completions", ask.clone()).await;

@@ -163,6 +163,11 @@ async fn listing_routes_describe_the_served_model() {
     assert!(v["model_info"]["qwen2.context_length"].is_u64(), "{v}");
     assert!(v["model_info"]["general.parameter_count"].is_u64(), "{v}");
     assert!(v["modelfile"].as_str().unwrap().contains("FROM "), "{v}");
+    // What a request that sets no option runs with.
+    assert_eq!(
+        v["parameters"],
+        "temperature 0.8\ntop_k 40\ntop_p 0.9\nrepeat_penalty 1.1\nrepeat_last_n 64"
+    );
     assert_eq!(v["details"], m["details"]);
     assert_eq!(v["capabilities"], json!(["completion"]));
 

@@ -267,7 +267,7 @@ pub(super) async fn show(State(st): St, b: crate::body::Body) -> Res {
     }
     let f = &m.facts;
     let template = m.template.source();
-    let parameters = "temperature 0.8\ntop_k 40\ntop_p 0.9\nrepeat_penalty 1.1\nrepeat_last_n 64";
+    let parameters = default_parameters(&st, &m)?;
     let modelfile = format!(
         "# Modelfile of the model minfer serves\nFROM {}\nTEMPLATE \"\"\"{template}\"\"\"\n{}\n",
         f.path,
@@ -289,4 +289,27 @@ pub(super) async fn show(State(st): St, b: crate::body::Body) -> Res {
         "modified_at": f.modified_at,
     }))
     .into_response())
+}
+
+/// The sampling a `/api/chat` or `/api/generate` request that sets no option runs with,
+/// as a Modelfile's `PARAMETER` lines: ollama's defaults as this server takes them, with
+/// the server's own (`serve --temp ...`) over them.
+fn default_parameters(st: &AppState, m: &Model) -> Result<String, ApiError> {
+    let none = crate::api::fields::Object::new();
+    let mut d = super::options::parse_options(&none, m.slot_ctx)?.sampling;
+    st.sampling_defaults().apply(&mut d, |_| false);
+    let mut lines = vec![
+        format!("temperature {}", d.temperature),
+        format!("top_k {}", d.top_k),
+        format!("top_p {}", d.top_p),
+        format!("repeat_penalty {}", d.repeat_penalty),
+        format!("repeat_last_n {}", d.penalty_last_n),
+    ];
+    if d.min_p > 0.0 {
+        lines.push(format!("min_p {}", d.min_p));
+    }
+    if let Some(seed) = st.sampling_defaults().seed {
+        lines.push(format!("seed {seed}"));
+    }
+    Ok(lines.join("\n"))
 }
