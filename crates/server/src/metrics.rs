@@ -234,6 +234,13 @@ impl Metrics {
         }
     }
 
+    /// Prompt tokens not run again because their rows were at hand: a slot's kept prefix
+    /// or the shared prompt cache.
+    fn cached_prompt_tokens(&self) -> u64 {
+        let prompt = self.prompt_tokens.load(Ordering::Relaxed);
+        prompt.saturating_sub(self.prefill_tokens.load(Ordering::Relaxed))
+    }
+
     /// When the counters started, in seconds since the Unix epoch (llama-server's
     /// `Process-Start-Time-Unix` header of `/metrics`).
     pub fn started_unix(&self) -> u64 {
@@ -410,8 +417,7 @@ impl Metrics {
         let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
         let kv_tokens = self.kv_tokens.load(Ordering::Relaxed);
         let kv_capacity = self.kv_capacity.load(Ordering::Relaxed);
-        // Prompt tokens whose rows a slot kept or the prompt cache gave.
-        let cached = get(&self.prompt_tokens).saturating_sub(prompt_n);
+        let cached = self.cached_prompt_tokens();
         let rows: [(&str, &str, &str, String); 16] = [
             (
                 "prompt_tokens_total",

@@ -84,38 +84,23 @@ impl SamplingDefaults {
     /// Sets every knob of `s` that has a default here and that `given` says the request
     /// left out.
     pub fn apply(&self, s: &mut SamplingParams, given: impl Fn(Knob) -> bool) {
-        let mut set = |k: Knob, f: &mut dyn FnMut(&mut SamplingParams)| {
-            if !given(k) {
-                f(s);
-            }
-        };
-        if let Some(v) = self.temperature {
-            set(Knob::Temperature, &mut |s| s.temperature = v);
+        /// `$field = $default` unless the request gave `$knob`.
+        macro_rules! fill {
+            ($default:expr, $knob:ident, $field:ident) => {
+                if let Some(v) = $default.filter(|_| !given(Knob::$knob)) {
+                    s.$field = v;
+                }
+            };
         }
-        if let Some(v) = self.top_k {
-            set(Knob::TopK, &mut |s| s.top_k = v);
-        }
-        if let Some(v) = self.top_p {
-            set(Knob::TopP, &mut |s| s.top_p = v);
-        }
-        if let Some(v) = self.min_p {
-            set(Knob::MinP, &mut |s| s.min_p = v);
-        }
-        if let Some(v) = self.repeat_penalty {
-            set(Knob::RepeatPenalty, &mut |s| s.repeat_penalty = v);
-        }
-        if let Some(v) = self.repeat_last_n {
-            set(Knob::RepeatLastN, &mut |s| s.penalty_last_n = v);
-        }
-        if let Some(v) = self.presence_penalty {
-            set(Knob::PresencePenalty, &mut |s| s.presence_penalty = v);
-        }
-        if let Some(v) = self.frequency_penalty {
-            set(Knob::FrequencyPenalty, &mut |s| s.frequency_penalty = v);
-        }
-        if let Some(v) = self.seed {
-            set(Knob::Seed, &mut |s| s.seed = v);
-        }
+        fill!(self.temperature, Temperature, temperature);
+        fill!(self.top_k, TopK, top_k);
+        fill!(self.top_p, TopP, top_p);
+        fill!(self.min_p, MinP, min_p);
+        fill!(self.repeat_penalty, RepeatPenalty, repeat_penalty);
+        fill!(self.repeat_last_n, RepeatLastN, penalty_last_n);
+        fill!(self.presence_penalty, PresencePenalty, presence_penalty);
+        fill!(self.frequency_penalty, FrequencyPenalty, frequency_penalty);
+        fill!(self.seed, Seed, seed);
     }
 
     /// [`Self::apply`] for a request object `obj` whose fields are named by `names`

@@ -12,8 +12,7 @@ impl Metrics {
     /// Appends the `vllm:*` exposition to `s`: one model per server process, as vLLM.
     pub(super) fn render_vllm(&self, s: &mut String, gen: u64) {
         let queries = self.prompt_tokens.load(Ordering::Relaxed);
-        // Prompt tokens not run again because a slot already held them.
-        let hits = queries.saturating_sub(self.prefill_tokens.load(Ordering::Relaxed));
+        let hits = self.cached_prompt_tokens();
         let kv_tokens = self.kv_tokens.load(Ordering::Relaxed) as f64;
         let kv_capacity = self.kv_capacity.load(Ordering::Relaxed) as f64;
         let usage = if kv_capacity > 0.0 {

@@ -146,21 +146,15 @@ pub(super) async fn rerank(State(st): State<Arc<AppState>>, b: Body) -> Result<R
         // `texts` is text-embeddings-inference's name for the documents, and asks for
         // its answer: a bare array of `{index, score}`, as llama-server gives it.
         let tei = field(&obj, "texts").is_some();
-        let name = match (field(&obj, "documents").is_some(), tei) {
-            (true, true) => {
-                return Err(ApiError::bad_request(
-                    "fields `documents` and `texts` are both given: send one",
-                ))
-            }
-            (false, false) => return Err(ApiError::bad_request("field `documents` is required")),
-            (_, tei) => {
-                if tei {
-                    "texts"
-                } else {
-                    "documents"
-                }
-            }
-        };
+        if tei && field(&obj, "documents").is_some() {
+            return Err(ApiError::bad_request(
+                "fields `documents` and `texts` are both given: send one",
+            ));
+        }
+        let name = if tei { "texts" } else { "documents" };
+        if field(&obj, name).is_none() {
+            return Err(ApiError::bad_request("field `documents` is required"));
+        }
         let docs = string_list(field(&obj, name), name, "an array of strings")?;
         if docs.is_empty() || docs.len() > MAX_INPUTS {
             return Err(ApiError::bad_request(format!(
@@ -178,15 +172,12 @@ pub(super) async fn rerank(State(st): State<Arc<AppState>>, b: Body) -> Result<R
             })
             .collect::<Result<Vec<_>, _>>()?;
         let top_n = opt_usize(&obj, "top_n")?.unwrap_or(docs.len());
-        let with_docs = opt_bool(
-            &obj,
-            if tei {
-                "return_text"
-            } else {
-                "return_documents"
-            },
-        )?
-        .unwrap_or(false);
+        let echo = if tei {
+            "return_text"
+        } else {
+            "return_documents"
+        };
+        let with_docs = opt_bool(&obj, echo)?.unwrap_or(false);
         Ok((m, prompts, docs, top_n, with_docs, how, tei))
     })
     .await?;
